@@ -1,0 +1,165 @@
+//! Errors with a kind.
+//!
+//! Every error the store can return carries a [`ErrorKind`]; the kind is what
+//! crosses the wire (as a `u16`) and what the Python package maps to an
+//! exception class. The message carries the context (id, sizes, path).
+
+use crate::ids::ObjectId;
+
+/// The kind of a store error, stable on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum ErrorKind {
+    /// No object with this id (or it is not visible any more).
+    ObjectNotFound = 1,
+    /// An object with this id already exists.
+    ObjectExists = 2,
+    /// The operation needs a sealed object and this one is still being written.
+    ObjectNotSealed = 3,
+    /// The object is already sealed (seal twice, abort after seal).
+    ObjectAlreadySealed = 4,
+    /// The object was created by another client; only its creator may seal or abort it.
+    NotOwner = 5,
+    /// Not enough free memory even after evicting everything evictable.
+    StoreFull = 6,
+    /// The object can never fit: larger than the store's capacity.
+    ObjectTooLarge = 7,
+    /// A frame that does not decode: bad length, unknown opcode, truncated body.
+    Protocol = 8,
+    /// A request that decodes but makes no sense (zero ids, sizes that overflow).
+    InvalidArgument = 9,
+    /// An operating-system error (socket, mmap, file).
+    Io = 10,
+    /// The peer (daemon or client) went away.
+    Disconnected = 11,
+    /// A wait (get, create on a full store) ran out of time.
+    Timeout = 12,
+    /// The object is referenced and the operation needs it unreferenced.
+    ObjectInUse = 13,
+    /// Protocol versions differ.
+    VersionMismatch = 14,
+}
+
+impl ErrorKind {
+    pub fn code(self) -> u16 {
+        self as u16
+    }
+
+    pub fn from_code(code: u16) -> Option<Self> {
+        use ErrorKind::*;
+        Some(match code {
+            1 => ObjectNotFound,
+            2 => ObjectExists,
+            3 => ObjectNotSealed,
+            4 => ObjectAlreadySealed,
+            5 => NotOwner,
+            6 => StoreFull,
+            7 => ObjectTooLarge,
+            8 => Protocol,
+            9 => InvalidArgument,
+            10 => Io,
+            11 => Disconnected,
+            12 => Timeout,
+            13 => ObjectInUse,
+            14 => VersionMismatch,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        use ErrorKind::*;
+        match self {
+            ObjectNotFound => "ObjectNotFound",
+            ObjectExists => "ObjectExists",
+            ObjectNotSealed => "ObjectNotSealed",
+            ObjectAlreadySealed => "ObjectAlreadySealed",
+            NotOwner => "NotOwner",
+            StoreFull => "StoreFull",
+            ObjectTooLarge => "ObjectTooLarge",
+            Protocol => "ProtocolError",
+            InvalidArgument => "InvalidArgument",
+            Io => "IoError",
+            Disconnected => "Disconnected",
+            Timeout => "Timeout",
+            ObjectInUse => "ObjectInUse",
+            VersionMismatch => "VersionMismatch",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A store error: a kind plus a human message with the context.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{kind}: {message}")]
+pub struct ShoalError {
+    kind: ErrorKind,
+    message: String,
+}
+
+impl ShoalError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into() }
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub fn not_found(id: &ObjectId) -> Self {
+        Self::new(ErrorKind::ObjectNotFound, format!("object {id} not found"))
+    }
+
+    pub fn exists(id: &ObjectId) -> Self {
+        Self::new(ErrorKind::ObjectExists, format!("object {id} already exists"))
+    }
+
+    pub fn protocol(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Protocol, message)
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArgument, message)
+    }
+
+    pub fn io(context: &str, err: impl std::fmt::Display) -> Self {
+        Self::new(ErrorKind::Io, format!("{context}: {err}"))
+    }
+}
+
+impl From<std::io::Error> for ShoalError {
+    fn from(err: std::io::Error) -> Self {
+        match err.kind() {
+            std::io::ErrorKind::UnexpectedEof
+            | std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::ConnectionReset => Self::new(ErrorKind::Disconnected, err.to_string()),
+            _ => Self::new(ErrorKind::Io, err.to_string()),
+        }
+    }
+}
+
+pub type Result<T, E = ShoalError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip() {
+        for code in 0..100u16 {
+            if let Some(kind) = ErrorKind::from_code(code) {
+                assert_eq!(kind.code(), code);
+            }
+        }
+        assert_eq!(ErrorKind::from_code(ErrorKind::VersionMismatch.code()), Some(ErrorKind::VersionMismatch));
+        assert_eq!(ErrorKind::from_code(0), None);
+    }
+}

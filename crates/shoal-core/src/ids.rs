@@ -1,0 +1,68 @@
+//! Object ids: 20 opaque bytes, unique cluster-wide (as in Plasma).
+
+use std::fmt;
+
+pub const ID_LEN: usize = 20;
+
+/// A 20-byte object id. Callers choose ids (a content hash, a task id) or draw
+/// random ones with [`ObjectId::random`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ObjectId(pub [u8; ID_LEN]);
+
+impl ObjectId {
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        bytes.try_into().ok().map(ObjectId)
+    }
+
+    /// A random id from the operating system's generator.
+    pub fn random() -> Self {
+        let mut bytes = [0u8; ID_LEN];
+        getrandom::fill(&mut bytes).expect("the OS random generator is available");
+        ObjectId(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; ID_LEN] {
+        &self.0
+    }
+
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        if hex.len() != 2 * ID_LEN || !hex.is_ascii() {
+            return None;
+        }
+        let mut bytes = [0u8; ID_LEN];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(ObjectId(bytes))
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ObjectId({})", self.to_hex())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trip() {
+        let id = ObjectId::random();
+        assert_eq!(ObjectId::from_hex(&id.to_hex()), Some(id));
+        assert_eq!(ObjectId::from_hex("zz"), None);
+        assert_eq!(ObjectId::from_hex(&"g".repeat(40)), None);
+        assert_ne!(ObjectId::random(), ObjectId::random());
+    }
+}

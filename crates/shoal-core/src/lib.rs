@@ -1,0 +1,18 @@
+//! shoal core: everything about the store that needs no runtime.
+//!
+//! The daemon (`shoal-daemon`) drives these types from its event loop; the
+//! client (`shoal-client`) shares the wire protocol and ids. Everything here is
+//! synchronous and deterministic so it can be tested without sockets or time.
+
+pub mod allocator;
+pub mod error;
+pub mod eviction;
+pub mod ids;
+pub mod object_table;
+pub mod protocol;
+pub mod region;
+pub mod store;
+pub mod units;
+
+pub use error::{ErrorKind, ShoalError};
+pub use ids::ObjectId;

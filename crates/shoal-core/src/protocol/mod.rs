@@ -1,0 +1,388 @@
+//! The local wire protocol between clients and their daemon.
+//!
+//! Length-prefixed binary frames over a Unix stream socket, little-endian,
+//! fixed layouts (see docs/protocol.md for the byte-by-byte description).
+//! Requests are answered in order, one reply each, except `Release` which has
+//! none (so dropping a buffer never waits on the daemon). The region's file
+//! descriptor travels once, beside the `Welcome` reply, as SCM_RIGHTS.
+//!
+//! Why hand-written rather than protobuf: the frames are a few fixed fields
+//! and id arrays; a fixed layout decodes without allocation per field, is
+//! trivially fuzzed, and is described exactly in the protocol document.
+
+mod codec;
+mod frame;
+
+pub use codec::{Reader, Writer};
+pub use frame::{FrameHeader, FRAME_HEADER_LEN, MAX_FRAME_LEN};
+
+use crate::error::{ErrorKind, Result, ShoalError};
+use crate::ids::ObjectId;
+use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
+
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A timeout meaning "wait forever".
+pub const WAIT_FOREVER: i64 = -1;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateSpec {
+    pub id: ObjectId,
+    pub data_size: u64,
+    pub meta_size: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Hello { version: u32, pid: u32 },
+    /// Create all or none; wait up to `timeout_ms` for space if the store is full.
+    Create { timeout_ms: u32, objects: Vec<CreateSpec> },
+    Seal { release: bool, ids: Vec<ObjectId> },
+    Abort { id: ObjectId },
+    /// Wait until every id is sealed or `timeout_ms` passes (-1: forever).
+    Get { timeout_ms: i64, ids: Vec<ObjectId> },
+    /// One-way: no reply.
+    Release { ids: Vec<ObjectId> },
+    Delete { ids: Vec<ObjectId> },
+    Contains { id: ObjectId },
+    List,
+    Stats,
+    /// Turns this connection into a stream of `Notification` replies.
+    Subscribe,
+    Evict { bytes: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notification {
+    Sealed { id: ObjectId, data_size: u64, meta_size: u32 },
+    Removed { id: ObjectId },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Ok,
+    Error { kind: ErrorKind, message: String },
+    /// Sent with the region's fd attached.
+    Welcome { version: u32, client_id: u32, region_size: u64, capacity: u64, line_size: u64 },
+    Created { offsets: Vec<u64> },
+    Objects { objects: Vec<Option<ObjectLocation>> },
+    Bool(bool),
+    List { objects: Vec<ObjectInfo> },
+    Stats(StoreStats),
+    Notification(Notification),
+    /// One status per id: `None` for success.
+    Statuses { errors: Vec<Option<ErrorKind>> },
+    Evicted { bytes: u64 },
+}
+
+mod op {
+    pub const HELLO: u16 = 0x01;
+    pub const CREATE: u16 = 0x02;
+    pub const SEAL: u16 = 0x03;
+    pub const ABORT: u16 = 0x04;
+    pub const GET: u16 = 0x05;
+    pub const RELEASE: u16 = 0x06;
+    pub const DELETE: u16 = 0x07;
+    pub const CONTAINS: u16 = 0x08;
+    pub const LIST: u16 = 0x09;
+    pub const STATS: u16 = 0x0A;
+    pub const SUBSCRIBE: u16 = 0x0B;
+    pub const EVICT: u16 = 0x0C;
+
+    pub const OK: u16 = 0x80;
+    pub const ERROR: u16 = 0x81;
+    pub const WELCOME: u16 = 0x82;
+    pub const CREATED: u16 = 0x83;
+    pub const OBJECTS: u16 = 0x84;
+    pub const BOOL: u16 = 0x85;
+    pub const LIST_REPLY: u16 = 0x86;
+    pub const STATS_REPLY: u16 = 0x87;
+    pub const NOTIFICATION: u16 = 0x88;
+    pub const STATUSES: u16 = 0x89;
+    pub const EVICTED: u16 = 0x8A;
+}
+
+impl Request {
+    /// Appends the whole frame (header + payload) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut w = Writer::frame(out);
+        let opcode = match self {
+            Request::Hello { version, pid } => {
+                w.u32(*version).u32(*pid);
+                op::HELLO
+            }
+            Request::Create { timeout_ms, objects } => {
+                w.u32(*timeout_ms).u32(objects.len() as u32);
+                for o in objects {
+                    w.id(&o.id).u64(o.data_size).u32(o.meta_size);
+                }
+                op::CREATE
+            }
+            Request::Seal { release, ids } => {
+                w.u8(*release as u8).ids(ids);
+                op::SEAL
+            }
+            Request::Abort { id } => {
+                w.id(id);
+                op::ABORT
+            }
+            Request::Get { timeout_ms, ids } => {
+                w.i64(*timeout_ms).ids(ids);
+                op::GET
+            }
+            Request::Release { ids } => {
+                w.ids(ids);
+                op::RELEASE
+            }
+            Request::Delete { ids } => {
+                w.ids(ids);
+                op::DELETE
+            }
+            Request::Contains { id } => {
+                w.id(id);
+                op::CONTAINS
+            }
+            Request::List => op::LIST,
+            Request::Stats => op::STATS,
+            Request::Subscribe => op::SUBSCRIBE,
+            Request::Evict { bytes } => {
+                w.u64(*bytes);
+                op::EVICT
+            }
+        };
+        w.finish(opcode);
+    }
+
+    pub fn decode(header: FrameHeader, payload: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(payload);
+        let request = match header.opcode {
+            op::HELLO => Request::Hello { version: r.u32()?, pid: r.u32()? },
+            op::CREATE => {
+                let timeout_ms = r.u32()?;
+                let n = r.count(20 + 8 + 4)?;
+                let mut objects = Vec::with_capacity(n);
+                for _ in 0..n {
+                    objects.push(CreateSpec { id: r.id()?, data_size: r.u64()?, meta_size: r.u32()? });
+                }
+                Request::Create { timeout_ms, objects }
+            }
+            op::SEAL => Request::Seal { release: r.bool()?, ids: r.ids()? },
+            op::ABORT => Request::Abort { id: r.id()? },
+            op::GET => Request::Get { timeout_ms: r.i64()?, ids: r.ids()? },
+            op::RELEASE => Request::Release { ids: r.ids()? },
+            op::DELETE => Request::Delete { ids: r.ids()? },
+            op::CONTAINS => Request::Contains { id: r.id()? },
+            op::LIST => Request::List,
+            op::STATS => Request::Stats,
+            op::SUBSCRIBE => Request::Subscribe,
+            op::EVICT => Request::Evict { bytes: r.u64()? },
+            other => return Err(ShoalError::protocol(format!("unknown request opcode {other:#06x}"))),
+        };
+        r.finish()?;
+        Ok(request)
+    }
+
+    /// Whether the daemon answers this request (all but `Release` do).
+    pub fn expects_reply(&self) -> bool {
+        !matches!(self, Request::Release { .. })
+    }
+}
+
+impl Reply {
+    pub fn error(err: &ShoalError) -> Self {
+        Reply::Error { kind: err.kind(), message: err.message().to_owned() }
+    }
+
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut w = Writer::frame(out);
+        let opcode = match self {
+            Reply::Ok => op::OK,
+            Reply::Error { kind, message } => {
+                w.u16(kind.code()).str(message);
+                op::ERROR
+            }
+            Reply::Welcome { version, client_id, region_size, capacity, line_size } => {
+                w.u32(*version).u32(*client_id).u64(*region_size).u64(*capacity).u64(*line_size);
+                op::WELCOME
+            }
+            Reply::Created { offsets } => {
+                w.u32(offsets.len() as u32);
+                for o in offsets {
+                    w.u64(*o);
+                }
+                op::CREATED
+            }
+            Reply::Objects { objects } => {
+                w.u32(objects.len() as u32);
+                for o in objects {
+                    match o {
+                        Some(loc) => w.u8(1).u64(loc.offset).u64(loc.data_size).u32(loc.meta_size),
+                        None => w.u8(0).u64(0).u64(0).u32(0),
+                    };
+                }
+                op::OBJECTS
+            }
+            Reply::Bool(b) => {
+                w.u8(*b as u8);
+                op::BOOL
+            }
+            Reply::List { objects } => {
+                w.u32(objects.len() as u32);
+                for o in objects {
+                    w.id(&o.id)
+                        .u64(o.location.offset)
+                        .u64(o.location.data_size)
+                        .u32(o.location.meta_size)
+                        .u8(o.sealed as u8)
+                        .u32(o.refs);
+                }
+                op::LIST_REPLY
+            }
+            Reply::Stats(s) => {
+                for v in [
+                    s.capacity,
+                    s.region_size,
+                    s.used,
+                    s.objects,
+                    s.sealed,
+                    s.referenced,
+                    s.evictable,
+                    s.clients,
+                    s.evictions,
+                    s.evicted_bytes,
+                    s.line_size,
+                ] {
+                    w.u64(v);
+                }
+                w.str(s.policy);
+                op::STATS_REPLY
+            }
+            Reply::Notification(n) => {
+                match n {
+                    Notification::Sealed { id, data_size, meta_size } => w.u8(1).id(id).u64(*data_size).u32(*meta_size),
+                    Notification::Removed { id } => w.u8(2).id(id).u64(0).u32(0),
+                };
+                op::NOTIFICATION
+            }
+            Reply::Statuses { errors } => {
+                w.u32(errors.len() as u32);
+                for e in errors {
+                    w.u16(e.map_or(0, ErrorKind::code));
+                }
+                op::STATUSES
+            }
+            Reply::Evicted { bytes } => {
+                w.u64(*bytes);
+                op::EVICTED
+            }
+        };
+        w.finish(opcode);
+    }
+
+    pub fn decode(header: FrameHeader, payload: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(payload);
+        let reply = match header.opcode {
+            op::OK => Reply::Ok,
+            op::ERROR => {
+                let code = r.u16()?;
+                let kind = ErrorKind::from_code(code).ok_or_else(|| ShoalError::protocol(format!("unknown error kind {code}")))?;
+                Reply::Error { kind, message: r.str()? }
+            }
+            op::WELCOME => Reply::Welcome {
+                version: r.u32()?,
+                client_id: r.u32()?,
+                region_size: r.u64()?,
+                capacity: r.u64()?,
+                line_size: r.u64()?,
+            },
+            op::CREATED => {
+                let n = r.count(8)?;
+                Reply::Created { offsets: (0..n).map(|_| r.u64()).collect::<Result<_>>()? }
+            }
+            op::OBJECTS => {
+                let n = r.count(1 + 8 + 8 + 4)?;
+                let mut objects = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let found = r.bool()?;
+                    let loc = ObjectLocation { offset: r.u64()?, data_size: r.u64()?, meta_size: r.u32()? };
+                    objects.push(found.then_some(loc));
+                }
+                Reply::Objects { objects }
+            }
+            op::BOOL => Reply::Bool(r.bool()?),
+            op::LIST_REPLY => {
+                let n = r.count(20 + 8 + 8 + 4 + 1 + 4)?;
+                let mut objects = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let id = r.id()?;
+                    let location = ObjectLocation { offset: r.u64()?, data_size: r.u64()?, meta_size: r.u32()? };
+                    objects.push(ObjectInfo { id, location, sealed: r.bool()?, refs: r.u32()? });
+                }
+                Reply::List { objects }
+            }
+            op::STATS_REPLY => {
+                let mut s = StoreStats {
+                    capacity: r.u64()?,
+                    region_size: r.u64()?,
+                    used: r.u64()?,
+                    objects: r.u64()?,
+                    sealed: r.u64()?,
+                    referenced: r.u64()?,
+                    evictable: r.u64()?,
+                    clients: r.u64()?,
+                    evictions: r.u64()?,
+                    evicted_bytes: r.u64()?,
+                    line_size: r.u64()?,
+                    policy: "",
+                };
+                s.policy = match r.str()?.as_str() {
+                    "lru" => "lru",
+                    _ => "other",
+                };
+                Reply::Stats(s)
+            }
+            op::NOTIFICATION => {
+                let kind = r.u8()?;
+                let id = r.id()?;
+                let (data_size, meta_size) = (r.u64()?, r.u32()?);
+                Reply::Notification(match kind {
+                    1 => Notification::Sealed { id, data_size, meta_size },
+                    2 => Notification::Removed { id },
+                    other => return Err(ShoalError::protocol(format!("unknown notification kind {other}"))),
+                })
+            }
+            op::STATUSES => {
+                let n = r.count(2)?;
+                let mut errors = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let code = r.u16()?;
+                    errors.push(if code == 0 {
+                        None
+                    } else {
+                        Some(ErrorKind::from_code(code).ok_or_else(|| ShoalError::protocol(format!("unknown error kind {code}")))?)
+                    });
+                }
+                Reply::Statuses { errors }
+            }
+            op::EVICTED => Reply::Evicted { bytes: r.u64()? },
+            other => return Err(ShoalError::protocol(format!("unknown reply opcode {other:#06x}"))),
+        };
+        r.finish()?;
+        Ok(reply)
+    }
+}
+
+/// Decodes one request from the front of `bytes`: `Ok(None)` if more bytes
+/// are needed, otherwise the request and how many bytes it used. Used by the
+/// daemon's connection reader and by the fuzz target.
+pub fn decode_request(bytes: &[u8]) -> Result<Option<(Request, usize)>> {
+    let Some(header) = FrameHeader::parse(bytes)? else { return Ok(None) };
+    let end = FRAME_HEADER_LEN + header.len as usize;
+    if bytes.len() < end {
+        return Ok(None);
+    }
+    Ok(Some((Request::decode(header, &bytes[FRAME_HEADER_LEN..end])?, end)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,633 @@
+//! The store: object table + allocator + eviction policy + client references.
+//!
+//! This is the whole object life cycle (create → write → seal → get/release →
+//! delete) as synchronous state transitions. Every operation validates first
+//! and mutates only when it will succeed, so a bad request changes nothing.
+//! Waiting (a get for an object not sealed yet, a create on a full store) is
+//! the daemon's business: it retries these calls when something changes.
+
+use std::collections::HashMap;
+
+use crate::allocator::{Allocator, Block};
+use crate::error::{ErrorKind, Result, ShoalError};
+use crate::eviction::EvictionPolicy;
+use crate::ids::ObjectId;
+use crate::object_table::{ClientId, Entry, ObjectState, ObjectTable, Slot};
+
+/// Where an object lives and how big it is: what a client needs to map it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectLocation {
+    pub offset: u64,
+    pub data_size: u64,
+    pub meta_size: u32,
+}
+
+/// One row of `list`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub id: ObjectId,
+    pub location: ObjectLocation,
+    pub sealed: bool,
+    pub refs: u32,
+}
+
+/// Something subscribers hear about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreEvent {
+    Sealed { id: ObjectId, data_size: u64, meta_size: u32 },
+    Removed { id: ObjectId },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub capacity: u64,
+    pub region_size: u64,
+    pub used: u64,
+    pub objects: u64,
+    pub sealed: u64,
+    pub referenced: u64,
+    pub evictable: u64,
+    pub clients: u64,
+    pub evictions: u64,
+    pub evicted_bytes: u64,
+    pub line_size: u64,
+    pub policy: &'static str,
+}
+
+/// What one client holds: references per object and the objects it is writing.
+#[derive(Default)]
+struct ClientState {
+    refs: HashMap<Slot, u32>,
+    creating: Vec<Slot>,
+}
+
+pub struct Store {
+    table: ObjectTable,
+    allocator: Allocator,
+    policy: Box<dyn EvictionPolicy>,
+    clients: HashMap<ClientId, ClientState>,
+    capacity: u64,
+    evictions: u64,
+    evicted_bytes: u64,
+    events: Vec<StoreEvent>,
+}
+
+impl Store {
+    /// A store over a region of `region_size` bytes, of which at most
+    /// `capacity` may be used, objects aligned and padded to `line` bytes.
+    pub fn new(region_size: u64, capacity: u64, line: u64, policy: Box<dyn EvictionPolicy>) -> Self {
+        Self {
+            table: ObjectTable::new(),
+            allocator: Allocator::new(region_size, line),
+            policy,
+            clients: HashMap::new(),
+            capacity: capacity.min(region_size),
+            evictions: 0,
+            evicted_bytes: 0,
+            events: Vec::new(),
+        }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Changes the capacity (the elastic controller's knob). Shrinking evicts
+    /// unreferenced objects until usage fits; returns the bytes evicted.
+    pub fn set_capacity(&mut self, capacity: u64) -> u64 {
+        self.capacity = capacity.min(self.allocator.size());
+        let excess = self.allocator.used().saturating_sub(self.capacity);
+        self.evict(excess)
+    }
+
+    pub fn line_size(&self) -> u64 {
+        self.allocator.line()
+    }
+
+    pub fn register_client(&mut self, client: ClientId) {
+        self.clients.entry(client).or_default();
+    }
+
+    /// Events since the last call (seals, removals), for subscribers.
+    pub fn take_events(&mut self) -> Vec<StoreEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn client(&mut self, client: ClientId) -> &mut ClientState {
+        self.clients.entry(client).or_default()
+    }
+
+    /// Creates an unsealed object and gives its creator one reference.
+    /// Evicts unreferenced sealed objects (LRU first) if space is short.
+    pub fn create(&mut self, client: ClientId, id: ObjectId, data_size: u64, meta_size: u32) -> Result<ObjectLocation> {
+        if self.table.find(&id).is_some() {
+            return Err(ShoalError::exists(&id));
+        }
+        let total = data_size
+            .checked_add(meta_size as u64)
+            .ok_or_else(|| ShoalError::invalid(format!("object {id}: size {data_size} + {meta_size} overflows")))?;
+        let len = self.allocator.block_len(total).filter(|&len| len <= self.capacity).ok_or_else(|| {
+            ShoalError::new(
+                ErrorKind::ObjectTooLarge,
+                format!("object {id} needs {total} bytes but the store's capacity is {} bytes", self.capacity),
+            )
+        })?;
+        let block = self.allocate(len).ok_or_else(|| {
+            ShoalError::new(
+                ErrorKind::StoreFull,
+                format!(
+                    "no room for object {id} ({total} bytes): {} of {} bytes used, {} bytes in referenced or unsealed objects",
+                    self.allocator.used(),
+                    self.capacity,
+                    self.pinned_bytes()
+                ),
+            )
+        })?;
+        let slot = self.table.insert(Entry {
+            id,
+            offset: block.offset,
+            data_size,
+            meta_size,
+            refs: 1,
+            creator: client,
+            state: ObjectState::Created,
+            delete_pending: false,
+        });
+        let state = self.client(client);
+        state.creating.push(slot);
+        *state.refs.entry(slot).or_insert(0) += 1;
+        Ok(ObjectLocation { offset: block.offset, data_size, meta_size })
+    }
+
+    /// Finds a block of `len` bytes within capacity, evicting if needed. Only
+    /// evicts when evicting everything evictable would make room, so a create
+    /// that must fail leaves the store untouched.
+    fn allocate(&mut self, len: u64) -> Option<Block> {
+        let fits = |s: &Self| s.allocator.used() + len <= s.capacity;
+        if fits(self) {
+            if let Some(block) = self.allocator.allocate(len) {
+                return Some(block);
+            }
+        }
+        if self.allocator.used() - self.evictable_bytes() + len > self.capacity {
+            return None;
+        }
+        while let Some(victim) = self.policy.victim() {
+            self.evict_slot(victim);
+            if fits(self) {
+                if let Some(block) = self.allocator.allocate(len) {
+                    return Some(block);
+                }
+            }
+        }
+        None
+    }
+
+    fn block_of(&self, entry: &Entry) -> Block {
+        let len = self.allocator.block_len(entry.total_size()).expect("sizes were checked at create");
+        Block { offset: entry.offset, len }
+    }
+
+    fn evictable_bytes(&self) -> u64 {
+        // Walks only when space is short; the common path never calls it.
+        self.table
+            .iter()
+            .filter(|(_, e)| e.refs == 0 && e.state == ObjectState::Sealed)
+            .map(|(_, e)| self.block_of(e).len)
+            .sum()
+    }
+
+    fn pinned_bytes(&self) -> u64 {
+        self.allocator.used() - self.evictable_bytes()
+    }
+
+    fn evict_slot(&mut self, slot: Slot) {
+        let len = self.table.get(slot).map(|e| self.block_of(e).len).unwrap_or(0);
+        self.evictions += 1;
+        self.evicted_bytes += len;
+        self.remove_slot(slot);
+    }
+
+    /// Removes an object and frees its memory (no references may remain).
+    fn remove_slot(&mut self, slot: Slot) {
+        self.policy.remove(slot);
+        let entry = self.table.remove(slot);
+        debug_assert_eq!(entry.refs, 0, "removing referenced object {}", entry.id);
+        let block = self.block_of(&entry);
+        self.allocator.free(block);
+        if entry.state == ObjectState::Sealed {
+            self.events.push(StoreEvent::Removed { id: entry.id });
+        }
+    }
+
+    fn own_unsealed(&self, client: ClientId, id: &ObjectId) -> Result<Slot> {
+        let slot = self.table.find(id).ok_or_else(|| ShoalError::not_found(id))?;
+        let entry = self.table.get(slot).expect("found slot is live");
+        if entry.state == ObjectState::Sealed {
+            return Err(ShoalError::new(ErrorKind::ObjectAlreadySealed, format!("object {id} is already sealed")));
+        }
+        if entry.creator != client {
+            return Err(ShoalError::new(ErrorKind::NotOwner, format!("object {id} is being written by another client")));
+        }
+        Ok(slot)
+    }
+
+    /// Seals objects this client created. All or nothing: if any id fails
+    /// validation none is sealed. With `release`, the creator's reference is
+    /// dropped at once (the put path).
+    pub fn seal(&mut self, client: ClientId, ids: &[ObjectId], release: bool) -> Result<()> {
+        let mut slots = Vec::with_capacity(ids.len());
+        for id in ids {
+            let slot = self.own_unsealed(client, id)?;
+            if slots.contains(&slot) {
+                return Err(ShoalError::invalid(format!("object {id} appears twice in one seal")));
+            }
+            if release && !self.clients.get(&client).is_some_and(|c| c.refs.contains_key(&slot)) {
+                return Err(ShoalError::invalid(format!("seal-and-release of object {id}, but the client holds no reference")));
+            }
+            slots.push(slot);
+        }
+        for (slot, id) in slots.iter().zip(ids) {
+            let entry = self.table.get_mut(*slot).expect("validated");
+            entry.state = ObjectState::Sealed;
+            let (data_size, meta_size) = (entry.data_size, entry.meta_size);
+            self.events.push(StoreEvent::Sealed { id: *id, data_size, meta_size });
+        }
+        for &slot in &slots {
+            // The creator may have dropped its reference before sealing.
+            if self.table.get(slot).is_some_and(|e| e.refs == 0) {
+                self.policy.insert(slot);
+            }
+        }
+        let state = self.client(client);
+        state.creating.retain(|s| !slots.contains(s));
+        if release {
+            for (slot, id) in slots.iter().zip(ids) {
+                self.release_slot(client, *slot, id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops an object its creator has not sealed; its memory is free at once.
+    pub fn abort(&mut self, client: ClientId, id: &ObjectId) -> Result<()> {
+        let slot = self.own_unsealed(client, id)?;
+        self.abort_slot(client, slot);
+        Ok(())
+    }
+
+    fn abort_slot(&mut self, client: ClientId, slot: Slot) {
+        let state = self.client(client);
+        state.creating.retain(|&s| s != slot);
+        let held = state.refs.remove(&slot).unwrap_or(0);
+        let entry = self.table.get_mut(slot).expect("aborting a live slot");
+        entry.refs -= held;
+        self.remove_slot(slot);
+    }
+
+    /// Looks an id up and, if it is sealed and visible, takes a reference for
+    /// the client. `None` means "not (yet) available": the caller may wait.
+    pub fn get(&mut self, client: ClientId, id: &ObjectId) -> Option<ObjectLocation> {
+        let slot = self.table.find(id)?;
+        let entry = self.table.get_mut(slot).expect("found slot is live");
+        if !entry.is_visible() {
+            return None;
+        }
+        entry.refs += 1;
+        let location = ObjectLocation { offset: entry.offset, data_size: entry.data_size, meta_size: entry.meta_size };
+        if entry.refs == 1 {
+            self.policy.remove(slot);
+        }
+        self.policy.touch(slot);
+        *self.client(client).refs.entry(slot).or_insert(0) += 1;
+        Some(location)
+    }
+
+    /// Drops one of the client's references to `id`.
+    pub fn release(&mut self, client: ClientId, id: &ObjectId) -> Result<()> {
+        let slot = self.table.find(id).ok_or_else(|| ShoalError::not_found(id))?;
+        self.release_slot(client, slot, id)
+    }
+
+    fn release_slot(&mut self, client: ClientId, slot: Slot, id: &ObjectId) -> Result<()> {
+        let state = self.client(client);
+        match state.refs.get_mut(&slot) {
+            None => {
+                return Err(ShoalError::invalid(format!("client holds no reference to object {id}")));
+            }
+            Some(count) if *count > 1 => *count -= 1,
+            Some(_) => {
+                state.refs.remove(&slot);
+            }
+        }
+        self.drop_ref(slot);
+        Ok(())
+    }
+
+    fn drop_ref(&mut self, slot: Slot) {
+        let entry = self.table.get_mut(slot).expect("referenced slot is live");
+        entry.refs -= 1;
+        if entry.refs == 0 {
+            if entry.delete_pending {
+                self.remove_slot(slot);
+            } else if entry.state == ObjectState::Sealed {
+                self.policy.insert(slot);
+            }
+        }
+    }
+
+    /// Deletes a sealed object. A referenced one disappears from view now and
+    /// is freed when its last reference is released.
+    pub fn delete(&mut self, id: &ObjectId) -> Result<()> {
+        let slot = self.table.find(id).ok_or_else(|| ShoalError::not_found(id))?;
+        let entry = self.table.get_mut(slot).expect("found slot is live");
+        if entry.state != ObjectState::Sealed {
+            return Err(ShoalError::new(ErrorKind::ObjectNotSealed, format!("object {id} is not sealed; its creator may abort it")));
+        }
+        if entry.delete_pending {
+            return Err(ShoalError::not_found(id));
+        }
+        if entry.refs > 0 {
+            entry.delete_pending = true;
+            self.events.push(StoreEvent::Removed { id: *id });
+        } else {
+            self.remove_slot(slot);
+        }
+        Ok(())
+    }
+
+    pub fn contains(&self, id: &ObjectId) -> bool {
+        self.table.find(id).and_then(|s| self.table.get(s)).is_some_and(Entry::is_visible)
+    }
+
+    /// Evicts unreferenced sealed objects in policy order until at least
+    /// `bytes` are freed (or nothing is left to evict). Returns bytes freed.
+    pub fn evict(&mut self, bytes: u64) -> u64 {
+        let mut freed = 0;
+        while freed < bytes {
+            let Some(victim) = self.policy.victim() else { break };
+            freed += self.table.get(victim).map(|e| self.block_of(e).len).unwrap_or(0);
+            self.evict_slot(victim);
+        }
+        freed
+    }
+
+    /// A client went away: its references are released and whatever it was
+    /// still writing is aborted.
+    pub fn disconnect(&mut self, client: ClientId) {
+        let Some(state) = self.clients.remove(&client) else { return };
+        for slot in &state.creating {
+            let held = state.refs.get(slot).copied().unwrap_or(0);
+            self.table.get_mut(*slot).expect("unsealed slot is live").refs -= held;
+            self.remove_slot(*slot);
+        }
+        for (slot, count) in state.refs {
+            if state.creating.contains(&slot) {
+                continue;
+            }
+            for _ in 0..count {
+                self.drop_ref(slot);
+            }
+        }
+    }
+
+    pub fn list(&self) -> Vec<ObjectInfo> {
+        self.table
+            .iter()
+            .filter(|(_, e)| !e.delete_pending)
+            .map(|(_, e)| ObjectInfo {
+                id: e.id,
+                location: ObjectLocation { offset: e.offset, data_size: e.data_size, meta_size: e.meta_size },
+                sealed: e.state == ObjectState::Sealed,
+                refs: e.refs,
+            })
+            .collect()
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let mut stats = StoreStats {
+            capacity: self.capacity,
+            region_size: self.allocator.size(),
+            used: self.allocator.used(),
+            clients: self.clients.len() as u64,
+            evictions: self.evictions,
+            evicted_bytes: self.evicted_bytes,
+            line_size: self.allocator.line(),
+            policy: self.policy.name(),
+            evictable: self.policy.len() as u64,
+            ..Default::default()
+        };
+        for (_, e) in self.table.iter() {
+            stats.objects += 1;
+            stats.sealed += (e.state == ObjectState::Sealed) as u64;
+            stats.referenced += (e.refs > 0) as u64;
+        }
+        stats
+    }
+
+    /// Daemon heap bytes spent on bookkeeping (table, policy, allocator), for
+    /// the per-object overhead measurement.
+    pub fn bookkeeping_bytes(&self) -> usize {
+        self.table.heap_bytes() + self.table.slot_bound() * 8 + self.allocator.free_blocks() * 96
+    }
+
+    /// Checks the invariants tying table, allocator and policy together.
+    /// Cheap enough for tests after every operation; O(n).
+    pub fn check_invariants(&self) {
+        let mut used = 0;
+        let mut evictable = 0;
+        let mut blocks: Vec<Block> = Vec::new();
+        for (_, e) in self.table.iter() {
+            let block = self.block_of(e);
+            assert_eq!(block.offset % self.allocator.line(), 0, "object {} misaligned", e.id);
+            used += block.len;
+            blocks.push(block);
+            if e.refs == 0 && e.state == ObjectState::Sealed && !e.delete_pending {
+                evictable += 1;
+            }
+            assert!(!(e.delete_pending && e.refs == 0), "object {} pending delete with no refs", e.id);
+        }
+        assert_eq!(used, self.allocator.used(), "allocator and table disagree on usage");
+        assert_eq!(evictable, self.policy.len(), "policy candidates differ from unreferenced sealed objects");
+        blocks.sort_by_key(|b| b.offset);
+        for pair in blocks.windows(2) {
+            assert!(pair[0].offset + pair[0].len <= pair[1].offset, "objects overlap");
+        }
+        let held: u64 = self.clients.values().flat_map(|c| c.refs.values()).map(|&c| c as u64).sum();
+        let counted: u64 = self.table.iter().map(|(_, e)| e.refs as u64).sum();
+        assert_eq!(held, counted, "client references differ from object reference counts");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eviction::Lru;
+    use proptest::prelude::*;
+
+    fn store(size: u64) -> Store {
+        Store::new(size, size, 64, Box::new(Lru::default()))
+    }
+
+    fn id(n: u8) -> ObjectId {
+        ObjectId([n; 20])
+    }
+
+    #[test]
+    fn life_cycle() {
+        let mut s = store(4096);
+        let loc = s.create(1, id(1), 100, 10).unwrap();
+        assert_eq!(loc.offset % 64, 0);
+        assert!(!s.contains(&id(1)));
+        assert_eq!(s.get(2, &id(1)), None, "unsealed objects are invisible");
+        s.seal(1, &[id(1)], false).unwrap();
+        assert!(s.contains(&id(1)));
+        assert_eq!(s.get(2, &id(1)), Some(loc));
+        s.release(1, &id(1)).unwrap();
+        s.release(2, &id(1)).unwrap();
+        s.check_invariants();
+        s.delete(&id(1)).unwrap();
+        assert!(!s.contains(&id(1)));
+        assert_eq!(s.stats().used, 0);
+        let events = s.take_events();
+        assert_eq!(events.len(), 2);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn bad_requests_change_nothing() {
+        let mut s = store(4096);
+        s.create(1, id(1), 10, 0).unwrap();
+        let before = s.list();
+        assert_eq!(s.create(2, id(1), 10, 0).unwrap_err().kind(), ErrorKind::ObjectExists);
+        assert_eq!(s.seal(2, &[id(1)], false).unwrap_err().kind(), ErrorKind::NotOwner);
+        assert_eq!(s.abort(2, &id(1)).unwrap_err().kind(), ErrorKind::NotOwner);
+        assert_eq!(s.seal(1, &[id(9)], false).unwrap_err().kind(), ErrorKind::ObjectNotFound);
+        assert_eq!(s.seal(1, &[id(1), id(9)], false).unwrap_err().kind(), ErrorKind::ObjectNotFound);
+        assert_eq!(s.seal(1, &[id(1), id(1)], false).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(s.delete(&id(1)).unwrap_err().kind(), ErrorKind::ObjectNotSealed);
+        assert_eq!(s.create(1, id(2), 5000, 0).unwrap_err().kind(), ErrorKind::ObjectTooLarge);
+        assert_eq!(s.create(1, id(2), u64::MAX, 10).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(s.release(3, &id(1)).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(s.list(), before);
+        s.seal(1, &[id(1)], false).unwrap();
+        assert_eq!(s.seal(1, &[id(1)], false).unwrap_err().kind(), ErrorKind::ObjectAlreadySealed);
+        assert_eq!(s.abort(1, &id(1)).unwrap_err().kind(), ErrorKind::ObjectAlreadySealed);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn full_store_evicts_lru_and_never_referenced() {
+        let mut s = store(64 * 4);
+        for n in 0..4 {
+            s.create(1, id(n), 64, 0).unwrap();
+            s.seal(1, &[id(n)], n != 0).unwrap(); // id(0) stays referenced
+        }
+        s.get(2, &id(1)).unwrap();
+        s.release(2, &id(1)).unwrap(); // LRU order now: 2, 3, 1
+        s.create(1, id(10), 64, 0).unwrap();
+        assert!(!s.contains(&id(2)) && s.contains(&id(3)));
+        s.create(1, id(11), 64, 0).unwrap();
+        assert!(!s.contains(&id(3)) && s.contains(&id(1)) && s.contains(&id(0)));
+        assert_eq!(s.stats().evictions, 2);
+        s.seal(1, &[id(10), id(11)], true).unwrap();
+        s.get(2, &id(10)).unwrap();
+        s.get(2, &id(11)).unwrap();
+        // Everything referenced or unsealed: a clear error, nothing evicted.
+        s.get(2, &id(1)).unwrap();
+        let err = s.create(1, id(12), 64, 0).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::StoreFull);
+        assert_eq!(s.stats().evictions, 2);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn delete_while_referenced_is_deferred() {
+        let mut s = store(4096);
+        s.create(1, id(1), 10, 0).unwrap();
+        s.seal(1, &[id(1)], true).unwrap();
+        s.get(2, &id(1)).unwrap();
+        s.delete(&id(1)).unwrap();
+        assert!(!s.contains(&id(1)));
+        assert_eq!(s.get(3, &id(1)), None);
+        assert!(s.stats().used > 0, "memory stays while referenced");
+        s.release(2, &id(1)).unwrap();
+        assert_eq!(s.stats().used, 0);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn disconnect_releases_and_aborts() {
+        let mut s = store(4096);
+        s.create(1, id(1), 10, 0).unwrap();
+        s.seal(1, &[id(1)], true).unwrap();
+        s.get(2, &id(1)).unwrap();
+        s.get(2, &id(1)).unwrap();
+        s.create(2, id(2), 10, 0).unwrap();
+        s.disconnect(2);
+        assert!(s.contains(&id(1)));
+        assert!(s.table.find(&id(2)).is_none(), "unsealed object of a dead client is aborted");
+        assert_eq!(s.stats().referenced, 0);
+        s.check_invariants();
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Create(u8, u8, u16),
+        Seal(u8, u8, bool),
+        Abort(u8, u8),
+        Get(u8, u8),
+        Release(u8, u8),
+        Delete(u8),
+        Disconnect(u8),
+        Evict(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let c = 0u8..3;
+        let i = 0u8..12;
+        prop_oneof![
+            (c.clone(), i.clone(), 0u16..1500).prop_map(|(c, i, n)| Op::Create(c, i, n)),
+            (c.clone(), i.clone(), any::<bool>()).prop_map(|(c, i, r)| Op::Seal(c, i, r)),
+            (c.clone(), i.clone()).prop_map(|(c, i)| Op::Abort(c, i)),
+            (c.clone(), i.clone()).prop_map(|(c, i)| Op::Get(c, i)),
+            (c.clone(), i.clone()).prop_map(|(c, i)| Op::Release(c, i)),
+            i.clone().prop_map(Op::Delete),
+            c.prop_map(Op::Disconnect),
+            (0u16..3000).prop_map(Op::Evict),
+        ]
+    }
+
+    proptest! {
+        /// Any sequence of operations, valid or not, keeps the store consistent;
+        /// a sealed object is never moved or resized while visible.
+        #[test]
+        fn random_operations_keep_invariants(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut s = store(8192);
+            let mut sealed: HashMap<ObjectId, ObjectLocation> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Create(c, i, n) => { let _ = s.create(c as u32, id(i), n as u64, 3); }
+                    Op::Seal(c, i, r) => {
+                        if s.seal(c as u32, &[id(i)], r).is_ok() {
+                            let slot = s.table.find(&id(i)).unwrap();
+                            let e = s.table.get(slot).unwrap();
+                            sealed.insert(id(i), ObjectLocation { offset: e.offset, data_size: e.data_size, meta_size: e.meta_size });
+                        }
+                    }
+                    Op::Abort(c, i) => { let _ = s.abort(c as u32, &id(i)); }
+                    Op::Get(c, i) => {
+                        if let Some(loc) = s.get(c as u32, &id(i)) {
+                            prop_assert_eq!(Some(&loc), sealed.get(&id(i)));
+                        }
+                    }
+                    Op::Release(c, i) => { let _ = s.release(c as u32, &id(i)); }
+                    Op::Delete(i) => { let _ = s.delete(&id(i)); }
+                    Op::Disconnect(c) => s.disconnect(c as u32),
+                    Op::Evict(n) => { s.evict(n as u64); }
+                }
+                s.check_invariants();
+            }
+        }
+    }
+}
