@@ -33,7 +33,7 @@ import numpy as np
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
-from adapters import payload, read_all, timed  # noqa: E402
+from adapters import payload, read_all, timed
 
 WORKLOADS = [
     (1000, 1_000),
@@ -59,10 +59,6 @@ STORES = {
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
-
-
-def summary(samples):
-    return {"min": min(samples), "median": statistics.median(samples)}
 
 
 # ---------------------------------------------------------------- limits
@@ -106,8 +102,7 @@ def socket_round_trip(n=20_000):
 
 def measure_limits(n=10):
     """One measurement of every limit, on 100 MB, all warm unless said."""
-    src = np.empty(LIMIT_BYTES, np.uint8)  # numpy arrays this big get huge pages
-    src[:] = np.frombuffer(payload(LIMIT_BYTES), np.uint8)
+    src = payload(LIMIT_BYTES)  # the same kind of source as the stores' puts
     dst = np.zeros_like(src)
     shared = shared_pages(LIMIT_BYTES)
     shared[:] = src
@@ -131,7 +126,9 @@ def measure_limits(n=10):
 def best_limits(runs):
     """Across the limit measurements of a run, the best of each."""
     best = {k: max(r[k] for r in runs) for k in runs[0] if k != "socket_rtt"}
-    best["socket_rtt"] = min((r["socket_rtt"] for r in runs), key=lambda r: r["median_us"])
+    best["socket_rtt"] = min(
+        (r["socket_rtt"] for r in runs), key=lambda r: r["median_us"]
+    )
     return best
 
 
@@ -184,7 +181,10 @@ def start_server(kind, sock, errlog, plasma_python):
     while not os.path.exists(sock):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(f"{cmd[0]} did not create {sock}")
+            raise RuntimeError(
+                f"{cmd[0]} exited ({proc.poll()}) or did not create its socket in 20 s"
+                f" (see raw-{os.path.basename(sock)[:-5]}.log)"
+            )
         time.sleep(0.01)
     return proc
 
@@ -192,65 +192,110 @@ def start_server(kind, sock, errlog, plasma_python):
 def shoal_missing():
     if shutil.which("shoal") is None:
         return "no `shoal` binary on PATH"
-    probe = subprocess.run([sys.executable, "-c", "import shoal"], capture_output=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import shoal"], check=False, capture_output=True
+    )
     if probe.returncode != 0:
         return "`import shoal` fails: " + probe.stderr.decode().strip().splitlines()[-1]
     return None
 
 
+def measure(writer, getter, count, size, args):
+    """Repetitions of put (writer), get + read (getter), delete (writer)."""
+    keys = ("put_s", "put_minflt", "get_s", "read_s", "read_minflt")
+    samples = {k: [] for k in keys}
+    for rep in range(args.warmup + args.reps):
+        put = writer.call(op="put", count=count, size=size)
+        get = getter.call(
+            op="get", ids=put["ids"], size=size, head=put["head"], tail=put["tail"]
+        )
+        writer.call(op="delete")
+        if rep >= args.warmup:
+            for key, values in samples.items():
+                values.append(put[key] if key in put else get[key])
+    return {"count": count, "size": size, "samples": samples}
+
+
+def stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_store(store, args, pythons, tmp):
-    """Every workload on one store; returns {"version", "workloads"} or raises."""
+    """Every workload on one store: {"version", "workloads"} or raises."""
     _, server_kind, python = STORES[store]
     sock = os.path.join(tmp, f"{store}.sock")
-    errlog = open(os.path.join(args.raw_dir, f"raw-{store}.log"), "w")
-    server = workers = None
-    try:
-        if server_kind:
-            server = start_server(server_kind, sock, errlog, pythons["plasma"])
-        workers = [Worker(pythons[python], store, sock, errlog) for _ in range(2)]
-        writer, getter = workers
-        if "unavailable" in writer.hello:
-            return {"unavailable": writer.hello["unavailable"]}
-        results = []
-        for count, size in WORKLOADS:
-            samples = {"put_s": [], "get_s": [], "read_s": [], "minflt": [], "majflt": []}
-            for rep in range(args.warmup + args.reps):
-                put = writer.call(op="put", count=count, size=size)
-                get = getter.call(
-                    op="get", ids=put["ids"], size=size, head=put["head"], tail=put["tail"]
+    with open(os.path.join(args.raw_dir, f"raw-{store}.log"), "w") as errlog:
+        server = None
+        workers = []
+        try:
+            if server_kind:
+                server = start_server(server_kind, sock, errlog, pythons["plasma"])
+            for _ in range(2):
+                workers.append(Worker(pythons[python], store, sock, errlog))
+            writer, getter = workers
+            if "unavailable" in writer.hello:
+                return {"unavailable": writer.hello["unavailable"]}
+            results = []
+            for count, size in WORKLOADS:
+                results.append(measure(writer, getter, count, size, args))
+                med = {
+                    k: statistics.median(v) for k, v in results[-1]["samples"].items()
+                }
+                log(
+                    f"  {store:10s} {count:5d} x {size:>11,d} B:"
+                    f" put {med['put_s'] * 1e3:9.3f} ms  get {med['get_s'] * 1e3:8.3f} ms"
+                    f"  read {med['read_s'] * 1e3:8.3f} ms"
+                    f"  faults put {med['put_minflt']:.0f} read {med['read_minflt']:.0f}"
                 )
-                writer.call(op="delete")
-                if rep >= args.warmup:
-                    for key in samples:
-                        samples[key].append(put[key] if key == "put_s" else get[key])
-            results.append({"count": count, "size": size, "samples": samples})
-            med = {k: statistics.median(v) for k, v in samples.items()}
-            log(
-                f"  {store:10s} {count:5d} x {size:>11,d} B: put {med['put_s'] * 1e3:9.3f} ms"
-                f"  get {med['get_s'] * 1e3:8.3f} ms  read {med['read_s'] * 1e3:8.3f} ms"
-                f"  faults {med['minflt']:.0f}"
-            )
-        return {"version": writer.hello["version"], "workloads": results}
-    finally:
-        for w in workers or []:
-            w.close()
-        if server:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-        errlog.close()
+            return {"version": writer.hello["version"], "workloads": results}
+        finally:
+            for w in workers:
+                w.close()
+            if server:
+                stop(server)
 
 
 # ---------------------------------------------------------------- report
 
 
+def metrics(w):
+    """One workload's numbers, each a (best, median) pair from the samples."""
+    s, count, total = w["samples"], w["count"], w["count"] * w["size"]
+
+    def pair(key, f):
+        return f(min(s[key])), f(statistics.median(s[key]))
+
+    return {
+        "put_ms": pair("put_s", lambda t: t * 1e3),
+        "put_us_obj": pair("put_s", lambda t: t * 1e6 / count),
+        "put_gibs": pair("put_s", lambda t: total / t / GiB),
+        "put_minflt": pair("put_minflt", float),
+        "get_ms": pair("get_s", lambda t: t * 1e3),
+        "get_us_obj": pair("get_s", lambda t: t * 1e6 / count),
+        "read_gibs": pair("read_s", lambda t: total / t / GiB),
+        "read_minflt": pair("read_minflt", float),
+    }
+
+
+ROWS = [
+    ("put_ms", "put, whole batch (ms)"),
+    ("put_us_obj", "put (µs/object)"),
+    ("put_gibs", "put (GiB/s)"),
+    ("put_minflt", "put minor page faults (writer)"),
+    ("get_ms", "get, one batch (ms)"),
+    ("get_us_obj", "get (µs/object)"),
+    ("read_gibs", "read (GiB/s)"),
+    ("read_minflt", "read minor page faults (getter)"),
+]
+
+
 def fmt(x):
-    if x is None:
-        return "—"
-    if x >= 100:
+    if x >= 100 or x == int(x):
         return f"{x:.0f}"
     if x >= 10:
         return f"{x:.1f}"
@@ -259,38 +304,99 @@ def fmt(x):
     return f"{x:.3f}"
 
 
-def size_label(count, size):
-    for unit, scale in (("MB", 10**6), ("kB", 10**3)):
-        if size >= scale:
-            return f"{count} × {size // scale} {unit}"
-    return f"{count} × {size} B"
+def series(results, store, key):
+    """[(best, median)] per workload for one store and metric, or Nones."""
+    res = results.get(store, {})
+    if "workloads" not in res:
+        return [None] * len(WORKLOADS)
+    return [metrics(w)[key] for w in res["workloads"]]
 
 
-def metrics(w):
-    """Per-workload numbers: (best, median) pairs from the raw samples."""
-    s, total, count = w["samples"], w["count"] * w["size"], w["count"]
-    put, get, read = (summary(s[k]) for k in ("put_s", "get_s", "read_s"))
-    pair = {"min": "min", "median": "median"}
-    return {
-        "put_ms": {k: put[v] * 1e3 for k, v in pair.items()},
-        "put_us_obj": {k: put[v] * 1e6 / count for k, v in pair.items()},
-        "put_gibs": {k: total / put[v] / GiB for k, v in pair.items()},
-        "get_ms": {k: get[v] * 1e3 for k, v in pair.items()},
-        "get_us_obj": {k: get[v] * 1e6 / count for k, v in pair.items()},
-        "read_gibs": {k: total / read[v] / GiB for k, v in pair.items()},
-        "minflt": summary(s["minflt"]),
-    }
+def div(nums, dens):
+    return [
+        None if a is None or b is None else (a[0] / b[0], a[1] / b[1])
+        for a, b in zip(nums, dens)
+    ]
 
 
-ROWS = [
-    ("put_ms", "put, whole batch (ms)"),
-    ("put_us_obj", "put (µs/object)"),
-    ("put_gibs", "put (GiB/s)"),
-    ("get_ms", "get, one batch (ms)"),
-    ("get_us_obj", "get (µs/object)"),
-    ("read_gibs", "read (GiB/s)"),
-    ("minflt", "read minor page faults"),
+# label, numerator, denominator: (store, metric) or a machine limit
+RATIOS = [
+    ("shoal / Plasma, put time", ("shoal", "put_ms"), ("plasma", "put_ms")),
+    ("shoal (each) / Plasma, put time", ("shoal-each", "put_ms"), ("plasma", "put_ms")),
+    ("shoal / Plasma, get time", ("shoal", "get_ms"), ("plasma", "get_ms")),
+    ("shoal / Plasma, read time", ("plasma", "read_gibs"), ("shoal", "read_gibs")),
+    ("shoal put bandwidth / memcpy", ("shoal", "put_gibs"), "memcpy_gibs"),
+    ("shoal read bandwidth / sequential read", ("shoal", "read_gibs"), "seq_read_gibs"),
+    ("Plasma put bandwidth / memcpy", ("plasma", "put_gibs"), "memcpy_gibs"),
+    (
+        "Plasma read bandwidth / sequential read",
+        ("plasma", "read_gibs"),
+        "seq_read_gibs",
+    ),
 ]
+
+
+def ratio_rows(results, limits):
+    """[(label, [(from best, from median) or None per workload])]."""
+
+    def values(spec):
+        if isinstance(spec, str):
+            return [(limits[spec], limits[spec])] * len(WORKLOADS)
+        return series(results, *spec)
+
+    return [(label, div(values(num), values(den))) for label, num, den in RATIOS]
+
+
+def targets(results, limits):
+    """The README's targets, judged on medians: table lines."""
+    rows = dict(ratio_rows(results, limits))
+    big = [i for i, (_, size) in enumerate(WORKLOADS) if size >= 1_000_000]
+    reads = [rows["shoal read bandwidth / sequential read"][i] for i in big]
+    faults = [series(results, "shoal", "read_minflt")[i] for i in big]
+
+    def worst(pairs, pick):
+        return None if None in pairs else pick(p[1] for p in pairs)
+
+    checks = [
+        (
+            "put 1000 × 1 kB: shoal / Plasma, time per object",
+            rows["shoal / Plasma, put time"][0],
+            "≤ 0.10",
+        ),
+        (
+            "batched get 1000 × 1 kB: shoal / Plasma, time",
+            rows["shoal / Plasma, get time"][0],
+            "≤ 0.50",
+        ),
+        (
+            "put 10 × 100 MB: shoal bandwidth / memcpy",
+            rows["shoal put bandwidth / memcpy"][-1],
+            "≥ 0.93",
+        ),
+        (
+            "read, objects ≥ 1 MB: lowest shoal bandwidth / sequential read",
+            worst(reads, min),
+            "≥ 0.95",
+        ),
+        ("read, objects ≥ 1 MB: most minor page faults", worst(faults, max), "= 0"),
+    ]
+    lines = ["| target | measured | goal | met |", "| --- | --- | --- | --- |"]
+    for label, value, goal in checks:
+        if isinstance(value, tuple):
+            value = value[1]
+        if value is None:
+            lines.append(f"| {label} | — | {goal} | — |")
+            continue
+        op, bound = goal.split()
+        met = {
+            "≤": value <= float(bound),
+            "≥": value >= float(bound),
+            "=": value == float(bound),
+        }[op]
+        lines.append(
+            f"| {label} | {fmt(value)} | {goal} | {'yes' if met else '**no**'} |"
+        )
+    return lines
 
 
 def machine():
@@ -311,136 +417,100 @@ def machine():
     }
 
 
-def cell(pair, key):
-    return f"{fmt(pair['min'])} / {fmt(pair['median'])}" if key != "minflt" else (
-        f"{pair['min']:.0f} / {pair['median']:.0f}"
-    )
-
-
-def ratio_rows(results, limits):
-    """(label, [cell per workload], [(best, median) per workload])."""
-
-    def m(store, i):
-        r = results.get(store, {})
-        return metrics(r["workloads"][i]) if "workloads" in r else None
-
-    def ratio(num, den):
-        if num is None or den is None:
-            return None
-        return {k: num[k] / den[k] for k in ("min", "median")}
-
-    def per_limit(store, key, limit):
-        return [
-            None if m(store, i) is None else {k: m(store, i)[key][k] / limit for k in ("min", "median")}
-            for i in range(len(WORKLOADS))
-        ]
-
-    def vs(store, base, key):
-        return [
-            ratio(*(None if x is None else x[key] for x in (m(store, i), m(base, i))))
-            for i in range(len(WORKLOADS))
-        ]
-
-    rows = [
-        ("shoal / Plasma, put time", vs("shoal", "plasma", "put_ms")),
-        ("shoal (each) / Plasma, put time", vs("shoal-each", "plasma", "put_ms")),
-        ("shoal / Plasma, get time", vs("shoal", "plasma", "get_ms")),
-        ("shoal / Plasma, read time", vs("shoal", "plasma", "read_gibs")),
+def table(first, heads, rows):
+    out = [
+        f"| {first} | " + " | ".join(heads) + " |",
+        "|" + " --- |" * (len(heads) + 1),
     ]
-    # read_gibs is a bandwidth: time ratio is the inverse
-    rows[3] = (rows[3][0], [None if r is None else {k: 1 / v for k, v in r.items()} for r in rows[3][1]])
-    for store, label in (("shoal", "shoal"), ("plasma", "Plasma")):
-        rows.append((f"{label} put bandwidth / memcpy", per_limit(store, "put_gibs", limits["memcpy_gibs"])))
-        rows.append(
-            (f"{label} read bandwidth / sequential read", per_limit(store, "read_gibs", limits["seq_read_gibs"]))
-        )
-    return rows
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
 
 
-def targets(results, limits):
-    """The README's targets, judged on medians. Returns table lines."""
+LIMIT_ROWS = [
+    ("memcpy_gibs", "memcpy, warm 100 MB numpy arrays (numpy copyto)"),
+    ("memcpy_shared_gibs", "memcpy into a warm shared mapping (4 kB pages)"),
+    ("memcpy_fresh_gibs", "memcpy into fresh shared pages (first touch)"),
+    ("seq_read_gibs", "sequential read, warm 100 MB numpy array (the reader)"),
+    ("seq_read_shared_gibs", "sequential read, warm shared mapping (4 kB pages)"),
+]
 
-    def med(store, i, key):
-        r = results.get(store, {})
-        return metrics(r["workloads"][i])[key]["median"] if "workloads" in r else None
-
-    def div(a, b):
-        return None if a is None or b is None else a / b
-
-    big = [i for i, (_, size) in enumerate(WORKLOADS) if size >= 1_000_000]
-    reads = [div(med("shoal", i, "read_gibs"), limits["seq_read_gibs"]) for i in big]
-    faults = [med("shoal", i, "minflt") for i in big]
-    checks = [
-        ("put 1000 × 1 kB: shoal / Plasma time per object", div(med("shoal", 0, "put_ms"), med("plasma", 0, "put_ms")), "≤ 0.10", lambda x: x <= 0.10),
-        ("batched get 1000 × 1 kB: shoal / Plasma time", div(med("shoal", 0, "get_ms"), med("plasma", 0, "get_ms")), "≤ 0.50", lambda x: x <= 0.50),
-        ("put 10 × 100 MB: shoal bandwidth / memcpy", div(med("shoal", len(WORKLOADS) - 1, "put_gibs"), limits["memcpy_gibs"]), "≥ 0.93", lambda x: x >= 0.93),
-        ("read ≥ 1 MB objects: worst shoal bandwidth / sequential read", None if None in reads else min(reads), "≥ 0.95", lambda x: x >= 0.95),
-        ("read ≥ 1 MB objects: most minor page faults (median)", None if None in faults else max(faults), "0", lambda x: x == 0),
-    ]
-    lines = ["| target | measured | goal | met |", "| --- | --- | --- | --- |"]
-    for label, value, goal, ok in checks:
-        met = "—" if value is None else ("yes" if ok(value) else "**no**")
-        shown = "—" if value is None else (f"{value:.0f}" if "faults" in label else f"{value:.3f}")
-        lines.append(f"| {label} | {shown} | {goal} | {met} |")
-    return lines
+INTRO = (
+    "Cells are `best / median` of {reps} repetitions (after {warmup} discarded "
+    "warm-up): the lowest time or highest bandwidth, then the median. "
+    "1 kB = 1000 B, 1 MB = 10^6 B, GiB = 2^30 B. put is timed in the writer "
+    "process, get and read in a second process. Definitions: bench/README.md."
+)
+RATIO_INTRO = (
+    "Time ratios below 1 favour shoal; bandwidths are divided by the limits "
+    "above. Cells are `from best / from median`."
+)
 
 
 def report(run):
-    mach, limits, results = run["machine"], run["limits"], run["results"]
-    heads = [size_label(c, s) for c, s in WORKLOADS]
-    rtt = limits["socket_rtt"]
-    out = [
+    mach, lim, results = run["machine"], run["limits"], run["results"]
+    heads = [
+        f"{c} × {s // 1000:,} kB" if s < 10**6 else f"{c} × {s // 10**6} MB"
+        for c, s in WORKLOADS
+    ]
+    rtt = lim["socket_rtt"]
+    limit_rows = [[name, f"{lim[key]:.2f} GiB/s"] for key, name in LIMIT_ROWS]
+    limit_rows.append(
+        [
+            "Unix socket round trip, 1 byte, 2 processes on 2 cores",
+            f"{rtt['median_us']:.1f} µs median ({rtt['min_us']:.1f} µs min)",
+        ]
+    )
+    result_rows, notes = [], []
+    for store, res in results.items():
+        label = STORES[store][0]
+        if "workloads" not in res:
+            why = res.get("unavailable") or res["failed"].strip().splitlines()[-1]
+            notes.append(f"- {label}: not measured ({why})")
+            continue
+        notes.append(f"- {label}: {res['version']}")
+        for key, name in ROWS:
+            cells = [f"{fmt(b)} / {fmt(m)}" for b, m in series(results, store, key)]
+            result_rows.append([label, name, *cells])
+    ratio_cells = [
+        [label] + ["—" if c is None else f"{c[0]:.3f} / {c[1]:.3f}" for c in cells]
+        for label, cells in ratio_rows(results, lim)
+    ]
+    machine_line = (
+        f"Machine: {mach['cpu']}, nproc {mach['nproc']}, {mach['memory_gib']} GiB RAM,"
+        f" {mach['kernel']}; Python {mach['python']}, numpy {mach['numpy']}."
+    )
+    lines = [
         "# Table I: object micro-benchmarks",
         "",
         f"Generated {run['date']} by `{run['command']}`.",
         "",
-        f"Machine: {mach['nproc']} × {mach['cpu']} (nproc {mach['nproc']}), {mach['memory_gib']} GiB RAM, "
-        f"{mach['kernel']}; Python {mach['python']}, numpy {mach['numpy']}.",
+        machine_line,
         "",
-        f"Cells are `min / median` over {run['reps']} repetitions (after {run['warmup']} discarded warm-up); "
-        "for bandwidths `best / median`. 1 kB = 1000 B, 1 MB = 10^6 B, GiB = 2^30 B. "
-        "put and get are timed in two different processes; read is the getter's pass over all bytes. "
-        "See bench/README.md for the exact definitions.",
+        INTRO.format(reps=run["reps"], warmup=run["warmup"]),
         "",
-        "## Machine limits (same run)",
+        f"## Machine limits (best of {len(run['limit_runs'])} measurements in this run)",
         "",
-        "| limit | value |",
-        "| --- | --- |",
-        f"| memcpy, warm 100 MB arrays (numpy copyto, best) | {limits['memcpy_gibs']:.2f} GiB/s |",
-        f"| memcpy into fresh shared pages, 100 MB (first touch, best) | {limits['memcpy_fresh_gibs']:.2f} GiB/s |",
-        f"| sequential read, warm 100 MB (same reader, best) | {limits['seq_read_gibs']:.2f} GiB/s |",
-        f"| Unix socket round trip, 1 byte, 2 processes on 2 cores | {rtt['median_us']:.1f} µs median "
-        f"({rtt['min_us']:.1f} µs min) |",
+        *table("limit", ["value"], limit_rows),
         "",
         "## Results",
         "",
-        "| store | metric | " + " | ".join(heads) + " |",
-        "| --- | --- | " + " | ".join("---" for _ in heads) + " |",
-    ]
-    notes = []
-    for store, res in results.items():
-        label = STORES[store][0]
-        if "workloads" not in res:
-            why = res.get("unavailable") or res.get("failed", "?").strip().splitlines()[-1]
-            notes.append(f"- {label}: not measured ({why})")
-            continue
-        notes.append(f"- {label}: {res['version']}")
-        table = [metrics(w) for w in res["workloads"]]
-        for key, name in ROWS:
-            out.append(f"| {label} | {name} | " + " | ".join(cell(t[key], key) for t in table) + " |")
-    out += ["", "Stores:", "", *notes, "", "## Ratios (same run)", ""]
-    out += [
-        "Time ratios below 1 favour shoal; bandwidth ratios are of the limits above. "
-        "Cells are `from best / from median`.",
+        *table("store", ["metric", *heads], result_rows),
         "",
-        "| ratio | " + " | ".join(heads) + " |",
-        "| --- | " + " | ".join("---" for _ in heads) + " |",
+        "Stores:",
+        "",
+        *notes,
+        "",
+        "## Ratios (same run)",
+        "",
+        RATIO_INTRO,
+        "",
+        *table("ratio", heads, ratio_cells),
+        "",
+        "## Targets (judged on medians)",
+        "",
+        *targets(results, lim),
     ]
-    for label, cells in ratio_rows(results, limits):
-        shown = ["—" if c is None else f"{c['min']:.3f} / {c['median']:.3f}" for c in cells]
-        out.append(f"| {label} | " + " | ".join(shown) + " |")
-    out += ["", "## Targets (judged on medians)", "", *targets(results, limits), ""]
-    return "\n".join(out)
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- main
@@ -448,9 +518,13 @@ def report(run):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--stores", default="plasma,shm,shoal", help="comma list of: plasma, shm, shoal")
+    ap.add_argument(
+        "--stores", default="plasma,shm,shoal", help="comma list of: plasma, shm, shoal"
+    )
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1, help="discarded repetitions per workload")
+    ap.add_argument(
+        "--warmup", type=int, default=1, help="discarded repetitions per workload"
+    )
     ap.add_argument("--out", default=os.path.join(BENCH, "results", "table1.md"))
     args = ap.parse_args()
     args.raw_dir = os.path.dirname(os.path.abspath(args.out))
@@ -466,23 +540,22 @@ def main():
     pythons = {"project": sys.executable, "plasma": None}
     if "plasma" in stores:
         setup = subprocess.run(
-            ["bash", os.path.join(BENCH, "setup_plasma.sh")], stdout=subprocess.PIPE, check=True, text=True
+            ["bash", os.path.join(BENCH, "setup_plasma.sh")],
+            stdout=subprocess.PIPE,
+            check=True,
+            text=True,
         )
         pythons["plasma"] = setup.stdout.strip().splitlines()[-1]
 
     run = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python3 bench/table1.py " + " ".join(sys.argv[1:]),
         "reps": args.reps,
         "warmup": args.warmup,
         "machine": machine(),
         "workloads": WORKLOADS,
     }
-    log("measuring machine limits ...")
-    run["limits"] = measure_limits()
-    log(f"  {json.dumps(run['limits'])}")
-
-    results = {}
+    results, limit_runs = {}, []
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as tmp:
         for store in stores:
             missing = shoal_missing() if store.startswith("shoal") else None
@@ -490,12 +563,18 @@ def main():
                 log(f"{store}: unavailable ({missing})")
                 results[store] = {"unavailable": missing}
                 continue
+            log("machine limits ...")
+            limit_runs.append(measure_limits())
+            log(f"  {json.dumps(limit_runs[-1])}")
             log(f"{store} ...")
             try:
                 results[store] = run_store(store, args, pythons, tmp)
-            except Exception as e:  # one broken store must not lose the others
+            except Exception as e:  # noqa: BLE001 - a broken store must not lose the others
                 log(f"{store}: FAILED: {e}")
                 results[store] = {"failed": str(e)}
+    if not limit_runs:
+        limit_runs.append(measure_limits())
+    run["limit_runs"], run["limits"] = limit_runs, best_limits(limit_runs)
     run["results"] = results
 
     with open(os.path.join(args.raw_dir, "raw-table1.json"), "w") as f:

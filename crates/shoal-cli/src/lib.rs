@@ -1,0 +1,181 @@
+//! The `shoal` command line. A library so the same code runs as the cargo
+//! binary and as the `shoal` script installed by the Python wheel (which
+//! calls [`run`] through the extension module).
+
+mod bench;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use shoal_client::Client;
+use shoal_core::units::{format_size, parse_size};
+use shoal_daemon::{DaemonConfig, Shutdown};
+
+/// shoal: a zero-copy shared-memory object store for Arrow data.
+#[derive(Parser, Debug)]
+#[command(name = "shoal", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct SocketArg {
+    /// The daemon's Unix socket [default: $SHOAL_SOCKET, else /tmp/shoal-$UID/default.sock].
+    #[arg(long, short = 's', env = "SHOAL_SOCKET")]
+    socket: Option<PathBuf>,
+}
+
+impl SocketArg {
+    fn path(&self) -> PathBuf {
+        self.socket.clone().unwrap_or_else(default_socket)
+    }
+}
+
+/// The socket `shoal serve` and `shoal.connect()` use when none is given.
+pub fn default_socket() -> PathBuf {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from(format!("/tmp/shoal-{uid}/default.sock"))
+}
+
+fn size(text: &str) -> Result<u64, String> {
+    parse_size(text)
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a store daemon in the foreground.
+    Serve {
+        #[command(flatten)]
+        socket: SocketArg,
+        /// Memory the store may use, e.g. 4GiB, 512MiB, 1.5G.
+        #[arg(long, short = 'm', value_parser = size, default_value = "1GiB", env = "SHOAL_CAPACITY")]
+        capacity: u64,
+        /// mmap-able region path (hugetlbfs file, DAX device). Default: a fresh file in /dev/shm.
+        #[arg(long)]
+        region: Option<PathBuf>,
+        /// Region length if larger than the capacity (room for the capacity to grow).
+        #[arg(long, value_parser = size)]
+        region_size: Option<u64>,
+        /// Object alignment and padding in bytes (64, or 128 for POWER9 fabrics).
+        #[arg(long, default_value_t = 64)]
+        line_size: u64,
+        /// Eviction policy.
+        #[arg(long, default_value = "lru")]
+        policy: String,
+        /// Do not fault the region in at start.
+        #[arg(long)]
+        no_prefault: bool,
+        /// Exit after this many seconds without clients (used by the embedded store).
+        #[arg(long)]
+        idle_exit: Option<f64>,
+    },
+    /// Show capacity, usage, object and client counts.
+    Stat {
+        #[command(flatten)]
+        socket: SocketArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List objects.
+    Ls {
+        #[command(flatten)]
+        socket: SocketArg,
+        /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the Table I object micro-benchmark (put, get from another process, read).
+    Bench(bench::BenchArgs),
+    /// (internal) The reading side of `shoal bench`, run in a second process.
+    #[command(hide = true)]
+    BenchReader(bench::ReaderArgs),
+}
+
+/// Runs the CLI with `args` (argv[0] first). `self_command` is how to start
+/// this program again (for `bench`'s reader process). Returns the exit code.
+pub fn run(args: Vec<String>, self_command: Vec<String>) -> i32 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    match dispatch(cli.command, self_command) {
+        Ok(()) => 0,
+        Err(err) => {
+            eprintln!("shoal: {err:#}");
+            1
+        }
+    }
+}
+
+fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
+    match command {
+        Command::Serve { socket, capacity, region, region_size, line_size, policy, no_prefault, idle_exit } => {
+            let mut config = DaemonConfig::new(socket.path(), region_size.unwrap_or(capacity).max(capacity));
+            config.capacity = Some(capacity);
+            config.region = region;
+            config.line_size = line_size;
+            config.policy = policy;
+            config.prefault = !no_prefault;
+            config.idle_exit = idle_exit.map(Duration::from_secs_f64);
+            config.stop_on_signals = true;
+            shoal_daemon::serve_blocking(config, Shutdown::new())?;
+            Ok(())
+        }
+        Command::Stat { socket, json } => {
+            let mut client = Client::connect(socket.path())?;
+            let s = client.stats()?;
+            if json {
+                println!(
+                    "{{\"capacity\":{},\"region_size\":{},\"used\":{},\"objects\":{},\"sealed\":{},\"referenced\":{},\"evictable\":{},\"clients\":{},\"evictions\":{},\"evicted_bytes\":{},\"line_size\":{},\"policy\":\"{}\"}}",
+                    s.capacity, s.region_size, s.used, s.objects, s.sealed, s.referenced, s.evictable, s.clients.saturating_sub(1), s.evictions, s.evicted_bytes, s.line_size, s.policy
+                );
+            } else {
+                let pct = if s.capacity > 0 { 100.0 * s.used as f64 / s.capacity as f64 } else { 0.0 };
+                println!("socket      {}", socket.path().display());
+                println!("capacity    {} (region {})", format_size(s.capacity), format_size(s.region_size));
+                println!("used        {} ({pct:.1}%)", format_size(s.used));
+                println!("objects     {} ({} sealed, {} referenced, {} evictable)", s.objects, s.sealed, s.referenced, s.evictable);
+                println!("clients     {}", s.clients.saturating_sub(1));
+                println!("evictions   {} ({})", s.evictions, format_size(s.evicted_bytes));
+                println!("line size   {} B, policy {}", s.line_size, s.policy);
+            }
+            Ok(())
+        }
+        Command::Ls { socket, json } => {
+            let mut client = Client::connect(socket.path())?;
+            let mut objects = client.list()?;
+            objects.sort_by_key(|o| o.location.offset);
+            if !json {
+                println!("{:<40} {:>12} {:>8} {:>6} {:>12}", "ID", "DATA", "META", "REFS", "STATE");
+            }
+            for o in objects {
+                let state = if o.sealed { "sealed" } else { "created" };
+                if json {
+                    println!(
+                        "{{\"id\":\"{}\",\"data_size\":{},\"meta_size\":{},\"refs\":{},\"state\":\"{state}\",\"offset\":{}}}",
+                        o.id, o.location.data_size, o.location.meta_size, o.refs, o.location.offset
+                    );
+                } else {
+                    println!("{:<40} {:>12} {:>8} {:>6} {:>12}", o.id, o.location.data_size, o.location.meta_size, o.refs, state);
+                }
+            }
+            Ok(())
+        }
+        Command::Bench(args) => bench::run(args, self_command),
+        Command::BenchReader(args) => bench::reader(args),
+    }
+}

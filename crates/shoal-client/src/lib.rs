@@ -1,0 +1,334 @@
+//! The Rust client of a local shoal daemon.
+//!
+//! A client connects to the daemon's Unix socket, receives the region's file
+//! descriptor once and maps it. From then on objects are (offset, size) pairs
+//! into that mapping: a get is a lookup, never a copy. The client is
+//! synchronous (one request in flight); batch calls exist so that many
+//! objects cost one round trip.
+
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::fd_passing::recv_with_fd;
+use shoal_core::protocol::{CreateSpec, FrameHeader, Notification, Reply, Request, FRAME_HEADER_LEN, PROTOCOL_VERSION};
+use shoal_core::region::Mapping;
+use shoal_core::store::{ObjectInfo, ObjectLocation, StoreStats};
+use shoal_core::ObjectId;
+
+pub use shoal_core::protocol::WAIT_FOREVER;
+
+/// What the daemon told us at connect.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreInfo {
+    pub client_id: u32,
+    pub region_size: u64,
+    pub capacity: u64,
+    pub line_size: u64,
+}
+
+/// A framed connection: requests out, replies in.
+struct Channel {
+    stream: UnixStream,
+    input: Vec<u8>,
+    output: Vec<u8>,
+}
+
+impl Channel {
+    fn send(&mut self, request: &Request) -> Result<()> {
+        self.output.clear();
+        request.encode(&mut self.output);
+        self.stream.write_all(&self.output)?;
+        Ok(())
+    }
+
+    fn fill(&mut self, need: usize) -> Result<()> {
+        while self.input.len() < need {
+            let start = self.input.len();
+            self.input.resize(start.max(need).max(start + 64 * 1024), 0);
+            let n = self.stream.read(&mut self.input[start..]);
+            let n = match n {
+                Ok(n) => n,
+                Err(err) => {
+                    self.input.truncate(start);
+                    return Err(err.into());
+                }
+            };
+            self.input.truncate(start + n);
+            if n == 0 {
+                return Err(ShoalError::new(ErrorKind::Disconnected, "the daemon closed the connection"));
+            }
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self) -> Result<Reply> {
+        self.fill(FRAME_HEADER_LEN)?;
+        let header = FrameHeader::parse(&self.input)?.expect("header bytes present");
+        let end = FRAME_HEADER_LEN + header.len as usize;
+        self.fill(end)?;
+        let reply = Reply::decode(header, &self.input[FRAME_HEADER_LEN..end]);
+        self.input.drain(..end);
+        reply
+    }
+
+    /// Sends a request and returns its reply, turning `Error` replies into `Err`.
+    fn call(&mut self, request: &Request) -> Result<Reply> {
+        self.send(request)?;
+        match self.recv()? {
+            Reply::Error { kind, message } => Err(ShoalError::new(kind, message)),
+            reply => Ok(reply),
+        }
+    }
+
+    /// Hello → Welcome, receiving the region's fd on the way.
+    fn handshake(path: &Path) -> Result<(Self, StoreInfo, std::os::fd::OwnedFd)> {
+        let stream = UnixStream::connect(path).map_err(|e| {
+            let kind = if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::ConnectionRefused {
+                ErrorKind::Disconnected
+            } else {
+                ErrorKind::Io
+            };
+            ShoalError::new(kind, format!("connect to {}: {e}", path.display()))
+        })?;
+        let mut channel = Channel { stream, input: Vec::with_capacity(64 * 1024), output: Vec::new() };
+        channel.send(&Request::Hello { version: PROTOCOL_VERSION, pid: std::process::id() })?;
+        let mut first = [0u8; 256];
+        let (n, fd) = recv_with_fd(channel.stream.as_fd(), &mut first)?;
+        if n == 0 {
+            return Err(ShoalError::new(ErrorKind::Disconnected, "the daemon closed the connection during the handshake"));
+        }
+        channel.input.extend_from_slice(&first[..n]);
+        let reply = channel.recv()?;
+        let info = match reply {
+            Reply::Welcome { version: _, client_id, region_size, capacity, line_size } => {
+                StoreInfo { client_id, region_size, capacity, line_size }
+            }
+            Reply::Error { kind, message } => return Err(ShoalError::new(kind, message)),
+            other => return Err(ShoalError::protocol(format!("expected Welcome, got {other:?}"))),
+        };
+        let fd = fd.ok_or_else(|| ShoalError::protocol("Welcome arrived without the region's file descriptor"))?;
+        Ok((channel, info, fd))
+    }
+}
+
+pub struct Client {
+    channel: Channel,
+    mapping: Arc<Mapping>,
+    info: StoreInfo,
+}
+
+impl Client {
+    /// Connects to the daemon at `socket` and maps its region.
+    pub fn connect(socket: impl AsRef<Path>) -> Result<Self> {
+        let (channel, info, fd) = Channel::handshake(socket.as_ref())?;
+        let mapping = Arc::new(Mapping::map(fd.as_fd(), info.region_size)?);
+        Ok(Self { channel, mapping, info })
+    }
+
+    pub fn info(&self) -> StoreInfo {
+        self.info
+    }
+
+    /// The client's mapping of the region; buffers point into it.
+    pub fn mapping(&self) -> &Arc<Mapping> {
+        &self.mapping
+    }
+
+    fn check(&self, location: ObjectLocation) -> Result<ObjectLocation> {
+        let len = location.data_size.checked_add(location.meta_size as u64);
+        if len.is_some_and(|len| self.mapping.contains(location.offset, len)) {
+            Ok(location)
+        } else {
+            Err(ShoalError::protocol(format!("daemon sent a location outside the region: {location:?}")))
+        }
+    }
+
+    /// Address of an object's data in this process.
+    pub fn data_ptr(&self, location: ObjectLocation) -> *mut u8 {
+        debug_assert!(self.mapping.contains(location.offset, location.data_size + location.meta_size as u64));
+        // SAFETY: locations are bounds-checked against the mapping when received.
+        unsafe { self.mapping.base().add(location.offset as usize) }
+    }
+
+    /// Creates one object; write its bytes at [`data_ptr`](Self::data_ptr), then seal.
+    pub fn create(&mut self, id: ObjectId, data_size: u64, meta_size: u32, timeout_ms: u32) -> Result<ObjectLocation> {
+        Ok(self.create_batch(&[CreateSpec { id, data_size, meta_size }], timeout_ms)?[0])
+    }
+
+    /// Creates several objects in one round trip, all or none.
+    pub fn create_batch(&mut self, objects: &[CreateSpec], timeout_ms: u32) -> Result<Vec<ObjectLocation>> {
+        let request = Request::Create { timeout_ms, objects: objects.to_vec() };
+        match self.channel.call(&request)? {
+            Reply::Created { offsets } if offsets.len() == objects.len() => offsets
+                .iter()
+                .zip(objects)
+                .map(|(&offset, o)| self.check(ObjectLocation { offset, data_size: o.data_size, meta_size: o.meta_size }))
+                .collect(),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Seals objects this client created; with `release` also drops the
+    /// creator's reference (nothing left to release afterwards).
+    pub fn seal(&mut self, ids: &[ObjectId], release: bool) -> Result<()> {
+        expect_ok(self.channel.call(&Request::Seal { release, ids: ids.to_vec() })?)
+    }
+
+    pub fn abort(&mut self, id: ObjectId) -> Result<()> {
+        expect_ok(self.channel.call(&Request::Abort { id })?)
+    }
+
+    /// Gets objects, waiting up to `timeout_ms` (or [`WAIT_FOREVER`]) for the
+    /// ones not sealed yet. Found objects are referenced until released.
+    pub fn get(&mut self, ids: &[ObjectId], timeout_ms: i64) -> Result<Vec<Option<ObjectLocation>>> {
+        match self.channel.call(&Request::Get { timeout_ms, ids: ids.to_vec() })? {
+            Reply::Objects { objects } if objects.len() == ids.len() => {
+                objects.into_iter().map(|o| o.map(|l| self.check(l)).transpose()).collect()
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Drops references taken by get or create. One-way: does not wait.
+    pub fn release(&mut self, ids: &[ObjectId]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.channel.send(&Request::Release { ids: ids.to_vec() })
+    }
+
+    /// Deletes objects; one result per id.
+    pub fn delete(&mut self, ids: &[ObjectId]) -> Result<Vec<Result<()>>> {
+        match self.channel.call(&Request::Delete { ids: ids.to_vec() })? {
+            Reply::Statuses { errors } if errors.len() == ids.len() => Ok(errors
+                .into_iter()
+                .zip(ids)
+                .map(|(e, id)| match e {
+                    None => Ok(()),
+                    Some(ErrorKind::ObjectNotFound) => Err(ShoalError::not_found(id)),
+                    Some(kind) => Err(ShoalError::new(kind, format!("delete of object {id} refused"))),
+                })
+                .collect()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn contains(&mut self, id: ObjectId) -> Result<bool> {
+        match self.channel.call(&Request::Contains { id })? {
+            Reply::Bool(b) => Ok(b),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn list(&mut self) -> Result<Vec<ObjectInfo>> {
+        match self.channel.call(&Request::List)? {
+            Reply::List { objects } => Ok(objects),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn stats(&mut self) -> Result<StoreStats> {
+        match self.channel.call(&Request::Stats)? {
+            Reply::Stats(stats) => Ok(stats),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Evicts unreferenced objects until `bytes` are freed; returns bytes freed.
+    pub fn evict(&mut self, bytes: u64) -> Result<u64> {
+        match self.channel.call(&Request::Evict { bytes })? {
+            Reply::Evicted { bytes } => Ok(bytes),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Copies `data` and `meta` into a created object.
+    pub fn write(&self, location: ObjectLocation, data: &[u8], meta: &[u8]) -> Result<()> {
+        if data.len() as u64 != location.data_size || meta.len() as u64 != location.meta_size as u64 {
+            return Err(ShoalError::invalid("write sizes differ from the created object's"));
+        }
+        let dst = self.data_ptr(location);
+        // SAFETY: the object's range is inside our mapping (checked on
+        // receipt) and belongs to us until sealed; sources are ordinary memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len());
+            std::ptr::copy_nonoverlapping(meta.as_ptr(), dst.add(data.len()), meta.len());
+        }
+        Ok(())
+    }
+
+    /// create + write + seal of many objects in two round trips; no
+    /// references are left behind.
+    pub fn put_batch(&mut self, objects: &[(ObjectId, &[u8], &[u8])], timeout_ms: u32) -> Result<()> {
+        let specs: Vec<_> = objects
+            .iter()
+            .map(|(id, data, meta)| CreateSpec { id: *id, data_size: data.len() as u64, meta_size: meta.len() as u32 })
+            .collect();
+        let locations = self.create_batch(&specs, timeout_ms)?;
+        for ((_, data, meta), location) in objects.iter().zip(&locations) {
+            self.write(*location, data, meta)?;
+        }
+        let ids: Vec<_> = objects.iter().map(|(id, _, _)| *id).collect();
+        self.seal(&ids, true)
+    }
+
+    pub fn put(&mut self, id: ObjectId, data: &[u8], meta: &[u8]) -> Result<()> {
+        self.put_batch(&[(id, data, meta)], 0)
+    }
+
+    /// Reads an object's bytes (a view into shared memory valid while referenced).
+    ///
+    /// # Safety
+    /// The caller must hold a reference to the object for the slice's lifetime.
+    pub unsafe fn data(&self, location: ObjectLocation) -> &[u8] {
+        // SAFETY: see the function's contract; range checked on receipt.
+        unsafe { std::slice::from_raw_parts(self.data_ptr(location), location.data_size as usize) }
+    }
+}
+
+/// A stream of seal and removal notifications from a daemon.
+pub struct Subscription {
+    channel: Channel,
+}
+
+impl Subscription {
+    pub fn connect(socket: impl AsRef<Path>) -> Result<Self> {
+        let (mut channel, _, _fd) = Channel::handshake(socket.as_ref())?;
+        expect_ok(channel.call(&Request::Subscribe)?)?;
+        Ok(Self { channel })
+    }
+
+    /// The next notification, waiting at most `timeout` (`None`: forever).
+    /// `Ok(None)` on timeout.
+    pub fn next(&mut self, timeout: Option<Duration>) -> Result<Option<Notification>> {
+        if self.channel.input.len() < FRAME_HEADER_LEN {
+            self.channel.stream.set_read_timeout(timeout)?;
+            let result = self.channel.fill(FRAME_HEADER_LEN);
+            self.channel.stream.set_read_timeout(None)?;
+            match result {
+                Err(err) if err.kind() == ErrorKind::Io && self.channel.input.is_empty() => return Ok(None),
+                other => other?,
+            }
+        }
+        match self.channel.recv()? {
+            Reply::Notification(n) => Ok(Some(n)),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+fn expect_ok(reply: Reply) -> Result<()> {
+    match reply {
+        Reply::Ok => Ok(()),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn unexpected(reply: Reply) -> ShoalError {
+    ShoalError::protocol(format!("unexpected reply {reply:?}"))
+}

@@ -7,6 +7,7 @@
 pub mod allocator;
 pub mod error;
 pub mod eviction;
+pub mod fd_passing;
 pub mod ids;
 pub mod object_table;
 pub mod protocol;

@@ -159,6 +159,24 @@ impl Store {
         Ok(ObjectLocation { offset: block.offset, data_size, meta_size })
     }
 
+    /// Creates several objects, all or none: on the first failure the ones
+    /// already made are aborted and the error is returned.
+    pub fn create_batch(&mut self, client: ClientId, specs: &[(ObjectId, u64, u32)]) -> Result<Vec<ObjectLocation>> {
+        let mut made = Vec::with_capacity(specs.len());
+        for (id, data_size, meta_size) in specs {
+            match self.create(client, *id, *data_size, *meta_size) {
+                Ok(location) => made.push(location),
+                Err(err) => {
+                    for (id, _, _) in &specs[..made.len()] {
+                        self.abort(client, id).expect("just created by this client");
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(made)
+    }
+
     /// Finds a block of `len` bytes within capacity, evicting if needed. Only
     /// evicts when evicting everything evictable would make room, so a create
     /// that must fail leaves the store untouched.
@@ -538,6 +556,17 @@ mod tests {
         let err = s.create(1, id(12), 64, 0).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::StoreFull);
         assert_eq!(s.stats().evictions, 2);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn batch_create_is_all_or_nothing() {
+        let mut s = store(4096);
+        s.create(1, id(3), 10, 0).unwrap();
+        let err = s.create_batch(1, &[(id(1), 10, 0), (id(2), 10, 0), (id(3), 10, 0)]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ObjectExists);
+        assert!(s.table.find(&id(1)).is_none() && s.table.find(&id(2)).is_none());
+        assert_eq!(s.create_batch(1, &[(id(1), 10, 0), (id(2), 10, 0)]).unwrap().len(), 2);
         s.check_invariants();
     }
 

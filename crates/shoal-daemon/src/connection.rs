@@ -1,0 +1,293 @@
+//! One client connection: decode frames, run requests against the store,
+//! write replies in order.
+//!
+//! Replies to all requests that arrived in one read are written with one
+//! write, so a client that pipelines pays one wake-up for the lot.
+
+use std::future::pending;
+use std::os::fd::{AsFd, AsRawFd};
+use std::rc::Rc;
+use std::time::Duration;
+
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::fd_passing::send_with_fd;
+use shoal_core::protocol::{decode_request, CreateSpec, Reply, Request, PROTOCOL_VERSION};
+use shoal_core::store::ObjectLocation;
+use shoal_core::ObjectId;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
+use tokio::time::Instant;
+
+use crate::server::Shared;
+
+const READ_CHUNK: usize = 64 * 1024;
+
+pub(crate) async fn serve(shared: Rc<Shared>, stream: UnixStream) {
+    let client = shared.new_client();
+    let mut connection = Connection { shared: shared.clone(), stream, client, welcomed: false };
+    match connection.run().await {
+        Ok(()) => tracing::debug!(client, "client disconnected"),
+        Err(err) if err.kind() == ErrorKind::Disconnected => tracing::debug!(client, %err, "client gone"),
+        Err(err) => tracing::warn!(client, %err, "dropping client"),
+    }
+    shared.client_gone(client);
+}
+
+struct Connection {
+    shared: Rc<Shared>,
+    stream: UnixStream,
+    client: u32,
+    welcomed: bool,
+}
+
+/// What handling a request asks the connection loop to do next.
+enum Next {
+    Continue,
+    Subscribe,
+}
+
+impl Connection {
+    async fn run(&mut self) -> Result<()> {
+        let mut input: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+        let mut output: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+        loop {
+            let mut consumed = 0;
+            let mut next = Next::Continue;
+            while let Some((request, used)) = decode_request(&input[consumed..])? {
+                consumed += used;
+                next = self.handle(request, &mut output).await?;
+                if matches!(next, Next::Subscribe) {
+                    break;
+                }
+            }
+            input.drain(..consumed);
+            if !output.is_empty() {
+                self.stream.write_all(&output).await?;
+                output.clear();
+            }
+            if matches!(next, Next::Subscribe) {
+                return self.stream_notifications().await;
+            }
+            input.reserve(READ_CHUNK);
+            if self.stream.read_buf(&mut input).await? == 0 {
+                if !input.is_empty() {
+                    return Err(ShoalError::protocol(format!("connection closed inside a frame ({} bytes pending)", input.len())));
+                }
+                return Ok(());
+            }
+        }
+    }
+
+    async fn handle(&mut self, request: Request, out: &mut Vec<u8>) -> Result<Next> {
+        if !self.welcomed && !matches!(request, Request::Hello { .. }) {
+            return Err(ShoalError::protocol("the first request must be Hello"));
+        }
+        let reply = match request {
+            Request::Hello { version, pid } => {
+                if self.welcomed {
+                    return Err(ShoalError::protocol("Hello sent twice"));
+                }
+                if version != PROTOCOL_VERSION {
+                    Reply::Error {
+                        kind: ErrorKind::VersionMismatch,
+                        message: format!("client speaks protocol {version}, daemon {PROTOCOL_VERSION}"),
+                    }
+                    .encode(out);
+                    return Ok(Next::Continue);
+                }
+                self.welcomed = true;
+                tracing::debug!(client = self.client, pid, "client connected");
+                self.send_welcome(out).await?;
+                return Ok(Next::Continue);
+            }
+            Request::Create { timeout_ms, objects } => match self.create(timeout_ms, &objects).await? {
+                Ok(locations) => Reply::Created { offsets: locations.iter().map(|l| l.offset).collect() },
+                Err(err) => Reply::error(&err),
+            },
+            Request::Seal { release, ids } => {
+                let result = self.shared.store.borrow_mut().seal(self.client, &ids, release);
+                self.shared.publish();
+                if release {
+                    self.shared.space.notify_waiters();
+                }
+                result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
+            }
+            Request::Abort { id } => {
+                let result = self.shared.store.borrow_mut().abort(self.client, &id);
+                self.shared.space.notify_waiters();
+                result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
+            }
+            Request::Get { timeout_ms, ids } => Reply::Objects { objects: self.get(timeout_ms, &ids).await? },
+            Request::Release { ids } => {
+                let mut store = self.shared.store.borrow_mut();
+                for id in &ids {
+                    if let Err(err) = store.release(self.client, id) {
+                        tracing::debug!(client = self.client, %err, "release ignored");
+                    }
+                }
+                drop(store);
+                self.shared.publish();
+                self.shared.space.notify_waiters();
+                return Ok(Next::Continue);
+            }
+            Request::Delete { ids } => {
+                let mut store = self.shared.store.borrow_mut();
+                let errors = ids.iter().map(|id| store.delete(id).err().map(|e| e.kind())).collect();
+                drop(store);
+                self.shared.publish();
+                Reply::Statuses { errors }
+            }
+            Request::Contains { id } => Reply::Bool(self.shared.store.borrow().contains(&id)),
+            Request::List => Reply::List { objects: self.shared.store.borrow().list() },
+            Request::Stats => Reply::Stats(self.shared.store.borrow().stats()),
+            Request::Evict { bytes } => {
+                let freed = self.shared.store.borrow_mut().evict(bytes);
+                self.shared.publish();
+                Reply::Evicted { bytes: freed }
+            }
+            Request::Subscribe => {
+                Reply::Ok.encode(out);
+                return Ok(Next::Subscribe);
+            }
+        };
+        reply.encode(out);
+        Ok(Next::Continue)
+    }
+
+    /// Sends pending replies, then the Welcome with the region's fd attached.
+    async fn send_welcome(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        if !out.is_empty() {
+            self.stream.write_all(out).await?;
+            out.clear();
+        }
+        let stats = self.shared.store.borrow().stats();
+        let mut frame = Vec::new();
+        Reply::Welcome {
+            version: PROTOCOL_VERSION,
+            client_id: self.client,
+            region_size: stats.region_size,
+            capacity: stats.capacity,
+            line_size: stats.line_size,
+        }
+        .encode(&mut frame);
+        let region_fd = self.shared.region.fd();
+        let sent = self
+            .stream
+            .async_io(Interest::WRITABLE, || send_with_fd(self.stream.as_fd(), &frame, region_fd))
+            .await?;
+        self.stream.write_all(&frame[sent..]).await?;
+        Ok(())
+    }
+
+    /// Creates all objects or none. On a full store, waits up to `timeout_ms`
+    /// for memory to be released before giving up with `StoreFull`.
+    async fn create(&mut self, timeout_ms: u32, objects: &[CreateSpec]) -> Result<Result<Vec<ObjectLocation>>> {
+        let specs: Vec<_> = objects.iter().map(|o| (o.id, o.data_size, o.meta_size)).collect();
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
+        loop {
+            let space = self.shared.space.notified();
+            tokio::pin!(space);
+            space.as_mut().enable();
+            let result = self.shared.store.borrow_mut().create_batch(self.client, &specs);
+            self.shared.publish();
+            match result {
+                Err(err) if err.kind() == ErrorKind::StoreFull && Instant::now() < deadline => {
+                    tokio::select! {
+                        _ = space => {}
+                        _ = tokio::time::sleep_until(deadline) => {}
+                        _ = peer_gone(&self.stream) => return Err(ShoalError::new(ErrorKind::Disconnected, "client left while waiting for space")),
+                    }
+                }
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// Gets every id, waiting up to `timeout_ms` (-1: forever) for ones not
+    /// sealed yet. Each object found holds one reference for this client.
+    async fn get(&mut self, timeout_ms: i64, ids: &[ObjectId]) -> Result<Vec<Option<ObjectLocation>>> {
+        let deadline = u64::try_from(timeout_ms).ok().map(|ms| Instant::now() + Duration::from_millis(ms));
+        let mut found: Vec<Option<ObjectLocation>> = vec![None; ids.len()];
+        let mut missing = ids.len();
+        loop {
+            let sealed = self.shared.sealed.notified();
+            tokio::pin!(sealed);
+            sealed.as_mut().enable();
+            {
+                let mut store = self.shared.store.borrow_mut();
+                for (slot, id) in found.iter_mut().zip(ids) {
+                    if slot.is_none() {
+                        *slot = store.get(self.client, id);
+                        missing -= slot.is_some() as usize;
+                    }
+                }
+            }
+            if missing == 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(found);
+            }
+            tokio::select! {
+                _ = sealed => {}
+                _ = sleep_until(deadline) => {}
+                _ = peer_gone(&self.stream) => return Err(ShoalError::new(ErrorKind::Disconnected, "client left while waiting in get")),
+            }
+        }
+    }
+
+    async fn stream_notifications(&mut self) -> Result<()> {
+        let mut notifications = self.shared.subscribe();
+        let mut frame = Vec::new();
+        let mut scratch = [0u8; 256];
+        loop {
+            tokio::select! {
+                notification = notifications.recv() => {
+                    let Some(notification) = notification else { return Ok(()) };
+                    frame.clear();
+                    Reply::Notification(notification).encode(&mut frame);
+                    self.stream.write_all(&frame).await?;
+                }
+                read = self.stream.read(&mut scratch) => {
+                    if read? == 0 {
+                        return Ok(());
+                    }
+                    // A subscriber sends nothing after Subscribe; ignore stray bytes.
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => pending().await,
+    }
+}
+
+/// Resolves when the client hangs up while we wait on its behalf (so a
+/// killed client's waiting get or create ends, and its references go).
+/// Stays pending if the client pipelined more requests.
+async fn peer_gone(stream: &UnixStream) {
+    loop {
+        if stream.readable().await.is_err() {
+            return;
+        }
+        let mut byte = [0u8; 1];
+        let peeked = stream.try_io(Interest::READABLE, || {
+            // SAFETY: recv into a 1-byte stack buffer on our own socket; MSG_PEEK leaves the data queued.
+            let n = unsafe {
+                libc::recv(stream.as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+            };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n)
+            }
+        });
+        match peeked {
+            Ok(0) => return,
+            Ok(_) => pending::<()>().await,
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
+        }
+    }
+}

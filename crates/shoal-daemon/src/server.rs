@@ -1,0 +1,263 @@
+//! The listener, the region, and the state every connection shares.
+
+use std::cell::{Cell, RefCell};
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::eviction;
+use shoal_core::protocol::Notification;
+use shoal_core::region::Region;
+use shoal_core::store::{Store, StoreEvent};
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, Notify};
+
+use crate::config::DaemonConfig;
+use crate::connection;
+use crate::shutdown::Shutdown;
+
+/// State shared by the connections of one daemon. Single-threaded: the
+/// runtime is current-thread, so `RefCell` suffices and a borrow is never held
+/// across an await.
+pub(crate) struct Shared {
+    pub store: RefCell<Store>,
+    pub region: Region,
+    /// Woken on every seal: gets waiting for objects re-check.
+    pub sealed: Notify,
+    /// Woken whenever memory may have become free or evictable: creates
+    /// waiting on a full store retry.
+    pub space: Notify,
+    subscribers: RefCell<Vec<mpsc::UnboundedSender<Notification>>>,
+    next_client: Cell<u32>,
+    connected: Cell<usize>,
+    idle_since: Cell<Instant>,
+}
+
+impl Shared {
+    pub fn new_client(&self) -> u32 {
+        let id = self.next_client.get();
+        self.next_client.set(id.wrapping_add(1).max(1));
+        self.connected.set(self.connected.get() + 1);
+        self.store.borrow_mut().register_client(id);
+        id
+    }
+
+    pub fn client_gone(&self, client: u32) {
+        self.store.borrow_mut().disconnect(client);
+        self.connected.set(self.connected.get() - 1);
+        if self.connected.get() == 0 {
+            self.idle_since.set(Instant::now());
+        }
+        self.publish();
+        self.space.notify_waiters();
+    }
+
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Notification> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        self.subscribers.borrow_mut().push(sender);
+        receiver
+    }
+
+    /// Hands the store's events to waiters and subscribers.
+    pub fn publish(&self) {
+        let events = self.store.borrow_mut().take_events();
+        if events.is_empty() {
+            return;
+        }
+        let mut subscribers = self.subscribers.borrow_mut();
+        for event in events {
+            let notification = match event {
+                StoreEvent::Sealed { id, data_size, meta_size } => {
+                    self.sealed.notify_waiters();
+                    Notification::Sealed { id, data_size, meta_size }
+                }
+                StoreEvent::Removed { id } => {
+                    self.space.notify_waiters();
+                    Notification::Removed { id }
+                }
+            };
+            subscribers.retain(|s| s.send(notification.clone()).is_ok());
+        }
+    }
+}
+
+/// Runs a daemon on the current thread until `shutdown` is triggered (or,
+/// with `idle_exit`, until it has had no client for that long).
+pub fn serve_blocking(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ShoalError::io("start the runtime", e))?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, run(config, shutdown))
+}
+
+/// Holds the daemon's exclusive lock beside its socket for its lifetime, so
+/// a second daemon on the same socket refuses to start instead of stealing it.
+struct SocketLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl SocketLock {
+    fn acquire(socket: &Path) -> Result<Self> {
+        let path = PathBuf::from(format!("{}.lock", socket.display()));
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| ShoalError::io(&format!("open lock {}", path.display()), e))?;
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(ShoalError::new(
+                ErrorKind::Io,
+                format!("another shoal daemon is serving {}", socket.display()),
+            ));
+        }
+        Ok(Self { _file: file, path })
+    }
+}
+
+impl Drop for SocketLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn default_region_path() -> PathBuf {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    PathBuf::from(format!("/dev/shm/shoal-{}-{nanos:x}", std::process::id()))
+}
+
+pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
+    if !config.line_size.is_power_of_two() || config.line_size < 8 {
+        return Err(ShoalError::invalid(format!("line size {} is not a power of two ≥ 8", config.line_size)));
+    }
+    let policy = eviction::by_name(&config.policy)
+        .ok_or_else(|| ShoalError::invalid(format!("unknown eviction policy {:?}", config.policy)))?;
+    if let Some(dir) = config.socket.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir).map_err(|e| ShoalError::io(&format!("create {}", dir.display()), e))?;
+        }
+    }
+    let lock = SocketLock::acquire(&config.socket)?;
+    let region = match &config.region {
+        None => Region::create(&default_region_path(), config.region_size)?,
+        Some(path) if path.exists() => Region::open(path, config.region_size)?,
+        Some(path) => Region::create(path, config.region_size)?,
+    };
+    let region_size = region.len();
+    let capacity = config.capacity.unwrap_or(region_size).min(region_size);
+    let store = Store::new(region_size, capacity, config.line_size, policy);
+
+    // A stale socket file from a daemon that died: we hold the lock, so it is ours to replace.
+    let _ = std::fs::remove_file(&config.socket);
+    let listener = UnixListener::bind(&config.socket)
+        .map_err(|e| ShoalError::io(&format!("bind {}", config.socket.display()), e))?;
+    // Owner-only: the socket grants access to the whole region.
+    std::fs::set_permissions(&config.socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| ShoalError::io("restrict socket permissions", e))?;
+
+    let shared = Rc::new(Shared {
+        store: RefCell::new(store),
+        region,
+        sealed: Notify::new(),
+        space: Notify::new(),
+        subscribers: RefCell::new(Vec::new()),
+        next_client: Cell::new(1),
+        connected: Cell::new(0),
+        idle_since: Cell::new(Instant::now()),
+    });
+    tracing::info!(
+        socket = %config.socket.display(),
+        region = %shared.region.path().display(),
+        region_size,
+        capacity,
+        line_size = config.line_size,
+        "shoal daemon serving"
+    );
+
+    let prefault_stop = Arc::new(AtomicBool::new(false));
+    let prefault = config.prefault.then(|| spawn_prefault(&shared, prefault_stop.clone()));
+
+    let idle_check = config.idle_exit.map(|grace| grace.max(Duration::from_millis(10)));
+    let mut ticker = tokio::time::interval(idle_check.map_or(Duration::from_secs(3600), |g| g / 4));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    if config.stop_on_signals {
+        // tokio's handlers only write to a self-pipe: async-signal-safe.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| ShoalError::io("install SIGTERM handler", e))?;
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .map_err(|e| ShoalError::io("install SIGINT handler", e))?;
+        let shutdown = shutdown.clone();
+        tokio::task::spawn_local(async move {
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            tracing::info!("signal received; stopping");
+            shutdown.trigger();
+        });
+    }
+
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let shared = shared.clone();
+                    tokio::task::spawn_local(connection::serve(shared, stream));
+                }
+                Err(err) => tracing::warn!(%err, "accept failed"),
+            },
+            _ = shutdown.wait() => break,
+            _ = ticker.tick() => {
+                if let Some(grace) = idle_check {
+                    if shared.connected.get() == 0 && shared.idle_since.get().elapsed() >= grace {
+                        tracing::info!("no clients for {grace:?}; exiting");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    prefault_stop.store(true, Ordering::Relaxed);
+    if let Some(handle) = prefault {
+        let _ = handle.join();
+    }
+    let _ = std::fs::remove_file(&config.socket);
+    drop(lock);
+    tracing::info!("shoal daemon stopped");
+    Ok(())
+}
+
+/// Faults the region in from a helper thread so the socket is ready at once.
+fn spawn_prefault(shared: &Shared, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    struct Ptr(*mut u8, usize);
+    // SAFETY: the thread only populates page tables of our own mapping, which
+    // outlives it (run() joins the thread before the region is dropped).
+    unsafe impl Send for Ptr {}
+    let ptr = Ptr(shared.region.base(), shared.region.len() as usize);
+    std::thread::Builder::new()
+        .name("shoal-prefault".into())
+        .spawn(move || {
+            let ptr = ptr; // capture the whole wrapper, not its fields
+            let (base, len) = (ptr.0, ptr.1);
+            let started = Instant::now();
+            let chunk = 64 << 20;
+            let mut done = 0;
+            while done < len && !stop.load(Ordering::Relaxed) {
+                let n = chunk.min(len - done);
+                // SAFETY: inside the mapping, see above.
+                unsafe { shoal_core::region::populate(base.add(done), n, true) };
+                done += n;
+            }
+            tracing::debug!(bytes = done, elapsed = ?started.elapsed(), "region prefaulted");
+        })
+        .expect("spawn the prefault thread")
+}
