@@ -19,8 +19,14 @@ use shoal_core::ObjectId;
 use shoal_daemon::{DaemonConfig, Shutdown};
 
 /// The seed paper's Table I: (count, size), 1 kB = 1000 B.
-pub const TABLE_ONE: [(usize, usize); 6] =
-    [(1000, 1_000), (500, 10_000), (200, 100_000), (100, 1_000_000), (50, 10_000_000), (10, 100_000_000)];
+pub const TABLE_ONE: [(usize, usize); 6] = [
+    (1000, 1_000),
+    (500, 10_000),
+    (200, 100_000),
+    (100, 1_000_000),
+    (50, 10_000_000),
+    (10, 100_000_000),
+];
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -99,13 +105,20 @@ pub fn reader(args: ReaderArgs) -> Result<()> {
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
         let line = line?;
-        let Some(rep) = line.strip_prefix("go ") else { break };
+        let Some(rep) = line.strip_prefix("go ") else {
+            break;
+        };
         let rep: usize = rep.trim().parse()?;
-        let ids: Vec<_> = (0..args.count).map(|i| object_id(args.tag, rep, i)).collect();
+        let ids: Vec<_> = (0..args.count)
+            .map(|i| object_id(args.tag, rep, i))
+            .collect();
         let started = Instant::now();
         let found = client.get(&ids, 10_000)?;
         let get_ns = started.elapsed().as_nanos();
-        let locations: Vec<_> = found.into_iter().collect::<Option<Vec<_>>>().context("an object was missing")?;
+        let locations: Vec<_> = found
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .context("an object was missing")?;
         let faults = minor_faults();
         let started = Instant::now();
         let mut checksum = 0u64;
@@ -152,10 +165,21 @@ pub fn run(args: BenchArgs, self_command: Vec<String>) -> Result<()> {
     };
     let mut client = connect_retrying(&socket)?;
     let tag = u64::from_le_bytes(ObjectId::random().0[..8].try_into().expect("8 bytes"));
-    println!("shoal bench: {} reps, get and read from a second process, times per whole batch", args.reps);
+    println!(
+        "shoal bench: {} reps, get and read from a second process, times per whole batch",
+        args.reps
+    );
     println!(
         "{:>6} {:>11} | {:>12} {:>12} {:>9} | {:>12} {:>12} | {:>10} {:>7}",
-        "count", "size", "put min", "put/obj", "put GiB/s", "get min", "get/obj", "read GiB/s", "faults"
+        "count",
+        "size",
+        "put min",
+        "put/obj",
+        "put GiB/s",
+        "get min",
+        "get/obj",
+        "read GiB/s",
+        "faults"
     );
     for (count, size) in TABLE_ONE {
         if args.max_size.is_some_and(|m| size as u64 > m) {
@@ -165,7 +189,14 @@ pub fn run(args: BenchArgs, self_command: Vec<String>) -> Result<()> {
             .args(&self_command[1..])
             .args(["bench-reader", "--socket"])
             .arg(&socket)
-            .args(["--count", &count.to_string(), "--size", &size.to_string(), "--tag", &tag.to_string()])
+            .args([
+                "--count",
+                &count.to_string(),
+                "--size",
+                &size.to_string(),
+                "--tag",
+                &tag.to_string(),
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -176,7 +207,10 @@ pub fn run(args: BenchArgs, self_command: Vec<String>) -> Result<()> {
         let mut samples = Vec::new();
         for rep in 0..args.reps {
             let ids: Vec<_> = (0..count).map(|i| object_id(tag, rep, i)).collect();
-            let objects: Vec<_> = ids.iter().map(|id| (*id, source.as_slice(), &[][..])).collect();
+            let objects: Vec<_> = ids
+                .iter()
+                .map(|id| (*id, source.as_slice(), &[][..]))
+                .collect();
             let started = Instant::now();
             client.put_batch(&objects, 0)?;
             let put = started.elapsed();
@@ -184,7 +218,11 @@ pub fn run(args: BenchArgs, self_command: Vec<String>) -> Result<()> {
             to_reader.flush()?;
             let mut line = String::new();
             from_reader.read_line(&mut line)?;
-            let fields: Vec<i64> = line.split_whitespace().take(3).map(|f| f.parse().unwrap_or(-1)).collect();
+            let fields: Vec<i64> = line
+                .split_whitespace()
+                .take(3)
+                .map(|f| f.parse().unwrap_or(-1))
+                .collect();
             if fields.len() != 3 || fields[0] < 0 {
                 bail!("reader failed: {line:?}");
             }
@@ -218,7 +256,9 @@ pub fn run(args: BenchArgs, self_command: Vec<String>) -> Result<()> {
     drop(client);
     if let Some((shutdown, handle)) = daemon {
         shutdown.trigger();
-        handle.join().map_err(|_| anyhow::anyhow!("daemon thread panicked"))??;
+        handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("daemon thread panicked"))??;
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
@@ -230,7 +270,9 @@ fn connect_retrying(socket: &std::path::Path) -> Result<Client> {
         match Client::connect(socket) {
             Ok(client) => return Ok(client),
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            Err(err) => return Err(err).with_context(|| format!("connect to {}", socket.display())),
+            Err(err) => {
+                return Err(err).with_context(|| format!("connect to {}", socket.display()))
+            }
         }
     }
 }

@@ -108,7 +108,8 @@ pub fn run(args: Vec<String>, self_command: Vec<String>) -> i32 {
     };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .try_init();
@@ -123,8 +124,18 @@ pub fn run(args: Vec<String>, self_command: Vec<String>) -> i32 {
 
 fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
     match command {
-        Command::Serve { socket, capacity, region, region_size, line_size, policy, no_prefault, idle_exit } => {
-            let mut config = DaemonConfig::new(socket.path(), region_size.unwrap_or(capacity).max(capacity));
+        Command::Serve {
+            socket,
+            capacity,
+            region,
+            region_size,
+            line_size,
+            policy,
+            no_prefault,
+            idle_exit,
+        } => {
+            let mut config =
+                DaemonConfig::new(socket.path(), region_size.unwrap_or(capacity).max(capacity));
             config.capacity = Some(capacity);
             config.region = region;
             config.line_size = line_size;
@@ -144,13 +155,28 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
                     s.capacity, s.region_size, s.used, s.objects, s.sealed, s.referenced, s.evictable, s.clients.saturating_sub(1), s.evictions, s.evicted_bytes, s.line_size, s.policy
                 );
             } else {
-                let pct = if s.capacity > 0 { 100.0 * s.used as f64 / s.capacity as f64 } else { 0.0 };
+                let pct = if s.capacity > 0 {
+                    100.0 * s.used as f64 / s.capacity as f64
+                } else {
+                    0.0
+                };
                 println!("socket      {}", socket.path().display());
-                println!("capacity    {} (region {})", format_size(s.capacity), format_size(s.region_size));
+                println!(
+                    "capacity    {} (region {})",
+                    format_size(s.capacity),
+                    format_size(s.region_size)
+                );
                 println!("used        {} ({pct:.1}%)", format_size(s.used));
-                println!("objects     {} ({} sealed, {} referenced, {} evictable)", s.objects, s.sealed, s.referenced, s.evictable);
+                println!(
+                    "objects     {} ({} sealed, {} referenced, {} evictable)",
+                    s.objects, s.sealed, s.referenced, s.evictable
+                );
                 println!("clients     {}", s.clients.saturating_sub(1));
-                println!("evictions   {} ({})", s.evictions, format_size(s.evicted_bytes));
+                println!(
+                    "evictions   {} ({})",
+                    s.evictions,
+                    format_size(s.evicted_bytes)
+                );
                 println!("line size   {} B, policy {}", s.line_size, s.policy);
             }
             Ok(())
@@ -160,7 +186,10 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             let mut objects = client.list()?;
             objects.sort_by_key(|o| o.location.offset);
             if !json {
-                println!("{:<40} {:>12} {:>8} {:>6} {:>12}", "ID", "DATA", "META", "REFS", "STATE");
+                println!(
+                    "{:<40} {:>12} {:>8} {:>6} {:>12}",
+                    "ID", "DATA", "META", "REFS", "STATE"
+                );
             }
             for o in objects {
                 let state = if o.sealed { "sealed" } else { "created" };
@@ -170,7 +199,10 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
                         o.id, o.location.data_size, o.location.meta_size, o.refs, o.location.offset
                     );
                 } else {
-                    println!("{:<40} {:>12} {:>8} {:>6} {:>12}", o.id, o.location.data_size, o.location.meta_size, o.refs, state);
+                    println!(
+                        "{:<40} {:>12} {:>8} {:>6} {:>12}",
+                        o.id, o.location.data_size, o.location.meta_size, o.refs, state
+                    );
                 }
             }
             Ok(())

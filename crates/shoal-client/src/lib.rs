@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fd_passing::recv_with_fd;
-use shoal_core::protocol::{CreateSpec, FrameHeader, Notification, Reply, Request, FRAME_HEADER_LEN, PROTOCOL_VERSION};
+use shoal_core::protocol::{
+    CreateSpec, FrameHeader, Notification, Reply, Request, FRAME_HEADER_LEN, PROTOCOL_VERSION,
+};
 use shoal_core::region::Mapping;
 use shoal_core::store::{ObjectInfo, ObjectLocation, StoreStats};
 use shoal_core::ObjectId;
@@ -60,7 +62,10 @@ impl Channel {
             };
             self.input.truncate(start + n);
             if n == 0 {
-                return Err(ShoalError::new(ErrorKind::Disconnected, "the daemon closed the connection"));
+                return Err(ShoalError::new(
+                    ErrorKind::Disconnected,
+                    "the daemon closed the connection",
+                ));
             }
         }
         Ok(())
@@ -88,30 +93,57 @@ impl Channel {
     /// Hello → Welcome, receiving the region's fd on the way.
     fn handshake(path: &Path) -> Result<(Self, StoreInfo, std::os::fd::OwnedFd)> {
         let stream = UnixStream::connect(path).map_err(|e| {
-            let kind = if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::ConnectionRefused {
+            let kind = if e.kind() == std::io::ErrorKind::NotFound
+                || e.kind() == std::io::ErrorKind::ConnectionRefused
+            {
                 ErrorKind::Disconnected
             } else {
                 ErrorKind::Io
             };
             ShoalError::new(kind, format!("connect to {}: {e}", path.display()))
         })?;
-        let mut channel = Channel { stream, input: Vec::with_capacity(64 * 1024), output: Vec::new() };
-        channel.send(&Request::Hello { version: PROTOCOL_VERSION, pid: std::process::id() })?;
+        let mut channel = Channel {
+            stream,
+            input: Vec::with_capacity(64 * 1024),
+            output: Vec::new(),
+        };
+        channel.send(&Request::Hello {
+            version: PROTOCOL_VERSION,
+            pid: std::process::id(),
+        })?;
         let mut first = [0u8; 256];
         let (n, fd) = recv_with_fd(channel.stream.as_fd(), &mut first)?;
         if n == 0 {
-            return Err(ShoalError::new(ErrorKind::Disconnected, "the daemon closed the connection during the handshake"));
+            return Err(ShoalError::new(
+                ErrorKind::Disconnected,
+                "the daemon closed the connection during the handshake",
+            ));
         }
         channel.input.extend_from_slice(&first[..n]);
         let reply = channel.recv()?;
         let info = match reply {
-            Reply::Welcome { version: _, client_id, region_size, capacity, line_size } => {
-                StoreInfo { client_id, region_size, capacity, line_size }
-            }
+            Reply::Welcome {
+                version: _,
+                client_id,
+                region_size,
+                capacity,
+                line_size,
+            } => StoreInfo {
+                client_id,
+                region_size,
+                capacity,
+                line_size,
+            },
             Reply::Error { kind, message } => return Err(ShoalError::new(kind, message)),
-            other => return Err(ShoalError::protocol(format!("expected Welcome, got {other:?}"))),
+            other => {
+                return Err(ShoalError::protocol(format!(
+                    "expected Welcome, got {other:?}"
+                )))
+            }
         };
-        let fd = fd.ok_or_else(|| ShoalError::protocol("Welcome arrived without the region's file descriptor"))?;
+        let fd = fd.ok_or_else(|| {
+            ShoalError::protocol("Welcome arrived without the region's file descriptor")
+        })?;
         Ok((channel, info, fd))
     }
 }
@@ -127,7 +159,11 @@ impl Client {
     pub fn connect(socket: impl AsRef<Path>) -> Result<Self> {
         let (channel, info, fd) = Channel::handshake(socket.as_ref())?;
         let mapping = Arc::new(Mapping::map(fd.as_fd(), info.region_size)?);
-        Ok(Self { channel, mapping, info })
+        Ok(Self {
+            channel,
+            mapping,
+            info,
+        })
     }
 
     pub fn info(&self) -> StoreInfo {
@@ -144,30 +180,61 @@ impl Client {
         if len.is_some_and(|len| self.mapping.contains(location.offset, len)) {
             Ok(location)
         } else {
-            Err(ShoalError::protocol(format!("daemon sent a location outside the region: {location:?}")))
+            Err(ShoalError::protocol(format!(
+                "daemon sent a location outside the region: {location:?}"
+            )))
         }
     }
 
     /// Address of an object's data in this process.
     pub fn data_ptr(&self, location: ObjectLocation) -> *mut u8 {
-        debug_assert!(self.mapping.contains(location.offset, location.data_size + location.meta_size as u64));
+        debug_assert!(self.mapping.contains(
+            location.offset,
+            location.data_size + location.meta_size as u64
+        ));
         // SAFETY: locations are bounds-checked against the mapping when received.
         unsafe { self.mapping.base().add(location.offset as usize) }
     }
 
     /// Creates one object; write its bytes at [`data_ptr`](Self::data_ptr), then seal.
-    pub fn create(&mut self, id: ObjectId, data_size: u64, meta_size: u32, timeout_ms: u32) -> Result<ObjectLocation> {
-        Ok(self.create_batch(&[CreateSpec { id, data_size, meta_size }], timeout_ms)?[0])
+    pub fn create(
+        &mut self,
+        id: ObjectId,
+        data_size: u64,
+        meta_size: u32,
+        timeout_ms: u32,
+    ) -> Result<ObjectLocation> {
+        Ok(self.create_batch(
+            &[CreateSpec {
+                id,
+                data_size,
+                meta_size,
+            }],
+            timeout_ms,
+        )?[0])
     }
 
     /// Creates several objects in one round trip, all or none.
-    pub fn create_batch(&mut self, objects: &[CreateSpec], timeout_ms: u32) -> Result<Vec<ObjectLocation>> {
-        let request = Request::Create { timeout_ms, objects: objects.to_vec() };
+    pub fn create_batch(
+        &mut self,
+        objects: &[CreateSpec],
+        timeout_ms: u32,
+    ) -> Result<Vec<ObjectLocation>> {
+        let request = Request::Create {
+            timeout_ms,
+            objects: objects.to_vec(),
+        };
         match self.channel.call(&request)? {
             Reply::Created { offsets } if offsets.len() == objects.len() => offsets
                 .iter()
                 .zip(objects)
-                .map(|(&offset, o)| self.check(ObjectLocation { offset, data_size: o.data_size, meta_size: o.meta_size }))
+                .map(|(&offset, o)| {
+                    self.check(ObjectLocation {
+                        offset,
+                        data_size: o.data_size,
+                        meta_size: o.meta_size,
+                    })
+                })
                 .collect(),
             other => Err(unexpected(other)),
         }
@@ -176,7 +243,10 @@ impl Client {
     /// Seals objects this client created; with `release` also drops the
     /// creator's reference (nothing left to release afterwards).
     pub fn seal(&mut self, ids: &[ObjectId], release: bool) -> Result<()> {
-        expect_ok(self.channel.call(&Request::Seal { release, ids: ids.to_vec() })?)
+        expect_ok(self.channel.call(&Request::Seal {
+            release,
+            ids: ids.to_vec(),
+        })?)
     }
 
     pub fn abort(&mut self, id: ObjectId) -> Result<()> {
@@ -185,11 +255,19 @@ impl Client {
 
     /// Gets objects, waiting up to `timeout_ms` (or [`WAIT_FOREVER`]) for the
     /// ones not sealed yet. Found objects are referenced until released.
-    pub fn get(&mut self, ids: &[ObjectId], timeout_ms: i64) -> Result<Vec<Option<ObjectLocation>>> {
-        match self.channel.call(&Request::Get { timeout_ms, ids: ids.to_vec() })? {
-            Reply::Objects { objects } if objects.len() == ids.len() => {
-                objects.into_iter().map(|o| o.map(|l| self.check(l)).transpose()).collect()
-            }
+    pub fn get(
+        &mut self,
+        ids: &[ObjectId],
+        timeout_ms: i64,
+    ) -> Result<Vec<Option<ObjectLocation>>> {
+        match self.channel.call(&Request::Get {
+            timeout_ms,
+            ids: ids.to_vec(),
+        })? {
+            Reply::Objects { objects } if objects.len() == ids.len() => objects
+                .into_iter()
+                .map(|o| o.map(|l| self.check(l)).transpose())
+                .collect(),
             other => Err(unexpected(other)),
         }
     }
@@ -211,7 +289,10 @@ impl Client {
                 .map(|(e, id)| match e {
                     None => Ok(()),
                     Some(ErrorKind::ObjectNotFound) => Err(ShoalError::not_found(id)),
-                    Some(kind) => Err(ShoalError::new(kind, format!("delete of object {id} refused"))),
+                    Some(kind) => Err(ShoalError::new(
+                        kind,
+                        format!("delete of object {id} refused"),
+                    )),
                 })
                 .collect()),
             other => Err(unexpected(other)),
@@ -247,10 +328,18 @@ impl Client {
         }
     }
 
+    /// Hangs up; the daemon releases every reference this client held.
+    pub fn close(&mut self) {
+        let _ = self.channel.stream.shutdown(std::net::Shutdown::Both);
+    }
+
     /// Copies `data` and `meta` into a created object.
     pub fn write(&self, location: ObjectLocation, data: &[u8], meta: &[u8]) -> Result<()> {
-        if data.len() as u64 != location.data_size || meta.len() as u64 != location.meta_size as u64 {
-            return Err(ShoalError::invalid("write sizes differ from the created object's"));
+        if data.len() as u64 != location.data_size || meta.len() as u64 != location.meta_size as u64
+        {
+            return Err(ShoalError::invalid(
+                "write sizes differ from the created object's",
+            ));
         }
         let dst = self.data_ptr(location);
         // SAFETY: the object's range is inside our mapping (checked on
@@ -264,10 +353,18 @@ impl Client {
 
     /// create + write + seal of many objects in two round trips; no
     /// references are left behind.
-    pub fn put_batch(&mut self, objects: &[(ObjectId, &[u8], &[u8])], timeout_ms: u32) -> Result<()> {
+    pub fn put_batch(
+        &mut self,
+        objects: &[(ObjectId, &[u8], &[u8])],
+        timeout_ms: u32,
+    ) -> Result<()> {
         let specs: Vec<_> = objects
             .iter()
-            .map(|(id, data, meta)| CreateSpec { id: *id, data_size: data.len() as u64, meta_size: meta.len() as u32 })
+            .map(|(id, data, meta)| CreateSpec {
+                id: *id,
+                data_size: data.len() as u64,
+                meta_size: meta.len() as u32,
+            })
             .collect();
         let locations = self.create_batch(&specs, timeout_ms)?;
         for ((_, data, meta), location) in objects.iter().zip(&locations) {
@@ -311,7 +408,9 @@ impl Subscription {
             let result = self.channel.fill(FRAME_HEADER_LEN);
             self.channel.stream.set_read_timeout(None)?;
             match result {
-                Err(err) if err.kind() == ErrorKind::Io && self.channel.input.is_empty() => return Ok(None),
+                Err(err) if err.kind() == ErrorKind::Io && self.channel.input.is_empty() => {
+                    return Ok(None)
+                }
                 other => other?,
             }
         }

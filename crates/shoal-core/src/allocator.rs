@@ -35,7 +35,13 @@ impl Allocator {
     pub fn new(size: u64, line: u64) -> Self {
         assert!(line.is_power_of_two(), "line size must be a power of two");
         let size = size - size % line;
-        let mut allocator = Self { line, size, used: 0, by_offset: BTreeMap::new(), by_size: BTreeSet::new() };
+        let mut allocator = Self {
+            line,
+            size,
+            used: 0,
+            by_offset: BTreeMap::new(),
+            by_size: BTreeSet::new(),
+        };
         if size > 0 {
             allocator.insert_free(0, size);
         }
@@ -61,7 +67,9 @@ impl Allocator {
     /// overflow.
     pub fn block_len(&self, bytes: u64) -> Option<u64> {
         let bytes = bytes.max(1);
-        bytes.checked_add(self.line - 1).map(|b| b & !(self.line - 1))
+        bytes
+            .checked_add(self.line - 1)
+            .map(|b| b & !(self.line - 1))
     }
 
     /// The largest block that could be allocated right now.
@@ -82,8 +90,15 @@ impl Allocator {
 
     /// Returns a block to the free pool, merging it with free neighbours.
     pub fn free(&mut self, block: Block) {
-        debug_assert!(block.len > 0 && block.offset % self.line == 0 && block.len % self.line == 0);
-        debug_assert!(block.offset + block.len <= self.size, "block {block:?} outside the region");
+        debug_assert!(
+            block.len > 0
+                && block.offset.is_multiple_of(self.line)
+                && block.len.is_multiple_of(self.line)
+        );
+        debug_assert!(
+            block.offset + block.len <= self.size,
+            "block {block:?} outside the region"
+        );
         debug_assert!(!self.overlaps_free(block), "double free of {block:?}");
         let mut offset = block.offset;
         let mut len = block.len;
@@ -104,7 +119,10 @@ impl Allocator {
 
     fn overlaps_free(&self, block: Block) -> bool {
         let end = block.offset + block.len;
-        self.by_offset.range(..end).next_back().is_some_and(|(&off, &len)| off + len > block.offset)
+        self.by_offset
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&off, &len)| off + len > block.offset)
     }
 
     fn insert_free(&mut self, offset: u64, len: u64) {

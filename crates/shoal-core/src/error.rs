@@ -103,7 +103,10 @@ pub struct ShoalError {
 
 impl ShoalError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self {
+            kind,
+            message: message.into(),
+        }
     }
 
     pub fn kind(&self) -> ErrorKind {
@@ -119,7 +122,10 @@ impl ShoalError {
     }
 
     pub fn exists(id: &ObjectId) -> Self {
-        Self::new(ErrorKind::ObjectExists, format!("object {id} already exists"))
+        Self::new(
+            ErrorKind::ObjectExists,
+            format!("object {id} already exists"),
+        )
     }
 
     pub fn protocol(message: impl Into<String>) -> Self {
@@ -140,7 +146,9 @@ impl From<std::io::Error> for ShoalError {
         match err.kind() {
             std::io::ErrorKind::UnexpectedEof
             | std::io::ErrorKind::BrokenPipe
-            | std::io::ErrorKind::ConnectionReset => Self::new(ErrorKind::Disconnected, err.to_string()),
+            | std::io::ErrorKind::ConnectionReset => {
+                Self::new(ErrorKind::Disconnected, err.to_string())
+            }
             _ => Self::new(ErrorKind::Io, err.to_string()),
         }
     }
@@ -159,7 +167,10 @@ mod tests {
                 assert_eq!(kind.code(), code);
             }
         }
-        assert_eq!(ErrorKind::from_code(ErrorKind::VersionMismatch.code()), Some(ErrorKind::VersionMismatch));
+        assert_eq!(
+            ErrorKind::from_code(ErrorKind::VersionMismatch.code()),
+            Some(ErrorKind::VersionMismatch)
+        );
         assert_eq!(ErrorKind::from_code(0), None);
     }
 }

@@ -10,19 +10,38 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 
 /// Sends `bytes` with `fd` attached. Returns bytes written (may be short;
 /// the caller writes the rest normally — the fd rides on the first byte).
-pub fn send_with_fd(socket: BorrowedFd<'_>, bytes: &[u8], fd: BorrowedFd<'_>) -> std::io::Result<usize> {
+pub fn send_with_fd(
+    socket: BorrowedFd<'_>,
+    bytes: &[u8],
+    fd: BorrowedFd<'_>,
+) -> std::io::Result<usize> {
     let fds = [fd.as_raw_fd()];
     let cmsgs = [ControlMessage::ScmRights(&fds)];
-    sendmsg::<()>(socket.as_raw_fd(), &[IoSlice::new(bytes)], &cmsgs, MsgFlags::MSG_NOSIGNAL, None).map_err(std::io::Error::from)
+    sendmsg::<()>(
+        socket.as_raw_fd(),
+        &[IoSlice::new(bytes)],
+        &cmsgs,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(std::io::Error::from)
 }
 
 /// Receives into `buf`, returning the byte count and any fd that came with
 /// them (close-on-exec). Extra fds beyond the first are closed.
-pub fn recv_with_fd(socket: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<(usize, Option<OwnedFd>)> {
+pub fn recv_with_fd(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, Option<OwnedFd>)> {
     let mut space = nix::cmsg_space!([RawFd; 2]);
     let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-        .map_err(std::io::Error::from)?;
+    let msg = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(std::io::Error::from)?;
     let mut received = None;
     for cmsg in msg.cmsgs().map_err(std::io::Error::from)? {
         if let ControlMessageOwned::ScmRights(fds) = cmsg {

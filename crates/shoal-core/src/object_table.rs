@@ -79,7 +79,11 @@ impl ObjectTable {
     pub fn find(&self, id: &ObjectId) -> Option<Slot> {
         let hash = self.hasher.hash_one(id);
         let slots = &self.slots;
-        self.index.find(hash, |&s| slots[s as usize].as_ref().is_some_and(|e| e.id == *id)).copied()
+        self.index
+            .find(hash, |&s| {
+                slots[s as usize].as_ref().is_some_and(|e| e.id == *id)
+            })
+            .copied()
     }
 
     pub fn get(&self, slot: Slot) -> Option<&Entry> {
@@ -105,12 +109,16 @@ impl ObjectTable {
             }
         };
         let (slots, hasher) = (&self.slots, &self.hasher);
-        self.index.insert_unique(hash, slot, |&s| hasher.hash_one(slots[s as usize].as_ref().expect("indexed slot is live").id));
+        self.index.insert_unique(hash, slot, |&s| {
+            hasher.hash_one(slots[s as usize].as_ref().expect("indexed slot is live").id)
+        });
         slot
     }
 
     pub fn remove(&mut self, slot: Slot) -> Entry {
-        let entry = self.slots[slot as usize].take().expect("removing a live slot");
+        let entry = self.slots[slot as usize]
+            .take()
+            .expect("removing a live slot");
         let hash = self.hasher.hash_one(entry.id);
         match self.index.find_entry(hash, |&s| s == slot) {
             Ok(found) => {
@@ -123,7 +131,10 @@ impl ObjectTable {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (Slot, &Entry)> {
-        self.slots.iter().enumerate().filter_map(|(i, e)| e.as_ref().map(|e| (i as Slot, e)))
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.as_ref().map(|e| (i as Slot, e)))
     }
 
     /// Heap bytes held by the table (for the per-object overhead report).
@@ -139,7 +150,16 @@ mod tests {
     use super::*;
 
     fn entry(id: ObjectId) -> Entry {
-        Entry { id, offset: 0, data_size: 1, meta_size: 0, refs: 0, creator: 0, state: ObjectState::Created, delete_pending: false }
+        Entry {
+            id,
+            offset: 0,
+            data_size: 1,
+            meta_size: 0,
+            refs: 0,
+            creator: 0,
+            state: ObjectState::Created,
+            delete_pending: false,
+        }
     }
 
     #[test]

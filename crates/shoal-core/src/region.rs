@@ -39,7 +39,9 @@ impl Region {
             .open(path)
             .map_err(|e| ShoalError::io(&format!("create region {}", path.display()), e))?;
         let region = (|| {
-            file.set_len(len).map_err(|e| ShoalError::io(&format!("size region {} to {len} bytes", path.display()), e))?;
+            file.set_len(len).map_err(|e| {
+                ShoalError::io(&format!("size region {} to {len} bytes", path.display()), e)
+            })?;
             Self::map(path, file, len, true)
         })();
         if region.is_err() {
@@ -56,9 +58,12 @@ impl Region {
             .write(true)
             .open(path)
             .map_err(|e| ShoalError::io(&format!("open region {}", path.display()), e))?;
-        let meta = file.metadata().map_err(|e| ShoalError::io("stat region", e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| ShoalError::io("stat region", e))?;
         if meta.file_type().is_file() && meta.len() < len {
-            file.set_len(len).map_err(|e| ShoalError::io(&format!("size region {}", path.display()), e))?;
+            file.set_len(len)
+                .map_err(|e| ShoalError::io(&format!("size region {}", path.display()), e))?;
         }
         Self::map(path, file, len, false)
     }
@@ -67,8 +72,15 @@ impl Region {
         let map = MmapOptions::new()
             .len(usize::try_from(len).map_err(|_| ShoalError::invalid("region too large"))?)
             .map_raw(&file)
-            .map_err(|e| ShoalError::io(&format!("mmap region {} ({len} bytes)", path.display()), e))?;
-        Ok(Self { path: path.to_owned(), file, map, unlink_on_drop })
+            .map_err(|e| {
+                ShoalError::io(&format!("mmap region {} ({len} bytes)", path.display()), e)
+            })?;
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+            map,
+            unlink_on_drop,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -127,7 +139,11 @@ pub unsafe fn populate(ptr: *mut u8, len: usize, write: bool) {
     let page = page_size();
     let start = (ptr as usize) & !(page - 1);
     let end = ptr as usize + len;
-    let advice = if write { MADV_POPULATE_WRITE } else { MADV_POPULATE_READ };
+    let advice = if write {
+        MADV_POPULATE_WRITE
+    } else {
+        MADV_POPULATE_READ
+    };
     // SAFETY: page-aligned range inside the caller's mapping; madvise only faults pages in.
     let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
     if rc != 0 {
@@ -156,7 +172,9 @@ pub fn page_size() -> usize {
 
 /// Whether a path is a character device (DAX) — such regions are never truncated.
 pub fn is_device(path: &Path) -> bool {
-    std::fs::metadata(path).map(|m| m.file_type().is_char_device() || m.file_type().is_block_device()).unwrap_or(false)
+    std::fs::metadata(path)
+        .map(|m| m.file_type().is_char_device() || m.file_type().is_block_device())
+        .unwrap_or(false)
 }
 
 /// A client's mapping of a region received as a file descriptor.
@@ -216,7 +234,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("region");
         let region = Region::create(&path, 1 << 20).unwrap();
-        assert!(Region::create(&path, 1 << 20).is_err(), "a second daemon must not reuse a live region");
+        assert!(
+            Region::create(&path, 1 << 20).is_err(),
+            "a second daemon must not reuse a live region"
+        );
         assert_eq!(region.prefault(1 << 16, || true), 1 << 20);
         let client = Mapping::map(region.fd(), region.len()).unwrap();
         // SAFETY: both mappings are 1 MiB long.

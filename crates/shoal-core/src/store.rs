@@ -34,8 +34,14 @@ pub struct ObjectInfo {
 /// Something subscribers hear about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreEvent {
-    Sealed { id: ObjectId, data_size: u64, meta_size: u32 },
-    Removed { id: ObjectId },
+    Sealed {
+        id: ObjectId,
+        data_size: u64,
+        meta_size: u32,
+    },
+    Removed {
+        id: ObjectId,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -75,7 +81,12 @@ pub struct Store {
 impl Store {
     /// A store over a region of `region_size` bytes, of which at most
     /// `capacity` may be used, objects aligned and padded to `line` bytes.
-    pub fn new(region_size: u64, capacity: u64, line: u64, policy: Box<dyn EvictionPolicy>) -> Self {
+    pub fn new(
+        region_size: u64,
+        capacity: u64,
+        line: u64,
+        policy: Box<dyn EvictionPolicy>,
+    ) -> Self {
         Self {
             table: ObjectTable::new(),
             allocator: Allocator::new(region_size, line),
@@ -119,19 +130,34 @@ impl Store {
 
     /// Creates an unsealed object and gives its creator one reference.
     /// Evicts unreferenced sealed objects (LRU first) if space is short.
-    pub fn create(&mut self, client: ClientId, id: ObjectId, data_size: u64, meta_size: u32) -> Result<ObjectLocation> {
+    pub fn create(
+        &mut self,
+        client: ClientId,
+        id: ObjectId,
+        data_size: u64,
+        meta_size: u32,
+    ) -> Result<ObjectLocation> {
         if self.table.find(&id).is_some() {
             return Err(ShoalError::exists(&id));
         }
-        let total = data_size
-            .checked_add(meta_size as u64)
-            .ok_or_else(|| ShoalError::invalid(format!("object {id}: size {data_size} + {meta_size} overflows")))?;
-        let len = self.allocator.block_len(total).filter(|&len| len <= self.capacity).ok_or_else(|| {
-            ShoalError::new(
-                ErrorKind::ObjectTooLarge,
-                format!("object {id} needs {total} bytes but the store's capacity is {} bytes", self.capacity),
-            )
+        let total = data_size.checked_add(meta_size as u64).ok_or_else(|| {
+            ShoalError::invalid(format!(
+                "object {id}: size {data_size} + {meta_size} overflows"
+            ))
         })?;
+        let len = self
+            .allocator
+            .block_len(total)
+            .filter(|&len| len <= self.capacity)
+            .ok_or_else(|| {
+                ShoalError::new(
+                    ErrorKind::ObjectTooLarge,
+                    format!(
+                        "object {id} needs {total} bytes but the store's capacity is {} bytes",
+                        self.capacity
+                    ),
+                )
+            })?;
         let block = self.allocate(len).ok_or_else(|| {
             ShoalError::new(
                 ErrorKind::StoreFull,
@@ -156,12 +182,20 @@ impl Store {
         let state = self.client(client);
         state.creating.push(slot);
         *state.refs.entry(slot).or_insert(0) += 1;
-        Ok(ObjectLocation { offset: block.offset, data_size, meta_size })
+        Ok(ObjectLocation {
+            offset: block.offset,
+            data_size,
+            meta_size,
+        })
     }
 
     /// Creates several objects, all or none: on the first failure the ones
     /// already made are aborted and the error is returned.
-    pub fn create_batch(&mut self, client: ClientId, specs: &[(ObjectId, u64, u32)]) -> Result<Vec<ObjectLocation>> {
+    pub fn create_batch(
+        &mut self,
+        client: ClientId,
+        specs: &[(ObjectId, u64, u32)],
+    ) -> Result<Vec<ObjectLocation>> {
         let mut made = Vec::with_capacity(specs.len());
         for (id, data_size, meta_size) in specs {
             match self.create(client, *id, *data_size, *meta_size) {
@@ -202,8 +236,14 @@ impl Store {
     }
 
     fn block_of(&self, entry: &Entry) -> Block {
-        let len = self.allocator.block_len(entry.total_size()).expect("sizes were checked at create");
-        Block { offset: entry.offset, len }
+        let len = self
+            .allocator
+            .block_len(entry.total_size())
+            .expect("sizes were checked at create");
+        Block {
+            offset: entry.offset,
+            len,
+        }
     }
 
     fn evictable_bytes(&self) -> u64 {
@@ -220,7 +260,11 @@ impl Store {
     }
 
     fn evict_slot(&mut self, slot: Slot) {
-        let len = self.table.get(slot).map(|e| self.block_of(e).len).unwrap_or(0);
+        let len = self
+            .table
+            .get(slot)
+            .map(|e| self.block_of(e).len)
+            .unwrap_or(0);
         self.evictions += 1;
         self.evicted_bytes += len;
         self.remove_slot(slot);
@@ -239,13 +283,22 @@ impl Store {
     }
 
     fn own_unsealed(&self, client: ClientId, id: &ObjectId) -> Result<Slot> {
-        let slot = self.table.find(id).ok_or_else(|| ShoalError::not_found(id))?;
+        let slot = self
+            .table
+            .find(id)
+            .ok_or_else(|| ShoalError::not_found(id))?;
         let entry = self.table.get(slot).expect("found slot is live");
         if entry.state == ObjectState::Sealed {
-            return Err(ShoalError::new(ErrorKind::ObjectAlreadySealed, format!("object {id} is already sealed")));
+            return Err(ShoalError::new(
+                ErrorKind::ObjectAlreadySealed,
+                format!("object {id} is already sealed"),
+            ));
         }
         if entry.creator != client {
-            return Err(ShoalError::new(ErrorKind::NotOwner, format!("object {id} is being written by another client")));
+            return Err(ShoalError::new(
+                ErrorKind::NotOwner,
+                format!("object {id} is being written by another client"),
+            ));
         }
         Ok(slot)
     }
@@ -258,10 +311,19 @@ impl Store {
         for id in ids {
             let slot = self.own_unsealed(client, id)?;
             if slots.contains(&slot) {
-                return Err(ShoalError::invalid(format!("object {id} appears twice in one seal")));
+                return Err(ShoalError::invalid(format!(
+                    "object {id} appears twice in one seal"
+                )));
             }
-            if release && !self.clients.get(&client).is_some_and(|c| c.refs.contains_key(&slot)) {
-                return Err(ShoalError::invalid(format!("seal-and-release of object {id}, but the client holds no reference")));
+            if release
+                && !self
+                    .clients
+                    .get(&client)
+                    .is_some_and(|c| c.refs.contains_key(&slot))
+            {
+                return Err(ShoalError::invalid(format!(
+                    "seal-and-release of object {id}, but the client holds no reference"
+                )));
             }
             slots.push(slot);
         }
@@ -269,7 +331,11 @@ impl Store {
             let entry = self.table.get_mut(*slot).expect("validated");
             entry.state = ObjectState::Sealed;
             let (data_size, meta_size) = (entry.data_size, entry.meta_size);
-            self.events.push(StoreEvent::Sealed { id: *id, data_size, meta_size });
+            self.events.push(StoreEvent::Sealed {
+                id: *id,
+                data_size,
+                meta_size,
+            });
         }
         for &slot in &slots {
             // The creator may have dropped its reference before sealing.
@@ -312,7 +378,11 @@ impl Store {
             return None;
         }
         entry.refs += 1;
-        let location = ObjectLocation { offset: entry.offset, data_size: entry.data_size, meta_size: entry.meta_size };
+        let location = ObjectLocation {
+            offset: entry.offset,
+            data_size: entry.data_size,
+            meta_size: entry.meta_size,
+        };
         if entry.refs == 1 {
             self.policy.remove(slot);
         }
@@ -323,7 +393,10 @@ impl Store {
 
     /// Drops one of the client's references to `id`.
     pub fn release(&mut self, client: ClientId, id: &ObjectId) -> Result<()> {
-        let slot = self.table.find(id).ok_or_else(|| ShoalError::not_found(id))?;
+        let slot = self
+            .table
+            .find(id)
+            .ok_or_else(|| ShoalError::not_found(id))?;
         self.release_slot(client, slot, id)
     }
 
@@ -331,7 +404,9 @@ impl Store {
         let state = self.client(client);
         match state.refs.get_mut(&slot) {
             None => {
-                return Err(ShoalError::invalid(format!("client holds no reference to object {id}")));
+                return Err(ShoalError::invalid(format!(
+                    "client holds no reference to object {id}"
+                )));
             }
             Some(count) if *count > 1 => *count -= 1,
             Some(_) => {
@@ -357,10 +432,16 @@ impl Store {
     /// Deletes a sealed object. A referenced one disappears from view now and
     /// is freed when its last reference is released.
     pub fn delete(&mut self, id: &ObjectId) -> Result<()> {
-        let slot = self.table.find(id).ok_or_else(|| ShoalError::not_found(id))?;
+        let slot = self
+            .table
+            .find(id)
+            .ok_or_else(|| ShoalError::not_found(id))?;
         let entry = self.table.get_mut(slot).expect("found slot is live");
         if entry.state != ObjectState::Sealed {
-            return Err(ShoalError::new(ErrorKind::ObjectNotSealed, format!("object {id} is not sealed; its creator may abort it")));
+            return Err(ShoalError::new(
+                ErrorKind::ObjectNotSealed,
+                format!("object {id} is not sealed; its creator may abort it"),
+            ));
         }
         if entry.delete_pending {
             return Err(ShoalError::not_found(id));
@@ -375,7 +456,10 @@ impl Store {
     }
 
     pub fn contains(&self, id: &ObjectId) -> bool {
-        self.table.find(id).and_then(|s| self.table.get(s)).is_some_and(Entry::is_visible)
+        self.table
+            .find(id)
+            .and_then(|s| self.table.get(s))
+            .is_some_and(Entry::is_visible)
     }
 
     /// Evicts unreferenced sealed objects in policy order until at least
@@ -383,8 +467,14 @@ impl Store {
     pub fn evict(&mut self, bytes: u64) -> u64 {
         let mut freed = 0;
         while freed < bytes {
-            let Some(victim) = self.policy.victim() else { break };
-            freed += self.table.get(victim).map(|e| self.block_of(e).len).unwrap_or(0);
+            let Some(victim) = self.policy.victim() else {
+                break;
+            };
+            freed += self
+                .table
+                .get(victim)
+                .map(|e| self.block_of(e).len)
+                .unwrap_or(0);
             self.evict_slot(victim);
         }
         freed
@@ -393,10 +483,15 @@ impl Store {
     /// A client went away: its references are released and whatever it was
     /// still writing is aborted.
     pub fn disconnect(&mut self, client: ClientId) {
-        let Some(state) = self.clients.remove(&client) else { return };
+        let Some(state) = self.clients.remove(&client) else {
+            return;
+        };
         for slot in &state.creating {
             let held = state.refs.get(slot).copied().unwrap_or(0);
-            self.table.get_mut(*slot).expect("unsealed slot is live").refs -= held;
+            self.table
+                .get_mut(*slot)
+                .expect("unsealed slot is live")
+                .refs -= held;
             self.remove_slot(*slot);
         }
         for (slot, count) in state.refs {
@@ -415,7 +510,11 @@ impl Store {
             .filter(|(_, e)| !e.delete_pending)
             .map(|(_, e)| ObjectInfo {
                 id: e.id,
-                location: ObjectLocation { offset: e.offset, data_size: e.data_size, meta_size: e.meta_size },
+                location: ObjectLocation {
+                    offset: e.offset,
+                    data_size: e.data_size,
+                    meta_size: e.meta_size,
+                },
                 sealed: e.state == ObjectState::Sealed,
                 refs: e.refs,
             })
@@ -457,23 +556,51 @@ impl Store {
         let mut blocks: Vec<Block> = Vec::new();
         for (_, e) in self.table.iter() {
             let block = self.block_of(e);
-            assert_eq!(block.offset % self.allocator.line(), 0, "object {} misaligned", e.id);
+            assert_eq!(
+                block.offset % self.allocator.line(),
+                0,
+                "object {} misaligned",
+                e.id
+            );
             used += block.len;
             blocks.push(block);
             if e.refs == 0 && e.state == ObjectState::Sealed && !e.delete_pending {
                 evictable += 1;
             }
-            assert!(!(e.delete_pending && e.refs == 0), "object {} pending delete with no refs", e.id);
+            assert!(
+                !(e.delete_pending && e.refs == 0),
+                "object {} pending delete with no refs",
+                e.id
+            );
         }
-        assert_eq!(used, self.allocator.used(), "allocator and table disagree on usage");
-        assert_eq!(evictable, self.policy.len(), "policy candidates differ from unreferenced sealed objects");
+        assert_eq!(
+            used,
+            self.allocator.used(),
+            "allocator and table disagree on usage"
+        );
+        assert_eq!(
+            evictable,
+            self.policy.len(),
+            "policy candidates differ from unreferenced sealed objects"
+        );
         blocks.sort_by_key(|b| b.offset);
         for pair in blocks.windows(2) {
-            assert!(pair[0].offset + pair[0].len <= pair[1].offset, "objects overlap");
+            assert!(
+                pair[0].offset + pair[0].len <= pair[1].offset,
+                "objects overlap"
+            );
         }
-        let held: u64 = self.clients.values().flat_map(|c| c.refs.values()).map(|&c| c as u64).sum();
+        let held: u64 = self
+            .clients
+            .values()
+            .flat_map(|c| c.refs.values())
+            .map(|&c| c as u64)
+            .sum();
         let counted: u64 = self.table.iter().map(|(_, e)| e.refs as u64).sum();
-        assert_eq!(held, counted, "client references differ from object reference counts");
+        assert_eq!(
+            held, counted,
+            "client references differ from object reference counts"
+        );
     }
 }
 
@@ -517,20 +644,53 @@ mod tests {
         let mut s = store(4096);
         s.create(1, id(1), 10, 0).unwrap();
         let before = s.list();
-        assert_eq!(s.create(2, id(1), 10, 0).unwrap_err().kind(), ErrorKind::ObjectExists);
-        assert_eq!(s.seal(2, &[id(1)], false).unwrap_err().kind(), ErrorKind::NotOwner);
+        assert_eq!(
+            s.create(2, id(1), 10, 0).unwrap_err().kind(),
+            ErrorKind::ObjectExists
+        );
+        assert_eq!(
+            s.seal(2, &[id(1)], false).unwrap_err().kind(),
+            ErrorKind::NotOwner
+        );
         assert_eq!(s.abort(2, &id(1)).unwrap_err().kind(), ErrorKind::NotOwner);
-        assert_eq!(s.seal(1, &[id(9)], false).unwrap_err().kind(), ErrorKind::ObjectNotFound);
-        assert_eq!(s.seal(1, &[id(1), id(9)], false).unwrap_err().kind(), ErrorKind::ObjectNotFound);
-        assert_eq!(s.seal(1, &[id(1), id(1)], false).unwrap_err().kind(), ErrorKind::InvalidArgument);
-        assert_eq!(s.delete(&id(1)).unwrap_err().kind(), ErrorKind::ObjectNotSealed);
-        assert_eq!(s.create(1, id(2), 5000, 0).unwrap_err().kind(), ErrorKind::ObjectTooLarge);
-        assert_eq!(s.create(1, id(2), u64::MAX, 10).unwrap_err().kind(), ErrorKind::InvalidArgument);
-        assert_eq!(s.release(3, &id(1)).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(
+            s.seal(1, &[id(9)], false).unwrap_err().kind(),
+            ErrorKind::ObjectNotFound
+        );
+        assert_eq!(
+            s.seal(1, &[id(1), id(9)], false).unwrap_err().kind(),
+            ErrorKind::ObjectNotFound
+        );
+        assert_eq!(
+            s.seal(1, &[id(1), id(1)], false).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            s.delete(&id(1)).unwrap_err().kind(),
+            ErrorKind::ObjectNotSealed
+        );
+        assert_eq!(
+            s.create(1, id(2), 5000, 0).unwrap_err().kind(),
+            ErrorKind::ObjectTooLarge
+        );
+        assert_eq!(
+            s.create(1, id(2), u64::MAX, 10).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            s.release(3, &id(1)).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
         assert_eq!(s.list(), before);
         s.seal(1, &[id(1)], false).unwrap();
-        assert_eq!(s.seal(1, &[id(1)], false).unwrap_err().kind(), ErrorKind::ObjectAlreadySealed);
-        assert_eq!(s.abort(1, &id(1)).unwrap_err().kind(), ErrorKind::ObjectAlreadySealed);
+        assert_eq!(
+            s.seal(1, &[id(1)], false).unwrap_err().kind(),
+            ErrorKind::ObjectAlreadySealed
+        );
+        assert_eq!(
+            s.abort(1, &id(1)).unwrap_err().kind(),
+            ErrorKind::ObjectAlreadySealed
+        );
         s.check_invariants();
     }
 
@@ -563,10 +723,17 @@ mod tests {
     fn batch_create_is_all_or_nothing() {
         let mut s = store(4096);
         s.create(1, id(3), 10, 0).unwrap();
-        let err = s.create_batch(1, &[(id(1), 10, 0), (id(2), 10, 0), (id(3), 10, 0)]).unwrap_err();
+        let err = s
+            .create_batch(1, &[(id(1), 10, 0), (id(2), 10, 0), (id(3), 10, 0)])
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::ObjectExists);
         assert!(s.table.find(&id(1)).is_none() && s.table.find(&id(2)).is_none());
-        assert_eq!(s.create_batch(1, &[(id(1), 10, 0), (id(2), 10, 0)]).unwrap().len(), 2);
+        assert_eq!(
+            s.create_batch(1, &[(id(1), 10, 0), (id(2), 10, 0)])
+                .unwrap()
+                .len(),
+            2
+        );
         s.check_invariants();
     }
 
@@ -595,7 +762,10 @@ mod tests {
         s.create(2, id(2), 10, 0).unwrap();
         s.disconnect(2);
         assert!(s.contains(&id(1)));
-        assert!(s.table.find(&id(2)).is_none(), "unsealed object of a dead client is aborted");
+        assert!(
+            s.table.find(&id(2)).is_none(),
+            "unsealed object of a dead client is aborted"
+        );
         assert_eq!(s.stats().referenced, 0);
         s.check_invariants();
     }

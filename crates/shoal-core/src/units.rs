@@ -5,9 +5,14 @@
 /// them on the command line. A bare number is bytes.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(text.len());
     let (number, suffix) = text.split_at(split);
-    let number: f64 = number.replace('_', "").parse().map_err(|_| format!("not a size: {text:?}"))?;
+    let number: f64 = number
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("not a size: {text:?}"))?;
     let multiplier: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" => 1000,

@@ -24,10 +24,17 @@ const READ_CHUNK: usize = 64 * 1024;
 
 pub(crate) async fn serve(shared: Rc<Shared>, stream: UnixStream) {
     let client = shared.new_client();
-    let mut connection = Connection { shared: shared.clone(), stream, client, welcomed: false };
+    let mut connection = Connection {
+        shared: shared.clone(),
+        stream,
+        client,
+        welcomed: false,
+    };
     match connection.run().await {
         Ok(()) => tracing::debug!(client, "client disconnected"),
-        Err(err) if err.kind() == ErrorKind::Disconnected => tracing::debug!(client, %err, "client gone"),
+        Err(err) if err.kind() == ErrorKind::Disconnected => {
+            tracing::debug!(client, %err, "client gone")
+        }
         Err(err) => tracing::warn!(client, %err, "dropping client"),
     }
     shared.client_gone(client);
@@ -71,7 +78,10 @@ impl Connection {
             input.reserve(READ_CHUNK);
             if self.stream.read_buf(&mut input).await? == 0 {
                 if !input.is_empty() {
-                    return Err(ShoalError::protocol(format!("connection closed inside a frame ({} bytes pending)", input.len())));
+                    return Err(ShoalError::protocol(format!(
+                        "connection closed inside a frame ({} bytes pending)",
+                        input.len()
+                    )));
                 }
                 return Ok(());
             }
@@ -90,7 +100,9 @@ impl Connection {
                 if version != PROTOCOL_VERSION {
                     Reply::Error {
                         kind: ErrorKind::VersionMismatch,
-                        message: format!("client speaks protocol {version}, daemon {PROTOCOL_VERSION}"),
+                        message: format!(
+                            "client speaks protocol {version}, daemon {PROTOCOL_VERSION}"
+                        ),
                     }
                     .encode(out);
                     return Ok(Next::Continue);
@@ -100,12 +112,21 @@ impl Connection {
                 self.send_welcome(out).await?;
                 return Ok(Next::Continue);
             }
-            Request::Create { timeout_ms, objects } => match self.create(timeout_ms, &objects).await? {
-                Ok(locations) => Reply::Created { offsets: locations.iter().map(|l| l.offset).collect() },
+            Request::Create {
+                timeout_ms,
+                objects,
+            } => match self.create(timeout_ms, &objects).await? {
+                Ok(locations) => Reply::Created {
+                    offsets: locations.iter().map(|l| l.offset).collect(),
+                },
                 Err(err) => Reply::error(&err),
             },
             Request::Seal { release, ids } => {
-                let result = self.shared.store.borrow_mut().seal(self.client, &ids, release);
+                let result = self
+                    .shared
+                    .store
+                    .borrow_mut()
+                    .seal(self.client, &ids, release);
                 self.shared.publish();
                 if release {
                     self.shared.space.notify_waiters();
@@ -117,7 +138,9 @@ impl Connection {
                 self.shared.space.notify_waiters();
                 result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
             }
-            Request::Get { timeout_ms, ids } => Reply::Objects { objects: self.get(timeout_ms, &ids).await? },
+            Request::Get { timeout_ms, ids } => Reply::Objects {
+                objects: self.get(timeout_ms, &ids).await?,
+            },
             Request::Release { ids } => {
                 let mut store = self.shared.store.borrow_mut();
                 for id in &ids {
@@ -132,13 +155,18 @@ impl Connection {
             }
             Request::Delete { ids } => {
                 let mut store = self.shared.store.borrow_mut();
-                let errors = ids.iter().map(|id| store.delete(id).err().map(|e| e.kind())).collect();
+                let errors = ids
+                    .iter()
+                    .map(|id| store.delete(id).err().map(|e| e.kind()))
+                    .collect();
                 drop(store);
                 self.shared.publish();
                 Reply::Statuses { errors }
             }
             Request::Contains { id } => Reply::Bool(self.shared.store.borrow().contains(&id)),
-            Request::List => Reply::List { objects: self.shared.store.borrow().list() },
+            Request::List => Reply::List {
+                objects: self.shared.store.borrow().list(),
+            },
             Request::Stats => Reply::Stats(self.shared.store.borrow().stats()),
             Request::Evict { bytes } => {
                 let freed = self.shared.store.borrow_mut().evict(bytes);
@@ -173,7 +201,9 @@ impl Connection {
         let region_fd = self.shared.region.fd();
         let sent = self
             .stream
-            .async_io(Interest::WRITABLE, || send_with_fd(self.stream.as_fd(), &frame, region_fd))
+            .async_io(Interest::WRITABLE, || {
+                send_with_fd(self.stream.as_fd(), &frame, region_fd)
+            })
             .await?;
         self.stream.write_all(&frame[sent..]).await?;
         Ok(())
@@ -181,14 +211,25 @@ impl Connection {
 
     /// Creates all objects or none. On a full store, waits up to `timeout_ms`
     /// for memory to be released before giving up with `StoreFull`.
-    async fn create(&mut self, timeout_ms: u32, objects: &[CreateSpec]) -> Result<Result<Vec<ObjectLocation>>> {
-        let specs: Vec<_> = objects.iter().map(|o| (o.id, o.data_size, o.meta_size)).collect();
+    async fn create(
+        &mut self,
+        timeout_ms: u32,
+        objects: &[CreateSpec],
+    ) -> Result<Result<Vec<ObjectLocation>>> {
+        let specs: Vec<_> = objects
+            .iter()
+            .map(|o| (o.id, o.data_size, o.meta_size))
+            .collect();
         let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
         loop {
             let space = self.shared.space.notified();
             tokio::pin!(space);
             space.as_mut().enable();
-            let result = self.shared.store.borrow_mut().create_batch(self.client, &specs);
+            let result = self
+                .shared
+                .store
+                .borrow_mut()
+                .create_batch(self.client, &specs);
             self.shared.publish();
             match result {
                 Err(err) if err.kind() == ErrorKind::StoreFull && Instant::now() < deadline => {
@@ -205,8 +246,14 @@ impl Connection {
 
     /// Gets every id, waiting up to `timeout_ms` (-1: forever) for ones not
     /// sealed yet. Each object found holds one reference for this client.
-    async fn get(&mut self, timeout_ms: i64, ids: &[ObjectId]) -> Result<Vec<Option<ObjectLocation>>> {
-        let deadline = u64::try_from(timeout_ms).ok().map(|ms| Instant::now() + Duration::from_millis(ms));
+    async fn get(
+        &mut self,
+        timeout_ms: i64,
+        ids: &[ObjectId],
+    ) -> Result<Vec<Option<ObjectLocation>>> {
+        let deadline = u64::try_from(timeout_ms)
+            .ok()
+            .map(|ms| Instant::now() + Duration::from_millis(ms));
         let mut found: Vec<Option<ObjectLocation>> = vec![None; ids.len()];
         let mut missing = ids.len();
         loop {
@@ -275,7 +322,12 @@ async fn peer_gone(stream: &UnixStream) {
         let peeked = stream.try_io(Interest::READABLE, || {
             // SAFETY: recv into a 1-byte stack buffer on our own socket; MSG_PEEK leaves the data queued.
             let n = unsafe {
-                libc::recv(stream.as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+                libc::recv(
+                    stream.as_raw_fd(),
+                    byte.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
             };
             if n < 0 {
                 Err(std::io::Error::last_os_error())

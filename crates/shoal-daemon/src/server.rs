@@ -73,9 +73,17 @@ impl Shared {
         let mut subscribers = self.subscribers.borrow_mut();
         for event in events {
             let notification = match event {
-                StoreEvent::Sealed { id, data_size, meta_size } => {
+                StoreEvent::Sealed {
+                    id,
+                    data_size,
+                    meta_size,
+                } => {
                     self.sealed.notify_waiters();
-                    Notification::Sealed { id, data_size, meta_size }
+                    Notification::Sealed {
+                        id,
+                        data_size,
+                        meta_size,
+                    }
                 }
                 StoreEvent::Removed { id } => {
                     self.space.notify_waiters();
@@ -133,19 +141,26 @@ impl Drop for SocketLock {
 }
 
 fn default_region_path() -> PathBuf {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
     PathBuf::from(format!("/dev/shm/shoal-{}-{nanos:x}", std::process::id()))
 }
 
 pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     if !config.line_size.is_power_of_two() || config.line_size < 8 {
-        return Err(ShoalError::invalid(format!("line size {} is not a power of two ≥ 8", config.line_size)));
+        return Err(ShoalError::invalid(format!(
+            "line size {} is not a power of two ≥ 8",
+            config.line_size
+        )));
     }
-    let policy = eviction::by_name(&config.policy)
-        .ok_or_else(|| ShoalError::invalid(format!("unknown eviction policy {:?}", config.policy)))?;
+    let policy = eviction::by_name(&config.policy).ok_or_else(|| {
+        ShoalError::invalid(format!("unknown eviction policy {:?}", config.policy))
+    })?;
     if let Some(dir) = config.socket.parent() {
         if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir).map_err(|e| ShoalError::io(&format!("create {}", dir.display()), e))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| ShoalError::io(&format!("create {}", dir.display()), e))?;
         }
     }
     let lock = SocketLock::acquire(&config.socket)?;
@@ -186,9 +201,13 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     );
 
     let prefault_stop = Arc::new(AtomicBool::new(false));
-    let prefault = config.prefault.then(|| spawn_prefault(&shared, prefault_stop.clone()));
+    let prefault = config
+        .prefault
+        .then(|| spawn_prefault(&shared, prefault_stop.clone()));
 
-    let idle_check = config.idle_exit.map(|grace| grace.max(Duration::from_millis(10)));
+    let idle_check = config
+        .idle_exit
+        .map(|grace| grace.max(Duration::from_millis(10)));
     let mut ticker = tokio::time::interval(idle_check.map_or(Duration::from_secs(3600), |g| g / 4));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 

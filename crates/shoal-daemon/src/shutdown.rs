@@ -17,7 +17,9 @@ impl Default for Shutdown {
 
 impl Shutdown {
     pub fn new() -> Self {
-        Self { sender: Arc::new(watch::channel(false).0) }
+        Self {
+            sender: Arc::new(watch::channel(false).0),
+        }
     }
 
     /// Asks the server to stop; safe from any thread, any number of times.

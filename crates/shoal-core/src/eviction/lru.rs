@@ -15,7 +15,10 @@ struct Link {
     next: Slot,
 }
 
-const OUT: Link = Link { prev: ABSENT, next: ABSENT };
+const OUT: Link = Link {
+    prev: ABSENT,
+    next: ABSENT,
+};
 
 pub struct Lru {
     links: Vec<Link>,
@@ -26,13 +29,20 @@ pub struct Lru {
 
 impl Default for Lru {
     fn default() -> Self {
-        Self { links: Vec::new(), head: NIL, tail: NIL, len: 0 }
+        Self {
+            links: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        }
     }
 }
 
 impl Lru {
     fn contains(&self, slot: Slot) -> bool {
-        self.links.get(slot as usize).is_some_and(|l| l.prev != ABSENT)
+        self.links
+            .get(slot as usize)
+            .is_some_and(|l| l.prev != ABSENT)
     }
 }
 
@@ -45,7 +55,10 @@ impl EvictionPolicy for Lru {
         if self.contains(slot) {
             self.remove(slot);
         }
-        self.links[i] = Link { prev: self.tail, next: NIL };
+        self.links[i] = Link {
+            prev: self.tail,
+            next: NIL,
+        };
         if self.tail == NIL {
             self.head = slot;
         } else {

@@ -16,9 +16,17 @@ impl<'a> Reader<'a> {
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
-            ShoalError::protocol(format!("truncated payload: needed {n} bytes at offset {}, have {}", self.at, self.bytes.len()))
-        })?;
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or_else(|| {
+                ShoalError::protocol(format!(
+                    "truncated payload: needed {n} bytes at offset {}, have {}",
+                    self.at,
+                    self.bytes.len()
+                ))
+            })?;
         let slice = &self.bytes[self.at..end];
         self.at = end;
         Ok(slice)
@@ -36,7 +44,9 @@ impl<'a> Reader<'a> {
         match self.u8()? {
             0 => Ok(false),
             1 => Ok(true),
-            other => Err(ShoalError::protocol(format!("invalid boolean byte {other}"))),
+            other => Err(ShoalError::protocol(format!(
+                "invalid boolean byte {other}"
+            ))),
         }
     }
 
@@ -66,7 +76,9 @@ impl<'a> Reader<'a> {
         let n = self.u32()? as usize;
         let left = self.bytes.len() - self.at;
         if n.checked_mul(element_len).is_none_or(|need| need > left) {
-            return Err(ShoalError::protocol(format!("count {n} of {element_len}-byte elements exceeds the {left} bytes left")));
+            return Err(ShoalError::protocol(format!(
+                "count {n} of {element_len}-byte elements exceeds the {left} bytes left"
+            )));
         }
         Ok(n)
     }
@@ -85,7 +97,10 @@ impl<'a> Reader<'a> {
     /// Fails if bytes are left over: every frame must be consumed exactly.
     pub fn finish(&self) -> Result<()> {
         if self.at != self.bytes.len() {
-            return Err(ShoalError::protocol(format!("{} trailing bytes in payload", self.bytes.len() - self.at)));
+            return Err(ShoalError::protocol(format!(
+                "{} trailing bytes in payload",
+                self.bytes.len() - self.at
+            )));
         }
         Ok(())
     }

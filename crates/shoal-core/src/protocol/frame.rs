@@ -18,15 +18,21 @@ impl FrameHeader {
     /// Parses a header from the front of `bytes`; `Ok(None)` if fewer than
     /// eight bytes are there.
     pub fn parse(bytes: &[u8]) -> Result<Option<Self>> {
-        let Some(head) = bytes.get(..FRAME_HEADER_LEN) else { return Ok(None) };
+        let Some(head) = bytes.get(..FRAME_HEADER_LEN) else {
+            return Ok(None);
+        };
         let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
         let opcode = u16::from_le_bytes(head[4..6].try_into().expect("2 bytes"));
         let flags = u16::from_le_bytes(head[6..8].try_into().expect("2 bytes"));
         if len > MAX_FRAME_LEN {
-            return Err(ShoalError::protocol(format!("frame of {len} bytes exceeds the {MAX_FRAME_LEN}-byte limit")));
+            return Err(ShoalError::protocol(format!(
+                "frame of {len} bytes exceeds the {MAX_FRAME_LEN}-byte limit"
+            )));
         }
         if flags != 0 {
-            return Err(ShoalError::protocol(format!("unknown frame flags {flags:#06x}")));
+            return Err(ShoalError::protocol(format!(
+                "unknown frame flags {flags:#06x}"
+            )));
         }
         Ok(Some(Self { len, opcode }))
     }

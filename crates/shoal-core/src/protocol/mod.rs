@@ -34,45 +34,92 @@ pub struct CreateSpec {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    Hello { version: u32, pid: u32 },
+    Hello {
+        version: u32,
+        pid: u32,
+    },
     /// Create all or none; wait up to `timeout_ms` for space if the store is full.
-    Create { timeout_ms: u32, objects: Vec<CreateSpec> },
-    Seal { release: bool, ids: Vec<ObjectId> },
-    Abort { id: ObjectId },
+    Create {
+        timeout_ms: u32,
+        objects: Vec<CreateSpec>,
+    },
+    Seal {
+        release: bool,
+        ids: Vec<ObjectId>,
+    },
+    Abort {
+        id: ObjectId,
+    },
     /// Wait until every id is sealed or `timeout_ms` passes (-1: forever).
-    Get { timeout_ms: i64, ids: Vec<ObjectId> },
+    Get {
+        timeout_ms: i64,
+        ids: Vec<ObjectId>,
+    },
     /// One-way: no reply.
-    Release { ids: Vec<ObjectId> },
-    Delete { ids: Vec<ObjectId> },
-    Contains { id: ObjectId },
+    Release {
+        ids: Vec<ObjectId>,
+    },
+    Delete {
+        ids: Vec<ObjectId>,
+    },
+    Contains {
+        id: ObjectId,
+    },
     List,
     Stats,
     /// Turns this connection into a stream of `Notification` replies.
     Subscribe,
-    Evict { bytes: u64 },
+    Evict {
+        bytes: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notification {
-    Sealed { id: ObjectId, data_size: u64, meta_size: u32 },
-    Removed { id: ObjectId },
+    Sealed {
+        id: ObjectId,
+        data_size: u64,
+        meta_size: u32,
+    },
+    Removed {
+        id: ObjectId,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
     Ok,
-    Error { kind: ErrorKind, message: String },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
     /// Sent with the region's fd attached.
-    Welcome { version: u32, client_id: u32, region_size: u64, capacity: u64, line_size: u64 },
-    Created { offsets: Vec<u64> },
-    Objects { objects: Vec<Option<ObjectLocation>> },
+    Welcome {
+        version: u32,
+        client_id: u32,
+        region_size: u64,
+        capacity: u64,
+        line_size: u64,
+    },
+    Created {
+        offsets: Vec<u64>,
+    },
+    Objects {
+        objects: Vec<Option<ObjectLocation>>,
+    },
     Bool(bool),
-    List { objects: Vec<ObjectInfo> },
+    List {
+        objects: Vec<ObjectInfo>,
+    },
     Stats(StoreStats),
     Notification(Notification),
     /// One status per id: `None` for success.
-    Statuses { errors: Vec<Option<ErrorKind>> },
-    Evicted { bytes: u64 },
+    Statuses {
+        errors: Vec<Option<ErrorKind>>,
+    },
+    Evicted {
+        bytes: u64,
+    },
 }
 
 mod op {
@@ -111,7 +158,10 @@ impl Request {
                 w.u32(*version).u32(*pid);
                 op::HELLO
             }
-            Request::Create { timeout_ms, objects } => {
+            Request::Create {
+                timeout_ms,
+                objects,
+            } => {
                 w.u32(*timeout_ms).u32(objects.len() as u32);
                 for o in objects {
                     w.id(&o.id).u64(o.data_size).u32(o.meta_size);
@@ -156,19 +206,35 @@ impl Request {
     pub fn decode(header: FrameHeader, payload: &[u8]) -> Result<Self> {
         let mut r = Reader::new(payload);
         let request = match header.opcode {
-            op::HELLO => Request::Hello { version: r.u32()?, pid: r.u32()? },
+            op::HELLO => Request::Hello {
+                version: r.u32()?,
+                pid: r.u32()?,
+            },
             op::CREATE => {
                 let timeout_ms = r.u32()?;
                 let n = r.count(20 + 8 + 4)?;
                 let mut objects = Vec::with_capacity(n);
                 for _ in 0..n {
-                    objects.push(CreateSpec { id: r.id()?, data_size: r.u64()?, meta_size: r.u32()? });
+                    objects.push(CreateSpec {
+                        id: r.id()?,
+                        data_size: r.u64()?,
+                        meta_size: r.u32()?,
+                    });
                 }
-                Request::Create { timeout_ms, objects }
+                Request::Create {
+                    timeout_ms,
+                    objects,
+                }
             }
-            op::SEAL => Request::Seal { release: r.bool()?, ids: r.ids()? },
+            op::SEAL => Request::Seal {
+                release: r.bool()?,
+                ids: r.ids()?,
+            },
             op::ABORT => Request::Abort { id: r.id()? },
-            op::GET => Request::Get { timeout_ms: r.i64()?, ids: r.ids()? },
+            op::GET => Request::Get {
+                timeout_ms: r.i64()?,
+                ids: r.ids()?,
+            },
             op::RELEASE => Request::Release { ids: r.ids()? },
             op::DELETE => Request::Delete { ids: r.ids()? },
             op::CONTAINS => Request::Contains { id: r.id()? },
@@ -176,7 +242,11 @@ impl Request {
             op::STATS => Request::Stats,
             op::SUBSCRIBE => Request::Subscribe,
             op::EVICT => Request::Evict { bytes: r.u64()? },
-            other => return Err(ShoalError::protocol(format!("unknown request opcode {other:#06x}"))),
+            other => {
+                return Err(ShoalError::protocol(format!(
+                    "unknown request opcode {other:#06x}"
+                )))
+            }
         };
         r.finish()?;
         Ok(request)
@@ -190,7 +260,10 @@ impl Request {
 
 impl Reply {
     pub fn error(err: &ShoalError) -> Self {
-        Reply::Error { kind: err.kind(), message: err.message().to_owned() }
+        Reply::Error {
+            kind: err.kind(),
+            message: err.message().to_owned(),
+        }
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -201,8 +274,18 @@ impl Reply {
                 w.u16(kind.code()).str(message);
                 op::ERROR
             }
-            Reply::Welcome { version, client_id, region_size, capacity, line_size } => {
-                w.u32(*version).u32(*client_id).u64(*region_size).u64(*capacity).u64(*line_size);
+            Reply::Welcome {
+                version,
+                client_id,
+                region_size,
+                capacity,
+                line_size,
+            } => {
+                w.u32(*version)
+                    .u32(*client_id)
+                    .u64(*region_size)
+                    .u64(*capacity)
+                    .u64(*line_size);
                 op::WELCOME
             }
             Reply::Created { offsets } => {
@@ -216,7 +299,11 @@ impl Reply {
                 w.u32(objects.len() as u32);
                 for o in objects {
                     match o {
-                        Some(loc) => w.u8(1).u64(loc.offset).u64(loc.data_size).u32(loc.meta_size),
+                        Some(loc) => w
+                            .u8(1)
+                            .u64(loc.offset)
+                            .u64(loc.data_size)
+                            .u32(loc.meta_size),
                         None => w.u8(0).u64(0).u64(0).u32(0),
                     };
                 }
@@ -259,7 +346,11 @@ impl Reply {
             }
             Reply::Notification(n) => {
                 match n {
-                    Notification::Sealed { id, data_size, meta_size } => w.u8(1).id(id).u64(*data_size).u32(*meta_size),
+                    Notification::Sealed {
+                        id,
+                        data_size,
+                        meta_size,
+                    } => w.u8(1).id(id).u64(*data_size).u32(*meta_size),
                     Notification::Removed { id } => w.u8(2).id(id).u64(0).u32(0),
                 };
                 op::NOTIFICATION
@@ -285,8 +376,12 @@ impl Reply {
             op::OK => Reply::Ok,
             op::ERROR => {
                 let code = r.u16()?;
-                let kind = ErrorKind::from_code(code).ok_or_else(|| ShoalError::protocol(format!("unknown error kind {code}")))?;
-                Reply::Error { kind, message: r.str()? }
+                let kind = ErrorKind::from_code(code)
+                    .ok_or_else(|| ShoalError::protocol(format!("unknown error kind {code}")))?;
+                Reply::Error {
+                    kind,
+                    message: r.str()?,
+                }
             }
             op::WELCOME => Reply::Welcome {
                 version: r.u32()?,
@@ -297,14 +392,20 @@ impl Reply {
             },
             op::CREATED => {
                 let n = r.count(8)?;
-                Reply::Created { offsets: (0..n).map(|_| r.u64()).collect::<Result<_>>()? }
+                Reply::Created {
+                    offsets: (0..n).map(|_| r.u64()).collect::<Result<_>>()?,
+                }
             }
             op::OBJECTS => {
                 let n = r.count(1 + 8 + 8 + 4)?;
                 let mut objects = Vec::with_capacity(n);
                 for _ in 0..n {
                     let found = r.bool()?;
-                    let loc = ObjectLocation { offset: r.u64()?, data_size: r.u64()?, meta_size: r.u32()? };
+                    let loc = ObjectLocation {
+                        offset: r.u64()?,
+                        data_size: r.u64()?,
+                        meta_size: r.u32()?,
+                    };
                     objects.push(found.then_some(loc));
                 }
                 Reply::Objects { objects }
@@ -315,8 +416,17 @@ impl Reply {
                 let mut objects = Vec::with_capacity(n);
                 for _ in 0..n {
                     let id = r.id()?;
-                    let location = ObjectLocation { offset: r.u64()?, data_size: r.u64()?, meta_size: r.u32()? };
-                    objects.push(ObjectInfo { id, location, sealed: r.bool()?, refs: r.u32()? });
+                    let location = ObjectLocation {
+                        offset: r.u64()?,
+                        data_size: r.u64()?,
+                        meta_size: r.u32()?,
+                    };
+                    objects.push(ObjectInfo {
+                        id,
+                        location,
+                        sealed: r.bool()?,
+                        refs: r.u32()?,
+                    });
                 }
                 Reply::List { objects }
             }
@@ -346,9 +456,17 @@ impl Reply {
                 let id = r.id()?;
                 let (data_size, meta_size) = (r.u64()?, r.u32()?);
                 Reply::Notification(match kind {
-                    1 => Notification::Sealed { id, data_size, meta_size },
+                    1 => Notification::Sealed {
+                        id,
+                        data_size,
+                        meta_size,
+                    },
                     2 => Notification::Removed { id },
-                    other => return Err(ShoalError::protocol(format!("unknown notification kind {other}"))),
+                    other => {
+                        return Err(ShoalError::protocol(format!(
+                            "unknown notification kind {other}"
+                        )))
+                    }
                 })
             }
             op::STATUSES => {
@@ -359,13 +477,19 @@ impl Reply {
                     errors.push(if code == 0 {
                         None
                     } else {
-                        Some(ErrorKind::from_code(code).ok_or_else(|| ShoalError::protocol(format!("unknown error kind {code}")))?)
+                        Some(ErrorKind::from_code(code).ok_or_else(|| {
+                            ShoalError::protocol(format!("unknown error kind {code}"))
+                        })?)
                     });
                 }
                 Reply::Statuses { errors }
             }
             op::EVICTED => Reply::Evicted { bytes: r.u64()? },
-            other => return Err(ShoalError::protocol(format!("unknown reply opcode {other:#06x}"))),
+            other => {
+                return Err(ShoalError::protocol(format!(
+                    "unknown reply opcode {other:#06x}"
+                )))
+            }
         };
         r.finish()?;
         Ok(reply)
@@ -376,12 +500,17 @@ impl Reply {
 /// are needed, otherwise the request and how many bytes it used. Used by the
 /// daemon's connection reader and by the fuzz target.
 pub fn decode_request(bytes: &[u8]) -> Result<Option<(Request, usize)>> {
-    let Some(header) = FrameHeader::parse(bytes)? else { return Ok(None) };
+    let Some(header) = FrameHeader::parse(bytes)? else {
+        return Ok(None);
+    };
     let end = FRAME_HEADER_LEN + header.len as usize;
     if bytes.len() < end {
         return Ok(None);
     }
-    Ok(Some((Request::decode(header, &bytes[FRAME_HEADER_LEN..end])?, end)))
+    Ok(Some((
+        Request::decode(header, &bytes[FRAME_HEADER_LEN..end])?,
+        end,
+    )))
 }
 
 #[cfg(test)]

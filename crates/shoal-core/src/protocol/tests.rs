@@ -18,21 +18,37 @@ fn round_trip_reply(reply: Reply) {
     reply.encode(&mut buf);
     let header = FrameHeader::parse(&buf).unwrap().unwrap();
     assert_eq!(header.len as usize, buf.len() - FRAME_HEADER_LEN);
-    assert_eq!(Reply::decode(header, &buf[FRAME_HEADER_LEN..]).unwrap(), reply);
+    assert_eq!(
+        Reply::decode(header, &buf[FRAME_HEADER_LEN..]).unwrap(),
+        reply
+    );
 }
 
 #[test]
 fn every_request_round_trips() {
     let ids = vec![ObjectId::random(), ObjectId::random()];
     for request in [
-        Request::Hello { version: PROTOCOL_VERSION, pid: 77 },
+        Request::Hello {
+            version: PROTOCOL_VERSION,
+            pid: 77,
+        },
         Request::Create {
             timeout_ms: 5,
-            objects: vec![CreateSpec { id: ids[0], data_size: 1 << 40, meta_size: 9 }],
+            objects: vec![CreateSpec {
+                id: ids[0],
+                data_size: 1 << 40,
+                meta_size: 9,
+            }],
         },
-        Request::Seal { release: true, ids: ids.clone() },
+        Request::Seal {
+            release: true,
+            ids: ids.clone(),
+        },
         Request::Abort { id: ids[1] },
-        Request::Get { timeout_ms: WAIT_FOREVER, ids: ids.clone() },
+        Request::Get {
+            timeout_ms: WAIT_FOREVER,
+            ids: ids.clone(),
+        },
         Request::Release { ids: ids.clone() },
         Request::Delete { ids: vec![] },
         Request::Contains { id: ids[0] },
@@ -48,19 +64,54 @@ fn every_request_round_trips() {
 #[test]
 fn every_reply_round_trips() {
     let id = ObjectId::random();
-    let loc = ObjectLocation { offset: 64, data_size: 1000, meta_size: 3 };
+    let loc = ObjectLocation {
+        offset: 64,
+        data_size: 1000,
+        meta_size: 3,
+    };
     for reply in [
         Reply::Ok,
-        Reply::Error { kind: ErrorKind::StoreFull, message: "full ✓".into() },
-        Reply::Welcome { version: 1, client_id: 3, region_size: 1 << 30, capacity: 1 << 29, line_size: 64 },
-        Reply::Created { offsets: vec![0, 64, 128] },
-        Reply::Objects { objects: vec![Some(loc), None] },
+        Reply::Error {
+            kind: ErrorKind::StoreFull,
+            message: "full ✓".into(),
+        },
+        Reply::Welcome {
+            version: 1,
+            client_id: 3,
+            region_size: 1 << 30,
+            capacity: 1 << 29,
+            line_size: 64,
+        },
+        Reply::Created {
+            offsets: vec![0, 64, 128],
+        },
+        Reply::Objects {
+            objects: vec![Some(loc), None],
+        },
         Reply::Bool(true),
-        Reply::List { objects: vec![ObjectInfo { id, location: loc, sealed: true, refs: 2 }] },
-        Reply::Stats(StoreStats { capacity: 1, used: 2, policy: "lru", ..Default::default() }),
-        Reply::Notification(Notification::Sealed { id, data_size: 5, meta_size: 1 }),
+        Reply::List {
+            objects: vec![ObjectInfo {
+                id,
+                location: loc,
+                sealed: true,
+                refs: 2,
+            }],
+        },
+        Reply::Stats(StoreStats {
+            capacity: 1,
+            used: 2,
+            policy: "lru",
+            ..Default::default()
+        }),
+        Reply::Notification(Notification::Sealed {
+            id,
+            data_size: 5,
+            meta_size: 1,
+        }),
         Reply::Notification(Notification::Removed { id }),
-        Reply::Statuses { errors: vec![None, Some(ErrorKind::ObjectNotFound)] },
+        Reply::Statuses {
+            errors: vec![None, Some(ErrorKind::ObjectNotFound)],
+        },
         Reply::Evicted { bytes: 7 },
     ] {
         round_trip_reply(reply);
@@ -73,7 +124,10 @@ fn malformed_frames_are_typed_errors() {
     // Unknown opcode.
     assert_eq!(kind(&[0, 0, 0, 0, 0x7f, 0, 0, 0]), ErrorKind::Protocol);
     // Oversized frame is refused from the header alone.
-    assert_eq!(kind(&[0xff, 0xff, 0xff, 0xff, 1, 0, 0, 0]), ErrorKind::Protocol);
+    assert_eq!(
+        kind(&[0xff, 0xff, 0xff, 0xff, 1, 0, 0, 0]),
+        ErrorKind::Protocol
+    );
     // Unknown flags.
     assert_eq!(kind(&[0, 0, 0, 0, 9, 0, 1, 0]), ErrorKind::Protocol);
     // Get with a forged count far beyond the payload.
@@ -85,7 +139,10 @@ fn malformed_frames_are_typed_errors() {
     // Trailing garbage after a complete List.
     assert_eq!(kind(&[1, 0, 0, 0, 0x09, 0, 0, 0, 0]), ErrorKind::Protocol);
     // Bad boolean in Seal.
-    assert_eq!(kind(&[5, 0, 0, 0, 0x03, 0, 0, 0, 2, 0, 0, 0, 0]), ErrorKind::Protocol);
+    assert_eq!(
+        kind(&[5, 0, 0, 0, 0x03, 0, 0, 0, 2, 0, 0, 0, 0]),
+        ErrorKind::Protocol
+    );
 }
 
 proptest! {

@@ -1,0 +1,303 @@
+//! Integration tests: a real daemon on a Unix socket, real clients.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use shoal_client::{Client, Subscription};
+use shoal_core::error::{ErrorKind, Result};
+use shoal_core::protocol::{Notification, Request, PROTOCOL_VERSION};
+use shoal_core::ObjectId;
+use shoal_daemon::{DaemonConfig, Shutdown};
+
+struct Daemon {
+    socket: PathBuf,
+    shutdown: Shutdown,
+    thread: Option<JoinHandle<Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start(capacity: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("shoal.sock");
+        let mut config = DaemonConfig::new(&socket, capacity);
+        config.prefault = false;
+        let shutdown = Shutdown::new();
+        let thread = {
+            let shutdown = shutdown.clone();
+            std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "daemon did not start");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Self {
+            socket,
+            shutdown,
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket).unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap().unwrap();
+        }
+        assert!(!self.socket.exists(), "socket removed on shutdown");
+    }
+}
+
+#[test]
+fn put_get_across_clients_is_zero_copy_and_exact() {
+    let daemon = Daemon::start(1 << 20);
+    let mut writer = daemon.client();
+    let mut reader = daemon.client();
+    let id = ObjectId::random();
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
+    writer.put(id, &data, b"meta").unwrap();
+    let location = reader.get(&[id], 0).unwrap()[0].unwrap();
+    assert_eq!(location.offset % 64, 0);
+    // SAFETY: we hold a reference until the release below.
+    assert_eq!(unsafe { reader.data(location) }, &data[..]);
+    assert!(reader.contains(id).unwrap());
+    assert_eq!(reader.stats().unwrap().referenced, 1);
+    reader.release(&[id]).unwrap();
+    assert_eq!(reader.stats().unwrap().referenced, 0);
+    assert!(writer.delete(&[id]).unwrap()[0].is_ok());
+    assert!(!reader.contains(id).unwrap());
+}
+
+#[test]
+fn get_blocks_until_sealed_or_times_out() {
+    let daemon = Daemon::start(1 << 20);
+    let id = ObjectId::random();
+    let mut reader = daemon.client();
+    let started = Instant::now();
+    assert_eq!(reader.get(&[id], 50).unwrap(), vec![None]);
+    assert!(started.elapsed() >= Duration::from_millis(50));
+
+    let socket = daemon.socket.clone();
+    let writer = std::thread::spawn(move || {
+        let mut writer = Client::connect(&socket).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        writer.put(id, b"late", b"").unwrap();
+        writer
+    });
+    let found = reader.get(&[id], 10_000).unwrap();
+    assert_eq!(found[0].unwrap().data_size, 4);
+    drop(writer.join().unwrap());
+}
+
+#[test]
+fn errors_are_typed_and_change_nothing() {
+    let daemon = Daemon::start(64 * 1024);
+    let mut a = daemon.client();
+    let mut b = daemon.client();
+    let id = ObjectId::random();
+    a.create(id, 100, 0, 0).unwrap();
+    assert_eq!(
+        b.create(id, 100, 0, 0).unwrap_err().kind(),
+        ErrorKind::ObjectExists
+    );
+    assert_eq!(
+        b.seal(&[id], false).unwrap_err().kind(),
+        ErrorKind::NotOwner
+    );
+    assert_eq!(
+        b.create(ObjectId::random(), 1 << 20, 0, 0)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::ObjectTooLarge
+    );
+    a.seal(&[id], false).unwrap();
+    assert_eq!(
+        a.seal(&[id], false).unwrap_err().kind(),
+        ErrorKind::ObjectAlreadySealed
+    );
+    assert_eq!(
+        b.delete(&[ObjectId::random()]).unwrap()[0]
+            .as_ref()
+            .unwrap_err()
+            .kind(),
+        ErrorKind::ObjectNotFound
+    );
+    // Full with everything referenced: StoreFull after the timeout, no hang.
+    let big = ObjectId::random();
+    b.create(big, 60 * 1024, 0, 0).unwrap();
+    let started = Instant::now();
+    assert_eq!(
+        b.create(ObjectId::random(), 8 * 1024, 0, 200)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::StoreFull
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(200)
+            && started.elapsed() < Duration::from_secs(5)
+    );
+    let stats = a.stats().unwrap();
+    assert_eq!(stats.objects, 2);
+}
+
+#[test]
+fn create_waits_for_space_released_by_another_client() {
+    let daemon = Daemon::start(64 * 1024);
+    let mut holder = daemon.client();
+    let pinned = ObjectId::random();
+    holder.create(pinned, 60 * 1024, 0, 0).unwrap();
+    holder.seal(&[pinned], false).unwrap();
+    let socket = daemon.socket.clone();
+    let waiter = std::thread::spawn(move || {
+        Client::connect(&socket)
+            .unwrap()
+            .create(ObjectId::random(), 32 * 1024, 0, 5_000)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    holder.release(&[pinned]).unwrap(); // now evictable: the waiting create evicts it
+    assert!(waiter.join().unwrap().is_ok());
+    assert!(!holder.contains(pinned).unwrap());
+}
+
+#[test]
+fn garbage_on_the_socket_drops_only_that_client() {
+    let daemon = Daemon::start(1 << 20);
+    let mut good = daemon.client();
+    let id = ObjectId::random();
+    good.put(id, b"precious", b"").unwrap();
+
+    // Random bytes before any Hello.
+    let mut raw = UnixStream::connect(&daemon.socket).unwrap();
+    raw.write_all(&[0x13; 64]).unwrap();
+    let mut sink = Vec::new();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(raw.read_to_end(&mut sink).unwrap(), 0, "daemon hung up");
+
+    // A valid Hello, then a truncated Create and a hang-up.
+    let mut raw = UnixStream::connect(&daemon.socket).unwrap();
+    let mut frame = Vec::new();
+    Request::Hello {
+        version: PROTOCOL_VERSION,
+        pid: 0,
+    }
+    .encode(&mut frame);
+    Request::Create {
+        timeout_ms: 0,
+        objects: vec![],
+    }
+    .encode(&mut frame);
+    frame.truncate(frame.len() - 2);
+    raw.write_all(&frame).unwrap();
+    drop(raw);
+
+    // A frame claiming 4 GiB.
+    let mut raw = UnixStream::connect(&daemon.socket).unwrap();
+    raw.write_all(&[0xff, 0xff, 0xff, 0xff, 0x01, 0, 0, 0])
+        .unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = raw.read_to_end(&mut sink);
+
+    let mut other = daemon.client();
+    let location = other.get(&[id], 0).unwrap()[0].unwrap();
+    // SAFETY: referenced until the client drops.
+    assert_eq!(unsafe { other.data(location) }, b"precious");
+    assert_eq!(good.stats().unwrap().objects, 1);
+}
+
+#[test]
+fn a_vanished_client_has_references_released_and_creations_aborted() {
+    let daemon = Daemon::start(1 << 20);
+    let mut survivor = daemon.client();
+    let kept = ObjectId::random();
+    survivor.put(kept, b"kept", b"").unwrap();
+    {
+        let mut doomed = daemon.client();
+        doomed.get(&[kept], 0).unwrap();
+        doomed.create(ObjectId::random(), 1000, 0, 0).unwrap();
+    } // dropped: the socket closes as if the process died
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = survivor.stats().unwrap();
+        if stats.objects == 1 && stats.referenced == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "references not reclaimed: {stats:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(survivor.contains(kept).unwrap());
+}
+
+#[test]
+fn subscribers_hear_seals_and_removals() {
+    let daemon = Daemon::start(1 << 20);
+    let mut subscription = Subscription::connect(&daemon.socket).unwrap();
+    let mut client = daemon.client();
+    let id = ObjectId::random();
+    client.put(id, b"abc", b"m").unwrap();
+    client.delete(&[id]).unwrap();
+    let timeout = Some(Duration::from_secs(5));
+    assert_eq!(
+        subscription.next(timeout).unwrap(),
+        Some(Notification::Sealed {
+            id,
+            data_size: 3,
+            meta_size: 1
+        })
+    );
+    assert_eq!(
+        subscription.next(timeout).unwrap(),
+        Some(Notification::Removed { id })
+    );
+    assert_eq!(
+        subscription.next(Some(Duration::from_millis(20))).unwrap(),
+        None
+    );
+}
+
+#[test]
+fn a_second_daemon_on_the_same_socket_refuses_to_start() {
+    let daemon = Daemon::start(1 << 20);
+    let config = DaemonConfig::new(&daemon.socket, 1 << 20);
+    let err = shoal_daemon::serve_blocking(config, Shutdown::new()).unwrap_err();
+    assert!(err.message().contains("another shoal daemon"), "{err}");
+    assert!(
+        Client::connect(&daemon.socket).is_ok(),
+        "the first daemon still serves"
+    );
+}
+
+#[test]
+fn many_small_objects_batch() {
+    let daemon = Daemon::start(16 << 20);
+    let mut client = daemon.client();
+    let ids: Vec<_> = (0..5000).map(|_| ObjectId::random()).collect();
+    let payload = [7u8; 100];
+    let objects: Vec<_> = ids.iter().map(|id| (*id, &payload[..], &[][..])).collect();
+    client.put_batch(&objects, 0).unwrap();
+    let found = client.get(&ids, 0).unwrap();
+    assert!(found.iter().all(Option::is_some));
+    let mut offsets: Vec<_> = found.iter().map(|l| l.unwrap().offset).collect();
+    offsets.sort();
+    offsets.dedup();
+    assert_eq!(
+        offsets.len(),
+        ids.len(),
+        "distinct objects never share memory"
+    );
+    client.release(&ids).unwrap();
+    assert!(client.delete(&ids).unwrap().iter().all(Result::is_ok));
+    assert_eq!(client.stats().unwrap().used, 0);
+}

@@ -1,0 +1,3 @@
+from shoal._cli import main
+
+main()

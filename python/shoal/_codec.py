@@ -1,0 +1,102 @@
+"""How Python values are stored: a metadata tag says how to read the bytes back.
+
+Arrow data uses the Arrow IPC stream format, which any Arrow reader maps
+without a copy; numpy arrays store their raw bytes with dtype and shape in the
+metadata. Reading back wraps store memory, never copies it.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+TAG_BYTES = b"shoal/bytes"
+TAG_ARROW = b"shoal/arrow;"  # + table | batch | array | chunked
+TAG_NDARRAY = b"shoal/ndarray;"  # + json {"dtype", "shape"}
+TAG_PICKLE = b"shoal/pickle"
+
+
+def ndarray_metadata(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    dtype = np.dtype(dtype)
+    if dtype.hasobject:
+        raise TypeError("object arrays cannot live in shared memory; use put() to pickle them")
+    return TAG_NDARRAY + json.dumps({"dtype": dtype.str, "shape": list(shape)}).encode()
+
+
+def _as_table(value: Any) -> tuple[pa.Table | pa.RecordBatch, bytes]:
+    if isinstance(value, pa.Table):
+        return value, b"table"
+    if isinstance(value, pa.RecordBatch):
+        return value, b"batch"
+    if isinstance(value, pa.ChunkedArray):
+        return pa.table({"values": value}), b"chunked"
+    if isinstance(value, pa.Array):
+        return pa.RecordBatch.from_arrays([value], ["values"]), b"array"
+    raise TypeError(type(value))
+
+
+def arrow_size(value: pa.Table | pa.RecordBatch) -> int:
+    sink = pa.MockOutputStream()
+    with pa.ipc.new_stream(sink, value.schema) as writer:
+        writer.write(value)
+    return sink.size()
+
+
+def write_arrow(value: pa.Table | pa.RecordBatch, buffer: Any) -> None:
+    """Serialises straight into a writable store buffer (one pass, no temporary)."""
+    sink = pa.FixedSizeBufferWriter(pa.py_buffer(buffer))
+    with pa.ipc.new_stream(sink, value.schema) as writer:
+        writer.write(value)
+
+
+def encode(value: Any) -> tuple[int, bytes, Any]:
+    """Returns (data size, metadata, writer(buffer)) for a value."""
+    if isinstance(value, pa.Table | pa.RecordBatch | pa.Array | pa.ChunkedArray):
+        table, kind = _as_table(value)
+        return arrow_size(table), TAG_ARROW + kind, lambda buf: write_arrow(table, buf)
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        array = np.ascontiguousarray(value)
+        flat = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
+
+        def write(buf: Any) -> None:
+            np.frombuffer(buf, dtype=np.uint8)[:] = flat
+
+        return array.nbytes, ndarray_metadata(array.shape, array.dtype), write
+    if isinstance(value, bytes | bytearray | memoryview | pa.Buffer):
+        view = memoryview(value).cast("B")
+
+        def write(buf: Any) -> None:
+            memoryview(buf)[:] = view
+
+        return view.nbytes, TAG_BYTES, write
+    data = pickle.dumps(value, protocol=5)
+
+    def write(buf: Any) -> None:
+        memoryview(buf)[:] = data
+
+    return len(data), TAG_PICKLE, write
+
+
+def decode(buffer: Any, metadata: bytes) -> Any:
+    """Wraps an object's store buffer as the value it was put as, without a copy."""
+    if metadata.startswith(TAG_ARROW):
+        kind = metadata[len(TAG_ARROW) :]
+        reader = pa.ipc.open_stream(pa.py_buffer(buffer))
+        if kind == b"batch":
+            return reader.read_next_batch()
+        table = reader.read_all()
+        if kind == b"array":
+            return table.column(0).chunk(0)
+        if kind == b"chunked":
+            return table.column(0)
+        return table
+    if metadata.startswith(TAG_NDARRAY):
+        header = json.loads(metadata[len(TAG_NDARRAY) :])
+        return np.frombuffer(buffer, dtype=np.dtype(header["dtype"])).reshape(header["shape"])
+    if metadata == TAG_PICKLE:
+        return pickle.loads(memoryview(buffer))
+    return pa.py_buffer(buffer)

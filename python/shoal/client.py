@@ -1,0 +1,214 @@
+"""The shoal client: Plasma's operations, Arrow-native values, no copies."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shoal import _codec, _internal
+from shoal._ids import IdLike, ObjectID, as_bytes
+from shoal.errors import InvalidArgument, ObjectNotFound
+
+Buffer = _internal.Buffer
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One row of `Client.list()`."""
+
+    id: ObjectID
+    data_size: int
+    metadata_size: int
+    sealed: bool
+    ref_count: int
+
+
+def _ids(ids: IdLike | Iterable[IdLike]) -> list[bytes]:
+    if isinstance(ids, ObjectID | bytes):
+        return [as_bytes(ids)]
+    return [as_bytes(i) for i in ids]
+
+
+class Client:
+    """A connection to one shoal daemon. Thread-safe.
+
+    Buffers returned by `get_buffers` and `create` are views of store memory;
+    the object stays referenced (never evicted or freed) until every view of
+    it is garbage.
+    """
+
+    def __init__(self, socket: str) -> None:
+        self._raw = _internal.Client(socket)
+
+    # -- low level: Plasma's life cycle ---------------------------------------------------------
+
+    def create(self, oid: IdLike, size: int, metadata: bytes | None = None, timeout_ms: int = 0) -> Buffer:
+        """Creates an object of `size` bytes; returns its writable buffer. Seal when written.
+
+        On a full store, waits up to `timeout_ms` for memory to be released.
+        """
+        return self._raw.create(as_bytes(oid), size, metadata, timeout_ms)
+
+    def seal(self, oids: IdLike | Iterable[IdLike], release: bool = False) -> None:
+        """Seals objects created by this client; they are immutable and visible from now on."""
+        self._raw.seal(_ids(oids), release)
+
+    def abort(self, oid: IdLike) -> None:
+        """Drops an object this client created and has not sealed."""
+        self._raw.abort(as_bytes(oid))
+
+    def get_buffers(self, oids: Sequence[IdLike], timeout_ms: int = -1) -> list[Buffer | None]:
+        """Gets objects in one request, waiting up to `timeout_ms` (-1: forever) for unsealed
+        ones; `None` where an object is still missing. Buffers are read-only store memory;
+        `buffer.metadata()` is the object's metadata."""
+        return self._raw.get(_ids(oids), timeout_ms)
+
+    def get_buffer(self, oid: IdLike, timeout_ms: int = -1) -> Buffer:
+        """One object's buffer; raises ObjectNotFound if it is not sealed within the timeout."""
+        buffer = self._raw.get([as_bytes(oid)], timeout_ms)[0]
+        if buffer is None:
+            raise ObjectNotFound(f"object {as_bytes(oid).hex()} not found within {timeout_ms} ms")
+        return buffer
+
+    def delete(self, oids: IdLike | Iterable[IdLike]) -> None:
+        """Deletes sealed objects (a referenced one is freed when released).
+
+        Raises the first error (e.g. ObjectNotFound) after deleting every other id."""
+        ids = _ids(oids)
+        for oid, kind in zip(ids, self._raw.delete(ids), strict=True):
+            if kind is not None:
+                from shoal import errors
+
+                raise getattr(errors, kind)(f"cannot delete object {oid.hex()}: {kind}")
+
+    def contains(self, oid: IdLike) -> bool:
+        return self._raw.contains(as_bytes(oid))
+
+    def list(self) -> list[ObjectInfo]:
+        return [ObjectInfo(ObjectID(i), d, m, s, r) for (i, d, m, s, r) in self._raw.list()]
+
+    def stats(self) -> dict[str, Any]:
+        """capacity, used, objects, sealed, referenced, evictable, clients, evictions, ..."""
+        return self._raw.stats()
+
+    def evict(self, nbytes: int) -> int:
+        """Evicts unreferenced objects (LRU first) until `nbytes` are freed; returns bytes freed."""
+        return self._raw.evict(nbytes)
+
+    # -- batches --------------------------------------------------------------------------------
+
+    def put_batch(
+        self,
+        oids: Sequence[IdLike],
+        buffers: Sequence[Any],
+        metadata: Sequence[bytes] | None = None,
+        timeout_ms: int = 0,
+    ) -> None:
+        """Stores many byte buffers in two round trips (create all, copy, seal all)."""
+        views = [b if isinstance(b, bytes) else memoryview(b).cast("B") for b in buffers]
+        self._raw.put_batch(_ids(oids), views, None if metadata is None else list(metadata), timeout_ms)
+
+    # -- values ---------------------------------------------------------------------------------
+
+    def put(self, value: Any, oid: IdLike | None = None, *, timeout_ms: int = 0) -> ObjectID:
+        """Stores a value: a pyarrow Table / RecordBatch / Array / ChunkedArray (Arrow IPC),
+        a numpy array, bytes-like data, or any picklable object. Returns its id."""
+        oid = ObjectID.from_random() if oid is None else ObjectID(as_bytes(oid))
+        size, metadata, write = _codec.encode(value)
+        buffer = self._raw.create(oid.binary(), size, metadata, timeout_ms)
+        try:
+            write(buffer)
+        except BaseException:
+            self._raw.abort(oid.binary())
+            raise
+        self._raw.seal([oid.binary()], True)
+        return oid
+
+    def get(self, oid: IdLike | Sequence[IdLike], timeout_ms: int = -1) -> Any:
+        """Reads back values stored with `put`, as views of store memory (no copy).
+
+        A single id returns one value and raises ObjectNotFound on timeout; a list returns
+        a list with None for objects still missing."""
+        if isinstance(oid, ObjectID | bytes):
+            buffer = self.get_buffer(oid, timeout_ms)
+            return _codec.decode(buffer, bytes(buffer.metadata()))
+        buffers = self.get_buffers(oid, timeout_ms)
+        return [None if b is None else _codec.decode(b, bytes(b.metadata())) for b in buffers]
+
+    def create_array(
+        self, oid: IdLike, shape: int | Sequence[int], dtype: Any = np.float64, timeout_ms: int = 0
+    ) -> np.ndarray:
+        """Allocates a numpy array directly in store memory (zero-copy creation).
+
+        Fill it in place, then `seal(oid)`; `get(oid)` returns an array over the same memory."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if count < 0:
+            raise InvalidArgument(f"negative shape {shape}")
+        metadata = _codec.ndarray_metadata(shape, dtype)
+        buffer = self._raw.create(as_bytes(oid), count * dtype.itemsize, metadata, timeout_ms)
+        return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+    # -- misc -----------------------------------------------------------------------------------
+
+    def subscribe(self) -> Subscription:
+        """A stream of seal and removal notifications (a second connection)."""
+        return Subscription(self._raw.socket)
+
+    @property
+    def socket(self) -> str:
+        return self._raw.socket
+
+    @property
+    def capacity(self) -> int:
+        return self.stats()["capacity"]
+
+    @property
+    def region_address(self) -> int:
+        """Where the store's region is mapped in this process."""
+        return self._raw.region_address
+
+    @property
+    def region_size(self) -> int:
+        return self._raw.region_size
+
+    def close(self) -> None:
+        """Disconnects: the daemon releases this client's references. Do not use buffers
+        from this client afterwards."""
+        self._raw.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"shoal.Client(socket={self.socket!r})"
+
+
+class Subscription:
+    """Seal and removal notifications: iterate, or call `next(timeout)`."""
+
+    def __init__(self, socket: str) -> None:
+        self._raw = _internal.Subscription(socket)
+
+    def next(self, timeout: float | None = None) -> tuple[ObjectID, str, int, int] | None:
+        """(id, "sealed" | "removed", data_size, metadata_size), or None after `timeout` s."""
+        event = self._raw.next(timeout)
+        if event is None:
+            return None
+        oid, kind, data_size, metadata_size = event
+        return ObjectID(oid), kind, data_size, metadata_size
+
+    def __iter__(self) -> Subscription:
+        return self
+
+    def __next__(self) -> tuple[ObjectID, str, int, int]:
+        event = self.next(None)
+        assert event is not None
+        return event

@@ -1,0 +1,69 @@
+"""Exceptions raised by shoal. Each maps one store error kind."""
+
+
+class ShoalError(Exception):
+    """Base class of every shoal error."""
+
+
+class ObjectNotFound(ShoalError, KeyError):
+    """No object with this id (or not sealed in time)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "object not found"
+
+
+class ObjectExists(ShoalError):
+    """An object with this id already exists."""
+
+
+class ObjectNotSealed(ShoalError):
+    """The operation needs a sealed object."""
+
+
+class ObjectAlreadySealed(ShoalError):
+    """The object is sealed already (seal twice, abort after seal)."""
+
+
+class NotOwner(ShoalError):
+    """Only the client that created an object may seal or abort it."""
+
+
+class StoreFull(ShoalError, MemoryError):
+    """Not enough memory even after evicting everything evictable."""
+
+
+class ObjectTooLarge(StoreFull):
+    """The object is larger than the store's capacity."""
+
+
+class ProtocolError(ShoalError):
+    """A malformed frame on the socket."""
+
+
+class InvalidArgument(ShoalError, ValueError):
+    """A request that makes no sense."""
+
+
+class IoError(ShoalError, OSError):
+    """An operating-system error."""
+
+
+class Disconnected(ShoalError, ConnectionError):
+    """The daemon went away or is not running."""
+
+
+class Timeout(ShoalError, TimeoutError):
+    """A wait ran out of time."""
+
+
+class ObjectInUse(ShoalError):
+    """The object is referenced."""
+
+
+class VersionMismatch(ShoalError):
+    """Client and daemon speak different protocol versions."""
+
+
+__all__ = [
+    name for name, value in globals().items() if isinstance(value, type) and issubclass(value, Exception)
+]

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Sets up everything shoal needs on a fresh machine of this project's kind
+# (Rust toolchain and CPython 3.11 present): a virtualenv in .venv with the
+# build and test tools, and the shoal package built (release) into it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+command -v cargo >/dev/null || { echo "setup: shoal needs a Rust toolchain (cargo) on PATH" >&2; exit 1; }
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+pip install -q --disable-pip-version-check "maturin>=1.5,<2" "numpy>=1.24" "pyarrow>=14" "pytest>=7" "ruff>=0.6"
+maturin develop --release -q 2>&1 | grep -vE "^(📦|✏️|🛠|🔗|🐍|⚠️)" || true
+python -c "import shoal; print('setup: shoal', shoal.__version__, 'ready in .venv')"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Quick start, part two: set up, then run every check and test CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+. .venv/bin/activate
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "format and lints"
+cargo fmt --all --check
+(cd fuzz && cargo fmt --check)
+cargo clippy --workspace --all-targets --release -q -- -D warnings
+ruff check python tests bench examples
+ruff format --check python tests bench examples
+
+step "Rust unit and integration tests"
+cargo test --release -q
+
+step "frame decoder fuzz smoke (stable; the libFuzzer target is fuzz/)"
+(cd fuzz && cargo test --release -q)
+
+step "Python tests"
+python -m pytest -q tests/python
