@@ -25,7 +25,7 @@ pub struct Region {
 
 impl Region {
     /// Creates a fresh region file of `len` bytes at `path` (mode 0600, so it
-    /// is not world-accessible) and maps it. Fails if the path exists: two
+    /// is not world-accessible), maps it and unlinks the name. Fails if the path exists: two
     /// daemons must never share a region by accident.
     pub fn create(path: &Path, len: u64) -> Result<Self> {
         if len == 0 {
@@ -42,11 +42,11 @@ impl Region {
             file.set_len(len).map_err(|e| {
                 ShoalError::io(&format!("size region {} to {len} bytes", path.display()), e)
             })?;
-            Self::map(path, file, len, true)
+            Self::map(path, file, len, false)
         })();
-        if region.is_err() {
-            let _ = std::fs::remove_file(path);
-        }
+        // Clients receive the fd, never the path: unlinking at once means a
+        // daemon that crashes leaves no shared memory behind.
+        let _ = std::fs::remove_file(path);
         region
     }
 
@@ -147,14 +147,12 @@ pub unsafe fn populate(ptr: *mut u8, len: usize, write: bool) {
     // SAFETY: page-aligned range inside the caller's mapping; madvise only faults pages in.
     let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
     if rc != 0 {
+        // Old kernel: take the faults by reading. Never write back: other
+        // processes may be writing these pages right now.
         let mut at = start;
         while at < end {
             // SAFETY: `at` is inside the mapping; a volatile read faults the page in.
-            let value = unsafe { std::ptr::read_volatile(at as *const u8) };
-            if write {
-                // SAFETY: writable mapping; writing back the same value changes nothing.
-                unsafe { std::ptr::write_volatile(at as *mut u8, value) };
-            }
+            let _ = unsafe { std::ptr::read_volatile(at as *const u8) };
             at += page;
         }
     }
@@ -234,10 +232,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("region");
         let region = Region::create(&path, 1 << 20).unwrap();
-        assert!(
-            Region::create(&path, 1 << 20).is_err(),
-            "a second daemon must not reuse a live region"
-        );
         assert_eq!(region.prefault(1 << 16, || true), 1 << 20);
         let client = Mapping::map(region.fd(), region.len()).unwrap();
         // SAFETY: both mappings are 1 MiB long.
@@ -248,8 +242,11 @@ mod tests {
         assert!(client.contains(0, 1 << 20));
         assert!(!client.contains(1, 1 << 20));
         assert!(!client.contains(u64::MAX, 2));
+        assert!(
+            !path.exists(),
+            "the name is gone as soon as the region is mapped"
+        );
         drop(region);
-        assert!(!path.exists());
     }
 
     #[test]

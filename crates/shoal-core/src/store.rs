@@ -6,7 +6,10 @@
 //! Waiting (a get for an object not sealed yet, a create on a full store) is
 //! the daemon's business: it retries these calls when something changes.
 
-use std::collections::HashMap;
+use foldhash::HashMapExt;
+
+/// Per-client maps are on the get path: foldhash, not SipHash.
+type HashMap<K, V> = foldhash::HashMap<K, V>;
 
 use crate::allocator::{Allocator, Block};
 use crate::error::{ErrorKind, Result, ShoalError};
@@ -211,9 +214,10 @@ impl Store {
         Ok(made)
     }
 
-    /// Finds a block of `len` bytes within capacity, evicting if needed. Only
-    /// evicts when evicting everything evictable would make room, so a create
-    /// that must fail leaves the store untouched.
+    /// Finds a block of `len` bytes within capacity, evicting if needed. Does
+    /// not evict when even evicting everything evictable could not free
+    /// enough bytes. (Fragmentation can still make a create fail after it
+    /// evicted: only unreferenced sealed objects, as LRU eviction would.)
     fn allocate(&mut self, len: u64) -> Option<Block> {
         let fits = |s: &Self| s.allocator.used() + len <= s.capacity;
         if fits(self) {
@@ -277,7 +281,8 @@ impl Store {
         debug_assert_eq!(entry.refs, 0, "removing referenced object {}", entry.id);
         let block = self.block_of(&entry);
         self.allocator.free(block);
-        if entry.state == ObjectState::Sealed {
+        // A pending delete was announced when it was requested.
+        if entry.state == ObjectState::Sealed && !entry.delete_pending {
             self.events.push(StoreEvent::Removed { id: entry.id });
         }
     }
@@ -749,6 +754,12 @@ mod tests {
         assert!(s.stats().used > 0, "memory stays while referenced");
         s.release(2, &id(1)).unwrap();
         assert_eq!(s.stats().used, 0);
+        let removals = s
+            .take_events()
+            .iter()
+            .filter(|e| matches!(e, StoreEvent::Removed { .. }))
+            .count();
+        assert_eq!(removals, 1, "one removal notification per object");
         s.check_invariants();
     }
 

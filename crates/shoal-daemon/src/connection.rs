@@ -60,7 +60,16 @@ impl Connection {
         loop {
             let mut consumed = 0;
             let mut next = Next::Continue;
-            while let Some((request, used)) = decode_request(&input[consumed..])? {
+            loop {
+                let (request, used) = match decode_request(&input[consumed..]) {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(err) => {
+                        // Answer what came before the bad frame, then hang up.
+                        let _ = self.stream.write_all(&output).await;
+                        return Err(err);
+                    }
+                };
                 consumed += used;
                 next = self.handle(request, &mut output).await?;
                 if matches!(next, Next::Subscribe) {

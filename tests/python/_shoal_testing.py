@@ -1,0 +1,299 @@
+"""Helpers shared by the shoal test-suite: daemons, child processes, polling.
+
+Imported by conftest.py and by the test modules (pytest puts this directory on
+sys.path because it has no __init__.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import shoal
+
+MiB = 1 << 20
+
+# Every child process gets this preamble, so snippets stay short.
+PREAMBLE = """\
+import gc, hashlib, json, os, sys, time
+import numpy as np
+import pyarrow as pa
+import shoal
+
+def emit(value):
+    print(json.dumps(value), flush=True)
+
+def status():
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                fields[key] = int(rest.split()[0]) * 1024
+    return fields
+"""
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.01, message: str = ""
+) -> Any:
+    """Polls `predicate` until it returns something truthy; fails after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {message or predicate}")
+        time.sleep(interval)
+
+
+def short_dir(base: Path) -> Path:
+    """A directory for a socket: `base` if the socket path fits in sun_path (108 bytes)."""
+    if len(str(base / "shoal.sock.lock")) < 100:
+        return base
+    return Path(tempfile.mkdtemp(prefix="shoal-", dir="/tmp"))
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def region_files_in_log(log: str) -> list[str]:
+    return re.findall(r"region=(/dev/shm/shoal-[0-9]+-[0-9a-f]+)", ANSI.sub("", log))
+
+
+def snippet(code: str) -> str:
+    return PREAMBLE + textwrap.dedent(code)
+
+
+# -- daemons ----------------------------------------------------------------------------------
+
+
+class Daemon:
+    """A `python -m shoal serve` subprocess owned by one test."""
+
+    def __init__(self, directory: Path, capacity: str = "64MiB", args: Sequence[str] = ()) -> None:
+        self.directory = directory
+        self.socket = str(directory / "shoal.sock")
+        self.log_path = directory / "shoal-daemon.log"
+        self.killed = False
+        self.returncode: int | None = None
+        self._clients: list[shoal.Client] = []
+        command = [
+            sys.executable,
+            "-m",
+            "shoal",
+            "serve",
+            "--socket",
+            self.socket,
+            "--capacity",
+            capacity,
+            "--no-prefault",
+            *args,
+        ]
+        env = dict(os.environ, NO_COLOR="1")
+        env.pop("SHOAL_SOCKET", None)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
+            )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"daemon exited with {self.process.returncode} before serving:\n{self.log()}"
+                )
+            try:
+                shoal.Client(self.socket).close()
+                return
+            except shoal.Disconnected:
+                pass
+            if time.monotonic() >= deadline:
+                self.process.kill()
+                self.process.wait(5)
+                raise AssertionError(f"daemon did not start within {timeout} s:\n{self.log()}")
+            time.sleep(0.01)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def client(self) -> shoal.Client:
+        client = shoal.Client(self.socket)
+        self._clients.append(client)
+        return client
+
+    def region_files(self) -> list[str]:
+        return glob.glob(f"/dev/shm/shoal-{self.pid}-*")
+
+    def kill(self) -> None:
+        """SIGKILL: the test takes responsibility; teardown does not expect exit code 0."""
+        self.killed = True
+        self.process.kill()
+        self.returncode = self.process.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM and wait; returns the exit code (kills and fails if it hangs)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"daemon ignored SIGTERM for {timeout} s:\n{self.log()}") from None
+        self.returncode = self.process.returncode
+        return self.returncode
+
+    def teardown(self) -> None:
+        try:
+            if self.killed:
+                return
+            code = self.stop()
+            assert code == 0, f"daemon exited with code {code}:\n{self.log()}"
+            assert not os.path.exists(self.socket), "daemon left its socket file behind"
+            assert not self.region_files(), f"daemon left its region behind: {self.region_files()}"
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait(10)
+            for path in self.region_files():  # only after a kill
+                os.unlink(path)
+            for client in self._clients:
+                client.close()
+
+
+# -- child Python processes --------------------------------------------------------------------
+
+
+def run_python(code: str, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> Any:
+    """Runs a snippet in a fresh interpreter and returns the JSON of its last stdout line.
+
+    The snippet sees `sys.argv[1:] == args` and the helpers of PREAMBLE (`emit`, `status`)."""
+    result = subprocess.run(
+        [sys.executable, "-c", snippet(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    if result.returncode != 0:
+        raise AssertionError(
+            f"child exited with {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        )
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert lines, f"child printed nothing; stderr:\n{result.stderr}"
+    return json.loads(lines[-1])
+
+
+class Child:
+    """A background Python process we talk to line by line (stdin/stdout)."""
+
+    def __init__(self, code: str, *args: str, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", snippet(code), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stderr: list[str] = []
+        threading.Thread(target=self._pump, args=(self.process.stdout, self._lines.put), daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.process.stderr, self._stderr.append), daemon=True).start()
+
+    @staticmethod
+    def _pump(stream: Any, sink: Callable[[Any], None]) -> None:
+        for line in stream:
+            sink(line)
+        sink(None)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stderr(self) -> str:
+        return "".join(s for s in self._stderr if s)
+
+    def line(self, timeout: float = 30.0) -> str:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"child printed nothing for {timeout} s; stderr:\n{self.stderr()}") from None
+        if line is None:
+            self.process.wait(5)
+            raise AssertionError(
+                f"child exited ({self.process.returncode}) instead of printing; stderr:\n{self.stderr()}"
+            )
+        return line.rstrip("\n")
+
+    def json(self, timeout: float = 30.0) -> Any:
+        return json.loads(self.line(timeout))
+
+    def send(self, text: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(text + "\n")
+        self.process.stdin.flush()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+    def finish(self, timeout: float = 30.0) -> int:
+        """Waits for a normal exit and returns the exit code (kills on timeout)."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"child did not exit within {timeout} s; stderr:\n{self.stderr()}") from None
+        assert code == 0, f"child exited with {code}; stderr:\n{self.stderr()}"
+        return code
+
+    def close(self) -> None:
+        self.kill()
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+
+# -- store inspection --------------------------------------------------------------------------
+
+
+def snapshot(client: shoal.Client) -> tuple[list[tuple], int, int]:
+    """What a failed request must not change: objects, used bytes, object count."""
+    objects = sorted(
+        (o.id.binary(), o.data_size, o.metadata_size, o.sealed, o.ref_count) for o in client.list()
+    )
+    stats = client.stats()
+    return objects, stats["used"], stats["objects"]
+
+
+def in_region(client: shoal.Client, address: int, size: int = 1) -> bool:
+    start = client.region_address
+    return start <= address and address + size <= start + client.region_size

@@ -1,0 +1,67 @@
+"""Fixtures: a shoal daemon per test and background Python processes.
+
+`store` starts `python -m shoal serve` (64 MiB, --no-prefault) on a socket in
+the test's tmp_path; `store.client()` connects; at teardown the daemon gets
+SIGTERM and must exit with code 0, leaving neither socket nor region behind
+(unless the test killed it with `store.kill()`).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _shoal_testing import Child, Daemon, run_python, short_dir
+
+
+@pytest.fixture
+def make_store(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Factory for daemons with options: make_store(capacity="8MiB", args=["--line-size", "128"])."""
+    daemons: list[Daemon] = []
+
+    def make(capacity: str = "64MiB", args: tuple[str, ...] | list[str] = (), name: str = "") -> Daemon:
+        directory = short_dir(tmp_path) / (name or f"d{len(daemons)}")
+        directory.mkdir(parents=True, exist_ok=True)
+        daemon = Daemon(directory, capacity=capacity, args=args)
+        daemons.append(daemon)
+        return daemon
+
+    yield make
+    gc.collect()  # drop buffers of the test before the daemon goes
+    errors = []
+    for daemon in daemons:
+        try:
+            daemon.teardown()
+        except AssertionError as err:
+            errors.append(str(err))
+    assert not errors, "\n".join(errors)
+
+
+@pytest.fixture
+def store(make_store: Callable[..., Daemon]) -> Daemon:
+    """A 64 MiB daemon: .socket, .process, .client(), .kill(), .stop()."""
+    return make_store()
+
+
+@pytest.fixture
+def python() -> Callable[..., Any]:
+    """run_python(code, *args, timeout=60) -> the JSON the snippet printed last."""
+    return run_python
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., Child]]:
+    """Starts background Python processes (Child); all are killed at teardown."""
+    children: list[Child] = []
+
+    def start(code: str, *args: str, env: dict[str, str] | None = None) -> Child:
+        child = Child(code, *args, env=env)
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        child.close()
