@@ -126,9 +126,7 @@ def measure_limits(n=10):
 def best_limits(runs):
     """Across the limit measurements of a run, the best of each."""
     best = {k: max(r[k] for r in runs) for k in runs[0] if k != "socket_rtt"}
-    best["socket_rtt"] = min(
-        (r["socket_rtt"] for r in runs), key=lambda r: r["median_us"]
-    )
+    best["socket_rtt"] = min((r["socket_rtt"] for r in runs), key=lambda r: r["median_us"])
     return best
 
 
@@ -192,9 +190,7 @@ def start_server(kind, sock, errlog, plasma_python):
 def shoal_missing():
     if shutil.which("shoal") is None:
         return "no `shoal` binary on PATH"
-    probe = subprocess.run(
-        [sys.executable, "-c", "import shoal"], check=False, capture_output=True
-    )
+    probe = subprocess.run([sys.executable, "-c", "import shoal"], check=False, capture_output=True)
     if probe.returncode != 0:
         return "`import shoal` fails: " + probe.stderr.decode().strip().splitlines()[-1]
     return None
@@ -206,9 +202,7 @@ def measure(writer, getter, count, size, args):
     samples = {k: [] for k in keys}
     for rep in range(args.warmup + args.reps):
         put = writer.call(op="put", count=count, size=size)
-        get = getter.call(
-            op="get", ids=put["ids"], size=size, head=put["head"], tail=put["tail"]
-        )
+        get = getter.call(op="get", ids=put["ids"], size=size, head=put["head"], tail=put["tail"])
         writer.call(op="delete")
         if rep >= args.warmup:
             for key, values in samples.items():
@@ -243,9 +237,7 @@ def run_store(store, args, pythons, tmp):
             results = []
             for count, size in WORKLOADS:
                 results.append(measure(writer, getter, count, size, args))
-                med = {
-                    k: statistics.median(v) for k, v in results[-1]["samples"].items()
-                }
+                med = {k: statistics.median(v) for k, v in results[-1]["samples"].items()}
                 log(
                     f"  {store:10s} {count:5d} x {size:>11,d} B:"
                     f" put {med['put_s'] * 1e3:9.3f} ms  get {med['get_s'] * 1e3:8.3f} ms"
@@ -313,10 +305,7 @@ def series(results, store, key):
 
 
 def div(nums, dens):
-    return [
-        None if a is None or b is None else (a[0] / b[0], a[1] / b[1])
-        for a, b in zip(nums, dens)
-    ]
+    return [None if a is None or b is None else (a[0] / b[0], a[1] / b[1]) for a, b in zip(nums, dens)]
 
 
 # label, numerator, denominator: (store, metric) or a machine limit
@@ -393,9 +382,7 @@ def targets(results, limits):
             "≥": value >= float(bound),
             "=": value == float(bound),
         }[op]
-        lines.append(
-            f"| {label} | {fmt(value)} | {goal} | {'yes' if met else '**no**'} |"
-        )
+        lines.append(f"| {label} | {fmt(value)} | {goal} | {'yes' if met else '**no**'} |")
     return lines
 
 
@@ -448,10 +435,7 @@ RATIO_INTRO = (
 
 def report(run):
     mach, lim, results = run["machine"], run["limits"], run["results"]
-    heads = [
-        f"{c} × {s // 1000:,} kB" if s < 10**6 else f"{c} × {s // 10**6} MB"
-        for c, s in WORKLOADS
-    ]
+    heads = [f"{c} × {s // 1000:,} kB" if s < 10**6 else f"{c} × {s // 10**6} MB" for c, s in WORKLOADS]
     rtt = lim["socket_rtt"]
     limit_rows = [[name, f"{lim[key]:.2f} GiB/s"] for key, name in LIMIT_ROWS]
     limit_rows.append(
@@ -518,13 +502,9 @@ def report(run):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--stores", default="plasma,shm,shoal", help="comma list of: plasma, shm, shoal"
-    )
+    ap.add_argument("--stores", default="plasma,shm,shoal", help="comma list of: plasma, shm, shoal")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument(
-        "--warmup", type=int, default=1, help="discarded repetitions per workload"
-    )
+    ap.add_argument("--warmup", type=int, default=1, help="discarded repetitions per workload")
     ap.add_argument("--out", default=os.path.join(BENCH, "results", "table1.md"))
     args = ap.parse_args()
     args.raw_dir = os.path.dirname(os.path.abspath(args.out))

@@ -24,7 +24,8 @@ def ndarray_metadata(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     dtype = np.dtype(dtype)
     if dtype.hasobject:
         raise TypeError("object arrays cannot live in shared memory; use put() to pickle them")
-    return TAG_NDARRAY + json.dumps({"dtype": dtype.str, "shape": list(shape)}).encode()
+    descr = np.lib.format.dtype_to_descr(dtype)  # keeps structured fields, unlike dtype.str
+    return TAG_NDARRAY + json.dumps({"dtype": descr, "shape": list(shape)}).encode()
 
 
 def _as_table(value: Any) -> tuple[pa.Table | pa.RecordBatch, bytes]:
@@ -59,7 +60,8 @@ def encode(value: Any) -> tuple[int, bytes, Any]:
         table, kind = _as_table(value)
         return arrow_size(table), TAG_ARROW + kind, lambda buf: write_arrow(table, buf)
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
-        array = np.ascontiguousarray(value)
+        # ascontiguousarray would turn a 0-d array into a 1-d one.
+        array = value if value.flags.c_contiguous else value.copy(order="C")
         flat = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
 
         def write(buf: Any) -> None:
@@ -81,6 +83,13 @@ def encode(value: Any) -> tuple[int, bytes, Any]:
     return len(data), TAG_PICKLE, write
 
 
+def _tuples(descr: Any) -> Any:
+    """JSON turned the descr's field tuples into lists; numpy wants tuples back."""
+    if isinstance(descr, list):
+        return [tuple(_tuples(part) for part in field) for field in descr]
+    return descr
+
+
 def decode(buffer: Any, metadata: bytes) -> Any:
     """Wraps an object's store buffer as the value it was put as, without a copy."""
     if metadata.startswith(TAG_ARROW):
@@ -96,7 +105,8 @@ def decode(buffer: Any, metadata: bytes) -> Any:
         return table
     if metadata.startswith(TAG_NDARRAY):
         header = json.loads(metadata[len(TAG_NDARRAY) :])
-        return np.frombuffer(buffer, dtype=np.dtype(header["dtype"])).reshape(header["shape"])
+        dtype = np.lib.format.descr_to_dtype(_tuples(header["dtype"]))
+        return np.frombuffer(buffer, dtype=dtype).reshape(header["shape"])
     if metadata == TAG_PICKLE:
         return pickle.loads(memoryview(buffer))
     return pa.py_buffer(buffer)

@@ -222,7 +222,9 @@ class Child:
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stderr: list[str] = []
         threading.Thread(target=self._pump, args=(self.process.stdout, self._lines.put), daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.process.stderr, self._stderr.append), daemon=True).start()
+        threading.Thread(
+            target=self._pump, args=(self.process.stderr, self._stderr.append), daemon=True
+        ).start()
 
     @staticmethod
     def _pump(stream: Any, sink: Callable[[Any], None]) -> None:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pytest
-import shoal
 from _shoal_testing import in_region
+
+import shoal
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +119,7 @@ def round_trip(client: shoal.Client, value):
 
 # -- the type families -------------------------------------------------------------------------
 
-UTC = datetime.timezone.utc
+UTC = datetime.UTC
 
 
 def _arrays() -> dict[str, pa.Array]:
@@ -151,7 +152,9 @@ def _arrays() -> dict[str, pa.Array]:
         "time64-us": pa.array([datetime.time(12, 30, 1, 5), None], type=pa.time64("us")),
         "time64-ns": pa.array([1, 2, None], type=pa.time64("ns")),
         "timestamp-naive": pa.array([datetime.datetime(2020, 1, 1, 12), None], type=pa.timestamp("us")),
-        "timestamp-utc": pa.array([datetime.datetime(2020, 1, 1, tzinfo=UTC), None], type=pa.timestamp("ns", "UTC")),
+        "timestamp-utc": pa.array(
+            [datetime.datetime(2020, 1, 1, tzinfo=UTC), None], type=pa.timestamp("ns", "UTC")
+        ),
         "timestamp-tz": pa.array([0, 1_700_000_000, None], type=pa.timestamp("s", "Europe/Paris")),
         "timestamp-offset": pa.array([5, None], type=pa.timestamp("ms", "+05:30")),
         "duration-s": pa.array([1, None, -5], type=pa.duration("s")),
@@ -191,10 +194,14 @@ def _arrays() -> dict[str, pa.Array]:
         "dictionary-int16-index": pa.DictionaryArray.from_arrays(
             pa.array([0, 1, None, 1], type=pa.int16()), pa.array([1.5, 2.5])
         ),
-        "list-of-dictionary": pa.array([["x", "y"], None, ["x"]], type=pa.list_(pa.dictionary(pa.int8(), pa.string()))),
+        "list-of-dictionary": pa.array(
+            [["x", "y"], None, ["x"]], type=pa.list_(pa.dictionary(pa.int8(), pa.string()))
+        ),
     }
     if hasattr(pa, "string_view"):
-        other["string_view"] = pa.array(["short", None, "a string longer than twelve bytes"], type=pa.string_view())
+        other["string_view"] = pa.array(
+            ["short", None, "a string longer than twelve bytes"], type=pa.string_view()
+        )
         other["binary_view"] = pa.array([b"x" * 20, None, b""], type=pa.binary_view())
     if hasattr(pa, "run_end_encoded"):
         other["run_end_encoded"] = pa.RunEndEncodedArray.from_arrays(
@@ -299,7 +306,9 @@ def test_record_batch_and_schema_metadata(client):
 
 
 def test_large_table_is_zero_copy(client):
-    table = pa.table({"x": np.arange(2_000_000, dtype=np.int64), "y": np.random.default_rng(1).random(2_000_000)})
+    table = pa.table(
+        {"x": np.arange(2_000_000, dtype=np.int64), "y": np.random.default_rng(1).random(2_000_000)}
+    )
     result = round_trip(client, table)
     buffer = result.column("x").chunk(0).buffers()[1]
     assert buffer.size >= 16_000_000
@@ -397,7 +406,14 @@ def test_object_arrays_are_pickled(client):
 
 @pytest.mark.parametrize(
     "value",
-    [b"", b"hello", bytes(range(256)) * 100, bytearray(b"mutable"), memoryview(b"view"), pa.py_buffer(b"arrow")],
+    [
+        b"",
+        b"hello",
+        bytes(range(256)) * 100,
+        bytearray(b"mutable"),
+        memoryview(b"view"),
+        pa.py_buffer(b"arrow"),
+    ],
     ids=["empty", "short", "long", "bytearray", "memoryview", "pa.Buffer"],
 )
 def test_bytes_round_trip(client, value):

@@ -7,8 +7,9 @@ import time
 
 import numpy as np
 import pytest
-import shoal
 from _shoal_testing import MiB, in_region, wait_for
+
+import shoal
 
 OID = shoal.ObjectID
 
@@ -99,7 +100,7 @@ def test_metadata_round_trip(store):
         memoryview(buffer)[:] = b"payload"
         client.seal(oid, release=True)
         del buffer
-    for oid, meta, got in zip(oids, metadata, client.get_buffers(oids, timeout_ms=0), strict=True):
+    for _oid, meta, got in zip(oids, metadata, client.get_buffers(oids, timeout_ms=0), strict=True):
         assert bytes(got) == b"payload"
         assert bytes(got.metadata()) == meta
         assert got.metadata().readonly
@@ -333,7 +334,9 @@ def test_put_batch(store):
     sizes = [0, 1, 63, 64, 65, 4096, 100_000] + list(rng.integers(0, 5000, 43))
     payloads = [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in sizes]
     oids = [OID.from_random() for _ in payloads]
-    inputs = [p if i % 3 == 0 else bytearray(p) if i % 3 == 1 else memoryview(p) for i, p in enumerate(payloads)]
+    inputs = [
+        p if i % 3 == 0 else bytearray(p) if i % 3 == 1 else memoryview(p) for i, p in enumerate(payloads)
+    ]
     client.put_batch(oids, inputs)
     stats = client.stats()
     assert (stats["objects"], stats["sealed"], stats["referenced"]) == (50, 50, 0)

@@ -10,8 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-import shoal
 from _shoal_testing import MiB, in_region, wait_for
+
+import shoal
 
 OBJECT_SIZE = 64 * MiB
 
@@ -108,8 +109,9 @@ def test_second_process_reads_64_mib_without_copying(make_store, python):
     # Reading 64 MiB made no anonymous (private) memory; the pages are shared ones.
     anon_growth = report["after_read"]["RssAnon"] - report["before"]["RssAnon"]
     assert anon_growth < 4 * MiB, f"RssAnon grew by {anon_growth / MiB:.1f} MiB"
-    shared_growth = report["after_read"]["RssShmem"] - report["before"]["RssShmem"]
-    assert shared_growth > 48 * MiB, f"RssShmem grew by only {shared_growth / MiB:.1f} MiB"
+    # The client maps the region populated (MAP_POPULATE), so the object's shared
+    # pages are resident from connect on: reading adds none.
+    assert report["after_read"]["RssShmem"] >= OBJECT_SIZE, report["after_read"]
     rss_growth = report["after_read"]["VmRSS"] - report["before"]["VmRSS"]
     assert rss_growth < OBJECT_SIZE + 4 * MiB  # one mapping of the object, never two
     # Views over the buffer see the same address: no copy in between.

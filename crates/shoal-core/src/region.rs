@@ -183,8 +183,11 @@ pub struct Mapping {
 impl Mapping {
     /// Maps `len` bytes of the region behind `fd`, shared and writable (clients
     /// write objects they create; get buffers are handed out read-only).
+    /// Page tables are populated at once (MAP_POPULATE, ~0.1 s per GiB) so
+    /// neither writes nor reads of objects ever take a page fault later.
     pub fn map(fd: BorrowedFd<'_>, len: u64) -> Result<Self> {
         let map = MmapOptions::new()
+            .populate()
             .len(usize::try_from(len).map_err(|_| ShoalError::invalid("region too large"))?)
             .map_raw(fd.as_raw_fd())
             .map_err(|e| ShoalError::io("mmap the store's region", e))?;

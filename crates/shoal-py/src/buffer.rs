@@ -17,11 +17,16 @@ use crate::client::Shared;
 pub struct ObjectRef {
     pub shared: Arc<Shared>,
     pub id: ObjectId,
+    /// Set when the reference was already given back (seal with release):
+    /// dropping the buffer must then not release a reference taken later.
+    pub released: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for ObjectRef {
     fn drop(&mut self) {
-        self.shared.release_later(self.id);
+        if !self.released.load(std::sync::atomic::Ordering::Acquire) {
+            self.shared.release_later(self.id);
+        }
     }
 }
 

@@ -23,13 +23,12 @@ use shoal_core::ObjectId;
 use crate::buffer::{Buffer, ObjectRef};
 use crate::errors::IntoPyResult;
 
-/// Objects at least this large are faulted in with one madvise when created
-/// or fetched, so writing or reading them takes no page faults.
-const POPULATE_THRESHOLD: u64 = 1 << 20;
-
 pub struct Shared {
     connection: Mutex<RustClient>,
     pending_releases: Mutex<Vec<ObjectId>>,
+    /// The creator references of objects created through `create` and not
+    /// sealed yet, so `seal(release=True)` can disarm their buffers.
+    creating: Mutex<std::collections::HashMap<ObjectId, std::sync::Weak<ObjectRef>>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -89,11 +88,30 @@ pub struct Client {
 }
 
 impl Client {
+    /// Sealed or aborted: stop tracking the creator buffers; if the daemon
+    /// already dropped their reference, their drop must not release again.
+    fn forget_creations(&self, ids: &[ObjectId], reference_gone: bool) {
+        let mut creating = lock(&self.shared.creating);
+        for id in ids {
+            if let Some(reference) = creating.remove(id).and_then(|weak| weak.upgrade()) {
+                if reference_gone {
+                    reference
+                        .released
+                        .store(true, std::sync::atomic::Ordering::Release);
+                }
+            }
+        }
+    }
+
     fn buffer(&self, id: ObjectId, location: ObjectLocation, writable: bool) -> Buffer {
         let reference = Arc::new(ObjectRef {
             shared: self.shared.clone(),
             id,
+            released: Default::default(),
         });
+        if writable {
+            lock(&self.shared.creating).insert(id, Arc::downgrade(&reference));
+        }
         // SAFETY: locations are bounds-checked against the mapping by the Rust client.
         let address = unsafe { self.mapping.base().add(location.offset as usize) };
         Buffer::new(
@@ -117,6 +135,7 @@ impl Client {
             shared: Arc::new(Shared {
                 connection: Mutex::new(client),
                 pending_releases: Mutex::new(Vec::new()),
+                creating: Mutex::default(),
             }),
             mapping,
             info,
@@ -173,13 +192,8 @@ impl Client {
         let id = ObjectId(id);
         let location = py
             .detach(|| {
-                self.shared.with(|c| {
-                    let location = c.create(id, size, meta_size, timeout_ms)?;
-                    if size >= POPULATE_THRESHOLD {
-                        self.mapping.populate(location.offset, size, true);
-                    }
-                    Ok(location)
-                })
+                self.shared
+                    .with(|c| c.create(id, size, meta_size, timeout_ms))
             })
             .py()?;
         // SAFETY: the metadata range follows the data inside the object just created for us.
@@ -230,12 +244,16 @@ impl Client {
     fn seal(&self, py: Python<'_>, ids: Vec<Id>, release: bool) -> PyResult<()> {
         let ids: Vec<_> = ids.into_iter().map(ObjectId).collect();
         py.detach(|| self.shared.with(|c| c.seal(&ids, release)))
-            .py()
+            .py()?;
+        self.forget_creations(&ids, release);
+        Ok(())
     }
 
     fn abort(&self, py: Python<'_>, id: Id) -> PyResult<()> {
-        py.detach(|| self.shared.with(|c| c.abort(ObjectId(id))))
-            .py()
+        let id = ObjectId(id);
+        py.detach(|| self.shared.with(|c| c.abort(id))).py()?;
+        self.forget_creations(&[id], true);
+        Ok(())
     }
 
     /// Gets objects, waiting up to `timeout_ms` (-1: forever) for unsealed
@@ -245,18 +263,7 @@ impl Client {
     fn get(&self, py: Python<'_>, ids: Vec<Id>, timeout_ms: i64) -> PyResult<Vec<Option<Buffer>>> {
         let object_ids: Vec<_> = ids.iter().map(|id| ObjectId(*id)).collect();
         let found = py
-            .detach(|| {
-                self.shared.with(|c| {
-                    let found = c.get(&object_ids, timeout_ms)?;
-                    for location in found.iter().flatten() {
-                        if location.data_size >= POPULATE_THRESHOLD {
-                            self.mapping
-                                .populate(location.offset, location.data_size, false);
-                        }
-                    }
-                    Ok(found)
-                })
-            })
+            .detach(|| self.shared.with(|c| c.get(&object_ids, timeout_ms)))
             .py()?;
         Ok(object_ids
             .iter()
@@ -308,10 +315,6 @@ impl Client {
                         std::slice::from_raw_parts(sources[i].0 as *const u8, sources[i].1)
                     };
                     let meta = metadata.as_ref().map_or(&empty, |m| &m[i]);
-                    if location.data_size >= POPULATE_THRESHOLD {
-                        self.mapping
-                            .populate(location.offset, location.data_size, true);
-                    }
                     c.write(*location, data, meta)?;
                 }
                 let ids: Vec<_> = specs.iter().map(|s| s.id).collect();
