@@ -16,7 +16,8 @@ signatures and semantics: `ObjectID`, `ObjectNotAvailable`, `PlasmaBuffer`,
 exceptions `PlasmaObjectExists`, `PlasmaObjectNotFound`, `PlasmaStoreFull`,
 `connect` and `start_plasma_store`. Plasma's exceptions are subclasses of both
 shoal's (`shoal.ObjectExists`, ...) and `pyarrow.lib.ArrowException`, so
-`except` clauses written for either keep working.
+`except` clauses written for either keep working. `subscribe` reports the
+objects already sealed first, as Plasma did.
 
 Deliberate differences from Plasma:
 
@@ -31,12 +32,24 @@ Deliberate differences from Plasma:
 * `hash` is an 8-byte BLAKE2b digest of the data size, data and metadata;
   it has Plasma's size and properties (equal content, equal hash) but not
   its xxhash64 value.
-* `delete` ignores ids that are missing or unsealed, as Plasma's client did;
-  a referenced object disappears at once and is freed when released.
+* `delete` ignores ids that are missing, as Plasma did, and unsealed ones
+  (Plasma deleted those once sealed and released). A referenced object
+  disappears at once and is freed when released (Plasma kept it visible
+  until released).
+* A buffer, and every Arrow or numpy view made from it, keeps its object
+  referenced (Plasma released it when the Python buffer object died, even
+  if Arrow views of its memory remained).
+* `contains` is False for an object this client created but has not sealed
+  (Plasma's client answered True for its own unsealed objects); `get` of an
+  empty object returns it (Plasma returned ObjectNotAvailable).
 * `list()["ref_count"]` counts every reference (two `get`s from one client
   count twice; Plasma counted clients). `create_time` and
   `construct_duration` are kept by this module: exact for objects created in
   this process, otherwise from when `list()` first saw the object.
+* Errors are more precise but still caught as before: sealing another
+  client's object raises PlasmaNotOwner (a PlasmaObjectNotFound), sealing
+  twice PlasmaObjectAlreadySealed (a pyarrow ArrowTypeError), a lost
+  connection PlasmaDisconnected (an OSError).
 * `release` and `_release` only send releases already queued: a buffer
   releases its object when it is garbage, never twice.
 * Notifications on the socket from `get_notification_socket` are framed like
@@ -51,6 +64,7 @@ Deliberate differences from Plasma:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
@@ -176,6 +190,11 @@ _PLASMA_ERRORS: dict[type, type] = {
     StoreFull: PlasmaStoreFull,
     ObjectTooLarge: _PlasmaObjectTooLarge,
 }
+# What Plasma raised where shoal has a more precise error.
+_PLASMA_BASES: dict[type, type] = {
+    errors.NotOwner: PlasmaObjectNotFound,  # seal/abort of another client's object
+    errors.ObjectAlreadySealed: pa.lib.ArrowTypeError,  # seal twice
+}
 _errors_lock = threading.Lock()
 
 
@@ -184,7 +203,8 @@ def _plasma_error_class(cls: type) -> type:
     with _errors_lock:
         plasma_cls = _PLASMA_ERRORS.get(cls)
         if plasma_cls is None:
-            plasma_cls = type("Plasma" + cls.__name__, (cls, pa.lib.ArrowException), {"__module__": __name__})
+            base = _PLASMA_BASES.get(cls, pa.lib.ArrowException)
+            plasma_cls = type("Plasma" + cls.__name__, (cls, base), {"__module__": __name__})
             _PLASMA_ERRORS[cls] = plasma_cls
         return plasma_cls
 
@@ -203,25 +223,63 @@ def _plasma_errors() -> Iterator[None]:
 
 # -- object timestamps (Plasma's list() reports them; the store does not keep them) -------------
 
-_MAX_TIMESTAMPS = 1 << 16
-_timestamps: dict[bytes, list[float | None]] = {}  # id -> [create time, seal time]
+
+class _Timestamps:
+    """Creation and seal times of one store's objects, as seen from this process."""
+
+    MAX_OBJECTS = 1 << 16
+
+    def __init__(self) -> None:
+        self._times: dict[bytes, list[float | None]] = {}  # id -> [create time, seal time]
+        self._lock = threading.Lock()
+
+    def created(self, oid: bytes, sealed: bool = False) -> None:
+        now = time.time()
+        with self._lock:
+            self._times.pop(oid, None)
+            while len(self._times) >= self.MAX_OBJECTS:
+                del self._times[next(iter(self._times))]
+            self._times[oid] = [now, now if sealed else None]
+
+    def sealed(self, oid: bytes) -> None:
+        with self._lock:
+            entry = self._times.get(oid)
+            if entry is not None and entry[1] is None:
+                entry[1] = time.time()
+
+    def forget(self, oids: Iterable[bytes]) -> None:
+        with self._lock:
+            for oid in oids:
+                self._times.pop(oid, None)
+
+    def observe(self, listing: list[tuple[bytes, int, int, bool, int]]) -> list[tuple[int, int]]:
+        """(create_time, construct_duration) per listed object; forgets unlisted ones. Objects
+        not created in this process date from when they were first listed."""
+        now = time.time()
+        result = []
+        with self._lock:
+            for oid, _, _, sealed, _ in listing:
+                times = self._times.get(oid)
+                if times is None:
+                    times = self._times[oid] = [now, now if sealed else None]
+                elif sealed and times[1] is None:
+                    times[1] = now
+                create_time = int(times[0])
+                result.append((create_time, int(times[1]) - create_time if sealed else -1))
+            present = {o[0] for o in listing}
+            for oid in [oid for oid in self._times if oid not in present]:
+                del self._times[oid]
+        return result
+
+
+_timestamps: dict[str, _Timestamps] = {}
 _timestamps_lock = threading.Lock()
 
 
-def _record_created(oid: bytes, sealed: bool = False) -> None:
-    now = time.time()
+def _store_timestamps(socket_name: str) -> _Timestamps:
+    key = os.path.realpath(socket_name)
     with _timestamps_lock:
-        _timestamps.pop(oid, None)
-        while len(_timestamps) >= _MAX_TIMESTAMPS:
-            del _timestamps[next(iter(_timestamps))]
-        _timestamps[oid] = [now, now if sealed else None]
-
-
-def _record_sealed(oid: bytes) -> None:
-    with _timestamps_lock:
-        entry = _timestamps.get(oid)
-        if entry is not None and entry[1] is None:
-            entry[1] = time.time()
+        return _timestamps.setdefault(key, _Timestamps())
 
 
 # -- notifications -------------------------------------------------------------------------------
@@ -237,16 +295,34 @@ def _notification(event: tuple[_ShoalObjectID, str, int, int]) -> tuple[ObjectID
     return _plasma_id(oid), data_size, metadata_size
 
 
-def _next_event(subscription: Subscription, timeout: float | None) -> tuple[ObjectID, int, int] | None:
-    """Waits in slices so that Ctrl-C still interrupts a blocked reader."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        remaining = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
-        if remaining <= 0:
-            return None
-        with _plasma_errors():
-            event = subscription.next(remaining)
-        if event is not None:
+class _Notifications:
+    """Plasma's notification stream: first the objects sealed when subscribing, then live events."""
+
+    def __init__(self, subscription: Subscription, existing: list[tuple[ObjectID, int, int]]) -> None:
+        self._subscription = subscription
+        self._pending = collections.deque(existing)
+        # An object sealed between subscribing and listing is in both: report it once.
+        self._replayed = {oid.binary() for oid, _, _ in existing}
+
+    def next(self, timeout: float | None) -> tuple[ObjectID, int, int] | None:
+        """The next notification, or None after `timeout` seconds. Waits in slices so
+        that Ctrl-C still interrupts a blocked reader."""
+        if self._pending:
+            return self._pending.popleft()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if remaining <= 0:
+                return None
+            with _plasma_errors():
+                event = self._subscription.next(remaining)
+            if event is None:
+                continue
+            key = event[0].binary()
+            if key in self._replayed:
+                self._replayed.discard(key)
+                if event[1] == "sealed":
+                    continue
             return _notification(event)
 
 
@@ -264,21 +340,21 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
 class _NotificationPump:
     """Forwards a subscription to a socketpair, for users who select() on Plasma's socket."""
 
-    def __init__(self, subscription: Subscription) -> None:
+    def __init__(self, notifications: _Notifications) -> None:
         self.user_socket, self._feed = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._stop = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(subscription,), name="shoal-plasma-notifications", daemon=True
+            target=self._run, args=(notifications,), name="shoal-plasma-notifications", daemon=True
         )
         self._thread.start()
 
-    def _run(self, subscription: Subscription) -> None:
+    def _run(self, notifications: _Notifications) -> None:
         try:
             while not self._stop.is_set():
-                event = subscription.next(0.2)
-                if event is None:
+                notification = notifications.next(0.2)
+                if notification is None:
                     continue
-                oid, data_size, metadata_size = _notification(event)
+                oid, data_size, metadata_size = notification
                 message = _NOTIFICATION.pack(oid.binary(), data_size, metadata_size)
                 self._feed.sendall(_FRAME_LENGTH.pack(len(message)) + message)
         except (OSError, ShoalError):
@@ -286,10 +362,13 @@ class _NotificationPump:
         finally:
             self._feed.close()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stops forwarding; with `wait`, also closes the user's socket (which unblocks
+        a forwarder stuck on a full socket) and joins the thread."""
         self._stop.set()
-        self._thread.join(timeout=1.0)
-        self.user_socket.close()
+        if wait:
+            self.user_socket.close()
+            self._thread.join(timeout=1.0)
 
 
 # -- the client ----------------------------------------------------------------------------------
@@ -321,7 +400,8 @@ class PlasmaClient:
         self._client = client
         self._raw = client._raw
         self._store_socket_name = store_socket_name
-        self._subscription: Subscription | None = None
+        self._times = _store_timestamps(store_socket_name)
+        self._notifications: _Notifications | None = None
         self._pump: _NotificationPump | None = None
 
     @property
@@ -374,7 +454,7 @@ class PlasmaClient:
         oid = as_bytes(object_id)
         with _plasma_errors():
             buffer = self._raw.create(oid, data_size, _as_metadata(metadata), 0)
-        _record_created(oid)
+        self._times.created(oid)
         return pa.py_buffer(buffer)
 
     def create_and_seal(self, object_id: ObjectID, data: bytes, metadata: bytes = b"") -> None:
@@ -405,7 +485,7 @@ class PlasmaClient:
         view = data if isinstance(data, bytes) else memoryview(data).cast("B")
         with _plasma_errors():
             self._raw.put_batch([oid], [view], [_as_metadata(metadata)], 0)
-        _record_created(oid, sealed=True)
+        self._times.created(oid, sealed=True)
 
     def seal(self, object_id: ObjectID) -> None:
         """
@@ -422,7 +502,7 @@ class PlasmaClient:
         oid = as_bytes(object_id)
         with _plasma_errors():
             self._raw.seal([oid], False)
-        _record_sealed(oid)
+        self._times.sealed(oid)
 
     def abort(self, object_id: ObjectID) -> None:
         """
@@ -586,7 +666,7 @@ class PlasmaClient:
             size, metadata, write = _codec.encode(value)
         with _plasma_errors():
             buffer = self._raw.create(oid, size, metadata, 0)
-        _record_created(oid)
+        self._times.created(oid)
         try:
             write(buffer)
         except BaseException:
@@ -597,7 +677,7 @@ class PlasmaClient:
             # The creator's reference goes when `buffer` does (seal-and-release
             # here would release it a second time when the buffer is freed).
             self._raw.seal([oid], False)
-        _record_sealed(oid)
+        self._times.sealed(oid)
         del buffer
         return target_id
 
@@ -698,9 +778,7 @@ class PlasmaClient:
         ids = _id_list(object_ids)
         with _plasma_errors():
             self._raw.delete(ids)
-        with _timestamps_lock:
-            for oid in ids:
-                _timestamps.pop(oid, None)
+        self._times.forget(ids)
 
     def list(self) -> dict[ObjectID, dict[str, Any]]:
         """
@@ -733,45 +811,43 @@ class PlasmaClient:
         """
         with _plasma_errors():
             objects = self._raw.list()
-        now = time.time()
-        result = {}
-        with _timestamps_lock:
-            present = set()
-            for oid, data_size, metadata_size, sealed, refs in objects:
-                present.add(oid)
-                times = _timestamps.get(oid)
-                if times is None:
-                    times = _timestamps[oid] = [now, now if sealed else None]
-                elif sealed and times[1] is None:
-                    times[1] = now
-                create_time = int(times[0])
-                construct_duration = int(times[1]) - create_time if sealed else -1
-                result[ObjectID(oid)] = {
-                    "data_size": data_size,
-                    "metadata_size": metadata_size,
-                    "ref_count": refs,
-                    "create_time": create_time,
-                    "construct_duration": construct_duration,
-                    "state": "sealed" if sealed else "created",
-                }
-            for oid in [oid for oid in _timestamps if oid not in present]:
-                del _timestamps[oid]
-        return result
+        return {
+            ObjectID(oid): {
+                "data_size": data_size,
+                "metadata_size": metadata_size,
+                "ref_count": refs,
+                "create_time": create_time,
+                "construct_duration": construct_duration,
+                "state": "sealed" if sealed else "created",
+            }
+            for (oid, data_size, metadata_size, sealed, refs), (create_time, construct_duration) in zip(
+                objects, self._times.observe(objects), strict=True
+            )
+        }
 
     def evict(self, num_bytes: int) -> int:
         """
         Evict some objects until to recover some bytes.
 
         Recover at least num_bytes bytes if possible. Counts, like Plasma, the
-        data and metadata sizes of the evicted objects (the store frees whole
-        64-byte lines).
+        data and metadata sizes of the evicted objects, least recently used
+        first. (The store frees and counts whole 64-byte lines; this method
+        lists the store around each eviction to count as Plasma did, so an
+        object another client deletes meanwhile may be counted too.)
 
         Parameters
         ----------
         num_bytes : int
             The number of bytes to attempt to recover.
+
+        Returns
+        -------
+        int
+            The number of bytes evicted.
         """
         freed = 0
+        if num_bytes <= 0:
+            return freed
         with _plasma_errors():
             listing = self._raw.list()
             while freed < num_bytes:
@@ -825,16 +901,20 @@ class PlasmaClient:
     # -- notifications --------------------------------------------------------------------------
 
     def subscribe(self) -> None:
-        """Subscribe to notifications about sealed objects."""
+        """Subscribe to notifications about sealed objects.
+
+        As in Plasma, the objects already sealed are reported first.
+        """
         with _plasma_errors():
             subscription = self._client.subscribe()
+            existing = [(ObjectID(o[0]), o[1], o[2]) for o in self._raw.list() if o[3]]
         self._close_notifications()
-        self._subscription = subscription
+        self._notifications = _Notifications(subscription, existing)
 
-    def _require_subscription(self) -> Subscription:
-        if self._subscription is None:
+    def _require_notifications(self) -> _Notifications:
+        if self._notifications is None:
             raise OSError("not subscribed: call subscribe() first")
-        return self._subscription
+        return self._notifications
 
     def get_notification_socket(self) -> socket.socket:
         """
@@ -843,7 +923,7 @@ class PlasmaClient:
         `get_next_notification` reads from it too.
         """
         if self._pump is None:
-            self._pump = _NotificationPump(self._require_subscription())
+            self._pump = _NotificationPump(self._require_notifications())
         return self._pump.user_socket
 
     def decode_notifications(self, buf: bytes) -> tuple[list[ObjectID], list[int], list[int]]:
@@ -879,21 +959,26 @@ class PlasmaClient:
         int
             The metadata size of the object that was stored (-1 if it was deleted).
         """
-        subscription = self._require_subscription()
+        notifications = self._require_notifications()
         if self._pump is not None:
             sock = self._pump.user_socket
             (length,) = _FRAME_LENGTH.unpack(_recv_exactly(sock, _FRAME_LENGTH.size))
             object_ids, data_sizes, metadata_sizes = self.decode_notifications(_recv_exactly(sock, length))
             return object_ids[0], data_sizes[0], metadata_sizes[0]
-        event = _next_event(subscription, None)
-        assert event is not None
-        return event
+        notification = notifications.next(None)
+        assert notification is not None
+        return notification
 
     def _close_notifications(self) -> None:
         if self._pump is not None:
             self._pump.close()
             self._pump = None
-        self._subscription = None  # its connection closes when the pump lets go of it
+        self._notifications = None  # its connection closes when the pump lets go of it
+
+    def __del__(self) -> None:
+        pump = getattr(self, "_pump", None)
+        if pump is not None:
+            pump.close(wait=False)
 
     def disconnect(self) -> None:
         """
@@ -982,7 +1067,7 @@ def start_plasma_store(
     proc : subprocess.Popen
         Process ID of the plasma store process
 
-    The process is killed, and its socket and region removed, on exit.
+    The process is killed (SIGKILL, as Plasma did) and its socket removed on exit.
     """
     if use_valgrind and use_profiler:
         raise Exception("Cannot use valgrind and profiler at the same time.")
@@ -993,9 +1078,10 @@ def start_plasma_store(
 
     tmpdir = tempfile.mkdtemp(prefix="test_plasma-")
     proc = None
-    # An explicit region path, so that it can be removed even after SIGKILL.
-    region_dir = plasma_directory or ("/dev/shm" if os.path.isdir("/dev/shm") else tmpdir)
-    region = os.path.join(region_dir, f"shoal-plasma-{os.getpid()}-{os.urandom(6).hex()}")
+    # The daemon unlinks its region file as soon as it is mapped, so SIGKILL leaks nothing.
+    region = None
+    if plasma_directory:
+        region = os.path.join(plasma_directory, f"shoal-plasma-{os.getpid()}-{os.urandom(6).hex()}")
     try:
         plasma_store_name = os.path.join(tmpdir, "plasma.sock")
         command = [
@@ -1007,10 +1093,10 @@ def start_plasma_store(
             plasma_store_name,
             "--capacity",
             str(int(plasma_store_memory)),
-            "--region",
-            region,
             "--no-prefault",
         ]
+        if region is not None:
+            command += ["--region", region]
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL)
         _wait_until_serving(plasma_store_name, proc, timeout=15.0)
         yield plasma_store_name, proc
@@ -1019,6 +1105,7 @@ def start_plasma_store(
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(region)
+        if region is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(region)
         shutil.rmtree(tmpdir, ignore_errors=True)
