@@ -85,8 +85,14 @@ def snippet(code: str) -> str:
 class Daemon:
     """A `python -m shoal serve` subprocess owned by one test."""
 
-    def __init__(self, directory: Path, capacity: str = "64MiB", args: Sequence[str] = ()) -> None:
+    def __init__(
+        self, directory: Path, capacity: str = "64MiB", args: Sequence[str] = (), connect: bool = True
+    ) -> None:
+        """Starts the daemon and waits until it serves: by connecting a client, or with
+        `connect=False` by watching the socket file and the log (a client maps and
+        faults in the whole region, which is slow for huge capacities)."""
         self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
         self.socket = str(directory / "shoal.sock")
         self.log_path = directory / "shoal-daemon.log"
         self.killed = False
@@ -110,20 +116,26 @@ class Daemon:
             self.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
             )
-        self._wait_ready()
+        self._wait_ready(connect)
 
-    def _wait_ready(self, timeout: float = 15.0) -> None:
+    def _serving(self, connect: bool) -> bool:
+        if not connect:
+            return os.path.exists(self.socket) and "shoal daemon serving" in ANSI.sub("", self.log())
+        try:
+            shoal.Client(self.socket).close()
+            return True
+        except shoal.Disconnected:
+            return False
+
+    def _wait_ready(self, connect: bool, timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
                 raise AssertionError(
                     f"daemon exited with {self.process.returncode} before serving:\n{self.log()}"
                 )
-            try:
-                shoal.Client(self.socket).close()
+            if self._serving(connect):
                 return
-            except shoal.Disconnected:
-                pass
             if time.monotonic() >= deadline:
                 self.process.kill()
                 self.process.wait(5)

@@ -8,6 +8,7 @@ SIGTERM and must exit with code 0, leaving neither socket nor region behind
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,15 @@ from typing import Any
 
 import pytest
 from _shoal_testing import Child, Daemon, run_python, short_dir
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard() -> Iterator[None]:
+    """A test that hangs (a daemon that never answers) dumps every thread's stack and ends
+    the run instead of blocking CI forever."""
+    faulthandler.dump_traceback_later(180, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture
@@ -65,3 +75,20 @@ def spawn() -> Iterator[Callable[..., Child]]:
     yield start
     for child in children:
         child.close()
+
+
+# Library bugs these tests expose, open in NOTES.md; strict, so a fix must remove the entry.
+KNOWN_BUGS = {
+    "test_errors.py::test_create_array_bad_arguments_create_nothing": "create_array validates shape after create",
+    "test_objects.py::test_seal_with_release_after_the_buffer_was_collected": "seal(release) errors when no ref is held",
+    "test_zero_copy.py::test_connecting_does_not_fault_in_an_untouched_region": "MAP_POPULATE allocates a fresh region",
+    "test_errors.py::test_replies_before_a_bad_frame_are_sent[second-hello]": "replies dropped on decoded protocol errors",
+    "test_errors.py::test_version_mismatch_is_answered_even_when_pipelined": "replies dropped on decoded protocol errors",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        reason = KNOWN_BUGS.get(item.nodeid.split("tests/python/")[-1])
+        if reason:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=reason))

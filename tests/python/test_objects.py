@@ -91,6 +91,25 @@ def test_buffer_of_creator_released_after_seal_does_not_steal_a_get_reference(st
     assert bytes(reader) == b"x" * 100
 
 
+def test_seal_with_release_after_the_buffer_was_collected(store):
+    """release=True means "drop the creator's reference now rather than when its buffer is
+    freed"; if the buffer is already freed there is nothing left to drop, and the seal must
+    still happen (whether the garbage collector ran first must not matter)."""
+    client = store.client()
+    oid = OID.from_random()
+    memoryview(client.create(oid, 3))[:] = b"abc"  # the buffer is a temporary
+    gc.collect()
+    client.seal(oid, release=True)
+    assert client.contains(oid)
+    assert bytes(client.get_buffer(oid)) == b"abc"
+
+    array_oid = OID.from_random()
+    client.create_array(array_oid, 4, np.int32)[:] = 5
+    client.seal(array_oid, release=True)
+    assert client.get(array_oid).tolist() == [5] * 4
+    assert client.stats()["referenced"] == 0
+
+
 def test_metadata_round_trip(store):
     client = store.client()
     oids = [OID.from_random() for _ in range(3)]

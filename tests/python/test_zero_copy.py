@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from _shoal_testing import MiB, in_region, wait_for
+from _shoal_testing import Daemon, MiB, in_region, short_dir, wait_for
 
 import shoal
 
@@ -224,3 +225,23 @@ def test_arrow_result_views_share_the_store(store):
     for b in strings.buffers():  # ...while the column itself is store memory
         if b is not None and b.size:
             assert in_region(client, b.address, b.size)
+
+
+def tmpfs_used() -> int:
+    fs = os.statvfs("/dev/shm")
+    return (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+
+
+def test_connecting_does_not_fault_in_an_untouched_region(tmp_path):
+    """With --no-prefault nobody has touched the region yet; a client connecting must not
+    allocate all of it (it costs ~1.5 s per GiB and commits the whole capacity)."""
+    daemon = Daemon(short_dir(tmp_path) / "lazy", capacity="1GiB", connect=False)
+    try:
+        before = tmpfs_used()
+        client = shoal.Client(daemon.socket)
+        grown = tmpfs_used() - before
+        assert grown < 256 * MiB, f"connecting allocated {grown / MiB:.0f} MiB of the 1 GiB region"
+        assert client.get(client.put(b"lazy")).to_pybytes() == b"lazy"
+        client.close()
+    finally:
+        daemon.teardown()

@@ -1,0 +1,177 @@
+"""The command line: python -m shoal {serve, stat, ls, --help}."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from _shoal_testing import ANSI, Daemon, MiB, short_dir
+
+import shoal
+
+
+def shoal_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NO_COLOR="1")
+    env.pop("SHOAL_SOCKET", None)
+    return subprocess.run(
+        [sys.executable, "-m", "shoal", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_help():
+    result = shoal_cli("--help")
+    assert result.returncode == 0, result.stderr
+    for command in ("serve", "stat", "ls"):
+        assert command in result.stdout
+    serve = shoal_cli("serve", "--help")
+    assert serve.returncode == 0
+    for option in ("--socket", "--capacity", "--idle-exit", "--line-size", "--no-prefault"):
+        assert option in serve.stdout
+
+
+def test_version():
+    result = shoal_cli("--version")
+    assert result.returncode == 0
+    assert shoal.__version__ in result.stdout
+
+
+def test_unknown_command_fails():
+    result = shoal_cli("frobnicate")
+    assert result.returncode != 0
+    assert "frobnicate" in result.stderr
+
+
+def test_stat(store):
+    client = store.client()
+    client.put(b"x" * 1000)
+    result = shoal_cli("stat", "--socket", store.socket)
+    assert result.returncode == 0, result.stderr
+    assert store.socket in result.stdout
+    assert "capacity" in result.stdout and "64.00 MiB" in result.stdout
+    assert "objects     1" in result.stdout
+
+
+def test_stat_json(store):
+    client = store.client()
+    oids = [client.put(b"x" * n) for n in (10, 100, 1000)]
+    held = client.get_buffer(oids[0])
+    result = shoal_cli("stat", "--json", "--socket", store.socket)
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    assert stats["capacity"] == 64 * MiB
+    assert stats["objects"] == stats["sealed"] == 3
+    assert stats["referenced"] == 1
+    assert stats["used"] == 64 + 128 + 1024  # data + 11 bytes of metadata, in 64-byte lines
+    assert stats["clients"] == 1  # the CLI does not count itself
+    assert stats["line_size"] == 64 and stats["policy"] == "lru"
+    own = client.stats()
+    assert {k: v for k, v in stats.items() if k != "clients"} == {
+        k: v for k, v in own.items() if k != "clients"
+    }
+    del held
+
+
+def test_ls_json(store):
+    client = store.client()
+    sealed = {client.put(b"x" * n): n for n in (1, 500, 70_000)}
+    unsealed = shoal.ObjectID.from_random()
+    buffer = client.create(unsealed, 33, metadata=b"meta")
+    result = shoal_cli("ls", "--json", "--socket", store.socket)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    by_id = {row["id"]: row for row in rows}
+    assert set(by_id) == {o.hex() for o in sealed} | {unsealed.hex()}
+    for oid, size in sealed.items():
+        row = by_id[oid.hex()]
+        assert (row["data_size"], row["meta_size"], row["state"], row["refs"]) == (size, 11, "sealed", 0)
+    assert (by_id[unsealed.hex()]["state"], by_id[unsealed.hex()]["data_size"]) == ("created", 33)
+    assert by_id[unsealed.hex()]["meta_size"] == 4
+    offsets = [row["offset"] for row in rows]
+    assert offsets == sorted(offsets)
+    del buffer
+
+
+def test_ls_plain(store):
+    client = store.client()
+    oid = client.put(b"hello")
+    result = shoal_cli("ls", "--socket", store.socket)
+    assert result.returncode == 0, result.stderr
+    assert "ID" in result.stdout.splitlines()[0]
+    assert oid.hex() in result.stdout and "sealed" in result.stdout
+
+
+def test_ls_empty_store(store):
+    result = shoal_cli("ls", "--json", "--socket", store.socket)
+    assert result.returncode == 0 and result.stdout.strip() == ""
+
+
+def test_stat_without_daemon_fails_clearly(tmp_path):
+    missing = str(short_dir(tmp_path) / "none.sock")
+    for command in ("stat", "ls"):
+        result = shoal_cli(command, "--socket", missing)
+        assert result.returncode != 0
+        assert missing in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("capacity", ["lots", "12 parsecs", "-1G", "", "1.2.3MiB"])
+def test_serve_rejects_a_bad_capacity(tmp_path, capacity):
+    socket = str(short_dir(tmp_path) / "bad.sock")
+    result = shoal_cli("serve", "--socket", socket, f"--capacity={capacity}", "--no-prefault", timeout=15)
+    assert result.returncode != 0
+    assert "capacity" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not os.path.exists(socket)
+
+
+@pytest.mark.parametrize("line_size", ["100", "0", "4"])
+def test_serve_rejects_a_bad_line_size(tmp_path, line_size):
+    socket = str(short_dir(tmp_path) / "bad.sock")
+    result = shoal_cli(
+        "serve", "--socket", socket, "--line-size", line_size, "--capacity", "1MiB", timeout=15
+    )
+    assert result.returncode != 0
+    assert "line size" in result.stderr
+    assert not os.path.exists(socket)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("4GiB", 4 << 30), ("1.5G", 1_500_000_000), ("3000000", 3_000_000)]
+)
+def test_serve_accepts_human_sizes(tmp_path, text, size):
+    # Checked from the daemon's start-up log: a client would map (and fault in) it all.
+    daemon = Daemon(short_dir(tmp_path) / "sizes", capacity=text, connect=False)
+    try:
+        log = ANSI.sub("", daemon.log())
+        assert f"capacity={size}" in log, log
+        assert f"region_size={size}" in log, log
+        assert daemon.process.poll() is None
+    finally:
+        daemon.teardown()
+
+
+def test_small_capacity_through_the_client(make_store):
+    client = make_store(capacity="3000000").client()
+    assert client.capacity == 3_000_000
+    assert client.stats()["capacity"] == 3_000_000
+    with pytest.raises(shoal.ObjectTooLarge):
+        client.create(shoal.ObjectID.from_random(), 3_000_001)
+
+
+def test_second_daemon_on_the_same_socket_refuses(store):
+    result = shoal_cli("serve", "--socket", store.socket, "--capacity", "1MiB", "--no-prefault", timeout=15)
+    assert result.returncode != 0
+    assert "another shoal daemon" in result.stderr
+    # The first one is untouched.
+    client = store.client()
+    assert client.get(client.put(b"still here")).to_pybytes() == b"still here"
+
+
+def test_serve_runs_until_sigterm_with_clients_connected(store):
+    client = store.client()
+    client.put(b"x")
+    assert store.stop() == 0
+    assert not os.path.exists(store.socket)
