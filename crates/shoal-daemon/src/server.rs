@@ -27,7 +27,8 @@ use crate::shutdown::Shutdown;
 /// across an await.
 pub(crate) struct Shared {
     pub store: RefCell<Store>,
-    pub region: Region,
+    /// Shared with the prefault thread.
+    pub region: Arc<Region>,
     /// Woken on every seal: gets waiting for objects re-check.
     pub sealed: Notify,
     /// Woken whenever memory may have become free or evictable: creates
@@ -183,7 +184,7 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
 
     let shared = Rc::new(Shared {
         store: RefCell::new(store),
-        region,
+        region: Arc::new(region),
         sealed: Notify::new(),
         space: Notify::new(),
         subscribers: RefCell::new(Vec::new()),
@@ -257,25 +258,12 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
 
 /// Faults the region in from a helper thread so the socket is ready at once.
 fn spawn_prefault(shared: &Shared, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    struct Ptr(*mut u8, usize);
-    // SAFETY: the thread only populates page tables of our own mapping, which
-    // outlives it (run() joins the thread before the region is dropped).
-    unsafe impl Send for Ptr {}
-    let ptr = Ptr(shared.region.base(), shared.region.len() as usize);
+    let region = shared.region.clone();
     std::thread::Builder::new()
         .name("shoal-prefault".into())
         .spawn(move || {
-            let ptr = ptr; // capture the whole wrapper, not its fields
-            let (base, len) = (ptr.0, ptr.1);
             let started = Instant::now();
-            let chunk = 64 << 20;
-            let mut done = 0;
-            while done < len && !stop.load(Ordering::Relaxed) {
-                let n = chunk.min(len - done);
-                // SAFETY: inside the mapping, see above.
-                unsafe { shoal_core::region::populate(base.add(done), n, true) };
-                done += n;
-            }
+            let done = region.prefault(64 << 20, || !stop.load(Ordering::Relaxed));
             tracing::debug!(bytes = done, elapsed = ?started.elapsed(), "region prefaulted");
         })
         .expect("spawn the prefault thread")
