@@ -12,6 +12,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-pip install -q --disable-pip-version-check "maturin>=1.5,<2" "numpy>=1.24" "pyarrow>=14" "pytest>=7" "ruff>=0.6"
+pip install -q --disable-pip-version-check "maturin>=1.5,<2" "numpy>=1.24" "pyarrow>=14" "pytest>=7" "ruff>=0.6" "duckdb>=1.1" "polars>=1.0"
 maturin develop --release -q 2>&1 | grep -vE "^(📦|✏️|🛠|🔗|🐍|⚠️)" || true
 python -c "import shoal; print('setup: shoal', shoal.__version__, 'ready in .venv')"

@@ -8,9 +8,10 @@ table = client.get(oid)             # a pyarrow.Table over store memory, no copy
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from shoal import _embedded, _internal
 from shoal._ids import ObjectID
-from shoal.client import Buffer, Client, ObjectInfo, Subscription
 from shoal.errors import (
     Disconnected,
     InvalidArgument,
@@ -27,7 +28,32 @@ from shoal.errors import (
     Timeout,
 )
 
+if TYPE_CHECKING:
+    from shoal.arrow import TableBuilder
+    from shoal.client import Buffer, Client, ObjectInfo, Subscription
+
 __version__ = _internal.__version__
+
+# The client pulls in numpy and pyarrow; importing them lazily keeps
+# `python -m shoal serve` (the embedded daemon) quick to start.
+_LAZY = {
+    "Buffer": "shoal.client",
+    "Client": "shoal.client",
+    "ObjectInfo": "shoal.client",
+    "Subscription": "shoal.client",
+    "TableBuilder": "shoal.arrow",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shoal' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def connect(
@@ -40,6 +66,8 @@ def connect(
     client has gone. With an explicit `socket`, the daemon must be running unless
     `start=True`.
     """
+    from shoal.client import Client
+
     path = socket or _embedded.default_socket()
     may_start = start if start is not None else socket is None
     try:
@@ -69,6 +97,7 @@ __all__ = [
     "ShoalError",
     "StoreFull",
     "Subscription",
+    "TableBuilder",
     "Timeout",
     "connect",
 ]

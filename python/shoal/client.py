@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shoal import _codec, _internal
 from shoal._ids import IdLike, ObjectID, as_bytes
 from shoal.errors import InvalidArgument, ObjectNotFound
+
+if TYPE_CHECKING:
+    from shoal.arrow import TableBuilder
 
 Buffer = _internal.Buffer
 
@@ -26,10 +31,29 @@ class ObjectInfo:
     ref_count: int
 
 
-def _ids(ids: IdLike | Iterable[IdLike]) -> list[bytes]:
+def _ids(ids: IdLike | Iterable[IdLike]) -> Sequence[IdLike]:
+    """A sequence of ids; the extension reads each ObjectID's bytes itself (and raises
+    TypeError for anything that is not an id), so a batch costs no Python-level loop."""
+    if isinstance(ids, list | tuple):
+        return ids
     if isinstance(ids, ObjectID | bytes):
-        return [as_bytes(ids)]
-    return [as_bytes(i) for i in ids]
+        return [ids]
+    try:
+        return list(ids)
+    except TypeError:
+        raise TypeError(f"expected an ObjectID or 20 bytes, or an iterable of them, got {ids!r}") from None
+
+
+def _checked_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    """Every dimension a non-negative integer, checked before anything is created."""
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    try:
+        dims = tuple(operator.index(d) for d in dims)
+    except TypeError:
+        raise TypeError(f"shape must be integers, got {shape!r}") from None
+    if any(d < 0 for d in dims):
+        raise InvalidArgument(f"negative dimension in shape {dims}")
+    return dims
 
 
 class Client:
@@ -138,19 +162,29 @@ class Client:
         buffers = self.get_buffers(oid, timeout_ms)
         return [None if b is None else _codec.decode(b, bytes(b.metadata())) for b in buffers]
 
+    def create_table(
+        self, schema: Any, num_rows: int, oid: IdLike | None = None, timeout_ms: int = 0
+    ) -> TableBuilder:
+        """Lays out an Arrow table of fixed-width columns directly in store memory (zero-copy
+        creation): fill `builder["col"]` (numpy views) in place, then seal — `with` does it.
+        `get(builder.id)` returns a pyarrow.Table over the same bytes. See shoal.arrow."""
+        from shoal.arrow import TableBuilder
+
+        return TableBuilder(self, schema, num_rows, oid, timeout_ms)
+
     def create_array(
         self, oid: IdLike, shape: int | Sequence[int], dtype: Any = np.float64, timeout_ms: int = 0
     ) -> np.ndarray:
         """Allocates a numpy array directly in store memory (zero-copy creation).
 
         Fill it in place, then `seal(oid)`; `get(oid)` returns an array over the same memory."""
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        shape = _checked_shape(shape)
         dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        if count < 0:
-            raise InvalidArgument(f"negative shape {shape}")
+        size = math.prod(shape) * dtype.itemsize
+        if size >= 1 << 63:
+            raise InvalidArgument(f"an array of shape {shape} and dtype {dtype} overflows 64 bits")
         metadata = _codec.ndarray_metadata(shape, dtype)
-        buffer = self._raw.create(as_bytes(oid), count * dtype.itemsize, metadata, timeout_ms)
+        buffer = self._raw.create(as_bytes(oid), size, metadata, timeout_ms)
         return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
     # -- misc -----------------------------------------------------------------------------------
@@ -204,6 +238,16 @@ class Subscription:
             return None
         oid, kind, data_size, metadata_size = event
         return ObjectID(oid), kind, data_size, metadata_size
+
+    def close(self) -> None:
+        """Ends the subscription (also wakes a `next` blocked in another thread)."""
+        self._raw.close()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __iter__(self) -> Subscription:
         return self

@@ -78,13 +78,7 @@ def spawn() -> Iterator[Callable[..., Child]]:
 
 
 # Library bugs these tests expose, open in NOTES.md; strict, so a fix must remove the entry.
-KNOWN_BUGS = {
-    "test_errors.py::test_create_array_bad_arguments_create_nothing": "create_array validates shape after create",
-    "test_objects.py::test_seal_with_release_after_the_buffer_was_collected": "seal(release) errors when no ref is held",
-    "test_zero_copy.py::test_connecting_does_not_fault_in_an_untouched_region": "MAP_POPULATE allocates a fresh region",
-    "test_errors.py::test_replies_before_a_bad_frame_are_sent[second-hello]": "replies dropped on decoded protocol errors",
-    "test_errors.py::test_version_mismatch_is_answered_even_when_pipelined": "replies dropped on decoded protocol errors",
-}
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config, items):

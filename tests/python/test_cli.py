@@ -175,3 +175,46 @@ def test_serve_runs_until_sigterm_with_clients_connected(store):
     client.put(b"x")
     assert store.stop() == 0
     assert not os.path.exists(store.socket)
+
+
+def test_the_command_line_does_not_import_numpy_or_pyarrow():
+    """`python -m shoal serve` is how the embedded daemon starts: keep it quick."""
+    code = "import sys, shoal._cli; print(sorted({'numpy', 'pyarrow'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    # The lazy names still resolve.
+    assert shoal.Client.__name__ == "Client" and shoal.Subscription.__name__ == "Subscription"
+    with pytest.raises(AttributeError):
+        shoal.no_such_name  # noqa: B018
+
+
+def test_daemon_logs_have_no_colour_codes_when_not_a_terminal(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    socket_path = str(short_dir(tmp_path) / "s.sock")
+    log_path = tmp_path / "daemon.log"
+    with open(log_path, "w") as log:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "shoal", "serve", "--socket", socket_path, "--capacity", "8MiB"],
+            stderr=log,
+            env=env,
+        )
+        try:
+            shoal.Client(socket_path) if _wait_for_socket(socket_path) else None
+        finally:
+            daemon.terminate()
+            assert daemon.wait(timeout=10) == 0
+    text = log_path.read_text()
+    assert "shoal daemon serving" in text
+    assert not ANSI.search(text), f"escape codes in a log file: {text[:200]!r}"
+
+
+def _wait_for_socket(path: str, timeout: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

@@ -453,7 +453,7 @@ class Raw:
         assert os.fstat(fds[0]).st_size > 0
         for fd in fds:
             os.close(fd)
-        return struct.unpack("<IIQQQ", payload)
+        return struct.unpack("<IIQQQI", payload)
 
     def dropped(self, timeout: float = 5.0) -> bool:
         """True once the daemon has closed the connection (EOF or reset)."""
@@ -548,8 +548,8 @@ def test_valid_hello_then_garbage(store, populated, name):
     client, objects = populated
     before = snapshot(client)
     raw = Raw(store.socket)
-    version, client_id, region_size, capacity, line_size = raw.handshake()
-    assert (version, region_size, capacity, line_size) == (1, 64 * MiB, 64 * MiB, 64)
+    version, client_id, region_size, capacity, line_size, flags = raw.handshake()
+    assert (version, region_size, capacity, line_size, flags) == (1, 64 * MiB, 64 * MiB, 64, 0)
     assert client_id > 0
     raw.send(GARBAGE_AFTER_HELLO[name])
     raw.sock.shutdown(socket.SHUT_WR)

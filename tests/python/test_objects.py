@@ -315,6 +315,70 @@ def test_subscription_from_other_process(store, spawn):
     listener.finish()
 
 
+def test_every_seal_after_subscribe_returns_is_delivered(store):
+    """The subscription is registered before Subscribe is answered: a seal by another
+    client right after `subscribe()` returns is never missed."""
+    client, other = store.client(), store.client()
+    for _ in range(30):
+        with client.subscribe() as subscription:
+            oid = other.put(b"x")
+            assert subscription.next(timeout=5) == (oid, "sealed", 1, len(b"shoal/bytes"))
+
+
+def test_subscription_close_wakes_a_blocked_next(store):
+    import threading
+
+    subscription = store.client().subscribe()
+    outcome: list[BaseException | object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(subscription.next())
+        except BaseException as err:  # noqa: BLE001 - the test inspects it
+            outcome.append(err)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)
+    subscription.close()
+    waiter.join(timeout=5)
+    assert not waiter.is_alive(), "close() left next() blocked"
+    assert isinstance(outcome[0], shoal.Disconnected)
+    with pytest.raises(shoal.Disconnected):
+        subscription.next(timeout=0.1)
+    subscription.close()  # idempotent
+
+
+def test_dropping_many_buffers_releases_them_all(store):
+    """Drops of a burst of buffers are coalesced into few Release messages; all arrive,
+    and another client sees the references gone without this client calling again."""
+    client, observer = store.client(), store.client()
+    ids = [OID.from_random() for _ in range(2000)]
+    client.put_batch(ids, [b"v"] * len(ids))
+    buffers = client.get_buffers(ids)
+    assert observer.stats()["referenced"] == len(ids)
+    del buffers
+    wait_for(lambda: observer.stats()["referenced"] == 0, timeout=2)
+    # An isolated drop is sent at once.
+    time.sleep(0.01)
+    one = client.get_buffer(ids[0])
+    del one
+    wait_for(lambda: observer.stats()["referenced"] == 0, timeout=0.05)
+
+
+def test_ids_are_read_from_any_iterable_and_checked(store):
+    client = store.client()
+    ids = [OID.from_random() for _ in range(3)]
+    client.put_batch(ids, [b"a", b"b", b"c"])
+    got = client.get_buffers(i for i in ids)  # a generator
+    assert [bytes(b) for b in got] == [b"a", b"b", b"c"]
+    assert [bytes(b) for b in client.get_buffers(tuple(i.binary() for i in ids))] == [b"a", b"b", b"c"]
+    for bad in ([b"short"], [ids[0], 7], ["x" * 20], 42):
+        with pytest.raises(TypeError, match="ObjectID or 20 bytes"):
+            client.get_buffers(bad)
+    del got
+
+
 def test_evict_lru_order_and_referenced_objects_stay(store):
     client = store.client()
     a, b, c = (client.put(np.full(MiB // 8, i, dtype=np.int64)) for i in range(3))

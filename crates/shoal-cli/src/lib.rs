@@ -112,6 +112,7 @@ pub fn run(args: Vec<String>, self_command: Vec<String>) -> i32 {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     match dispatch(cli.command, self_command) {
         Ok(()) => 0,

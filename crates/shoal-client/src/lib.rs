@@ -31,6 +31,8 @@ pub struct StoreInfo {
     pub region_size: u64,
     pub capacity: u64,
     pub line_size: u64,
+    /// The daemon keeps the region resident; the mapping was populated.
+    pub resident: bool,
 }
 
 /// A framed connection: requests out, replies in.
@@ -128,11 +130,13 @@ impl Channel {
                 region_size,
                 capacity,
                 line_size,
+                resident,
             } => StoreInfo {
                 client_id,
                 region_size,
                 capacity,
                 line_size,
+                resident,
             },
             Reply::Error { kind, message } => return Err(ShoalError::new(kind, message)),
             other => {
@@ -158,7 +162,7 @@ impl Client {
     /// Connects to the daemon at `socket` and maps its region.
     pub fn connect(socket: impl AsRef<Path>) -> Result<Self> {
         let (channel, info, fd) = Channel::handshake(socket.as_ref())?;
-        let mapping = Arc::new(Mapping::map(fd.as_fd(), info.region_size)?);
+        let mapping = Arc::new(Mapping::map(fd.as_fd(), info.region_size, info.resident)?);
         Ok(Self {
             channel,
             mapping,
@@ -398,6 +402,12 @@ impl Subscription {
         let (mut channel, _, _fd) = Channel::handshake(socket.as_ref())?;
         expect_ok(channel.call(&Request::Subscribe)?)?;
         Ok(Self { channel })
+    }
+
+    /// A second handle on the subscription's socket: shutting it down ends a
+    /// `next` blocked in another thread (it returns `Disconnected`).
+    pub fn closer(&self) -> Result<UnixStream> {
+        Ok(self.channel.stream.try_clone()?)
     }
 
     /// The next notification, waiting at most `timeout` (`None`: forever).

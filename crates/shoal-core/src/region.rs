@@ -183,11 +183,16 @@ pub struct Mapping {
 impl Mapping {
     /// Maps `len` bytes of the region behind `fd`, shared and writable (clients
     /// write objects they create; get buffers are handed out read-only).
-    /// Page tables are populated at once (MAP_POPULATE, ~0.1 s per GiB) so
-    /// neither writes nor reads of objects ever take a page fault later.
-    pub fn map(fd: BorrowedFd<'_>, len: u64) -> Result<Self> {
-        let map = MmapOptions::new()
-            .populate()
+    /// With `populate` (the daemon keeps the region resident) page tables are
+    /// filled at once (MAP_POPULATE, ~0.1 s per GiB) so neither writes nor
+    /// reads of objects ever take a page fault later. Without it, populating
+    /// would allocate the whole region, so pages fault in on first touch.
+    pub fn map(fd: BorrowedFd<'_>, len: u64, populate: bool) -> Result<Self> {
+        let mut options = MmapOptions::new();
+        if populate {
+            options.populate();
+        }
+        let map = options
             .len(usize::try_from(len).map_err(|_| ShoalError::invalid("region too large"))?)
             .map_raw(fd.as_raw_fd())
             .map_err(|e| ShoalError::io("mmap the store's region", e))?;
@@ -236,7 +241,7 @@ mod tests {
         let path = dir.path().join("region");
         let region = Region::create(&path, 1 << 20).unwrap();
         assert_eq!(region.prefault(1 << 16, || true), 1 << 20);
-        let client = Mapping::map(region.fd(), region.len()).unwrap();
+        let client = Mapping::map(region.fd(), region.len(), true).unwrap();
         // SAFETY: both mappings are 1 MiB long.
         unsafe {
             *client.base().add(4096) = 42;

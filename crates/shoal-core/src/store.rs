@@ -90,12 +90,14 @@ impl Store {
         line: u64,
         policy: Box<dyn EvictionPolicy>,
     ) -> Self {
+        let allocator = Allocator::new(region_size, line);
         Self {
             table: ObjectTable::new(),
-            allocator: Allocator::new(region_size, line),
+            // Never more than the allocator can hand out (whole lines).
+            capacity: capacity.min(allocator.size()),
+            allocator,
             policy,
             clients: HashMap::new(),
-            capacity: capacity.min(region_size),
             evictions: 0,
             evicted_bytes: 0,
             events: Vec::new(),
@@ -320,16 +322,6 @@ impl Store {
                     "object {id} appears twice in one seal"
                 )));
             }
-            if release
-                && !self
-                    .clients
-                    .get(&client)
-                    .is_some_and(|c| c.refs.contains_key(&slot))
-            {
-                return Err(ShoalError::invalid(format!(
-                    "seal-and-release of object {id}, but the client holds no reference"
-                )));
-            }
             slots.push(slot);
         }
         for (slot, id) in slots.iter().zip(ids) {
@@ -351,8 +343,13 @@ impl Store {
         let state = self.client(client);
         state.creating.retain(|s| !slots.contains(s));
         if release {
+            // The creator's reference may already be gone (a client library
+            // that released its create buffer before sealing): sealing still
+            // succeeds and there is nothing left to release.
             for (slot, id) in slots.iter().zip(ids) {
-                self.release_slot(client, *slot, id)?;
+                if self.client(client).refs.contains_key(slot) {
+                    self.release_slot(client, *slot, id)?;
+                }
             }
         }
         Ok(())
@@ -722,6 +719,26 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::StoreFull);
         assert_eq!(s.stats().evictions, 2);
         s.check_invariants();
+    }
+
+    #[test]
+    fn seal_and_release_after_the_creator_already_released() {
+        let mut s = store(4096);
+        s.create(1, id(1), 10, 0).unwrap();
+        s.create(1, id(2), 10, 0).unwrap();
+        s.release(1, &id(1)).unwrap(); // the creator's buffer went first
+        s.seal(1, &[id(1), id(2)], true).unwrap();
+        assert_eq!(s.stats().objects, 2);
+        assert!(s.list().iter().all(|o| o.refs == 0 && o.sealed));
+        // Both are now evictable, like any unreferenced sealed object.
+        assert_eq!(s.evict(128), 128);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn capacity_never_exceeds_whole_lines_of_the_region() {
+        let s = Store::new(1000, 1 << 20, 64, Box::new(Lru::default()));
+        assert_eq!(s.stats().capacity, 960);
     }
 
     #[test]

@@ -11,11 +11,14 @@ use std::time::Duration;
 
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fd_passing::send_with_fd;
-use shoal_core::protocol::{decode_request, CreateSpec, Reply, Request, PROTOCOL_VERSION};
+use shoal_core::protocol::{
+    decode_request, CreateSpec, Notification, Reply, Request, PROTOCOL_VERSION,
+};
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::server::Shared;
@@ -50,7 +53,8 @@ struct Connection {
 /// What handling a request asks the connection loop to do next.
 enum Next {
     Continue,
-    Subscribe,
+    /// Registered before its `Ok` was queued, so no seal after the reply is missed.
+    Subscribe(mpsc::Receiver<Notification>),
 }
 
 impl Connection {
@@ -71,8 +75,19 @@ impl Connection {
                     }
                 };
                 consumed += used;
-                next = self.handle(request, &mut output).await?;
-                if matches!(next, Next::Subscribe) {
+                next = match self.handle(request, &mut output).await {
+                    Ok(next) => next,
+                    Err(err) => {
+                        // A frame that decodes but breaks the connection rules
+                        // (a request before Hello, a second Hello): answer the
+                        // requests before it, then hang up.
+                        if err.kind() == ErrorKind::Protocol {
+                            let _ = self.stream.write_all(&output).await;
+                        }
+                        return Err(err);
+                    }
+                };
+                if matches!(next, Next::Subscribe(_)) {
                     break;
                 }
             }
@@ -81,8 +96,8 @@ impl Connection {
                 self.stream.write_all(&output).await?;
                 output.clear();
             }
-            if matches!(next, Next::Subscribe) {
-                return self.stream_notifications().await;
+            if let Next::Subscribe(notifications) = next {
+                return self.stream_notifications(notifications).await;
             }
             input.reserve(READ_CHUNK);
             if self.stream.read_buf(&mut input).await? == 0 {
@@ -183,8 +198,9 @@ impl Connection {
                 Reply::Evicted { bytes: freed }
             }
             Request::Subscribe => {
+                let notifications = self.shared.subscribe();
                 Reply::Ok.encode(out);
-                return Ok(Next::Subscribe);
+                return Ok(Next::Subscribe(notifications));
             }
         };
         reply.encode(out);
@@ -205,6 +221,7 @@ impl Connection {
             region_size: stats.region_size,
             capacity: stats.capacity,
             line_size: stats.line_size,
+            resident: self.shared.resident,
         }
         .encode(&mut frame);
         let region_fd = self.shared.region.fd();
@@ -289,8 +306,10 @@ impl Connection {
         }
     }
 
-    async fn stream_notifications(&mut self) -> Result<()> {
-        let mut notifications = self.shared.subscribe();
+    async fn stream_notifications(
+        &mut self,
+        mut notifications: mpsc::Receiver<Notification>,
+    ) -> Result<()> {
         let mut frame = Vec::new();
         let mut scratch = [0u8; 256];
         loop {

@@ -22,6 +22,10 @@ use crate::config::DaemonConfig;
 use crate::connection;
 use crate::shutdown::Shutdown;
 
+/// Notifications a subscriber may fall behind before it is disconnected, so a
+/// subscriber that stops reading cannot grow the daemon's heap without bound.
+pub(crate) const SUBSCRIBER_QUEUE: usize = 65_536;
+
 /// State shared by the connections of one daemon. Single-threaded: the
 /// runtime is current-thread, so `RefCell` suffices and a borrow is never held
 /// across an await.
@@ -29,12 +33,14 @@ pub(crate) struct Shared {
     pub store: RefCell<Store>,
     /// Shared with the prefault thread.
     pub region: Arc<Region>,
+    /// The region is (being) prefaulted, so clients may populate their mappings.
+    pub resident: bool,
     /// Woken on every seal: gets waiting for objects re-check.
     pub sealed: Notify,
     /// Woken whenever memory may have become free or evictable: creates
     /// waiting on a full store retry.
     pub space: Notify,
-    subscribers: RefCell<Vec<mpsc::UnboundedSender<Notification>>>,
+    subscribers: RefCell<Vec<mpsc::Sender<Notification>>>,
     next_client: Cell<u32>,
     connected: Cell<usize>,
     idle_since: Cell<Instant>,
@@ -59,8 +65,8 @@ impl Shared {
         self.space.notify_waiters();
     }
 
-    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Notification> {
-        let (sender, receiver) = mpsc::unbounded_channel();
+    pub fn subscribe(&self) -> mpsc::Receiver<Notification> {
+        let (sender, receiver) = mpsc::channel(SUBSCRIBER_QUEUE);
         self.subscribers.borrow_mut().push(sender);
         receiver
     }
@@ -91,7 +97,19 @@ impl Shared {
                     Notification::Removed { id }
                 }
             };
-            subscribers.retain(|s| s.send(notification.clone()).is_ok());
+            subscribers.retain(|s| match s.try_send(notification.clone()) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    // Dropping the sender ends the stream once the queued
+                    // notifications are out: the subscriber sees EOF.
+                    tracing::warn!(
+                        queued = SUBSCRIBER_QUEUE,
+                        "subscriber too slow, ending its subscription"
+                    );
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            });
         }
     }
 }
@@ -165,13 +183,19 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         }
     }
     let lock = SocketLock::acquire(&config.socket)?;
+    // A region we create is rounded up to whole lines, so a capacity of any
+    // byte count (Plasma's `-m 10000`) is usable in full.
+    let created_size = config.region_size.next_multiple_of(config.line_size);
     let region = match &config.region {
-        None => Region::create(&default_region_path(), config.region_size)?,
+        None => Region::create(&default_region_path(), created_size)?,
         Some(path) if path.exists() => Region::open(path, config.region_size)?,
-        Some(path) => Region::create(path, config.region_size)?,
+        Some(path) => Region::create(path, created_size)?,
     };
     let region_size = region.len();
-    let capacity = config.capacity.unwrap_or(region_size).min(region_size);
+    let capacity = config
+        .capacity
+        .unwrap_or(config.region_size)
+        .min(region_size);
     let store = Store::new(region_size, capacity, config.line_size, policy);
 
     // A stale socket file from a daemon that died: we hold the lock, so it is ours to replace.
@@ -185,6 +209,7 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     let shared = Rc::new(Shared {
         store: RefCell::new(store),
         region: Arc::new(region),
+        resident: config.prefault,
         sealed: Notify::new(),
         space: Notify::new(),
         subscribers: RefCell::new(Vec::new()),

@@ -6,7 +6,8 @@
 //! releases go through a queue: whoever holds the connection next sends them,
 //! and a release never blocks waiting for the connection.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use pyo3::buffer::PyBuffer;
@@ -14,7 +15,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use shoal_client::{Client as RustClient, StoreInfo, Subscription as RustSubscription};
-use shoal_core::error::Result;
+use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::protocol::{CreateSpec, Notification};
 use shoal_core::region::Mapping;
 use shoal_core::store::ObjectLocation;
@@ -22,10 +23,61 @@ use shoal_core::ObjectId;
 
 use crate::buffer::{Buffer, ObjectRef};
 use crate::errors::IntoPyResult;
+use crate::ids::{PyId, PyIds};
+
+/// How long the release thread waits for more dropped buffers before it
+/// sends one `Release` for all of them (freeing a list of 1000 buffers costs
+/// one message, not 1000).
+const RELEASE_COALESCE: Duration = Duration::from_micros(200);
+/// A drop this long after the last release message is sent at once (an
+/// isolated `del` is seen by the daemon, and other clients, right away); drops
+/// that follow closer than this are bursts and go to the release thread.
+const RELEASE_QUIET: Duration = Duration::from_millis(1);
+/// A backlog this long is sent at once by whoever drops the next buffer.
+const RELEASE_BATCH: usize = 4096;
+
+/// References of dropped buffers, waiting to be released in one message.
+#[derive(Default)]
+struct ReleaseQueue {
+    ids: Mutex<Vec<ObjectId>>,
+    queued: Condvar,
+    closed: AtomicBool,
+    /// When the last release message went out.
+    last_sent: Mutex<Option<std::time::Instant>>,
+}
+
+impl ReleaseQueue {
+    /// The release thread: wakes on the first queued id, lets more gather,
+    /// sends them. Ends with the client. Any request on the connection also
+    /// sends the queue first, so the daemon sees a client's releases before
+    /// its next request.
+    fn run(self: Arc<Self>, shared: Weak<Shared>) {
+        loop {
+            {
+                let mut ids = lock(&self.ids);
+                while ids.is_empty() && !self.closed.load(Ordering::Acquire) {
+                    ids = self
+                        .queued
+                        .wait(ids)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                }
+                if ids.is_empty() {
+                    return;
+                }
+            }
+            std::thread::sleep(RELEASE_COALESCE);
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let mut connection = lock(&shared.connection);
+            shared.flush(&mut connection);
+        }
+    }
+}
 
 pub struct Shared {
     connection: Mutex<RustClient>,
-    pending_releases: Mutex<Vec<ObjectId>>,
+    releases: Arc<ReleaseQueue>,
     /// The creator references of objects created through `create` and not
     /// sealed yet, so `seal(release=True)` can disarm their buffers.
     creating: Mutex<std::collections::HashMap<ObjectId, std::sync::Weak<ObjectRef>>>,
@@ -38,17 +90,46 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    /// Queues a release and sends it now if the connection is free.
+    fn new(connection: RustClient) -> Arc<Self> {
+        let releases = Arc::new(ReleaseQueue::default());
+        let shared = Arc::new(Self {
+            connection: Mutex::new(connection),
+            releases: releases.clone(),
+            creating: Mutex::default(),
+        });
+        let weak = Arc::downgrade(&shared);
+        let spawned = std::thread::Builder::new()
+            .name("shoal-release".into())
+            .spawn(move || releases.run(weak));
+        if spawned.is_err() {
+            // No thread: every drop sends its release itself.
+            shared.releases.closed.store(true, Ordering::Release);
+        }
+        shared
+    }
+
+    /// Queues the release of a dropped buffer's reference.
     pub fn release_later(&self, id: ObjectId) {
-        lock(&self.pending_releases).push(id);
-        if let Ok(mut connection) = self.connection.try_lock() {
-            self.flush(&mut connection);
+        let backlog = {
+            let mut ids = lock(&self.releases.ids);
+            ids.push(id);
+            if ids.len() == 1 {
+                self.releases.queued.notify_one();
+            }
+            ids.len()
+        };
+        let quiet = lock(&self.releases.last_sent).is_none_or(|t| t.elapsed() >= RELEASE_QUIET);
+        if quiet || backlog >= RELEASE_BATCH || self.releases.closed.load(Ordering::Acquire) {
+            if let Ok(mut connection) = self.connection.try_lock() {
+                self.flush(&mut connection);
+            }
         }
     }
 
     fn flush(&self, connection: &mut RustClient) {
-        let ids = std::mem::take(&mut *lock(&self.pending_releases));
+        let ids = std::mem::take(&mut *lock(&self.releases.ids));
         if !ids.is_empty() {
+            *lock(&self.releases.last_sent) = Some(std::time::Instant::now());
             // A dead connection means the daemon already dropped our references.
             let _ = connection.release(&ids);
         }
@@ -63,17 +144,18 @@ impl Shared {
             self.flush(&mut connection);
             result
         };
-        // A release queued while we held the lock found it busy: send it now.
-        if !lock(&self.pending_releases).is_empty() {
-            if let Ok(mut connection) = self.connection.try_lock() {
-                self.flush(&mut connection);
-            }
-        }
         result
     }
 }
 
-type Id = [u8; 20];
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The connection closes with us; the daemon drops what is left.
+        self.releases.closed.store(true, Ordering::Release);
+        self.releases.queued.notify_one();
+    }
+}
+
 /// One `list()` row: (id, data_size, metadata_size, sealed, refs).
 type ListRow<'py> = (Bound<'py, PyBytes>, u64, u32, bool, u32);
 /// One notification: (id, kind, data_size, metadata_size).
@@ -132,11 +214,7 @@ impl Client {
         let mapping = client.mapping().clone();
         let info = client.info();
         Ok(Self {
-            shared: Arc::new(Shared {
-                connection: Mutex::new(client),
-                pending_releases: Mutex::new(Vec::new()),
-                creating: Mutex::default(),
-            }),
+            shared: Shared::new(client),
             mapping,
             info,
             socket,
@@ -181,7 +259,7 @@ impl Client {
     fn create(
         &self,
         py: Python<'_>,
-        id: Id,
+        id: PyId,
         size: u64,
         metadata: Option<&[u8]>,
         timeout_ms: u32,
@@ -189,7 +267,7 @@ impl Client {
         let meta = metadata.unwrap_or_default();
         let meta_size = u32::try_from(meta.len())
             .map_err(|_| PyValueError::new_err("metadata larger than 4 GiB"))?;
-        let id = ObjectId(id);
+        let id = id.0;
         let location = py
             .detach(|| {
                 self.shared
@@ -212,18 +290,19 @@ impl Client {
     fn create_batch(
         &self,
         py: Python<'_>,
-        ids: Vec<Id>,
+        ids: PyIds,
         sizes: Vec<u64>,
         timeout_ms: u32,
     ) -> PyResult<Vec<Buffer>> {
+        let ids = ids.0;
         if ids.len() != sizes.len() {
             return Err(PyValueError::new_err("ids and sizes differ in length"));
         }
         let specs: Vec<_> = ids
             .iter()
             .zip(&sizes)
-            .map(|(id, &data_size)| CreateSpec {
-                id: ObjectId(*id),
+            .map(|(&id, &data_size)| CreateSpec {
+                id,
                 data_size,
                 meta_size: 0,
             })
@@ -241,16 +320,16 @@ impl Client {
     /// Seals objects this client created. With `release`, the creator's
     /// reference is dropped now rather than when its buffer is freed.
     #[pyo3(signature = (ids, release=false))]
-    fn seal(&self, py: Python<'_>, ids: Vec<Id>, release: bool) -> PyResult<()> {
-        let ids: Vec<_> = ids.into_iter().map(ObjectId).collect();
+    fn seal(&self, py: Python<'_>, ids: PyIds, release: bool) -> PyResult<()> {
+        let ids = ids.0;
         py.detach(|| self.shared.with(|c| c.seal(&ids, release)))
             .py()?;
         self.forget_creations(&ids, release);
         Ok(())
     }
 
-    fn abort(&self, py: Python<'_>, id: Id) -> PyResult<()> {
-        let id = ObjectId(id);
+    fn abort(&self, py: Python<'_>, id: PyId) -> PyResult<()> {
+        let id = id.0;
         py.detach(|| self.shared.with(|c| c.abort(id))).py()?;
         self.forget_creations(&[id], true);
         Ok(())
@@ -260,8 +339,8 @@ impl Client {
     /// ones; `None` for those still missing. Buffers are read-only views of
     /// store memory.
     #[pyo3(signature = (ids, timeout_ms=-1))]
-    fn get(&self, py: Python<'_>, ids: Vec<Id>, timeout_ms: i64) -> PyResult<Vec<Option<Buffer>>> {
-        let object_ids: Vec<_> = ids.iter().map(|id| ObjectId(*id)).collect();
+    fn get(&self, py: Python<'_>, ids: PyIds, timeout_ms: i64) -> PyResult<Vec<Option<Buffer>>> {
+        let object_ids = ids.0;
         let found = py
             .detach(|| self.shared.with(|c| c.get(&object_ids, timeout_ms)))
             .py()?;
@@ -278,11 +357,12 @@ impl Client {
     fn put_batch(
         &self,
         py: Python<'_>,
-        ids: Vec<Id>,
+        ids: PyIds,
         buffers: Vec<PyBuffer<u8>>,
         metadata: Option<Vec<Vec<u8>>>,
         timeout_ms: u32,
     ) -> PyResult<()> {
+        let ids = ids.0;
         if ids.len() != buffers.len() || metadata.as_ref().is_some_and(|m| m.len() != ids.len()) {
             return Err(PyValueError::new_err(
                 "ids, buffers and metadata differ in length",
@@ -299,8 +379,8 @@ impl Client {
         let specs: Vec<_> = ids
             .iter()
             .enumerate()
-            .map(|(i, id)| CreateSpec {
-                id: ObjectId(*id),
+            .map(|(i, &id)| CreateSpec {
+                id,
                 data_size: sources[i].1 as u64,
                 meta_size: metadata.as_ref().map_or(0, |m| m[i].len() as u32),
             })
@@ -327,8 +407,8 @@ impl Client {
     }
 
     /// Deletes objects; returns, per id, `None` or the error kind's name.
-    fn delete(&self, py: Python<'_>, ids: Vec<Id>) -> PyResult<Vec<Option<&'static str>>> {
-        let ids: Vec<_> = ids.into_iter().map(ObjectId).collect();
+    fn delete(&self, py: Python<'_>, ids: PyIds) -> PyResult<Vec<Option<&'static str>>> {
+        let ids = ids.0;
         let results = py.detach(|| self.shared.with(|c| c.delete(&ids))).py()?;
         Ok(results
             .into_iter()
@@ -336,8 +416,8 @@ impl Client {
             .collect())
     }
 
-    fn contains(&self, py: Python<'_>, id: Id) -> PyResult<bool> {
-        py.detach(|| self.shared.with(|c| c.contains(ObjectId(id))))
+    fn contains(&self, py: Python<'_>, id: PyId) -> PyResult<bool> {
+        py.detach(|| self.shared.with(|c| c.contains(id.0)))
             .py()
     }
 
@@ -400,7 +480,10 @@ impl Client {
 
 #[pyclass(module = "shoal._internal", frozen)]
 pub struct Subscription {
-    inner: Mutex<RustSubscription>,
+    /// `None` once closed.
+    inner: Mutex<Option<RustSubscription>>,
+    /// Shut down by `close` so a `next` blocked in another thread returns.
+    closer: std::os::unix::net::UnixStream,
 }
 
 #[pymethods]
@@ -408,9 +491,17 @@ impl Subscription {
     #[new]
     fn new(py: Python<'_>, socket: String) -> PyResult<Self> {
         let inner = py.detach(|| RustSubscription::connect(&socket)).py()?;
+        let closer = inner.closer().py()?;
         Ok(Self {
-            inner: Mutex::new(inner),
+            inner: Mutex::new(Some(inner)),
+            closer,
         })
+    }
+
+    /// Ends the subscription; `next` raises `Disconnected` afterwards.
+    fn close(&self, py: Python<'_>) {
+        let _ = self.closer.shutdown(std::net::Shutdown::Both);
+        py.detach(|| *lock(&self.inner) = None);
     }
 
     /// Next notification as (id, kind, data_size, metadata_size) where kind
@@ -422,7 +513,15 @@ impl Subscription {
         timeout: Option<f64>,
     ) -> PyResult<Option<NotificationRow<'py>>> {
         let timeout = timeout.map(|t| Duration::from_secs_f64(t.max(0.001)));
-        let next = py.detach(|| lock(&self.inner).next(timeout)).py()?;
+        let next = py
+            .detach(|| match lock(&self.inner).as_mut() {
+                Some(subscription) => subscription.next(timeout),
+                None => Err(ShoalError::new(
+                    ErrorKind::Disconnected,
+                    "the subscription is closed",
+                )),
+            })
+            .py()?;
         Ok(next.map(|n| match n {
             Notification::Sealed {
                 id,

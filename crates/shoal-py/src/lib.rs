@@ -4,6 +4,7 @@
 mod buffer;
 mod client;
 mod errors;
+mod ids;
 
 use pyo3::prelude::*;
 

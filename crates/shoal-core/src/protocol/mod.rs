@@ -100,6 +100,10 @@ pub enum Reply {
         region_size: u64,
         capacity: u64,
         line_size: u64,
+        /// The daemon keeps the whole region resident (prefaulted): a client
+        /// can populate its page tables for all of it at connect without
+        /// allocating memory nobody asked for.
+        resident: bool,
     },
     Created {
         offsets: Vec<u64>,
@@ -280,12 +284,14 @@ impl Reply {
                 region_size,
                 capacity,
                 line_size,
+                resident,
             } => {
                 w.u32(*version)
                     .u32(*client_id)
                     .u64(*region_size)
                     .u64(*capacity)
-                    .u64(*line_size);
+                    .u64(*line_size)
+                    .u32(u32::from(*resident));
                 op::WELCOME
             }
             Reply::Created { offsets } => {
@@ -389,6 +395,7 @@ impl Reply {
                 region_size: r.u64()?,
                 capacity: r.u64()?,
                 line_size: r.u64()?,
+                resident: r.u32()? & 1 == 1,
             },
             op::CREATED => {
                 let n = r.count(8)?;

@@ -81,6 +81,7 @@ fn every_reply_round_trips() {
             region_size: 1 << 30,
             capacity: 1 << 29,
             line_size: 64,
+            resident: true,
         },
         Reply::Created {
             offsets: vec![0, 64, 128],
