@@ -6,6 +6,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 command -v cargo >/dev/null || { echo "setup: shoal needs a Rust toolchain (cargo) on PATH" >&2; exit 1; }
+
+# Debian packages: spin model-checks the coherency protocol (scripts/check-model.sh).
+need_debs=()
+command -v spin >/dev/null || need_debs+=(spin)
+if [ ${#need_debs[@]} -gt 0 ]; then
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO="sudo"
+    echo "setup: installing ${need_debs[*]} (apt)"
+    $SUDO apt-get install -y -q "${need_debs[@]}" >/dev/null 2>&1 \
+        || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "${need_debs[@]}" >/dev/null; }
+fi
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv

@@ -20,5 +20,8 @@ cargo test --release -q
 step "frame decoder fuzz smoke (stable; the libFuzzer target is fuzz/)"
 (cd fuzz && cargo test --release -q)
 
+step "coherency protocol model (spin)"
+./scripts/check-model.sh
+
 step "Python tests"
 python -m pytest -q tests/python

@@ -16,8 +16,8 @@
 use shoal_core::error::ErrorKind;
 use shoal_core::ids::ObjectId;
 use shoal_core::protocol::{
-    decode_request, CreateSpec, FrameHeader, Notification, Reply, Request, FRAME_HEADER_LEN,
-    MAX_FRAME_LEN, PROTOCOL_VERSION, WAIT_FOREVER,
+    decode_request, CreateSpec, FrameHeader, Located, Notification, PeerRegion, Reply, Request,
+    FRAME_HEADER_LEN, MAX_FRAME_LEN, PROTOCOL_VERSION, WAIT_FOREVER,
 };
 use shoal_core::store::{ObjectInfo, ObjectLocation, StoreStats};
 
@@ -248,6 +248,7 @@ pub fn sample_requests() -> Vec<Request> {
         Request::Stats,
         Request::Subscribe,
         Request::Evict { bytes: u64::MAX },
+        Request::ClusterInfo,
     ]
 }
 
@@ -270,12 +271,31 @@ pub fn sample_replies() -> Vec<Reply> {
             region_size: 1 << 30,
             capacity: 1 << 29,
             line_size: 64,
+            resident: true,
+            clustered: false,
         },
         Reply::Created {
             offsets: vec![0, 64, 128],
         },
         Reply::Objects {
-            objects: vec![Some(loc), None],
+            objects: vec![
+                Some(Located {
+                    node: 1,
+                    location: loc,
+                }),
+                None,
+            ],
+        },
+        Reply::ClusterInfo {
+            node: 0,
+            coherent: true,
+            nodes: vec![PeerRegion {
+                node: 1,
+                mapped: true,
+                alive: true,
+                region_size: 1 << 20,
+                path: "/dev/shm/x".into(),
+            }],
         },
         Reply::Bool(true),
         Reply::Bool(false),

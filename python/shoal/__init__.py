@@ -15,6 +15,7 @@ from shoal._ids import ObjectID
 from shoal.errors import (
     Disconnected,
     InvalidArgument,
+    NodeUnavailable,
     NotOwner,
     ObjectAlreadySealed,
     ObjectExists,
@@ -84,6 +85,7 @@ __all__ = [
     "Client",
     "Disconnected",
     "InvalidArgument",
+    "NodeUnavailable",
     "NotOwner",
     "ObjectAlreadySealed",
     "ObjectExists",

@@ -64,6 +64,10 @@ class VersionMismatch(ShoalError):
     """Client and daemon speak different protocol versions."""
 
 
+class NodeUnavailable(ShoalError, ConnectionError):
+    """Another node of the cluster did not answer within the timeout."""
+
+
 __all__ = [
     name for name, value in globals().items() if isinstance(value, type) and issubclass(value, Exception)
 ]

@@ -311,3 +311,78 @@ def snapshot(client: shoal.Client) -> tuple[list[tuple], int, int]:
 def in_region(client: shoal.Client, address: int, size: int = 1) -> bool:
     start = client.region_address
     return start <= address and address + size <= start + client.region_size
+
+
+# -- clusters ----------------------------------------------------------------------------------
+
+
+class Cluster:
+    """An emulated cluster from `python -m shoal cluster up`, owned by one test."""
+
+    def __init__(
+        self,
+        directory: Path,
+        nodes: int = 3,
+        capacity: str = "64MiB",
+        modes: str = "mapped",
+        coherence: str = "coherent",
+    ) -> None:
+        self.directory = directory
+        self.name = f"t{os.getpid()}x{directory.name}"[-24:]
+        self.nodes = nodes
+        self._clients: list[shoal.Client] = []
+        result = shoal_command(
+            "cluster", "up", "--nodes", str(nodes), "--dir", str(directory), "--capacity", capacity,
+            "--modes", modes, "--coherence", coherence, "--name", self.name,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr + result.stdout
+        self.file = directory / "cluster.toml"
+
+    def socket(self, node: int) -> str:
+        return str(self.directory / f"n{node}.sock")
+
+    def client(self, node: int) -> shoal.Client:
+        client = shoal.Client(self.socket(node))
+        self._clients.append(client)
+        return client
+
+    def pid(self, node: int) -> int:
+        return int((self.directory / f"n{node}.pid").read_text())
+
+    def log(self, node: int) -> str:
+        return ANSI.sub("", (self.directory / f"n{node}.log").read_text(errors="replace"))
+
+    def kill(self, node: int) -> None:
+        """SIGKILL one node's daemon (node death)."""
+        pid = self.pid(node)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.01)
+
+    def status(self) -> list[dict]:
+        result = shoal_command("cluster", "status", "--dir", str(self.directory), "--json")
+        assert result.returncode == 0, result.stderr
+        return [json.loads(line) for line in result.stdout.splitlines()]
+
+    def regions(self) -> list[str]:
+        return glob.glob(f"/dev/shm/shoal-*-{self.name}-n*")
+
+    def down(self) -> None:
+        for client in self._clients:
+            client.close()
+        result = shoal_command("cluster", "down", "--dir", str(self.directory))
+        assert result.returncode == 0, result.stderr + result.stdout
+        assert not self.regions(), f"cluster left regions behind: {self.regions()}"
+
+
+def shoal_command(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NO_COLOR="1")
+    env.pop("SHOAL_SOCKET", None)
+    return subprocess.run(
+        [sys.executable, "-m", "shoal", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )

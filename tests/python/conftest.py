@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _shoal_testing import Child, Daemon, run_python, short_dir
+from _shoal_testing import Child, Cluster, Daemon, run_python, short_dir
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +54,29 @@ def make_store(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 def store(make_store: Callable[..., Daemon]) -> Daemon:
     """A 64 MiB daemon: .socket, .process, .client(), .kill(), .stop()."""
     return make_store()
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    """Factory for emulated clusters: make_cluster(nodes=3, modes="mapped,network")."""
+    clusters: list[Cluster] = []
+
+    def make(**options: Any) -> Cluster:
+        directory = short_dir(tmp_path) / f"c{len(clusters)}"
+        cluster = Cluster(directory, **options)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    gc.collect()
+    for cluster in clusters:
+        cluster.down()
+
+
+@pytest.fixture
+def cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
+    """Three mapped nodes, 64 MiB each: .client(i), .kill(i), .status(), .log(i)."""
+    return make_cluster()
 
 
 @pytest.fixture

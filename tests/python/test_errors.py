@@ -415,7 +415,10 @@ def frame(opcode: int, payload: bytes = b"", flags: int = 0, length: int | None 
     return struct.pack("<IHH", len(payload) if length is None else length, opcode, flags) + payload
 
 
-def hello(version: int = 1) -> bytes:
+PROTOCOL_VERSION = 2
+
+
+def hello(version: int = PROTOCOL_VERSION) -> bytes:
     return frame(HELLO, struct.pack("<II", version, os.getpid()))
 
 
@@ -549,7 +552,7 @@ def test_valid_hello_then_garbage(store, populated, name):
     before = snapshot(client)
     raw = Raw(store.socket)
     version, client_id, region_size, capacity, line_size, flags = raw.handshake()
-    assert (version, region_size, capacity, line_size, flags) == (1, 64 * MiB, 64 * MiB, 64, 0)
+    assert (version, region_size, capacity, line_size, flags) == (PROTOCOL_VERSION, 64 * MiB, 64 * MiB, 64, 0)
     assert client_id > 0
     raw.send(GARBAGE_AFTER_HELLO[name])
     raw.sock.shutdown(socket.SHUT_WR)
@@ -601,10 +604,10 @@ def test_hello_with_wrong_protocol_version(store, populated):
     (length,) = struct.unpack_from("<I", payload, 2)
     message = payload[6 : 6 + length].decode()
     assert kind == 14, (kind, message)  # VersionMismatch
-    assert "99" in message and "1" in message
+    assert "99" in message and str(PROTOCOL_VERSION) in message
     # Not welcomed: the daemon did not hand out the region; a correct Hello still works.
     version, *_ = raw.handshake()
-    assert version == 1
+    assert version == PROTOCOL_VERSION
     raw.send(frame(STATS))
     opcode, payload, _ = raw.recv_frame()
     assert opcode == STATS_REPLY

@@ -124,7 +124,7 @@ pub fn reader(args: ReaderArgs) -> Result<()> {
         let mut checksum = 0u64;
         for location in &locations {
             // SAFETY: we hold a reference to every object until the release below.
-            checksum = checksum.wrapping_add(read_pass(unsafe { client.data(*location) }));
+            checksum = checksum.wrapping_add(read_pass(unsafe { client.data(location.location) }));
         }
         let read_ns = started.elapsed().as_nanos();
         let faults = minor_faults() - faults;

@@ -3,6 +3,7 @@
 //! calls [`run`] through the extension module).
 
 mod bench;
+mod cluster;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -72,7 +73,17 @@ enum Command {
         /// Exit after this many seconds without clients (used by the embedded store).
         #[arg(long)]
         idle_exit: Option<f64>,
+        /// Run as one node of the cluster this file describes (socket, region,
+        /// size and peer address come from the file).
+        #[arg(long, requires = "node")]
+        cluster: Option<PathBuf>,
+        /// This node's id in the cluster file.
+        #[arg(long, requires = "cluster")]
+        node: Option<u32>,
     },
+    /// Start, stop or inspect a cluster of daemons.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Show capacity, usage, object and client counts.
     Stat {
         #[command(flatten)]
@@ -81,19 +92,39 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List objects.
+    /// List objects (of one daemon, or with --cluster of every node).
     Ls {
         #[command(flatten)]
         socket: SocketArg,
         /// Print JSON lines.
         #[arg(long)]
         json: bool,
+        /// List every node of the cluster in this directory (`cluster up --dir`)
+        /// [default directory: /tmp/shoal-$UID/cluster].
+        #[arg(long)]
+        cluster: bool,
+        /// The cluster's directory (with --cluster).
+        #[arg(long, requires = "cluster")]
+        dir: Option<PathBuf>,
+        /// A cluster file (with --cluster).
+        #[arg(long, requires = "cluster", conflicts_with = "dir")]
+        file: Option<PathBuf>,
     },
     /// Run the Table I object micro-benchmark (put, get from another process, read).
     Bench(bench::BenchArgs),
     /// (internal) The reading side of `shoal bench`, run in a second process.
     #[command(hide = true)]
     BenchReader(bench::ReaderArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCommand {
+    /// Emulate a cluster on this host: one daemon per node, /dev/shm regions.
+    Up(cluster::UpArgs),
+    /// Stop the daemons `cluster up` started and remove their regions.
+    Down(cluster::DirArgs),
+    /// Nodes, access modes, liveness and memory per node.
+    Status(cluster::DirArgs),
 }
 
 /// Runs the CLI with `args` (argv[0] first). `self_command` is how to start
@@ -124,6 +155,16 @@ pub fn run(args: Vec<String>, self_command: Vec<String>) -> i32 {
 }
 
 fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
+    if matches!(
+        command,
+        Command::Ls { .. } | Command::Stat { .. } | Command::Cluster(ClusterCommand::Status(_))
+    ) {
+        // Listings end quietly when their reader does (`shoal ls | head`),
+        // like any Unix tool. Not for `serve`: a daemon must survive clients
+        // that hang up.
+        // SAFETY: restoring the default disposition of one signal.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match command {
         Command::Serve {
             socket,
@@ -134,12 +175,30 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             policy,
             no_prefault,
             idle_exit,
+            cluster,
+            node,
         } => {
             let mut config =
                 DaemonConfig::new(socket.path(), region_size.unwrap_or(capacity).max(capacity));
             config.capacity = Some(capacity);
+            if let (Some(file), Some(node)) = (cluster, node) {
+                let topology = shoal_cluster::Topology::load(&file)?.sorted();
+                let me = topology.node(node)?.clone();
+                if socket.socket.is_none() {
+                    config.socket = me.socket.clone();
+                }
+                config.region_size = me.region_size;
+                config.capacity = Some(capacity.min(me.region_size));
+                if topology.coherence == shoal_core::coherence::CoherenceMode::Noncoherent {
+                    // Objects never share a line any node's cache moves as one.
+                    config.line_size = line_size.max(shoal_core::coherence::LINE as u64);
+                }
+                config.cluster = Some(shoal_daemon::ClusterConfig { topology, node });
+            }
             config.region = region;
-            config.line_size = line_size;
+            if config.cluster.is_none() {
+                config.line_size = line_size;
+            }
             config.policy = policy;
             config.prefault = !no_prefault;
             config.idle_exit = idle_exit.map(Duration::from_secs_f64);
@@ -182,7 +241,17 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             }
             Ok(())
         }
-        Command::Ls { socket, json } => {
+        Command::Ls {
+            json,
+            cluster: true,
+            dir,
+            file,
+            ..
+        } => cluster::ls(cluster::DirArgs { dir, file, json }),
+        Command::Cluster(ClusterCommand::Up(args)) => cluster::up(args, &self_command),
+        Command::Cluster(ClusterCommand::Down(args)) => cluster::down(args),
+        Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args),
+        Command::Ls { socket, json, .. } => {
             let mut client = Client::connect(socket.path())?;
             let mut objects = client.list()?;
             objects.sort_by_key(|o| o.location.offset);

@@ -18,6 +18,7 @@ use shoal_core::fd_passing::recv_with_fd;
 use shoal_core::protocol::{
     CreateSpec, FrameHeader, Notification, Reply, Request, FRAME_HEADER_LEN, PROTOCOL_VERSION,
 };
+pub use shoal_core::protocol::{Located, PeerRegion};
 use shoal_core::region::Mapping;
 use shoal_core::store::{ObjectInfo, ObjectLocation, StoreStats};
 use shoal_core::ObjectId;
@@ -33,6 +34,18 @@ pub struct StoreInfo {
     pub line_size: u64,
     /// The daemon keeps the region resident; the mapping was populated.
     pub resident: bool,
+    /// The daemon is a node of a cluster (objects may live in peers' regions).
+    pub clustered: bool,
+}
+
+/// The cluster as this client sees it: which node its daemon is, and the
+/// peers' regions it maps (read-only) when a get returns objects there.
+pub struct ClusterView {
+    pub node: u32,
+    pub coherent: bool,
+    pub nodes: Vec<PeerRegion>,
+    /// Mapped lazily, on the first object found on that node.
+    mappings: Vec<Option<Arc<Mapping>>>,
 }
 
 /// A framed connection: requests out, replies in.
@@ -131,12 +144,14 @@ impl Channel {
                 capacity,
                 line_size,
                 resident,
+                clustered,
             } => StoreInfo {
                 client_id,
                 region_size,
                 capacity,
                 line_size,
                 resident,
+                clustered,
             },
             Reply::Error { kind, message } => return Err(ShoalError::new(kind, message)),
             other => {
@@ -156,6 +171,10 @@ pub struct Client {
     channel: Channel,
     mapping: Arc<Mapping>,
     info: StoreInfo,
+    cluster: Option<ClusterView>,
+    /// Objects created here and not sealed yet, flushed at seal on a
+    /// non-coherent fabric.
+    unsealed: std::collections::HashMap<ObjectId, ObjectLocation>,
 }
 
 impl Client {
@@ -163,11 +182,113 @@ impl Client {
     pub fn connect(socket: impl AsRef<Path>) -> Result<Self> {
         let (channel, info, fd) = Channel::handshake(socket.as_ref())?;
         let mapping = Arc::new(Mapping::map(fd.as_fd(), info.region_size, info.resident)?);
-        Ok(Self {
+        let mut client = Self {
             channel,
             mapping,
             info,
-        })
+            cluster: None,
+            unsealed: std::collections::HashMap::new(),
+        };
+        if info.clustered {
+            match client.channel.call(&Request::ClusterInfo)? {
+                Reply::ClusterInfo {
+                    node,
+                    coherent,
+                    nodes,
+                } => {
+                    let mappings = vec![None; nodes.len()];
+                    client.cluster = Some(ClusterView {
+                        node,
+                        coherent,
+                        nodes,
+                        mappings,
+                    });
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(client)
+    }
+
+    /// The cluster, if the daemon is a cluster node.
+    pub fn cluster(&self) -> Option<&ClusterView> {
+        self.cluster.as_ref()
+    }
+
+    /// This client's node id (0 for a single store).
+    pub fn node(&self) -> u32 {
+        self.cluster.as_ref().map_or(0, |c| c.node)
+    }
+
+    /// The mapping that holds objects of `node`: ours, or the peer's region
+    /// (mapped read-only by path on first use).
+    pub fn mapping_of(&mut self, node: u32) -> Result<Arc<Mapping>> {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return if node == 0 {
+                Ok(self.mapping.clone())
+            } else {
+                Err(ShoalError::protocol(format!(
+                    "daemon sent an object on node {node}, but it is not a cluster node"
+                )))
+            };
+        };
+        if node == cluster.node {
+            return Ok(self.mapping.clone());
+        }
+        let index = node as usize;
+        let Some(peer) = cluster.nodes.get(index).filter(|p| p.node == node) else {
+            return Err(ShoalError::protocol(format!(
+                "object on unknown node {node}"
+            )));
+        };
+        if !peer.mapped {
+            return Err(ShoalError::protocol(format!(
+                "object on node {node}, whose memory cannot be mapped here"
+            )));
+        }
+        if let Some(mapping) = &cluster.mappings[index] {
+            return Ok(mapping.clone());
+        }
+        let mapping = Arc::new(Mapping::map_path_readonly(
+            Path::new(&peer.path),
+            peer.region_size,
+        )?);
+        cluster.mappings[index] = Some(mapping.clone());
+        Ok(mapping)
+    }
+
+    /// Checks a descriptor against the mapping it points into, before
+    /// anything reads it; returns the object's address.
+    fn check_located(&mut self, located: Located) -> Result<Located> {
+        let mapping = self.mapping_of(located.node)?;
+        let l = located.location;
+        let len = l.data_size.checked_add(l.meta_size as u64);
+        if !len.is_some_and(|len| mapping.contains(l.offset, len)) {
+            return Err(ShoalError::protocol(format!(
+                "daemon sent a descriptor outside node {}'s region: {l:?}",
+                located.node
+            )));
+        }
+        if let Some(cluster) = &self.cluster {
+            if !cluster.coherent && located.node != cluster.node {
+                // First read after the seal on this node: drop stale lines.
+                // SAFETY: bounds checked above; the range is mapped.
+                unsafe {
+                    shoal_core::coherence::invalidate_range(
+                        mapping.base().add(l.offset as usize),
+                        (l.data_size + l.meta_size as u64) as usize,
+                    )
+                };
+            }
+        }
+        Ok(located)
+    }
+
+    /// Address of a found object's data in this process.
+    pub fn located_ptr(&mut self, located: Located) -> Result<*const u8> {
+        let mapping = self.mapping_of(located.node)?;
+        // SAFETY: descriptors are bounds-checked against this mapping on receipt.
+        Ok(unsafe { mapping.base().add(located.location.offset as usize) })
     }
 
     pub fn info(&self) -> StoreInfo {
@@ -228,7 +349,7 @@ impl Client {
             timeout_ms,
             objects: objects.to_vec(),
         };
-        match self.channel.call(&request)? {
+        let locations: Vec<ObjectLocation> = match self.channel.call(&request)? {
             Reply::Created { offsets } if offsets.len() == objects.len() => offsets
                 .iter()
                 .zip(objects)
@@ -239,14 +360,44 @@ impl Client {
                         meta_size: o.meta_size,
                     })
                 })
-                .collect(),
-            other => Err(unexpected(other)),
+                .collect::<Result<_>>()?,
+            other => return Err(unexpected(other)),
+        };
+        if self.noncoherent() {
+            for (o, l) in objects.iter().zip(&locations) {
+                self.unsealed.insert(o.id, *l);
+            }
+        }
+        Ok(locations)
+    }
+
+    fn noncoherent(&self) -> bool {
+        self.cluster.as_ref().is_some_and(|c| !c.coherent)
+    }
+
+    /// On a non-coherent fabric the writer's dirty lines must reach memory
+    /// before the seal (or the free of an aborted object) is announced.
+    fn flush_written(&mut self, ids: &[ObjectId]) {
+        if !self.noncoherent() {
+            return;
+        }
+        for id in ids {
+            if let Some(l) = self.unsealed.remove(id) {
+                // SAFETY: the location was bounds-checked against our mapping at create.
+                unsafe {
+                    shoal_core::coherence::flush_range(
+                        self.mapping.base().add(l.offset as usize),
+                        (l.data_size + l.meta_size as u64) as usize,
+                    )
+                };
+            }
         }
     }
 
     /// Seals objects this client created; with `release` also drops the
     /// creator's reference (nothing left to release afterwards).
     pub fn seal(&mut self, ids: &[ObjectId], release: bool) -> Result<()> {
+        self.flush_written(ids);
         expect_ok(self.channel.call(&Request::Seal {
             release,
             ids: ids.to_vec(),
@@ -254,23 +405,22 @@ impl Client {
     }
 
     pub fn abort(&mut self, id: ObjectId) -> Result<()> {
+        self.flush_written(&[id]);
         expect_ok(self.channel.call(&Request::Abort { id })?)
     }
 
     /// Gets objects, waiting up to `timeout_ms` (or [`WAIT_FOREVER`]) for the
     /// ones not sealed yet. Found objects are referenced until released.
-    pub fn get(
-        &mut self,
-        ids: &[ObjectId],
-        timeout_ms: i64,
-    ) -> Result<Vec<Option<ObjectLocation>>> {
+    /// Each found object's descriptor says which node's region holds it
+    /// (this daemon's, or a peer's in a cluster).
+    pub fn get(&mut self, ids: &[ObjectId], timeout_ms: i64) -> Result<Vec<Option<Located>>> {
         match self.channel.call(&Request::Get {
             timeout_ms,
             ids: ids.to_vec(),
         })? {
             Reply::Objects { objects } if objects.len() == ids.len() => objects
                 .into_iter()
-                .map(|o| o.map(|l| self.check(l)).transpose())
+                .map(|o| o.map(|l| self.check_located(l)).transpose())
                 .collect(),
             other => Err(unexpected(other)),
         }

@@ -38,6 +38,9 @@ pub enum ErrorKind {
     ObjectInUse = 13,
     /// Protocol versions differ.
     VersionMismatch = 14,
+    /// Another node of the cluster did not answer (down, partitioned) within
+    /// the timeout; objects on live nodes stay available.
+    NodeUnavailable = 15,
 }
 
 impl ErrorKind {
@@ -62,6 +65,7 @@ impl ErrorKind {
             12 => Timeout,
             13 => ObjectInUse,
             14 => VersionMismatch,
+            15 => NodeUnavailable,
             _ => return None,
         })
     }
@@ -83,6 +87,7 @@ impl ErrorKind {
             Timeout => "Timeout",
             ObjectInUse => "ObjectInUse",
             VersionMismatch => "VersionMismatch",
+            NodeUnavailable => "NodeUnavailable",
         }
     }
 }

@@ -50,6 +50,32 @@ impl Region {
         region
     }
 
+    /// Creates a region file that stays at `path` while the daemon runs, so
+    /// other nodes' clients can map it by name (cluster mapped mode), and is
+    /// removed when the region is dropped. A file left by a daemon that died
+    /// is replaced (the caller holds the node's lock).
+    pub fn create_shared(path: &Path, len: u64) -> Result<Self> {
+        if len == 0 {
+            return Err(ShoalError::invalid("region length must be positive"));
+        }
+        let _ = std::fs::remove_file(path);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| ShoalError::io(&format!("create region {}", path.display()), e))?;
+        let region = file
+            .set_len(len)
+            .map_err(|e| ShoalError::io(&format!("size region {}", path.display()), e))
+            .and_then(|()| Self::map(path, file, len, true));
+        if region.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        region
+    }
+
     /// Opens an existing mmap-able path (hugetlbfs file, DAX device) of the
     /// given length. The path is left in place on drop.
     pub fn open(path: &Path, len: u64) -> Result<Self> {
@@ -209,6 +235,29 @@ impl Mapping {
 
     pub fn is_empty(&self) -> bool {
         self.map.len() == 0
+    }
+
+    /// Maps another node's region by path, read-only (PROT_READ): a reader
+    /// never writes a peer's memory, so it never holds dirty lines of it.
+    /// The file must be at least `len` bytes.
+    pub fn map_path_readonly(path: &Path, len: u64) -> Result<Self> {
+        let file = File::open(path)
+            .map_err(|e| ShoalError::io(&format!("open peer region {}", path.display()), e))?;
+        let actual = file
+            .metadata()
+            .map_err(|e| ShoalError::io("stat peer region", e))?
+            .len();
+        if actual < len && file.metadata().is_ok_and(|m| m.file_type().is_file()) {
+            return Err(ShoalError::invalid(format!(
+                "peer region {} is {actual} bytes, the cluster file says {len}",
+                path.display()
+            )));
+        }
+        let map = MmapOptions::new()
+            .len(usize::try_from(len).map_err(|_| ShoalError::invalid("region too large"))?)
+            .map_raw_read_only(&file)
+            .map_err(|e| ShoalError::io(&format!("mmap peer region {}", path.display()), e))?;
+        Ok(Self { map })
     }
 
     /// Whether `[offset, offset + len)` lies inside the mapping.

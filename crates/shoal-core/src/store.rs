@@ -45,6 +45,12 @@ pub enum StoreEvent {
     Removed {
         id: ObjectId,
     },
+    /// An unsealed object went (aborted, or its creator disconnected). Not a
+    /// notification for subscribers (they never saw it), but a cluster node
+    /// unregisters the id.
+    Aborted {
+        id: ObjectId,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -368,7 +374,9 @@ impl Store {
         let held = state.refs.remove(&slot).unwrap_or(0);
         let entry = self.table.get_mut(slot).expect("aborting a live slot");
         entry.refs -= held;
+        let id = entry.id;
         self.remove_slot(slot);
+        self.events.push(StoreEvent::Aborted { id });
     }
 
     /// Looks an id up and, if it is sealed and visible, takes a reference for
@@ -455,6 +463,16 @@ impl Store {
             self.remove_slot(slot);
         }
         Ok(())
+    }
+
+    /// Where a sealed, visible object lives (no reference taken).
+    pub fn location(&self, id: &ObjectId) -> Option<ObjectLocation> {
+        let entry = self.table.get(self.table.find(id)?)?;
+        entry.is_visible().then_some(ObjectLocation {
+            offset: entry.offset,
+            data_size: entry.data_size,
+            meta_size: entry.meta_size,
+        })
     }
 
     pub fn contains(&self, id: &ObjectId) -> bool {

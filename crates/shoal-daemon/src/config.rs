@@ -28,6 +28,8 @@ pub struct DaemonConfig {
     pub idle_exit: Option<Duration>,
     /// Stop cleanly on SIGINT/SIGTERM (the `shoal serve` process).
     pub stop_on_signals: bool,
+    /// Run as one node of a cluster (`shoal serve --cluster FILE --node N`).
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl DaemonConfig {
@@ -42,6 +44,7 @@ impl DaemonConfig {
             prefault: true,
             idle_exit: None,
             stop_on_signals: false,
+            cluster: None,
         }
     }
 }

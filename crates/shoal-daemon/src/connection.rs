@@ -12,7 +12,7 @@ use std::time::Duration;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fd_passing::send_with_fd;
 use shoal_core::protocol::{
-    decode_request, CreateSpec, Notification, Reply, Request, PROTOCOL_VERSION,
+    decode_request, CreateSpec, Located, Notification, PeerRegion, Reply, Request, PROTOCOL_VERSION,
 };
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
@@ -21,9 +21,15 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use shoal_cluster::Access;
+use shoal_core::coherence::CoherenceMode;
+
 use crate::server::Shared;
 
 const READ_CHUNK: usize = 64 * 1024;
+/// How often a get waiting for objects on other nodes asks again.
+const REMOTE_POLL_MIN: Duration = Duration::from_millis(2);
+const REMOTE_POLL_MAX: Duration = Duration::from_millis(50);
 
 pub(crate) async fn serve(shared: Rc<Shared>, stream: UnixStream) {
     let client = shared.new_client();
@@ -155,10 +161,25 @@ impl Connection {
                 if release {
                     self.shared.space.notify_waiters();
                 }
+                if let (Ok(()), Some(cluster)) = (&result, self.shared.cluster.clone()) {
+                    // The homes learn where the objects live before the seal
+                    // is answered: a get on any node afterwards finds them.
+                    let located: Vec<_> = {
+                        let store = self.shared.store.borrow();
+                        ids.iter()
+                            .filter_map(|id| store.location(id).map(|l| (*id, l)))
+                            .collect()
+                    };
+                    let (ids, locations): (Vec<_>, Vec<_>) = located.into_iter().unzip();
+                    if let Err(err) = cluster.publish(&ids, &locations).await {
+                        tracing::warn!(%err, "sealed, but a home node did not hear of it");
+                    }
+                }
                 result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
             }
             Request::Abort { id } => {
                 let result = self.shared.store.borrow_mut().abort(self.client, &id);
+                self.shared.publish();
                 self.shared.space.notify_waiters();
                 result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
             }
@@ -166,25 +187,49 @@ impl Connection {
                 objects: self.get(timeout_ms, &ids).await?,
             },
             Request::Release { ids } => {
+                let mut remote = Vec::new();
                 let mut store = self.shared.store.borrow_mut();
                 for id in &ids {
-                    if let Err(err) = store.release(self.client, id) {
-                        tracing::debug!(client = self.client, %err, "release ignored");
+                    match &self.shared.cluster {
+                        Some(cluster) if cluster.holds_remote(self.client, id) => {
+                            remote.extend(cluster.unhold(self.client, std::slice::from_ref(id)));
+                        }
+                        _ => {
+                            if let Err(err) = store.release(self.client, id) {
+                                tracing::debug!(client = self.client, %err, "release ignored");
+                            }
+                        }
                     }
                 }
                 drop(store);
+                if let (false, Some(cluster)) = (remote.is_empty(), self.shared.cluster.clone()) {
+                    tokio::task::spawn_local(async move { cluster.release(remote).await });
+                }
                 self.shared.publish();
                 self.shared.space.notify_waiters();
                 return Ok(Next::Continue);
             }
             Request::Delete { ids } => {
-                let mut store = self.shared.store.borrow_mut();
-                let errors = ids
-                    .iter()
-                    .map(|id| store.delete(id).err().map(|e| e.kind()))
-                    .collect();
-                drop(store);
+                let mut errors: Vec<Option<ErrorKind>> = {
+                    let mut store = self.shared.store.borrow_mut();
+                    ids.iter()
+                        .map(|id| store.delete(id).err().map(|e| e.kind()))
+                        .collect()
+                };
                 self.shared.publish();
+                if let Some(cluster) = self.shared.cluster.clone() {
+                    // Not here: maybe on another node, which deletes it there.
+                    let elsewhere: Vec<usize> = (0..ids.len())
+                        .filter(|&i| errors[i] == Some(ErrorKind::ObjectNotFound))
+                        .collect();
+                    if !elsewhere.is_empty() {
+                        let wanted: Vec<ObjectId> = elsewhere.iter().map(|&i| ids[i]).collect();
+                        let results = cluster.delete_remote(&wanted).await;
+                        for (&i, result) in elsewhere.iter().zip(results) {
+                            errors[i] = result;
+                        }
+                    }
+                }
                 Reply::Statuses { errors }
             }
             Request::Contains { id } => Reply::Bool(self.shared.store.borrow().contains(&id)),
@@ -197,6 +242,25 @@ impl Connection {
                 self.shared.publish();
                 Reply::Evicted { bytes: freed }
             }
+            Request::ClusterInfo => match &self.shared.cluster {
+                None => Reply::error(&ShoalError::invalid("this daemon is not part of a cluster")),
+                Some(cluster) => Reply::ClusterInfo {
+                    node: cluster.me,
+                    coherent: cluster.topology.coherence == CoherenceMode::Coherent,
+                    nodes: cluster
+                        .topology
+                        .nodes
+                        .iter()
+                        .map(|n| PeerRegion {
+                            node: n.id,
+                            mapped: n.access == Access::Mapped,
+                            alive: cluster.is_alive(n.id),
+                            region_size: n.region_size,
+                            path: n.region.display().to_string(),
+                        })
+                        .collect(),
+                },
+            },
             Request::Subscribe => {
                 let notifications = self.shared.subscribe();
                 Reply::Ok.encode(out);
@@ -222,6 +286,7 @@ impl Connection {
             capacity: stats.capacity,
             line_size: stats.line_size,
             resident: self.shared.resident,
+            clustered: self.shared.cluster.is_some(),
         }
         .encode(&mut frame);
         let region_fd = self.shared.region.fd();
@@ -246,6 +311,26 @@ impl Connection {
             .iter()
             .map(|o| (o.id, o.data_size, o.meta_size))
             .collect();
+        let cluster = self.shared.cluster.clone();
+        let ids: Vec<ObjectId> = objects.iter().map(|o| o.id).collect();
+        if let Some(cluster) = &cluster {
+            // Ids are unique cluster-wide: claim them at their homes first.
+            if let Err(err) = cluster.register(&ids).await {
+                return Ok(Err(err));
+            }
+        }
+        let result = self.create_local(timeout_ms, &specs).await;
+        if let (Some(cluster), Ok(Err(_)) | Err(_)) = (&cluster, &result) {
+            cluster.unregister(&ids).await;
+        }
+        result
+    }
+
+    async fn create_local(
+        &mut self,
+        timeout_ms: u32,
+        specs: &[(ObjectId, u64, u32)],
+    ) -> Result<Result<Vec<ObjectLocation>>> {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
         loop {
             let space = self.shared.space.notified();
@@ -255,7 +340,7 @@ impl Connection {
                 .shared
                 .store
                 .borrow_mut()
-                .create_batch(self.client, &specs);
+                .create_batch(self.client, specs);
             self.shared.publish();
             match result {
                 Err(err) if err.kind() == ErrorKind::StoreFull && Instant::now() < deadline => {
@@ -272,16 +357,16 @@ impl Connection {
 
     /// Gets every id, waiting up to `timeout_ms` (-1: forever) for ones not
     /// sealed yet. Each object found holds one reference for this client.
-    async fn get(
-        &mut self,
-        timeout_ms: i64,
-        ids: &[ObjectId],
-    ) -> Result<Vec<Option<ObjectLocation>>> {
+    async fn get(&mut self, timeout_ms: i64, ids: &[ObjectId]) -> Result<Vec<Option<Located>>> {
         let deadline = u64::try_from(timeout_ms)
             .ok()
             .map(|ms| Instant::now() + Duration::from_millis(ms));
-        let mut found: Vec<Option<ObjectLocation>> = vec![None; ids.len()];
+        let me = self.shared.cluster.as_ref().map_or(0, |c| c.me);
+        let mut found: Vec<Option<Located>> = vec![None; ids.len()];
         let mut missing = ids.len();
+        // Objects on other nodes are polled (their seals are not announced
+        // here), backing off to REMOTE_POLL_MAX.
+        let mut poll = REMOTE_POLL_MIN;
         loop {
             let sealed = self.shared.sealed.notified();
             tokio::pin!(sealed);
@@ -290,17 +375,50 @@ impl Connection {
                 let mut store = self.shared.store.borrow_mut();
                 for (slot, id) in found.iter_mut().zip(ids) {
                     if slot.is_none() {
-                        *slot = store.get(self.client, id);
+                        *slot = store
+                            .get(self.client, id)
+                            .map(|location| Located { node: me, location });
                         missing -= slot.is_some() as usize;
+                    }
+                }
+            }
+            if missing > 0 {
+                if let Some(cluster) = self.shared.cluster.clone() {
+                    let positions: Vec<usize> =
+                        (0..ids.len()).filter(|&i| found[i].is_none()).collect();
+                    let wanted: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+                    let remote = match cluster.get(self.client, &wanted).await {
+                        Ok(remote) => remote,
+                        // A down home or owner: the ids it holds stay missing.
+                        Err(err) if err.kind() == ErrorKind::NodeUnavailable => {
+                            tracing::debug!(%err, "remote get");
+                            vec![None; wanted.len()]
+                        }
+                        Err(err) => return Err(err),
+                    };
+                    for (&i, r) in positions.iter().zip(remote) {
+                        if let Some(r) = r {
+                            found[i] = Some(Located {
+                                node: r.owner,
+                                location: r.location,
+                            });
+                            missing -= 1;
+                        }
                     }
                 }
             }
             if missing == 0 || deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(found);
             }
+            let wake = match (&self.shared.cluster, deadline) {
+                (Some(_), Some(d)) => Some(d.min(Instant::now() + poll)),
+                (Some(_), None) => Some(Instant::now() + poll),
+                (None, d) => d,
+            };
+            poll = (poll * 2).min(REMOTE_POLL_MAX);
             tokio::select! {
                 _ = sealed => {}
-                _ = sleep_until(deadline) => {}
+                _ = sleep_until(wake) => {}
                 _ = peer_gone(&self.stream) => return Err(ShoalError::new(ErrorKind::Disconnected, "client left while waiting in get")),
             }
         }

@@ -10,11 +10,13 @@
 //! daemon only does bookkeeping, which one core handles at millions of
 //! operations per second.
 
+pub mod cluster;
 pub mod config;
 mod connection;
 pub mod server;
 pub mod shutdown;
 
+pub use cluster::ClusterConfig;
 pub use config::DaemonConfig;
 pub use server::{run, serve_blocking};
 pub use shutdown::Shutdown;

@@ -18,6 +18,8 @@ use shoal_core::store::{Store, StoreEvent};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, Notify};
 
+use crate::cluster::service::{PeerCall, PeerService};
+use crate::cluster::{peer_client, Cluster, ClusterRef, PEER_CLIENT_BASE};
 use crate::config::DaemonConfig;
 use crate::connection;
 use crate::shutdown::Shutdown;
@@ -41,6 +43,8 @@ pub(crate) struct Shared {
     /// waiting on a full store retry.
     pub space: Notify,
     subscribers: RefCell<Vec<mpsc::Sender<Notification>>>,
+    /// This daemon as a node of a cluster (`None`: a single store).
+    pub cluster: Option<ClusterRef>,
     next_client: Cell<u32>,
     connected: Cell<usize>,
     idle_since: Cell<Instant>,
@@ -49,7 +53,14 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn new_client(&self) -> u32 {
         let id = self.next_client.get();
-        self.next_client.set(id.wrapping_add(1).max(1));
+        // Ids from PEER_CLIENT_BASE on stand for other nodes.
+        let next = id.wrapping_add(1);
+        self.next_client
+            .set(if next == 0 || next >= PEER_CLIENT_BASE {
+                1
+            } else {
+                next
+            });
         self.connected.set(self.connected.get() + 1);
         self.store.borrow_mut().register_client(id);
         id
@@ -57,6 +68,13 @@ impl Shared {
 
     pub fn client_gone(&self, client: u32) {
         self.store.borrow_mut().disconnect(client);
+        if let Some(cluster) = &self.cluster {
+            let held = cluster.drop_client(client);
+            if !held.is_empty() {
+                let cluster = cluster.clone();
+                tokio::task::spawn_local(async move { cluster.release(held).await });
+            }
+        }
         self.connected.set(self.connected.get() - 1);
         if self.connected.get() == 0 {
             self.idle_since.set(Instant::now());
@@ -78,6 +96,7 @@ impl Shared {
             return;
         }
         let mut subscribers = self.subscribers.borrow_mut();
+        let mut gone = Vec::new();
         for event in events {
             let notification = match event {
                 StoreEvent::Sealed {
@@ -94,7 +113,12 @@ impl Shared {
                 }
                 StoreEvent::Removed { id } => {
                     self.space.notify_waiters();
+                    gone.push(id);
                     Notification::Removed { id }
+                }
+                StoreEvent::Aborted { id } => {
+                    gone.push(id);
+                    continue;
                 }
             };
             subscribers.retain(|s| match s.try_send(notification.clone()) {
@@ -110,6 +134,11 @@ impl Shared {
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => false,
             });
+        }
+        // Ids that left this node (deleted, evicted, aborted) leave the directory.
+        if let (Some(cluster), false) = (&self.cluster, gone.is_empty()) {
+            let cluster = cluster.clone();
+            tokio::task::spawn_local(async move { cluster.unregister(&gone).await });
         }
     }
 }
@@ -186,17 +215,33 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     // A region we create is rounded up to whole lines, so a capacity of any
     // byte count (Plasma's `-m 10000`) is usable in full.
     let created_size = config.region_size.next_multiple_of(config.line_size);
-    let region = match &config.region {
-        None => Region::create(&default_region_path(), created_size)?,
-        Some(path) if path.exists() => Region::open(path, config.region_size)?,
-        Some(path) => Region::create(path, created_size)?,
+    let cluster = config.cluster.as_ref().map(Cluster::new).transpose()?;
+    let region = match (&config.region, &cluster) {
+        // A cluster node's region keeps its name: peers on this host map it.
+        (_, Some(c)) => {
+            let node = c.topology.node(c.me)?;
+            Region::create_shared(
+                &node.region,
+                node.region_size.next_multiple_of(config.line_size),
+            )?
+        }
+        (None, None) => Region::create(&default_region_path(), created_size)?,
+        (Some(path), None) if path.exists() => Region::open(path, config.region_size)?,
+        (Some(path), None) => Region::create(path, created_size)?,
     };
     let region_size = region.len();
     let capacity = config
         .capacity
         .unwrap_or(config.region_size)
         .min(region_size);
-    let store = Store::new(region_size, capacity, config.line_size, policy);
+    let mut store = Store::new(region_size, capacity, config.line_size, policy);
+    if let Some(cluster) = &cluster {
+        for node in 0..cluster.topology.len() as u32 {
+            if node != cluster.me {
+                store.register_client(peer_client(node));
+            }
+        }
+    }
 
     // A stale socket file from a daemon that died: we hold the lock, so it is ours to replace.
     let _ = std::fs::remove_file(&config.socket);
@@ -213,6 +258,7 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         sealed: Notify::new(),
         space: Notify::new(),
         subscribers: RefCell::new(Vec::new()),
+        cluster: cluster.map(Rc::new),
         next_client: Cell::new(1),
         connected: Cell::new(0),
         idle_since: Cell::new(Instant::now()),
@@ -225,6 +271,11 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         line_size = config.line_size,
         "shoal daemon serving"
     );
+
+    let peer_server = match &shared.cluster {
+        Some(cluster) => Some(start_peer_service(&shared, cluster).await?),
+        None => None,
+    };
 
     let prefault_stop = Arc::new(AtomicBool::new(false));
     let prefault = config
@@ -271,6 +322,9 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
             }
         }
     }
+    if let Some(stop) = peer_server {
+        let _ = stop.send(());
+    }
     prefault_stop.store(true, Ordering::Relaxed);
     if let Some(handle) = prefault {
         let _ = handle.join();
@@ -292,4 +346,192 @@ fn spawn_prefault(shared: &Shared, stop: Arc<AtomicBool>) -> std::thread::JoinHa
             tracing::debug!(bytes = done, elapsed = ?started.elapsed(), "region prefaulted");
         })
         .expect("spawn the prefault thread")
+}
+
+/// Starts the peer gRPC server (its own tasks, fed to this thread through a
+/// channel), the worker that answers peer calls from the store, and the
+/// heartbeat/lease ticker. Returns the server's stop switch.
+async fn start_peer_service(
+    shared: &Rc<Shared>,
+    cluster: &ClusterRef,
+) -> Result<tokio::sync::oneshot::Sender<()>> {
+    use shoal_cluster::auth::TokenCheck;
+    use shoal_cluster::proto::peer_server::PeerServer;
+
+    let node = cluster.topology.node(cluster.me)?;
+    // Bound here so a busy port fails the start, not a background task.
+    let listener = tokio::net::TcpListener::bind(node.rpc)
+        .await
+        .map_err(|e| ShoalError::io(&format!("bind peer RPC {}", node.rpc), e))?;
+    let (calls, mut incoming) = mpsc::channel::<PeerCall>(1024);
+    let check = TokenCheck::new(&cluster.topology.token, cluster.topology.len() as u32);
+    let service = tonic::service::interceptor::InterceptedService::new(
+        PeerServer::new(PeerService { calls }).max_decoding_message_size(64 << 20),
+        check,
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                async {
+                    let _ = stopped.await;
+                },
+            )
+            .await;
+        if let Err(err) = served {
+            tracing::error!(%err, "peer RPC server failed");
+        }
+    });
+    let worker = shared.clone();
+    tokio::task::spawn_local(async move {
+        while let Some(call) = incoming.recv().await {
+            answer_peer(&worker, call);
+        }
+    });
+    let ticking = shared.clone();
+    let cluster = cluster.clone();
+    tokio::task::spawn_local(async move {
+        let mut ticker = tokio::time::interval(cluster.topology.heartbeat);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            cluster.send_heartbeats().await;
+            for node in cluster.expired_leases() {
+                reclaim_references_of(&ticking, node, "its lease expired");
+            }
+        }
+    });
+    tracing::info!(node = node.id, rpc = %node.rpc, nodes = cluster_size(shared), "cluster node up");
+    Ok(stop)
+}
+
+fn cluster_size(shared: &Shared) -> usize {
+    shared.cluster.as_ref().map_or(1, |c| c.topology.len())
+}
+
+/// Drops every reference `node` holds here (it died or restarted).
+fn reclaim_references_of(shared: &Shared, node: u32, why: &str) {
+    let client = peer_client(node);
+    let mut store = shared.store.borrow_mut();
+    store.disconnect(client);
+    store.register_client(client);
+    drop(store);
+    tracing::warn!(node, "released the references node {node} held: {why}");
+    shared.publish();
+    shared.space.notify_waiters();
+}
+
+/// Answers one peer call from the store (synchronously: no await while the
+/// store is borrowed).
+fn answer_peer(shared: &Shared, call: PeerCall) {
+    use shoal_cluster::proto::{
+        AcquireReply, ListReply, Location, NodeStatus, ObjectRow, Statuses,
+    };
+
+    let cluster = shared
+        .cluster
+        .as_ref()
+        .expect("peer calls only in cluster mode");
+    match call {
+        PeerCall::Heartbeat {
+            from,
+            incarnation,
+            reply,
+        } => {
+            if cluster.heard_from(from, incarnation) {
+                reclaim_references_of(shared, from, "it restarted");
+            }
+            let _ = reply.send(cluster.heartbeat_reply());
+        }
+        PeerCall::Register { ids, owner, reply } => {
+            let _ = reply.send(cluster.directory_register(&ids, owner));
+        }
+        PeerCall::Unregister { ids, owner } => cluster.directory_unregister(&ids, owner),
+        PeerCall::Publish {
+            ids,
+            locations,
+            owner,
+            reply,
+        } => {
+            cluster.directory_publish(&ids, &locations, owner);
+            let _ = reply.send(());
+        }
+        PeerCall::Lookup { ids, reply } => {
+            let _ = reply.send(cluster.directory_lookup(&ids));
+        }
+        PeerCall::Acquire { ids, from, reply } => {
+            let client = peer_client(from);
+            let mut store = shared.store.borrow_mut();
+            let mut found = Vec::with_capacity(ids.len());
+            let mut locations = Vec::with_capacity(ids.len());
+            for id in &ids {
+                let location = store.get(client, id);
+                found.push(location.is_some());
+                locations.push(location.map_or_else(Location::default, |l| Location {
+                    offset: l.offset,
+                    data_size: l.data_size,
+                    meta_size: l.meta_size,
+                }));
+            }
+            drop(store);
+            let _ = reply.send(AcquireReply { found, locations });
+        }
+        PeerCall::Release { ids, from } => {
+            let client = peer_client(from);
+            let mut store = shared.store.borrow_mut();
+            for id in &ids {
+                if let Err(err) = store.release(client, id) {
+                    tracing::debug!(node = from, %err, "peer release ignored");
+                }
+            }
+            drop(store);
+            shared.publish();
+            shared.space.notify_waiters();
+        }
+        PeerCall::Delete { ids, reply } => {
+            let mut store = shared.store.borrow_mut();
+            let codes = ids
+                .iter()
+                .map(|id| {
+                    store
+                        .delete(id)
+                        .err()
+                        .map_or(0, |e| u32::from(e.kind().code()))
+                })
+                .collect();
+            drop(store);
+            shared.publish();
+            let _ = reply.send(Statuses { codes });
+        }
+        PeerCall::Status { reply } => {
+            let stats = shared.store.borrow().stats();
+            let _ = reply.send(NodeStatus {
+                node: cluster.me,
+                capacity: stats.capacity,
+                used: stats.used,
+                objects: stats.objects,
+                clients: shared.connected.get() as u64,
+                region_size: stats.region_size,
+            });
+        }
+        PeerCall::List { reply } => {
+            let objects = shared
+                .store
+                .borrow()
+                .list()
+                .into_iter()
+                .map(|o| ObjectRow {
+                    id: o.id.0.to_vec(),
+                    data_size: o.location.data_size,
+                    meta_size: o.location.meta_size,
+                    sealed: o.sealed,
+                    ref_count: o.refs,
+                })
+                .collect();
+            let _ = reply.send(ListReply { objects });
+        }
+    }
 }

@@ -66,7 +66,7 @@ fn put_get_across_clients_is_zero_copy_and_exact() {
     let id = ObjectId::random();
     let data: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
     writer.put(id, &data, b"meta").unwrap();
-    let location = reader.get(&[id], 0).unwrap()[0].unwrap();
+    let location = reader.get(&[id], 0).unwrap()[0].unwrap().location;
     assert_eq!(location.offset % 64, 0);
     // SAFETY: we hold a reference until the release below.
     assert_eq!(unsafe { reader.data(location) }, &data[..]);
@@ -95,7 +95,7 @@ fn get_blocks_until_sealed_or_times_out() {
         writer
     });
     let found = reader.get(&[id], 10_000).unwrap();
-    assert_eq!(found[0].unwrap().data_size, 4);
+    assert_eq!(found[0].unwrap().location.data_size, 4);
     drop(writer.join().unwrap());
 }
 
@@ -208,7 +208,7 @@ fn garbage_on_the_socket_drops_only_that_client() {
     let _ = raw.read_to_end(&mut sink);
 
     let mut other = daemon.client();
-    let location = other.get(&[id], 0).unwrap()[0].unwrap();
+    let location = other.get(&[id], 0).unwrap()[0].unwrap().location;
     // SAFETY: referenced until the client drops.
     assert_eq!(unsafe { other.data(location) }, b"precious");
     assert_eq!(good.stats().unwrap().objects, 1);
@@ -289,7 +289,7 @@ fn many_small_objects_batch() {
     client.put_batch(&objects, 0).unwrap();
     let found = client.get(&ids, 0).unwrap();
     assert!(found.iter().all(Option::is_some));
-    let mut offsets: Vec<_> = found.iter().map(|l| l.unwrap().offset).collect();
+    let mut offsets: Vec<_> = found.iter().map(|l| l.unwrap().location.offset).collect();
     offsets.sort();
     offsets.dedup();
     assert_eq!(

@@ -166,6 +166,8 @@ pub struct Client {
     shared: Arc<Shared>,
     mapping: Arc<Mapping>,
     info: StoreInfo,
+    /// This client's node in a cluster (0 for a single store).
+    info_node: u32,
     socket: String,
 }
 
@@ -186,6 +188,19 @@ impl Client {
     }
 
     fn buffer(&self, id: ObjectId, location: ObjectLocation, writable: bool) -> Buffer {
+        // SAFETY: locations are bounds-checked against the mapping by the Rust client.
+        let address = unsafe { self.mapping.base().add(location.offset as usize) };
+        self.buffer_at(id, address, location, writable)
+    }
+
+    /// A buffer over an object at `address` (in our region or a peer's).
+    fn buffer_at(
+        &self,
+        id: ObjectId,
+        address: *mut u8,
+        location: ObjectLocation,
+        writable: bool,
+    ) -> Buffer {
         let reference = Arc::new(ObjectRef {
             shared: self.shared.clone(),
             id,
@@ -194,8 +209,6 @@ impl Client {
         if writable {
             lock(&self.shared.creating).insert(id, Arc::downgrade(&reference));
         }
-        // SAFETY: locations are bounds-checked against the mapping by the Rust client.
-        let address = unsafe { self.mapping.base().add(location.offset as usize) };
         Buffer::new(
             reference,
             address,
@@ -213,10 +226,12 @@ impl Client {
         let client = py.detach(|| RustClient::connect(&socket)).py()?;
         let mapping = client.mapping().clone();
         let info = client.info();
+        let info_node = client.node();
         Ok(Self {
             shared: Shared::new(client),
             mapping,
             info,
+            info_node,
             socket,
         })
     }
@@ -240,6 +255,18 @@ impl Client {
     #[getter]
     fn line_size(&self) -> u64 {
         self.info.line_size
+    }
+
+    /// The node this client's daemon is (0 for a single store).
+    #[getter]
+    fn node(&self) -> u32 {
+        self.info_node
+    }
+
+    /// Whether the daemon is a node of a cluster.
+    #[getter]
+    fn clustered(&self) -> bool {
+        self.info.clustered
     }
 
     #[getter]
@@ -341,13 +368,34 @@ impl Client {
     #[pyo3(signature = (ids, timeout_ms=-1))]
     fn get(&self, py: Python<'_>, ids: PyIds, timeout_ms: i64) -> PyResult<Vec<Option<Buffer>>> {
         let object_ids = ids.0;
+        let me = self.info_node;
         let found = py
-            .detach(|| self.shared.with(|c| c.get(&object_ids, timeout_ms)))
+            .detach(|| {
+                self.shared.with(|c| {
+                    let found = c.get(&object_ids, timeout_ms)?;
+                    // Objects on other nodes: addresses in those nodes' regions.
+                    found
+                        .into_iter()
+                        .map(|o| match o {
+                            Some(l) if l.node != me => {
+                                Ok(Some((l, Some(c.located_ptr(l)? as usize))))
+                            }
+                            Some(l) => Ok(Some((l, None))),
+                            None => Ok(None),
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
+            })
             .py()?;
         Ok(object_ids
             .iter()
             .zip(found)
-            .map(|(id, l)| l.map(|l| self.buffer(*id, l, false)))
+            .map(|(id, found)| {
+                found.map(|(l, remote)| match remote {
+                    Some(address) => self.buffer_at(*id, address as *mut u8, l.location, false),
+                    None => self.buffer(*id, l.location, false),
+                })
+            })
             .collect())
     }
 
@@ -417,8 +465,7 @@ impl Client {
     }
 
     fn contains(&self, py: Python<'_>, id: PyId) -> PyResult<bool> {
-        py.detach(|| self.shared.with(|c| c.contains(id.0)))
-            .py()
+        py.detach(|| self.shared.with(|c| c.contains(id.0))).py()
     }
 
     /// Every object: (id, data_size, metadata_size, sealed, refs).

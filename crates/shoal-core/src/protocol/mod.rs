@@ -20,7 +20,8 @@ use crate::error::{ErrorKind, Result, ShoalError};
 use crate::ids::ObjectId;
 use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: Get answers carry the node holding each object; `ClusterInfo`.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -72,6 +73,26 @@ pub enum Request {
     Evict {
         bytes: u64,
     },
+    /// The cluster this daemon belongs to, so the client can map peers' regions.
+    ClusterInfo,
+}
+
+/// An object as a Get answers it: which node's region holds it, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Located {
+    pub node: u32,
+    pub location: ObjectLocation,
+}
+
+/// One node as `ClusterInfo` describes it to a client on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerRegion {
+    pub node: u32,
+    /// Its region can be mapped here (`false`: objects are pulled over the network).
+    pub mapped: bool,
+    pub alive: bool,
+    pub region_size: u64,
+    pub path: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,12 +125,14 @@ pub enum Reply {
         /// can populate its page tables for all of it at connect without
         /// allocating memory nobody asked for.
         resident: bool,
+        /// The daemon is a cluster node: ask `ClusterInfo` for the peers.
+        clustered: bool,
     },
     Created {
         offsets: Vec<u64>,
     },
     Objects {
-        objects: Vec<Option<ObjectLocation>>,
+        objects: Vec<Option<Located>>,
     },
     Bool(bool),
     List {
@@ -123,6 +146,13 @@ pub enum Reply {
     },
     Evicted {
         bytes: u64,
+    },
+    /// `node` is this daemon's id; `coherent` false means clients flush
+    /// before seal and invalidate before the first read of remote objects.
+    ClusterInfo {
+        node: u32,
+        coherent: bool,
+        nodes: Vec<PeerRegion>,
     },
 }
 
@@ -139,6 +169,7 @@ mod op {
     pub const STATS: u16 = 0x0A;
     pub const SUBSCRIBE: u16 = 0x0B;
     pub const EVICT: u16 = 0x0C;
+    pub const CLUSTER_INFO: u16 = 0x0D;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;
@@ -151,6 +182,7 @@ mod op {
     pub const NOTIFICATION: u16 = 0x88;
     pub const STATUSES: u16 = 0x89;
     pub const EVICTED: u16 = 0x8A;
+    pub const CLUSTER_REPLY: u16 = 0x8B;
 }
 
 impl Request {
@@ -203,6 +235,7 @@ impl Request {
                 w.u64(*bytes);
                 op::EVICT
             }
+            Request::ClusterInfo => op::CLUSTER_INFO,
         };
         w.finish(opcode);
     }
@@ -246,6 +279,7 @@ impl Request {
             op::STATS => Request::Stats,
             op::SUBSCRIBE => Request::Subscribe,
             op::EVICT => Request::Evict { bytes: r.u64()? },
+            op::CLUSTER_INFO => Request::ClusterInfo,
             other => {
                 return Err(ShoalError::protocol(format!(
                     "unknown request opcode {other:#06x}"
@@ -285,13 +319,14 @@ impl Reply {
                 capacity,
                 line_size,
                 resident,
+                clustered,
             } => {
                 w.u32(*version)
                     .u32(*client_id)
                     .u64(*region_size)
                     .u64(*capacity)
                     .u64(*line_size)
-                    .u32(u32::from(*resident));
+                    .u32(u32::from(*resident) | u32::from(*clustered) << 1);
                 op::WELCOME
             }
             Reply::Created { offsets } => {
@@ -305,12 +340,13 @@ impl Reply {
                 w.u32(objects.len() as u32);
                 for o in objects {
                     match o {
-                        Some(loc) => w
+                        Some(Located { node, location }) => w
                             .u8(1)
-                            .u64(loc.offset)
-                            .u64(loc.data_size)
-                            .u32(loc.meta_size),
-                        None => w.u8(0).u64(0).u64(0).u32(0),
+                            .u32(*node)
+                            .u64(location.offset)
+                            .u64(location.data_size)
+                            .u32(location.meta_size),
+                        None => w.u8(0).u32(0).u64(0).u64(0).u32(0),
                     };
                 }
                 op::OBJECTS
@@ -372,6 +408,21 @@ impl Reply {
                 w.u64(*bytes);
                 op::EVICTED
             }
+            Reply::ClusterInfo {
+                node,
+                coherent,
+                nodes,
+            } => {
+                w.u32(*node).u8(u8::from(*coherent)).u32(nodes.len() as u32);
+                for n in nodes {
+                    w.u32(n.node)
+                        .u8(u8::from(n.mapped))
+                        .u8(u8::from(n.alive))
+                        .u64(n.region_size)
+                        .str(&n.path);
+                }
+                op::CLUSTER_REPLY
+            }
         };
         w.finish(opcode);
     }
@@ -389,14 +440,20 @@ impl Reply {
                     message: r.str()?,
                 }
             }
-            op::WELCOME => Reply::Welcome {
-                version: r.u32()?,
-                client_id: r.u32()?,
-                region_size: r.u64()?,
-                capacity: r.u64()?,
-                line_size: r.u64()?,
-                resident: r.u32()? & 1 == 1,
-            },
+            op::WELCOME => {
+                let (version, client_id) = (r.u32()?, r.u32()?);
+                let (region_size, capacity, line_size) = (r.u64()?, r.u64()?, r.u64()?);
+                let flags = r.u32()?;
+                Reply::Welcome {
+                    version,
+                    client_id,
+                    region_size,
+                    capacity,
+                    line_size,
+                    resident: flags & 1 != 0,
+                    clustered: flags & 2 != 0,
+                }
+            }
             op::CREATED => {
                 let n = r.count(8)?;
                 Reply::Created {
@@ -404,16 +461,17 @@ impl Reply {
                 }
             }
             op::OBJECTS => {
-                let n = r.count(1 + 8 + 8 + 4)?;
+                let n = r.count(1 + 4 + 8 + 8 + 4)?;
                 let mut objects = Vec::with_capacity(n);
                 for _ in 0..n {
                     let found = r.bool()?;
-                    let loc = ObjectLocation {
+                    let node = r.u32()?;
+                    let location = ObjectLocation {
                         offset: r.u64()?,
                         data_size: r.u64()?,
                         meta_size: r.u32()?,
                     };
-                    objects.push(found.then_some(loc));
+                    objects.push(found.then_some(Located { node, location }));
                 }
                 Reply::Objects { objects }
             }
@@ -492,6 +550,26 @@ impl Reply {
                 Reply::Statuses { errors }
             }
             op::EVICTED => Reply::Evicted { bytes: r.u64()? },
+            op::CLUSTER_REPLY => {
+                let node = r.u32()?;
+                let coherent = r.bool()?;
+                let n = r.count(4 + 1 + 1 + 8 + 4)?;
+                let mut nodes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    nodes.push(PeerRegion {
+                        node: r.u32()?,
+                        mapped: r.bool()?,
+                        alive: r.bool()?,
+                        region_size: r.u64()?,
+                        path: r.str()?,
+                    });
+                }
+                Reply::ClusterInfo {
+                    node,
+                    coherent,
+                    nodes,
+                }
+            }
             other => {
                 return Err(ShoalError::protocol(format!(
                     "unknown reply opcode {other:#06x}"

@@ -56,6 +56,7 @@ fn every_request_round_trips() {
         Request::Stats,
         Request::Subscribe,
         Request::Evict { bytes: 12345 },
+        Request::ClusterInfo,
     ] {
         round_trip_request(request);
     }
@@ -82,12 +83,30 @@ fn every_reply_round_trips() {
             capacity: 1 << 29,
             line_size: 64,
             resident: true,
+            clustered: true,
         },
         Reply::Created {
             offsets: vec![0, 64, 128],
         },
         Reply::Objects {
-            objects: vec![Some(loc), None],
+            objects: vec![
+                Some(Located {
+                    node: 2,
+                    location: loc,
+                }),
+                None,
+            ],
+        },
+        Reply::ClusterInfo {
+            node: 1,
+            coherent: false,
+            nodes: vec![PeerRegion {
+                node: 0,
+                mapped: true,
+                alive: false,
+                region_size: 1 << 20,
+                path: "/dev/shm/n0".into(),
+            }],
         },
         Reply::Bool(true),
         Reply::List {

@@ -1,0 +1,380 @@
+//! `shoal cluster up | down | status` and `shoal ls --cluster`.
+//!
+//! `up` emulates a cluster on this host: one daemon per node, each with its
+//! own socket, /dev/shm region and peer RPC port, described by a cluster file
+//! it writes (the same format `shoal serve --cluster FILE --node N` reads on
+//! real multi-host clusters). `status` and `ls --cluster` ask every node over
+//! the peer RPC with the cluster's token, so they work on real clusters too.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use shoal_cluster::auth::Credentials;
+use shoal_cluster::proto::peer_client::PeerClient;
+use shoal_cluster::proto::Empty;
+use shoal_cluster::{Access, Node, Topology};
+use shoal_core::coherence::CoherenceMode;
+use shoal_core::units::{format_size, parse_size};
+
+#[derive(clap::Args, Debug)]
+pub struct UpArgs {
+    /// Number of nodes (daemons) to start.
+    #[arg(long, short = 'n', default_value_t = 3)]
+    pub nodes: u32,
+    /// Directory for the cluster file, sockets, logs and pid files
+    /// [default: /tmp/shoal-$UID/cluster].
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Memory per node, e.g. 256MiB.
+    #[arg(long, short = 'm', value_parser = parse_size, default_value = "256MiB")]
+    pub capacity: u64,
+    /// Access mode per node, comma-separated and cycled (e.g. "mapped,network").
+    #[arg(long, default_value = "mapped")]
+    pub modes: String,
+    /// coherent (one host) or noncoherent (flush before seal, invalidate before read).
+    #[arg(long, default_value = "coherent")]
+    pub coherence: String,
+    /// First peer RPC port; 0 picks free ports.
+    #[arg(long, default_value_t = 0)]
+    pub base_port: u16,
+    /// Cluster name (prefix of the /dev/shm regions).
+    #[arg(long, default_value = "local")]
+    pub name: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DirArgs {
+    /// The cluster's directory [default: /tmp/shoal-$UID/cluster].
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// A cluster file instead of a directory made by `cluster up`.
+    #[arg(long, conflicts_with = "dir")]
+    pub file: Option<PathBuf>,
+    /// Print JSON lines.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn default_dir() -> PathBuf {
+    crate::default_socket()
+        .parent()
+        .map_or_else(|| PathBuf::from("/tmp"), Path::to_path_buf)
+        .join("cluster")
+}
+
+fn cluster_file(dir: &Path) -> PathBuf {
+    dir.join("cluster.toml")
+}
+
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    // Held together so the ports differ; released just before the daemons bind them.
+    let listeners: Vec<_> = (0..n)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<std::io::Result<_>>()?;
+    Ok(listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<_>>()?)
+}
+
+fn random_token() -> String {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("the OS random source");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
+    if args.nodes == 0 {
+        bail!("a cluster needs at least one node");
+    }
+    let dir = args.dir.unwrap_or_else(default_dir);
+    if cluster_file(&dir).exists() {
+        bail!(
+            "a cluster is already up in {} (run `shoal cluster down` first)",
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let modes: Vec<Access> = args
+        .modes
+        .split(',')
+        .map(|m| m.trim().parse())
+        .collect::<Result<_, _>>()?;
+    let coherence: CoherenceMode = args.coherence.parse()?;
+    let ports = if args.base_port == 0 {
+        free_ports(args.nodes as usize)?
+    } else {
+        (0..args.nodes as u16).map(|i| args.base_port + i).collect()
+    };
+    let uid = unsafe { libc::getuid() };
+    let nodes = (0..args.nodes)
+        .map(|i| Node {
+            id: i,
+            rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[i as usize])),
+            socket: dir.join(format!("n{i}.sock")),
+            region: PathBuf::from(format!("/dev/shm/shoal-{uid}-{}-n{i}", args.name)),
+            region_size: args.capacity,
+            access: modes[i as usize % modes.len()],
+        })
+        .collect();
+    let topology = Topology {
+        name: args.name.clone(),
+        token: random_token(),
+        coherence,
+        heartbeat: Duration::from_millis(200),
+        lease: Duration::from_millis(2000),
+        nodes,
+    };
+    let file = cluster_file(&dir);
+    write_private(&file, &topology.to_toml())?;
+    let (program, prefix) = self_command
+        .split_first()
+        .context("no command to start daemons with")?;
+    for node in &topology.nodes {
+        let log = std::fs::File::create(dir.join(format!("n{}.log", node.id)))?;
+        let mut command = Command::new(program);
+        command
+            .args(prefix)
+            .args(["serve", "--cluster"])
+            .arg(&file)
+            .args(["--node", &node.id.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        // Its own session: the daemons outlive this command and a ^C to it.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let child = command
+            .spawn()
+            .with_context(|| format!("start node {}", node.id))?;
+        std::fs::write(
+            dir.join(format!("n{}.pid", node.id)),
+            child.id().to_string(),
+        )?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for node in &topology.nodes {
+        while shoal_client::Client::connect(&node.socket).is_err() {
+            if Instant::now() > deadline {
+                let log = dir.join(format!("n{}.log", node.id));
+                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                let _ = down(DirArgs {
+                    dir: Some(dir.clone()),
+                    file: None,
+                    json: false,
+                });
+                bail!("node {} did not come up; its log:\n{tail}", node.id);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    println!(
+        "shoal cluster {:?} up: {} nodes, {} each, {} ({})",
+        topology.name,
+        topology.len(),
+        format_size(args.capacity),
+        topology.coherence,
+        file.display()
+    );
+    for n in &topology.nodes {
+        println!(
+            "  node {}  socket {}  rpc {}  {}  region {}",
+            n.id,
+            n.socket.display(),
+            n.rpc,
+            n.access.as_str(),
+            n.region.display()
+        );
+    }
+    Ok(())
+}
+
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    // The file holds the cluster token: owner-only.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("write {}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+pub fn down(args: DirArgs) -> Result<()> {
+    let dir = args.dir.unwrap_or_else(default_dir);
+    let file = cluster_file(&dir);
+    let topology = Topology::load(&file).ok();
+    let mut pids = Vec::new();
+    for entry in
+        std::fs::read_dir(&dir).with_context(|| format!("no cluster in {}", dir.display()))?
+    {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "pid") {
+            if let Ok(pid) = std::fs::read_to_string(&path)?.trim().parse::<i32>() {
+                pids.push(pid);
+            }
+            std::fs::remove_file(&path)?;
+        }
+    }
+    for &pid in &pids {
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for &pid in &pids {
+        while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if unsafe { libc::kill(pid, 0) } == 0 {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    // Regions of nodes that were killed are left behind by them.
+    if let Some(t) = &topology {
+        for n in &t.nodes {
+            let _ = std::fs::remove_file(&n.region);
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+    println!("shoal cluster down: stopped {} daemons", pids.len());
+    Ok(())
+}
+
+fn load(args: &DirArgs) -> Result<Topology> {
+    let file = args
+        .file
+        .clone()
+        .unwrap_or_else(|| cluster_file(&args.dir.clone().unwrap_or_else(default_dir)));
+    Ok(Topology::load(&file)?.sorted())
+}
+
+/// Runs peer calls from the command line (one short-lived runtime).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(future)
+}
+
+type Rpc = PeerClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Credentials>,
+>;
+
+async fn connect(topology: &Topology, node: &Node) -> Result<Rpc> {
+    // The CLI speaks as node 0 (any member id passes the token check).
+    let credentials = Credentials::new(&topology.token, 0)?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.rpc))?
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await?;
+    Ok(PeerClient::with_interceptor(channel, credentials).max_decoding_message_size(256 << 20))
+}
+
+pub fn status(args: DirArgs) -> Result<()> {
+    let topology = load(&args)?;
+    let rows = block_on(async {
+        let mut rows = Vec::new();
+        for node in &topology.nodes {
+            let status = match connect(&topology, node).await {
+                Ok(mut rpc) => rpc.status(Empty {}).await.map(|r| r.into_inner()).ok(),
+                Err(_) => None,
+            };
+            rows.push((node.clone(), status));
+        }
+        rows
+    });
+    if !args.json {
+        println!(
+            "cluster {:?}: {} nodes, {}",
+            topology.name,
+            topology.len(),
+            topology.coherence
+        );
+        println!(
+            "{:>4} {:<6} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
+            "NODE", "STATE", "ACCESS", "RPC", "CAPACITY", "USED", "OBJECTS", "CLIENTS"
+        );
+    }
+    for (node, status) in rows {
+        let state = if status.is_some() { "up" } else { "down" };
+        let s = status.unwrap_or_default();
+        if args.json {
+            println!(
+                "{{\"node\":{},\"state\":\"{state}\",\"access\":\"{}\",\"rpc\":\"{}\",\"capacity\":{},\"used\":{},\"objects\":{},\"clients\":{},\"socket\":{:?}}}",
+                node.id, node.access.as_str(), node.rpc, s.capacity, s.used, s.objects, s.clients, node.socket.display().to_string()
+            );
+        } else {
+            println!(
+                "{:>4} {:<6} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
+                node.id,
+                state,
+                node.access.as_str(),
+                node.rpc.to_string(),
+                format_size(s.capacity),
+                format_size(s.used),
+                s.objects,
+                s.clients
+            );
+        }
+    }
+    Ok(())
+}
+
+pub fn ls(args: DirArgs) -> Result<()> {
+    let topology = load(&args)?;
+    let rows = block_on(async {
+        let mut rows = Vec::new();
+        for node in &topology.nodes {
+            let listed = match connect(&topology, node).await {
+                Ok(mut rpc) => rpc.list(Empty {}).await.map(|r| r.into_inner().objects),
+                Err(err) => Err(tonic::Status::unavailable(err.to_string())),
+            };
+            rows.push((node.id, listed));
+        }
+        rows
+    });
+    if !args.json {
+        println!(
+            "{:>4} {:<40} {:>12} {:>8} {:>6} {:>8}",
+            "NODE", "ID", "DATA", "META", "REFS", "STATE"
+        );
+    }
+    for (node, listed) in rows {
+        let objects = match listed {
+            Ok(objects) => objects,
+            Err(status) => {
+                eprintln!("shoal: node {node}: {}", status.message());
+                continue;
+            }
+        };
+        for o in objects {
+            let id: String = o.id.iter().map(|b| format!("{b:02x}")).collect();
+            let state = if o.sealed { "sealed" } else { "created" };
+            if args.json {
+                println!(
+                    "{{\"node\":{node},\"id\":\"{id}\",\"data_size\":{},\"meta_size\":{},\"refs\":{},\"state\":\"{state}\"}}",
+                    o.data_size, o.meta_size, o.ref_count
+                );
+            } else {
+                println!(
+                    "{node:>4} {id:<40} {:>12} {:>8} {:>6} {:>8}",
+                    o.data_size, o.meta_size, o.ref_count, state
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,23 @@
+//! shoal cluster: several daemons, one object namespace.
+//!
+//! - [`topology`]: the cluster file (static membership, access modes).
+//! - [`directory`]: which node is an id's home, and the home's table of
+//!   owners and locations (ids are unique cluster-wide).
+//! - [`proto`]: the peer RPC messages and gRPC service (tonic), generated from
+//!   `proto/shoal/peer/v1/peer.proto`.
+//! - [`auth`]: the shared-token check on every peer call.
+//! - [`ids`]: packing ids into the RPC's byte fields.
+
+pub mod auth;
+pub mod directory;
+pub mod ids;
+pub mod topology;
+
+/// Generated from proto/shoal/peer/v1/peer.proto.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("shoal.peer.v1");
+}
+
+pub use directory::{home_of, Directory, DirectoryEntry};
+pub use topology::{Access, Node, Topology};

@@ -1,0 +1,381 @@
+//! The cluster file: who the nodes are and how this host reaches their memory.
+//!
+//! Static membership (no consensus): every daemon and client of a cluster
+//! reads the same TOML file. Node ids are 0..n-1 so an id's home node is a
+//! plain modulus (see `directory`).
+//!
+//! ```toml
+//! [cluster]
+//! name = "demo"
+//! token = "a shared secret"     # or token_file = "/path/to/token"
+//! coherence = "coherent"        # or "noncoherent" (real fabrics: flush/invalidate)
+//! heartbeat_ms = 200
+//! lease_ms = 2000
+//!
+//! [[node]]
+//! id = 0
+//! rpc = "127.0.0.1:7700"        # peer RPC (gRPC) address
+//! socket = "/tmp/shoal/n0.sock" # the node's local client socket
+//! region = "/dev/shm/shoal-demo-n0"
+//! region_size = "256MiB"
+//! access = "mapped"             # how other nodes reach this region: mapped | network
+//! ```
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use shoal_core::coherence::CoherenceMode;
+use shoal_core::error::{Result, ShoalError};
+use shoal_core::units::parse_size;
+
+/// How nodes reach another node's region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The region can be mmap'ed here (CXL devdax, ThymesisFlow, /dev/shm in emulation).
+    Mapped,
+    /// Only over the network: objects are pulled and cached locally.
+    Network,
+}
+
+impl Access {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Mapped => "mapped",
+            Access::Network => "network",
+        }
+    }
+}
+
+impl std::str::FromStr for Access {
+    type Err = ShoalError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "mapped" => Ok(Access::Mapped),
+            "network" => Ok(Access::Network),
+            other => Err(ShoalError::invalid(format!(
+                "access mode {other:?} is neither \"mapped\" nor \"network\""
+            ))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub id: u32,
+    pub rpc: SocketAddr,
+    pub socket: PathBuf,
+    pub region: PathBuf,
+    pub region_size: u64,
+    pub access: Access,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    pub name: String,
+    pub token: String,
+    pub coherence: CoherenceMode,
+    pub heartbeat: Duration,
+    pub lease: Duration,
+    pub nodes: Vec<Node>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRepr {
+    cluster: ClusterRepr,
+    node: Vec<NodeRepr>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterRepr {
+    name: String,
+    token: Option<String>,
+    token_file: Option<PathBuf>,
+    #[serde(default = "default_coherence")]
+    coherence: String,
+    #[serde(default = "default_heartbeat")]
+    heartbeat_ms: u64,
+    #[serde(default = "default_lease")]
+    lease_ms: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeRepr {
+    id: u32,
+    rpc: String,
+    socket: PathBuf,
+    region: PathBuf,
+    region_size: SizeRepr,
+    #[serde(default = "default_access")]
+    access: String,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeRepr {
+    Bytes(u64),
+    Text(String),
+}
+
+fn default_coherence() -> String {
+    "coherent".into()
+}
+fn default_heartbeat() -> u64 {
+    200
+}
+fn default_lease() -> u64 {
+    2000
+}
+fn default_access() -> String {
+    "mapped".into()
+}
+
+impl Topology {
+    /// Reads and validates a cluster file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ShoalError::io(&format!("read cluster file {}", path.display()), e))?;
+        Self::parse(&text, path.parent())
+            .map_err(|e| ShoalError::invalid(format!("{}: {}", path.display(), e.message())))
+    }
+
+    /// Parses a cluster file's text; a relative `token_file` is read from `base`.
+    pub fn parse(text: &str, base: Option<&Path>) -> Result<Self> {
+        let file: FileRepr =
+            toml::from_str(text).map_err(|e| ShoalError::invalid(e.to_string()))?;
+        let token = match (file.cluster.token, file.cluster.token_file) {
+            (Some(token), None) => token,
+            (None, Some(path)) => {
+                let path = base.map_or(path.clone(), |b| b.join(&path));
+                std::fs::read_to_string(&path)
+                    .map_err(|e| ShoalError::io(&format!("read token {}", path.display()), e))?
+                    .trim()
+                    .to_owned()
+            }
+            _ => {
+                return Err(ShoalError::invalid(
+                    "[cluster] needs exactly one of token or token_file",
+                ))
+            }
+        };
+        if token.is_empty() {
+            return Err(ShoalError::invalid("the cluster token is empty"));
+        }
+        let mut nodes = Vec::with_capacity(file.node.len());
+        for n in file.node {
+            let region_size = match n.region_size {
+                SizeRepr::Bytes(b) => b,
+                SizeRepr::Text(t) => parse_size(&t).map_err(ShoalError::invalid)?,
+            };
+            nodes.push(Node {
+                id: n.id,
+                rpc: n.rpc.parse().map_err(|e| {
+                    ShoalError::invalid(format!("node {}: rpc address {:?}: {e}", n.id, n.rpc))
+                })?,
+                socket: n.socket,
+                region: n.region,
+                region_size,
+                access: n.access.parse()?,
+            });
+        }
+        let topology = Topology {
+            name: file.cluster.name,
+            token,
+            coherence: file.cluster.coherence.parse()?,
+            heartbeat: Duration::from_millis(file.cluster.heartbeat_ms),
+            lease: Duration::from_millis(file.cluster.lease_ms),
+            nodes,
+        };
+        topology.validate()?;
+        Ok(topology)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.nodes.is_empty() {
+            return Err(ShoalError::invalid("a cluster needs at least one [[node]]"));
+        }
+        let mut sorted: Vec<_> = self.nodes.iter().map(|n| n.id).collect();
+        sorted.sort_unstable();
+        if sorted.iter().enumerate().any(|(i, &id)| id as usize != i) {
+            return Err(ShoalError::invalid(format!(
+                "node ids must be 0..{} with no gaps or repeats, got {sorted:?}",
+                self.nodes.len()
+            )));
+        }
+        let mut seen = HashSet::new();
+        for node in &self.nodes {
+            if node.region_size == 0 {
+                return Err(ShoalError::invalid(format!(
+                    "node {}: region_size is 0",
+                    node.id
+                )));
+            }
+            for (what, key) in [
+                ("rpc address", node.rpc.to_string()),
+                ("socket", node.socket.display().to_string()),
+                ("region", node.region.display().to_string()),
+            ] {
+                if !seen.insert((what, key.clone())) {
+                    return Err(ShoalError::invalid(format!(
+                        "node {}: {what} {key} is used by another node",
+                        node.id
+                    )));
+                }
+            }
+        }
+        if self.heartbeat.is_zero() || self.lease < self.heartbeat * 2 {
+            return Err(ShoalError::invalid(
+                "lease_ms must be at least twice heartbeat_ms (and heartbeat_ms > 0)",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn node(&self, id: u32) -> Result<&Node> {
+        self.nodes.get(id as usize).ok_or_else(|| {
+            ShoalError::invalid(format!(
+                "node {id} is not in cluster {:?} (nodes 0..{})",
+                self.name,
+                self.nodes.len()
+            ))
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Nodes sorted by id (the file may list them in any order).
+    pub fn sorted(mut self) -> Self {
+        self.nodes.sort_by_key(|n| n.id);
+        self
+    }
+
+    /// Writes the cluster file (`shoal cluster up` writes one for its nodes).
+    pub fn to_toml(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "[cluster]\nname = {:?}\ntoken = {:?}\ncoherence = \"{}\"\nheartbeat_ms = {}\nlease_ms = {}",
+            self.name,
+            self.token,
+            self.coherence,
+            self.heartbeat.as_millis(),
+            self.lease.as_millis()
+        );
+        for n in &self.nodes {
+            let _ = writeln!(
+                out,
+                "\n[[node]]\nid = {}\nrpc = \"{}\"\nsocket = {:?}\nregion = {:?}\nregion_size = {}\naccess = \"{}\"",
+                n.id,
+                n.rpc,
+                n.socket.display().to_string(),
+                n.region.display().to_string(),
+                n.region_size,
+                n.access.as_str()
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"
+[cluster]
+name = "demo"
+token = "t0ken"
+coherence = "noncoherent"
+
+[[node]]
+id = 1
+rpc = "127.0.0.1:7701"
+socket = "/tmp/x/n1.sock"
+region = "/dev/shm/demo-n1"
+region_size = "64MiB"
+access = "network"
+
+[[node]]
+id = 0
+rpc = "127.0.0.1:7700"
+socket = "/tmp/x/n0.sock"
+region = "/dev/shm/demo-n0"
+region_size = 1048576
+"#;
+
+    #[test]
+    fn parses_validates_and_round_trips() {
+        let t = Topology::parse(FILE, None).unwrap().sorted();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.coherence, CoherenceMode::Noncoherent);
+        assert_eq!(t.node(0).unwrap().access, Access::Mapped);
+        assert_eq!(t.node(1).unwrap().access, Access::Network);
+        assert_eq!(t.node(1).unwrap().region_size, 64 << 20);
+        assert_eq!(t.heartbeat, Duration::from_millis(200));
+        let again = Topology::parse(&t.to_toml(), None).unwrap();
+        assert_eq!(again, t);
+        assert!(t.node(2).is_err());
+    }
+
+    #[test]
+    fn rejects_bad_files_with_a_reason() {
+        let cases = [
+            (FILE.replace("id = 1", "id = 2"), "no gaps"),
+            (FILE.replace("id = 1", "id = 0"), "no gaps"),
+            (FILE.replace("token = \"t0ken\"", ""), "token"),
+            (FILE.replace("t0ken", ""), "empty"),
+            (
+                FILE.replace("\"network\"", "\"carrier pigeon\""),
+                "access mode",
+            ),
+            (FILE.replace("noncoherent", "sometimes"), "coheren"),
+            (FILE.replace("127.0.0.1:7701", "nowhere"), "rpc address"),
+            (FILE.replace("demo-n1", "demo-n0"), "used by another node"),
+            (FILE.replace("\"64MiB\"", "\"lots\""), "size"),
+            (
+                FILE.replace("region_size = 1048576", "region_size = 0"),
+                "region_size is 0",
+            ),
+            (
+                FILE.replace("[cluster]", "[cluster]\nbogus = 1"),
+                "unknown field",
+            ),
+            (
+                FILE.replace(
+                    "coherence = \"noncoherent\"",
+                    "heartbeat_ms = 500\nlease_ms = 600",
+                ),
+                "lease_ms",
+            ),
+        ];
+        for (text, why) in cases {
+            let err = Topology::parse(&text, None).unwrap_err().to_string();
+            assert!(
+                err.to_lowercase().contains(&why.to_lowercase()),
+                "{why}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn token_file_is_read_relative_to_the_cluster_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("token"), "from-file\n").unwrap();
+        let text = FILE.replace("token = \"t0ken\"", "token_file = \"token\"");
+        let t = Topology::parse(&text, Some(dir.path())).unwrap();
+        assert_eq!(t.token, "from-file");
+    }
+}

@@ -1,0 +1,700 @@
+//! This daemon as one node of a cluster.
+//!
+//! - ids are unique cluster-wide: a create registers its ids at their home
+//!   nodes (`shoal_cluster::home_of`) before allocating; a seal publishes
+//!   where they live; a delete, abort or eviction unregisters them.
+//! - a get of ids this node does not hold asks their homes (one `Lookup` per
+//!   home node, none when the owner is cached), then takes references at the
+//!   owners (one `Acquire` per owner node) and answers descriptors (node,
+//!   offset, sizes): the client reads the owner's region in place.
+//! - references a node takes on another's objects are held there under a
+//!   per-node client id, renewed by heartbeats, and dropped when the holder's
+//!   heartbeats stop for a lease (a dead node's references are reclaimed) or
+//!   its incarnation changes (it restarted).
+//!
+//! Control travels over the peer RPC (`service`); object bytes never do in
+//! mapped mode.
+
+pub(crate) mod service;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::rc::Rc;
+use std::time::Duration;
+
+use shoal_cluster::auth::Credentials;
+use shoal_cluster::ids::pack;
+use shoal_cluster::proto::peer_client::PeerClient;
+use shoal_cluster::proto::{
+    AcquireReply, HeartbeatReply, HeartbeatRequest, Ids, Location, LookupReply, PublishRequest,
+    RegisterRequest, Statuses,
+};
+use shoal_cluster::{home_of, Access, Directory, Topology};
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::store::ObjectLocation;
+use shoal_core::ObjectId;
+use tokio::time::Instant;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+/// Which node of which cluster this daemon is.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub topology: Topology,
+    pub node: u32,
+}
+
+type ClientId = u32;
+
+/// Store client ids at and above this are peer nodes (one per node), never
+/// local connections.
+pub(crate) const PEER_CLIENT_BASE: ClientId = 0xF000_0000;
+
+pub(crate) fn peer_client(node: u32) -> ClientId {
+    PEER_CLIENT_BASE + node
+}
+
+/// How long one peer call may take before the peer counts as unavailable.
+const RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One client's references on other nodes: id → (owner, count).
+type RemoteRefs = HashMap<ObjectId, (u32, u32)>;
+
+type PeerRpc = PeerClient<InterceptedService<Channel, Credentials>>;
+
+/// An object found on another node: its owner and where it lives there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Remote {
+    pub owner: u32,
+    pub location: ObjectLocation,
+}
+
+#[derive(Default, Clone, Copy)]
+struct PeerSeen {
+    last: Option<Instant>,
+    incarnation: u64,
+}
+
+pub(crate) struct Cluster {
+    pub topology: Topology,
+    pub me: u32,
+    pub incarnation: u64,
+    peers: Vec<Option<PeerRpc>>,
+    directory: RefCell<Directory>,
+    /// Owner of ids seen on other nodes (a cache: a stale entry costs one
+    /// failed Acquire, then the home is asked again).
+    owners: RefCell<HashMap<ObjectId, u32>>,
+    /// References local clients hold on other nodes' objects:
+    /// client → id → (owner, count).
+    remote_refs: RefCell<HashMap<ClientId, RemoteRefs>>,
+    /// Heartbeats heard from each peer (leases on what they hold here).
+    seen: RefCell<Vec<PeerSeen>>,
+    /// Peers that answered our last heartbeat.
+    alive: RefCell<Vec<bool>>,
+    pub heartbeats_sent: Cell<u64>,
+}
+
+fn status_error(node: u32, status: tonic::Status) -> ShoalError {
+    let kind = match status.code() {
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => ErrorKind::Protocol,
+        tonic::Code::InvalidArgument => ErrorKind::InvalidArgument,
+        _ => ErrorKind::NodeUnavailable,
+    };
+    ShoalError::new(kind, format!("node {node}: {}", status.message()))
+}
+
+fn to_proto(l: &ObjectLocation) -> Location {
+    Location {
+        offset: l.offset,
+        data_size: l.data_size,
+        meta_size: l.meta_size,
+    }
+}
+
+impl Cluster {
+    pub fn new(config: &ClusterConfig) -> Result<Self> {
+        let topology = config.topology.clone().sorted();
+        topology.node(config.node)?;
+        let credentials = Credentials::new(&topology.token, config.node)?;
+        let mut peers = Vec::with_capacity(topology.len());
+        for node in &topology.nodes {
+            if node.id == config.node {
+                peers.push(None);
+                continue;
+            }
+            let endpoint = Endpoint::from_shared(format!("http://{}", node.rpc))
+                .map_err(|e| ShoalError::invalid(format!("node {}: {e}", node.id)))?
+                .connect_timeout(RPC_TIMEOUT)
+                .timeout(RPC_TIMEOUT)
+                .tcp_nodelay(true);
+            let channel = endpoint.connect_lazy();
+            peers.push(Some(
+                PeerClient::with_interceptor(channel, credentials.clone())
+                    .max_decoding_message_size(64 << 20)
+                    .max_encoding_message_size(64 << 20),
+            ));
+        }
+        let incarnation = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        let n = topology.len();
+        Ok(Self {
+            topology,
+            me: config.node,
+            incarnation,
+            peers,
+            directory: RefCell::default(),
+            owners: RefCell::default(),
+            remote_refs: RefCell::default(),
+            seen: RefCell::new(vec![PeerSeen::default(); n]),
+            alive: RefCell::new(vec![false; n]),
+            heartbeats_sent: Cell::new(0),
+        })
+    }
+
+    fn peer(&self, node: u32) -> Result<PeerRpc> {
+        self.peers
+            .get(node as usize)
+            .and_then(Clone::clone)
+            .ok_or_else(|| ShoalError::invalid(format!("node {node} is not a peer")))
+    }
+
+    pub fn home(&self, id: &ObjectId) -> u32 {
+        home_of(id, self.topology.len())
+    }
+
+    pub fn is_alive(&self, node: u32) -> bool {
+        node == self.me
+            || self
+                .alive
+                .borrow()
+                .get(node as usize)
+                .copied()
+                .unwrap_or(false)
+    }
+
+    /// Groups ids (with their positions) by a key node.
+    fn by_node(&self, ids: &[ObjectId], key: impl Fn(&ObjectId) -> u32) -> Vec<(u32, Vec<usize>)> {
+        let mut groups: HashMap<u32, Vec<usize>> = HashMap::new();
+        for (i, id) in ids.iter().enumerate() {
+            groups.entry(key(id)).or_default().push(i);
+        }
+        let mut groups: Vec<_> = groups.into_iter().collect();
+        groups.sort_unstable_by_key(|(node, _)| *node);
+        groups
+    }
+
+    // -- directory, as a home node ---------------------------------------------
+
+    pub fn directory_register(&self, ids: &[ObjectId], owner: u32) -> Statuses {
+        let statuses = self.directory.borrow_mut().register(ids, owner);
+        Statuses {
+            codes: statuses
+                .into_iter()
+                .map(|s| s.map_or(0, |k| u32::from(k.code())))
+                .collect(),
+        }
+    }
+
+    pub fn directory_unregister(&self, ids: &[ObjectId], owner: u32) {
+        self.directory.borrow_mut().unregister(ids, owner);
+    }
+
+    pub fn directory_publish(&self, ids: &[ObjectId], locations: &[ObjectLocation], owner: u32) {
+        self.directory.borrow_mut().publish(ids, locations, owner);
+    }
+
+    pub fn directory_lookup(&self, ids: &[ObjectId]) -> LookupReply {
+        let directory = self.directory.borrow();
+        LookupReply {
+            entries: ids
+                .iter()
+                .map(|id| match directory.lookup(id) {
+                    Some(e) => shoal_cluster::proto::Entry {
+                        known: true,
+                        owner: e.owner,
+                        sealed: e.sealed.is_some(),
+                        location: e.sealed.as_ref().map(to_proto),
+                    },
+                    None => shoal_cluster::proto::Entry::default(),
+                })
+                .collect(),
+        }
+    }
+
+    // -- as an owner: leases of peers' references ---------------------------
+
+    /// A peer's heartbeat. Returns whether its references here must be
+    /// dropped (it restarted: a new incarnation).
+    pub fn heard_from(&self, node: u32, incarnation: u64) -> bool {
+        let mut seen = self.seen.borrow_mut();
+        let Some(entry) = seen.get_mut(node as usize) else {
+            return false;
+        };
+        let restarted = entry.incarnation != 0 && entry.incarnation != incarnation;
+        entry.incarnation = incarnation;
+        entry.last = Some(Instant::now());
+        restarted
+    }
+
+    /// Peers whose lease ran out since their last heartbeat (their references
+    /// here are to be dropped). Each is reported once.
+    pub fn expired_leases(&self) -> Vec<u32> {
+        let lease = self.topology.lease;
+        let mut seen = self.seen.borrow_mut();
+        let mut expired = Vec::new();
+        for (node, entry) in seen.iter_mut().enumerate() {
+            if entry.last.is_some_and(|t| t.elapsed() > lease) {
+                entry.last = None;
+                expired.push(node as u32);
+            }
+        }
+        expired
+    }
+
+    pub fn heartbeat_reply(&self) -> HeartbeatReply {
+        HeartbeatReply {
+            node: self.me,
+            incarnation: self.incarnation,
+        }
+    }
+
+    /// One round of heartbeats to every peer (concurrently); records who answered.
+    pub async fn send_heartbeats(&self) {
+        let calls = self.peers.iter().enumerate().filter_map(|(node, peer)| {
+            let mut peer = peer.clone()?;
+            let request = HeartbeatRequest {
+                node: self.me,
+                incarnation: self.incarnation,
+            };
+            Some(async move { (node, peer.heartbeat(request).await.is_ok()) })
+        });
+        let answers = join_all(calls).await;
+        let mut alive = self.alive.borrow_mut();
+        for (node, ok) in answers {
+            if alive[node] != ok {
+                if ok {
+                    tracing::info!(node, "peer is up");
+                } else {
+                    tracing::warn!(node, "peer is not answering");
+                }
+            }
+            alive[node] = ok;
+        }
+        self.heartbeats_sent.set(self.heartbeats_sent.get() + 1);
+    }
+
+    // -- as a requester ---------------------------------------------------------
+
+    /// Registers ids for this node at their homes, all or none.
+    pub async fn register(&self, ids: &[ObjectId]) -> Result<()> {
+        let groups = self.by_node(ids, |id| self.home(id));
+        let calls = groups.iter().map(|(home, positions)| {
+            let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+            async move {
+                let codes = if *home == self.me {
+                    self.directory_register(&group, self.me).codes
+                } else {
+                    let mut peer = self.peer(*home)?;
+                    peer.register(RegisterRequest {
+                        ids: pack(&group),
+                        owner: self.me,
+                    })
+                    .await
+                    .map_err(|s| status_error(*home, s))?
+                    .into_inner()
+                    .codes
+                };
+                Ok::<_, ShoalError>((*home, group, codes))
+            }
+        });
+        let results = join_all(calls).await;
+        let mut failure = None;
+        let mut registered = Vec::new();
+        for result in results {
+            match result {
+                Ok((home, group, codes)) => {
+                    if let Some(pos) = codes.iter().position(|&c| c != 0) {
+                        let kind = ErrorKind::from_code(codes[pos] as u16)
+                            .unwrap_or(ErrorKind::ObjectExists);
+                        failure.get_or_insert(ShoalError::new(
+                            kind,
+                            format!("object {} already exists in the cluster", group[pos]),
+                        ));
+                    } else {
+                        registered.extend(group.into_iter().map(|id| (home, id)));
+                    }
+                }
+                Err(err) => {
+                    failure.get_or_insert(err);
+                }
+            }
+        }
+        match failure {
+            None => Ok(()),
+            Some(err) => {
+                let ids: Vec<_> = registered.into_iter().map(|(_, id)| id).collect();
+                self.unregister(&ids).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// Unregisters ids this node no longer holds (best effort: a home that
+    /// is down keeps a stale entry, which gets answer "not found" at the owner).
+    pub async fn unregister(&self, ids: &[ObjectId]) {
+        let groups = self.by_node(ids, |id| self.home(id));
+        let calls = groups.into_iter().map(|(home, positions)| {
+            let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+            async move {
+                if home == self.me {
+                    self.directory_unregister(&group, self.me);
+                } else if let Ok(mut peer) = self.peer(home) {
+                    if let Err(status) = peer.unregister(Ids { ids: pack(&group) }).await {
+                        tracing::debug!(home, %status, "unregister failed");
+                    }
+                }
+            }
+        });
+        join_all(calls).await;
+    }
+
+    /// Tells the homes where sealed ids live; done when every home has it.
+    pub async fn publish(&self, ids: &[ObjectId], locations: &[ObjectLocation]) -> Result<()> {
+        let groups = self.by_node(ids, |id| self.home(id));
+        let calls = groups.into_iter().map(|(home, positions)| {
+            let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+            let locs: Vec<ObjectLocation> = positions.iter().map(|&i| locations[i]).collect();
+            async move {
+                if home == self.me {
+                    self.directory_publish(&group, &locs, self.me);
+                    return Ok(());
+                }
+                let mut peer = self.peer(home)?;
+                peer.publish(PublishRequest {
+                    ids: pack(&group),
+                    locations: locs.iter().map(to_proto).collect(),
+                })
+                .await
+                .map(|_| ())
+                .map_err(|s| status_error(home, s))
+            }
+        });
+        join_all(calls).await.into_iter().collect()
+    }
+
+    /// Finds ids on other nodes and takes a reference on each for `client`.
+    /// One Lookup per home (for ids whose owner is not cached), one Acquire
+    /// per owner. `None` for ids not sealed anywhere (yet).
+    pub async fn get(&self, client: ClientId, ids: &[ObjectId]) -> Result<Vec<Option<Remote>>> {
+        let mut owners: Vec<Option<u32>> = {
+            let cache = self.owners.borrow();
+            ids.iter().map(|id| cache.get(id).copied()).collect()
+        };
+        let mut found = vec![None; ids.len()];
+        for attempt in 0..2 {
+            let unknown: Vec<usize> = (0..ids.len())
+                .filter(|&i| owners[i].is_none() && found[i].is_none())
+                .collect();
+            if !unknown.is_empty() {
+                let wanted: Vec<ObjectId> = unknown.iter().map(|&i| ids[i]).collect();
+                let (lookups, homes_down) = self.lookup(&wanted).await?;
+                for (&i, owner) in unknown.iter().zip(lookups) {
+                    owners[i] = owner.filter(|&o| o != self.me);
+                }
+                if !homes_down.is_empty() {
+                    // Their home is down, but the owner may be alive: ask
+                    // every live peer (only the owner has it).
+                    let orphans: Vec<usize> = homes_down.iter().map(|&k| unknown[k]).collect();
+                    self.search_live_peers(client, ids, &orphans, &mut found)
+                        .await;
+                }
+            }
+            let wanted: Vec<usize> = (0..ids.len())
+                .filter(|&i| found[i].is_none() && owners[i].is_some())
+                .collect();
+            if wanted.is_empty() {
+                break;
+            }
+            let mut groups: HashMap<u32, Vec<usize>> = HashMap::new();
+            for &i in &wanted {
+                groups
+                    .entry(owners[i].expect("wanted"))
+                    .or_default()
+                    .push(i);
+            }
+            let calls = groups.into_iter().map(|(owner, slots)| {
+                let group: Vec<ObjectId> = slots.iter().map(|&i| ids[i]).collect();
+                async move {
+                    let reply = self.acquire(owner, &group).await;
+                    (owner, slots, group, reply)
+                }
+            });
+            let mut stale = false;
+            for (owner, slots, group, reply) in join_all(calls).await {
+                // An owner that is down: its objects stay missing, the rest are found.
+                let reply = match reply {
+                    Ok(reply) => reply,
+                    Err(err) if err.kind() == ErrorKind::NodeUnavailable => {
+                        tracing::debug!(%err, "acquire");
+                        for &slot in &slots {
+                            owners[slot] = None;
+                        }
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                };
+                for (k, (&slot, id)) in slots.iter().zip(&group).enumerate() {
+                    match reply.get(k).copied().flatten() {
+                        Some(location) => {
+                            self.check_location(owner, &location)?;
+                            found[slot] = Some(Remote { owner, location });
+                            self.owners.borrow_mut().insert(*id, owner);
+                            self.hold(client, *id, owner);
+                        }
+                        None => {
+                            // Deleted there, or not sealed yet: ask the home again.
+                            self.owners.borrow_mut().remove(id);
+                            owners[slot] = None;
+                            stale = true;
+                        }
+                    }
+                }
+            }
+            if !stale || attempt == 1 {
+                break;
+            }
+        }
+        Ok(found)
+    }
+
+    /// Takes references on ids whose home is down by asking every live peer.
+    async fn search_live_peers(
+        &self,
+        client: ClientId,
+        ids: &[ObjectId],
+        slots: &[usize],
+        found: &mut [Option<Remote>],
+    ) {
+        let wanted: Vec<ObjectId> = slots.iter().map(|&i| ids[i]).collect();
+        let live: Vec<u32> = (0..self.topology.len() as u32)
+            .filter(|&n| n != self.me && self.is_alive(n))
+            .collect();
+        let calls = live.into_iter().map(|node| {
+            let wanted = &wanted;
+            async move { (node, self.acquire(node, wanted).await) }
+        });
+        for (node, reply) in join_all(calls).await {
+            let Ok(reply) = reply else { continue };
+            for (k, location) in reply.into_iter().enumerate() {
+                let Some(location) = location else { continue };
+                if found[slots[k]].is_some() || self.check_location(node, &location).is_err() {
+                    continue;
+                }
+                found[slots[k]] = Some(Remote {
+                    owner: node,
+                    location,
+                });
+                self.owners.borrow_mut().insert(wanted[k], node);
+                self.hold(client, wanted[k], node);
+            }
+        }
+    }
+
+    /// Owner of each id per its home (`None` where unknown or not sealed),
+    /// and the positions of ids whose home did not answer.
+    async fn lookup(&self, ids: &[ObjectId]) -> Result<(Vec<Option<u32>>, Vec<usize>)> {
+        let groups = self.by_node(ids, |id| self.home(id));
+        let mut owners = vec![None; ids.len()];
+        let mut homes_down = Vec::new();
+        let calls = groups.into_iter().map(|(home, positions)| {
+            let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+            async move {
+                let reply = if home == self.me {
+                    Ok(self.directory_lookup(&group))
+                } else {
+                    match self.peer(home) {
+                        Ok(mut peer) => peer
+                            .lookup(Ids { ids: pack(&group) })
+                            .await
+                            .map(tonic::Response::into_inner)
+                            .map_err(|s| status_error(home, s)),
+                        Err(e) => Err(e),
+                    }
+                };
+                (positions, reply)
+            }
+        });
+        for (positions, reply) in join_all(calls).await {
+            let Ok(reply) = reply else {
+                tracing::debug!("lookup failed: {:?}", reply.err());
+                homes_down.extend(positions);
+                continue;
+            };
+            for (&i, entry) in positions.iter().zip(reply.entries) {
+                if entry.known && entry.sealed {
+                    owners[i] = Some(entry.owner);
+                }
+            }
+        }
+        Ok((owners, homes_down))
+    }
+
+    async fn acquire(&self, owner: u32, ids: &[ObjectId]) -> Result<Vec<Option<ObjectLocation>>> {
+        let mut peer = self.peer(owner)?;
+        let AcquireReply { found, locations } = peer
+            .acquire(Ids { ids: pack(ids) })
+            .await
+            .map_err(|s| status_error(owner, s))?
+            .into_inner();
+        if found.len() != ids.len() || locations.len() != ids.len() {
+            return Err(ShoalError::protocol(format!(
+                "node {owner} answered {} of {} ids",
+                found.len(),
+                ids.len()
+            )));
+        }
+        Ok(found
+            .into_iter()
+            .zip(locations)
+            .map(|(f, l)| {
+                f.then_some(ObjectLocation {
+                    offset: l.offset,
+                    data_size: l.data_size,
+                    meta_size: l.meta_size,
+                })
+            })
+            .collect())
+    }
+
+    /// A descriptor from a peer must lie inside that peer's region as the
+    /// topology declares it, before anyone touches the memory.
+    fn check_location(&self, owner: u32, l: &ObjectLocation) -> Result<()> {
+        let node = self.topology.node(owner)?;
+        let end = l
+            .offset
+            .checked_add(l.data_size)
+            .and_then(|e| e.checked_add(u64::from(l.meta_size)));
+        if end.is_some_and(|e| e <= node.region_size) && node.access == Access::Mapped {
+            Ok(())
+        } else {
+            Err(ShoalError::protocol(format!(
+                "node {owner} sent a descriptor outside its region or for unmapped memory: {l:?}"
+            )))
+        }
+    }
+
+    fn hold(&self, client: ClientId, id: ObjectId, owner: u32) {
+        let mut refs = self.remote_refs.borrow_mut();
+        let entry = refs
+            .entry(client)
+            .or_default()
+            .entry(id)
+            .or_insert((owner, 0));
+        entry.1 += 1;
+    }
+
+    /// Whether `client` holds a reference to `id` on another node.
+    pub fn holds_remote(&self, client: ClientId, id: &ObjectId) -> bool {
+        self.remote_refs
+            .borrow()
+            .get(&client)
+            .is_some_and(|m| m.contains_key(id))
+    }
+
+    /// Drops one of `client`'s remote references per id; returns the ids
+    /// (by owner) whose last local reference went, to release at the owners.
+    pub fn unhold(&self, client: ClientId, ids: &[ObjectId]) -> Vec<(u32, ObjectId)> {
+        let mut refs = self.remote_refs.borrow_mut();
+        let Some(held) = refs.get_mut(&client) else {
+            return Vec::new();
+        };
+        let mut gone = Vec::new();
+        for id in ids {
+            if let Some((owner, count)) = held.get_mut(id) {
+                *count -= 1;
+                if *count == 0 {
+                    gone.push((*owner, *id));
+                    held.remove(id);
+                }
+            }
+        }
+        gone
+    }
+
+    /// Every remote reference of a client that disconnected.
+    pub fn drop_client(&self, client: ClientId) -> Vec<(u32, ObjectId)> {
+        let mut out = Vec::new();
+        if let Some(held) = self.remote_refs.borrow_mut().remove(&client) {
+            for (id, (owner, count)) in held {
+                out.extend(std::iter::repeat_n((owner, id), count as usize));
+            }
+        }
+        out
+    }
+
+    /// Sends releases to owners (one call per owner).
+    pub async fn release(&self, refs: Vec<(u32, ObjectId)>) {
+        let mut by_owner: HashMap<u32, Vec<ObjectId>> = HashMap::new();
+        for (owner, id) in refs {
+            by_owner.entry(owner).or_default().push(id);
+        }
+        let calls = by_owner.into_iter().map(|(owner, ids)| async move {
+            if let Ok(mut peer) = self.peer(owner) {
+                if let Err(status) = peer.release(Ids { ids: pack(&ids) }).await {
+                    // The owner's lease on our references reclaims them.
+                    tracing::debug!(owner, %status, "release failed");
+                }
+            }
+        });
+        join_all(calls).await;
+    }
+
+    /// Deletes ids owned elsewhere at their owners; per-id error kinds.
+    pub async fn delete_remote(&self, ids: &[ObjectId]) -> Vec<Option<ErrorKind>> {
+        let owners = match self.lookup(ids).await {
+            Ok((owners, _)) => owners,
+            Err(e) => return vec![Some(e.kind()); ids.len()],
+        };
+        let mut results = vec![Some(ErrorKind::ObjectNotFound); ids.len()];
+        let known: Vec<usize> = (0..ids.len()).filter(|&i| owners[i].is_some()).collect();
+        let mut by_owner: HashMap<u32, Vec<usize>> = HashMap::new();
+        for i in known {
+            by_owner
+                .entry(owners[i].expect("known"))
+                .or_default()
+                .push(i);
+        }
+        for (owner, positions) in by_owner {
+            let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+            let reply = match self.peer(owner) {
+                Ok(mut peer) => peer.delete(Ids { ids: pack(&group) }).await,
+                Err(_) => continue,
+            };
+            match reply {
+                Ok(reply) => {
+                    for (&i, code) in positions.iter().zip(reply.into_inner().codes) {
+                        results[i] = ErrorKind::from_code(code as u16);
+                        self.owners.borrow_mut().remove(&ids[i]);
+                    }
+                }
+                Err(_) => {
+                    for &i in &positions {
+                        results[i] = Some(ErrorKind::NodeUnavailable);
+                    }
+                }
+            }
+        }
+        results
+    }
+}
+
+/// Runs futures concurrently on the current task (peer calls to different
+/// nodes overlap; the store thread never blocks on one slow peer).
+pub(crate) async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    futures_util::future::join_all(futures).await
+}
+
+/// Shared handle used by the connection and server modules.
+pub(crate) type ClusterRef = Rc<Cluster>;

@@ -1,0 +1,201 @@
+//! The peer RPC server: tonic handlers turn each call into a [`PeerCall`]
+//! for the daemon's single store thread, which answers through a oneshot.
+//! Handlers never touch the store themselves (it lives on the daemon's
+//! current-thread runtime, unshared), so the gRPC side needs no locks.
+
+use shoal_cluster::ids::unpack;
+use shoal_cluster::proto::peer_server::Peer;
+use shoal_cluster::proto::{
+    AcquireReply, Empty, HeartbeatReply, HeartbeatRequest, Ids, ListReply, LookupReply, NodeStatus,
+    PublishRequest, RegisterRequest, Statuses,
+};
+use shoal_core::store::ObjectLocation;
+use shoal_core::ObjectId;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status};
+
+use shoal_cluster::auth::caller_node;
+
+/// One peer request, for the store thread.
+pub(crate) enum PeerCall {
+    Heartbeat {
+        from: u32,
+        incarnation: u64,
+        reply: oneshot::Sender<HeartbeatReply>,
+    },
+    Register {
+        ids: Vec<ObjectId>,
+        owner: u32,
+        reply: oneshot::Sender<Statuses>,
+    },
+    Unregister {
+        ids: Vec<ObjectId>,
+        owner: u32,
+    },
+    Publish {
+        ids: Vec<ObjectId>,
+        locations: Vec<ObjectLocation>,
+        owner: u32,
+        reply: oneshot::Sender<()>,
+    },
+    Lookup {
+        ids: Vec<ObjectId>,
+        reply: oneshot::Sender<LookupReply>,
+    },
+    Acquire {
+        ids: Vec<ObjectId>,
+        from: u32,
+        reply: oneshot::Sender<AcquireReply>,
+    },
+    Release {
+        ids: Vec<ObjectId>,
+        from: u32,
+    },
+    Delete {
+        ids: Vec<ObjectId>,
+        reply: oneshot::Sender<Statuses>,
+    },
+    Status {
+        reply: oneshot::Sender<NodeStatus>,
+    },
+    List {
+        reply: oneshot::Sender<ListReply>,
+    },
+}
+
+pub(crate) struct PeerService {
+    pub calls: mpsc::Sender<PeerCall>,
+}
+
+impl PeerService {
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> PeerCall) -> Result<T, Status> {
+        let (reply, answer) = oneshot::channel();
+        self.tell(make(reply)).await?;
+        answer
+            .await
+            .map_err(|_| Status::unavailable("the daemon is stopping"))
+    }
+
+    async fn tell(&self, call: PeerCall) -> Result<(), Status> {
+        self.calls
+            .send(call)
+            .await
+            .map_err(|_| Status::unavailable("the daemon is stopping"))
+    }
+}
+
+fn location(l: &shoal_cluster::proto::Location) -> ObjectLocation {
+    ObjectLocation {
+        offset: l.offset,
+        data_size: l.data_size,
+        meta_size: l.meta_size,
+    }
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatReply>, Status> {
+        let from = caller_node(request.metadata())?;
+        let incarnation = request.into_inner().incarnation;
+        self.ask(|reply| PeerCall::Heartbeat {
+            from,
+            incarnation,
+            reply,
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn register(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<Response<Statuses>, Status> {
+        let from = caller_node(request.metadata())?;
+        let request = request.into_inner();
+        if request.owner != from {
+            return Err(Status::permission_denied(
+                "a node registers ids only for itself",
+            ));
+        }
+        let ids = unpack(&request.ids)?;
+        self.ask(|reply| PeerCall::Register {
+            ids,
+            owner: from,
+            reply,
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn unregister(&self, request: Request<Ids>) -> Result<Response<Empty>, Status> {
+        let owner = caller_node(request.metadata())?;
+        let ids = unpack(&request.into_inner().ids)?;
+        self.tell(PeerCall::Unregister { ids, owner }).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn publish(&self, request: Request<PublishRequest>) -> Result<Response<Empty>, Status> {
+        let owner = caller_node(request.metadata())?;
+        let request = request.into_inner();
+        let ids = unpack(&request.ids)?;
+        if ids.len() != request.locations.len() {
+            return Err(Status::invalid_argument(
+                "ids and locations differ in count",
+            ));
+        }
+        let locations = request.locations.iter().map(location).collect();
+        // Answered once applied: a get anywhere after the seal returns sees it.
+        self.ask(|reply| PeerCall::Publish {
+            ids,
+            locations,
+            owner,
+            reply,
+        })
+        .await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn lookup(&self, request: Request<Ids>) -> Result<Response<LookupReply>, Status> {
+        let ids = unpack(&request.into_inner().ids)?;
+        self.ask(|reply| PeerCall::Lookup { ids, reply })
+            .await
+            .map(Response::new)
+    }
+
+    async fn acquire(&self, request: Request<Ids>) -> Result<Response<AcquireReply>, Status> {
+        let from = caller_node(request.metadata())?;
+        let ids = unpack(&request.into_inner().ids)?;
+        self.ask(|reply| PeerCall::Acquire { ids, from, reply })
+            .await
+            .map(Response::new)
+    }
+
+    async fn release(&self, request: Request<Ids>) -> Result<Response<Empty>, Status> {
+        let from = caller_node(request.metadata())?;
+        let ids = unpack(&request.into_inner().ids)?;
+        self.tell(PeerCall::Release { ids, from }).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn delete(&self, request: Request<Ids>) -> Result<Response<Statuses>, Status> {
+        let ids = unpack(&request.into_inner().ids)?;
+        self.ask(|reply| PeerCall::Delete { ids, reply })
+            .await
+            .map(Response::new)
+    }
+
+    async fn status(&self, _: Request<Empty>) -> Result<Response<NodeStatus>, Status> {
+        self.ask(|reply| PeerCall::Status { reply })
+            .await
+            .map(Response::new)
+    }
+
+    async fn list(&self, _: Request<Empty>) -> Result<Response<ListReply>, Status> {
+        self.ask(|reply| PeerCall::List { reply })
+            .await
+            .map(Response::new)
+    }
+}

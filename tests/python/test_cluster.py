@@ -1,0 +1,233 @@
+"""Clusters on one host: several daemons, one object namespace, zero-copy remote gets.
+
+Each test starts its own emulated cluster (`python -m shoal cluster up`): one daemon
+per node with its own socket, /dev/shm region and peer RPC port.
+"""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from _shoal_testing import in_region, snapshot, wait_for
+
+import shoal
+
+OID = shoal.ObjectID
+
+
+def object_refs(client: shoal.Client, oid: shoal.ObjectID) -> int:
+    return next(o.ref_count for o in client.list() if o.id == oid)
+
+
+def test_a_get_on_another_node_reads_the_owners_memory_in_place(cluster):
+    owner, reader = cluster.client(0), cluster.client(1)
+    table = pa.table({"x": np.arange(100_000), "s": [f"row {i}" for i in range(100_000)]})
+    oid = owner.put(table)
+    got = reader.get(oid)
+    assert got.equals(table)
+    assert pc.sum(got["x"]).as_py() == 100_000 * 99_999 // 2
+    address = got["x"].chunk(0).buffers()[1].address
+    # Not in the reader's own region (no copy landed there), but in node 0's region,
+    # at the very address node 0's client sees it (offset for offset).
+    assert not in_region(reader, address)
+    owner_address = owner.get(oid)["x"].chunk(0).buffers()[1].address
+    assert address - reader._raw.get([oid])[0].address == owner_address - owner.get_buffer(oid).address
+    buffer = reader.get_buffer(oid)
+    assert buffer.readonly
+    assert reader.stats()["objects"] == 0, "the reader's node stored nothing"
+
+
+def test_ids_are_unique_across_the_cluster(cluster):
+    clients = [cluster.client(i) for i in range(3)]
+    oid = clients[0].put(b"first")
+    for other in clients[1:]:
+        before = snapshot(other)
+        with pytest.raises(shoal.ObjectExists, match="exists in the cluster"):
+            other.put(b"second", oid)
+        with pytest.raises(shoal.ObjectExists):
+            other.create(oid, 10)
+        assert snapshot(other) == before
+    # Unsealed ids are claimed too.
+    pending = OID.from_random()
+    buffer = clients[2].create(pending, 8)
+    with pytest.raises(shoal.ObjectExists):
+        clients[0].put(b"x", pending)
+    clients[2].abort(pending)
+    del buffer
+    wait_for(lambda: _try_put(clients[0], pending), timeout=5, message="id free after abort")
+
+
+def _try_put(client: shoal.Client, oid: shoal.ObjectID) -> bool:
+    try:
+        client.put(b"now mine", oid)
+        return True
+    except shoal.ObjectExists:
+        return False
+
+
+def test_a_batch_create_that_conflicts_anywhere_creates_nothing(cluster):
+    a, b = cluster.client(0), cluster.client(1)
+    taken = a.put(b"taken")
+    fresh = [OID.from_random() for _ in range(50)]
+    before = snapshot(b)
+    with pytest.raises(shoal.ObjectExists):
+        b.put_batch([*fresh, taken], [b"v"] * 51)
+    assert snapshot(b) == before
+    b.put_batch(fresh, [b"v"] * 50)  # the fresh ids were not left claimed
+    assert all(a.contains(i) is False for i in fresh)  # contains is local
+
+
+def test_a_multi_get_spread_over_every_node(cluster):
+    clients = [cluster.client(i) for i in range(3)]
+    ids = []
+    for node, client in enumerate(clients):
+        batch = [OID.from_random() for _ in range(200)]
+        client.put_batch(batch, [bytes([node]) * 64] * 200)
+        ids += batch
+    for reader in clients:
+        buffers = reader.get_buffers(ids, timeout_ms=5000)
+        assert [bytes(b)[0] for b in buffers] == [i // 200 for i in range(600)]
+        del buffers
+
+
+def test_delete_from_another_node_and_reuse_of_the_id(cluster):
+    a, b, c = cluster.client(0), cluster.client(1), cluster.client(2)
+    oid = a.put(b"short-lived")
+    assert b.get(oid).to_pybytes() == b"short-lived"  # b caches the owner
+    b.delete(oid)
+    assert not a.contains(oid)
+    assert b.get_buffers([oid], timeout_ms=100) == [None]
+    c.put(b"reborn", oid)
+    assert b.get(oid).to_pybytes() == b"reborn"
+    with pytest.raises(shoal.ObjectNotFound):
+        b.delete(OID.from_random())
+
+
+def test_objects_referenced_from_another_node_are_not_evicted(cluster):
+    owner, reader = cluster.client(0), cluster.client(1)
+    kept, loose = owner.put(b"k" * 1000), owner.put(b"l" * 1000)
+    held = reader.get_buffer(kept)
+    assert object_refs(owner, kept) == 1
+    owner.evict(10**9)
+    assert owner.contains(kept) and not owner.contains(loose)
+    del held
+    gc.collect()
+    wait_for(lambda: object_refs(owner, kept) == 0, timeout=3)
+    assert owner.evict(10**9) > 0 and not owner.contains(kept)
+
+
+def test_a_get_waits_for_a_seal_on_another_node(cluster):
+    writer, reader = cluster.client(0), cluster.client(2)
+    oid = OID.from_random()
+    buffer = writer.create(oid, 5)
+    started = time.monotonic()
+    assert reader.get_buffers([oid], timeout_ms=200) == [None]
+    assert 0.15 < time.monotonic() - started < 2
+    memoryview(buffer)[:] = b"later"
+    writer.seal(oid)
+    assert bytes(reader.get_buffer(oid, timeout_ms=5000)) == b"later"
+    del buffer
+
+
+def test_a_crashed_client_releases_its_references_on_other_nodes(cluster, spawn):
+    owner = cluster.client(0)
+    oid = owner.put(b"held remotely")
+    holder = spawn(
+        """
+        client = shoal.Client(sys.argv[1])
+        held = client.get_buffer(shoal.ObjectID.from_hex(sys.argv[2]))
+        emit("holding")
+        time.sleep(60)
+        """,
+        cluster.socket(1),
+        oid.hex(),
+    )
+    assert holder.json() == "holding"
+    assert object_refs(owner, oid) == 1
+    holder.kill()
+    wait_for(lambda: object_refs(owner, oid) == 0, timeout=5, message="reference released")
+
+
+def test_a_dead_node_loses_its_references_after_the_lease(cluster):
+    owner = cluster.client(0)
+    oid = owner.put(b"leased")
+    reader = cluster.client(2)
+    held = reader.get_buffer(oid)
+    assert object_refs(owner, oid) == 1
+    cluster.kill(2)
+    # Lease 2 s, heartbeats every 200 ms: reclaimed within a bounded delay.
+    started = time.monotonic()
+    wait_for(lambda: object_refs(owner, oid) == 0, timeout=6, message="lease expiry")
+    assert time.monotonic() - started < 5
+    assert "node 2" in cluster.log(0) and "lease expired" in cluster.log(0)
+    del held
+
+
+def test_node_death_keeps_the_rest_working_and_fails_fast(cluster):
+    a, b, c = cluster.client(0), cluster.client(1), cluster.client(2)
+    on_a = [a.put(f"a{i}".encode()) for i in range(20)]
+    on_c = [c.put(f"c{i}".encode()) for i in range(20)]
+    assert len([x for x in b.get_buffers(on_c, timeout_ms=1000) if x is not None]) == 20
+    cluster.kill(2)
+    started = time.monotonic()
+    got = b.get_buffers(on_a + on_c, timeout_ms=500)
+    elapsed = time.monotonic() - started
+    assert elapsed < 5, f"a get with a dead node took {elapsed:.1f} s"
+    assert [bytes(x) for x in got[:20]] == [f"a{i}".encode() for i in range(20)]
+    # New objects whose home is the dead node cannot be registered: a clear error, fast.
+    errors = 0
+    for _ in range(30):
+        try:
+            b.put(b"new")
+        except shoal.NodeUnavailable as err:
+            assert "node 2" in str(err)
+            errors += 1
+    assert 0 < errors < 30  # about a third of random ids have the dead node as home
+    wait_for(lambda: {s["node"]: s["state"] for s in cluster.status()} == {0: "up", 1: "up", 2: "down"})
+    del got
+
+
+def test_cluster_status_and_ls(cluster):
+    a = cluster.client(0)
+    oid = a.put(b"x" * 100)
+    rows = cluster.status()
+    assert [r["node"] for r in rows] == [0, 1, 2]
+    assert all(r["state"] == "up" and r["access"] == "mapped" for r in rows)
+    assert rows[0]["objects"] == 1 and rows[0]["capacity"] == 64 << 20
+    listed = subprocess.run(
+        [sys.executable, "-m", "shoal", "ls", "--cluster", "--dir", str(cluster.directory), "--json"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert f'"node":0,"id":"{oid.hex()}"' in listed.stdout
+
+
+def test_a_wrong_cluster_token_is_refused_and_logged(cluster, tmp_path):
+    forged = tmp_path / "forged.toml"
+    forged.write_text(
+        "\n".join(
+            'token = "not-the-token"' if line.startswith("token =") else line
+            for line in cluster.file.read_text().splitlines()
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "shoal", "ls", "--cluster", "--file", str(forged)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert "refused" in result.stderr or "token" in result.stderr, result.stderr
+    assert "peer call refused: wrong cluster token" in cluster.log(0)
+    # The real members still talk to each other.
+    oid = cluster.client(0).put(b"still fine")
+    assert cluster.client(1).get(oid).to_pybytes() == b"still fine"
+
+
+def test_a_client_of_a_single_daemon_is_not_clustered(store):
+    client = store.client()
+    assert client._raw.clustered is False and client._raw.node == 0
