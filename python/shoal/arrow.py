@@ -153,6 +153,8 @@ class TableBuilder:
         num_rows: int,
         oid: IdLike | None = None,
         timeout_ms: int = 0,
+        *,
+        node: int | None = None,
     ) -> None:
         if not isinstance(schema, pa.Schema):
             raise TypeError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
@@ -165,7 +167,7 @@ class TableBuilder:
         layout = _layout(schema, num_rows)
         self._client = client
         self._buffer: Buffer | None = client.create(
-            self.id, layout.position, _codec.TAG_ARROW + b"table", timeout_ms
+            self.id, layout.position, _codec.TAG_ARROW + b"table", timeout_ms, node=node
         )
         whole = memoryview(self._buffer)
         for position, data in layout.metadata:

@@ -69,12 +69,22 @@ class Client:
 
     # -- low level: Plasma's life cycle ---------------------------------------------------------
 
-    def create(self, oid: IdLike, size: int, metadata: bytes | None = None, timeout_ms: int = 0) -> Buffer:
+    def create(
+        self,
+        oid: IdLike,
+        size: int,
+        metadata: bytes | None = None,
+        timeout_ms: int = 0,
+        *,
+        node: int | None = None,
+    ) -> Buffer:
         """Creates an object of `size` bytes; returns its writable buffer. Seal when written.
 
-        On a full store, waits up to `timeout_ms` for memory to be released.
+        On a full store, waits up to `timeout_ms` for memory to be released. In a cluster,
+        `node` places the object in that node's memory (remote allocation: only that node's
+        allocator runs; this process writes the bytes in place through its mapping).
         """
-        return self._raw.create(as_bytes(oid), size, metadata, timeout_ms)
+        return self._raw.create(as_bytes(oid), size, metadata, timeout_ms, node)
 
     def seal(self, oids: IdLike | Iterable[IdLike], release: bool = False) -> None:
         """Seals objects created by this client; they are immutable and visible from now on."""
@@ -137,12 +147,15 @@ class Client:
 
     # -- values ---------------------------------------------------------------------------------
 
-    def put(self, value: Any, oid: IdLike | None = None, *, timeout_ms: int = 0) -> ObjectID:
+    def put(
+        self, value: Any, oid: IdLike | None = None, *, timeout_ms: int = 0, node: int | None = None
+    ) -> ObjectID:
         """Stores a value: a pyarrow Table / RecordBatch / Array / ChunkedArray (Arrow IPC),
-        a numpy array, bytes-like data, or any picklable object. Returns its id."""
+        a numpy array, bytes-like data, or any picklable object. Returns its id. In a cluster,
+        `node` stores it in that node's memory."""
         oid = ObjectID.from_random() if oid is None else ObjectID(as_bytes(oid))
         size, metadata, write = _codec.encode(value)
-        buffer = self._raw.create(oid.binary(), size, metadata, timeout_ms)
+        buffer = self._raw.create(oid.binary(), size, metadata, timeout_ms, node)
         try:
             write(buffer)
         except BaseException:
@@ -163,17 +176,29 @@ class Client:
         return [None if b is None else _codec.decode(b, bytes(b.metadata())) for b in buffers]
 
     def create_table(
-        self, schema: Any, num_rows: int, oid: IdLike | None = None, timeout_ms: int = 0
+        self,
+        schema: Any,
+        num_rows: int,
+        oid: IdLike | None = None,
+        timeout_ms: int = 0,
+        *,
+        node: int | None = None,
     ) -> TableBuilder:
         """Lays out an Arrow table of fixed-width columns directly in store memory (zero-copy
         creation): fill `builder["col"]` (numpy views) in place, then seal — `with` does it.
         `get(builder.id)` returns a pyarrow.Table over the same bytes. See shoal.arrow."""
         from shoal.arrow import TableBuilder
 
-        return TableBuilder(self, schema, num_rows, oid, timeout_ms)
+        return TableBuilder(self, schema, num_rows, oid, timeout_ms, node=node)
 
     def create_array(
-        self, oid: IdLike, shape: int | Sequence[int], dtype: Any = np.float64, timeout_ms: int = 0
+        self,
+        oid: IdLike,
+        shape: int | Sequence[int],
+        dtype: Any = np.float64,
+        timeout_ms: int = 0,
+        *,
+        node: int | None = None,
     ) -> np.ndarray:
         """Allocates a numpy array directly in store memory (zero-copy creation).
 
@@ -184,7 +209,7 @@ class Client:
         if size >= 1 << 63:
             raise InvalidArgument(f"an array of shape {shape} and dtype {dtype} overflows 64 bits")
         metadata = _codec.ndarray_metadata(shape, dtype)
-        buffer = self._raw.create(as_bytes(oid), size, metadata, timeout_ms)
+        buffer = self._raw.create(as_bytes(oid), size, metadata, timeout_ms, node)
         return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
     # -- misc -----------------------------------------------------------------------------------
@@ -200,6 +225,16 @@ class Client:
     @property
     def capacity(self) -> int:
         return self.stats()["capacity"]
+
+    @property
+    def node(self) -> int:
+        """This client's node in a cluster (0 for a single daemon)."""
+        return self._raw.node
+
+    @property
+    def clustered(self) -> bool:
+        """Whether the daemon is a node of a cluster."""
+        return self._raw.clustered
 
     @property
     def region_address(self) -> int:

@@ -231,3 +231,83 @@ def test_a_wrong_cluster_token_is_refused_and_logged(cluster, tmp_path):
 def test_a_client_of_a_single_daemon_is_not_clustered(store):
     client = store.client()
     assert client._raw.clustered is False and client._raw.node == 0
+
+
+# -- remote allocation ---------------------------------------------------------------------------
+
+
+def test_create_on_another_node_writes_its_memory_in_place(cluster):
+    writer, host, reader = cluster.client(0), cluster.client(1), cluster.client(2)
+    oid = OID.from_random()
+    buffer = writer.create(oid, 1 << 20, b"meta", node=1)
+    assert not in_region(writer, buffer.address, len(buffer)), "allocated in the writer's own region"
+    np.frombuffer(buffer, np.uint8)[:] = 7
+    writer.seal(oid)
+    # The writer's (read-only) view and the host's are the very bytes it wrote in place:
+    # a byte changed through the creator's buffer (for this test only) shows in both.
+    view, local = writer.get_buffer(oid), host.get_buffer(oid)
+    memoryview(buffer)[5] = 9
+    assert bytes(view)[5] == 9 and bytes(local)[5] == 9
+    memoryview(buffer)[5] = 7
+    del buffer, view, local
+    # It lives on node 1: node 1 holds it locally.
+    assert host.contains(oid) and not writer.contains(oid)
+    local = host.get_buffer(oid)
+    assert in_region(host, local.address, len(local))
+    assert bytes(local.metadata()) == b"meta"
+    assert np.frombuffer(reader.get_buffer(oid), np.uint8).min() == 7
+    del local
+
+
+def test_tables_and_arrays_built_in_another_nodes_memory(cluster):
+    a, b = cluster.client(0), cluster.client(1)
+    with a.create_table(pa.schema([("v", pa.float64())]), 10_000, node=2) as builder:
+        builder["v"][:] = 0.5
+    aid = OID.from_random()
+    array = a.create_array(aid, (100, 10), np.int32, node=1)
+    array[:] = 3
+    a.seal(aid)
+    oid = a.put(pa.table({"s": ["x", "y"]}), node=1)
+    assert pc.sum(b.get(builder.id)["v"]).as_py() == 5_000
+    assert b.get(oid)["s"].to_pylist() == ["x", "y"]
+    assert int(b.get(aid).sum()) == 3000
+    del array
+
+
+def test_remote_allocation_errors_change_nothing(cluster):
+    a, b = cluster.client(0), cluster.client(1)
+    before = snapshot(b)
+    with pytest.raises(shoal.ObjectTooLarge):
+        a.create(OID.from_random(), 1 << 30, node=1)
+    with pytest.raises(shoal.InvalidArgument, match="node 7"):
+        a.create(OID.from_random(), 10, node=7)
+    taken = b.put(b"mine")
+    with pytest.raises(shoal.ObjectExists):
+        a.create(taken, 10, node=1)
+    assert len(b.list()) == len(before[0]) + 1
+    # Abort of a remote allocation frees it on its node at once.
+    oid = OID.from_random()
+    buffer = a.create(oid, 4096, node=1)
+    assert b.stats()["objects"] == 2
+    a.abort(oid)
+    del buffer
+    assert b.stats()["objects"] == 1
+    with pytest.raises(shoal.ObjectNotFound):
+        a.seal(oid)
+
+
+def test_a_crashed_writer_leaves_no_remote_allocation_behind(cluster, spawn):
+    host = cluster.client(1)
+    writer = spawn(
+        """
+        client = shoal.Client(sys.argv[1])
+        buffer = client.create(shoal.ObjectID.from_random(), 1 << 20, node=1)
+        emit("allocated")
+        time.sleep(60)
+        """,
+        cluster.socket(0),
+    )
+    assert writer.json() == "allocated"
+    assert host.stats()["objects"] == 1
+    writer.kill()
+    wait_for(lambda: host.stats()["objects"] == 0, timeout=5, message="remote allocation aborted")

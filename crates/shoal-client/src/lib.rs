@@ -46,6 +46,8 @@ pub struct ClusterView {
     pub nodes: Vec<PeerRegion>,
     /// Mapped lazily, on the first object found on that node.
     mappings: Vec<Option<Arc<Mapping>>>,
+    /// Writable mappings, for objects this client allocates on other nodes.
+    writable: Vec<Option<Arc<Mapping>>>,
 }
 
 /// A framed connection: requests out, replies in.
@@ -172,9 +174,9 @@ pub struct Client {
     mapping: Arc<Mapping>,
     info: StoreInfo,
     cluster: Option<ClusterView>,
-    /// Objects created here and not sealed yet, flushed at seal on a
-    /// non-coherent fabric.
-    unsealed: std::collections::HashMap<ObjectId, ObjectLocation>,
+    /// Objects created here (node, location) and not sealed yet, flushed at
+    /// seal on a non-coherent fabric.
+    unsealed: std::collections::HashMap<ObjectId, (u32, ObjectLocation)>,
 }
 
 impl Client {
@@ -200,6 +202,7 @@ impl Client {
                     client.cluster = Some(ClusterView {
                         node,
                         coherent,
+                        writable: mappings.clone(),
                         nodes,
                         mappings,
                     });
@@ -255,6 +258,89 @@ impl Client {
         )?);
         cluster.mappings[index] = Some(mapping.clone());
         Ok(mapping)
+    }
+
+    /// A writable mapping of `node`'s region (ours, or a peer's by path).
+    fn writable_mapping_of(&mut self, node: u32) -> Result<Arc<Mapping>> {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return self.mapping_of(node);
+        };
+        if node == cluster.node {
+            return Ok(self.mapping.clone());
+        }
+        let index = node as usize;
+        let Some(peer) = cluster
+            .nodes
+            .get(index)
+            .filter(|p| p.node == node && p.mapped)
+        else {
+            return Err(ShoalError::invalid(format!(
+                "node {node} is not a node whose memory is mapped here"
+            )));
+        };
+        if let Some(mapping) = &cluster.writable[index] {
+            return Ok(mapping.clone());
+        }
+        let mapping = Arc::new(Mapping::map_path_writable(
+            Path::new(&peer.path),
+            peer.region_size,
+        )?);
+        cluster.writable[index] = Some(mapping.clone());
+        Ok(mapping)
+    }
+
+    /// Remote allocation: creates objects in cluster node `node`'s region
+    /// (all or none). Write them at [`located_ptr_mut`](Self::located_ptr_mut),
+    /// then seal as usual.
+    pub fn create_on(
+        &mut self,
+        node: u32,
+        objects: &[CreateSpec],
+        timeout_ms: u32,
+    ) -> Result<Vec<Located>> {
+        if node == self.node() {
+            let locations = self.create_batch(objects, timeout_ms)?;
+            return Ok(locations
+                .into_iter()
+                .map(|location| Located { node, location })
+                .collect());
+        }
+        let mapping = self.writable_mapping_of(node)?;
+        let request = Request::CreateOn {
+            node,
+            timeout_ms,
+            objects: objects.to_vec(),
+        };
+        let offsets = match self.channel.call(&request)? {
+            Reply::Created { offsets } if offsets.len() == objects.len() => offsets,
+            other => return Err(unexpected(other)),
+        };
+        let mut out = Vec::with_capacity(objects.len());
+        for (&offset, o) in offsets.iter().zip(objects) {
+            let location = ObjectLocation {
+                offset,
+                data_size: o.data_size,
+                meta_size: o.meta_size,
+            };
+            let len = o.data_size.checked_add(u64::from(o.meta_size));
+            if !len.is_some_and(|len| mapping.contains(offset, len)) {
+                return Err(ShoalError::protocol(format!(
+                    "daemon sent a location outside node {node}'s region: {location:?}"
+                )));
+            }
+            if self.noncoherent() {
+                self.unsealed.insert(o.id, (node, location));
+            }
+            out.push(Located { node, location });
+        }
+        Ok(out)
+    }
+
+    /// Writable address of an object this client allocated (here or remotely).
+    pub fn located_ptr_mut(&mut self, located: Located) -> Result<*mut u8> {
+        let mapping = self.writable_mapping_of(located.node)?;
+        // SAFETY: checked against this mapping when the allocation was answered.
+        Ok(unsafe { mapping.base().add(located.location.offset as usize) })
     }
 
     /// Checks a descriptor against the mapping it points into, before
@@ -364,8 +450,9 @@ impl Client {
             other => return Err(unexpected(other)),
         };
         if self.noncoherent() {
+            let me = self.node();
             for (o, l) in objects.iter().zip(&locations) {
-                self.unsealed.insert(o.id, *l);
+                self.unsealed.insert(o.id, (me, *l));
             }
         }
         Ok(locations)
@@ -382,11 +469,14 @@ impl Client {
             return;
         }
         for id in ids {
-            if let Some(l) = self.unsealed.remove(id) {
-                // SAFETY: the location was bounds-checked against our mapping at create.
+            if let Some((node, l)) = self.unsealed.remove(id) {
+                let Ok(mapping) = self.writable_mapping_of(node) else {
+                    continue;
+                };
+                // SAFETY: the location was bounds-checked against this mapping at create.
                 unsafe {
                     shoal_core::coherence::flush_range(
-                        self.mapping.base().add(l.offset as usize),
+                        mapping.base().add(l.offset as usize),
                         (l.data_size + l.meta_size as u64) as usize,
                     )
                 };

@@ -260,6 +260,21 @@ impl Mapping {
         Ok(Self { map })
     }
 
+    /// Maps another node's region by path, writable: for objects this client
+    /// allocated there (remote allocation) and writes before sealing.
+    pub fn map_path_writable(path: &Path, len: u64) -> Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| ShoalError::io(&format!("open peer region {}", path.display()), e))?;
+        let map = MmapOptions::new()
+            .len(usize::try_from(len).map_err(|_| ShoalError::invalid("region too large"))?)
+            .map_raw(&file)
+            .map_err(|e| ShoalError::io(&format!("mmap peer region {}", path.display()), e))?;
+        Ok(Self { map })
+    }
+
     /// Whether `[offset, offset + len)` lies inside the mapping.
     pub fn contains(&self, offset: u64, len: u64) -> bool {
         offset.checked_add(len).is_some_and(|end| end <= self.len())

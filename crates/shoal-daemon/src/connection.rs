@@ -151,7 +151,57 @@ impl Connection {
                 },
                 Err(err) => Reply::error(&err),
             },
+            Request::CreateOn {
+                node,
+                timeout_ms,
+                objects,
+            } => {
+                let me = self.shared.cluster.as_ref().map_or(0, |c| c.me);
+                let result = match self.shared.cluster.clone() {
+                    _ if node == me => self.create(timeout_ms, &objects).await?,
+                    None => Err(ShoalError::invalid(format!(
+                        "create on node {node}: this daemon is not part of a cluster"
+                    ))),
+                    Some(cluster) => {
+                        let specs: Vec<_> = objects
+                            .iter()
+                            .map(|o| (o.id, o.data_size, o.meta_size))
+                            .collect();
+                        cluster
+                            .allocate(self.client, node, &specs, timeout_ms)
+                            .await
+                    }
+                };
+                match result {
+                    Ok(locations) => Reply::Created {
+                        offsets: locations.iter().map(|l| l.offset).collect(),
+                    },
+                    Err(err) => Reply::error(&err),
+                }
+            }
             Request::Seal { release, ids } => {
+                // Objects this client allocated on other nodes are sealed there.
+                let (remote, ids): (Vec<ObjectId>, Vec<ObjectId>) =
+                    ids.into_iter().partition(|id| {
+                        self.shared
+                            .cluster
+                            .as_ref()
+                            .is_some_and(|c| c.creation(self.client, id).is_some())
+                    });
+                if !remote.is_empty() {
+                    let cluster = self.shared.cluster.clone().expect("remote creations");
+                    if let Err(err) = cluster
+                        .finish_remote(self.client, &remote, true, release)
+                        .await
+                    {
+                        Reply::error(&err).encode(out);
+                        return Ok(Next::Continue);
+                    }
+                    if ids.is_empty() {
+                        Reply::Ok.encode(out);
+                        return Ok(Next::Continue);
+                    }
+                }
                 let result = self
                     .shared
                     .store
@@ -175,6 +225,13 @@ impl Connection {
                         tracing::warn!(%err, "sealed, but a home node did not hear of it");
                     }
                 }
+                result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
+            }
+            Request::Abort { id } if self.remote_creation(&id) => {
+                let cluster = self.shared.cluster.clone().expect("remote creations");
+                let result = cluster
+                    .finish_remote(self.client, &[id], false, false)
+                    .await;
                 result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
             }
             Request::Abort { id } => {
@@ -269,6 +326,13 @@ impl Connection {
         };
         reply.encode(out);
         Ok(Next::Continue)
+    }
+
+    fn remote_creation(&self, id: &ObjectId) -> bool {
+        self.shared
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.creation(self.client, id).is_some())
     }
 
     /// Sends pending replies, then the Welcome with the region's fd attached.

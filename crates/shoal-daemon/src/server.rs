@@ -70,10 +70,14 @@ impl Shared {
         self.store.borrow_mut().disconnect(client);
         if let Some(cluster) = &self.cluster {
             let held = cluster.drop_client(client);
-            if !held.is_empty() {
-                let cluster = cluster.clone();
-                tokio::task::spawn_local(async move { cluster.release(held).await });
-            }
+            let cluster = cluster.clone();
+            tokio::task::spawn_local(async move {
+                // Aborted first: the creator's references go with the objects.
+                cluster.abort_creations_of(client).await;
+                if !held.is_empty() {
+                    cluster.release(held).await;
+                }
+            });
         }
         self.connected.set(self.connected.get() - 1);
         if self.connected.get() == 0 {
@@ -426,7 +430,7 @@ fn reclaim_references_of(shared: &Shared, node: u32, why: &str) {
 
 /// Answers one peer call from the store (synchronously: no await while the
 /// store is borrowed).
-fn answer_peer(shared: &Shared, call: PeerCall) {
+fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
     use shoal_cluster::proto::{
         AcquireReply, ListReply, Location, NodeStatus, ObjectRow, Statuses,
     };
@@ -506,6 +510,60 @@ fn answer_peer(shared: &Shared, call: PeerCall) {
             shared.publish();
             let _ = reply.send(Statuses { codes });
         }
+        PeerCall::Allocate {
+            specs,
+            timeout_ms,
+            from,
+            reply,
+        } => {
+            let shared = shared.clone();
+            tokio::task::spawn_local(async move {
+                let answer = allocate_for_peer(&shared, from, &specs, timeout_ms).await;
+                let _ = reply.send(answer);
+            });
+        }
+        PeerCall::Seal {
+            ids,
+            release,
+            from,
+            reply,
+        } => {
+            let shared = shared.clone();
+            tokio::task::spawn_local(async move {
+                let result = shared
+                    .store
+                    .borrow_mut()
+                    .seal(peer_client(from), &ids, release);
+                shared.publish();
+                if let (Ok(()), Some(cluster)) = (&result, shared.cluster.clone()) {
+                    let located: Vec<_> = {
+                        let store = shared.store.borrow();
+                        ids.iter()
+                            .filter_map(|id| store.location(id).map(|l| (*id, l)))
+                            .collect()
+                    };
+                    let (ids, locations): (Vec<_>, Vec<_>) = located.into_iter().unzip();
+                    if let Err(err) = cluster.publish(&ids, &locations).await {
+                        tracing::warn!(%err, "sealed for a peer, but a home node did not hear of it");
+                    }
+                }
+                let _ = reply.send(outcome(result));
+            });
+        }
+        PeerCall::Abort { ids, from, reply } => {
+            let mut result = Ok(());
+            {
+                let mut store = shared.store.borrow_mut();
+                for id in &ids {
+                    if let Err(err) = store.abort(peer_client(from), id) {
+                        result = Err(err);
+                    }
+                }
+            }
+            shared.publish();
+            shared.space.notify_waiters();
+            let _ = reply.send(outcome(result));
+        }
         PeerCall::Status { reply } => {
             let stats = shared.store.borrow().stats();
             let _ = reply.send(NodeStatus {
@@ -532,6 +590,71 @@ fn answer_peer(shared: &Shared, call: PeerCall) {
                 })
                 .collect();
             let _ = reply.send(ListReply { objects });
+        }
+    }
+}
+
+fn outcome(result: Result<()>) -> shoal_cluster::proto::Outcome {
+    match result {
+        Ok(()) => shoal_cluster::proto::Outcome::default(),
+        Err(err) => shoal_cluster::proto::Outcome {
+            code: u32::from(err.kind().code()),
+            message: err.message().to_owned(),
+        },
+    }
+}
+
+/// Remote allocation: node `from` asks this node to create objects in its
+/// region for one of its clients (which then writes them through its own
+/// mapping of this region). Only this node's allocator runs; the objects are
+/// registered with this node as owner and held by `from` until it seals,
+/// aborts or releases them (or its lease runs out).
+async fn allocate_for_peer(
+    shared: &Rc<Shared>,
+    from: u32,
+    specs: &[(shoal_core::ObjectId, u64, u32)],
+    timeout_ms: u32,
+) -> shoal_cluster::proto::AllocateReply {
+    use shoal_cluster::proto::AllocateReply;
+    let fail = |err: ShoalError| AllocateReply {
+        code: u32::from(err.kind().code()),
+        message: err.message().to_owned(),
+        offsets: Vec::new(),
+    };
+    let cluster = shared.cluster.clone().expect("cluster mode");
+    let ids: Vec<_> = specs.iter().map(|s| s.0).collect();
+    if let Err(err) = cluster.register(&ids).await {
+        return fail(err);
+    }
+    let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+    loop {
+        let space = shared.space.notified();
+        tokio::pin!(space);
+        space.as_mut().enable();
+        let result = shared
+            .store
+            .borrow_mut()
+            .create_batch(peer_client(from), specs);
+        shared.publish();
+        match result {
+            Ok(locations) => {
+                return AllocateReply {
+                    code: 0,
+                    message: String::new(),
+                    offsets: locations.iter().map(|l| l.offset).collect(),
+                }
+            }
+            Err(err) if err.kind() == ErrorKind::StoreFull && Instant::now() < deadline => {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                tokio::select! {
+                    _ = space => {}
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+            Err(err) => {
+                cluster.unregister(&ids).await;
+                return fail(err);
+            }
         }
     }
 }

@@ -282,7 +282,9 @@ impl Client {
 
     /// Creates an object and returns its writable data buffer. `metadata` is
     /// stored after the data. Seal it when written.
-    #[pyo3(signature = (id, size, metadata=None, timeout_ms=0))]
+    /// With `node` (a cluster), the object is allocated in that node's
+    /// region (remote allocation) and the buffer writes there directly.
+    #[pyo3(signature = (id, size, metadata=None, timeout_ms=0, node=None))]
     fn create(
         &self,
         py: Python<'_>,
@@ -290,11 +292,34 @@ impl Client {
         size: u64,
         metadata: Option<&[u8]>,
         timeout_ms: u32,
+        node: Option<u32>,
     ) -> PyResult<Buffer> {
         let meta = metadata.unwrap_or_default();
         let meta_size = u32::try_from(meta.len())
             .map_err(|_| PyValueError::new_err("metadata larger than 4 GiB"))?;
         let id = id.0;
+        if let Some(node) = node.filter(|&n| n != self.info_node) {
+            let spec = CreateSpec {
+                id,
+                data_size: size,
+                meta_size,
+            };
+            let (located, address) = py
+                .detach(|| {
+                    self.shared.with(|c| {
+                        let located = c.create_on(node, &[spec], timeout_ms)?[0];
+                        Ok((located, c.located_ptr_mut(located)? as usize))
+                    })
+                })
+                .py()?;
+            let address = address as *mut u8;
+            // SAFETY: the metadata range follows the data inside the object
+            // just allocated for us, bounds-checked against the node's mapping.
+            unsafe {
+                std::ptr::copy_nonoverlapping(meta.as_ptr(), address.add(size as usize), meta.len())
+            };
+            return Ok(self.buffer_at(id, address, located.location, true));
+        }
         let location = py
             .detach(|| {
                 self.shared

@@ -75,6 +75,13 @@ pub enum Request {
     },
     /// The cluster this daemon belongs to, so the client can map peers' regions.
     ClusterInfo,
+    /// Like `Create`, in the region of cluster node `node` (remote
+    /// allocation); offsets in the reply are in that node's region.
+    CreateOn {
+        node: u32,
+        timeout_ms: u32,
+        objects: Vec<CreateSpec>,
+    },
 }
 
 /// An object as a Get answers it: which node's region holds it, and where.
@@ -156,6 +163,28 @@ pub enum Reply {
     },
 }
 
+/// The body of Create and CreateOn: timeout, then the objects.
+fn encode_create(w: &mut Writer, timeout_ms: u32, objects: &[CreateSpec]) {
+    w.u32(timeout_ms).u32(objects.len() as u32);
+    for o in objects {
+        w.id(&o.id).u64(o.data_size).u32(o.meta_size);
+    }
+}
+
+fn decode_create(r: &mut Reader<'_>) -> Result<(u32, Vec<CreateSpec>)> {
+    let timeout_ms = r.u32()?;
+    let n = r.count(20 + 8 + 4)?;
+    let mut objects = Vec::with_capacity(n);
+    for _ in 0..n {
+        objects.push(CreateSpec {
+            id: r.id()?,
+            data_size: r.u64()?,
+            meta_size: r.u32()?,
+        });
+    }
+    Ok((timeout_ms, objects))
+}
+
 mod op {
     pub const HELLO: u16 = 0x01;
     pub const CREATE: u16 = 0x02;
@@ -170,6 +199,7 @@ mod op {
     pub const SUBSCRIBE: u16 = 0x0B;
     pub const EVICT: u16 = 0x0C;
     pub const CLUSTER_INFO: u16 = 0x0D;
+    pub const CREATE_ON: u16 = 0x0E;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;
@@ -198,10 +228,7 @@ impl Request {
                 timeout_ms,
                 objects,
             } => {
-                w.u32(*timeout_ms).u32(objects.len() as u32);
-                for o in objects {
-                    w.id(&o.id).u64(o.data_size).u32(o.meta_size);
-                }
+                encode_create(&mut w, *timeout_ms, objects);
                 op::CREATE
             }
             Request::Seal { release, ids } => {
@@ -236,6 +263,15 @@ impl Request {
                 op::EVICT
             }
             Request::ClusterInfo => op::CLUSTER_INFO,
+            Request::CreateOn {
+                node,
+                timeout_ms,
+                objects,
+            } => {
+                w.u32(*node);
+                encode_create(&mut w, *timeout_ms, objects);
+                op::CREATE_ON
+            }
         };
         w.finish(opcode);
     }
@@ -248,16 +284,7 @@ impl Request {
                 pid: r.u32()?,
             },
             op::CREATE => {
-                let timeout_ms = r.u32()?;
-                let n = r.count(20 + 8 + 4)?;
-                let mut objects = Vec::with_capacity(n);
-                for _ in 0..n {
-                    objects.push(CreateSpec {
-                        id: r.id()?,
-                        data_size: r.u64()?,
-                        meta_size: r.u32()?,
-                    });
-                }
+                let (timeout_ms, objects) = decode_create(&mut r)?;
                 Request::Create {
                     timeout_ms,
                     objects,
@@ -280,6 +307,15 @@ impl Request {
             op::SUBSCRIBE => Request::Subscribe,
             op::EVICT => Request::Evict { bytes: r.u64()? },
             op::CLUSTER_INFO => Request::ClusterInfo,
+            op::CREATE_ON => {
+                let node = r.u32()?;
+                let (timeout_ms, objects) = decode_create(&mut r)?;
+                Request::CreateOn {
+                    node,
+                    timeout_ms,
+                    objects,
+                }
+            }
             other => {
                 return Err(ShoalError::protocol(format!(
                     "unknown request opcode {other:#06x}"

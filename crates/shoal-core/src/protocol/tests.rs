@@ -57,6 +57,15 @@ fn every_request_round_trips() {
         Request::Subscribe,
         Request::Evict { bytes: 12345 },
         Request::ClusterInfo,
+        Request::CreateOn {
+            node: 3,
+            timeout_ms: 10,
+            objects: vec![CreateSpec {
+                id: ObjectId::random(),
+                data_size: 7,
+                meta_size: 1,
+            }],
+        },
     ] {
         round_trip_request(request);
     }

@@ -28,7 +28,7 @@ use shoal_cluster::ids::pack;
 use shoal_cluster::proto::peer_client::PeerClient;
 use shoal_cluster::proto::{
     AcquireReply, HeartbeatReply, HeartbeatRequest, Ids, Location, LookupReply, PublishRequest,
-    RegisterRequest, Statuses,
+    RegisterRequest, SealRequest, Statuses,
 };
 use shoal_cluster::{home_of, Access, Directory, Topology};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
@@ -88,6 +88,9 @@ pub(crate) struct Cluster {
     /// References local clients hold on other nodes' objects:
     /// client → id → (owner, count).
     remote_refs: RefCell<HashMap<ClientId, RemoteRefs>>,
+    /// Objects local clients are writing in other nodes' regions (remote
+    /// allocation), not sealed yet: client → id → node.
+    creations: RefCell<HashMap<ClientId, HashMap<ObjectId, u32>>>,
     /// Heartbeats heard from each peer (leases on what they hold here).
     seen: RefCell<Vec<PeerSeen>>,
     /// Peers that answered our last heartbeat.
@@ -147,6 +150,7 @@ impl Cluster {
             directory: RefCell::default(),
             owners: RefCell::default(),
             remote_refs: RefCell::default(),
+            creations: RefCell::default(),
             seen: RefCell::new(vec![PeerSeen::default(); n]),
             alive: RefCell::new(vec![false; n]),
             heartbeats_sent: Cell::new(0),
@@ -649,6 +653,129 @@ impl Cluster {
             }
         });
         join_all(calls).await;
+    }
+
+    /// Remote allocation: asks `node` to create objects in its region for
+    /// `client`, which holds the creator's reference there.
+    pub async fn allocate(
+        &self,
+        client: ClientId,
+        node: u32,
+        specs: &[(ObjectId, u64, u32)],
+        timeout_ms: u32,
+    ) -> Result<Vec<ObjectLocation>> {
+        let mut peer = self.peer(node)?;
+        let ids: Vec<ObjectId> = specs.iter().map(|s| s.0).collect();
+        let reply = peer
+            .allocate(shoal_cluster::proto::AllocateRequest {
+                ids: pack(&ids),
+                data_sizes: specs.iter().map(|s| s.1).collect(),
+                meta_sizes: specs.iter().map(|s| s.2).collect(),
+                timeout_ms,
+            })
+            .await
+            .map_err(|s| status_error(node, s))?
+            .into_inner();
+        if reply.code != 0 {
+            let kind = ErrorKind::from_code(reply.code as u16).unwrap_or(ErrorKind::Protocol);
+            return Err(ShoalError::new(
+                kind,
+                format!("node {node}: {}", reply.message),
+            ));
+        }
+        if reply.offsets.len() != specs.len() {
+            return Err(ShoalError::protocol(format!(
+                "node {node} answered a short allocation"
+            )));
+        }
+        let locations: Vec<ObjectLocation> = reply
+            .offsets
+            .iter()
+            .zip(specs)
+            .map(|(&offset, s)| ObjectLocation {
+                offset,
+                data_size: s.1,
+                meta_size: s.2,
+            })
+            .collect();
+        for l in &locations {
+            self.check_location(node, l)?;
+        }
+        let mut creations = self.creations.borrow_mut();
+        let mine = creations.entry(client).or_default();
+        for id in &ids {
+            mine.insert(*id, node);
+            self.hold(client, *id, node);
+        }
+        Ok(locations)
+    }
+
+    /// The node on which `client` is writing `id`, if it allocated it remotely.
+    pub fn creation(&self, client: ClientId, id: &ObjectId) -> Option<u32> {
+        self.creations.borrow().get(&client)?.get(id).copied()
+    }
+
+    /// Seals (or aborts) remotely allocated objects at their node.
+    pub async fn finish_remote(
+        &self,
+        client: ClientId,
+        ids: &[ObjectId],
+        seal: bool,
+        release: bool,
+    ) -> Result<()> {
+        let mut by_node: HashMap<u32, Vec<ObjectId>> = HashMap::new();
+        for id in ids {
+            if let Some(node) = self.creation(client, id) {
+                by_node.entry(node).or_default().push(*id);
+            }
+        }
+        for (node, group) in by_node {
+            let mut peer = self.peer(node)?;
+            let outcome = if seal {
+                peer.seal(SealRequest {
+                    ids: pack(&group),
+                    release,
+                })
+                .await
+            } else {
+                peer.abort(Ids { ids: pack(&group) }).await
+            }
+            .map_err(|s| status_error(node, s))?
+            .into_inner();
+            if outcome.code != 0 {
+                let kind = ErrorKind::from_code(outcome.code as u16).unwrap_or(ErrorKind::Protocol);
+                return Err(ShoalError::new(
+                    kind,
+                    format!("node {node}: {}", outcome.message),
+                ));
+            }
+            if let Some(mine) = self.creations.borrow_mut().get_mut(&client) {
+                for id in &group {
+                    mine.remove(id);
+                }
+            }
+            // Seal-and-release and abort drop the creator's reference at the node.
+            if release || !seal {
+                self.unhold(client, &group);
+            }
+        }
+        Ok(())
+    }
+
+    /// A client went: abort what it was still writing on other nodes.
+    pub async fn abort_creations_of(&self, client: ClientId) {
+        let Some(mine) = self.creations.borrow_mut().remove(&client) else {
+            return;
+        };
+        let mut by_node: HashMap<u32, Vec<ObjectId>> = HashMap::new();
+        for (id, node) in mine {
+            by_node.entry(node).or_default().push(id);
+        }
+        for (node, group) in by_node {
+            if let Ok(mut peer) = self.peer(node) {
+                let _ = peer.abort(Ids { ids: pack(&group) }).await;
+            }
+        }
     }
 
     /// Deletes ids owned elsewhere at their owners; per-id error kinds.

@@ -6,8 +6,9 @@
 use shoal_cluster::ids::unpack;
 use shoal_cluster::proto::peer_server::Peer;
 use shoal_cluster::proto::{
-    AcquireReply, Empty, HeartbeatReply, HeartbeatRequest, Ids, ListReply, LookupReply, NodeStatus,
-    PublishRequest, RegisterRequest, Statuses,
+    AcquireReply, AllocateReply, AllocateRequest, Empty, HeartbeatReply, HeartbeatRequest, Ids,
+    ListReply, LookupReply, NodeStatus, Outcome, PublishRequest, RegisterRequest, SealRequest,
+    Statuses,
 };
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
@@ -54,6 +55,23 @@ pub(crate) enum PeerCall {
     Delete {
         ids: Vec<ObjectId>,
         reply: oneshot::Sender<Statuses>,
+    },
+    Allocate {
+        specs: Vec<(ObjectId, u64, u32)>,
+        timeout_ms: u32,
+        from: u32,
+        reply: oneshot::Sender<AllocateReply>,
+    },
+    Seal {
+        ids: Vec<ObjectId>,
+        release: bool,
+        from: u32,
+        reply: oneshot::Sender<Outcome>,
+    },
+    Abort {
+        ids: Vec<ObjectId>,
+        from: u32,
+        reply: oneshot::Sender<Outcome>,
     },
     Status {
         reply: oneshot::Sender<NodeStatus>,
@@ -183,6 +201,56 @@ impl Peer for PeerService {
     async fn delete(&self, request: Request<Ids>) -> Result<Response<Statuses>, Status> {
         let ids = unpack(&request.into_inner().ids)?;
         self.ask(|reply| PeerCall::Delete { ids, reply })
+            .await
+            .map(Response::new)
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateReply>, Status> {
+        let from = caller_node(request.metadata())?;
+        let request = request.into_inner();
+        let ids = unpack(&request.ids)?;
+        if request.data_sizes.len() != ids.len() || request.meta_sizes.len() != ids.len() {
+            return Err(Status::invalid_argument("ids and sizes differ in count"));
+        }
+        let specs = ids
+            .into_iter()
+            .zip(request.data_sizes)
+            .zip(request.meta_sizes)
+            .map(|((id, d), m)| (id, d, m))
+            .collect();
+        let timeout_ms = request.timeout_ms;
+        self.ask(|reply| PeerCall::Allocate {
+            specs,
+            timeout_ms,
+            from,
+            reply,
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn seal(&self, request: Request<SealRequest>) -> Result<Response<Outcome>, Status> {
+        let from = caller_node(request.metadata())?;
+        let request = request.into_inner();
+        let ids = unpack(&request.ids)?;
+        let release = request.release;
+        self.ask(|reply| PeerCall::Seal {
+            ids,
+            release,
+            from,
+            reply,
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn abort(&self, request: Request<Ids>) -> Result<Response<Outcome>, Status> {
+        let from = caller_node(request.metadata())?;
+        let ids = unpack(&request.into_inner().ids)?;
+        self.ask(|reply| PeerCall::Abort { ids, from, reply })
             .await
             .map(Response::new)
     }
