@@ -8,6 +8,7 @@ table = client.get(oid)             # a pyarrow.Table over store memory, no copy
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from shoal import _embedded, _internal
@@ -57,6 +58,23 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def barrier(
+    name: str,
+    parties: int | Sequence[str],
+    timeout: float | None = None,
+    *,
+    party: str | None = None,
+    client: Client | None = None,
+) -> int:
+    """Waits until every party of barrier `name` arrived, across the nodes of a cluster.
+
+    Uses `client`, else a connection to $SHOAL_SOCKET (each process of a job points it
+    at its node's socket). Raises shoal.Timeout naming the missing parties."""
+    from shoal import sync
+
+    return sync.barrier(client or connect(), name, parties, timeout, party=party)
+
+
 def connect(
     socket: str | None = None, *, capacity: str | int | None = None, start: bool | None = None
 ) -> Client:
@@ -101,5 +119,6 @@ __all__ = [
     "Subscription",
     "TableBuilder",
     "Timeout",
+    "barrier",
     "connect",
 ]

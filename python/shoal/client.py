@@ -212,6 +212,56 @@ class Client:
         buffer = self._raw.create(as_bytes(oid), size, metadata, timeout_ms, node)
         return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
+    # -- cluster: HugeTables, barriers, flags (see shoal.hugetable, shoal.sync) ------------------
+
+    def put_chunk(self, name: str, index: int, value: Any, *, node: int | None = None) -> ObjectID:
+        """Stores chunk `index` of HugeTable `name` (in `node`'s memory, default this node's)."""
+        from shoal import hugetable
+
+        return hugetable.put_chunk(self, name, index, value, node=node)
+
+    def get_table(self, name: str, parts: int, timeout_ms: int = -1) -> Any:
+        """Assembles HugeTable `name` (chunks 0..parts-1, wherever they live) with no copy."""
+        from shoal import hugetable
+
+        return hugetable.get_table(self, name, parts, timeout_ms)
+
+    def delete_table(self, name: str, parts: int) -> None:
+        """Frees every chunk of HugeTable `name` on the node that holds it."""
+        from shoal import hugetable
+
+        hugetable.delete_table(self, name, parts)
+
+    def barrier(
+        self,
+        name: str,
+        parties: int | Sequence[str],
+        timeout: float | None = None,
+        *,
+        party: str | None = None,
+    ) -> int:
+        """Waits for every party of barrier `name` (across nodes); see shoal.sync.barrier."""
+        from shoal import sync
+
+        return sync.barrier(self, name, parties, timeout, party=party)
+
+    def set_flag(self, name: str, value: Any, *, node: int | None = None) -> None:
+        from shoal import sync
+
+        sync.set_flag(self, name, value, node=node)
+
+    def get_flag(self, name: str, *, node: int | None = None, default: Any = None) -> Any:
+        from shoal import sync
+
+        return sync.get_flag(self, name, node=node, default=default)
+
+    def wait_flag(
+        self, name: str, value: Any, *, node: int | None = None, timeout: float | None = None
+    ) -> None:
+        from shoal import sync
+
+        sync.wait_flag(self, name, value, node=node, timeout=timeout)
+
     # -- misc -----------------------------------------------------------------------------------
 
     def subscribe(self) -> Subscription:

@@ -311,3 +311,122 @@ def test_a_crashed_writer_leaves_no_remote_allocation_behind(cluster, spawn):
     assert host.stats()["objects"] == 1
     writer.kill()
     wait_for(lambda: host.stats()["objects"] == 0, timeout=5, message="remote allocation aborted")
+
+
+# -- HugeTables ----------------------------------------------------------------------------------
+
+
+def test_a_hugetable_assembled_from_every_nodes_memory(cluster, spawn):
+    parts = 6
+    writers = [
+        spawn(
+            """
+            import pyarrow as pa, numpy as np
+            client = shoal.Client(sys.argv[1])
+            node = int(sys.argv[2])
+            for index in (node, node + 3):   # chunk 3 + node lands on the next node's memory
+                rows = np.arange(index * 1000, (index + 1) * 1000)
+                batch = pa.table({"k": rows % 7, "v": rows.astype("float64"), "tag": [f"c{index}"] * 1000})
+                target = None if index < 3 else (node + 1) % 3
+                client.put_chunk("sales", index, batch, node=target)
+            emit("done")
+            """,
+            cluster.socket(node),
+            str(node),
+        )
+        for node in range(3)
+    ]
+    assert [w.json() for w in writers] == ["done"] * 3
+    clients = [cluster.client(node) for node in range(3)]
+    tables = [client.get_table("sales", parts, timeout_ms=5000) for client in clients]
+    for table in tables:
+        assert table.num_rows == 6000 and table.num_columns == 3 and table["v"].num_chunks == parts
+        assert table["tag"].to_pylist()[::1000] == [f"c{i}" for i in range(6)]
+        assert pc.sum(table["v"]).as_py() == sum(range(6000))
+    # Chunk i lives in the memory of the node that holds it, not in the reader's.
+    reader, table = clients[0], tables[0]
+    ids = [shoal.hugetable.chunk_id("sales", i) for i in range(parts)]
+    holders = [next(n for n in range(3) if clients[n].contains(oid)) for oid in ids]
+    assert holders == [0, 1, 2, 1, 2, 0]
+    for i, holder in enumerate(holders):
+        address = table["v"].chunk(i).buffers()[1].address
+        assert in_region(reader, address) == (holder == 0)
+    # Engines run on it in place.
+    duckdb = pytest.importorskip("duckdb")
+    con = duckdb.connect()
+    con.register("sales", table)
+    assert con.sql("select count(*), sum(v) from sales where k = 3").fetchall()[0] == (
+        sum(1 for r in range(6000) if r % 7 == 3), float(sum(r for r in range(6000) if r % 7 == 3)),
+    )  # fmt: skip
+    polars = pytest.importorskip("polars")
+    frame = polars.from_arrow(table)
+    assert frame.filter(polars.col("k") == 3).height == sum(1 for r in range(6000) if r % 7 == 3)
+    con.close()
+    reader.delete_table("sales", parts)
+    del table, tables, frame, con
+    gc.collect()
+    for node in range(3):
+        wait_for(lambda n=node: clients[n].stats()["objects"] == 0, timeout=5, message=f"node {node} empty")
+
+
+def test_hugetable_errors_name_the_problem(cluster):
+    a, b = cluster.client(0), cluster.client(1)
+    a.put_chunk("t", 0, pa.table({"x": [1, 2]}))
+    b.put_chunk("t", 2, pa.table({"x": [5]}))
+    with pytest.raises(shoal.Timeout, match=r"missing chunks \[1\]"):
+        b.get_table("t", 3, timeout_ms=200)
+    b.put_chunk("t", 1, pa.table({"x": ["not an int"]}))
+    with pytest.raises(shoal.InvalidArgument, match="chunk 1 .* schema"):
+        a.get_table("t", 3, timeout_ms=1000)
+    with pytest.raises(shoal.ObjectExists):
+        a.put_chunk("t", 0, pa.table({"x": [9]}))
+    with pytest.raises(TypeError):
+        a.put_chunk("u", 0, {"x": [1]})
+
+
+# -- barriers and flags --------------------------------------------------------------------------
+
+
+def test_a_barrier_across_nodes_releases_everyone_together(cluster, spawn):
+    parties = [
+        spawn(
+            """
+            client = shoal.Client(sys.argv[1])
+            time.sleep(float(sys.argv[2]))
+            slot = shoal.barrier("phase-1", 3, timeout=20, client=client)
+            emit({"slot": slot, "left": time.time()})
+            """,
+            cluster.socket(node),
+            str(delay),
+        )
+        for node, delay in ((0, 0.0), (1, 0.3), (2, 0.6))
+    ]
+    results = [p.json() for p in parties]
+    assert sorted(r["slot"] for r in results) == [0, 1, 2]
+    lefts = [r["left"] for r in results]
+    assert max(lefts) - min(lefts) < 1.0, "everyone leaves once the last one arrives"
+
+
+def test_a_barrier_timeout_names_the_missing_parties(cluster):
+    client = cluster.client(1)
+    with pytest.raises(shoal.Timeout, match=r"1 of 3 parties arrived.*missing \['loader', 'trainer'\]"):
+        client.barrier("named", ["loader", "reader", "trainer"], timeout=0.3, party="reader")
+    with pytest.raises(shoal.Timeout, match=r"missing \['slot 1'\]"):
+        client.barrier("counted", 2, timeout=0.2)
+    with pytest.raises(shoal.InvalidArgument):
+        client.barrier("named", ["loader", "reader", "trainer"], party="reader")  # already arrived
+    with pytest.raises(shoal.InvalidArgument):
+        client.barrier("x", ["a"], party="zz")
+
+
+def test_flags_per_node(cluster):
+    a, b = cluster.client(0), cluster.client(2)
+    assert b.get_flag("state", node=0, default="none") == "none"
+    a.set_flag("state", "loading")
+    assert b.get_flag("state", node=0) == "loading"
+    a.set_flag("state", {"phase": 2})
+    b.wait_flag("state", {"phase": 2}, node=0, timeout=2)
+    with pytest.raises(shoal.Timeout, match="not 'done'"):
+        b.wait_flag("state", "done", node=0, timeout=0.1)
+    b.set_flag("state", "remote-set", node=1)  # a flag kept in node 1's memory
+    assert cluster.client(1).get_flag("state") == "remote-set"
