@@ -289,6 +289,7 @@ pub fn sample_replies() -> Vec<Reply> {
         Reply::ClusterInfo {
             node: 0,
             coherent: true,
+            simulated: false,
             nodes: vec![PeerRegion {
                 node: 1,
                 mapped: true,

@@ -326,6 +326,7 @@ class Cluster:
         capacity: str = "64MiB",
         modes: str = "mapped",
         coherence: str = "coherent",
+        simulate_caches: bool = False,
     ) -> None:
         self.directory = directory
         self.name = f"t{os.getpid()}x{directory.name}"[-24:]
@@ -334,6 +335,7 @@ class Cluster:
         result = shoal_command(
             "cluster", "up", "--nodes", str(nodes), "--dir", str(directory), "--capacity", capacity,
             "--modes", modes, "--coherence", coherence, "--name", self.name,
+            *(["--simulate-caches"] if simulate_caches else []),
         )  # fmt: skip
         assert result.returncode == 0, result.stderr + result.stdout
         self.file = directory / "cluster.toml"

@@ -73,9 +73,19 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         cluster.down()
 
 
+@pytest.fixture(params=["coherent", "simulated-noncoherent"])
+def cluster(request: pytest.FixtureRequest, make_cluster: Callable[..., Cluster]) -> Cluster:
+    """Three mapped nodes, 64 MiB each: .client(i), .kill(i), .status(), .log(i). Every test
+    runs twice: on a coherent fabric, and on a simulated non-coherent one (clients see other
+    nodes' memory only through flush and invalidate, so a protocol gap shows as wrong bytes)."""
+    if request.param == "coherent":
+        return make_cluster()
+    return make_cluster(coherence="noncoherent", simulate_caches=True)
+
+
 @pytest.fixture
-def cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
-    """Three mapped nodes, 64 MiB each: .client(i), .kill(i), .status(), .log(i)."""
+def mapped_cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
+    """A coherent cluster, for tests that check where bytes live (addresses)."""
     return make_cluster()
 
 

@@ -26,7 +26,8 @@ def object_refs(client: shoal.Client, oid: shoal.ObjectID) -> int:
     return next(o.ref_count for o in client.list() if o.id == oid)
 
 
-def test_a_get_on_another_node_reads_the_owners_memory_in_place(cluster):
+def test_a_get_on_another_node_reads_the_owners_memory_in_place(mapped_cluster):
+    cluster = mapped_cluster
     owner, reader = cluster.client(0), cluster.client(1)
     table = pa.table({"x": np.arange(100_000), "s": [f"row {i}" for i in range(100_000)]})
     oid = owner.put(table)
@@ -236,7 +237,8 @@ def test_a_client_of_a_single_daemon_is_not_clustered(store):
 # -- remote allocation ---------------------------------------------------------------------------
 
 
-def test_create_on_another_node_writes_its_memory_in_place(cluster):
+def test_create_on_another_node_writes_its_memory_in_place(mapped_cluster):
+    cluster = mapped_cluster
     writer, host, reader = cluster.client(0), cluster.client(1), cluster.client(2)
     oid = OID.from_random()
     buffer = writer.create(oid, 1 << 20, b"meta", node=1)

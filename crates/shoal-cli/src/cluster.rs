@@ -37,6 +37,10 @@ pub struct UpArgs {
     /// coherent (one host) or noncoherent (flush before seal, invalidate before read).
     #[arg(long, default_value = "coherent")]
     pub coherence: String,
+    /// Emulate the caches of a non-coherent fabric (needs --coherence noncoherent):
+    /// clients see peers' memory only through flush and invalidate.
+    #[arg(long)]
+    pub simulate_caches: bool,
     /// First peer RPC port; 0 picks free ports.
     #[arg(long, default_value_t = 0)]
     pub base_port: u16,
@@ -124,6 +128,7 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
         name: args.name.clone(),
         token: random_token(),
         coherence,
+        simulate_caches: args.simulate_caches,
         heartbeat: Duration::from_millis(200),
         lease: Duration::from_millis(2000),
         nodes,

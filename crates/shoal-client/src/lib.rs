@@ -48,6 +48,13 @@ pub struct ClusterView {
     mappings: Vec<Option<Arc<Mapping>>>,
     /// Writable mappings, for objects this client allocates on other nodes.
     writable: Vec<Option<Arc<Mapping>>>,
+    /// Simulated non-coherent fabric: this process's private "cache" copy of
+    /// each node's region. Writes of new objects go to the copy and reach the
+    /// region only when flushed; reads of other nodes' objects come from the
+    /// copy, refreshed only by invalidate. A missing flush or invalidate shows
+    /// as wrong bytes, as it would on the hardware.
+    pub simulated: bool,
+    caches: Vec<Option<Arc<Mapping>>>,
 }
 
 /// A framed connection: requests out, replies in.
@@ -196,13 +203,16 @@ impl Client {
                 Reply::ClusterInfo {
                     node,
                     coherent,
+                    simulated,
                     nodes,
                 } => {
                     let mappings = vec![None; nodes.len()];
                     client.cluster = Some(ClusterView {
                         node,
                         coherent,
+                        simulated,
                         writable: mappings.clone(),
+                        caches: mappings.clone(),
                         nodes,
                         mappings,
                     });
@@ -338,7 +348,10 @@ impl Client {
 
     /// Writable address of an object this client allocated (here or remotely).
     pub fn located_ptr_mut(&mut self, located: Located) -> Result<*mut u8> {
-        let mapping = self.writable_mapping_of(located.node)?;
+        let mapping = match self.simulated_cache(located.node, true)? {
+            Some(cache) => cache,
+            None => self.writable_mapping_of(located.node)?,
+        };
         // SAFETY: checked against this mapping when the allocation was answered.
         Ok(unsafe { mapping.base().add(located.location.offset as usize) })
     }
@@ -354,6 +367,13 @@ impl Client {
                 "daemon sent a descriptor outside node {}'s region: {l:?}",
                 located.node
             )));
+        }
+        if located.node != self.node() {
+            if let Some(cache) = self.simulated_cache(located.node, false)? {
+                // Simulated invalidate: refill this process's copy of the range.
+                Self::copy_range(&mapping, &cache, l.offset, l.data_size + l.meta_size as u64);
+                return Ok(located);
+            }
         }
         if let Some(cluster) = &self.cluster {
             if !cluster.coherent && located.node != cluster.node {
@@ -372,9 +392,53 @@ impl Client {
 
     /// Address of a found object's data in this process.
     pub fn located_ptr(&mut self, located: Located) -> Result<*const u8> {
-        let mapping = self.mapping_of(located.node)?;
+        let mapping = match self.simulated_cache(located.node, false)? {
+            Some(cache) => cache,
+            None => self.mapping_of(located.node)?,
+        };
         // SAFETY: descriptors are bounds-checked against this mapping on receipt.
         Ok(unsafe { mapping.base().add(located.location.offset as usize) })
+    }
+
+    /// The simulated cache copy through which this process sees `node`'s
+    /// region (`None` unless simulating). Reads of our own node's objects go
+    /// to the region itself (`for_write` false): a node reads its own memory
+    /// coherently.
+    fn simulated_cache(&mut self, node: u32, for_write: bool) -> Result<Option<Arc<Mapping>>> {
+        let Some(cluster) = self.cluster.as_mut().filter(|c| c.simulated) else {
+            return Ok(None);
+        };
+        if node == cluster.node && !for_write {
+            return Ok(None);
+        }
+        let index = node as usize;
+        let Some(peer) = cluster.nodes.get(index) else {
+            return Err(ShoalError::protocol(format!("unknown node {node}")));
+        };
+        if let Some(cache) = &cluster.caches[index] {
+            return Ok(Some(cache.clone()));
+        }
+        let cache = Arc::new(Mapping::anonymous(
+            peer.region_size.max(self.info.region_size),
+        )?);
+        cluster.caches[index] = Some(cache.clone());
+        Ok(Some(cache))
+    }
+
+    /// Copies `len` bytes at `offset` between two mappings of the same size class.
+    fn copy_range(from: &Mapping, to: &Mapping, offset: u64, len: u64) {
+        if len == 0 || !from.contains(offset, len) || !to.contains(offset, len) {
+            return;
+        }
+        // SAFETY: both ranges are inside their mappings (checked above); the
+        // mappings are distinct, so the ranges do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                from.base().add(offset as usize),
+                to.base().add(offset as usize),
+                len as usize,
+            )
+        }
     }
 
     pub fn info(&self) -> StoreInfo {
@@ -470,9 +534,18 @@ impl Client {
         }
         for id in ids {
             if let Some((node, l)) = self.unsealed.remove(id) {
+                if cfg!(feature = "broken-skip-flush") {
+                    // The deliberately broken build: the seal overtakes the data.
+                    continue;
+                }
                 let Ok(mapping) = self.writable_mapping_of(node) else {
                     continue;
                 };
+                if let Ok(Some(cache)) = self.simulated_cache(node, true) {
+                    // Simulated flush: the written lines reach the region.
+                    Self::copy_range(&cache, &mapping, l.offset, l.data_size + l.meta_size as u64);
+                    continue;
+                }
                 // SAFETY: the location was bounds-checked against this mapping at create.
                 unsafe {
                     shoal_core::coherence::flush_range(
@@ -578,14 +651,15 @@ impl Client {
     }
 
     /// Copies `data` and `meta` into a created object.
-    pub fn write(&self, location: ObjectLocation, data: &[u8], meta: &[u8]) -> Result<()> {
+    pub fn write(&mut self, location: ObjectLocation, data: &[u8], meta: &[u8]) -> Result<()> {
         if data.len() as u64 != location.data_size || meta.len() as u64 != location.meta_size as u64
         {
             return Err(ShoalError::invalid(
                 "write sizes differ from the created object's",
             ));
         }
-        let dst = self.data_ptr(location);
+        let node = self.node();
+        let dst = self.located_ptr_mut(Located { node, location })?;
         // SAFETY: the object's range is inside our mapping (checked on
         // receipt) and belongs to us until sealed; sources are ordinary memory.
         unsafe {

@@ -78,6 +78,10 @@ pub struct Topology {
     pub name: String,
     pub token: String,
     pub coherence: CoherenceMode,
+    /// Emulation of a non-coherent fabric on one host: clients read and write
+    /// private copies of the regions ("caches") that only flush and
+    /// invalidate synchronise. Needs `coherence = "noncoherent"`.
+    pub simulate_caches: bool,
     pub heartbeat: Duration,
     pub lease: Duration,
     pub nodes: Vec<Node>,
@@ -98,6 +102,8 @@ struct ClusterRepr {
     token_file: Option<PathBuf>,
     #[serde(default = "default_coherence")]
     coherence: String,
+    #[serde(default)]
+    simulate_caches: bool,
     #[serde(default = "default_heartbeat")]
     heartbeat_ms: u64,
     #[serde(default = "default_lease")]
@@ -188,6 +194,7 @@ impl Topology {
             name: file.cluster.name,
             token,
             coherence: file.cluster.coherence.parse()?,
+            simulate_caches: file.cluster.simulate_caches,
             heartbeat: Duration::from_millis(file.cluster.heartbeat_ms),
             lease: Duration::from_millis(file.cluster.lease_ms),
             nodes,
@@ -229,6 +236,11 @@ impl Topology {
                 }
             }
         }
+        if self.simulate_caches && self.coherence != CoherenceMode::Noncoherent {
+            return Err(ShoalError::invalid(
+                "simulate_caches emulates a non-coherent fabric: it needs coherence = \"noncoherent\"",
+            ));
+        }
         if self.heartbeat.is_zero() || self.lease < self.heartbeat * 2 {
             return Err(ShoalError::invalid(
                 "lease_ms must be at least twice heartbeat_ms (and heartbeat_ms > 0)",
@@ -267,10 +279,11 @@ impl Topology {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "[cluster]\nname = {:?}\ntoken = {:?}\ncoherence = \"{}\"\nheartbeat_ms = {}\nlease_ms = {}",
+            "[cluster]\nname = {:?}\ntoken = {:?}\ncoherence = \"{}\"\nsimulate_caches = {}\nheartbeat_ms = {}\nlease_ms = {}",
             self.name,
             self.token,
             self.coherence,
+            self.simulate_caches,
             self.heartbeat.as_millis(),
             self.lease.as_millis()
         );

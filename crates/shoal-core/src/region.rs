@@ -275,6 +275,19 @@ impl Mapping {
         Ok(Self { map })
     }
 
+    /// Private anonymous memory of `len` bytes (untouched pages cost
+    /// nothing): the per-process "cache" of a region when a non-coherent
+    /// fabric is simulated.
+    pub fn anonymous(len: u64) -> Result<Self> {
+        let map = MmapOptions::new()
+            .len(usize::try_from(len).map_err(|_| ShoalError::invalid("region too large"))?)
+            .map_anon()
+            .map_err(|e| ShoalError::io("mmap a simulated cache", e))?;
+        Ok(Self {
+            map: MmapRaw::from(map),
+        })
+    }
+
     /// Whether `[offset, offset + len)` lies inside the mapping.
     pub fn contains(&self, offset: u64, len: u64) -> bool {
         offset.checked_add(len).is_some_and(|end| end <= self.len())

@@ -304,6 +304,7 @@ impl Connection {
                 Some(cluster) => Reply::ClusterInfo {
                     node: cluster.me,
                     coherent: cluster.topology.coherence == CoherenceMode::Coherent,
+                    simulated: cluster.topology.simulate_caches,
                     nodes: cluster
                         .topology
                         .nodes

@@ -14,7 +14,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use shoal_client::{Client as RustClient, StoreInfo, Subscription as RustSubscription};
+use shoal_client::{Client as RustClient, Located, StoreInfo, Subscription as RustSubscription};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::protocol::{CreateSpec, Notification};
 use shoal_core::region::Mapping;
@@ -298,43 +298,29 @@ impl Client {
         let meta_size = u32::try_from(meta.len())
             .map_err(|_| PyValueError::new_err("metadata larger than 4 GiB"))?;
         let id = id.0;
-        if let Some(node) = node.filter(|&n| n != self.info_node) {
-            let spec = CreateSpec {
-                id,
-                data_size: size,
-                meta_size,
-            };
-            let (located, address) = py
-                .detach(|| {
-                    self.shared.with(|c| {
-                        let located = c.create_on(node, &[spec], timeout_ms)?[0];
-                        Ok((located, c.located_ptr_mut(located)? as usize))
-                    })
-                })
-                .py()?;
-            let address = address as *mut u8;
-            // SAFETY: the metadata range follows the data inside the object
-            // just allocated for us, bounds-checked against the node's mapping.
-            unsafe {
-                std::ptr::copy_nonoverlapping(meta.as_ptr(), address.add(size as usize), meta.len())
-            };
-            return Ok(self.buffer_at(id, address, located.location, true));
-        }
-        let location = py
+        let node = node.unwrap_or(self.info_node);
+        let spec = CreateSpec {
+            id,
+            data_size: size,
+            meta_size,
+        };
+        // Here or on another node (remote allocation); the address is where
+        // this process writes (a simulated fabric's cache copy, if any).
+        let (located, address) = py
             .detach(|| {
-                self.shared
-                    .with(|c| c.create(id, size, meta_size, timeout_ms))
+                self.shared.with(|c| {
+                    let located = c.create_on(node, &[spec], timeout_ms)?[0];
+                    Ok((located, c.located_ptr_mut(located)? as usize))
+                })
             })
             .py()?;
-        // SAFETY: the metadata range follows the data inside the object just created for us.
+        let address = address as *mut u8;
+        // SAFETY: the metadata range follows the data inside the object just
+        // allocated for us, bounds-checked against the node's mapping.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                meta.as_ptr(),
-                self.mapping.base().add((location.offset + size) as usize),
-                meta.len(),
-            )
+            std::ptr::copy_nonoverlapping(meta.as_ptr(), address.add(size as usize), meta.len())
         };
-        Ok(self.buffer(id, location, true))
+        Ok(self.buffer_at(id, address, located.location, true))
     }
 
     /// Creates many objects (no metadata) in one round trip, all or none.
@@ -359,13 +345,25 @@ impl Client {
                 meta_size: 0,
             })
             .collect();
-        let locations = py
-            .detach(|| self.shared.with(|c| c.create_batch(&specs, timeout_ms)))
+        let me = self.info_node;
+        let created = py
+            .detach(|| {
+                self.shared.with(|c| {
+                    let locations = c.create_batch(&specs, timeout_ms)?;
+                    locations
+                        .into_iter()
+                        .map(|location| {
+                            let address = c.located_ptr_mut(Located { node: me, location })?;
+                            Ok((location, address as usize))
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
+            })
             .py()?;
         Ok(specs
             .iter()
-            .zip(locations)
-            .map(|(s, l)| self.buffer(s.id, l, true))
+            .zip(created)
+            .map(|(s, (l, address))| self.buffer_at(s.id, address as *mut u8, l, true))
             .collect())
     }
 

@@ -159,6 +159,10 @@ pub enum Reply {
     ClusterInfo {
         node: u32,
         coherent: bool,
+        /// Emulation only: clients keep a private copy of every region as
+        /// their "cache", synchronised only by flush and invalidate, so the
+        /// coherency protocol is exercised on one host.
+        simulated: bool,
         nodes: Vec<PeerRegion>,
     },
 }
@@ -447,9 +451,13 @@ impl Reply {
             Reply::ClusterInfo {
                 node,
                 coherent,
+                simulated,
                 nodes,
             } => {
-                w.u32(*node).u8(u8::from(*coherent)).u32(nodes.len() as u32);
+                w.u32(*node)
+                    .u8(u8::from(*coherent))
+                    .u8(u8::from(*simulated))
+                    .u32(nodes.len() as u32);
                 for n in nodes {
                     w.u32(n.node)
                         .u8(u8::from(n.mapped))
@@ -589,6 +597,7 @@ impl Reply {
             op::CLUSTER_REPLY => {
                 let node = r.u32()?;
                 let coherent = r.bool()?;
+                let simulated = r.bool()?;
                 let n = r.count(4 + 1 + 1 + 8 + 4)?;
                 let mut nodes = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -603,6 +612,7 @@ impl Reply {
                 Reply::ClusterInfo {
                     node,
                     coherent,
+                    simulated,
                     nodes,
                 }
             }

@@ -109,6 +109,7 @@ fn every_reply_round_trips() {
         Reply::ClusterInfo {
             node: 1,
             coherent: false,
+            simulated: true,
             nodes: vec![PeerRegion {
                 node: 0,
                 mapped: true,
