@@ -432,3 +432,55 @@ def test_flags_per_node(cluster):
         b.wait_flag("state", "done", node=0, timeout=0.1)
     b.set_flag("state", "remote-set", node=1)  # a flag kept in node 1's memory
     assert cluster.client(1).get_flag("state") == "remote-set"
+
+
+# -- network mode --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mixed_cluster(make_cluster):
+    """Node 1's memory cannot be mapped by the others (access = network)."""
+    return make_cluster(modes="mapped,network,mapped")
+
+
+def test_network_mode_pulls_a_copy_into_local_memory(mixed_cluster):
+    cluster = mixed_cluster
+    local, far = cluster.client(0), cluster.client(1)
+    table = pa.table({"x": np.arange(50_000), "s": [str(i) for i in range(50_000)]})
+    oid = far.put(table)
+    got = local.get(oid)
+    assert got.equals(table)
+    # A secondary copy in the reader's own region, under the same id; the primary stays.
+    assert in_region(local, got["x"].chunk(0).buffers()[1].address)
+    assert local.contains(oid) and far.contains(oid)
+    assert [s["access"] for s in cluster.status()] == ["mapped", "network", "mapped"]
+    # Large objects are pulled in parallel ranges, byte-exact.
+    big = np.random.default_rng(5).integers(0, 256, 24 << 20, dtype=np.uint8)
+    bid = far.put(big)
+    assert np.array_equal(local.get(bid), big)
+    del got
+
+
+def test_network_copies_are_dropped_when_the_owner_deletes(mixed_cluster):
+    cluster = mixed_cluster
+    local, far = cluster.client(2), cluster.client(1)
+    oid = far.put(b"version 1")
+    assert local.get(oid).to_pybytes() == b"version 1"
+    far.delete(oid)
+    wait_for(lambda: not local.contains(oid), timeout=3, message="copy dropped")
+    assert local.get_buffers([oid], timeout_ms=100) == [None]
+    far.put(b"version 2", oid)
+    assert local.get(oid).to_pybytes() == b"version 2"
+    # Deleting through the node that holds a copy deletes the object itself.
+    local.delete(oid)
+    assert not far.contains(oid)
+
+
+def test_mapped_nodes_still_read_each_other_in_place(mixed_cluster):
+    cluster = mixed_cluster
+    a, c = cluster.client(0), cluster.client(2)
+    oid = c.put(np.arange(1000))
+    array = a.get(oid)
+    assert not in_region(a, array.ctypes.data) and int(array.sum()) == 499_500
+    assert not a.contains(oid)  # read in place, no copy made
+    del array

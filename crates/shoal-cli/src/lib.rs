@@ -52,9 +52,10 @@ enum Command {
     Serve {
         #[command(flatten)]
         socket: SocketArg,
-        /// Memory the store may use, e.g. 4GiB, 512MiB, 1.5G.
-        #[arg(long, short = 'm', value_parser = size, default_value = "1GiB", env = "SHOAL_CAPACITY")]
-        capacity: u64,
+        /// Memory the store may use, e.g. 4GiB, 512MiB, 1.5G [default: 1GiB; with
+        /// --cluster, the node's region_size].
+        #[arg(long, short = 'm', value_parser = size, env = "SHOAL_CAPACITY")]
+        capacity: Option<u64>,
         /// mmap-able region path (hugetlbfs file, DAX device). Default: a fresh file in /dev/shm.
         #[arg(long)]
         region: Option<PathBuf>,
@@ -178,6 +179,8 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             cluster,
             node,
         } => {
+            let explicit = capacity;
+            let capacity = capacity.unwrap_or(1 << 30);
             let mut config =
                 DaemonConfig::new(socket.path(), region_size.unwrap_or(capacity).max(capacity));
             config.capacity = Some(capacity);
@@ -188,7 +191,7 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
                     config.socket = me.socket.clone();
                 }
                 config.region_size = me.region_size;
-                config.capacity = Some(capacity.min(me.region_size));
+                config.capacity = Some(explicit.unwrap_or(me.region_size).min(me.region_size));
                 if topology.coherence == shoal_core::coherence::CoherenceMode::Noncoherent {
                     // Objects never share a line any node's cache moves as one.
                     config.line_size = line_size.max(shoal_core::coherence::LINE as u64);

@@ -45,6 +45,9 @@ pub struct DirectoryEntry {
 #[derive(Default)]
 pub struct Directory {
     entries: HashMap<ObjectId, DirectoryEntry>,
+    /// Nodes holding a network-mode copy of an id (told to drop it when the
+    /// owner unregisters the id).
+    copies: HashMap<ObjectId, Vec<u32>>,
 }
 
 impl Directory {
@@ -74,10 +77,28 @@ impl Directory {
     }
 
     /// Forgets ids `owner` no longer holds; ids of other owners stay.
-    pub fn unregister(&mut self, ids: &[ObjectId], owner: u32) {
+    /// Returns the nodes that held copies of the forgotten ids, with the ids.
+    pub fn unregister(&mut self, ids: &[ObjectId], owner: u32) -> Vec<(u32, ObjectId)> {
+        let mut stale = Vec::new();
         for id in ids {
             if self.entries.get(id).is_some_and(|e| e.owner == owner) {
                 self.entries.remove(id);
+                for node in self.copies.remove(id).unwrap_or_default() {
+                    stale.push((node, *id));
+                }
+            }
+        }
+        stale
+    }
+
+    /// `node` keeps a copy of these (registered) ids.
+    pub fn add_copies(&mut self, ids: &[ObjectId], node: u32) {
+        for id in ids {
+            if self.entries.contains_key(id) {
+                let holders = self.copies.entry(*id).or_default();
+                if !holders.contains(&node) {
+                    holders.push(node);
+                }
             }
         }
     }
@@ -161,9 +182,10 @@ mod tests {
         assert_eq!(d.lookup(&id(1)).unwrap().sealed, None);
         d.publish(&[id(1)], &[loc], 2);
         assert_eq!(d.lookup(&id(1)).unwrap().sealed, Some(loc));
-        d.unregister(&[id(1)], 0);
+        d.add_copies(&[id(1), id(9)], 3);
+        assert!(d.unregister(&[id(1)], 0).is_empty());
         assert!(d.lookup(&id(1)).is_some());
-        d.unregister(&[id(1)], 2);
+        assert_eq!(d.unregister(&[id(1)], 2), vec![(3, id(1))]);
         assert!(d.lookup(&id(1)).is_none());
     }
 }

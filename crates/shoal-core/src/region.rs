@@ -253,8 +253,11 @@ impl Mapping {
                 path.display()
             )));
         }
+        // Populated like our own region: cluster daemons keep theirs resident,
+        // so this only fills page tables and later reads take no faults.
         let map = MmapOptions::new()
             .len(usize::try_from(len).map_err(|_| ShoalError::invalid("region too large"))?)
+            .populate()
             .map_raw_read_only(&file)
             .map_err(|e| ShoalError::io(&format!("mmap peer region {}", path.display()), e))?;
         Ok(Self { map })

@@ -465,6 +465,16 @@ impl Store {
         Ok(())
     }
 
+    /// Whether `client` holds a reference to `id`.
+    pub fn holds(&self, client: ClientId, id: &ObjectId) -> bool {
+        let Some(slot) = self.table.find(id) else {
+            return false;
+        };
+        self.clients
+            .get(&client)
+            .is_some_and(|c| c.refs.contains_key(&slot))
+    }
+
     /// Where a sealed, visible object lives (no reference taken).
     pub fn location(&self, id: &ObjectId) -> Option<ObjectLocation> {
         let entry = self.table.get(self.table.find(id)?)?;

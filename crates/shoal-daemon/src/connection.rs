@@ -24,9 +24,15 @@ use tokio::time::Instant;
 use shoal_cluster::Access;
 use shoal_core::coherence::CoherenceMode;
 
+use crate::cluster::{ClusterRef, Remote, PEER_CLIENT_BASE};
 use crate::server::Shared;
 
 const READ_CHUNK: usize = 64 * 1024;
+/// The store client that owns network-mode copies while they are pulled.
+const COPY_CLIENT: u32 = PEER_CLIENT_BASE - 1;
+/// Objects at least this large are pulled in parallel ranges.
+const PARALLEL_PULL: u64 = 8 << 20;
+
 /// How often a get waiting for objects on other nodes asks again.
 const REMOTE_POLL_MIN: Duration = Duration::from_millis(2);
 const REMOTE_POLL_MAX: Duration = Duration::from_millis(50);
@@ -270,7 +276,16 @@ impl Connection {
                 let mut errors: Vec<Option<ErrorKind>> = {
                     let mut store = self.shared.store.borrow_mut();
                     ids.iter()
-                        .map(|id| store.delete(id).err().map(|e| e.kind()))
+                        .map(|id| {
+                            let copy = self.shared.cluster.as_ref().is_some_and(|c| c.is_copy(id));
+                            let local = store.delete(id).err().map(|e| e.kind());
+                            // Deleting a network-mode copy deletes the object at its owner.
+                            if copy {
+                                Some(ErrorKind::ObjectNotFound)
+                            } else {
+                                local
+                            }
+                        })
                         .collect()
                 };
                 self.shared.publish();
@@ -327,6 +342,68 @@ impl Connection {
         };
         reply.encode(out);
         Ok(Next::Continue)
+    }
+
+    /// Network mode: copies an object of a node whose memory cannot be mapped
+    /// into this node's region (streamed in parallel ranges), seals the copy
+    /// under the same id, tells the id's home (so a delete drops the copy),
+    /// and answers it as a local object. The reference taken at the owner
+    /// covers the transfer and is released after it. `None` if another client
+    /// of this node is pulling the same object right now.
+    async fn pull(
+        &self,
+        cluster: &ClusterRef,
+        id: ObjectId,
+        remote: Remote,
+    ) -> Result<Option<Located>> {
+        let l = remote.location;
+        let created = self
+            .shared
+            .store
+            .borrow_mut()
+            .create_batch(COPY_CLIENT, &[(id, l.data_size, l.meta_size)]);
+        let release_remote = |cluster: &ClusterRef, client| {
+            let held = cluster.unhold(client, &[id]);
+            let cluster = cluster.clone();
+            tokio::task::spawn_local(async move { cluster.release(held).await });
+        };
+        let local = match created {
+            Ok(locations) => locations[0],
+            Err(err) => {
+                release_remote(cluster, self.client);
+                return if err.kind() == ErrorKind::ObjectExists {
+                    Ok(None)
+                } else {
+                    Err(err)
+                };
+            }
+        };
+        let size = l.data_size + u64::from(l.meta_size);
+        let parts = if size >= PARALLEL_PULL { 4 } else { 1 };
+        // SAFETY: the copy's block lies inside our region (the allocator
+        // hands out in-range blocks) and is ours until sealed.
+        let dst = unsafe { self.shared.region.base().add(local.offset as usize) };
+        let fetched = cluster.fetch(remote.owner, id, size, dst, parts).await;
+        release_remote(cluster, self.client);
+        let sealed = {
+            let mut store = self.shared.store.borrow_mut();
+            match fetched {
+                Err(err) => {
+                    let _ = store.abort(COPY_CLIENT, &id);
+                    Err(err)
+                }
+                Ok(()) => store
+                    .seal(COPY_CLIENT, &[id], true)
+                    .map(|()| store.get(self.client, &id)),
+            }
+        };
+        self.shared.publish();
+        let location = sealed?;
+        cluster.announce_copies(&[id]).await;
+        Ok(location.map(|location| Located {
+            node: cluster.me,
+            location,
+        }))
     }
 
     fn remote_creation(&self, id: &ObjectId) -> bool {
@@ -462,13 +539,22 @@ impl Connection {
                         Err(err) => return Err(err),
                     };
                     for (&i, r) in positions.iter().zip(remote) {
-                        if let Some(r) = r {
+                        let Some(r) = r else { continue };
+                        if r.network {
+                            // Unmappable owner: pull a copy into our region.
+                            match self.pull(&cluster, ids[i], r).await {
+                                Ok(Some(located)) => found[i] = Some(located),
+                                Ok(None) => continue,
+                                Err(err) if err.kind() == ErrorKind::NodeUnavailable => continue,
+                                Err(err) => return Err(err),
+                            }
+                        } else {
                             found[i] = Some(Located {
                                 node: r.owner,
                                 location: r.location,
                             });
-                            missing -= 1;
                         }
+                        missing -= 1;
                     }
                 }
             }

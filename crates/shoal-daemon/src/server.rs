@@ -139,8 +139,10 @@ impl Shared {
                 Err(mpsc::error::TrySendError::Closed(_)) => false,
             });
         }
-        // Ids that left this node (deleted, evicted, aborted) leave the directory.
+        // Ids that left this node (deleted, evicted, aborted) leave the directory
+        // (a network-mode copy is not registered: unregistering it is a no-op).
         if let (Some(cluster), false) = (&self.cluster, gone.is_empty()) {
+            cluster.forget_copies(&gone);
             let cluster = cluster.clone();
             tokio::task::spawn_local(async move { cluster.unregister(&gone).await });
         }
@@ -352,6 +354,9 @@ fn spawn_prefault(shared: &Shared, stop: Arc<AtomicBool>) -> std::thread::JoinHa
         .expect("spawn the prefault thread")
 }
 
+/// HTTP/2 flow-control window per stream of the peer RPC.
+pub(crate) const PULL_WINDOW: u32 = 16 << 20;
+
 /// Starts the peer gRPC server (its own tasks, fed to this thread through a
 /// channel), the worker that answers peer calls from the store, and the
 /// heartbeat/lease ticker. Returns the server's stop switch.
@@ -370,13 +375,21 @@ async fn start_peer_service(
     let (calls, mut incoming) = mpsc::channel::<PeerCall>(1024);
     let check = TokenCheck::new(&cluster.topology.token, cluster.topology.len() as u32);
     let service = tonic::service::interceptor::InterceptedService::new(
-        PeerServer::new(PeerService { calls }).max_decoding_message_size(64 << 20),
+        PeerServer::new(PeerService {
+            calls,
+            region: shared.region.clone(),
+        })
+        .max_decoding_message_size(64 << 20),
         check,
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .tcp_nodelay(true)
+            // Network-mode pulls stream large objects: HTTP/2's default 64 KiB
+            // windows would stall every stream on acknowledgements.
+            .initial_stream_window_size(PULL_WINDOW)
+            .initial_connection_window_size(4 * PULL_WINDOW)
             .add_service(service)
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -453,7 +466,33 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
         PeerCall::Register { ids, owner, reply } => {
             let _ = reply.send(cluster.directory_register(&ids, owner));
         }
-        PeerCall::Unregister { ids, owner } => cluster.directory_unregister(&ids, owner),
+        PeerCall::Unregister { ids, owner } => {
+            let stale = cluster.directory_unregister(&ids, owner);
+            if !stale.is_empty() {
+                let cluster = cluster.clone();
+                tokio::task::spawn_local(async move { cluster.send_drops(stale).await });
+            }
+        }
+        PeerCall::Locate { id, from, reply } => {
+            let store = shared.store.borrow();
+            let location = store
+                .holds(peer_client(from), &id)
+                .then(|| store.location(&id))
+                .flatten();
+            let _ = reply.send(location);
+        }
+        PeerCall::Cached { ids, from } => cluster.directory_add_copies(&ids, from),
+        PeerCall::Drop { ids } => {
+            let copies = cluster.forget_copies(&ids);
+            {
+                let mut store = shared.store.borrow_mut();
+                for id in &copies {
+                    // Deferred while referenced, like any delete.
+                    let _ = store.delete(id);
+                }
+            }
+            shared.publish();
+        }
         PeerCall::Publish {
             ids,
             locations,

@@ -68,6 +68,8 @@ type PeerRpc = PeerClient<InterceptedService<Channel, Credentials>>;
 pub(crate) struct Remote {
     pub owner: u32,
     pub location: ObjectLocation,
+    /// The owner's memory cannot be mapped here: pull the bytes (network mode).
+    pub network: bool,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -91,6 +93,8 @@ pub(crate) struct Cluster {
     /// Objects local clients are writing in other nodes' regions (remote
     /// allocation), not sealed yet: client → id → node.
     creations: RefCell<HashMap<ClientId, HashMap<ObjectId, u32>>>,
+    /// Ids of network-mode copies this node keeps of other nodes' objects.
+    copies: RefCell<std::collections::HashSet<ObjectId>>,
     /// Heartbeats heard from each peer (leases on what they hold here).
     seen: RefCell<Vec<PeerSeen>>,
     /// Peers that answered our last heartbeat.
@@ -130,7 +134,9 @@ impl Cluster {
                 .map_err(|e| ShoalError::invalid(format!("node {}: {e}", node.id)))?
                 .connect_timeout(RPC_TIMEOUT)
                 .timeout(RPC_TIMEOUT)
-                .tcp_nodelay(true);
+                .tcp_nodelay(true)
+                .initial_stream_window_size(crate::server::PULL_WINDOW)
+                .initial_connection_window_size(4 * crate::server::PULL_WINDOW);
             let channel = endpoint.connect_lazy();
             peers.push(Some(
                 PeerClient::with_interceptor(channel, credentials.clone())
@@ -151,6 +157,7 @@ impl Cluster {
             owners: RefCell::default(),
             remote_refs: RefCell::default(),
             creations: RefCell::default(),
+            copies: RefCell::default(),
             seen: RefCell::new(vec![PeerSeen::default(); n]),
             alive: RefCell::new(vec![false; n]),
             heartbeats_sent: Cell::new(0),
@@ -201,8 +208,39 @@ impl Cluster {
         }
     }
 
-    pub fn directory_unregister(&self, ids: &[ObjectId], owner: u32) {
-        self.directory.borrow_mut().unregister(ids, owner);
+    /// Forgets the ids; returns the copies (node, id) that must be dropped.
+    pub fn directory_unregister(&self, ids: &[ObjectId], owner: u32) -> Vec<(u32, ObjectId)> {
+        self.directory.borrow_mut().unregister(ids, owner)
+    }
+
+    pub fn directory_add_copies(&self, ids: &[ObjectId], node: u32) {
+        self.directory.borrow_mut().add_copies(ids, node);
+    }
+
+    /// Tells nodes holding network-mode copies of deleted ids to drop them.
+    pub async fn send_drops(&self, stale: Vec<(u32, ObjectId)>) {
+        let mut by_node: HashMap<u32, Vec<ObjectId>> = HashMap::new();
+        for (node, id) in stale {
+            by_node.entry(node).or_default().push(id);
+        }
+        let calls = by_node.into_iter().map(|(node, ids)| async move {
+            if let Ok(mut peer) = self.peer(node) {
+                if let Err(status) = peer.drop(Ids { ids: pack(&ids) }).await {
+                    tracing::debug!(node, %status, "drop of copies failed");
+                }
+            }
+        });
+        join_all(calls).await;
+    }
+
+    /// Ids this node holds as network-mode copies (not owned: never registered).
+    pub fn is_copy(&self, id: &ObjectId) -> bool {
+        self.copies.borrow().contains(id)
+    }
+
+    pub fn forget_copies(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
+        let mut copies = self.copies.borrow_mut();
+        ids.iter().filter(|id| copies.remove(id)).copied().collect()
     }
 
     pub fn directory_publish(&self, ids: &[ObjectId], locations: &[ObjectLocation], owner: u32) {
@@ -353,7 +391,8 @@ impl Cluster {
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
             async move {
                 if home == self.me {
-                    self.directory_unregister(&group, self.me);
+                    let stale = self.directory_unregister(&group, self.me);
+                    self.send_drops(stale).await;
                 } else if let Ok(mut peer) = self.peer(home) {
                     if let Err(status) = peer.unregister(Ids { ids: pack(&group) }).await {
                         tracing::debug!(home, %status, "unregister failed");
@@ -453,7 +492,11 @@ impl Cluster {
                     match reply.get(k).copied().flatten() {
                         Some(location) => {
                             self.check_location(owner, &location)?;
-                            found[slot] = Some(Remote { owner, location });
+                            found[slot] = Some(Remote {
+                                owner,
+                                location,
+                                network: self.is_network(owner),
+                            });
                             self.owners.borrow_mut().insert(*id, owner);
                             self.hold(client, *id, owner);
                         }
@@ -499,6 +542,7 @@ impl Cluster {
                 found[slots[k]] = Some(Remote {
                     owner: node,
                     location,
+                    network: self.is_network(node),
                 });
                 self.owners.borrow_mut().insert(wanted[k], node);
                 self.hold(client, wanted[k], node);
@@ -580,13 +624,102 @@ impl Cluster {
             .offset
             .checked_add(l.data_size)
             .and_then(|e| e.checked_add(u64::from(l.meta_size)));
-        if end.is_some_and(|e| e <= node.region_size) && node.access == Access::Mapped {
+        if end.is_some_and(|e| e <= node.region_size) {
             Ok(())
         } else {
             Err(ShoalError::protocol(format!(
-                "node {owner} sent a descriptor outside its region or for unmapped memory: {l:?}"
+                "node {owner} sent a descriptor outside its region: {l:?}"
             )))
         }
+    }
+
+    /// Whether `node`'s memory is reached over the network only.
+    pub fn is_network(&self, node: u32) -> bool {
+        node != self.me
+            && self
+                .topology
+                .node(node)
+                .is_ok_and(|n| n.access == Access::Network)
+    }
+
+    /// Streams `len` bytes at `offset` of an object this node holds a
+    /// reference to on `owner` into `dst`, in `parts` concurrent ranges.
+    pub async fn fetch(
+        &self,
+        owner: u32,
+        id: ObjectId,
+        len: u64,
+        dst: *mut u8,
+        parts: u64,
+    ) -> Result<()> {
+        let parts = parts.clamp(1, 8).min(len.max(1));
+        let step = len.div_ceil(parts);
+        let dst = dst as usize;
+        let calls = (0..parts).map(|p| {
+            let start = p * step;
+            let end = ((p + 1) * step).min(len);
+            async move {
+                if start >= end {
+                    return Ok(());
+                }
+                let mut peer = self.peer(owner)?;
+                let mut stream = peer
+                    .fetch(shoal_cluster::proto::FetchRequest {
+                        id: id.0.to_vec(),
+                        offset: start,
+                        len: end - start,
+                    })
+                    .await
+                    .map_err(|s| status_error(owner, s))?
+                    .into_inner();
+                let mut at = start;
+                while let Some(chunk) =
+                    stream.message().await.map_err(|s| status_error(owner, s))?
+                {
+                    let n = chunk.data.len() as u64;
+                    if at + n > end {
+                        return Err(ShoalError::protocol(format!(
+                            "node {owner} sent too many bytes"
+                        )));
+                    }
+                    // SAFETY: `dst` is the start of a local object of `len`
+                    // bytes this node just created; [at, at + n) is inside it
+                    // (checked above) and only this part writes it.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            chunk.data.as_ptr(),
+                            (dst as *mut u8).add(at as usize),
+                            n as usize,
+                        )
+                    };
+                    at += n;
+                }
+                if at != end {
+                    return Err(ShoalError::protocol(format!(
+                        "node {owner} sent too few bytes"
+                    )));
+                }
+                Ok(())
+            }
+        });
+        join_all(calls).await.into_iter().collect()
+    }
+
+    /// Tells the homes this node keeps copies of `ids` (dropped on delete).
+    pub async fn announce_copies(&self, ids: &[ObjectId]) {
+        self.copies.borrow_mut().extend(ids.iter().copied());
+        let groups = self.by_node(ids, |id| self.home(id));
+        let calls = groups.into_iter().map(|(home, positions)| {
+            let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+            async move {
+                if home == self.me {
+                    self.directory_add_copies(&group, self.me);
+                } else if let Ok(mut peer) = self.peer(home) {
+                    let _ = peer.cached(Ids { ids: pack(&group) }).await;
+                }
+            }
+        });
+        join_all(calls).await;
     }
 
     fn hold(&self, client: ClientId, id: ObjectId, owner: u32) {
