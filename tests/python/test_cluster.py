@@ -464,10 +464,12 @@ def test_network_mode_pulls_a_copy_into_local_memory(mixed_cluster):
 def test_network_copies_are_dropped_when_the_owner_deletes(mixed_cluster):
     cluster = mixed_cluster
     local, far = cluster.client(2), cluster.client(1)
-    oid = far.put(b"version 1")
-    assert local.get(oid).to_pybytes() == b"version 1"
-    far.delete(oid)
-    wait_for(lambda: not local.contains(oid), timeout=3, message="copy dropped")
+    # Ids whose home is each of the three nodes (the reader itself included).
+    ids = [far.put(f"v{i}".encode()) for i in range(12)]
+    assert [local.get(i).to_pybytes() for i in ids] == [f"v{i}".encode() for i in range(12)]
+    far.delete(ids)
+    wait_for(lambda: not any(local.contains(i) for i in ids), timeout=3, message="copies dropped")
+    oid = ids[0]
     assert local.get_buffers([oid], timeout_ms=100) == [None]
     far.put(b"version 2", oid)
     assert local.get(oid).to_pybytes() == b"version 2"

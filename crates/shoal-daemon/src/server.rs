@@ -373,6 +373,7 @@ async fn start_peer_service(
         .await
         .map_err(|e| ShoalError::io(&format!("bind peer RPC {}", node.rpc), e))?;
     let (calls, mut incoming) = mpsc::channel::<PeerCall>(1024);
+    let _ = cluster.local_calls.set(calls.clone());
     let check = TokenCheck::new(&cluster.topology.token, cluster.topology.len() as u32);
     let service = tonic::service::interceptor::InterceptedService::new(
         PeerServer::new(PeerService {

@@ -95,6 +95,9 @@ pub(crate) struct Cluster {
     creations: RefCell<HashMap<ClientId, HashMap<ObjectId, u32>>>,
     /// Ids of network-mode copies this node keeps of other nodes' objects.
     copies: RefCell<std::collections::HashSet<ObjectId>>,
+    /// The store thread's queue of peer calls, for calls to ourselves (a
+    /// home dropping its own node's copies).
+    pub(crate) local_calls: std::cell::OnceCell<tokio::sync::mpsc::Sender<service::PeerCall>>,
     /// Heartbeats heard from each peer (leases on what they hold here).
     seen: RefCell<Vec<PeerSeen>>,
     /// Peers that answered our last heartbeat.
@@ -158,6 +161,7 @@ impl Cluster {
             remote_refs: RefCell::default(),
             creations: RefCell::default(),
             copies: RefCell::default(),
+            local_calls: std::cell::OnceCell::new(),
             seen: RefCell::new(vec![PeerSeen::default(); n]),
             alive: RefCell::new(vec![false; n]),
             heartbeats_sent: Cell::new(0),
@@ -224,7 +228,11 @@ impl Cluster {
             by_node.entry(node).or_default().push(id);
         }
         let calls = by_node.into_iter().map(|(node, ids)| async move {
-            if let Ok(mut peer) = self.peer(node) {
+            if node == self.me {
+                if let Some(calls) = self.local_calls.get() {
+                    let _ = calls.send(service::PeerCall::Drop { ids }).await;
+                }
+            } else if let Ok(mut peer) = self.peer(node) {
                 if let Err(status) = peer.drop(Ids { ids: pack(&ids) }).await {
                     tracing::debug!(node, %status, "drop of copies failed");
                 }
