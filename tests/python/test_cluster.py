@@ -486,3 +486,40 @@ def test_mapped_nodes_still_read_each_other_in_place(mixed_cluster):
     assert not in_region(a, array.ctypes.data) and int(array.sum()) == 499_500
     assert not a.contains(oid)  # read in place, no copy made
     del array
+
+
+# -- reference and directory bookkeeping ---------------------------------------------------------
+
+
+def test_every_remote_reference_is_returned(cluster):
+    owner, reader = cluster.client(0), cluster.client(1)
+    oid = owner.put(b"shared")
+    first, second = reader.get_buffer(oid), reader.get_buffer(oid)
+    twice = reader.get_buffers([oid, oid])
+    assert object_refs(owner, oid) == 4
+    del first
+    gc.collect()
+    wait_for(lambda: object_refs(owner, oid) == 3, timeout=3)
+    del second, twice
+    gc.collect()
+    wait_for(lambda: object_refs(owner, oid) == 0, timeout=3, message="all references returned")
+
+
+def test_a_writer_that_dies_before_sealing_frees_its_ids(cluster, spawn):
+    oid = OID.from_random()
+    writer = spawn(
+        """
+        client = shoal.Client(sys.argv[1])
+        buffer = client.create(shoal.ObjectID.from_hex(sys.argv[2]), 100)
+        emit("created")
+        time.sleep(60)
+        """,
+        cluster.socket(0),
+        oid.hex(),
+    )
+    assert writer.json() == "created"
+    other = cluster.client(2)
+    with pytest.raises(shoal.ObjectExists):
+        other.put(b"mine", oid)
+    writer.kill()
+    wait_for(lambda: _try_put(other, oid), timeout=5, message="id free after the writer died")

@@ -212,8 +212,15 @@ impl Store {
             match self.create(client, *id, *data_size, *meta_size) {
                 Ok(location) => made.push(location),
                 Err(err) => {
+                    // Rolled back silently: these objects never existed for
+                    // anyone but this call (no Aborted event: a cluster node
+                    // must not unregister ids its create still holds).
                     for (id, _, _) in &specs[..made.len()] {
-                        self.abort(client, id).expect("just created by this client");
+                        let slot = self.own_unsealed(client, id).expect("just created");
+                        self.abort_slot(client, slot);
+                        self.events.retain(
+                            |e| !matches!(e, StoreEvent::Aborted { id: gone } if gone == id),
+                        );
                     }
                     return Err(err);
                 }
@@ -518,11 +525,12 @@ impl Store {
         };
         for slot in &state.creating {
             let held = state.refs.get(slot).copied().unwrap_or(0);
-            self.table
-                .get_mut(*slot)
-                .expect("unsealed slot is live")
-                .refs -= held;
+            let entry = self.table.get_mut(*slot).expect("unsealed slot is live");
+            entry.refs -= held;
+            let id = entry.id;
             self.remove_slot(*slot);
+            // Like an abort: a cluster node unregisters the id.
+            self.events.push(StoreEvent::Aborted { id });
         }
         for (slot, count) in state.refs {
             if state.creating.contains(&slot) {

@@ -290,6 +290,15 @@ impl Connection {
                 };
                 self.shared.publish();
                 if let Some(cluster) = self.shared.cluster.clone() {
+                    // Gone from the directory before the delete is answered, so
+                    // the id can be created again anywhere at once.
+                    let deleted: Vec<ObjectId> = (0..ids.len())
+                        .filter(|&i| errors[i].is_none())
+                        .map(|i| ids[i])
+                        .collect();
+                    if !deleted.is_empty() {
+                        cluster.unregister(&deleted).await;
+                    }
                     // Not here: maybe on another node, which deletes it there.
                     let elsewhere: Vec<usize> = (0..ids.len())
                         .filter(|&i| errors[i] == Some(ErrorKind::ObjectNotFound))
@@ -531,12 +540,16 @@ impl Connection {
                     let wanted: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
                     let remote = match cluster.get(self.client, &wanted).await {
                         Ok(remote) => remote,
-                        // A down home or owner: the ids it holds stay missing.
-                        Err(err) if err.kind() == ErrorKind::NodeUnavailable => {
-                            tracing::debug!(%err, "remote get");
+                        // A down home or owner, a peer that misbehaves: the ids
+                        // stay missing; the client's connection is not at fault.
+                        Err(err) => {
+                            if err.kind() == ErrorKind::NodeUnavailable {
+                                tracing::debug!(%err, "remote get");
+                            } else {
+                                tracing::warn!(%err, "remote get");
+                            }
                             vec![None; wanted.len()]
                         }
-                        Err(err) => return Err(err),
                     };
                     for (&i, r) in positions.iter().zip(remote) {
                         let Some(r) = r else { continue };
@@ -545,8 +558,11 @@ impl Connection {
                             match self.pull(&cluster, ids[i], r).await {
                                 Ok(Some(located)) => found[i] = Some(located),
                                 Ok(None) => continue,
-                                Err(err) if err.kind() == ErrorKind::NodeUnavailable => continue,
-                                Err(err) => return Err(err),
+                                // No room for the copy, owner gone: missing for now.
+                                Err(err) => {
+                                    tracing::debug!(%err, id = %ids[i], "network pull");
+                                    continue;
+                                }
                             }
                         } else {
                             found[i] = Some(Located {

@@ -414,9 +414,23 @@ async fn start_peer_service(
     tokio::task::spawn_local(async move {
         let mut ticker = tokio::time::interval(cluster.topology.heartbeat);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let peers: Vec<u32> = (0..cluster.topology.len() as u32)
+            .filter(|&n| n != cluster.me)
+            .collect();
+        let in_flight: Rc<RefCell<Vec<bool>>> =
+            Rc::new(RefCell::new(vec![false; cluster.topology.len()]));
         loop {
             ticker.tick().await;
-            cluster.send_heartbeats().await;
+            for &node in &peers {
+                if std::mem::replace(&mut in_flight.borrow_mut()[node as usize], true) {
+                    continue; // the previous heartbeat to it is still waiting
+                }
+                let (cluster, in_flight) = (cluster.clone(), in_flight.clone());
+                tokio::task::spawn_local(async move {
+                    cluster.heartbeat(node).await;
+                    in_flight.borrow_mut()[node as usize] = false;
+                });
+            }
             for node in cluster.expired_leases() {
                 reclaim_references_of(&ticking, node, "its lease expired");
             }
@@ -445,9 +459,7 @@ fn reclaim_references_of(shared: &Shared, node: u32, why: &str) {
 /// Answers one peer call from the store (synchronously: no await while the
 /// store is borrowed).
 fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
-    use shoal_cluster::proto::{
-        AcquireReply, ListReply, Location, NodeStatus, ObjectRow, Statuses,
-    };
+    use shoal_cluster::proto::{AcquireReply, ListReply, NodeStatus, ObjectRow, Statuses};
 
     let cluster = shared
         .cluster
@@ -507,21 +519,15 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
             let _ = reply.send(cluster.directory_lookup(&ids));
         }
         PeerCall::Acquire { ids, from, reply } => {
+            cluster.touch(from);
             let client = peer_client(from);
             let mut store = shared.store.borrow_mut();
-            let mut found = Vec::with_capacity(ids.len());
-            let mut locations = Vec::with_capacity(ids.len());
+            let mut entries = Vec::with_capacity(ids.len() * shoal_cluster::ids::LOCATION_RECORD);
             for id in &ids {
-                let location = store.get(client, id);
-                found.push(location.is_some());
-                locations.push(location.map_or_else(Location::default, |l| Location {
-                    offset: l.offset,
-                    data_size: l.data_size,
-                    meta_size: l.meta_size,
-                }));
+                shoal_cluster::ids::push_location(&mut entries, store.get(client, id));
             }
             drop(store);
-            let _ = reply.send(AcquireReply { found, locations });
+            let _ = reply.send(AcquireReply { entries });
         }
         PeerCall::Release { ids, from } => {
             let client = peer_client(from);
@@ -536,19 +542,30 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
             shared.space.notify_waiters();
         }
         PeerCall::Delete { ids, reply } => {
-            let mut store = shared.store.borrow_mut();
-            let codes = ids
-                .iter()
-                .map(|id| {
-                    store
-                        .delete(id)
-                        .err()
-                        .map_or(0, |e| u32::from(e.kind().code()))
-                })
-                .collect();
-            drop(store);
+            let codes: Vec<u32> = {
+                let mut store = shared.store.borrow_mut();
+                ids.iter()
+                    .map(|id| {
+                        store
+                            .delete(id)
+                            .err()
+                            .map_or(0, |e| u32::from(e.kind().code()))
+                    })
+                    .collect()
+            };
             shared.publish();
-            let _ = reply.send(Statuses { codes });
+            // Unregistered before the answer, so the id is free again at once.
+            let deleted: Vec<_> = ids
+                .iter()
+                .zip(&codes)
+                .filter(|(_, &c)| c == 0)
+                .map(|(id, _)| *id)
+                .collect();
+            let cluster = cluster.clone();
+            tokio::task::spawn_local(async move {
+                cluster.unregister(&deleted).await;
+                let _ = reply.send(Statuses { codes });
+            });
         }
         PeerCall::Allocate {
             specs,
@@ -556,6 +573,7 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
             from,
             reply,
         } => {
+            cluster.touch(from);
             let shared = shared.clone();
             tokio::task::spawn_local(async move {
                 let answer = allocate_for_peer(&shared, from, &specs, timeout_ms).await;

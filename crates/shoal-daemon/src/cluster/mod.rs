@@ -311,28 +311,39 @@ impl Cluster {
     }
 
     /// One round of heartbeats to every peer (concurrently); records who answered.
-    pub async fn send_heartbeats(&self) {
-        let calls = self.peers.iter().enumerate().filter_map(|(node, peer)| {
-            let mut peer = peer.clone()?;
-            let request = HeartbeatRequest {
-                node: self.me,
-                incarnation: self.incarnation,
-            };
-            Some(async move { (node, peer.heartbeat(request).await.is_ok()) })
-        });
-        let answers = join_all(calls).await;
+    /// One heartbeat to `node`, bounded by half a lease (so a peer that
+    /// hangs is declared down well before our lease at it runs out); records
+    /// whether it answered. Each peer's heartbeats run on their own task, so
+    /// a slow peer never delays the others'.
+    pub async fn heartbeat(&self, node: u32) {
+        let Some(mut peer) = self.peers.get(node as usize).cloned().flatten() else {
+            return;
+        };
+        let request = HeartbeatRequest {
+            node: self.me,
+            incarnation: self.incarnation,
+        };
+        let answered = tokio::time::timeout(self.topology.lease / 2, peer.heartbeat(request)).await;
+        let ok = matches!(answered, Ok(Ok(_)));
         let mut alive = self.alive.borrow_mut();
-        for (node, ok) in answers {
-            if alive[node] != ok {
-                if ok {
-                    tracing::info!(node, "peer is up");
-                } else {
-                    tracing::warn!(node, "peer is not answering");
-                }
+        if alive[node as usize] != ok {
+            if ok {
+                tracing::info!(node, "peer is up");
+            } else {
+                tracing::warn!(node, "peer is not answering");
             }
-            alive[node] = ok;
         }
+        alive[node as usize] = ok;
         self.heartbeats_sent.set(self.heartbeats_sent.get() + 1);
+    }
+
+    /// Any call from a peer shows it is alive: a node that takes references
+    /// here is under a lease from then on, even if its heartbeats have not
+    /// reached us yet (or its earlier lease already expired).
+    pub fn touch(&self, node: u32) {
+        if let Some(entry) = self.seen.borrow_mut().get_mut(node as usize) {
+            entry.last = Some(Instant::now());
+        }
     }
 
     // -- as a requester ---------------------------------------------------------
@@ -496,21 +507,42 @@ impl Cluster {
                     }
                     Err(err) => return Err(err),
                 };
+                // A descriptor outside the owner's region is refused before
+                // anything uses it; the references the reply took go back.
+                if let Some(bad) = reply
+                    .iter()
+                    .flatten()
+                    .find(|l| self.check_location(owner, l).is_err())
+                {
+                    let taken: Vec<(u32, ObjectId)> = group
+                        .iter()
+                        .zip(&reply)
+                        .filter(|(_, l)| l.is_some())
+                        .map(|(id, _)| (owner, *id))
+                        .collect();
+                    self.release(taken).await;
+                    return Err(ShoalError::protocol(format!(
+                        "node {owner} sent a descriptor outside its region: {bad:?}"
+                    )));
+                }
+                let network = self.is_network(owner);
+                let mut cache = self.owners.borrow_mut();
+                let mut refs = self.remote_refs.borrow_mut();
+                let held = refs.entry(client).or_default();
                 for (k, (&slot, id)) in slots.iter().zip(&group).enumerate() {
                     match reply.get(k).copied().flatten() {
                         Some(location) => {
-                            self.check_location(owner, &location)?;
                             found[slot] = Some(Remote {
                                 owner,
                                 location,
-                                network: self.is_network(owner),
+                                network,
                             });
-                            self.owners.borrow_mut().insert(*id, owner);
-                            self.hold(client, *id, owner);
+                            cache.insert(*id, owner);
+                            held.entry(*id).or_insert((owner, 0)).1 += 1;
                         }
                         None => {
                             // Deleted there, or not sealed yet: ask the home again.
-                            self.owners.borrow_mut().remove(id);
+                            cache.remove(id);
                             owners[slot] = None;
                             stale = true;
                         }
@@ -540,11 +572,14 @@ impl Cluster {
             let wanted = &wanted;
             async move { (node, self.acquire(node, wanted).await) }
         });
+        let mut surplus = Vec::new();
         for (node, reply) in join_all(calls).await {
             let Ok(reply) = reply else { continue };
             for (k, location) in reply.into_iter().enumerate() {
                 let Some(location) = location else { continue };
                 if found[slots[k]].is_some() || self.check_location(node, &location).is_err() {
+                    // Another node also had it (a network copy): give its reference back.
+                    surplus.push((node, wanted[k]));
                     continue;
                 }
                 found[slots[k]] = Some(Remote {
@@ -555,6 +590,9 @@ impl Cluster {
                 self.owners.borrow_mut().insert(wanted[k], node);
                 self.hold(client, wanted[k], node);
             }
+        }
+        if !surplus.is_empty() {
+            self.release(surplus).await;
         }
     }
 
@@ -599,29 +637,13 @@ impl Cluster {
 
     async fn acquire(&self, owner: u32, ids: &[ObjectId]) -> Result<Vec<Option<ObjectLocation>>> {
         let mut peer = self.peer(owner)?;
-        let AcquireReply { found, locations } = peer
+        let AcquireReply { entries } = peer
             .acquire(Ids { ids: pack(ids) })
             .await
             .map_err(|s| status_error(owner, s))?
             .into_inner();
-        if found.len() != ids.len() || locations.len() != ids.len() {
-            return Err(ShoalError::protocol(format!(
-                "node {owner} answered {} of {} ids",
-                found.len(),
-                ids.len()
-            )));
-        }
-        Ok(found
-            .into_iter()
-            .zip(locations)
-            .map(|(f, l)| {
-                f.then_some(ObjectLocation {
-                    offset: l.offset,
-                    data_size: l.data_size,
-                    meta_size: l.meta_size,
-                })
-            })
-            .collect())
+        shoal_cluster::ids::locations(&entries, ids.len())
+            .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))
     }
 
     /// A descriptor from a peer must lie inside that peer's region as the
@@ -681,9 +703,18 @@ impl Cluster {
                     .map_err(|s| status_error(owner, s))?
                     .into_inner();
                 let mut at = start;
-                while let Some(chunk) =
-                    stream.message().await.map_err(|s| status_error(owner, s))?
-                {
+                loop {
+                    // A stream that stalls counts as a node that is down.
+                    let next = tokio::time::timeout(RPC_TIMEOUT, stream.message())
+                        .await
+                        .map_err(|_| {
+                            ShoalError::new(
+                                ErrorKind::NodeUnavailable,
+                                format!("node {owner} stalled while sending {id}"),
+                            )
+                        })?
+                        .map_err(|s| status_error(owner, s))?;
+                    let Some(chunk) = next else { break };
                     let n = chunk.data.len() as u64;
                     if at + n > end {
                         return Err(ShoalError::protocol(format!(
@@ -748,8 +779,9 @@ impl Cluster {
             .is_some_and(|m| m.contains_key(id))
     }
 
-    /// Drops one of `client`'s remote references per id; returns the ids
-    /// (by owner) whose last local reference went, to release at the owners.
+    /// Drops one of `client`'s remote references per id; returns one
+    /// (owner, id) per reference dropped, to release at the owners (every
+    /// Acquire took one reference there, so every local release returns one).
     pub fn unhold(&self, client: ClientId, ids: &[ObjectId]) -> Vec<(u32, ObjectId)> {
         let mut refs = self.remote_refs.borrow_mut();
         let Some(held) = refs.get_mut(&client) else {
@@ -758,9 +790,9 @@ impl Cluster {
         let mut gone = Vec::new();
         for id in ids {
             if let Some((owner, count)) = held.get_mut(id) {
+                gone.push((*owner, *id));
                 *count -= 1;
                 if *count == 0 {
-                    gone.push((*owner, *id));
                     held.remove(id);
                 }
             }
@@ -807,16 +839,22 @@ impl Cluster {
     ) -> Result<Vec<ObjectLocation>> {
         let mut peer = self.peer(node)?;
         let ids: Vec<ObjectId> = specs.iter().map(|s| s.0).collect();
-        let reply = peer
-            .allocate(shoal_cluster::proto::AllocateRequest {
-                ids: pack(&ids),
-                data_sizes: specs.iter().map(|s| s.1).collect(),
-                meta_sizes: specs.iter().map(|s| s.2).collect(),
-                timeout_ms,
-            })
-            .await
-            .map_err(|s| status_error(node, s))?
-            .into_inner();
+        let mut request = tonic::Request::new(shoal_cluster::proto::AllocateRequest {
+            ids: pack(&ids),
+            data_sizes: specs.iter().map(|s| s.1).collect(),
+            meta_sizes: specs.iter().map(|s| s.2).collect(),
+            timeout_ms,
+        });
+        // The node may wait `timeout_ms` for space: the call may take that long.
+        request.set_timeout(RPC_TIMEOUT + Duration::from_millis(u64::from(timeout_ms)));
+        let reply = match peer.allocate(request).await {
+            Ok(reply) => reply.into_inner(),
+            Err(status) => {
+                // It may have allocated after all: abort whatever it made.
+                let _ = peer.abort(Ids { ids: pack(&ids) }).await;
+                return Err(status_error(node, status));
+            }
+        };
         if reply.code != 0 {
             let kind = ErrorKind::from_code(reply.code as u16).unwrap_or(ErrorKind::Protocol);
             return Err(ShoalError::new(
