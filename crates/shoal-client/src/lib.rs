@@ -259,15 +259,10 @@ impl Client {
                 "object on node {node}, whose memory cannot be mapped here"
             )));
         }
-        if let Some(mapping) = &cluster.mappings[index] {
-            return Ok(mapping.clone());
-        }
-        let mapping = Arc::new(Mapping::map_path_readonly(
-            Path::new(&peer.path),
-            peer.region_size,
-        )?);
-        cluster.mappings[index] = Some(mapping.clone());
-        Ok(mapping)
+        let (path, size) = (peer.path.clone(), peer.region_size);
+        lazily(&mut cluster.mappings[index], || {
+            Mapping::map_path_readonly(Path::new(&path), size)
+        })
     }
 
     /// A writable mapping of `node`'s region (ours, or a peer's by path).
@@ -288,15 +283,10 @@ impl Client {
                 "node {node} is not a node whose memory is mapped here"
             )));
         };
-        if let Some(mapping) = &cluster.writable[index] {
-            return Ok(mapping.clone());
-        }
-        let mapping = Arc::new(Mapping::map_path_writable(
-            Path::new(&peer.path),
-            peer.region_size,
-        )?);
-        cluster.writable[index] = Some(mapping.clone());
-        Ok(mapping)
+        let (path, size) = (peer.path.clone(), peer.region_size);
+        lazily(&mut cluster.writable[index], || {
+            Mapping::map_path_writable(Path::new(&path), size)
+        })
     }
 
     /// Remote allocation: creates objects in cluster node `node`'s region
@@ -743,6 +733,19 @@ impl Subscription {
             other => Err(unexpected(other)),
         }
     }
+}
+
+/// The mapping in `slot`, made by `map` on first use.
+fn lazily(
+    slot: &mut Option<Arc<Mapping>>,
+    map: impl FnOnce() -> Result<Mapping>,
+) -> Result<Arc<Mapping>> {
+    if let Some(mapping) = slot {
+        return Ok(mapping.clone());
+    }
+    let mapping = Arc::new(map()?);
+    *slot = Some(mapping.clone());
+    Ok(mapping)
 }
 
 fn expect_ok(reply: Reply) -> Result<()> {

@@ -28,6 +28,15 @@ impl Region {
     /// is not world-accessible), maps it and unlinks the name. Fails if the path exists: two
     /// daemons must never share a region by accident.
     pub fn create(path: &Path, len: u64) -> Result<Self> {
+        let region = Self::create_file(path, len, false);
+        // Clients receive the fd, never the path: unlinking at once means a
+        // daemon that crashes leaves no shared memory behind.
+        let _ = std::fs::remove_file(path);
+        region
+    }
+
+    /// A new 0600 file of `len` bytes at `path`, mapped.
+    fn create_file(path: &Path, len: u64, unlink_on_drop: bool) -> Result<Self> {
         if len == 0 {
             return Err(ShoalError::invalid("region length must be positive"));
         }
@@ -38,16 +47,10 @@ impl Region {
             .mode(0o600)
             .open(path)
             .map_err(|e| ShoalError::io(&format!("create region {}", path.display()), e))?;
-        let region = (|| {
-            file.set_len(len).map_err(|e| {
-                ShoalError::io(&format!("size region {} to {len} bytes", path.display()), e)
-            })?;
-            Self::map(path, file, len, false)
-        })();
-        // Clients receive the fd, never the path: unlinking at once means a
-        // daemon that crashes leaves no shared memory behind.
-        let _ = std::fs::remove_file(path);
-        region
+        file.set_len(len).map_err(|e| {
+            ShoalError::io(&format!("size region {} to {len} bytes", path.display()), e)
+        })?;
+        Self::map(path, file, len, unlink_on_drop)
     }
 
     /// Creates a region file that stays at `path` while the daemon runs, so
@@ -55,21 +58,8 @@ impl Region {
     /// removed when the region is dropped. A file left by a daemon that died
     /// is replaced (the caller holds the node's lock).
     pub fn create_shared(path: &Path, len: u64) -> Result<Self> {
-        if len == 0 {
-            return Err(ShoalError::invalid("region length must be positive"));
-        }
         let _ = std::fs::remove_file(path);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| ShoalError::io(&format!("create region {}", path.display()), e))?;
-        let region = file
-            .set_len(len)
-            .map_err(|e| ShoalError::io(&format!("size region {}", path.display()), e))
-            .and_then(|()| Self::map(path, file, len, true));
+        let region = Self::create_file(path, len, true);
         if region.is_err() {
             let _ = std::fs::remove_file(path);
         }
