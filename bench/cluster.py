@@ -61,6 +61,7 @@ MiB = 2**20
 NODES = 3
 GET_COUNT, GET_SIZE = 1000, 1_000  # 1000 × 1 kB
 WARM_GETS = 5  # warm gets of the same ids after each first get
+GET_FACTOR = 4  # get repetitions: GET_FACTOR × --reps (each takes a few ms)
 READ_COUNT, READ_SIZE = 10, 100_000_000  # 10 × 100 MB
 TABLE_ROWS = 150 * 1024 * 1024  # thesis Fig. 5.1: 157,286,400 rows
 ROW_BYTES = 8 + 1 + 2  # int64, int8, uint16
@@ -243,6 +244,22 @@ def shoal_cli(errlog, *args):
         raise RuntimeError(f"{' '.join(args[:2])} failed ({done.returncode}): {done.stderr.strip()}")
 
 
+def checkout():
+    """The commit of this checkout (the installed shoal is built from it), and
+    whether tracked files differ from it."""
+    try:
+        git = ["git", "-C", BENCH]
+        head = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "checkout unknown"
+    return f"checkout {head.stdout.strip()}" + (", with uncommitted changes" if dirty.stdout.strip() else "")
+
+
 def plan():
     """Table rows and node capacity: the thesis's full table if /dev/shm and
     memory hold 3 nodes of it plus the reader's copy, else halved until they
@@ -305,12 +322,54 @@ class Cluster:
     def socket(self, node):
         return os.path.join(self.directory, f"n{node}.sock")
 
+    def daemon_cpu(self):
+        """CPU seconds the node daemons used so far (they are not our children)."""
+        total = 0.0
+        for node in range(NODES):
+            try:
+                with open(os.path.join(self.directory, f"n{node}.pid")) as f:
+                    total += process_cpu(int(f.read()))
+            except (OSError, ValueError):
+                pass
+        return total
+
     def down(self):
+        """Stops the readers and the cluster; returns the daemons' CPU seconds."""
         for reader in self.readers.values():
             reader.close()
         if self.writer is not None:
             self.writer.close()
+        used = self.daemon_cpu()
         shoal_cli(self.errlog, "cluster", "down", "--dir", self.directory)
+        return used
+
+
+# ---------------------------------------------------------------- CPU use
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy():
+    """CPU seconds the whole machine has been busy (all cores, /proc/stat)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / CLOCK_TICKS
+
+
+def process_cpu(pid):
+    """CPU seconds (user + system) of one live process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def own_cpu():
+    """CPU seconds of this process and its waited-for children (readers,
+    Plasma, the `shoal` commands)."""
+    return sum(
+        r.ru_utime + r.ru_stime
+        for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
 
 
 # ---------------------------------------------------------------- limits
@@ -351,7 +410,7 @@ def bench_get(cl, args):
     """1. Batched get of 1000 × 1 kB put on node 0, by both readers."""
     src = payload(GET_SIZE)
     out = {r: {"first_s": [], "warm_s": []} for r in READERS}
-    for rep in range(args.warmup + args.reps):
+    for rep in range(args.warmup + GET_FACTOR * args.reps):
         ids = [cl.shoal.ObjectID.from_random() for _ in range(GET_COUNT)]
         cl.writer.put_batch(ids, [src] * GET_COUNT)
         req = {"op": "get", "ids": [i.hex() for i in ids], "size": GET_SIZE, "warm": WARM_GETS}
@@ -380,7 +439,7 @@ def bench_get_plasma(args, tmp, errlog):
         if "unavailable" in writer.hello:
             return {"unavailable": writer.hello["unavailable"]}
         out = {"first_s": [], "warm_s": [], "version": writer.hello["version"]}
-        for rep in range(args.warmup + args.reps):
+        for rep in range(args.warmup + GET_FACTOR * args.reps):
             put = writer.call(op="put", count=GET_COUNT, size=GET_SIZE)
             req = {k: put[k] for k in ("ids", "head", "tail")}
             gets = [getter.call(op="get", size=GET_SIZE, **req)["get_s"] for _ in range(1 + WARM_GETS)]
@@ -542,7 +601,7 @@ def run_cluster(args, rows, capacity, results, errlog):
         results["scans"] = bench_scans(cl, args)
     finally:
         if cl is not None:
-            cl.down()
+            results["daemon_cpu_s"] = cl.down()
         else:  # `cluster up` failed half-way: stop whatever it started
             try:
                 shoal_cli(errlog, "cluster", "down", "--dir", directory)
@@ -796,11 +855,14 @@ def report(run):
         f"Generated {run['date']} by `{run['command']}`.",
         "",
         f"Machine: {mach['cpu']}, nproc {mach['nproc']}, {mach['memory_gib']} GiB RAM, {mach['kernel']};"
-        f" Python {mach['python']}, numpy {mach['numpy']}, pyarrow {run['pyarrow']}. Load average"
-        f" (1 min) before the run: {run['load']:.2f} (other processes share the"
-        f" {mach['nproc']} cores and move the numbers).",
+        f" Python {mach['python']}, numpy {mach['numpy']}, pyarrow {run['pyarrow']}. Other processes"
+        f" share the {mach['nproc']} cores and move the numbers: load average (1 min) before the run"
+        f" {run['load']:.2f}; during the {run['seconds']:.0f} s run they used"
+        f" {run['others_cpu_s']:.1f} CPU-seconds"
+        f" ({run['others_cpu_s'] / run['seconds'] / mach['nproc']:.0%} of the machine).",
         "",
-        f"Cluster: {res['version']}, {NODES} nodes emulated on this host (`python -m shoal cluster up`),"
+        f"Cluster: {res['version']} ({run['checkout']}), {NODES} nodes emulated on this host"
+        " (`python -m shoal cluster up`),"
         f" {run['capacity'] / GiB:.2f} GiB per node, mapped mode, coherent. {run['plan_note']}."
         f" Plasma: {plasma_note}.",
         "",
@@ -812,11 +874,12 @@ def report(run):
         "",
         "## 1. Batched get, 1000 × 1 kB",
         "",
-        f"One `get_buffers` of all 1000 ids, timed in the reader until the last buffer is back. "
-        f"*First get*: the first get of freshly put ids ({run['reps']} samples); the remote node does "
-        f"not know their owner yet and looks it up at each id's home node. *Warm*: {WARM_GETS} more "
-        f"gets of the same ids after each first get ({WARM_GETS * run['reps']} samples; the owner is "
-        "cached, an Acquire RPC to the owner remains).",
+        "One `get_buffers` of all 1000 ids, timed in the reader until the last buffer is back. "
+        f"*First get*: the first get of freshly put ids ({GET_FACTOR * run['reps']} samples, one "
+        "put each); the remote node does not know their owner yet and looks it up at each id's home "
+        f"node. *Warm*: {WARM_GETS} more gets of the same ids after each first get "
+        f"({WARM_GETS * GET_FACTOR * run['reps']} samples; the owner is cached, an Acquire RPC to "
+        "the owner remains). Plasma runs the same sequence.",
         "",
         *table("store", ["first get (µs/object)", "warm get (µs/object)", "warm get, batch (ms)"], get_rows),
         "",
@@ -958,11 +1021,12 @@ def main():
         "warmup": args.warmup,
         "machine": machine(),
         "pyarrow": pyarrow.__version__,
+        "checkout": checkout(),
         "capacity": capacity,
         "plan_note": plan_note,
     }
     results = {"limit_runs": []}
-    started = time.monotonic()
+    started, busy, own = time.monotonic(), machine_busy(), own_cpu()
     run["load"] = os.getloadavg()[0]
     with open(os.path.join(out_dir, "raw-cluster.log"), "w") as errlog:
         log("machine limits ...")
@@ -981,6 +1045,8 @@ def main():
         results["limit_runs"].append(measure_limits())
     run["results"], run["limits"] = results, best_limits(results["limit_runs"])
     run["seconds"] = time.monotonic() - started
+    ours = own_cpu() - own + results.get("daemon_cpu_s", 0)
+    run["others_cpu_s"] = max(0.0, machine_busy() - busy - ours)
     try:
         run["plots"] = plot(run, out_dir)
     except ImportError as e:
