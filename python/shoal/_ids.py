@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 
@@ -48,6 +49,12 @@ class ObjectID:
 
 
 IdLike = ObjectID | bytes
+
+
+def derived_id(*parts: object) -> ObjectID:
+    """An id every process computes alike from names (SHA-1: exactly 20 bytes)."""
+    text = "\0".join(str(p) for p in parts)
+    return ObjectID(hashlib.sha1(text.encode(), usedforsecurity=False).digest())
 
 
 def as_bytes(oid: IdLike) -> bytes:

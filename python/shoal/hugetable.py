@@ -14,12 +14,11 @@ on the node that holds it.
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from shoal._ids import ObjectID
+from shoal._ids import ObjectID, derived_id
 from shoal.errors import InvalidArgument, Timeout
 
 if TYPE_CHECKING:
@@ -30,8 +29,7 @@ def chunk_id(name: str, index: int) -> ObjectID:
     """The id of chunk `index` of table `name` (the same on every node and process)."""
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
         raise InvalidArgument(f"chunk index must be a non-negative int, got {index!r}")
-    digest = hashlib.sha1(f"shoal/hugetable\0{name}\0{index}".encode(), usedforsecurity=False)
-    return ObjectID(digest.digest())
+    return derived_id("shoal/hugetable", name, index)
 
 
 def _as_table(value: Any) -> pa.Table:

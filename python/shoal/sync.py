@@ -15,7 +15,6 @@ A flag is a small value stored under (name, node) in that node's memory.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -23,16 +22,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from shoal._ids import ObjectID
+from shoal._ids import ObjectID, derived_id
 from shoal.errors import InvalidArgument, ObjectExists, ObjectNotFound, Timeout
 
 if TYPE_CHECKING:
     from shoal.client import Client
-
-
-def _id(*parts: object) -> ObjectID:
-    text = "\0".join(str(p) for p in parts)
-    return ObjectID(hashlib.sha1(text.encode(), usedforsecurity=False).digest())
 
 
 def _arrival(client: Client, party: str | None) -> bytes:
@@ -66,7 +60,7 @@ def barrier(
         if party not in names:
             raise InvalidArgument(f"party {party!r} is not one of the barrier's parties {names}")
         slots = len(names)
-    ids = [_id("shoal/barrier", name, i) for i in range(slots)]
+    ids = [derived_id("shoal/barrier", name, i) for i in range(slots)]
     mine = _claim(client, name, ids, names, party)
     deadline = None if timeout is None else time.monotonic() + timeout
     timeout_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
@@ -101,7 +95,7 @@ def _claim(client: Client, name: str, ids: list[ObjectID], names: list[str] | No
 
 
 def _flag_id(name: str, node: int) -> ObjectID:
-    return _id("shoal/flag", name, node)
+    return derived_id("shoal/flag", name, node)
 
 
 def set_flag(client: Client, name: str, value: Any, *, node: int | None = None) -> None:

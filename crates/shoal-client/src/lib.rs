@@ -322,8 +322,7 @@ impl Client {
                 data_size: o.data_size,
                 meta_size: o.meta_size,
             };
-            let len = o.data_size.checked_add(u64::from(o.meta_size));
-            if !len.is_some_and(|len| mapping.contains(offset, len)) {
+            if !mapping.holds(&location) {
                 return Err(ShoalError::protocol(format!(
                     "daemon sent a location outside node {node}'s region: {location:?}"
                 )));
@@ -338,11 +337,25 @@ impl Client {
 
     /// Writable address of an object this client allocated (here or remotely).
     pub fn located_ptr_mut(&mut self, located: Located) -> Result<*mut u8> {
-        let mapping = match self.simulated_cache(located.node, true)? {
+        self.address(located, true)
+    }
+
+    /// Where `located` is in this process: for writing (the simulated cache
+    /// or a writable mapping) or for reading (the cache or the mapping the
+    /// descriptor was checked against when it was received).
+    fn address(&mut self, located: Located, write: bool) -> Result<*mut u8> {
+        let mapping = match self.simulated_cache(located.node, write)? {
             Some(cache) => cache,
-            None => self.writable_mapping_of(located.node)?,
+            None if write => self.writable_mapping_of(located.node)?,
+            None => self.mapping_of(located.node)?,
         };
-        // SAFETY: checked against this mapping when the allocation was answered.
+        if !mapping.holds(&located.location) {
+            return Err(ShoalError::invalid(format!(
+                "{located:?} lies outside node {}'s region",
+                located.node
+            )));
+        }
+        // SAFETY: inside the mapping (checked just above).
         Ok(unsafe { mapping.base().add(located.location.offset as usize) })
     }
 
@@ -351,8 +364,7 @@ impl Client {
     fn check_located(&mut self, located: Located) -> Result<Located> {
         let mapping = self.mapping_of(located.node)?;
         let l = located.location;
-        let len = l.data_size.checked_add(l.meta_size as u64);
-        if !len.is_some_and(|len| mapping.contains(l.offset, len)) {
+        if !mapping.holds(&l) {
             return Err(ShoalError::protocol(format!(
                 "daemon sent a descriptor outside node {}'s region: {l:?}",
                 located.node
@@ -361,7 +373,7 @@ impl Client {
         if located.node != self.node() {
             if let Some(cache) = self.simulated_cache(located.node, false)? {
                 // Simulated invalidate: refill this process's copy of the range.
-                Self::copy_range(&mapping, &cache, l.offset, l.data_size + l.meta_size as u64);
+                Self::copy_range(&mapping, &cache, l.offset, l.size());
                 return Ok(located);
             }
         }
@@ -372,7 +384,7 @@ impl Client {
                 unsafe {
                     shoal_core::coherence::invalidate_range(
                         mapping.base().add(l.offset as usize),
-                        (l.data_size + l.meta_size as u64) as usize,
+                        l.size() as usize,
                     )
                 };
             }
@@ -382,12 +394,7 @@ impl Client {
 
     /// Address of a found object's data in this process.
     pub fn located_ptr(&mut self, located: Located) -> Result<*const u8> {
-        let mapping = match self.simulated_cache(located.node, false)? {
-            Some(cache) => cache,
-            None => self.mapping_of(located.node)?,
-        };
-        // SAFETY: descriptors are bounds-checked against this mapping on receipt.
-        Ok(unsafe { mapping.base().add(located.location.offset as usize) })
+        self.address(located, false).map(<*mut u8>::cast_const)
     }
 
     /// The simulated cache copy through which this process sees `node`'s
@@ -441,8 +448,7 @@ impl Client {
     }
 
     fn check(&self, location: ObjectLocation) -> Result<ObjectLocation> {
-        let len = location.data_size.checked_add(location.meta_size as u64);
-        if len.is_some_and(|len| self.mapping.contains(location.offset, len)) {
+        if self.mapping.holds(&location) {
             Ok(location)
         } else {
             Err(ShoalError::protocol(format!(
@@ -453,10 +459,7 @@ impl Client {
 
     /// Address of an object's data in this process.
     pub fn data_ptr(&self, location: ObjectLocation) -> *mut u8 {
-        debug_assert!(self.mapping.contains(
-            location.offset,
-            location.data_size + location.meta_size as u64
-        ));
+        debug_assert!(self.mapping.holds(&location));
         // SAFETY: locations are bounds-checked against the mapping when received.
         unsafe { self.mapping.base().add(location.offset as usize) }
     }
@@ -533,14 +536,14 @@ impl Client {
                 };
                 if let Ok(Some(cache)) = self.simulated_cache(node, true) {
                     // Simulated flush: the written lines reach the region.
-                    Self::copy_range(&cache, &mapping, l.offset, l.data_size + l.meta_size as u64);
+                    Self::copy_range(&cache, &mapping, l.offset, l.size());
                     continue;
                 }
                 // SAFETY: the location was bounds-checked against this mapping at create.
                 unsafe {
                     shoal_core::coherence::flush_range(
                         mapping.base().add(l.offset as usize),
-                        (l.data_size + l.meta_size as u64) as usize,
+                        l.size() as usize,
                     )
                 };
             }

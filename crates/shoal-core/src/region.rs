@@ -281,6 +281,11 @@ impl Mapping {
         })
     }
 
+    /// Whether an object's data and metadata lie inside the mapping.
+    pub fn holds(&self, location: &crate::store::ObjectLocation) -> bool {
+        self.contains(location.offset, location.size())
+    }
+
     /// Whether `[offset, offset + len)` lies inside the mapping.
     pub fn contains(&self, offset: u64, len: u64) -> bool {
         offset.checked_add(len).is_some_and(|end| end <= self.len())

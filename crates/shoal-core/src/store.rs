@@ -25,6 +25,14 @@ pub struct ObjectLocation {
     pub meta_size: u32,
 }
 
+impl ObjectLocation {
+    /// Bytes of data and metadata. Saturating, so a forged location whose
+    /// sizes overflow fails every bounds check instead of wrapping.
+    pub fn size(&self) -> u64 {
+        self.data_size.saturating_add(u64::from(self.meta_size))
+    }
+}
+
 /// One row of `list`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectInfo {

@@ -217,19 +217,8 @@ impl Connection {
                 if release {
                     self.shared.space.notify_waiters();
                 }
-                if let (Ok(()), Some(cluster)) = (&result, self.shared.cluster.clone()) {
-                    // The homes learn where the objects live before the seal
-                    // is answered: a get on any node afterwards finds them.
-                    let located: Vec<_> = {
-                        let store = self.shared.store.borrow();
-                        ids.iter()
-                            .filter_map(|id| store.location(id).map(|l| (*id, l)))
-                            .collect()
-                    };
-                    let (ids, locations): (Vec<_>, Vec<_>) = located.into_iter().unzip();
-                    if let Err(err) = cluster.publish(&ids, &locations).await {
-                        tracing::warn!(%err, "sealed, but a home node did not hear of it");
-                    }
+                if result.is_ok() {
+                    self.shared.announce_sealed(&ids).await;
                 }
                 result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
             }
@@ -387,7 +376,7 @@ impl Connection {
                 };
             }
         };
-        let size = l.data_size + u64::from(l.meta_size);
+        let size = l.size();
         let parts = if size >= PARALLEL_PULL { 4 } else { 1 };
         // SAFETY: the copy's block lies inside our region (the allocator
         // hands out in-range blocks) and is ours until sealed.

@@ -87,6 +87,23 @@ impl Shared {
         self.space.notify_waiters();
     }
 
+    /// In a cluster, tells the homes where just-sealed objects live; done
+    /// before the seal is answered, so a get on any node afterwards finds them.
+    pub async fn announce_sealed(&self, ids: &[shoal_core::ObjectId]) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let (ids, locations): (Vec<_>, Vec<_>) = {
+            let store = self.store.borrow();
+            ids.iter()
+                .filter_map(|id| store.location(id).map(|l| (*id, l)))
+                .unzip()
+        };
+        if let Err(err) = cluster.publish(&ids, &locations).await {
+            tracing::warn!(%err, "sealed, but a home node did not hear of it");
+        }
+    }
+
     pub fn subscribe(&self) -> mpsc::Receiver<Notification> {
         let (sender, receiver) = mpsc::channel(SUBSCRIBER_QUEUE);
         self.subscribers.borrow_mut().push(sender);
@@ -593,17 +610,8 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
                     .borrow_mut()
                     .seal(peer_client(from), &ids, release);
                 shared.publish();
-                if let (Ok(()), Some(cluster)) = (&result, shared.cluster.clone()) {
-                    let located: Vec<_> = {
-                        let store = shared.store.borrow();
-                        ids.iter()
-                            .filter_map(|id| store.location(id).map(|l| (*id, l)))
-                            .collect()
-                    };
-                    let (ids, locations): (Vec<_>, Vec<_>) = located.into_iter().unzip();
-                    if let Err(err) = cluster.publish(&ids, &locations).await {
-                        tracing::warn!(%err, "sealed for a peer, but a home node did not hear of it");
-                    }
+                if result.is_ok() {
+                    shared.announce_sealed(&ids).await;
                 }
                 let _ = reply.send(outcome(result));
             });

@@ -650,11 +650,10 @@ impl Cluster {
     /// topology declares it, before anyone touches the memory.
     fn check_location(&self, owner: u32, l: &ObjectLocation) -> Result<()> {
         let node = self.topology.node(owner)?;
-        let end = l
-            .offset
-            .checked_add(l.data_size)
-            .and_then(|e| e.checked_add(u64::from(l.meta_size)));
-        if end.is_some_and(|e| e <= node.region_size) {
+        if l.offset
+            .checked_add(l.size())
+            .is_some_and(|end| end <= node.region_size)
+        {
             Ok(())
         } else {
             Err(ShoalError::protocol(format!(

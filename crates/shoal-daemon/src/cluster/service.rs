@@ -303,7 +303,7 @@ impl Peer for PeerService {
             .ok_or_else(|| {
                 Status::failed_precondition(format!("node {from} holds no reference to {id}"))
             })?;
-        let size = location.data_size + u64::from(location.meta_size);
+        let size = location.size();
         let end = request
             .offset
             .checked_add(request.len)
