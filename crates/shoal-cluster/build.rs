@@ -6,9 +6,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = root.join("shoal/peer/v1/peer.proto");
     println!("cargo:rerun-if-changed={}", proto.display());
     let descriptors = protox::compile([&proto], [&root])?;
-    tonic_prost_build::configure()
-        // Object bytes of network-mode pulls: reference-counted, not copied per message.
-        .bytes(".shoal.peer.v1.Chunk.data")
-        .compile_fds(descriptors)?;
+    tonic_prost_build::configure().compile_fds(descriptors)?;
     Ok(())
 }

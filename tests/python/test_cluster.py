@@ -7,9 +7,12 @@ per node with its own socket, /dev/shm region and peer RPC port.
 from __future__ import annotations
 
 import gc
+import socket
+import struct
 import subprocess
 import sys
 import time
+import tomllib
 
 import numpy as np
 import pyarrow as pa
@@ -476,6 +479,74 @@ def test_network_copies_are_dropped_when_the_owner_deletes(mixed_cluster):
     # Deleting through the node that holds a copy deletes the object itself.
     local.delete(oid)
     assert not far.contains(oid)
+
+
+def data_channel_request(
+    address: str,
+    sender: int,
+    token: str,
+    oid: shoal.ObjectID,
+    offset: int,
+    length: int,
+    raw: bytes | None = None,
+) -> tuple[int, bytes]:
+    """One request on a node's bulk data channel: (0, the bytes) or (error kind, message)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        t = token.encode()
+        s.sendall(
+            raw
+            if raw is not None
+            else b"SHB1"
+            + struct.pack("<IH", sender, len(t))
+            + t
+            + oid.binary()
+            + struct.pack("<QQ", offset, length)
+        )
+        f = s.makefile("rb")
+        status = f.read(1)[0]
+        if status:
+            (n,) = struct.unpack("<H", f.read(2))
+            return status, f.read(n)
+        data = f.read(length)
+        s.sendall(b"\xa5")
+        return 0, data
+
+
+def test_the_data_channel_serves_only_checked_requests(mixed_cluster):
+    cluster = mixed_cluster
+    config = tomllib.loads(cluster.file.read_text())
+    token, data = config["cluster"]["token"], [n["data"] for n in config["node"]]
+    reader, owner = cluster.client(0), cluster.client(2)
+    payload = np.arange(100_000, dtype=np.uint64)
+    oid = owner.put(payload)
+    held = reader.get(oid)  # node 0 now holds a reference to it on node 2
+    size = payload.nbytes
+
+    refused = [
+        (b"GET / HTTP/1.1\r\n\r\n", 8, "not a shoal data-channel request"),
+        (None, 9, "wrong cluster token"),
+    ]
+    for raw, kind, why in refused:
+        status, message = data_channel_request(data[2], 0, "forged", oid, 0, 8, raw=raw)
+        assert status == kind and why in message.decode(), (raw, message)
+    for sender, kind, why in [(2, 9, "not a peer"), (9, 9, "not a peer"), (1, 1, "holds no reference")]:
+        status, message = data_channel_request(data[2], sender, token, oid, 0, 8)
+        assert status == kind and why in message.decode(), (sender, message)
+    # Data then metadata: the object is a little longer than the array.
+    for offset, length in [(size + (1 << 20), 8), (8, size + (1 << 20)), (2**64 - 8, 16)]:
+        status, message = data_channel_request(data[2], 0, token, oid, offset, length)
+        assert status == 9 and "outside" in message.decode()
+    status, body = data_channel_request(data[2], 0, token, OID(b"\x01" * 20), 0, 8)
+    assert status == 1
+    # A checked request gets exactly the object's bytes.
+    status, body = data_channel_request(data[2], 0, token, oid, 8 * 1000, 8 * 5)
+    assert status == 0 and np.frombuffer(body, np.uint64).tolist() == [1000, 1001, 1002, 1003, 1004]
+    assert "data channel request refused" in cluster.log(2)
+    # Nothing was pinned or changed: the reader's reference is the only one.
+    wait_for(lambda: object_refs(owner, oid) == 1, timeout=2, message="pins released")
+    assert np.array_equal(held, payload)
+    del held
 
 
 def test_mapped_nodes_still_read_each_other_in_place(mixed_cluster):

@@ -41,7 +41,7 @@ pub struct UpArgs {
     /// clients see peers' memory only through flush and invalidate.
     #[arg(long)]
     pub simulate_caches: bool,
-    /// First peer RPC port; 0 picks free ports.
+    /// First port: node i gets base+2i (peer RPC) and base+2i+1 (data); 0 picks free ports.
     #[arg(long, default_value_t = 0)]
     pub base_port: u16,
     /// Cluster name (prefix of the /dev/shm regions).
@@ -108,16 +108,25 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
         .map(|m| m.trim().parse())
         .collect::<Result<_, _>>()?;
     let coherence: CoherenceMode = args.coherence.parse()?;
+    // Two ports per node: peer RPC, then the bulk data channel.
     let ports = if args.base_port == 0 {
-        free_ports(args.nodes as usize)?
+        free_ports(2 * args.nodes as usize)?
     } else {
-        (0..args.nodes as u16).map(|i| args.base_port + i).collect()
+        (0..2 * args.nodes)
+            .map(|i| {
+                u16::try_from(i)
+                    .ok()
+                    .and_then(|i| args.base_port.checked_add(i))
+                    .context("--base-port leaves too few ports for the nodes")
+            })
+            .collect::<Result<_>>()?
     };
     let uid = unsafe { libc::getuid() };
     let nodes = (0..args.nodes)
         .map(|i| Node {
             id: i,
-            rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[i as usize])),
+            rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
+            data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
             socket: dir.join(format!("n{i}.sock")),
             region: PathBuf::from(format!("/dev/shm/shoal-{uid}-{}-n{i}", args.name)),
             region_size: args.capacity,
@@ -191,10 +200,11 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
     );
     for n in &topology.nodes {
         println!(
-            "  node {}  socket {}  rpc {}  {}  region {}",
+            "  node {}  socket {}  rpc {}  data {}  {}  region {}",
             n.id,
             n.socket.display(),
             n.rpc,
+            n.data,
             n.access.as_str(),
             n.region.display()
         );

@@ -32,7 +32,7 @@ impl TestCluster {
     fn start(nodes: u32) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<u16> = {
-            let held: Vec<_> = (0..nodes)
+            let held: Vec<_> = (0..2 * nodes)
                 .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
                 .collect();
             held.iter()
@@ -53,7 +53,8 @@ impl TestCluster {
             nodes: (0..nodes)
                 .map(|i| Node {
                     id: i,
-                    rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[i as usize])),
+                    rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
+                    data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
                     socket: dir.path().join(format!("n{i}.sock")),
                     region: PathBuf::from(format!("/dev/shm/shoal-test-{tag}-{i}")),
                     region_size: 8 << 20,

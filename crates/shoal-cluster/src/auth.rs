@@ -28,7 +28,7 @@ impl TokenCheck {
 }
 
 /// Compares without an early exit, so timing does not reveal a prefix.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

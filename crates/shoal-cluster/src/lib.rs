@@ -6,9 +6,11 @@
 //! - [`proto`]: the peer RPC messages and gRPC service (tonic), generated from
 //!   `proto/shoal/peer/v1/peer.proto`.
 //! - [`auth`]: the shared-token check on every peer call.
+//! - [`bulk`]: the TCP data channel network-mode pulls read object bytes from.
 //! - [`ids`]: packing ids into the RPC's byte fields.
 
 pub mod auth;
+pub mod bulk;
 pub mod directory;
 pub mod ids;
 pub mod topology;

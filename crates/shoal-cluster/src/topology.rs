@@ -15,6 +15,7 @@
 //! [[node]]
 //! id = 0
 //! rpc = "127.0.0.1:7700"        # peer RPC (gRPC) address
+//! data = "127.0.0.1:7701"       # bulk data channel (network mode); default: rpc port + 1
 //! socket = "/tmp/shoal/n0.sock" # the node's local client socket
 //! region = "/dev/shm/shoal-demo-n0"
 //! region_size = "256MiB"
@@ -67,6 +68,8 @@ impl std::str::FromStr for Access {
 pub struct Node {
     pub id: u32,
     pub rpc: SocketAddr,
+    /// The bulk data channel (`bulk`): where network-mode pulls fetch bytes.
+    pub data: SocketAddr,
     pub socket: PathBuf,
     pub region: PathBuf,
     pub region_size: u64,
@@ -115,6 +118,7 @@ struct ClusterRepr {
 struct NodeRepr {
     id: u32,
     rpc: String,
+    data: Option<String>,
     socket: PathBuf,
     region: PathBuf,
     region_size: SizeRepr,
@@ -140,6 +144,11 @@ fn default_lease() -> u64 {
 }
 fn default_access() -> String {
     "mapped".into()
+}
+
+/// The data channel listens beside the peer RPC unless the file says otherwise.
+fn default_data_address(rpc: SocketAddr) -> Option<SocketAddr> {
+    Some(SocketAddr::new(rpc.ip(), rpc.port().checked_add(1)?))
 }
 
 impl Topology {
@@ -179,11 +188,26 @@ impl Topology {
                 SizeRepr::Bytes(b) => b,
                 SizeRepr::Text(t) => parse_size(&t).map_err(ShoalError::invalid)?,
             };
+            let address = |what: &str, text: &str| -> Result<SocketAddr> {
+                text.parse().map_err(|e| {
+                    ShoalError::invalid(format!("node {}: {what} address {text:?}: {e}", n.id))
+                })
+            };
+            let rpc = address("rpc", &n.rpc)?;
+            let data = match &n.data {
+                Some(text) => address("data", text)?,
+                None => default_data_address(rpc).ok_or_else(|| {
+                    ShoalError::invalid(format!(
+                        "node {}: rpc port {} leaves no default data port; set data",
+                        n.id,
+                        rpc.port()
+                    ))
+                })?,
+            };
             nodes.push(Node {
                 id: n.id,
-                rpc: n.rpc.parse().map_err(|e| {
-                    ShoalError::invalid(format!("node {}: rpc address {:?}: {e}", n.id, n.rpc))
-                })?,
+                rpc,
+                data,
                 socket: n.socket,
                 region: n.region,
                 region_size,
@@ -224,7 +248,8 @@ impl Topology {
                 )));
             }
             for (what, key) in [
-                ("rpc address", node.rpc.to_string()),
+                ("address", node.rpc.to_string()),
+                ("address", node.data.to_string()),
                 ("socket", node.socket.display().to_string()),
                 ("region", node.region.display().to_string()),
             ] {
@@ -290,9 +315,10 @@ impl Topology {
         for n in &self.nodes {
             let _ = writeln!(
                 out,
-                "\n[[node]]\nid = {}\nrpc = \"{}\"\nsocket = {:?}\nregion = {:?}\nregion_size = {}\naccess = \"{}\"",
+                "\n[[node]]\nid = {}\nrpc = \"{}\"\ndata = \"{}\"\nsocket = {:?}\nregion = {:?}\nregion_size = {}\naccess = \"{}\"",
                 n.id,
                 n.rpc,
+                n.data,
                 n.socket.display().to_string(),
                 n.region.display().to_string(),
                 n.region_size,
@@ -315,7 +341,8 @@ coherence = "noncoherent"
 
 [[node]]
 id = 1
-rpc = "127.0.0.1:7701"
+rpc = "127.0.0.1:7710"
+data = "127.0.0.1:7720"
 socket = "/tmp/x/n1.sock"
 region = "/dev/shm/demo-n1"
 region_size = "64MiB"
@@ -338,6 +365,8 @@ region_size = 1048576
         assert_eq!(t.node(1).unwrap().access, Access::Network);
         assert_eq!(t.node(1).unwrap().region_size, 64 << 20);
         assert_eq!(t.heartbeat, Duration::from_millis(200));
+        assert_eq!(t.node(0).unwrap().data, "127.0.0.1:7701".parse().unwrap());
+        assert_eq!(t.node(1).unwrap().data, "127.0.0.1:7720".parse().unwrap());
         let again = Topology::parse(&t.to_toml(), None).unwrap();
         assert_eq!(again, t);
         assert!(t.node(2).is_err());
@@ -355,7 +384,17 @@ region_size = 1048576
                 "access mode",
             ),
             (FILE.replace("noncoherent", "sometimes"), "coheren"),
-            (FILE.replace("127.0.0.1:7701", "nowhere"), "rpc address"),
+            (FILE.replace("127.0.0.1:7710", "nowhere"), "rpc address"),
+            (FILE.replace("127.0.0.1:7720", "nowhere"), "data address"),
+            // node 0's default data port (7701) is node 1's rpc port here
+            (
+                FILE.replace("127.0.0.1:7710", "127.0.0.1:7701"),
+                "used by another node",
+            ),
+            (
+                FILE.replace("127.0.0.1:7720", "127.0.0.1:7700"),
+                "used by another node",
+            ),
             (FILE.replace("demo-n1", "demo-n0"), "used by another node"),
             (FILE.replace("\"64MiB\"", "\"lots\""), "size"),
             (

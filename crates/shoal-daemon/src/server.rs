@@ -371,9 +371,6 @@ fn spawn_prefault(shared: &Shared, stop: Arc<AtomicBool>) -> std::thread::JoinHa
         .expect("spawn the prefault thread")
 }
 
-/// HTTP/2 flow-control window per stream of the peer RPC.
-pub(crate) const PULL_WINDOW: u32 = 16 << 20;
-
 /// Starts the peer gRPC server (its own tasks, fed to this thread through a
 /// channel), the worker that answers peer calls from the store, and the
 /// heartbeat/lease ticker. Returns the server's stop switch.
@@ -393,21 +390,13 @@ async fn start_peer_service(
     let _ = cluster.local_calls.set(calls.clone());
     let check = TokenCheck::new(&cluster.topology.token, cluster.topology.len() as u32);
     let service = tonic::service::interceptor::InterceptedService::new(
-        PeerServer::new(PeerService {
-            calls,
-            region: shared.region.clone(),
-        })
-        .max_decoding_message_size(64 << 20),
+        PeerServer::new(PeerService { calls }).max_decoding_message_size(64 << 20),
         check,
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .tcp_nodelay(true)
-            // Network-mode pulls stream large objects: HTTP/2's default 64 KiB
-            // windows would stall every stream on acknowledgements.
-            .initial_stream_window_size(PULL_WINDOW)
-            .initial_connection_window_size(4 * PULL_WINDOW)
             .add_service(service)
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -420,6 +409,7 @@ async fn start_peer_service(
             tracing::error!(%err, "peer RPC server failed");
         }
     });
+    crate::cluster::bulk::start(shared, cluster).await?;
     let worker = shared.clone();
     tokio::task::spawn_local(async move {
         while let Some(call) = incoming.recv().await {
@@ -502,14 +492,6 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
                 let cluster = cluster.clone();
                 tokio::task::spawn_local(async move { cluster.send_drops(stale).await });
             }
-        }
-        PeerCall::Locate { id, from, reply } => {
-            let store = shared.store.borrow();
-            let location = store
-                .holds(peer_client(from), &id)
-                .then(|| store.location(&id))
-                .flatten();
-            let _ = reply.send(location);
         }
         PeerCall::Cached { ids, from } => cluster.directory_add_copies(&ids, from),
         PeerCall::Drop { ids } => {

@@ -12,9 +12,11 @@
 //!   heartbeats stop for a lease (a dead node's references are reclaimed) or
 //!   its incarnation changes (it restarted).
 //!
-//! Control travels over the peer RPC (`service`); object bytes never do in
-//! mapped mode.
+//! Control travels over the peer RPC (`service`); object bytes never do: in
+//! mapped mode they are read in place, in network mode they are pulled over
+//! the bulk data channel (`bulk`).
 
+pub(crate) mod bulk;
 pub(crate) mod service;
 
 use std::cell::{Cell, RefCell};
@@ -137,9 +139,7 @@ impl Cluster {
                 .map_err(|e| ShoalError::invalid(format!("node {}: {e}", node.id)))?
                 .connect_timeout(RPC_TIMEOUT)
                 .timeout(RPC_TIMEOUT)
-                .tcp_nodelay(true)
-                .initial_stream_window_size(crate::server::PULL_WINDOW)
-                .initial_connection_window_size(4 * crate::server::PULL_WINDOW);
+                .tcp_nodelay(true);
             let channel = endpoint.connect_lazy();
             peers.push(Some(
                 PeerClient::with_interceptor(channel, credentials.clone())
@@ -669,78 +669,6 @@ impl Cluster {
                 .topology
                 .node(node)
                 .is_ok_and(|n| n.access == Access::Network)
-    }
-
-    /// Streams `len` bytes at `offset` of an object this node holds a
-    /// reference to on `owner` into `dst`, in `parts` concurrent ranges.
-    pub async fn fetch(
-        &self,
-        owner: u32,
-        id: ObjectId,
-        len: u64,
-        dst: *mut u8,
-        parts: u64,
-    ) -> Result<()> {
-        let parts = parts.clamp(1, 8).min(len.max(1));
-        let step = len.div_ceil(parts);
-        let dst = dst as usize;
-        let calls = (0..parts).map(|p| {
-            let start = p * step;
-            let end = ((p + 1) * step).min(len);
-            async move {
-                if start >= end {
-                    return Ok(());
-                }
-                let mut peer = self.peer(owner)?;
-                let mut stream = peer
-                    .fetch(shoal_cluster::proto::FetchRequest {
-                        id: id.0.to_vec(),
-                        offset: start,
-                        len: end - start,
-                    })
-                    .await
-                    .map_err(|s| status_error(owner, s))?
-                    .into_inner();
-                let mut at = start;
-                loop {
-                    // A stream that stalls counts as a node that is down.
-                    let next = tokio::time::timeout(RPC_TIMEOUT, stream.message())
-                        .await
-                        .map_err(|_| {
-                            ShoalError::new(
-                                ErrorKind::NodeUnavailable,
-                                format!("node {owner} stalled while sending {id}"),
-                            )
-                        })?
-                        .map_err(|s| status_error(owner, s))?;
-                    let Some(chunk) = next else { break };
-                    let n = chunk.data.len() as u64;
-                    if at + n > end {
-                        return Err(ShoalError::protocol(format!(
-                            "node {owner} sent too many bytes"
-                        )));
-                    }
-                    // SAFETY: `dst` is the start of a local object of `len`
-                    // bytes this node just created; [at, at + n) is inside it
-                    // (checked above) and only this part writes it.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            chunk.data.as_ptr(),
-                            (dst as *mut u8).add(at as usize),
-                            n as usize,
-                        )
-                    };
-                    at += n;
-                }
-                if at != end {
-                    return Err(ShoalError::protocol(format!(
-                        "node {owner} sent too few bytes"
-                    )));
-                }
-                Ok(())
-            }
-        });
-        join_all(calls).await.into_iter().collect()
     }
 
     /// Tells the homes this node keeps copies of `ids` (dropped on delete).

@@ -12,12 +12,6 @@ use shoal_cluster::proto::{
 };
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
-use std::pin::Pin;
-use std::sync::Arc;
-
-use futures_util::Stream;
-use shoal_cluster::proto::{Chunk, FetchRequest};
-use shoal_core::region::Region;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
@@ -79,12 +73,6 @@ pub(crate) enum PeerCall {
         from: u32,
         reply: oneshot::Sender<Outcome>,
     },
-    /// Where an object the caller holds a reference to lives (for Fetch).
-    Locate {
-        id: ObjectId,
-        from: u32,
-        reply: oneshot::Sender<Option<ObjectLocation>>,
-    },
     Cached {
         ids: Vec<ObjectId>,
         from: u32,
@@ -102,15 +90,7 @@ pub(crate) enum PeerCall {
 
 pub(crate) struct PeerService {
     pub calls: mpsc::Sender<PeerCall>,
-    /// Read by Fetch streams (network mode), outside the store thread: only
-    /// ranges of objects the caller holds a reference to.
-    pub region: Arc<Region>,
 }
-
-/// Bytes per Fetch message.
-const FETCH_CHUNK: u64 = 1 << 20;
-
-type ChunkStream = Pin<Box<dyn Stream<Item = Result<Chunk, Status>> + Send>>;
 
 impl PeerService {
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> PeerCall) -> Result<T, Status> {
@@ -280,48 +260,6 @@ impl Peer for PeerService {
         self.ask(|reply| PeerCall::Abort { ids, from, reply })
             .await
             .map(Response::new)
-    }
-
-    type FetchStream = ChunkStream;
-
-    async fn fetch(
-        &self,
-        request: Request<FetchRequest>,
-    ) -> Result<Response<Self::FetchStream>, Status> {
-        let from = caller_node(request.metadata())?;
-        let request = request.into_inner();
-        let id = ObjectId(
-            request
-                .id
-                .as_slice()
-                .try_into()
-                .map_err(|_| Status::invalid_argument("an id is 20 bytes"))?,
-        );
-        let location = self
-            .ask(|reply| PeerCall::Locate { id, from, reply })
-            .await?
-            .ok_or_else(|| {
-                Status::failed_precondition(format!("node {from} holds no reference to {id}"))
-            })?;
-        let size = location.size();
-        let end = request
-            .offset
-            .checked_add(request.len)
-            .filter(|&end| end <= size)
-            .ok_or_else(|| Status::out_of_range("range outside the object"))?;
-        let region = self.region.clone();
-        let start = location.offset + request.offset;
-        let stop = location.offset + end;
-        let chunks = (start..stop).step_by(FETCH_CHUNK as usize).map(move |at| {
-            let len = FETCH_CHUNK.min(stop - at) as usize;
-            // SAFETY: inside the object (checked above), which the caller's
-            // reference keeps allocated while it streams.
-            let bytes = unsafe { std::slice::from_raw_parts(region.base().add(at as usize), len) };
-            Ok(Chunk {
-                data: prost::bytes::Bytes::copy_from_slice(bytes),
-            })
-        });
-        Ok(Response::new(Box::pin(futures_util::stream::iter(chunks))))
     }
 
     async fn cached(&self, request: Request<Ids>) -> Result<Response<Empty>, Status> {

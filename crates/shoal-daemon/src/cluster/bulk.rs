@@ -1,0 +1,192 @@
+//! This node's end of the bulk data channel (`shoal_cluster::bulk`): serving
+//! ranges of its objects to pulling peers, and pulling ranges from theirs.
+//!
+//! The request is read and checked on the store thread (token, caller, the
+//! caller's reference, the range); the bytes then move on a blocking worker
+//! thread so a 100 MB transfer never stalls the store. The object is pinned
+//! under `SEND_CLIENT` for the whole transfer, until the puller acknowledges
+//! the last byte: sendfile lends the region's pages to the socket, so they
+//! must not be reused while bytes may still be read from them, even if the
+//! puller's own reference is reclaimed (its lease ran out) meanwhile.
+
+use std::rc::Rc;
+
+use shoal_cluster::auth::same;
+use shoal_cluster::bulk::{fetch_range, send_error, send_range, Request};
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::store::ObjectLocation;
+use shoal_core::ObjectId;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{join_all, peer_client, ClientId, ClusterRef, PEER_CLIENT_BASE, RPC_TIMEOUT};
+use crate::server::Shared;
+
+/// The store client that pins objects while they are being sent.
+pub(crate) const SEND_CLIENT: ClientId = PEER_CLIENT_BASE - 2;
+
+/// Binds this node's data channel (a busy port fails the start) and serves
+/// it from a task on the store thread.
+pub(crate) async fn start(shared: &Rc<Shared>, cluster: &ClusterRef) -> Result<()> {
+    let address = cluster.topology.node(cluster.me)?.data;
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|e| ShoalError::io(&format!("bind data channel {address}"), e))?;
+    let shared = shared.clone();
+    let cluster = cluster.clone();
+    tokio::task::spawn_local(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    tokio::task::spawn_local(serve(shared.clone(), cluster.clone(), stream));
+                }
+                Err(err) => tracing::warn!(%err, "data channel accept failed"),
+            }
+        }
+    });
+    tracing::debug!(%address, "data channel listening");
+    Ok(())
+}
+
+/// Serves one request: checks it, pins the object, sends, unpins.
+async fn serve(shared: Rc<Shared>, cluster: ClusterRef, mut stream: TcpStream) {
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    let request = match tokio::time::timeout(RPC_TIMEOUT, Request::read(&mut stream)).await {
+        Ok(Ok(request)) => request,
+        Ok(Err(err)) => {
+            tracing::warn!(%peer, %err, "data channel request refused");
+            send_error(&mut stream, &err).await;
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(%peer, "data channel request timed out");
+            return;
+        }
+    };
+    let pinned = match pin(&shared, &cluster, &request) {
+        Ok(location) => location,
+        Err(err) => {
+            tracing::warn!(%peer, from = request.from, %err, "data channel request refused");
+            send_error(&mut stream, &err).await;
+            return;
+        }
+    };
+    let id = request.id;
+    let sent = match stream.into_std() {
+        Ok(socket) => {
+            let region = shared.region.clone();
+            let start = pinned.offset + request.offset;
+            let len = request.len;
+            tokio::task::spawn_blocking(move || {
+                // SAFETY: [start, start + len) is inside the object (checked
+                // by `pin`), which SEND_CLIENT keeps allocated and, sealed,
+                // unmodified until the unpin below, after this returns.
+                unsafe { send_range(socket, region.fd(), region.base(), start, len, RPC_TIMEOUT) }
+            })
+            .await
+            .unwrap_or_else(|e| Err(ShoalError::io("data channel worker", e)))
+        }
+        Err(err) => Err(err.into()),
+    };
+    if let Err(err) = sent {
+        tracing::debug!(%peer, from = request.from, %id, %err, "data channel send failed");
+    }
+    unpin(&shared, &id);
+}
+
+/// Checks a request and pins the object it names; `Err` pins nothing.
+fn pin(shared: &Shared, cluster: &ClusterRef, request: &Request) -> Result<ObjectLocation> {
+    if !same(&request.token, cluster.topology.token.as_bytes()) {
+        return Err(ShoalError::invalid("wrong cluster token"));
+    }
+    if request.from as usize >= cluster.topology.len() || request.from == cluster.me {
+        return Err(ShoalError::invalid(format!(
+            "node {} is not a peer of node {}",
+            request.from, cluster.me
+        )));
+    }
+    let id = request.id;
+    let mut store = shared.store.borrow_mut();
+    if !store.holds(peer_client(request.from), &id) {
+        return Err(ShoalError::new(
+            ErrorKind::ObjectNotFound,
+            format!("node {} holds no reference to {id}", request.from),
+        ));
+    }
+    let location = store
+        .get(SEND_CLIENT, &id)
+        .ok_or_else(|| ShoalError::new(ErrorKind::ObjectNotFound, format!("{id} was deleted")))?;
+    let inside = request
+        .offset
+        .checked_add(request.len)
+        .is_some_and(|end| end <= location.size());
+    if !inside {
+        drop(store);
+        unpin(shared, &id);
+        return Err(ShoalError::invalid(format!(
+            "range {}+{} outside {id} ({} bytes)",
+            request.offset,
+            request.len,
+            location.size()
+        )));
+    }
+    Ok(location)
+}
+
+fn unpin(shared: &Shared, id: &ObjectId) {
+    if let Err(err) = shared.store.borrow_mut().release(SEND_CLIENT, id) {
+        tracing::error!(%id, %err, "data channel pin lost");
+    }
+    // The pin may have been the last reference to a deleted object.
+    shared.publish();
+    shared.space.notify_waiters();
+}
+
+impl super::Cluster {
+    /// Pulls `len` bytes of an object this node holds a reference to on
+    /// `owner` into `dst`, in `parts` ranges over as many connections.
+    pub async fn fetch(
+        &self,
+        owner: u32,
+        id: ObjectId,
+        len: u64,
+        dst: *mut u8,
+        parts: u64,
+    ) -> Result<()> {
+        let address = self.topology.node(owner)?.data;
+        let parts = parts.clamp(1, 8).min(len.max(1));
+        let step = len.div_ceil(parts);
+        let dst = dst as usize;
+        let ranges = (0..parts)
+            .map(|p| (p * step, ((p + 1) * step).min(len)))
+            .filter(|(start, end)| start < end);
+        let calls = ranges.map(|(start, end)| {
+            let request = Request {
+                from: self.me,
+                token: self.topology.token.as_bytes().to_vec(),
+                id,
+                offset: start,
+                len: end - start,
+            };
+            let worker = tokio::task::spawn_blocking(move || {
+                // SAFETY: `dst` is the start of a local object of `len` bytes
+                // this node just created and nobody else writes; each range
+                // is a disjoint part of it.
+                let part = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        (dst as *mut u8).add(start as usize),
+                        (end - start) as usize,
+                    )
+                };
+                fetch_range(owner, address, &request, part, RPC_TIMEOUT)
+            });
+            async move {
+                worker
+                    .await
+                    .unwrap_or_else(|e| Err(ShoalError::io("data channel worker", e)))
+            }
+        });
+        join_all(calls).await.into_iter().collect()
+    }
+}
