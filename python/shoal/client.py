@@ -286,6 +286,13 @@ class Client:
         """Whether the daemon is a node of a cluster."""
         return self._raw.clustered
 
+    def cluster_nodes(self) -> list[dict[str, Any]]:
+        """The cluster's nodes as this client's daemon sees them now, one dict per node:
+        node, alive, access ("mapped" or "network"), region, region_size. `alive` is whether
+        the node answers the daemon's heartbeats (a dead or partitioned node turns False within
+        half a lease); raises InvalidArgument if the daemon is not a cluster node."""
+        return self._raw.cluster_nodes()
+
     @property
     def region_address(self) -> int:
         """Where the store's region is mapped in this process."""

@@ -205,6 +205,10 @@ def test_cluster_status_and_ls(cluster):
     assert [r["node"] for r in rows] == [0, 1, 2]
     assert all(r["state"] == "up" and r["access"] == "mapped" for r in rows)
     assert rows[0]["objects"] == 1 and rows[0]["capacity"] == 64 << 20
+    # The daemon's own view of its peers (heartbeats answered).
+    nodes = a.cluster_nodes()
+    assert [(n["node"], n["alive"], n["access"]) for n in nodes] == [(i, True, "mapped") for i in range(3)]
+    assert nodes[1]["region"] in cluster.regions() and nodes[1]["region_size"] == 64 << 20
     listed = subprocess.run(
         [sys.executable, "-m", "shoal", "ls", "--cluster", "--dir", str(cluster.directory), "--json"],
         capture_output=True, text=True, timeout=30,
@@ -235,6 +239,8 @@ def test_a_wrong_cluster_token_is_refused_and_logged(cluster, tmp_path):
 def test_a_client_of_a_single_daemon_is_not_clustered(store):
     client = store.client()
     assert client._raw.clustered is False and client._raw.node == 0
+    with pytest.raises(shoal.InvalidArgument, match="not part of a cluster"):
+        client.cluster_nodes()
 
 
 # -- remote allocation ---------------------------------------------------------------------------

@@ -228,6 +228,16 @@ impl Client {
         self.cluster.as_ref()
     }
 
+    /// The cluster's nodes as the daemon sees them now; `alive` means the
+    /// node answers its heartbeats (a partition or a dead node shows as
+    /// `false` once a heartbeat has gone unanswered).
+    pub fn cluster_nodes(&mut self) -> Result<Vec<PeerRegion>> {
+        match self.channel.call(&Request::ClusterInfo)? {
+            Reply::ClusterInfo { nodes, .. } => Ok(nodes),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// This client's node id (0 for a single store).
     pub fn node(&self) -> u32 {
         self.cluster.as_ref().map_or(0, |c| c.node)

@@ -526,6 +526,25 @@ impl Client {
         Ok(d)
     }
 
+    /// The cluster's nodes as this client's daemon sees them now: one dict
+    /// per node (node, alive, access, region, region_size); `alive` is
+    /// whether the node answers the daemon's heartbeats (always for itself).
+    fn cluster_nodes<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let nodes = py.detach(|| self.shared.with(|c| c.cluster_nodes())).py()?;
+        nodes
+            .into_iter()
+            .map(|n| {
+                let d = PyDict::new(py);
+                d.set_item("node", n.node)?;
+                d.set_item("alive", n.alive)?;
+                d.set_item("access", if n.mapped { "mapped" } else { "network" })?;
+                d.set_item("region", n.path)?;
+                d.set_item("region_size", n.region_size)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
     /// Evicts unreferenced objects until `nbytes` are freed; returns bytes freed.
     fn evict(&self, py: Python<'_>, nbytes: u64) -> PyResult<u64> {
         py.detach(|| self.shared.with(|c| c.evict(nbytes))).py()

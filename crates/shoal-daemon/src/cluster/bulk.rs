@@ -154,6 +154,7 @@ impl super::Cluster {
         dst: *mut u8,
         parts: u64,
     ) -> Result<()> {
+        self.reachable(owner)?; // a peer known to be down fails at once
         let address = self.topology.node(owner)?.data;
         let parts = parts.clamp(1, 8).min(len.max(1));
         let step = len.div_ceil(parts);

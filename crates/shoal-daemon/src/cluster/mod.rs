@@ -102,8 +102,13 @@ pub(crate) struct Cluster {
     pub(crate) local_calls: std::cell::OnceCell<tokio::sync::mpsc::Sender<service::PeerCall>>,
     /// Heartbeats heard from each peer (leases on what they hold here).
     seen: RefCell<Vec<PeerSeen>>,
-    /// Peers that answered our last heartbeat.
-    alive: RefCell<Vec<bool>>,
+    /// Whether each peer answered our last heartbeat; `None` until it first
+    /// answers (a peer that is still starting is called, not skipped).
+    alive: RefCell<Vec<Option<bool>>>,
+    /// Ids freed here whose home did not answer the unregister (down, or cut
+    /// off): it still refuses them to every creator, so it is told again
+    /// when it answers a heartbeat. home → ids.
+    unregister_later: RefCell<HashMap<u32, std::collections::HashSet<ObjectId>>>,
     pub heartbeats_sent: Cell<u64>,
 }
 
@@ -139,7 +144,14 @@ impl Cluster {
                 .map_err(|e| ShoalError::invalid(format!("node {}: {e}", node.id)))?
                 .connect_timeout(RPC_TIMEOUT)
                 .timeout(RPC_TIMEOUT)
-                .tcp_nodelay(true);
+                .tcp_nodelay(true)
+                // A connection whose peer stops answering (a partition) is
+                // dropped after half a lease without a ping answer, so the
+                // channel reconnects as soon as the peer is reachable again
+                // instead of waiting out TCP's retransmission backoff.
+                .http2_keep_alive_interval(topology.lease / 4)
+                .keep_alive_timeout(topology.lease / 2)
+                .keep_alive_while_idle(true);
             let channel = endpoint.connect_lazy();
             peers.push(Some(
                 PeerClient::with_interceptor(channel, credentials.clone())
@@ -163,7 +175,8 @@ impl Cluster {
             copies: RefCell::default(),
             local_calls: std::cell::OnceCell::new(),
             seen: RefCell::new(vec![PeerSeen::default(); n]),
-            alive: RefCell::new(vec![false; n]),
+            alive: RefCell::new(vec![None; n]),
+            unregister_later: RefCell::default(),
             heartbeats_sent: Cell::new(0),
         })
     }
@@ -175,18 +188,25 @@ impl Cluster {
             .ok_or_else(|| ShoalError::invalid(format!("node {node} is not a peer")))
     }
 
+    /// A peer for a call a client waits on. One that answered heartbeats and
+    /// then stopped (down, or cut off by a partition) fails at once instead
+    /// of after the RPC timeout, until a heartbeat gets through again.
+    pub(crate) fn reachable(&self, node: u32) -> Result<PeerRpc> {
+        if self.alive.borrow().get(node as usize) == Some(&Some(false)) {
+            return Err(ShoalError::new(
+                ErrorKind::NodeUnavailable,
+                format!("node {node} is not answering heartbeats"),
+            ));
+        }
+        self.peer(node)
+    }
+
     pub fn home(&self, id: &ObjectId) -> u32 {
         home_of(id, self.topology.len())
     }
 
     pub fn is_alive(&self, node: u32) -> bool {
-        node == self.me
-            || self
-                .alive
-                .borrow()
-                .get(node as usize)
-                .copied()
-                .unwrap_or(false)
+        node == self.me || self.alive.borrow().get(node as usize) == Some(&Some(true))
     }
 
     /// Groups ids (with their positions) by a key node.
@@ -325,15 +345,20 @@ impl Cluster {
         };
         let answered = tokio::time::timeout(self.topology.lease / 2, peer.heartbeat(request)).await;
         let ok = matches!(answered, Ok(Ok(_)));
-        let mut alive = self.alive.borrow_mut();
-        if alive[node as usize] != ok {
-            if ok {
-                tracing::info!(node, "peer is up");
-            } else {
-                tracing::warn!(node, "peer is not answering");
-            }
+        if ok {
+            // Before it counts as alive again (so before any create here can
+            // claim those ids there anew).
+            self.unregister_missed(node, &mut peer).await;
         }
-        alive[node as usize] = ok;
+        let mut alive = self.alive.borrow_mut();
+        let was = alive[node as usize];
+        if ok && was != Some(true) {
+            tracing::info!(node, "peer is up");
+        } else if !ok && was == Some(true) {
+            tracing::warn!(node, "peer is not answering");
+        }
+        // A peer that never answered stays unknown (still starting).
+        alive[node as usize] = if ok { Some(true) } else { was.map(|_| false) };
         self.heartbeats_sent.set(self.heartbeats_sent.get() + 1);
     }
 
@@ -357,7 +382,7 @@ impl Cluster {
                 let codes = if *home == self.me {
                     self.directory_register(&group, self.me).codes
                 } else {
-                    let mut peer = self.peer(*home)?;
+                    let mut peer = self.reachable(*home)?;
                     peer.register(RegisterRequest {
                         ids: pack(&group),
                         owner: self.me,
@@ -384,6 +409,12 @@ impl Cluster {
                             format!("object {} already exists in the cluster", group[pos]),
                         ));
                     } else {
+                        // Claimed anew: an unregister it missed must not free them.
+                        if let Some(missed) = self.unregister_later.borrow_mut().get_mut(&home) {
+                            for id in &group {
+                                missed.remove(id);
+                            }
+                        }
                         registered.extend(group.into_iter().map(|id| (home, id)));
                     }
                 }
@@ -412,14 +443,44 @@ impl Cluster {
                 if home == self.me {
                     let stale = self.directory_unregister(&group, self.me);
                     self.send_drops(stale).await;
-                } else if let Ok(mut peer) = self.peer(home) {
-                    if let Err(status) = peer.unregister(Ids { ids: pack(&group) }).await {
-                        tracing::debug!(home, %status, "unregister failed");
+                } else {
+                    let outcome = match self.reachable(home) {
+                        Ok(mut peer) => peer
+                            .unregister(Ids { ids: pack(&group) })
+                            .await
+                            .map_err(|s| status_error(home, s)),
+                        Err(err) => Err(err),
+                    };
+                    if let Err(err) = outcome {
+                        tracing::debug!(home, %err, "unregister failed; sent again when the home answers");
+                        let mut later = self.unregister_later.borrow_mut();
+                        later.entry(home).or_default().extend(group);
                     }
                 }
             }
         });
         join_all(calls).await;
+    }
+
+    /// Sends `home` the unregisters it missed (kept for the next heartbeat
+    /// if it fails again).
+    async fn unregister_missed(&self, home: u32, peer: &mut PeerRpc) {
+        let Some(ids) = self.unregister_later.borrow_mut().remove(&home) else {
+            return;
+        };
+        let ids: Vec<ObjectId> = ids.into_iter().collect();
+        match peer.unregister(Ids { ids: pack(&ids) }).await {
+            Ok(_) => tracing::info!(
+                home,
+                ids = ids.len(),
+                "unregistered ids freed while the home was unreachable"
+            ),
+            Err(status) => {
+                tracing::debug!(home, %status, "unregister failed again");
+                let mut later = self.unregister_later.borrow_mut();
+                later.entry(home).or_default().extend(ids);
+            }
+        }
     }
 
     /// Tells the homes where sealed ids live; done when every home has it.
@@ -608,7 +669,7 @@ impl Cluster {
                 let reply = if home == self.me {
                     Ok(self.directory_lookup(&group))
                 } else {
-                    match self.peer(home) {
+                    match self.reachable(home) {
                         Ok(mut peer) => peer
                             .lookup(Ids { ids: pack(&group) })
                             .await
@@ -636,7 +697,7 @@ impl Cluster {
     }
 
     async fn acquire(&self, owner: u32, ids: &[ObjectId]) -> Result<Vec<Option<ObjectLocation>>> {
-        let mut peer = self.peer(owner)?;
+        let mut peer = self.reachable(owner)?;
         let AcquireReply { entries } = peer
             .acquire(Ids { ids: pack(ids) })
             .await
@@ -764,7 +825,7 @@ impl Cluster {
         specs: &[(ObjectId, u64, u32)],
         timeout_ms: u32,
     ) -> Result<Vec<ObjectLocation>> {
-        let mut peer = self.peer(node)?;
+        let mut peer = self.reachable(node)?;
         let ids: Vec<ObjectId> = specs.iter().map(|s| s.0).collect();
         let mut request = tonic::Request::new(shoal_cluster::proto::AllocateRequest {
             ids: pack(&ids),
@@ -886,11 +947,19 @@ impl Cluster {
 
     /// Deletes ids owned elsewhere at their owners; per-id error kinds.
     pub async fn delete_remote(&self, ids: &[ObjectId]) -> Vec<Option<ErrorKind>> {
-        let owners = match self.lookup(ids).await {
-            Ok((owners, _)) => owners,
+        let (mut owners, homes_down) = match self.lookup(ids).await {
+            Ok(found) => found,
             Err(e) => return vec![Some(e.kind()); ids.len()],
         };
         let mut results = vec![Some(ErrorKind::ObjectNotFound); ids.len()];
+        // A home that does not answer cannot say who owns its ids: the owner
+        // cached here is asked, else the delete cannot be done now.
+        for &i in &homes_down {
+            owners[i] = self.owners.borrow().get(&ids[i]).copied();
+            if owners[i].is_none() {
+                results[i] = Some(ErrorKind::NodeUnavailable);
+            }
+        }
         let known: Vec<usize> = (0..ids.len()).filter(|&i| owners[i].is_some()).collect();
         let mut by_owner: HashMap<u32, Vec<usize>> = HashMap::new();
         for i in known {
@@ -900,10 +969,13 @@ impl Cluster {
                 .push(i);
         }
         for (owner, positions) in by_owner {
+            if owner == self.me {
+                continue; // not here any more (the local delete found nothing)
+            }
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
-            let reply = match self.peer(owner) {
-                Ok(mut peer) => peer.delete(Ids { ids: pack(&group) }).await,
-                Err(_) => continue,
+            let reply = match self.reachable(owner) {
+                Ok(mut peer) => peer.delete(Ids { ids: pack(&group) }).await.map_err(drop),
+                Err(_) => Err(()),
             };
             match reply {
                 Ok(reply) => {
