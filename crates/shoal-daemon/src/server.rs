@@ -241,11 +241,14 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     let cluster = config.cluster.as_ref().map(Cluster::new).transpose()?;
     let region = match (&config.region, &cluster) {
         // A cluster node's region keeps its name: peers on this host map it.
+        // Its file names the incarnation, so peers' clients that mapped a
+        // previous incarnation's region notice the restart.
         (_, Some(c)) => {
             let node = c.topology.node(c.me)?;
             Region::create_shared(
                 &node.region,
                 node.region_size.next_multiple_of(config.line_size),
+                c.incarnation,
             )?
         }
         (None, None) => Region::create(&default_region_path(), created_size)?,
@@ -544,7 +547,10 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
                 shoal_cluster::ids::push_location(&mut entries, store.get(client, id));
             }
             drop(store);
-            let _ = reply.send(AcquireReply { entries });
+            let _ = reply.send(AcquireReply {
+                entries,
+                incarnation: cluster.incarnation,
+            });
         }
         PeerCall::Release { ids, from } => {
             let client = peer_client(from);
@@ -686,6 +692,7 @@ async fn allocate_for_peer(
         code: u32::from(err.kind().code()),
         message: err.message().to_owned(),
         offsets: Vec::new(),
+        incarnation: 0,
     };
     let cluster = shared.cluster.clone().expect("cluster mode");
     let ids: Vec<_> = specs.iter().map(|s| s.0).collect();
@@ -708,6 +715,7 @@ async fn allocate_for_peer(
                     code: 0,
                     message: String::new(),
                     offsets: locations.iter().map(|l| l.offset).collect(),
+                    incarnation: cluster.incarnation,
                 }
             }
             Err(err) if err.kind() == ErrorKind::StoreFull && Instant::now() < deadline => {

@@ -67,6 +67,8 @@ type PeerRpc = PeerClient<InterceptedService<Channel, Credentials>>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Remote {
     pub owner: u32,
+    /// The owner's incarnation that answered (its region's generation).
+    pub generation: u64,
     pub location: ObjectLocation,
     /// The owner's memory cannot be mapped here: pull the bytes (network mode).
     pub network: bool,
@@ -496,7 +498,7 @@ impl Cluster {
             let mut stale = false;
             for (owner, slots, group, reply) in join_all(calls).await {
                 // An owner that is down: its objects stay missing, the rest are found.
-                let reply = match reply {
+                let (generation, reply) = match reply {
                     Ok(reply) => reply,
                     Err(err) if err.kind() == ErrorKind::NodeUnavailable => {
                         tracing::debug!(%err, "acquire");
@@ -534,6 +536,7 @@ impl Cluster {
                         Some(location) => {
                             found[slot] = Some(Remote {
                                 owner,
+                                generation,
                                 location,
                                 network,
                             });
@@ -574,7 +577,9 @@ impl Cluster {
         });
         let mut surplus = Vec::new();
         for (node, reply) in join_all(calls).await {
-            let Ok(reply) = reply else { continue };
+            let Ok((generation, reply)) = reply else {
+                continue;
+            };
             for (k, location) in reply.into_iter().enumerate() {
                 let Some(location) = location else { continue };
                 if found[slots[k]].is_some() || self.check_location(node, &location).is_err() {
@@ -584,6 +589,7 @@ impl Cluster {
                 }
                 found[slots[k]] = Some(Remote {
                     owner: node,
+                    generation,
                     location,
                     network: self.is_network(node),
                 });
@@ -635,15 +641,25 @@ impl Cluster {
         Ok((owners, homes_down))
     }
 
-    async fn acquire(&self, owner: u32, ids: &[ObjectId]) -> Result<Vec<Option<ObjectLocation>>> {
+    /// References `ids` at `owner`: the owner's incarnation, and per id its
+    /// location if it is sealed there.
+    async fn acquire(
+        &self,
+        owner: u32,
+        ids: &[ObjectId],
+    ) -> Result<(u64, Vec<Option<ObjectLocation>>)> {
         let mut peer = self.peer(owner)?;
-        let AcquireReply { entries } = peer
+        let AcquireReply {
+            entries,
+            incarnation,
+        } = peer
             .acquire(Ids { ids: pack(ids) })
             .await
             .map_err(|s| status_error(owner, s))?
             .into_inner();
-        shoal_cluster::ids::locations(&entries, ids.len())
-            .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))
+        let locations = shoal_cluster::ids::locations(&entries, ids.len())
+            .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))?;
+        Ok((incarnation, locations))
     }
 
     /// A descriptor from a peer must lie inside that peer's region as the
@@ -828,14 +844,15 @@ impl Cluster {
     }
 
     /// Remote allocation: asks `node` to create objects in its region for
-    /// `client`, which holds the creator's reference there.
+    /// `client`, which holds the creator's reference there. Returns the
+    /// node's incarnation (its region's generation) and the locations.
     pub async fn allocate(
         &self,
         client: ClientId,
         node: u32,
         specs: &[(ObjectId, u64, u32)],
         timeout_ms: u32,
-    ) -> Result<Vec<ObjectLocation>> {
+    ) -> Result<(u64, Vec<ObjectLocation>)> {
         let mut peer = self.peer(node)?;
         let ids: Vec<ObjectId> = specs.iter().map(|s| s.0).collect();
         let mut request = tonic::Request::new(shoal_cluster::proto::AllocateRequest {
@@ -885,7 +902,7 @@ impl Cluster {
             mine.insert(*id, node);
             self.hold(client, *id, node);
         }
-        Ok(locations)
+        Ok((reply.incarnation, locations))
     }
 
     /// The node on which `client` is writing `id`, if it allocated it remotely.
