@@ -181,6 +181,29 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+    // Up means ready: every node's directory rebuilt (its peers told it
+    // what they hold), so creates anywhere succeed at once.
+    block_on(async {
+        for node in &topology.nodes {
+            loop {
+                let rebuilding = match connect(&topology, node).await {
+                    Ok(mut rpc) => rpc
+                        .status(Empty {})
+                        .await
+                        .map(|r| r.into_inner().rebuilding),
+                    Err(err) => Err(tonic::Status::unavailable(err.to_string())),
+                };
+                if let Ok(false) = rebuilding {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("node {} did not finish starting: {rebuilding:?}", node.id);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Ok(())
+    })?;
     println!(
         "shoal cluster {:?} up: {} nodes, {} each, {} ({})",
         topology.name,
@@ -309,12 +332,17 @@ pub fn status(args: DirArgs) -> Result<()> {
             topology.coherence
         );
         println!(
-            "{:>4} {:<6} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
+            "{:>4} {:<10} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
             "NODE", "STATE", "ACCESS", "RPC", "CAPACITY", "USED", "OBJECTS", "CLIENTS"
         );
     }
     for (node, status) in rows {
-        let state = if status.is_some() { "up" } else { "down" };
+        let state = match &status {
+            None => "down",
+            // Up, but its directory is still being rebuilt after a start.
+            Some(s) if s.rebuilding => "rebuilding",
+            Some(_) => "up",
+        };
         let s = status.unwrap_or_default();
         if args.json {
             println!(
@@ -323,7 +351,7 @@ pub fn status(args: DirArgs) -> Result<()> {
             );
         } else {
             println!(
-                "{:>4} {:<6} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
+                "{:>4} {:<10} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
                 node.id,
                 state,
                 node.access.as_str(),

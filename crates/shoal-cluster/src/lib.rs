@@ -7,10 +7,12 @@
 //!   `proto/shoal/peer/v1/peer.proto`.
 //! - [`auth`]: the shared-token check on every peer call.
 //! - [`ids`]: packing ids into the RPC's byte fields.
+//! - [`rebuild`]: rebuilding a (re)started home's directory from its peers.
 
 pub mod auth;
 pub mod directory;
 pub mod ids;
+pub mod rebuild;
 pub mod topology;
 
 /// Generated from proto/shoal/peer/v1/peer.proto.

@@ -29,7 +29,7 @@ use crate::server::Shared;
 
 const READ_CHUNK: usize = 64 * 1024;
 /// The store client that owns network-mode copies while they are pulled.
-const COPY_CLIENT: u32 = PEER_CLIENT_BASE - 1;
+pub(crate) const COPY_CLIENT: u32 = PEER_CLIENT_BASE - 1;
 /// Objects at least this large are pulled in parallel ranges.
 const PARALLEL_PULL: u64 = 8 << 20;
 

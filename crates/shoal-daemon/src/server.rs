@@ -454,6 +454,7 @@ async fn start_peer_service(
             for node in cluster.expired_leases() {
                 reclaim_references_of(&ticking, node, "its lease expired");
             }
+            cluster.rebuild_tick();
         }
     });
     tracing::info!(node = node.id, rpc = %node.rpc, nodes = cluster_size(shared), "cluster node up");
@@ -476,6 +477,20 @@ fn reclaim_references_of(shared: &Shared, node: u32, why: &str) {
     shared.space.notify_waiters();
 }
 
+/// `from` is alive at `incarnation` (0: unknown, ignored): renews its lease;
+/// if the incarnation is new, drops its references here (it restarted) and
+/// lets the directory rebuild deal with it (`cluster::rebuild::heard`).
+fn heard_incarnation(shared: &Rc<Shared>, from: u32, incarnation: u64) {
+    if incarnation == 0 {
+        return;
+    }
+    let cluster = shared.cluster.as_ref().expect("cluster mode");
+    if cluster.heard_from(from, incarnation) {
+        reclaim_references_of(shared, from, "it restarted");
+    }
+    crate::cluster::rebuild::heard(shared, from, incarnation);
+}
+
 /// Answers one peer call from the store (synchronously: no await while the
 /// store is borrowed).
 fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
@@ -491,14 +506,40 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
             incarnation,
             reply,
         } => {
-            if cluster.heard_from(from, incarnation) {
-                reclaim_references_of(shared, from, "it restarted");
-            }
+            heard_incarnation(shared, from, incarnation);
             let _ = reply.send(cluster.heartbeat_reply());
         }
-        PeerCall::Register { ids, owner, reply } => {
-            let _ = reply.send(cluster.directory_register(&ids, owner));
+        PeerCall::Register {
+            ids,
+            owner,
+            incarnation,
+            reply,
+        } => {
+            // A restart of the owner is dealt with before it claims anything.
+            heard_incarnation(shared, owner, incarnation);
+            let statuses = if cluster.directory_ready() {
+                cluster.directory_register(&ids, owner)
+            } else {
+                // Ids held elsewhere may not be restored here yet.
+                let code = u32::from(ErrorKind::NodeUnavailable.code());
+                Statuses {
+                    codes: vec![code; ids.len()],
+                }
+            };
+            let _ = reply.send(statuses);
         }
+        PeerCall::Restore {
+            from,
+            incarnation,
+            sealed,
+            pending,
+            copies,
+            reply,
+        } => {
+            heard_incarnation(shared, from, incarnation);
+            let _ = reply.send(cluster.directory_restore(from, &sealed, &pending, &copies));
+        }
+        PeerCall::Restored { from, incarnation } => cluster.restored_by(from, incarnation),
         PeerCall::Unregister { ids, owner } => {
             let stale = cluster.directory_unregister(&ids, owner);
             if !stale.is_empty() {
@@ -536,7 +577,10 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
             let _ = reply.send(());
         }
         PeerCall::Lookup { ids, reply } => {
-            let _ = reply.send(cluster.directory_lookup(&ids));
+            let answer = cluster
+                .local_lookup(&ids)
+                .map_err(|e| tonic::Status::unavailable(e.message()));
+            let _ = reply.send(answer);
         }
         PeerCall::Acquire { ids, from, reply } => {
             cluster.touch(from);
@@ -645,6 +689,7 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
                 objects: stats.objects,
                 clients: shared.connected.get() as u64,
                 region_size: stats.region_size,
+                rebuilding: !cluster.directory_ready(),
             });
         }
         PeerCall::List { reply } => {

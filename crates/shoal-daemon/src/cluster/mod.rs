@@ -12,9 +12,13 @@
 //!   heartbeats stop for a lease (a dead node's references are reclaimed) or
 //!   its incarnation changes (it restarted).
 //!
+//! - a node that (re)starts has its directory rebuilt by its peers before
+//!   it registers or looks up ids (`rebuild`).
+//!
 //! Control travels over the peer RPC (`service`); object bytes never do in
 //! mapped mode.
 
+pub(crate) mod rebuild;
 pub(crate) mod service;
 
 use std::cell::{Cell, RefCell};
@@ -105,6 +109,8 @@ pub(crate) struct Cluster {
     /// Peers that answered our last heartbeat.
     alive: RefCell<Vec<bool>>,
     pub heartbeats_sent: Cell<u64>,
+    /// This node's directory rebuild, and what it restores at restarted peers.
+    rebuild: RefCell<rebuild::Rebuild>,
 }
 
 fn status_error(node: u32, status: tonic::Status) -> ShoalError {
@@ -153,6 +159,7 @@ impl Cluster {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64);
         let n = topology.len();
+        let rebuild = rebuild::Rebuild::new(n, config.node, topology.lease);
         Ok(Self {
             topology,
             me: config.node,
@@ -167,6 +174,7 @@ impl Cluster {
             seen: RefCell::new(vec![PeerSeen::default(); n]),
             alive: RefCell::new(vec![false; n]),
             heartbeats_sent: Cell::new(0),
+            rebuild: RefCell::new(rebuild),
         })
     }
 
@@ -337,6 +345,7 @@ impl Cluster {
         }
         alive[node as usize] = ok;
         self.heartbeats_sent.set(self.heartbeats_sent.get() + 1);
+        self.rebuild.borrow_mut().readiness.heartbeat(node, ok);
     }
 
     /// Any call from a peer shows it is alive: a node that takes references
@@ -352,6 +361,16 @@ impl Cluster {
 
     /// Registers ids for this node at their homes, all or none.
     pub async fn register(&self, ids: &[ObjectId]) -> Result<()> {
+        // A starting node claims nothing before its peers heard it started.
+        self.until_ready().await;
+        let ticket = self.rebuild.borrow_mut().claims.begin();
+        let result = self.register_at_homes(ids).await;
+        let claimed = if result.is_ok() { ids } else { &[] };
+        self.rebuild.borrow_mut().claims.end(ticket, claimed);
+        result
+    }
+
+    async fn register_at_homes(&self, ids: &[ObjectId]) -> Result<()> {
         let groups = self.by_node(ids, |id| self.home(id));
         let calls = groups.iter().map(|(home, positions)| {
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
@@ -363,6 +382,7 @@ impl Cluster {
                     peer.register(RegisterRequest {
                         ids: pack(&group),
                         owner: self.me,
+                        incarnation: self.incarnation,
                     })
                     .await
                     .map_err(|s| status_error(*home, s))?
@@ -381,10 +401,12 @@ impl Cluster {
                     if let Some(pos) = codes.iter().position(|&c| c != 0) {
                         let kind = ErrorKind::from_code(codes[pos] as u16)
                             .unwrap_or(ErrorKind::ObjectExists);
-                        failure.get_or_insert(ShoalError::new(
-                            kind,
-                            format!("object {} already exists in the cluster", group[pos]),
-                        ));
+                        let message = if kind == ErrorKind::NodeUnavailable {
+                            format!("node {home} is rebuilding its directory after a restart")
+                        } else {
+                            format!("object {} already exists in the cluster", group[pos])
+                        };
+                        failure.get_or_insert(ShoalError::new(kind, message));
                     } else {
                         registered.extend(group.into_iter().map(|id| (home, id)));
                     }
@@ -407,6 +429,7 @@ impl Cluster {
     /// Unregisters ids this node no longer holds (best effort: a home that
     /// is down keeps a stale entry, which gets answer "not found" at the owner).
     pub async fn unregister(&self, ids: &[ObjectId]) {
+        self.rebuild.borrow_mut().claims.settle(ids);
         let groups = self.by_node(ids, |id| self.home(id));
         let calls = groups.into_iter().map(|(home, positions)| {
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
@@ -426,6 +449,7 @@ impl Cluster {
 
     /// Tells the homes where sealed ids live; done when every home has it.
     pub async fn publish(&self, ids: &[ObjectId], locations: &[ObjectLocation]) -> Result<()> {
+        self.rebuild.borrow_mut().claims.settle(ids);
         let groups = self.by_node(ids, |id| self.home(id));
         let calls = groups.into_iter().map(|(home, positions)| {
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
@@ -452,6 +476,9 @@ impl Cluster {
     /// One Lookup per home (for ids whose owner is not cached), one Acquire
     /// per owner. `None` for ids not sealed anywhere (yet).
     pub async fn get(&self, client: ClientId, ids: &[ObjectId]) -> Result<Vec<Option<Remote>>> {
+        // A starting node takes no references before its peers heard it
+        // started (they drop the references of its previous incarnation).
+        self.until_ready().await;
         let mut owners: Vec<Option<u32>> = {
             let cache = self.owners.borrow();
             ids.iter().map(|id| cache.get(id).copied()).collect()
@@ -612,7 +639,7 @@ impl Cluster {
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
             async move {
                 let reply = if home == self.me {
-                    Ok(self.directory_lookup(&group))
+                    self.local_lookup(&group)
                 } else {
                     match self.peer(home) {
                         Ok(mut peer) => peer
@@ -975,6 +1002,7 @@ impl Cluster {
 
     /// Deletes ids owned elsewhere at their owners; per-id error kinds.
     pub async fn delete_remote(&self, ids: &[ObjectId]) -> Vec<Option<ErrorKind>> {
+        self.until_ready().await;
         let owners = match self.lookup(ids).await {
             Ok((owners, _)) => owners,
             Err(e) => return vec![Some(e.kind()); ids.len()],
