@@ -275,12 +275,14 @@ pub fn sample_replies() -> Vec<Reply> {
             clustered: false,
         },
         Reply::Created {
+            generation: 0,
             offsets: vec![0, 64, 128],
         },
         Reply::Objects {
             objects: vec![
                 Some(Located {
                     node: 1,
+                    generation: 0x0123_4567_89ab_cdef,
                     location: loc,
                 }),
                 None,

@@ -366,6 +366,34 @@ class Cluster:
                 return
             time.sleep(0.01)
 
+    def start(self, node: int, timeout: float = 15.0) -> None:
+        """Starts node `node` again (after `kill`) from the same cluster file: a new
+        incarnation with an empty store and a new region file. Returns once the
+        node serves and its directory is rebuilt (its state is "up")."""
+        env = dict(os.environ, NO_COLOR="1")
+        env.pop("SHOAL_SOCKET", None)
+        # Started by a short-lived intermediate, like `cluster up` does, so the
+        # daemon is not our child (a zombie would look alive to `cluster down`).
+        launcher = (
+            "import subprocess, sys\n"
+            "log = open(sys.argv[1], 'ab')\n"
+            "p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=log,"
+            " stderr=log, start_new_session=True)\n"
+            "print(p.pid)\n"
+        )
+        command = [sys.executable, "-m", "shoal", "serve", "--cluster", str(self.file), "--node", str(node)]
+        result = subprocess.run(
+            [sys.executable, "-c", launcher, str(self.directory / f"n{node}.log"), *command],
+            capture_output=True, text=True, env=env, timeout=30, check=True,
+        )  # fmt: skip
+        (self.directory / f"n{node}.pid").write_text(result.stdout.strip())
+        wait_for(
+            lambda: os.path.exists(self.socket(node)) and self.status()[node]["state"] == "up",
+            timeout=timeout,
+            interval=0.05,
+            message=f"node {node} up again",
+        )
+
     def status(self) -> list[dict]:
         result = shoal_command("cluster", "status", "--dir", str(self.directory), "--json")
         assert result.returncode == 0, result.stderr
@@ -380,6 +408,31 @@ class Cluster:
         result = shoal_command("cluster", "down", "--dir", str(self.directory))
         assert result.returncode == 0, result.stderr + result.stdout
         assert not self.regions(), f"cluster left regions behind: {self.regions()}"
+
+
+def home_of(oid: shoal.ObjectID, nodes: int) -> int:
+    """An id's home node, as every daemon computes it (SplitMix64 over the id's bytes,
+    crates/shoal-cluster/src/directory.rs)."""
+    mask = (1 << 64) - 1
+    h = 0x9E3779B97F4A7C15
+    raw = oid.binary()
+    for start in range(0, len(raw), 8):
+        h ^= int.from_bytes(raw[start : start + 8].ljust(8, b"\0"), "little")
+        z = (h + 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        h = z ^ (z >> 31)
+    return h % nodes
+
+
+def ids_homed_at(node: int, count: int, nodes: int = 3) -> list[shoal.ObjectID]:
+    """`count` random ids whose home is `node`."""
+    found: list[shoal.ObjectID] = []
+    while len(found) < count:
+        oid = shoal.ObjectID.from_random()
+        if home_of(oid, nodes) == node:
+            found.append(oid)
+    return found
 
 
 def shoal_command(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

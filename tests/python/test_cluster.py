@@ -11,6 +11,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 
@@ -18,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from _shoal_testing import in_region, snapshot, wait_for
+from _shoal_testing import ids_homed_at, in_region, snapshot, wait_for
 
 import shoal
 
@@ -205,7 +206,8 @@ def test_cluster_status_and_ls(cluster):
     assert [r["node"] for r in rows] == [0, 1, 2]
     assert all(r["state"] == "up" and r["access"] == "mapped" for r in rows)
     assert rows[0]["objects"] == 1 and rows[0]["capacity"] == 64 << 20
-    # The daemon's own view of its peers (heartbeats answered).
+    # The daemon's own view of its peers (heartbeats answered; the first may still be on its way).
+    wait_for(lambda: all(n["alive"] for n in a.cluster_nodes()), timeout=3, message="peers alive")
     nodes = a.cluster_nodes()
     assert [(n["node"], n["alive"], n["access"]) for n in nodes] == [(i, True, "mapped") for i in range(3)]
     assert nodes[1]["region"] in cluster.regions() and nodes[1]["region_size"] == 64 << 20
@@ -600,3 +602,139 @@ def test_a_writer_that_dies_before_sealing_frees_its_ids(cluster, spawn):
         other.put(b"mine", oid)
     writer.kill()
     wait_for(lambda: _try_put(other, oid), timeout=5, message="id free after the writer died")
+
+
+# -- node restarts -------------------------------------------------------------------------------
+
+
+def _put(client: shoal.Client, oid: shoal.ObjectID, data: bytes) -> shoal.ObjectID:
+    client.put_batch([oid], [data])
+    return oid
+
+
+def _read(client: shoal.Client, ids: list, timeout_ms: int = 2000) -> list[bytes | None]:
+    return [None if b is None else bytes(b) for b in client.get_buffers(ids, timeout_ms=timeout_ms)]
+
+
+def test_a_restarted_node_gets_its_directory_back_and_loses_its_own_objects(cluster):
+    a, c, old_b = cluster.client(0), cluster.client(2), cluster.client(1)
+    # Ids whose home is node 1, owned by the nodes that stay up.
+    homed = ids_homed_at(1, 12)
+    on_a = [_put(a, oid, f"a-{i:02d}".encode()) for i, oid in enumerate(homed[:6])]
+    on_c = [_put(c, oid, f"c-{i:02d}".encode()) for i, oid in enumerate(homed[6:11])]
+    pending = homed[11]
+    writing = a.create(pending, 8)  # registered, not sealed: claimed all the same
+    # Node 1's own objects (homed anywhere), one of them read in place from node 0.
+    lost = [_put(old_b, OID.from_random(), f"old incarnation{i}".encode()) for i in range(9)]
+    seen = a.get_buffer(lost[0])
+    assert bytes(seen) == b"old incarnation0"
+    old_offset = old_b.get_buffer(lost[0]).address - old_b.region_address
+
+    cluster.kill(1)
+    cluster.start(1)  # at once: the others may never have seen it down
+    b = cluster.client(1)
+    assert "directory ready" in cluster.log(1)
+    assert "node 1 restarted" in cluster.log(0) and "node 1 restarted" in cluster.log(2)
+
+    # Ids homed at node 1 and owned elsewhere are found from any node again...
+    expected = [f"a-{i:02d}".encode() for i in range(6)] + [f"c-{i:02d}".encode() for i in range(5)]
+    assert _read(c, on_a + on_c) == expected
+    assert _read(b, on_a + on_c) == expected
+    assert _read(a, on_c) == expected[6:]
+    # ...and are still taken: a create anywhere fails.
+    for oid in [*on_a, *on_c, pending]:
+        for client in (a, b, c):
+            with pytest.raises(shoal.ObjectExists):
+                client.create(oid, 4)
+    memoryview(writing)[:] = b"finished"
+    a.seal(pending)
+    assert _read(b, [pending]) == [b"finished"]
+    del writing
+
+    # Node 1's objects went with its previous incarnation: not found, anywhere.
+    for client in (a, b, c):
+        assert _read(client, lost, timeout_ms=100) == [None] * len(lost)
+    # A buffer taken before the restart still shows what it showed.
+    assert bytes(seen) == b"old incarnation0"
+
+    # Node 0's client mapped node 1's old region; a new object at the same offset
+    # in the new region is read from the new region (the client maps it anew).
+    fresh = _put(b, OID.from_random(), b"new incarnation!")
+    assert b.get_buffer(fresh).address - b.region_address == old_offset
+    assert _read(a, [fresh]) == [b"new incarnation!"]
+    assert _read(c, [fresh]) == [b"new incarnation!"]
+    # Remote allocation into the new region from node 0, read on node 2.
+    placed = a.put(np.arange(1000), node=1)
+    assert int(c.get(placed).sum()) == 499_500
+    # The lost ids are free again; ids homed at node 1 register there again.
+    _put(c, lost[1], b"reborn")
+    assert _read(a, [lost[1]]) == [b"reborn"]
+    again = _put(a, ids_homed_at(1, 1)[0], b"new home entry")
+    with pytest.raises(shoal.ObjectExists):
+        c.create(again, 4)
+    assert _read(c, [again]) == [b"new home entry"]
+    del seen
+
+
+def test_creates_racing_a_restart_leave_no_phantom_and_lose_no_object(cluster):
+    writer = cluster.client(0)
+    outcomes: dict[shoal.ObjectID, bool] = {}
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.is_set():
+            oid = ids_homed_at(1, 1)[0]
+            try:
+                _put(writer, oid, oid.binary())
+                outcomes[oid] = True
+            except shoal.NodeUnavailable:
+                outcomes[oid] = False  # home down or rebuilding: nothing was created
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        wait_for(lambda: len(outcomes) > 50, timeout=10)
+        cluster.kill(1)
+        time.sleep(0.3)
+        cluster.start(1)
+        settled = len(outcomes)
+        wait_for(lambda: len(outcomes) > settled + 50, timeout=10)
+    finally:
+        stop.set()
+        thread.join(10)
+    created = [oid for oid, ok in outcomes.items() if ok]
+    failed = [oid for oid, ok in outcomes.items() if not ok]
+    assert created and failed
+    reader = cluster.client(2)
+    assert _read(reader, created) == [oid.binary() for oid in created]
+    for oid in created[-20:]:
+        with pytest.raises(shoal.ObjectExists):
+            reader.create(oid, 1)
+    # A create that failed claimed nothing.
+    for oid in failed:
+        _put(reader, oid, b"free")
+
+
+def test_network_copies_follow_their_primary_across_restarts(mixed_cluster):
+    cluster = mixed_cluster  # node 1 is read over the network (pulled copies)
+    reader, far = cluster.client(0), cluster.client(1)
+    # Copies of node 1's objects, homed on every node, then node 1 restarts:
+    # the primaries are gone, so are the copies.
+    lost = [_put(far, OID.from_random(), f"v{i}".encode()) for i in range(12)]
+    assert _read(reader, lost) == [f"v{i}".encode() for i in range(12)]
+    assert all(reader.contains(oid) for oid in lost)
+    cluster.kill(1)
+    cluster.start(1)
+    wait_for(lambda: not any(reader.contains(oid) for oid in lost), timeout=5, message="copies dropped")
+    assert _read(reader, lost, timeout_ms=100) == [None] * 12
+
+    # Copies of live objects whose home restarts are re-announced to it, so the
+    # owner's delete still drops them.
+    far = cluster.client(1)
+    kept = [_put(far, oid, b"kept") for oid in ids_homed_at(2, 6)]
+    assert _read(reader, kept) == [b"kept"] * 6
+    cluster.kill(2)
+    cluster.start(2)
+    assert all(reader.contains(oid) for oid in kept), "copies of live objects stay"
+    far.delete(kept)
+    wait_for(lambda: not any(reader.contains(oid) for oid in kept), timeout=5, message="copies dropped")

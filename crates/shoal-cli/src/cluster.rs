@@ -108,45 +108,124 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
         .map(|m| m.trim().parse())
         .collect::<Result<_, _>>()?;
     let coherence: CoherenceMode = args.coherence.parse()?;
-    // Two ports per node: peer RPC, then the bulk data channel.
-    let ports = if args.base_port == 0 {
-        free_ports(2 * args.nodes as usize)?
-    } else {
-        (0..2 * args.nodes)
-            .map(|i| {
-                u16::try_from(i)
-                    .ok()
-                    .and_then(|i| args.base_port.checked_add(i))
-                    .context("--base-port leaves too few ports for the nodes")
-            })
-            .collect::<Result<_>>()?
-    };
     let uid = unsafe { libc::getuid() };
-    let nodes = (0..args.nodes)
-        .map(|i| Node {
-            id: i,
-            rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
-            data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
-            socket: dir.join(format!("n{i}.sock")),
-            region: PathBuf::from(format!("/dev/shm/shoal-{uid}-{}-n{i}", args.name)),
-            region_size: args.capacity,
-            access: modes[i as usize % modes.len()],
-        })
-        .collect();
-    let topology = Topology {
-        name: args.name.clone(),
-        token: random_token(),
-        coherence,
-        simulate_caches: args.simulate_caches,
-        heartbeat: Duration::from_millis(200),
-        lease: Duration::from_millis(2000),
-        nodes,
+    // Ports picked free are released before the daemons bind them, so another
+    // process may take one meanwhile: then the cluster is started again on
+    // fresh ports. Fixed ports (--base-port) are tried once.
+    let attempts = if args.base_port == 0 { 3 } else { 1 };
+    let mut attempt = 0;
+    let topology = loop {
+        attempt += 1;
+        // Two ports per node: peer RPC, then the bulk data channel.
+        let ports = if args.base_port == 0 {
+            free_ports(2 * args.nodes as usize)?
+        } else {
+            (0..2 * args.nodes)
+                .map(|i| {
+                    u16::try_from(i)
+                        .ok()
+                        .and_then(|i| args.base_port.checked_add(i))
+                        .context("--base-port leaves too few ports for the nodes")
+                })
+                .collect::<Result<_>>()?
+        };
+        let nodes = (0..args.nodes)
+            .map(|i| Node {
+                id: i,
+                rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
+                data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
+                socket: dir.join(format!("n{i}.sock")),
+                region: PathBuf::from(format!("/dev/shm/shoal-{uid}-{}-n{i}", args.name)),
+                region_size: args.capacity,
+                access: modes[i as usize % modes.len()],
+            })
+            .collect();
+        let topology = Topology {
+            name: args.name.clone(),
+            token: random_token(),
+            coherence,
+            simulate_caches: args.simulate_caches,
+            heartbeat: Duration::from_millis(200),
+            lease: Duration::from_millis(2000),
+            nodes,
+        };
+        match start_daemons(&topology, &dir, self_command)? {
+            None => break topology,
+            Some(failure) if failure.port_taken && attempt < attempts => {
+                tracing::debug!("{}; starting again on other ports", failure.message);
+            }
+            Some(failure) => bail!("{}", failure.message),
+        }
     };
     let file = cluster_file(&dir);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Up means ready: every node's directory rebuilt (its peers told it
+    // what they hold), so creates anywhere succeed at once.
+    block_on(async {
+        for node in &topology.nodes {
+            loop {
+                let rebuilding = match connect(&topology, node).await {
+                    Ok(mut rpc) => rpc
+                        .status(Empty {})
+                        .await
+                        .map(|r| r.into_inner().rebuilding),
+                    Err(err) => Err(tonic::Status::unavailable(err.to_string())),
+                };
+                if let Ok(false) = rebuilding {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("node {} did not finish starting: {rebuilding:?}", node.id);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Ok(())
+    })?;
+    println!(
+        "shoal cluster {:?} up: {} nodes, {} each, {} ({})",
+        topology.name,
+        topology.len(),
+        format_size(args.capacity),
+        topology.coherence,
+        file.display()
+    );
+    for n in &topology.nodes {
+        println!(
+            "  node {}  socket {}  rpc {}  data {}  {}  region {}",
+            n.id,
+            n.socket.display(),
+            n.rpc,
+            n.data,
+            n.access.as_str(),
+            n.region.display()
+        );
+    }
+    Ok(())
+}
+
+/// Why the daemons of a cluster did not all come up.
+struct StartFailure {
+    message: String,
+    /// A daemon found one of its ports taken.
+    port_taken: bool,
+}
+
+/// Writes the cluster file and starts one daemon per node, until each
+/// accepts clients. On a failure every daemon started is stopped and the
+/// files are removed again, so the caller may simply try again.
+fn start_daemons(
+    topology: &Topology,
+    dir: &Path,
+    self_command: &[String],
+) -> Result<Option<StartFailure>> {
+    let file = cluster_file(dir);
     write_private(&file, &topology.to_toml())?;
     let (program, prefix) = self_command
         .split_first()
         .context("no command to start daemons with")?;
+    let mut children = Vec::new();
+    let mut failure = None;
     for node in &topology.nodes {
         let log = std::fs::File::create(dir.join(format!("n{}.log", node.id)))?;
         let mut command = Command::new(program);
@@ -173,43 +252,36 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
             dir.join(format!("n{}.pid", node.id)),
             child.id().to_string(),
         )?;
+        children.push(child);
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    for node in &topology.nodes {
+    'nodes: for (node, child) in topology.nodes.iter().zip(&mut children) {
         while shoal_client::Client::connect(&node.socket).is_err() {
-            if Instant::now() > deadline {
+            let exited = child.try_wait().ok().flatten().is_some();
+            if exited || Instant::now() > deadline {
                 let log = dir.join(format!("n{}.log", node.id));
                 let tail = std::fs::read_to_string(&log).unwrap_or_default();
-                let _ = down(DirArgs {
-                    dir: Some(dir.clone()),
-                    file: None,
-                    json: false,
+                failure = Some(StartFailure {
+                    port_taken: tail.contains("Address already in use"),
+                    message: format!("node {} did not come up; its log:\n{tail}", node.id),
                 });
-                bail!("node {} did not come up; its log:\n{tail}", node.id);
+                break 'nodes;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    println!(
-        "shoal cluster {:?} up: {} nodes, {} each, {} ({})",
-        topology.name,
-        topology.len(),
-        format_size(args.capacity),
-        topology.coherence,
-        file.display()
-    );
-    for n in &topology.nodes {
-        println!(
-            "  node {}  socket {}  rpc {}  data {}  {}  region {}",
-            n.id,
-            n.socket.display(),
-            n.rpc,
-            n.data,
-            n.access.as_str(),
-            n.region.display()
-        );
+    if failure.is_some() {
+        for child in &mut children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for node in &topology.nodes {
+            let _ = std::fs::remove_file(dir.join(format!("n{}.pid", node.id)));
+            let _ = std::fs::remove_file(&node.region);
+        }
+        let _ = std::fs::remove_file(&file);
     }
-    Ok(())
+    Ok(failure)
 }
 
 fn write_private(path: &Path, text: &str) -> Result<()> {
@@ -319,12 +391,17 @@ pub fn status(args: DirArgs) -> Result<()> {
             topology.coherence
         );
         println!(
-            "{:>4} {:<6} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
+            "{:>4} {:<10} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
             "NODE", "STATE", "ACCESS", "RPC", "CAPACITY", "USED", "OBJECTS", "CLIENTS"
         );
     }
     for (node, status) in rows {
-        let state = if status.is_some() { "up" } else { "down" };
+        let state = match &status {
+            None => "down",
+            // Up, but its directory is still being rebuilt after a start.
+            Some(s) if s.rebuilding => "rebuilding",
+            Some(_) => "up",
+        };
         let s = status.unwrap_or_default();
         if args.json {
             println!(
@@ -333,7 +410,7 @@ pub fn status(args: DirArgs) -> Result<()> {
             );
         } else {
             println!(
-                "{:>4} {:<6} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
+                "{:>4} {:<10} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
                 node.id,
                 state,
                 node.access.as_str(),

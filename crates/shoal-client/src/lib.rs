@@ -44,17 +44,84 @@ pub struct ClusterView {
     pub node: u32,
     pub coherent: bool,
     pub nodes: Vec<PeerRegion>,
-    /// Mapped lazily, on the first object found on that node.
-    mappings: Vec<Option<Arc<Mapping>>>,
-    /// Writable mappings, for objects this client allocates on other nodes.
-    writable: Vec<Option<Arc<Mapping>>>,
     /// Simulated non-coherent fabric: this process's private "cache" copy of
     /// each node's region. Writes of new objects go to the copy and reach the
     /// region only when flushed; reads of other nodes' objects come from the
     /// copy, refreshed only by invalidate. A missing flush or invalidate shows
     /// as wrong bytes, as it would on the hardware.
     pub simulated: bool,
-    caches: Vec<Option<Arc<Mapping>>>,
+    /// Per node, what this process maps of its region.
+    peers: Vec<PeerMaps>,
+}
+
+/// One node's region as this process maps it, all of one generation (the
+/// incarnation of the node's daemon that made the region file). A node that
+/// restarts makes a new file: descriptors then name the new generation and
+/// everything mapped of the old one is replaced (buffers still pointing into
+/// it keep their `Arc`).
+#[derive(Default)]
+struct PeerMaps {
+    /// 0 until something is mapped.
+    generation: u64,
+    /// Read-only, mapped on the first object found on the node.
+    readonly: Option<Arc<Mapping>>,
+    /// Writable, for objects this client allocates on the node.
+    writable: Option<Arc<Mapping>>,
+    /// The simulated fabric's cache copy of the region.
+    cache: Option<Arc<Mapping>>,
+}
+
+impl PeerMaps {
+    /// The mapping (read-only, or writable with `write`) of node `node`'s
+    /// region at `path` in generation `generation`; see `Client::peer_mapping`.
+    fn resolve(
+        &mut self,
+        node: u32,
+        path: &Path,
+        size: u64,
+        generation: u64,
+        write: bool,
+    ) -> Result<Arc<Mapping>> {
+        let slot = if write {
+            &self.writable
+        } else {
+            &self.readonly
+        };
+        if let Some(mapping) = slot.as_ref().filter(|m| m.generation() == generation) {
+            return Ok(mapping.clone());
+        }
+        if self.generation != 0 && self.generation != generation {
+            // Unchanged file (the node has not restarted since we mapped
+            // it): the descriptor is the stale one. No file: the region is
+            // gone with its node. Either way, never read it.
+            let now = shoal_core::region::file_generation(path, size).unwrap_or(0);
+            if now == self.generation || now == 0 {
+                return Err(stale_descriptor(node, generation));
+            }
+        }
+        let fresh = Arc::new(if write {
+            Mapping::map_path_writable(path, size)?
+        } else {
+            Mapping::map_path_readonly(path, size)?
+        });
+        if fresh.generation() != self.generation {
+            // A new region (the node restarted, or a first mapping): drop
+            // every mapping and cache of the previous one.
+            *self = Self {
+                generation: fresh.generation(),
+                ..Self::default()
+            };
+        }
+        if write {
+            self.writable = Some(fresh.clone());
+        } else {
+            self.readonly = Some(fresh.clone());
+        }
+        if fresh.generation() != generation {
+            return Err(stale_descriptor(node, generation));
+        }
+        Ok(fresh)
+    }
 }
 
 /// A framed connection: requests out, replies in.
@@ -181,9 +248,9 @@ pub struct Client {
     mapping: Arc<Mapping>,
     info: StoreInfo,
     cluster: Option<ClusterView>,
-    /// Objects created here (node, location) and not sealed yet, flushed at
-    /// seal on a non-coherent fabric.
-    unsealed: std::collections::HashMap<ObjectId, (u32, ObjectLocation)>,
+    /// Objects created here (where, in which generation of that node's
+    /// region) and not sealed yet, flushed at seal on a non-coherent fabric.
+    unsealed: std::collections::HashMap<ObjectId, Located>,
 }
 
 impl Client {
@@ -206,15 +273,12 @@ impl Client {
                     simulated,
                     nodes,
                 } => {
-                    let mappings = vec![None; nodes.len()];
                     client.cluster = Some(ClusterView {
                         node,
                         coherent,
                         simulated,
-                        writable: mappings.clone(),
-                        caches: mappings.clone(),
+                        peers: nodes.iter().map(|_| PeerMaps::default()).collect(),
                         nodes,
-                        mappings,
                     });
                 }
                 other => return Err(unexpected(other)),
@@ -243,9 +307,17 @@ impl Client {
         self.cluster.as_ref().map_or(0, |c| c.node)
     }
 
-    /// The mapping that holds objects of `node`: ours, or the peer's region
-    /// (mapped read-only by path on first use).
-    pub fn mapping_of(&mut self, node: u32) -> Result<Arc<Mapping>> {
+    /// The mapping that holds objects of `node` in generation `generation`
+    /// of its region: ours, or the peer's region mapped by path (read-only,
+    /// or writable for objects this client allocated there) on first use.
+    ///
+    /// A descriptor of another generation than the one mapped means the
+    /// node restarted: the file now at the path is mapped instead, if it is
+    /// that generation. A descriptor of a generation the file no longer
+    /// carries (the node restarted since it was made) fails with
+    /// `ObjectNotFound`: its object went with the old incarnation, and the
+    /// new region's bytes at that offset are someone else's.
+    fn peer_mapping(&mut self, node: u32, generation: u64, write: bool) -> Result<Arc<Mapping>> {
         let Some(cluster) = self.cluster.as_mut() else {
             return if node == 0 {
                 Ok(self.mapping.clone())
@@ -265,38 +337,33 @@ impl Client {
             )));
         };
         if !peer.mapped {
-            return Err(ShoalError::protocol(format!(
-                "object on node {node}, whose memory cannot be mapped here"
-            )));
+            return Err(if write {
+                ShoalError::invalid(format!(
+                    "node {node} is not a node whose memory is mapped here"
+                ))
+            } else {
+                ShoalError::protocol(format!(
+                    "object on node {node}, whose memory cannot be mapped here"
+                ))
+            });
         }
-        let (path, size) = (peer.path.clone(), peer.region_size);
-        lazily(&mut cluster.mappings[index], || {
-            Mapping::map_path_readonly(Path::new(&path), size)
-        })
+        let (path, size) = (Path::new(&peer.path), peer.region_size);
+        cluster.peers[index].resolve(node, path, size, generation, write)
     }
 
-    /// A writable mapping of `node`'s region (ours, or a peer's by path).
-    fn writable_mapping_of(&mut self, node: u32) -> Result<Arc<Mapping>> {
-        let Some(cluster) = self.cluster.as_mut() else {
-            return self.mapping_of(node);
+    /// Whether objects can be allocated on `node` from here (its memory is
+    /// mapped here, or it is our own node).
+    fn check_writable_node(&self, node: u32) -> Result<()> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(());
         };
-        if node == cluster.node {
-            return Ok(self.mapping.clone());
-        }
-        let index = node as usize;
-        let Some(peer) = cluster
-            .nodes
-            .get(index)
-            .filter(|p| p.node == node && p.mapped)
-        else {
-            return Err(ShoalError::invalid(format!(
+        match cluster.nodes.get(node as usize) {
+            _ if node == cluster.node => Ok(()),
+            Some(p) if p.node == node && p.mapped => Ok(()),
+            _ => Err(ShoalError::invalid(format!(
                 "node {node} is not a node whose memory is mapped here"
-            )));
-        };
-        let (path, size) = (peer.path.clone(), peer.region_size);
-        lazily(&mut cluster.writable[index], || {
-            Mapping::map_path_writable(Path::new(&path), size)
-        })
+            ))),
+        }
     }
 
     /// Remote allocation: creates objects in cluster node `node`'s region
@@ -312,18 +379,32 @@ impl Client {
             let locations = self.create_batch(objects, timeout_ms)?;
             return Ok(locations
                 .into_iter()
-                .map(|location| Located { node, location })
+                .map(|location| Located::local(node, location))
                 .collect());
         }
-        let mapping = self.writable_mapping_of(node)?;
+        self.check_writable_node(node)?;
         let request = Request::CreateOn {
             node,
             timeout_ms,
             objects: objects.to_vec(),
         };
-        let offsets = match self.channel.call(&request)? {
-            Reply::Created { offsets } if offsets.len() == objects.len() => offsets,
+        let (generation, offsets) = match self.channel.call(&request)? {
+            Reply::Created {
+                generation,
+                offsets,
+            } if offsets.len() == objects.len() => (generation, offsets),
             other => return Err(unexpected(other)),
+        };
+        let mapping = match self.peer_mapping(node, generation, true) {
+            Ok(mapping) => mapping,
+            Err(err) => {
+                // Allocated in a region we cannot write (the node restarted
+                // meanwhile): give the objects back.
+                for o in objects {
+                    let _ = self.channel.call(&Request::Abort { id: o.id });
+                }
+                return Err(err);
+            }
         };
         let mut out = Vec::with_capacity(objects.len());
         for (&offset, o) in offsets.iter().zip(objects) {
@@ -337,27 +418,42 @@ impl Client {
                     "daemon sent a location outside node {node}'s region: {location:?}"
                 )));
             }
+            let located = Located {
+                node,
+                generation,
+                location,
+            };
             if self.noncoherent() {
-                self.unsealed.insert(o.id, (node, location));
+                self.unsealed.insert(o.id, located);
             }
-            out.push(Located { node, location });
+            out.push(located);
         }
         Ok(out)
     }
 
     /// Writable address of an object this client allocated (here or remotely).
     pub fn located_ptr_mut(&mut self, located: Located) -> Result<*mut u8> {
-        self.address(located, true)
+        self.address(located, true).map(|(_, address)| address)
     }
 
-    /// Where `located` is in this process: for writing (the simulated cache
-    /// or a writable mapping) or for reading (the cache or the mapping the
-    /// descriptor was checked against when it was received).
-    fn address(&mut self, located: Located, write: bool) -> Result<*mut u8> {
+    /// Where `located` is in this process, and the mapping that holds it:
+    /// for writing (`write`: the simulated cache or a writable mapping) or
+    /// for reading (the cache or the mapping the descriptor was checked
+    /// against when it was received). The address stays valid while the
+    /// `Arc` is held, even after the node restarts and is mapped anew.
+    pub fn located_region(
+        &mut self,
+        located: Located,
+        write: bool,
+    ) -> Result<(Arc<Mapping>, *mut u8)> {
+        self.address(located, write)
+    }
+
+    fn address(&mut self, located: Located, write: bool) -> Result<(Arc<Mapping>, *mut u8)> {
+        let region = self.peer_mapping(located.node, located.generation, write)?;
         let mapping = match self.simulated_cache(located.node, write)? {
             Some(cache) => cache,
-            None if write => self.writable_mapping_of(located.node)?,
-            None => self.mapping_of(located.node)?,
+            None => region,
         };
         if !mapping.holds(&located.location) {
             return Err(ShoalError::invalid(format!(
@@ -366,13 +462,14 @@ impl Client {
             )));
         }
         // SAFETY: inside the mapping (checked just above).
-        Ok(unsafe { mapping.base().add(located.location.offset as usize) })
+        let address = unsafe { mapping.base().add(located.location.offset as usize) };
+        Ok((mapping, address))
     }
 
     /// Checks a descriptor against the mapping it points into, before
     /// anything reads it; returns the object's address.
     fn check_located(&mut self, located: Located) -> Result<Located> {
-        let mapping = self.mapping_of(located.node)?;
+        let mapping = self.peer_mapping(located.node, located.generation, false)?;
         let l = located.location;
         if !mapping.holds(&l) {
             return Err(ShoalError::protocol(format!(
@@ -402,9 +499,12 @@ impl Client {
         Ok(located)
     }
 
-    /// Address of a found object's data in this process.
+    /// Address of a found object's data in this process, valid while the
+    /// object is referenced and its node's region stays mapped (hold
+    /// [`located_region`](Self::located_region)'s `Arc` to be sure).
     pub fn located_ptr(&mut self, located: Located) -> Result<*const u8> {
-        self.address(located, false).map(<*mut u8>::cast_const)
+        self.address(located, false)
+            .map(|(_, address)| address.cast_const())
     }
 
     /// The simulated cache copy through which this process sees `node`'s
@@ -422,13 +522,8 @@ impl Client {
         let Some(peer) = cluster.nodes.get(index) else {
             return Err(ShoalError::protocol(format!("unknown node {node}")));
         };
-        if let Some(cache) = &cluster.caches[index] {
-            return Ok(Some(cache.clone()));
-        }
-        let cache = Arc::new(Mapping::anonymous(
-            peer.region_size.max(self.info.region_size),
-        )?);
-        cluster.caches[index] = Some(cache.clone());
+        let size = peer.region_size.max(self.info.region_size);
+        let cache = lazily(&mut cluster.peers[index].cache, || Mapping::anonymous(size))?;
         Ok(Some(cache))
     }
 
@@ -503,7 +598,7 @@ impl Client {
             objects: objects.to_vec(),
         };
         let locations: Vec<ObjectLocation> = match self.channel.call(&request)? {
-            Reply::Created { offsets } if offsets.len() == objects.len() => offsets
+            Reply::Created { offsets, .. } if offsets.len() == objects.len() => offsets
                 .iter()
                 .zip(objects)
                 .map(|(&offset, o)| {
@@ -519,7 +614,7 @@ impl Client {
         if self.noncoherent() {
             let me = self.node();
             for (o, l) in objects.iter().zip(&locations) {
-                self.unsealed.insert(o.id, (me, *l));
+                self.unsealed.insert(o.id, Located::local(me, *l));
             }
         }
         Ok(locations)
@@ -536,12 +631,15 @@ impl Client {
             return;
         }
         for id in ids {
-            if let Some((node, l)) = self.unsealed.remove(id) {
+            if let Some(located) = self.unsealed.remove(id) {
                 if cfg!(feature = "broken-skip-flush") {
                     // The deliberately broken build: the seal overtakes the data.
                     continue;
                 }
-                let Ok(mapping) = self.writable_mapping_of(node) else {
+                let (node, l) = (located.node, located.location);
+                // Not if the node restarted since: the object went with its
+                // old region, and the new one must not get these bytes.
+                let Ok(mapping) = self.peer_mapping(node, located.generation, true) else {
                     continue;
                 };
                 if let Ok(Some(cache)) = self.simulated_cache(node, true) {
@@ -579,17 +677,34 @@ impl Client {
     /// ones not sealed yet. Found objects are referenced until released.
     /// Each found object's descriptor says which node's region holds it
     /// (this daemon's, or a peer's in a cluster).
+    ///
+    /// An object whose descriptor names a region its node no longer has
+    /// (the node restarted after answering) is not found: it went with the
+    /// node's previous incarnation. Its reference is given back.
     pub fn get(&mut self, ids: &[ObjectId], timeout_ms: i64) -> Result<Vec<Option<Located>>> {
-        match self.channel.call(&Request::Get {
+        let objects = match self.channel.call(&Request::Get {
             timeout_ms,
             ids: ids.to_vec(),
         })? {
-            Reply::Objects { objects } if objects.len() == ids.len() => objects
-                .into_iter()
-                .map(|o| o.map(|l| self.check_located(l)).transpose())
-                .collect(),
-            other => Err(unexpected(other)),
-        }
+            Reply::Objects { objects } if objects.len() == ids.len() => objects,
+            other => return Err(unexpected(other)),
+        };
+        let mut gone = Vec::new();
+        let found = objects
+            .into_iter()
+            .zip(ids)
+            .map(
+                |(o, id)| match o.map(|l| self.check_located(l)).transpose() {
+                    Err(err) if err.kind() == ErrorKind::ObjectNotFound => {
+                        gone.push(*id);
+                        Ok(None)
+                    }
+                    other => other,
+                },
+            )
+            .collect();
+        self.release(&gone)?;
+        found
     }
 
     /// Drops references taken by get or create. One-way: does not wait.
@@ -661,8 +776,7 @@ impl Client {
                 "write sizes differ from the created object's",
             ));
         }
-        let node = self.node();
-        let dst = self.located_ptr_mut(Located { node, location })?;
+        let dst = self.located_ptr_mut(Located::local(self.node(), location))?;
         // SAFETY: the object's range is inside our mapping (checked on
         // receipt) and belongs to us until sealed; sources are ordinary memory.
         unsafe {
@@ -748,6 +862,17 @@ impl Subscription {
     }
 }
 
+/// A descriptor of a region generation the node's file no longer carries.
+fn stale_descriptor(node: u32, generation: u64) -> ShoalError {
+    ShoalError::new(
+        ErrorKind::ObjectNotFound,
+        format!(
+            "object on node {node}'s region of generation {generation}, which is gone \
+             (the node restarted)"
+        ),
+    )
+}
+
 /// The mapping in `slot`, made by `map` on first use.
 fn lazily(
     slot: &mut Option<Arc<Mapping>>,
@@ -770,4 +895,77 @@ fn expect_ok(reply: Reply) -> Result<()> {
 
 fn unexpected(reply: Reply) -> ShoalError {
     ShoalError::protocol(format!("unexpected reply {reply:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_core::region::Region;
+
+    const LEN: u64 = 1 << 16;
+
+    fn byte(mapping: &Mapping) -> u8 {
+        // SAFETY: offset 100 is inside every 64 KiB mapping of these tests.
+        unsafe { *mapping.base().add(100) }
+    }
+
+    #[test]
+    fn a_restarted_peer_is_mapped_anew_and_stale_descriptors_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n1");
+        let first = Region::create_shared(&path, LEN, 7).unwrap();
+        // SAFETY: inside the region.
+        unsafe { *first.base().add(100) = 1 };
+        let mut maps = PeerMaps::default();
+        let old = maps.resolve(1, &path, LEN, 7, false).unwrap();
+        assert_eq!((old.generation(), byte(&old)), (7, 1));
+        let old_writable = maps.resolve(1, &path, LEN, 7, true).unwrap();
+        maps.cache = Some(Arc::new(Mapping::anonymous(LEN).unwrap()));
+        assert!(Arc::ptr_eq(
+            &maps.resolve(1, &path, LEN, 7, false).unwrap(),
+            &old
+        ));
+        // A descriptor of a generation the file never had is refused, and
+        // nothing is remapped for it.
+        let err = maps.resolve(1, &path, LEN, 8, false).err().unwrap();
+        assert_eq!(err.kind(), ErrorKind::ObjectNotFound);
+        assert!(Arc::ptr_eq(
+            &maps.resolve(1, &path, LEN, 7, false).unwrap(),
+            &old
+        ));
+
+        // The node dies (its region is not dropped) and restarts: new file.
+        std::mem::forget(first);
+        let second = Region::create_shared(&path, LEN, 9).unwrap();
+        // SAFETY: inside the region.
+        unsafe { *second.base().add(100) = 2 };
+        // A descriptor the old incarnation made reads the old file only.
+        assert!(Arc::ptr_eq(
+            &maps.resolve(1, &path, LEN, 7, false).unwrap(),
+            &old
+        ));
+        // The new generation's descriptor remaps; everything of the old
+        // region is dropped here (buffers keep their own Arc).
+        let new = maps.resolve(1, &path, LEN, 9, false).unwrap();
+        assert_eq!((new.generation(), byte(&new)), (9, 2));
+        assert_eq!(maps.generation, 9);
+        assert!(maps.writable.is_none() && maps.cache.is_none());
+        assert_eq!(byte(&old), 1, "the old mapping stays valid while held");
+        // From now on the old generation's descriptors are refused.
+        let err = maps.resolve(1, &path, LEN, 7, false).err().unwrap();
+        assert_eq!(err.kind(), ErrorKind::ObjectNotFound);
+        let err = maps.resolve(1, &path, LEN, 7, true).err().unwrap();
+        assert_eq!(err.kind(), ErrorKind::ObjectNotFound);
+        assert_eq!(
+            maps.resolve(1, &path, LEN, 9, true).unwrap().generation(),
+            9
+        );
+        drop(old_writable);
+
+        // A descriptor newer than the file we see (made after yet another
+        // restart we have not seen the file of) is refused, never guessed.
+        drop(second);
+        let err = maps.resolve(1, &path, LEN, 11, false).err().unwrap();
+        assert_eq!(err.kind(), ErrorKind::ObjectNotFound);
+    }
 }

@@ -114,6 +114,77 @@ impl Directory {
         }
     }
 
+    /// Re-registration after this home (re)started with an empty directory:
+    /// `owner` still holds these ids, sealed ones at `locations[i]`, the others
+    /// being written. Per id `None`, or `ObjectExists` when another owner
+    /// holds it here (that registration stays: first come, first kept). Not
+    /// all or nothing, and idempotent: restoring an id again, or one the
+    /// owner registered itself meanwhile, only adds a location it lacked.
+    pub fn restore(
+        &mut self,
+        ids: &[ObjectId],
+        locations: &[Option<ObjectLocation>],
+        owner: u32,
+    ) -> Vec<Option<ErrorKind>> {
+        ids.iter()
+            .zip(locations)
+            .map(|(id, location)| {
+                let entry = self.entries.entry(*id).or_insert(DirectoryEntry {
+                    owner,
+                    sealed: None,
+                });
+                if entry.owner != owner {
+                    return Some(ErrorKind::ObjectExists);
+                }
+                if location.is_some() {
+                    entry.sealed = *location;
+                }
+                None
+            })
+            .collect()
+    }
+
+    /// Copies `node` keeps, re-announced while this home rebuilds: recorded
+    /// even for ids whose owner has not restored them yet (owners restore
+    /// concurrently); [`orphan_copies`](Self::orphan_copies) ends the rest.
+    pub fn restore_copies(&mut self, ids: &[ObjectId], node: u32) {
+        for id in ids {
+            let holders = self.copies.entry(*id).or_default();
+            if !holders.contains(&node) {
+                holders.push(node);
+            }
+        }
+    }
+
+    /// Copies of ids no owner holds (none restored them by the end of the
+    /// rebuild: their primary went with a node's previous incarnation, or
+    /// was deleted): forgotten here, returned as (holder, id) to drop.
+    pub fn orphan_copies(&mut self) -> Vec<(u32, ObjectId)> {
+        let entries = &self.entries;
+        let mut stale = Vec::new();
+        self.copies.retain(|id, holders| {
+            if entries.contains_key(id) {
+                return true;
+            }
+            stale.extend(holders.iter().map(|&node| (node, *id)));
+            false
+        });
+        stale
+    }
+
+    /// `owner` restarted: its store is new, so every id it registered here
+    /// is gone. Forgets them; returns how many, and the copies (holder, id)
+    /// to drop (a copy follows its primary, as on a delete).
+    pub fn forget_owner(&mut self, owner: u32) -> (usize, Vec<(u32, ObjectId)>) {
+        let gone: Vec<ObjectId> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.owner == owner)
+            .map(|(id, _)| *id)
+            .collect();
+        (gone.len(), self.unregister(&gone, owner))
+    }
+
     pub fn lookup(&self, id: &ObjectId) -> Option<DirectoryEntry> {
         self.entries.get(id).copied()
     }
@@ -167,6 +238,70 @@ mod tests {
             vec![None, Some(ErrorKind::ObjectExists)]
         );
         assert_eq!(d.len(), 2);
+    }
+
+    fn at(offset: u64) -> ObjectLocation {
+        ObjectLocation {
+            offset,
+            data_size: 8,
+            meta_size: 0,
+        }
+    }
+
+    #[test]
+    fn restore_keeps_the_first_owner_and_is_idempotent() {
+        let mut d = Directory::default();
+        // Node 2 restores a sealed id and one it is still writing.
+        assert_eq!(
+            d.restore(&[id(1), id(2)], &[Some(at(64)), None], 2),
+            vec![None, None]
+        );
+        assert_eq!(d.lookup(&id(1)).unwrap().sealed, Some(at(64)));
+        assert_eq!(d.lookup(&id(2)).unwrap().sealed, None);
+        // Another owner claiming either is refused; the first stays.
+        assert_eq!(
+            d.restore(&[id(1), id(3)], &[Some(at(128)), None], 0),
+            vec![Some(ErrorKind::ObjectExists), None]
+        );
+        assert_eq!(d.lookup(&id(1)).unwrap().owner, 2);
+        assert_eq!(d.register(&[id(2)], 1), vec![Some(ErrorKind::ObjectExists)]);
+        // Restoring again (a correction) adds the location, never removes one.
+        assert_eq!(
+            d.restore(&[id(2), id(1)], &[Some(at(256)), None], 2),
+            vec![None, None]
+        );
+        assert_eq!(d.lookup(&id(2)).unwrap().sealed, Some(at(256)));
+        assert_eq!(d.lookup(&id(1)).unwrap().sealed, Some(at(64)));
+        assert_eq!(d.len(), 3);
+    }
+
+    #[test]
+    fn copies_restored_before_their_owner_wait_for_it_then_orphans_are_dropped() {
+        let mut d = Directory::default();
+        d.restore_copies(&[id(1), id(2)], 3);
+        d.restore_copies(&[id(1)], 3);
+        d.restore(&[id(1)], &[Some(at(0))], 0);
+        // id 2's owner never restored it: its copy is an orphan.
+        assert_eq!(d.orphan_copies(), vec![(3, id(2))]);
+        assert!(d.orphan_copies().is_empty());
+        // id 1's copy is still known: the owner's delete drops it.
+        assert_eq!(d.unregister(&[id(1)], 0), vec![(3, id(1))]);
+    }
+
+    #[test]
+    fn a_restarted_owner_is_forgotten_with_its_copies() {
+        let mut d = Directory::default();
+        d.register(&[id(1), id(2)], 1);
+        d.register(&[id(3)], 2);
+        d.add_copies(&[id(2), id(3)], 0);
+        let (gone, mut stale) = d.forget_owner(1);
+        stale.sort();
+        assert_eq!((gone, stale), (2, vec![(0, id(2))]));
+        assert!(d.lookup(&id(1)).is_none() && d.lookup(&id(2)).is_none());
+        assert_eq!(d.lookup(&id(3)).unwrap().owner, 2);
+        assert_eq!(d.forget_owner(1), (0, Vec::new()));
+        // The ids are free again.
+        assert_eq!(d.register(&[id(1)], 0), vec![None]);
     }
 
     #[test]

@@ -8,11 +8,13 @@
 //! - [`auth`]: the shared-token check on every peer call.
 //! - [`bulk`]: the TCP data channel network-mode pulls read object bytes from.
 //! - [`ids`]: packing ids into the RPC's byte fields.
+//! - [`rebuild`]: rebuilding a (re)started home's directory from its peers.
 
 pub mod auth;
 pub mod bulk;
 pub mod directory;
 pub mod ids;
+pub mod rebuild;
 pub mod topology;
 
 /// Generated from proto/shoal/peer/v1/peer.proto.

@@ -57,13 +57,48 @@ impl Region {
     /// other nodes' clients can map it by name (cluster mapped mode), and is
     /// removed when the region is dropped. A file left by a daemon that died
     /// is replaced (the caller holds the node's lock).
-    pub fn create_shared(path: &Path, len: u64) -> Result<Self> {
-        let _ = std::fs::remove_file(path);
-        let region = Self::create_file(path, len, true);
+    ///
+    /// The file carries `generation` (the daemon's incarnation) in a trailer
+    /// after the region's `len` bytes, never mapped: a client that mapped the
+    /// file reads it ([`Mapping::generation`]) and so knows which incarnation
+    /// of the node its mapping shows. The file is complete (sized, trailer
+    /// written) before it appears at `path`: it is built under a temporary
+    /// name and renamed over whatever was there, so a client never opens a
+    /// region without its generation.
+    pub fn create_shared(path: &Path, len: u64, generation: u64) -> Result<Self> {
+        let name = path
+            .file_name()
+            .ok_or_else(|| ShoalError::invalid(format!("region path {}", path.display())))?;
+        let building = path.with_file_name(format!(
+            ".{}.{}.new",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&building);
+        let region = Self::create_file(&building, len, true).and_then(|mut region| {
+            region.write_trailer(generation)?;
+            std::fs::rename(&building, path).map_err(|e| {
+                ShoalError::io(&format!("rename region into {}", path.display()), e)
+            })?;
+            region.path = path.to_owned();
+            Ok(region)
+        });
         if region.is_err() {
-            let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(&building);
         }
         region
+    }
+
+    /// Grows the file by the trailer and writes `generation` into it.
+    fn write_trailer(&mut self, generation: u64) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let len = self.len();
+        self.file
+            .set_len(len + TRAILER_LEN)
+            .map_err(|e| ShoalError::io("size the region's trailer", e))?;
+        self.file
+            .write_all_at(&trailer(generation), len)
+            .map_err(|e| ShoalError::io("write the region's trailer", e))
     }
 
     /// Opens an existing mmap-able path (hugetlbfs file, DAX device) of the
@@ -191,9 +226,44 @@ pub fn is_device(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Bytes after a cluster node's region, in its file: magic, then the
+/// region's generation (little-endian u64), then zeros.
+pub const TRAILER_LEN: u64 = 32;
+const TRAILER_MAGIC: [u8; 8] = *b"SHOALGEN";
+
+fn trailer(generation: u64) -> [u8; TRAILER_LEN as usize] {
+    let mut bytes = [0u8; TRAILER_LEN as usize];
+    bytes[..8].copy_from_slice(&TRAILER_MAGIC);
+    bytes[8..16].copy_from_slice(&generation.to_le_bytes());
+    bytes
+}
+
+/// The generation in the trailer of a region file of `len` bytes (0: none).
+fn read_generation(file: &File, len: u64) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = [0u8; TRAILER_LEN as usize];
+    match file.read_exact_at(&mut bytes, len) {
+        Ok(()) if bytes[..8] == TRAILER_MAGIC => {
+            u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"))
+        }
+        _ => 0,
+    }
+}
+
+/// The generation of the region file at `path` now (a cluster node's region
+/// of `len` bytes; 0 if it has none), without mapping it.
+pub fn file_generation(path: &Path, len: u64) -> Result<u64> {
+    let file = File::open(path)
+        .map_err(|e| ShoalError::io(&format!("open peer region {}", path.display()), e))?;
+    Ok(read_generation(&file, len))
+}
+
 /// A client's mapping of a region received as a file descriptor.
 pub struct Mapping {
     map: MmapRaw,
+    /// For a peer's region mapped by path: the generation its file carries
+    /// (the incarnation of the daemon that made it; 0 if none).
+    generation: u64,
 }
 
 impl Mapping {
@@ -212,7 +282,7 @@ impl Mapping {
             .len(usize::try_from(len).map_err(|_| ShoalError::invalid("region too large"))?)
             .map_raw(fd.as_raw_fd())
             .map_err(|e| ShoalError::io("mmap the store's region", e))?;
-        Ok(Self { map })
+        Ok(Self { map, generation: 0 })
     }
 
     pub fn base(&self) -> *mut u8 {
@@ -225,6 +295,13 @@ impl Mapping {
 
     pub fn is_empty(&self) -> bool {
         self.map.len() == 0
+    }
+
+    /// The generation of the region file this maps (see
+    /// [`Region::create_shared`]): which incarnation of its node wrote it.
+    /// 0 for a region received as a descriptor or anonymous memory.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Maps another node's region by path, read-only (PROT_READ): a reader
@@ -250,7 +327,8 @@ impl Mapping {
             .populate()
             .map_raw_read_only(&file)
             .map_err(|e| ShoalError::io(&format!("mmap peer region {}", path.display()), e))?;
-        Ok(Self { map })
+        let generation = read_generation(&file, len);
+        Ok(Self { map, generation })
     }
 
     /// Maps another node's region by path, writable: for objects this client
@@ -265,7 +343,8 @@ impl Mapping {
             .len(usize::try_from(len).map_err(|_| ShoalError::invalid("region too large"))?)
             .map_raw(&file)
             .map_err(|e| ShoalError::io(&format!("mmap peer region {}", path.display()), e))?;
-        Ok(Self { map })
+        let generation = read_generation(&file, len);
+        Ok(Self { map, generation })
     }
 
     /// Private anonymous memory of `len` bytes (untouched pages cost
@@ -278,6 +357,7 @@ impl Mapping {
             .map_err(|e| ShoalError::io("mmap a simulated cache", e))?;
         Ok(Self {
             map: MmapRaw::from(map),
+            generation: 0,
         })
     }
 
@@ -330,6 +410,44 @@ mod tests {
             "the name is gone as soon as the region is mapped"
         );
         drop(region);
+    }
+
+    #[test]
+    fn a_shared_region_names_its_generation_and_a_restart_replaces_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node");
+        let first = Region::create_shared(&path, 1 << 16, 7).unwrap();
+        assert_eq!(first.path(), path);
+        assert_eq!(
+            first.len(),
+            1 << 16,
+            "the trailer is not part of the region"
+        );
+        let old = Mapping::map_path_readonly(&path, 1 << 16).unwrap();
+        assert_eq!(old.generation(), 7);
+        // SAFETY: inside both 64 KiB mappings.
+        unsafe { *first.base().add(100) = 1 };
+        // The node restarts (its daemon died: the old region is not dropped).
+        std::mem::forget(first);
+        let second = Region::create_shared(&path, 1 << 16, 9).unwrap();
+        // SAFETY: as above.
+        unsafe { *second.base().add(100) = 2 };
+        let new = Mapping::map_path_writable(&path, 1 << 16).unwrap();
+        assert_eq!(new.generation(), 9);
+        assert_eq!(file_generation(&path, 1 << 16).unwrap(), 9);
+        // SAFETY: as above. The old mapping still shows the old file.
+        unsafe {
+            assert_eq!(*old.base().add(100), 1);
+            assert_eq!(*new.base().add(100), 2);
+        }
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
+        drop(second);
+        assert!(!path.exists());
+        assert_eq!(Mapping::anonymous(4096).unwrap().generation(), 0);
     }
 
     #[test]

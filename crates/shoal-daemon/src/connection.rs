@@ -29,7 +29,7 @@ use crate::server::Shared;
 
 const READ_CHUNK: usize = 64 * 1024;
 /// The store client that owns network-mode copies while they are pulled.
-const COPY_CLIENT: u32 = PEER_CLIENT_BASE - 1;
+pub(crate) const COPY_CLIENT: u32 = PEER_CLIENT_BASE - 1;
 /// Objects at least this large are pulled in parallel ranges.
 const PARALLEL_PULL: u64 = 8 << 20;
 
@@ -153,6 +153,7 @@ impl Connection {
                 objects,
             } => match self.create(timeout_ms, &objects).await? {
                 Ok(locations) => Reply::Created {
+                    generation: 0,
                     offsets: locations.iter().map(|l| l.offset).collect(),
                 },
                 Err(err) => Reply::error(&err),
@@ -164,7 +165,10 @@ impl Connection {
             } => {
                 let me = self.shared.cluster.as_ref().map_or(0, |c| c.me);
                 let result = match self.shared.cluster.clone() {
-                    _ if node == me => self.create(timeout_ms, &objects).await?,
+                    _ if node == me => self
+                        .create(timeout_ms, &objects)
+                        .await?
+                        .map(|locations| (0, locations)),
                     None => Err(ShoalError::invalid(format!(
                         "create on node {node}: this daemon is not part of a cluster"
                     ))),
@@ -179,7 +183,8 @@ impl Connection {
                     }
                 };
                 match result {
-                    Ok(locations) => Reply::Created {
+                    Ok((generation, locations)) => Reply::Created {
+                        generation,
                         offsets: locations.iter().map(|l| l.offset).collect(),
                     },
                     Err(err) => Reply::error(&err),
@@ -398,10 +403,7 @@ impl Connection {
         self.shared.publish();
         let location = sealed?;
         cluster.announce_copies(&[id]).await;
-        Ok(location.map(|location| Located {
-            node: cluster.me,
-            location,
-        }))
+        Ok(location.map(|location| Located::local(cluster.me, location)))
     }
 
     fn remote_creation(&self, id: &ObjectId) -> bool {
@@ -517,7 +519,7 @@ impl Connection {
                     if slot.is_none() {
                         *slot = store
                             .get(self.client, id)
-                            .map(|location| Located { node: me, location });
+                            .map(|location| Located::local(me, location));
                         missing -= slot.is_some() as usize;
                     }
                 }
@@ -556,6 +558,7 @@ impl Connection {
                         } else {
                             found[i] = Some(Located {
                                 node: r.owner,
+                                generation: r.generation,
                                 location: r.location,
                             });
                         }

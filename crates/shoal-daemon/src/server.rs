@@ -241,11 +241,14 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     let cluster = config.cluster.as_ref().map(Cluster::new).transpose()?;
     let region = match (&config.region, &cluster) {
         // A cluster node's region keeps its name: peers on this host map it.
+        // Its file names the incarnation, so peers' clients that mapped a
+        // previous incarnation's region notice the restart.
         (_, Some(c)) => {
             let node = c.topology.node(c.me)?;
             Region::create_shared(
                 &node.region,
                 node.region_size.next_multiple_of(config.line_size),
+                c.incarnation,
             )?
         }
         (None, None) => Region::create(&default_region_path(), created_size)?,
@@ -441,6 +444,7 @@ async fn start_peer_service(
             for node in cluster.expired_leases() {
                 reclaim_references_of(&ticking, node, "its lease expired");
             }
+            cluster.rebuild_tick();
         }
     });
     tracing::info!(node = node.id, rpc = %node.rpc, nodes = cluster_size(shared), "cluster node up");
@@ -463,6 +467,20 @@ fn reclaim_references_of(shared: &Shared, node: u32, why: &str) {
     shared.space.notify_waiters();
 }
 
+/// `from` is alive at `incarnation` (0: unknown, ignored): renews its lease;
+/// if the incarnation is new, drops its references here (it restarted) and
+/// lets the directory rebuild deal with it (`cluster::rebuild::heard`).
+fn heard_incarnation(shared: &Rc<Shared>, from: u32, incarnation: u64) {
+    if incarnation == 0 {
+        return;
+    }
+    let cluster = shared.cluster.as_ref().expect("cluster mode");
+    if cluster.heard_from(from, incarnation) {
+        reclaim_references_of(shared, from, "it restarted");
+    }
+    crate::cluster::rebuild::heard(shared, from, incarnation);
+}
+
 /// Answers one peer call from the store (synchronously: no await while the
 /// store is borrowed).
 fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
@@ -478,14 +496,40 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
             incarnation,
             reply,
         } => {
-            if cluster.heard_from(from, incarnation) {
-                reclaim_references_of(shared, from, "it restarted");
-            }
+            heard_incarnation(shared, from, incarnation);
             let _ = reply.send(cluster.heartbeat_reply());
         }
-        PeerCall::Register { ids, owner, reply } => {
-            let _ = reply.send(cluster.directory_register(&ids, owner));
+        PeerCall::Register {
+            ids,
+            owner,
+            incarnation,
+            reply,
+        } => {
+            // A restart of the owner is dealt with before it claims anything.
+            heard_incarnation(shared, owner, incarnation);
+            let statuses = if cluster.directory_ready() {
+                cluster.directory_register(&ids, owner)
+            } else {
+                // Ids held elsewhere may not be restored here yet.
+                let code = u32::from(ErrorKind::NodeUnavailable.code());
+                Statuses {
+                    codes: vec![code; ids.len()],
+                }
+            };
+            let _ = reply.send(statuses);
         }
+        PeerCall::Restore {
+            from,
+            incarnation,
+            sealed,
+            pending,
+            copies,
+            reply,
+        } => {
+            heard_incarnation(shared, from, incarnation);
+            let _ = reply.send(cluster.directory_restore(from, &sealed, &pending, &copies));
+        }
+        PeerCall::Restored { from, incarnation } => cluster.restored_by(from, incarnation),
         PeerCall::Unregister { ids, owner } => {
             let stale = cluster.directory_unregister(&ids, owner);
             if !stale.is_empty() {
@@ -515,7 +559,10 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
             let _ = reply.send(());
         }
         PeerCall::Lookup { ids, reply } => {
-            let _ = reply.send(cluster.directory_lookup(&ids));
+            let answer = cluster
+                .local_lookup(&ids)
+                .map_err(|e| tonic::Status::unavailable(e.message()));
+            let _ = reply.send(answer);
         }
         PeerCall::Acquire { ids, from, reply } => {
             cluster.touch(from);
@@ -526,7 +573,10 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
                 shoal_cluster::ids::push_location(&mut entries, store.get(client, id));
             }
             drop(store);
-            let _ = reply.send(AcquireReply { entries });
+            let _ = reply.send(AcquireReply {
+                entries,
+                incarnation: cluster.incarnation,
+            });
         }
         PeerCall::Release { ids, from } => {
             let client = peer_client(from);
@@ -621,6 +671,7 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
                 objects: stats.objects,
                 clients: shared.connected.get() as u64,
                 region_size: stats.region_size,
+                rebuilding: !cluster.directory_ready(),
             });
         }
         PeerCall::List { reply } => {
@@ -668,6 +719,7 @@ async fn allocate_for_peer(
         code: u32::from(err.kind().code()),
         message: err.message().to_owned(),
         offsets: Vec::new(),
+        incarnation: 0,
     };
     let cluster = shared.cluster.clone().expect("cluster mode");
     let ids: Vec<_> = specs.iter().map(|s| s.0).collect();
@@ -690,6 +742,7 @@ async fn allocate_for_peer(
                     code: 0,
                     message: String::new(),
                     offsets: locations.iter().map(|l| l.offset).collect(),
+                    incarnation: cluster.incarnation,
                 }
             }
             Err(err) if err.kind() == ErrorKind::StoreFull && Instant::now() < deadline => {

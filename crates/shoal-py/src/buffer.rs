@@ -20,6 +20,10 @@ pub struct ObjectRef {
     /// Set when the reference was already given back (seal with release):
     /// dropping the buffer must then not release a reference taken later.
     pub released: std::sync::atomic::AtomicBool,
+    /// The mapping the bytes are in, for objects in another node's region:
+    /// kept mapped while the buffer lives, even after the client maps the
+    /// node anew (it restarted).
+    pub region: Option<Arc<shoal_core::region::Mapping>>,
 }
 
 impl Drop for ObjectRef {

@@ -190,21 +190,24 @@ impl Client {
     fn buffer(&self, id: ObjectId, location: ObjectLocation, writable: bool) -> Buffer {
         // SAFETY: locations are bounds-checked against the mapping by the Rust client.
         let address = unsafe { self.mapping.base().add(location.offset as usize) };
-        self.buffer_at(id, address, location, writable)
+        self.buffer_at(id, address, location, writable, None)
     }
 
-    /// A buffer over an object at `address` (in our region or a peer's).
+    /// A buffer over an object at `address` (in our region, or in `region`:
+    /// a peer's region or a simulated cache of it, kept mapped by the buffer).
     fn buffer_at(
         &self,
         id: ObjectId,
         address: *mut u8,
         location: ObjectLocation,
         writable: bool,
+        region: Option<Arc<Mapping>>,
     ) -> Buffer {
         let reference = Arc::new(ObjectRef {
             shared: self.shared.clone(),
             id,
             released: Default::default(),
+            region,
         });
         if writable {
             lock(&self.shared.creating).insert(id, Arc::downgrade(&reference));
@@ -306,11 +309,12 @@ impl Client {
         };
         // Here or on another node (remote allocation); the address is where
         // this process writes (a simulated fabric's cache copy, if any).
-        let (located, address) = py
+        let (located, region, address) = py
             .detach(|| {
                 self.shared.with(|c| {
                     let located = c.create_on(node, &[spec], timeout_ms)?[0];
-                    Ok((located, c.located_ptr_mut(located)? as usize))
+                    let (region, address) = c.located_region(located, true)?;
+                    Ok((located, region, address as usize))
                 })
             })
             .py()?;
@@ -320,7 +324,7 @@ impl Client {
         unsafe {
             std::ptr::copy_nonoverlapping(meta.as_ptr(), address.add(size as usize), meta.len())
         };
-        Ok(self.buffer_at(id, address, located.location, true))
+        Ok(self.buffer_at(id, address, located.location, true, Some(region)))
     }
 
     /// Creates many objects (no metadata) in one round trip, all or none.
@@ -353,7 +357,7 @@ impl Client {
                     locations
                         .into_iter()
                         .map(|location| {
-                            let address = c.located_ptr_mut(Located { node: me, location })?;
+                            let address = c.located_ptr_mut(Located::local(me, location))?;
                             Ok((location, address as usize))
                         })
                         .collect::<Result<Vec<_>>>()
@@ -363,7 +367,7 @@ impl Client {
         Ok(specs
             .iter()
             .zip(created)
-            .map(|(s, (l, address))| self.buffer_at(s.id, address as *mut u8, l, true))
+            .map(|(s, (l, address))| self.buffer_at(s.id, address as *mut u8, l, true, None))
             .collect())
     }
 
@@ -401,7 +405,8 @@ impl Client {
                         .into_iter()
                         .map(|o| match o {
                             Some(l) if l.node != me => {
-                                Ok(Some((l, Some(c.located_ptr(l)? as usize))))
+                                let (region, address) = c.located_region(l, false)?;
+                                Ok(Some((l, Some((region, address as usize)))))
                             }
                             Some(l) => Ok(Some((l, None))),
                             None => Ok(None),
@@ -415,7 +420,9 @@ impl Client {
             .zip(found)
             .map(|(id, found)| {
                 found.map(|(l, remote)| match remote {
-                    Some(address) => self.buffer_at(*id, address as *mut u8, l.location, false),
+                    Some((region, address)) => {
+                        self.buffer_at(*id, address as *mut u8, l.location, false, Some(region))
+                    }
                     None => self.buffer(*id, l.location, false),
                 })
             })

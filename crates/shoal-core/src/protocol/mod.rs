@@ -21,7 +21,10 @@ use crate::ids::ObjectId;
 use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 
 /// 2: Get answers carry the node holding each object; `ClusterInfo`.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: objects on other nodes (Get answers, `Created` for `CreateOn`) carry
+/// the generation of that node's region, so a client never reads a restarted
+/// node's new region through a descriptor of its old one (or the reverse).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -88,7 +91,22 @@ pub enum Request {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Located {
     pub node: u32,
+    /// For an object on another node: the generation of that node's region
+    /// (the incarnation of the daemon that answered), which the region file
+    /// the client maps must carry. 0 for the daemon's own region.
+    pub generation: u64,
     pub location: ObjectLocation,
+}
+
+impl Located {
+    /// An object in the daemon's own region (node `node`).
+    pub fn local(node: u32, location: ObjectLocation) -> Self {
+        Self {
+            node,
+            generation: 0,
+            location,
+        }
+    }
 }
 
 /// One node as `ClusterInfo` describes it to a client on this host.
@@ -135,7 +153,10 @@ pub enum Reply {
         /// The daemon is a cluster node: ask `ClusterInfo` for the peers.
         clustered: bool,
     },
+    /// `generation`: of the node's region the offsets are in (`CreateOn`
+    /// on another node); 0 for the daemon's own region.
     Created {
+        generation: u64,
         offsets: Vec<u64>,
     },
     Objects {
@@ -369,8 +390,11 @@ impl Reply {
                     .u32(u32::from(*resident) | u32::from(*clustered) << 1);
                 op::WELCOME
             }
-            Reply::Created { offsets } => {
-                w.u32(offsets.len() as u32);
+            Reply::Created {
+                generation,
+                offsets,
+            } => {
+                w.u64(*generation).u32(offsets.len() as u32);
                 for o in offsets {
                     w.u64(*o);
                 }
@@ -380,13 +404,18 @@ impl Reply {
                 w.u32(objects.len() as u32);
                 for o in objects {
                     match o {
-                        Some(Located { node, location }) => w
+                        Some(Located {
+                            node,
+                            generation,
+                            location,
+                        }) => w
                             .u8(1)
                             .u32(*node)
+                            .u64(*generation)
                             .u64(location.offset)
                             .u64(location.data_size)
                             .u32(location.meta_size),
-                        None => w.u8(0).u32(0).u64(0).u64(0).u32(0),
+                        None => w.u8(0).u32(0).u64(0).u64(0).u64(0).u32(0),
                     };
                 }
                 op::OBJECTS
@@ -499,23 +528,30 @@ impl Reply {
                 }
             }
             op::CREATED => {
+                let generation = r.u64()?;
                 let n = r.count(8)?;
                 Reply::Created {
+                    generation,
                     offsets: (0..n).map(|_| r.u64()).collect::<Result<_>>()?,
                 }
             }
             op::OBJECTS => {
-                let n = r.count(1 + 4 + 8 + 8 + 4)?;
+                let n = r.count(1 + 4 + 8 + 8 + 8 + 4)?;
                 let mut objects = Vec::with_capacity(n);
                 for _ in 0..n {
                     let found = r.bool()?;
                     let node = r.u32()?;
+                    let generation = r.u64()?;
                     let location = ObjectLocation {
                         offset: r.u64()?,
                         data_size: r.u64()?,
                         meta_size: r.u32()?,
                     };
-                    objects.push(found.then_some(Located { node, location }));
+                    objects.push(found.then_some(Located {
+                        node,
+                        generation,
+                        location,
+                    }));
                 }
                 Reply::Objects { objects }
             }

@@ -95,15 +95,22 @@ fn every_reply_round_trips() {
             clustered: true,
         },
         Reply::Created {
+            generation: 0,
             offsets: vec![0, 64, 128],
+        },
+        Reply::Created {
+            generation: u64::MAX - 1,
+            offsets: vec![4096],
         },
         Reply::Objects {
             objects: vec![
                 Some(Located {
                     node: 2,
+                    generation: 0x1234_5678_9abc_def0,
                     location: loc,
                 }),
                 None,
+                Some(Located::local(0, loc)),
             ],
         },
         Reply::ClusterInfo {

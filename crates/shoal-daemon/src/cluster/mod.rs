@@ -12,11 +12,15 @@
 //!   heartbeats stop for a lease (a dead node's references are reclaimed) or
 //!   its incarnation changes (it restarted).
 //!
+//! - a node that (re)starts has its directory rebuilt by its peers before
+//!   it registers or looks up ids (`rebuild`).
+//!
 //! Control travels over the peer RPC (`service`); object bytes never do: in
 //! mapped mode they are read in place, in network mode they are pulled over
 //! the bulk data channel (`bulk`).
 
 pub(crate) mod bulk;
+pub(crate) mod rebuild;
 pub(crate) mod service;
 
 use std::cell::{Cell, RefCell};
@@ -69,6 +73,8 @@ type PeerRpc = PeerClient<InterceptedService<Channel, Credentials>>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Remote {
     pub owner: u32,
+    /// The owner's incarnation that answered (its region's generation).
+    pub generation: u64,
     pub location: ObjectLocation,
     /// The owner's memory cannot be mapped here: pull the bytes (network mode).
     pub network: bool,
@@ -110,6 +116,8 @@ pub(crate) struct Cluster {
     /// when it answers a heartbeat. home → ids.
     unregister_later: RefCell<HashMap<u32, std::collections::HashSet<ObjectId>>>,
     pub heartbeats_sent: Cell<u64>,
+    /// This node's directory rebuild, and what it restores at restarted peers.
+    rebuild: RefCell<rebuild::Rebuild>,
 }
 
 fn status_error(node: u32, status: tonic::Status) -> ShoalError {
@@ -163,6 +171,7 @@ impl Cluster {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64);
         let n = topology.len();
+        let rebuild = rebuild::Rebuild::new(n, config.node, topology.lease);
         Ok(Self {
             topology,
             me: config.node,
@@ -178,6 +187,7 @@ impl Cluster {
             alive: RefCell::new(vec![None; n]),
             unregister_later: RefCell::default(),
             heartbeats_sent: Cell::new(0),
+            rebuild: RefCell::new(rebuild),
         })
     }
 
@@ -192,7 +202,14 @@ impl Cluster {
     /// then stopped (down, or cut off by a partition) fails at once instead
     /// of after the RPC timeout, until a heartbeat gets through again.
     pub(crate) fn reachable(&self, node: u32) -> Result<PeerRpc> {
-        if self.alive.borrow().get(node as usize) == Some(&Some(false)) {
+        // Not on one failed heartbeat alone: the first call on a connection
+        // to a restarted peer fails too. A peer we heard from within half a
+        // lease is tried; a cut-off one is silent both ways.
+        let heard = self.seen.borrow().get(node as usize).is_some_and(|s| {
+            s.last
+                .is_some_and(|t| t.elapsed() < self.topology.lease / 2)
+        });
+        if !heard && self.alive.borrow().get(node as usize) == Some(&Some(false)) {
             return Err(ShoalError::new(
                 ErrorKind::NodeUnavailable,
                 format!("node {node} is not answering heartbeats"),
@@ -305,6 +322,11 @@ impl Cluster {
         let restarted = entry.incarnation != 0 && entry.incarnation != incarnation;
         entry.incarnation = incarnation;
         entry.last = Some(Instant::now());
+        if restarted {
+            // A new process: whatever our heartbeats saw of the old one (down)
+            // says nothing of it, so calls to it are tried again at once.
+            self.alive.borrow_mut()[node as usize] = None;
+        }
         restarted
     }
 
@@ -360,6 +382,7 @@ impl Cluster {
         // A peer that never answered stays unknown (still starting).
         alive[node as usize] = if ok { Some(true) } else { was.map(|_| false) };
         self.heartbeats_sent.set(self.heartbeats_sent.get() + 1);
+        self.rebuild.borrow_mut().readiness.heartbeat(node, ok);
     }
 
     /// Any call from a peer shows it is alive: a node that takes references
@@ -375,6 +398,16 @@ impl Cluster {
 
     /// Registers ids for this node at their homes, all or none.
     pub async fn register(&self, ids: &[ObjectId]) -> Result<()> {
+        // A starting node claims nothing before its peers heard it started.
+        self.until_ready().await;
+        let ticket = self.rebuild.borrow_mut().claims.begin();
+        let result = self.register_at_homes(ids).await;
+        let claimed = if result.is_ok() { ids } else { &[] };
+        self.rebuild.borrow_mut().claims.end(ticket, claimed);
+        result
+    }
+
+    async fn register_at_homes(&self, ids: &[ObjectId]) -> Result<()> {
         let groups = self.by_node(ids, |id| self.home(id));
         let calls = groups.iter().map(|(home, positions)| {
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
@@ -386,6 +419,7 @@ impl Cluster {
                     peer.register(RegisterRequest {
                         ids: pack(&group),
                         owner: self.me,
+                        incarnation: self.incarnation,
                     })
                     .await
                     .map_err(|s| status_error(*home, s))?
@@ -404,10 +438,12 @@ impl Cluster {
                     if let Some(pos) = codes.iter().position(|&c| c != 0) {
                         let kind = ErrorKind::from_code(codes[pos] as u16)
                             .unwrap_or(ErrorKind::ObjectExists);
-                        failure.get_or_insert(ShoalError::new(
-                            kind,
-                            format!("object {} already exists in the cluster", group[pos]),
-                        ));
+                        let message = if kind == ErrorKind::NodeUnavailable {
+                            format!("node {home} is rebuilding its directory after a restart")
+                        } else {
+                            format!("object {} already exists in the cluster", group[pos])
+                        };
+                        failure.get_or_insert(ShoalError::new(kind, message));
                     } else {
                         // Claimed anew: an unregister it missed must not free them.
                         if let Some(missed) = self.unregister_later.borrow_mut().get_mut(&home) {
@@ -436,6 +472,7 @@ impl Cluster {
     /// Unregisters ids this node no longer holds (best effort: a home that
     /// is down keeps a stale entry, which gets answer "not found" at the owner).
     pub async fn unregister(&self, ids: &[ObjectId]) {
+        self.rebuild.borrow_mut().claims.settle(ids);
         let groups = self.by_node(ids, |id| self.home(id));
         let calls = groups.into_iter().map(|(home, positions)| {
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
@@ -485,6 +522,7 @@ impl Cluster {
 
     /// Tells the homes where sealed ids live; done when every home has it.
     pub async fn publish(&self, ids: &[ObjectId], locations: &[ObjectLocation]) -> Result<()> {
+        self.rebuild.borrow_mut().claims.settle(ids);
         let groups = self.by_node(ids, |id| self.home(id));
         let calls = groups.into_iter().map(|(home, positions)| {
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
@@ -511,6 +549,9 @@ impl Cluster {
     /// One Lookup per home (for ids whose owner is not cached), one Acquire
     /// per owner. `None` for ids not sealed anywhere (yet).
     pub async fn get(&self, client: ClientId, ids: &[ObjectId]) -> Result<Vec<Option<Remote>>> {
+        // A starting node takes no references before its peers heard it
+        // started (they drop the references of its previous incarnation).
+        self.until_ready().await;
         let mut owners: Vec<Option<u32>> = {
             let cache = self.owners.borrow();
             ids.iter().map(|id| cache.get(id).copied()).collect()
@@ -557,7 +598,7 @@ impl Cluster {
             let mut stale = false;
             for (owner, slots, group, reply) in join_all(calls).await {
                 // An owner that is down: its objects stay missing, the rest are found.
-                let reply = match reply {
+                let (generation, reply) = match reply {
                     Ok(reply) => reply,
                     Err(err) if err.kind() == ErrorKind::NodeUnavailable => {
                         tracing::debug!(%err, "acquire");
@@ -595,6 +636,7 @@ impl Cluster {
                         Some(location) => {
                             found[slot] = Some(Remote {
                                 owner,
+                                generation,
                                 location,
                                 network,
                             });
@@ -635,7 +677,9 @@ impl Cluster {
         });
         let mut surplus = Vec::new();
         for (node, reply) in join_all(calls).await {
-            let Ok(reply) = reply else { continue };
+            let Ok((generation, reply)) = reply else {
+                continue;
+            };
             for (k, location) in reply.into_iter().enumerate() {
                 let Some(location) = location else { continue };
                 if found[slots[k]].is_some() || self.check_location(node, &location).is_err() {
@@ -645,6 +689,7 @@ impl Cluster {
                 }
                 found[slots[k]] = Some(Remote {
                     owner: node,
+                    generation,
                     location,
                     network: self.is_network(node),
                 });
@@ -667,7 +712,7 @@ impl Cluster {
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
             async move {
                 let reply = if home == self.me {
-                    Ok(self.directory_lookup(&group))
+                    self.local_lookup(&group)
                 } else {
                     match self.reachable(home) {
                         Ok(mut peer) => peer
@@ -696,15 +741,25 @@ impl Cluster {
         Ok((owners, homes_down))
     }
 
-    async fn acquire(&self, owner: u32, ids: &[ObjectId]) -> Result<Vec<Option<ObjectLocation>>> {
+    /// References `ids` at `owner`: the owner's incarnation, and per id its
+    /// location if it is sealed there.
+    async fn acquire(
+        &self,
+        owner: u32,
+        ids: &[ObjectId],
+    ) -> Result<(u64, Vec<Option<ObjectLocation>>)> {
         let mut peer = self.reachable(owner)?;
-        let AcquireReply { entries } = peer
+        let AcquireReply {
+            entries,
+            incarnation,
+        } = peer
             .acquire(Ids { ids: pack(ids) })
             .await
             .map_err(|s| status_error(owner, s))?
             .into_inner();
-        shoal_cluster::ids::locations(&entries, ids.len())
-            .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))
+        let locations = shoal_cluster::ids::locations(&entries, ids.len())
+            .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))?;
+        Ok((incarnation, locations))
     }
 
     /// A descriptor from a peer must lie inside that peer's region as the
@@ -817,14 +872,15 @@ impl Cluster {
     }
 
     /// Remote allocation: asks `node` to create objects in its region for
-    /// `client`, which holds the creator's reference there.
+    /// `client`, which holds the creator's reference there. Returns the
+    /// node's incarnation (its region's generation) and the locations.
     pub async fn allocate(
         &self,
         client: ClientId,
         node: u32,
         specs: &[(ObjectId, u64, u32)],
         timeout_ms: u32,
-    ) -> Result<Vec<ObjectLocation>> {
+    ) -> Result<(u64, Vec<ObjectLocation>)> {
         let mut peer = self.reachable(node)?;
         let ids: Vec<ObjectId> = specs.iter().map(|s| s.0).collect();
         let mut request = tonic::Request::new(shoal_cluster::proto::AllocateRequest {
@@ -874,7 +930,7 @@ impl Cluster {
             mine.insert(*id, node);
             self.hold(client, *id, node);
         }
-        Ok(locations)
+        Ok((reply.incarnation, locations))
     }
 
     /// The node on which `client` is writing `id`, if it allocated it remotely.
@@ -947,6 +1003,7 @@ impl Cluster {
 
     /// Deletes ids owned elsewhere at their owners; per-id error kinds.
     pub async fn delete_remote(&self, ids: &[ObjectId]) -> Vec<Option<ErrorKind>> {
+        self.until_ready().await;
         let (mut owners, homes_down) = match self.lookup(ids).await {
             Ok(found) => found,
             Err(e) => return vec![Some(e.kind()); ids.len()],

@@ -7,8 +7,8 @@ use shoal_cluster::ids::unpack;
 use shoal_cluster::proto::peer_server::Peer;
 use shoal_cluster::proto::{
     AcquireReply, AllocateReply, AllocateRequest, Empty, HeartbeatReply, HeartbeatRequest, Ids,
-    ListReply, LookupReply, NodeStatus, Outcome, PublishRequest, RegisterRequest, SealRequest,
-    Statuses,
+    ListReply, LookupReply, NodeStatus, Outcome, PublishRequest, RegisterRequest, RestoreRequest,
+    RestoredRequest, SealRequest, Statuses,
 };
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
@@ -27,6 +27,8 @@ pub(crate) enum PeerCall {
     Register {
         ids: Vec<ObjectId>,
         owner: u32,
+        /// The owner's incarnation (0: unknown).
+        incarnation: u64,
         reply: oneshot::Sender<Statuses>,
     },
     Unregister {
@@ -39,9 +41,25 @@ pub(crate) enum PeerCall {
         owner: u32,
         reply: oneshot::Sender<()>,
     },
+    /// Refused (the error) while this node's directory is being rebuilt.
     Lookup {
         ids: Vec<ObjectId>,
-        reply: oneshot::Sender<LookupReply>,
+        reply: oneshot::Sender<Result<LookupReply, Status>>,
+    },
+    /// A peer re-registers what it holds whose home is this node.
+    Restore {
+        from: u32,
+        /// The caller's incarnation (0: unknown).
+        incarnation: u64,
+        sealed: Vec<(ObjectId, ObjectLocation)>,
+        pending: Vec<ObjectId>,
+        copies: Vec<ObjectId>,
+        reply: oneshot::Sender<Statuses>,
+    },
+    /// A peer finished restoring for our incarnation `incarnation`.
+    Restored {
+        from: u32,
+        incarnation: u64,
     },
     Acquire {
         ids: Vec<ObjectId>,
@@ -146,9 +164,11 @@ impl Peer for PeerService {
             ));
         }
         let ids = unpack(&request.ids)?;
+        let incarnation = request.incarnation;
         self.ask(|reply| PeerCall::Register {
             ids,
             owner: from,
+            incarnation,
             reply,
         })
         .await
@@ -186,8 +206,46 @@ impl Peer for PeerService {
     async fn lookup(&self, request: Request<Ids>) -> Result<Response<LookupReply>, Status> {
         let ids = unpack(&request.into_inner().ids)?;
         self.ask(|reply| PeerCall::Lookup { ids, reply })
-            .await
+            .await?
             .map(Response::new)
+    }
+
+    async fn restore(
+        &self,
+        request: Request<RestoreRequest>,
+    ) -> Result<Response<Statuses>, Status> {
+        let from = caller_node(request.metadata())?;
+        let request = request.into_inner();
+        let sealed_ids = unpack(&request.sealed)?;
+        if sealed_ids.len() != request.locations.len() {
+            return Err(Status::invalid_argument(
+                "sealed ids and locations differ in count",
+            ));
+        }
+        let sealed = sealed_ids
+            .into_iter()
+            .zip(request.locations.iter().map(location))
+            .collect();
+        let pending = unpack(&request.pending)?;
+        let copies = unpack(&request.copies)?;
+        let incarnation = request.caller_incarnation;
+        self.ask(|reply| PeerCall::Restore {
+            from,
+            incarnation,
+            sealed,
+            pending,
+            copies,
+            reply,
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn restored(&self, request: Request<RestoredRequest>) -> Result<Response<Empty>, Status> {
+        let from = caller_node(request.metadata())?;
+        let incarnation = request.into_inner().incarnation;
+        self.tell(PeerCall::Restored { from, incarnation }).await?;
+        Ok(Response::new(Empty {}))
     }
 
     async fn acquire(&self, request: Request<Ids>) -> Result<Response<AcquireReply>, Status> {
