@@ -103,6 +103,34 @@ impl Directory {
         }
     }
 
+    /// `node` made copies of `owner`'s objects sealed at `locations`
+    /// (network mode) while holding references at the owner. Recorded only
+    /// where the id is still that object: a copy of one deleted (or deleted
+    /// and created again) meanwhile is refused, and its holder drops it. The
+    /// owner's reference pins the location, so an equal location is the same
+    /// object. Per id whether the copy was recorded.
+    pub fn add_checked_copies(
+        &mut self,
+        ids: &[ObjectId],
+        owner: u32,
+        locations: &[ObjectLocation],
+        node: u32,
+    ) -> Vec<bool> {
+        ids.iter()
+            .zip(locations)
+            .map(|(id, location)| {
+                let current = self
+                    .entries
+                    .get(id)
+                    .is_some_and(|e| e.owner == owner && e.sealed == Some(*location));
+                if current {
+                    self.add_copies(std::slice::from_ref(id), node);
+                }
+                current
+            })
+            .collect()
+    }
+
     /// Records where `owner` sealed its ids. Ids it does not own are ignored.
     pub fn publish(&mut self, ids: &[ObjectId], locations: &[ObjectLocation], owner: u32) {
         for (id, location) in ids.iter().zip(locations) {
@@ -246,6 +274,34 @@ mod tests {
             data_size: 8,
             meta_size: 0,
         }
+    }
+
+    #[test]
+    fn a_copy_of_a_deleted_or_replaced_object_is_refused() {
+        let mut d = Directory::default();
+        d.register(&[id(1), id(2), id(3)], 0);
+        d.publish(&[id(1), id(2), id(3)], &[at(0), at(64), at(128)], 0);
+        d.unregister(&[id(2)], 0); // deleted before the copy was announced
+        d.unregister(&[id(3)], 0);
+        d.register(&[id(3)], 1); // ...and created again elsewhere
+        d.publish(&[id(3)], &[at(128)], 1);
+        let accepted = d.add_checked_copies(
+            &[id(1), id(2), id(3), id(9)],
+            0,
+            &[at(0), at(64), at(128), at(0)],
+            5,
+        );
+        assert_eq!(accepted, vec![true, false, false, false]);
+        // Only the recorded copy is dropped with its primary.
+        assert_eq!(d.unregister(&[id(1)], 0), vec![(5, id(1))]);
+        assert!(d.unregister(&[id(3)], 1).is_empty());
+        // A location that moved (deleted, created again by the same owner) is refused too.
+        d.register(&[id(4)], 0);
+        d.publish(&[id(4)], &[at(256)], 0);
+        assert_eq!(
+            d.add_checked_copies(&[id(4)], 0, &[at(512)], 5),
+            vec![false]
+        );
     }
 
     #[test]

@@ -387,7 +387,6 @@ impl Connection {
         // hands out in-range blocks) and is ours until sealed.
         let dst = unsafe { self.shared.region.base().add(local.offset as usize) };
         let fetched = cluster.fetch(remote.owner, id, size, dst, parts).await;
-        release_remote(cluster, self.client);
         let sealed = {
             let mut store = self.shared.store.borrow_mut();
             match fetched {
@@ -401,8 +400,24 @@ impl Connection {
             }
         };
         self.shared.publish();
-        let location = sealed?;
-        cluster.announce_copies(&[id]).await;
+        let location = match sealed {
+            Ok(location) => location,
+            Err(err) => {
+                release_remote(cluster, self.client);
+                return Err(err);
+            }
+        };
+        // Announced while the owner's reference still pins the original, so
+        // the home can tell a copy of the current object from one of an
+        // object deleted (or replaced) meanwhile.
+        let kept = cluster.announce_copies(&[id], remote.owner, &[l]).await[0];
+        release_remote(cluster, self.client);
+        if !kept {
+            // This get still answers (it overlapped the delete), but the copy
+            // goes: hidden now, freed when the client releases it.
+            let _ = self.shared.store.borrow_mut().delete(&id);
+            self.shared.publish();
+        }
         Ok(location.map(|location| Located::local(cluster.me, location)))
     }
 

@@ -537,7 +537,26 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
                 tokio::task::spawn_local(async move { cluster.send_drops(stale).await });
             }
         }
-        PeerCall::Cached { ids, from } => cluster.directory_add_copies(&ids, from),
+        PeerCall::Cached {
+            ids,
+            owner,
+            locations,
+            from,
+            reply,
+        } => {
+            let accepted = cluster.directory_add_checked_copies(&ids, owner, &locations, from);
+            let codes = accepted
+                .into_iter()
+                .map(|ok| {
+                    if ok {
+                        0
+                    } else {
+                        ErrorKind::ObjectNotFound.code() as u32
+                    }
+                })
+                .collect();
+            let _ = reply.send(Statuses { codes });
+        }
         PeerCall::Drop { ids } => {
             let copies = cluster.forget_copies(&ids);
             {

@@ -33,8 +33,8 @@ use shoal_cluster::auth::Credentials;
 use shoal_cluster::ids::pack;
 use shoal_cluster::proto::peer_client::PeerClient;
 use shoal_cluster::proto::{
-    AcquireReply, HeartbeatReply, HeartbeatRequest, Ids, Location, LookupReply, PublishRequest,
-    RegisterRequest, SealRequest, Statuses,
+    AcquireReply, CachedRequest, HeartbeatReply, HeartbeatRequest, Ids, Location, LookupReply,
+    PublishRequest, RegisterRequest, SealRequest, Statuses,
 };
 use shoal_cluster::{home_of, Access, Directory, Topology};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
@@ -254,8 +254,16 @@ impl Cluster {
         self.directory.borrow_mut().unregister(ids, owner)
     }
 
-    pub fn directory_add_copies(&self, ids: &[ObjectId], node: u32) {
-        self.directory.borrow_mut().add_copies(ids, node);
+    pub fn directory_add_checked_copies(
+        &self,
+        ids: &[ObjectId],
+        owner: u32,
+        locations: &[ObjectLocation],
+        node: u32,
+    ) -> Vec<bool> {
+        self.directory
+            .borrow_mut()
+            .add_checked_copies(ids, owner, locations, node)
     }
 
     /// Tells nodes holding network-mode copies of deleted ids to drop them.
@@ -788,20 +796,57 @@ impl Cluster {
     }
 
     /// Tells the homes this node keeps copies of `ids` (dropped on delete).
-    pub async fn announce_copies(&self, ids: &[ObjectId]) {
+    /// Announces copies of `owner`'s objects (sealed there at `locations`)
+    /// to their homes; call it while still holding the references at the
+    /// owner. Per id whether the home recorded the copy: one it refused (the
+    /// object was deleted or replaced meanwhile) or could not be told of (a
+    /// later delete would not drop it) must not be kept.
+    pub async fn announce_copies(
+        &self,
+        ids: &[ObjectId],
+        owner: u32,
+        locations: &[ObjectLocation],
+    ) -> Vec<bool> {
         self.copies.borrow_mut().extend(ids.iter().copied());
+        let mut accepted = vec![false; ids.len()];
         let groups = self.by_node(ids, |id| self.home(id));
         let calls = groups.into_iter().map(|(home, positions)| {
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+            let at: Vec<ObjectLocation> = positions.iter().map(|&i| locations[i]).collect();
             async move {
-                if home == self.me {
-                    self.directory_add_copies(&group, self.me);
-                } else if let Ok(mut peer) = self.peer(home) {
-                    let _ = peer.cached(Ids { ids: pack(&group) }).await;
-                }
+                let recorded = if home == self.me {
+                    self.directory_add_checked_copies(&group, owner, &at, self.me)
+                } else {
+                    let request = CachedRequest {
+                        ids: pack(&group),
+                        owner,
+                        locations: at.iter().map(to_proto).collect(),
+                    };
+                    match self.reachable(home) {
+                        Ok(mut peer) => match peer.cached(request).await {
+                            Ok(reply) => reply.into_inner().codes.iter().map(|&c| c == 0).collect(),
+                            Err(status) => {
+                                tracing::debug!(home, %status, "copy announcement failed");
+                                vec![false; group.len()]
+                            }
+                        },
+                        Err(_) => vec![false; group.len()],
+                    }
+                };
+                (positions, recorded)
             }
         });
-        join_all(calls).await;
+        for (positions, recorded) in join_all(calls).await {
+            for (i, ok) in positions.into_iter().zip(recorded) {
+                accepted[i] = ok;
+            }
+        }
+        let refused: Vec<ObjectId> = (0..ids.len())
+            .filter(|&i| !accepted[i])
+            .map(|i| ids[i])
+            .collect();
+        self.forget_copies(&refused);
+        accepted
     }
 
     fn hold(&self, client: ClientId, id: ObjectId, owner: u32) {

@@ -6,9 +6,9 @@
 use shoal_cluster::ids::unpack;
 use shoal_cluster::proto::peer_server::Peer;
 use shoal_cluster::proto::{
-    AcquireReply, AllocateReply, AllocateRequest, Empty, HeartbeatReply, HeartbeatRequest, Ids,
-    ListReply, LookupReply, NodeStatus, Outcome, PublishRequest, RegisterRequest, RestoreRequest,
-    RestoredRequest, SealRequest, Statuses,
+    AcquireReply, AllocateReply, AllocateRequest, CachedRequest, Empty, HeartbeatReply,
+    HeartbeatRequest, Ids, ListReply, LookupReply, NodeStatus, Outcome, PublishRequest,
+    RegisterRequest, RestoreRequest, RestoredRequest, SealRequest, Statuses,
 };
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
@@ -93,7 +93,10 @@ pub(crate) enum PeerCall {
     },
     Cached {
         ids: Vec<ObjectId>,
+        owner: u32,
+        locations: Vec<ObjectLocation>,
         from: u32,
+        reply: oneshot::Sender<Statuses>,
     },
     Drop {
         ids: Vec<ObjectId>,
@@ -320,11 +323,24 @@ impl Peer for PeerService {
             .map(Response::new)
     }
 
-    async fn cached(&self, request: Request<Ids>) -> Result<Response<Empty>, Status> {
+    async fn cached(&self, request: Request<CachedRequest>) -> Result<Response<Statuses>, Status> {
         let from = caller_node(request.metadata())?;
-        let ids = unpack(&request.into_inner().ids)?;
-        self.tell(PeerCall::Cached { ids, from }).await?;
-        Ok(Response::new(Empty {}))
+        let request = request.into_inner();
+        let ids = unpack(&request.ids)?;
+        if request.locations.len() != ids.len() {
+            return Err(Status::invalid_argument("one location per id"));
+        }
+        let locations = request.locations.iter().map(location).collect();
+        let owner = request.owner;
+        self.ask(|reply| PeerCall::Cached {
+            ids,
+            owner,
+            locations,
+            from,
+            reply,
+        })
+        .await
+        .map(Response::new)
     }
 
     async fn drop(&self, request: Request<Ids>) -> Result<Response<Empty>, Status> {
