@@ -298,6 +298,32 @@ def test_remote_allocation_errors_change_nothing(cluster):
         a.seal(oid)
 
 
+@pytest.mark.parametrize("fabric", ["coherent", "noncoherent", "simulated-noncoherent"])
+def test_the_flush_hook_does_the_seals_write_back_once(make_cluster, fabric):
+    """`_raw.flush_unsealed` (a diagnostic hook for bench/table55.py) runs the write-back a
+    seal would run, once: it covers the object on a non-coherent fabric, nothing on a coherent
+    one, and the seal that follows does not flush it again. On the simulated fabric only a
+    flush moves the bytes to the region, so the reader's bytes show the hook did it."""
+    noncoherent = fabric != "coherent"
+    cluster = make_cluster(
+        coherence="noncoherent" if noncoherent else "coherent", simulate_caches=fabric.startswith("sim")
+    )
+    writer, reader = cluster.client(0), cluster.client(2)
+    for node in (0, 1):  # local and remote allocation
+        oid = OID.from_random()
+        buffer = writer.create(oid, 100_000, b"meta", node=node)
+        np.frombuffer(buffer, np.uint8)[:] = 5
+        assert writer._raw.flush_unsealed([oid]) == (100_004 if noncoherent else 0)
+        assert writer._raw.flush_unsealed([oid]) == 0, "flushed twice"
+        writer.seal(oid)
+        del buffer
+        got = reader.get_buffer(oid)
+        assert np.frombuffer(got, np.uint8).min() == 5 and bytes(got.metadata()) == b"meta"
+        del got
+    instructions = {"clwb", "clflushopt", "clflush", "dc civac", "dcbf", "none"}
+    assert shoal._internal.flush_instruction() in instructions
+
+
 def test_a_crashed_writer_leaves_no_remote_allocation_behind(cluster, spawn):
     host = cluster.client(1)
     writer = spawn(
