@@ -382,6 +382,17 @@ impl Client {
         Ok(())
     }
 
+    /// Diagnostic hook (benchmarks): writes back now the cache lines `seal`
+    /// would write back for these unsealed objects of this client — the same
+    /// routine, on a non-coherent fabric; nothing on a coherent one — and
+    /// returns how many bytes it covered. The seal then skips them, so write
+    /// nothing to them in between.
+    fn flush_unsealed(&self, py: Python<'_>, ids: PyIds) -> PyResult<u64> {
+        let ids = ids.0;
+        py.detach(|| self.shared.with(|c| Ok(c.flush_unsealed(&ids))))
+            .py()
+    }
+
     fn abort(&self, py: Python<'_>, id: PyId) -> PyResult<()> {
         let id = id.0;
         py.detach(|| self.shared.with(|c| c.abort(id))).py()?;

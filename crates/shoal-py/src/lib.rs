@@ -20,6 +20,14 @@ fn default_socket() -> String {
     shoal_cli::default_socket().display().to_string()
 }
 
+/// The cache write-back instruction a seal uses on a non-coherent fabric on
+/// this machine ("clwb", "clflushopt", "clflush", "dc civac", "dcbf" or
+/// "none"), for benchmark reports.
+#[pyfunction]
+fn flush_instruction() -> &'static str {
+    shoal_core::coherence::instruction_in_use()
+}
+
 #[pymodule]
 fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Client>()?;
@@ -27,6 +35,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::Buffer>()?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(default_socket, m)?)?;
+    m.add_function(wrap_pyfunction!(flush_instruction, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
