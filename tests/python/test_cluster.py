@@ -674,6 +674,9 @@ def test_a_restarted_node_gets_its_directory_back_and_loses_its_own_objects(clus
     assert bytes(seen) == b"old incarnation0"
     old_offset = old_b.get_buffer(lost[0]).address - old_b.region_address
 
+    # Node 1's heartbeats reach both peers first: a peer that never heard the old
+    # incarnation would take the new one for a first contact (restored alike, not logged alike).
+    time.sleep(3 * 0.2)
     cluster.kill(1)
     cluster.start(1)  # at once: the others may never have seen it down
     b = cluster.client(1)
