@@ -927,7 +927,8 @@ def report(run):
         *targets(pairs, read_bw, res),
         "",
         "Not measured here: Table 5.5 (creating a table in another node's memory), which is "
-        "bench/table55.py, and the pull of an object over the network (network mode), not measured yet.",
+        "bench/table55.py, and the pull of an object over the network (network mode), which is "
+        "bench/network.py.",
     ]
     if run["plots"]:
         lines += ["", "Plots: " + ", ".join(f"[{p}]({p})" for p in run["plots"]) + "."]
