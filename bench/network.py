@@ -63,6 +63,7 @@ RAY_STORE = 768 * MiB  # object store per Ray node
 TIMEOUT_MS = 30_000  # shoal gets and creates
 CALL_TIMEOUT = 120  # seconds for one request to a worker process
 RAY_START_TIMEOUT = 180
+RAY_IDLE_S = 3  # Ray's own CPU use while idle is measured over this long after its start
 SAMPLE_STEP = MiB  # the touch: one byte every MiB, plus both 8-byte stamps
 LOADED = 1.0  # load average (1 min) above which the report calls the machine loaded
 TCP = [(1, False), (4, False), (1, True), (4, True)]  # (streams, SO_RCVBUF as bulk.rs)
@@ -74,8 +75,9 @@ def self_cpu():
     return r.ru_utime + r.ru_stime
 
 
-def group_cpu(pgid):
-    """CPU seconds (user + system) of the live processes of a process group."""
+def group_cpu(pgid, exclude=None):
+    """CPU seconds (user + system) of the live processes of a process group,
+    but for the process `exclude`."""
     total = 0.0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -84,7 +86,7 @@ def group_cpu(pgid):
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[2]) == pgid:
+            if int(fields[2]) == pgid and int(entry) != exclude:
                 total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return total
 
@@ -222,18 +224,25 @@ def reader_main(sock):
         touched = int(arr[idx].sum(dtype=np.uint64))
         t1 = time.perf_counter()
         c1 = self_cpu()
-        again = client.get_buffer(oid, TIMEOUT_MS)  # a later get: the local copy
         t2 = time.perf_counter()
+        again = client.get_buffer(oid, TIMEOUT_MS)  # a later get: the local copy
+        t3 = time.perf_counter()
         assert touched == req["expect"], "the touched sample differs from the source"
         local = lo <= arr.ctypes.data and arr.ctypes.data + size <= hi
         assert local, "the object is not a copy in node 0's region"
         check_object(arr, size, req["stamp"])
         del arr, buf, again
-        client.delete([oid])  # through the copy holder: the copy and the primary go
-        return {"pull_s": t1 - t0, "later_get_s": t2 - t1, "reader_cpu_s": c1 - c0}
+        return {"pull_s": t1 - t0, "later_get_s": t3 - t2, "reader_cpu_s": c1 - c0}
+
+    def delete(req):
+        """Through the copy holder: the copy and the primary go."""
+        client.delete([shoal.ObjectID.from_hex(req["id"])])
+        return {}
+
+    ops = {"pull": pull, "delete": delete}
 
     out.write(json.dumps({"ready": True}) + "\n")
-    serve_json(out, pull)
+    serve_json(out, lambda req: ops[req["op"]](req))
 
 
 class Shoal:
@@ -274,6 +283,7 @@ class Shoal:
         before = self.daemon_cpu()
         got = self.reader.call(op="pull", id=oid.hex(), size=size, stamp=stamp, expect=expect)
         got["cpu_s"] = self.daemon_cpu() - before + got.pop("reader_cpu_s")
+        self.reader.call(op="delete", id=oid.hex())
         return got
 
     def daemon_cpu(self):
@@ -466,14 +476,17 @@ def ray_driver_main(tmp):
             holders = get_object_locations([ref])[ref]["node_ids"]
             assert holders == [node_b], f"before the get the object is on {holders}, not on B only"
             idx = sample_index(size)
-            c0 = group_cpu(os.getpgid(0))
+            g0 = group_cpu(os.getpgid(0), exclude=os.getpid())  # the Ray processes
+            c0 = self_cpu()  # and this driver, without the scans of /proc
             t0 = time.perf_counter()
             arr = ray.get(ref, timeout=CALL_TIMEOUT)  # the transfer from B's store into A's
             touched = int(arr[idx].sum(dtype=np.uint64))
             t1 = time.perf_counter()
-            c1 = group_cpu(os.getpgid(0))
-            again = ray.get(ref)  # a later get: the copy in A's store
+            c1 = self_cpu()
+            g1 = group_cpu(os.getpgid(0), exclude=os.getpid())
             t2 = time.perf_counter()
+            again = ray.get(ref)  # a later get: the copy in A's store
+            t3 = time.perf_counter()
             assert touched == req["expect"], "the touched sample differs from the source"
             assert not arr.flags.writeable, "ray.get returned a copy, not a view of the object store"
             check_object(arr, size, stamp)
@@ -484,7 +497,12 @@ def ray_driver_main(tmp):
                     break
                 time.sleep(0.01)
             del arr, again, ref
-            return {"pull_s": t1 - t0, "later_get_s": t2 - t1, "cpu_s": c1 - c0, "copied_to_a": copied}
+            return {
+                "pull_s": t1 - t0,
+                "later_get_s": t3 - t2,
+                "cpu_s": g1 - g0 + c1 - c0,
+                "copied_to_a": copied,
+            }
 
         serve_json(out, pull)
     finally:
@@ -515,6 +533,9 @@ class Ray:
         self.driver = JsonWorker(cmd, self.errlog, env=env, group=True)
         hello = self.driver.read(RAY_START_TIMEOUT)
         self.version, self.start_s = hello["version"], hello["start_s"]
+        before = group_cpu(self.driver.proc.pid)
+        time.sleep(RAY_IDLE_S)
+        self.idle_share = (group_cpu(self.driver.proc.pid) - before) / RAY_IDLE_S
 
     def pull(self, size, stamp):
         expect = int(stamped(size, stamp)[sample_index(size)].sum(dtype=np.uint64))
@@ -672,6 +693,18 @@ def latency_rows(run):
     return rows
 
 
+def ray_copies(run):
+    """A line on where Ray's object was after the get, if Ray ran."""
+    flags = [f for size in SIZES for f in run["results"]["sizes"][str(size)]["ray"].get("copied_to_a", [])]
+    if not flags:
+        return []
+    return [
+        f"Ray: before each get the object was in node B's store only (checked); after it, node A was listed "
+        f"among its locations in {sum(flags)} of {len(flags)} gets (checked for up to 1 s, untimed).",
+        "",
+    ]
+
+
 def cpu_rows(run):
     """Mean CPU time per pull and GiB moved per CPU-second, from the totals
     over all samples (the kernel counts CPU time in 10 ms ticks)."""
@@ -720,8 +753,8 @@ def target_lines(run):
     ]
     if limit[1] < TARGET_GIBS:
         lines[-1] += (
-            f" That is below the {TARGET_GIBS:g} GiB/s goal: on this machine, in this state, no puller over "
-            "loopback TCP reaches it, so the goal cannot be judged here; the ratios to the limit can."
+            f" That is below the {TARGET_GIBS:g} GiB/s goal: on this machine, in this state, the raw pair "
+            "itself does not reach it, so the goal cannot be judged here; the ratios to the limit can."
         )
     return lines
 
@@ -758,7 +791,8 @@ def report(run):
     ray = res.get("ray", {})
     ray_note = (
         f"Ray {ray['version']} (bench/.venv-ray), 2 nodes from `ray.cluster_utils.Cluster` on 127.0.0.1, "
-        f"{RAY_STORE // MiB} MiB object store each, started in {ray['start_s']:.0f} s"
+        f"{RAY_STORE // MiB} MiB object store each, started in {ray['start_s']:.0f} s; idle, its processes"
+        f" used {ray['idle_share']:.0%} of a core, which the other rows of the run pay for too"
         if "version" in ray
         else f"Ray: not measured ({ray.get('failed', 'unknown reason')})"
     )
@@ -795,6 +829,7 @@ def report(run):
             throughput_rows(run),
         ),
         "",
+        *ray_copies(run),
         "## Ratios (from best / from median)",
         "",
         "shoal's pull bandwidth divided by each: above 1 is faster than the reference.",
@@ -815,7 +850,8 @@ def report(run):
         "",
         "*later get*: a second get of the same object right after the pull (the local copy on node 0, or "
         "the copy in A's store for Ray). *shoal − TCP*: the median pull time minus the median raw TCP "
-        "time of the same transfer: what shoal adds (RPCs, create, seal, announce, the reader's request).",
+        "time of the same transfer: what shoal adds (RPCs, create, seal, announce, the reader's request; "
+        "negative when that is within the noise).",
         "",
         *table(
             "size",
@@ -835,8 +871,8 @@ def report(run):
         "CPU time (user + system) of every process taking part, summed over the samples of a size: "
         "*TCP as shoal*: the owner process and the puller; *shoal*: both node daemons and the reader; "
         "*Ray*: every process of the Ray driver's process group (GCS, raylets, workers, agents, the driver). "
-        "Counted around the timed section only (for shoal, the daemons around the whole reader request, "
-        "which also deletes the object). The kernel counts in 10 ms ticks, so a mean over samples shorter "
+        "Counted around the timed section only (for shoal, the daemons around the reader's request, which "
+        "also makes the later get). The kernel counts in 10 ms ticks, so a mean over samples shorter "
         "than that is rough. Less sensitive to other load than the times: a machine of this size can pull at "
         "most about nproc × (GiB per CPU-second) per second.",
         "",
@@ -982,7 +1018,11 @@ def main():
                 ray = Ray(os.path.join(tmp, "ray"), errlog)
                 try:
                     ray.start()
-                    results["ray"] = {"version": ray.version, "start_s": ray.start_s}
+                    results["ray"] = {
+                        "version": ray.version,
+                        "start_s": ray.start_s,
+                        "idle_share": ray.idle_share,
+                    }
                 except Exception as e:  # noqa: BLE001 - without Ray the rest still runs
                     why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
                     log(f"ray: FAILED: {why}")
