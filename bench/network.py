@@ -66,7 +66,8 @@ RAY_START_TIMEOUT = 180
 RAY_IDLE_S = 3  # Ray's own CPU use while idle is measured over this long after its start
 SAMPLE_STEP = MiB  # the touch: one byte every MiB, plus both 8-byte stamps
 LOADED = 1.0  # load average (1 min) above which the report calls the machine loaded
-TCP = [(1, False), (4, False), (1, True), (4, True)]  # (streams, SO_RCVBUF as bulk.rs)
+# (streams, SO_RCVBUF as bulk.rs); 2 and 8 streams show whether shoal's 4 ranges suit the machine
+TCP = [(1, False), (4, False), (1, True), (2, True), (4, True), (8, True)]
 
 
 def self_cpu():
@@ -357,7 +358,7 @@ class RawPair:
             self.map = mmap.mmap(f.fileno(), size)
         self.dst = np.frombuffer(self.map, np.uint8)
         self.dst[:] = 0  # populated, as a region is
-        self.pool = concurrent.futures.ThreadPoolExecutor(PULL_PARTS)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max(streams for streams, _ in TCP))
         cmd = [sys.executable, os.path.abspath(__file__), "--owner", self.src_path]
         self.owner = JsonWorker(cmd, errlog)
         self.port = self.owner.read()["port"]
@@ -819,7 +820,8 @@ def report(run):
         "*TCP*: the raw pair (owner `sendfile` from /dev/shm, puller `recv_into` a populated shared "
         "mapping, one connection per range) — *as shoal* with the stream count shoal uses for the size and "
         "bulk.rs's receive buffer; *1 stream* and *4 streams* with the better of the two buffer settings "
-        f"(all four in the last table). memcpy of 100 MB, warm numpy arrays: {fmt(lim['memcpy_gibs'])} GiB/s"
+        "(all configurations in the last table). memcpy of 100 MB, warm numpy arrays: "
+        f"{fmt(lim['memcpy_gibs'])} GiB/s"
         f" (into a warm shared mapping: {fmt(lim['memcpy_shared_gibs'])} GiB/s); best of "
         f"{len(res['limit_runs'])} measurements.",
         "",
@@ -891,10 +893,12 @@ def report(run):
         "",
         "## Loopback TCP, every configuration (GiB/s)",
         "",
-        "The raw pair with 1 or 4 connections (ranges split as shoal splits them), with the kernel's "
+        "The raw pair with 1 to 8 connections (ranges split as shoal splits them), with the kernel's "
         "default receive buffer (autotuned, up to `net.ipv4.tcp_rmem`'s maximum) or with SO_RCVBUF set to "
         f"8 MiB as bulk.rs does (the kernel clamps it to `net.core.rmem_max` and doubles it: "
-        f"{(rcv or 0) / MiB:.0f} MiB here). Kernel: {run['sysctl']}.",
+        f"{(rcv or 0) / MiB:.0f} MiB here). Kernel: {run['sysctl']}. The rows with 2 and 8 streams show "
+        f"whether shoal's {PULL_PARTS} parallel ranges suit this machine: on a loaded machine more streams "
+        "also win a larger share of the contended cores, so judge them on a quiet run.",
         "",
         *table("configuration", [f"{s // 1_000_000} MB" for s in SIZES], tcp_rows(run)),
         "",
