@@ -323,22 +323,28 @@ def owner_main(path):
 
     def send(conn):
         with conn:
-            head = conn.recv(16, socket.MSG_WAITALL)
-            at, n = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:], "little")
-            conn.sendall(b"\0")
-            end = at + n
-            while at < end:
-                at += os.sendfile(conn.fileno(), fd, at, end - at)
-            conn.recv(1)
+            try:
+                head = conn.recv(16, socket.MSG_WAITALL)
+                at, n = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:], "little")
+                conn.sendall(b"\0")
+                end = at + n
+                while at < end:
+                    at += os.sendfile(conn.fileno(), fd, at, end - at)
+                conn.recv(1)
+            except OSError:
+                traceback.print_exc()  # the puller fails on its side and tells
+
+    pool = concurrent.futures.ThreadPoolExecutor(max(streams for streams, _ in TCP))
 
     def accept():
         while True:
             conn, _ = listener.accept()
-            threading.Thread(target=send, args=(conn,), daemon=True).start()
+            pool.submit(send, conn)
 
     threading.Thread(target=accept, daemon=True).start()
     print(json.dumps({"port": listener.getsockname()[1]}), flush=True)
     sys.stdin.read()  # until the orchestrator closes stdin (or dies)
+    os._exit(0)  # without waiting for the pool's threads
 
 
 class RawPair:
@@ -387,9 +393,12 @@ class RawPair:
         self.dst[:8] = self.dst[size - 8 : size] = 0
         c0 = self_cpu() + process_cpu(self.owner.proc.pid)
         t0 = time.perf_counter()
-        jobs = [self.pool.submit(self.fetch, a, b, rcvbuf) for a, b in ranges(size, streams)]
-        for job in jobs:
-            job.result()
+        if streams == 1:  # in this thread: no hand-off to a pool thread
+            self.fetch(0, size, rcvbuf)
+        else:
+            jobs = [self.pool.submit(self.fetch, a, b, rcvbuf) for a, b in ranges(size, streams)]
+            for job in jobs:
+                job.result()
         elapsed = time.perf_counter() - t0
         cpu = self_cpu() + process_cpu(self.owner.proc.pid) - c0
         src = payload(max(SIZES))
