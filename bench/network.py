@@ -483,7 +483,12 @@ def ray_driver_main(tmp):
             ref = maker.make.remote(size, stamp)
             ready, _ = ray.wait([ref], timeout=CALL_TIMEOUT, fetch_local=False)
             assert ready, "the object was not made in time"
-            holders = get_object_locations([ref])[ref]["node_ids"]
+            holders = []
+            for _ in range(500):  # the location reaches the owner (the driver) asynchronously
+                holders = get_object_locations([ref])[ref]["node_ids"]
+                if holders:
+                    break
+                time.sleep(0.01)
             assert holders == [node_b], f"before the get the object is on {holders}, not on B only"
             idx = sample_index(size)
             g0 = group_cpu(os.getpgid(0), exclude=os.getpid())  # the Ray processes
@@ -554,6 +559,7 @@ class Ray:
     def stop(self):
         if self.driver is not None:
             self.driver.close()
+            self.driver = None
 
 
 # ---------------------------------------------------------------- measurements
@@ -568,6 +574,17 @@ def memcpy_limits(n=10):
         "memcpy_gibs": best_bandwidth(np.copyto, dst, src, n),
         "memcpy_shared_gibs": best_bandwidth(np.copyto, shared, src, n),
     }
+
+
+def drop_ray(ray, results, error):
+    """A Ray pull failed: Ray is stopped and all its samples are left out."""
+    why = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+    log(f"ray: FAILED during the pulls: {why}")
+    results["ray"]["failed"] = f"failed during the pulls: {why}"
+    for res in results["sizes"].values():
+        res["ray"] = {}
+    ray.stop()
+    return None
 
 
 def measure(args, shoal, ray, raw, results):
@@ -594,8 +611,17 @@ def measure(args, shoal, ray, raw, results):
                     if keep:
                         res["tcp"][tcp_key(streams, rcvbuf)].append(t)
                         res["tcp_cpu"][tcp_key(streams, rcvbuf)].append(cpu)
-                else:
-                    got = (shoal if kind == "shoal" else ray).pull(size, stamp)
+                elif kind == "shoal":
+                    got = shoal.pull(size, stamp)
+                    if keep:
+                        for key, value in got.items():
+                            res[kind].setdefault(key, []).append(value)
+                elif ray is not None:
+                    try:
+                        got = ray.pull(size, stamp)
+                    except Exception as e:  # noqa: BLE001 - without Ray the rest still runs
+                        ray = drop_ray(ray, results, e)
+                        continue
                     if keep:
                         for key, value in got.items():
                             res[kind].setdefault(key, []).append(value)
@@ -803,8 +829,8 @@ def report(run):
         f"Ray {ray['version']} (bench/.venv-ray), 2 nodes from `ray.cluster_utils.Cluster` on 127.0.0.1, "
         f"{RAY_STORE // MiB} MiB object store each, started in {ray['start_s']:.0f} s; idle, its processes"
         f" used {ray['idle_share']:.0%} of a core, which the other rows of the run pay for too"
-        if "version" in ray
-        else f"Ray: not measured ({ray.get('failed', 'unknown reason')})"
+        if "failed" not in ray
+        else f"Ray{' ' + ray['version'] if 'version' in ray else ''}: not measured ({ray['failed']})"
     )
     lines = [
         "# Network-mode pull: shoal beside Ray and the machine's limits",
