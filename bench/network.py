@@ -65,7 +65,8 @@ CALL_TIMEOUT = 120  # seconds for one request to a worker process
 RAY_START_TIMEOUT = 180
 RAY_IDLE_S = 3  # Ray's own CPU use while idle is measured over this long after its start
 SAMPLE_STEP = MiB  # the touch: one byte every MiB, plus both 8-byte stamps
-LOADED = 1.0  # load average (1 min) above which the report calls the machine loaded
+LOADED = 1.0  # load average (1 min) before the run above which the report calls the machine loaded
+BUSY = 0.1  # or: the share of the machine's CPU time other processes used during the run
 # (streams, SO_RCVBUF as bulk.rs); 2 and 8 streams show whether shoal's 4 ranges suit the machine
 TCP = [(1, False), (4, False), (1, True), (2, True), (4, True), (8, True)]
 
@@ -800,11 +801,12 @@ def machine_line(run):
     share = run["others_cpu_s"] / run["seconds"] / mach["nproc"]
     line = (
         f"Machine: {mach['cpu']}, nproc {mach['nproc']}, {mach['memory_gib']} GiB RAM, {mach['kernel']};"
-        f" Python {mach['python']}, numpy {mach['numpy']}. Load average (1 min) {load['start']:.2f} at the"
-        f" start and {load['end']:.2f} at the end; during the {run['seconds']:.0f} s run other processes"
-        f" used {run['others_cpu_s']:.1f} CPU-seconds ({share:.0%} of the machine)."
+        f" Python {mach['python']}, numpy {mach['numpy']}. Load average (1 min) {load['start']:.2f} before"
+        f" the run and {load['end']:.2f} at its end (which counts the run's own processes); during the"
+        f" {run['seconds']:.0f} s run other processes used {run['others_cpu_s']:.1f} CPU-seconds"
+        f" ({share:.0%} of the machine)."
     )
-    if max(load["start"], load["end"]) > LOADED or share > 0.1:
+    if load["start"] > LOADED or share > BUSY:
         line += (
             " **The machine was loaded during this run** (other builds and tests shared its"
             f" {mach['nproc']} cores): every number moves with that load, and so do the ratios, though less."
