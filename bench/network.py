@@ -47,7 +47,7 @@ import numpy as np
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 from adapters import payload
-from cluster import checkout, machine_busy, own_cpu, process_cpu, shoal_cli, shoal_env
+from cluster import machine_busy, own_cpu, process_cpu, shoal_cli, shoal_env
 from table1 import GiB, best_bandwidth, fmt, log, machine, shared_pages, table
 
 MiB = 2**20
@@ -983,6 +983,32 @@ def plot(run, out_dir):
 
 
 # ---------------------------------------------------------------- main
+
+
+def checkout():
+    """The commit of this checkout (the installed shoal is built from it), and
+    whether tracked files other than the results differ from it."""
+    git = ["git", "-C", BENCH]
+    try:
+        head = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            [
+                *git,
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":/",
+                ":(exclude,top)bench/results",
+            ],
+            capture_output=True,
+            text=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "checkout unknown"
+    return f"checkout {head.stdout.strip()}" + (", with uncommitted changes" if dirty.stdout.strip() else "")
 
 
 def sysctls():
