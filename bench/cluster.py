@@ -194,31 +194,38 @@ class Reader:
         return {"read_s": elapsed, "lines": lines}
 
 
-def reader_main(socket):
-    """Worker loop, JSON lines as in adapters.py."""
+def serve_worker(make):
+    """Worker loop, JSON lines as in adapters.py: `make()` builds the worker (after stdout
+    is kept for the replies, so anything it prints goes to stderr); each request
+    `{"op": name, ...}` calls its method `name`."""
     import traceback
 
     out = os.fdopen(os.dup(1), "w", buffering=1)  # JSON replies only
     os.dup2(2, 1)
-    reader = Reader(socket)
-    out.write(json.dumps({"ready": True, "version": reader.shoal.__version__}) + "\n")
+    worker = make()
+    out.write(json.dumps({"ready": True, "version": worker.shoal.__version__}) + "\n")
     gc.disable()  # no collector pauses inside timed sections
     for line in sys.stdin:
         req = json.loads(line)
         if req["op"] == "quit":
             break
         try:
-            reply = getattr(reader, req["op"])(req)
+            reply = getattr(worker, req["op"])(req)
         except Exception:  # noqa: BLE001 - any failure goes back to the orchestrator
             reply = {"error": traceback.format_exc()}
         out.write(json.dumps(reply) + "\n")
 
 
-class ReaderProcess(Worker):
-    """`python cluster.py --reader SOCKET`, spoken to like table1's workers."""
+def reader_main(socket):
+    serve_worker(lambda: Reader(socket))
 
-    def __init__(self, socket, errlog):
-        cmd = [sys.executable, os.path.abspath(__file__), "--reader", socket]
+
+class ReaderProcess(Worker):
+    """`python SCRIPT --reader SOCKET` (this file unless another benchmark's), spoken to
+    like table1's workers."""
+
+    def __init__(self, socket, errlog, script=__file__):
+        cmd = [sys.executable, os.path.abspath(script), "--reader", socket]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog, text=True, env=shoal_env()
         )

@@ -47,7 +47,7 @@ import numpy as np
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 from adapters import payload
-from cluster import machine_busy, own_cpu, process_cpu, shoal_cli, shoal_env
+from cluster import cell, machine_busy, own_cpu, pair, process_cpu, ratio, shoal_cli, shoal_env
 from table1 import GiB, best_bandwidth, fmt, log, machine, shared_pages, table
 
 MiB = 2**20
@@ -636,19 +636,6 @@ def measure(args, shoal, ray, raw, results):
 
 
 # ---------------------------------------------------------------- report
-
-
-def pair(samples, f):
-    """(best, median) of f(time): the best is the shortest time."""
-    return f(min(samples)), f(statistics.median(samples))
-
-
-def cell(p):
-    return f"{fmt(p[0])} / {fmt(p[1])}"
-
-
-def ratio(a, b):
-    return (a[0] / b[0], a[1] / b[1])
 
 
 def gibs(size):

@@ -41,7 +41,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,8 +49,16 @@ import numpy as np
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
-from cluster import checkout, machine_busy, own_cpu, process_cpu, shoal_cli, shoal_env
-from table1 import GiB, Worker, fmt, log, machine, socket_round_trip, table
+from cluster import (
+    ReaderProcess,
+    checkout,
+    machine_busy,
+    own_cpu,
+    process_cpu,
+    serve_worker,
+    shoal_cli,
+)
+from table1 import GiB, fmt, log, machine, socket_round_trip, table
 
 MiB = 2**20
 NODES = 3  # node 0: the writer's; node 1: remote memory; node 2: the reader's
@@ -140,34 +147,7 @@ class Reader:
 
 
 def reader_main(socket):
-    """Worker loop, JSON lines as in adapters.py."""
-    import traceback
-
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    reader = Reader(socket)
-    out.write(json.dumps({"ready": True, "version": reader.shoal.__version__}) + "\n")
-    gc.disable()
-    for line in sys.stdin:
-        req = json.loads(line)
-        if req["op"] == "quit":
-            break
-        try:
-            reply = getattr(reader, req["op"])(req)
-        except Exception:  # noqa: BLE001 - any failure goes back to the orchestrator
-            reply = {"error": traceback.format_exc()}
-        out.write(json.dumps(reply) + "\n")
-
-
-class ReaderProcess(Worker):
-    """`python table55.py --reader SOCKET`, spoken to like table1's workers."""
-
-    def __init__(self, socket, errlog):
-        cmd = [sys.executable, os.path.abspath(__file__), "--reader", socket]
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog, text=True, env=shoal_env()
-        )
-        self.hello = self._read()
+    serve_worker(lambda: Reader(socket))
 
 
 # ---------------------------------------------------------------- cluster
@@ -217,7 +197,7 @@ class Cluster:
             with shoal.Client(self.socket(node)) as c:
                 if c.capacity < CAPACITY:
                     raise RuntimeError(f"node {node} has capacity {c.capacity} B, asked for {CAPACITY} B")
-        self.reader = ReaderProcess(self.socket(READER_NODE), self.errlog)
+        self.reader = ReaderProcess(self.socket(READER_NODE), self.errlog, script=__file__)
 
     def daemon_cpu(self):
         total = 0.0
