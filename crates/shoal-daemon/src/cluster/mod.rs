@@ -93,7 +93,8 @@ pub(crate) struct Cluster {
     peers: Vec<Option<PeerRpc>>,
     directory: RefCell<Directory>,
     /// Owner of ids seen on other nodes (a cache: a stale entry costs one
-    /// failed Acquire, then the home is asked again).
+    /// failed Acquire, then the home is asked again). Bounded, see
+    /// [`remember_owner`].
     owners: RefCell<HashMap<ObjectId, u32>>,
     /// References local clients hold on other nodes' objects:
     /// client → id → (owner, count).
@@ -648,7 +649,7 @@ impl Cluster {
                                 location,
                                 network,
                             });
-                            cache.insert(*id, owner);
+                            remember_owner(&mut cache, *id, owner);
                             held.entry(*id).or_insert((owner, 0)).1 += 1;
                         }
                         None => {
@@ -701,7 +702,7 @@ impl Cluster {
                     location,
                     network: self.is_network(node),
                 });
-                self.owners.borrow_mut().insert(wanted[k], node);
+                remember_owner(&mut self.owners.borrow_mut(), wanted[k], node);
                 self.hold(client, wanted[k], node);
             }
         }
@@ -1097,6 +1098,22 @@ impl Cluster {
     }
 }
 
+/// Owners cached at most; past it, half of the entries (any half) go. A
+/// node reading millions of remote ids would otherwise keep one entry per id
+/// until it is deleted; losing an entry costs one home Lookup on its next get.
+const OWNER_CACHE_MAX: usize = 1 << 20;
+
+fn remember_owner(cache: &mut HashMap<ObjectId, u32>, id: ObjectId, owner: u32) {
+    if cache.len() >= OWNER_CACHE_MAX && !cache.contains_key(&id) {
+        let mut keep = false;
+        cache.retain(|_, _| {
+            keep = !keep;
+            keep
+        });
+    }
+    cache.insert(id, owner);
+}
+
 /// Runs futures concurrently on the current task (peer calls to different
 /// nodes overlap; the store thread never blocks on one slow peer).
 pub(crate) async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
@@ -1105,3 +1122,28 @@ pub(crate) async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) ->
 
 /// Shared handle used by the connection and server modules.
 pub(crate) type ClusterRef = Rc<Cluster>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_cache_stays_bounded_and_keeps_the_newest_entry() {
+        let mut cache = HashMap::new();
+        let id = |i: u32| {
+            let mut bytes = [0u8; 20];
+            bytes[..4].copy_from_slice(&i.to_le_bytes());
+            ObjectId(bytes)
+        };
+        for i in 0..OWNER_CACHE_MAX as u32 {
+            remember_owner(&mut cache, id(i), 1);
+        }
+        assert_eq!(cache.len(), OWNER_CACHE_MAX);
+        remember_owner(&mut cache, id(0), 2); // a known id: updated, nothing dropped
+        assert_eq!((cache.len(), cache[&id(0)]), (OWNER_CACHE_MAX, 2));
+        let newest = id(OWNER_CACHE_MAX as u32);
+        remember_owner(&mut cache, newest, 3);
+        assert_eq!(cache.len(), OWNER_CACHE_MAX / 2 + 1);
+        assert_eq!(cache[&newest], 3);
+    }
+}
