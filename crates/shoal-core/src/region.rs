@@ -440,7 +440,7 @@ mod tests {
         };
         let path = dir.path().join("peer");
         let len: u64 = 8 << 20;
-        let region = Region::create_shared(&path, len).unwrap();
+        let region = Region::create_shared(&path, len, 1).unwrap();
         assert_eq!(region.prefault(1 << 20, || true), len);
         let pages = len as usize / page_size();
         let writable = Mapping::map_path_writable(&path, len).unwrap();
