@@ -253,14 +253,24 @@ def shoal_cli(errlog, *args):
 
 def checkout():
     """The commit of this checkout (the installed shoal is built from it), and
-    whether tracked files differ from it."""
+    whether tracked files other than the results differ from it."""
+    git = ["git", "-C", BENCH]
     try:
-        git = ["git", "-C", BENCH]
         head = subprocess.run(
             [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         )
         dirty = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+            [
+                *git,
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":/",
+                ":(exclude,top)bench/results",
+            ],
+            capture_output=True,
+            text=True,
         )
     except (OSError, subprocess.CalledProcessError):
         return "checkout unknown"
@@ -330,15 +340,7 @@ class Cluster:
         return os.path.join(self.directory, f"n{node}.sock")
 
     def daemon_cpu(self):
-        """CPU seconds the node daemons used so far (they are not our children)."""
-        total = 0.0
-        for node in range(NODES):
-            try:
-                with open(os.path.join(self.directory, f"n{node}.pid")) as f:
-                    total += process_cpu(int(f.read()))
-            except (OSError, ValueError):
-                pass
-        return total
+        return daemons_cpu(self.directory, NODES)
 
     def down(self):
         """Stops the readers and the cluster; returns the daemons' CPU seconds."""
@@ -361,6 +363,34 @@ def machine_busy():
     with open("/proc/stat") as f:
         user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
     return (user + nice + system + irq + softirq) / CLOCK_TICKS
+
+
+def daemons_cpu(directory, nodes):
+    """CPU seconds the daemons of an emulated cluster (`cluster up --dir directory`) used so
+    far; they are not our children. A daemon already gone counts nothing."""
+    total = 0.0
+    for node in range(nodes):
+        try:
+            with open(os.path.join(directory, f"n{node}.pid")) as f:
+                total += process_cpu(int(f.read()))
+        except (OSError, ValueError):
+            pass
+    return total
+
+
+def save_run(run, out, raw_name, plot, report):
+    """Draws the plots (`plot(run, out_dir)` returns their file names; none without
+    matplotlib), writes the raw samples beside the report, then the report."""
+    out_dir = os.path.dirname(os.path.abspath(out))
+    try:
+        run["plots"] = plot(run, out_dir)
+    except ImportError as e:
+        run["plots"], run["plots_note"] = [], f"{e}; pip install matplotlib"
+    with open(os.path.join(out_dir, raw_name), "w") as f:
+        json.dump(run, f, indent=1, default=str)
+    with open(out, "w") as f:
+        f.write(report(run))
+    log(f"wrote {out} in {run['seconds']:.0f} s")
 
 
 def process_cpu(pid):
@@ -1055,15 +1085,7 @@ def main():
     run["seconds"] = time.monotonic() - started
     ours = own_cpu() - own + results.get("daemon_cpu_s", 0)
     run["others_cpu_s"] = max(0.0, machine_busy() - busy - ours)
-    try:
-        run["plots"] = plot(run, out_dir)
-    except ImportError as e:
-        run["plots"], run["plots_note"] = [], f"{e}; pip install matplotlib"
-    with open(os.path.join(out_dir, "raw-cluster.json"), "w") as f:
-        json.dump(run, f, indent=1, default=str)
-    with open(args.out, "w") as f:
-        f.write(report(run))
-    log(f"wrote {args.out} in {run['seconds']:.0f} s")
+    save_run(run, args.out, "raw-cluster.json", plot, report)
 
 
 if __name__ == "__main__":

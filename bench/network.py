@@ -47,7 +47,19 @@ import numpy as np
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 from adapters import payload
-from cluster import cell, machine_busy, own_cpu, pair, process_cpu, ratio, shoal_cli, shoal_env
+from cluster import (
+    cell,
+    checkout,
+    daemons_cpu,
+    machine_busy,
+    own_cpu,
+    pair,
+    process_cpu,
+    ratio,
+    save_run,
+    shoal_cli,
+    shoal_env,
+)
 from table1 import GiB, best_bandwidth, fmt, log, machine, shared_pages, table
 
 MiB = 2**20
@@ -289,14 +301,7 @@ class Shoal:
         return got
 
     def daemon_cpu(self):
-        total = 0.0
-        for node in range(2):
-            try:
-                with open(os.path.join(self.directory, f"n{node}.pid")) as f:
-                    total += process_cpu(int(f.read()))
-            except (OSError, ValueError):
-                pass
-        return total
+        return daemons_cpu(self.directory, 2)
 
     def stop(self):
         """Reader, writer, cluster; returns the daemons' CPU seconds."""
@@ -930,13 +935,13 @@ def report(run):
         "",
         *target_lines(run),
     ]
-    if run.get("plot"):
-        lines += ["", f"![pull throughput]({run['plot']})"]
+    for name in run["plots"]:
+        lines += ["", f"![pull throughput]({name})"]
     return "\n".join(lines) + "\n"
 
 
 def plot(run, out_dir):
-    """Median GiB/s per size, a bar per method, best as a tick; returns the file name."""
+    """Median GiB/s per size, a bar per method, best as a tick; returns [the file name]."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -966,36 +971,10 @@ def plot(run, out_dir):
     name = "network.png"
     fig.savefig(os.path.join(out_dir, name), dpi=110)
     plt.close(fig)
-    return name
+    return [name]
 
 
 # ---------------------------------------------------------------- main
-
-
-def checkout():
-    """The commit of this checkout (the installed shoal is built from it), and
-    whether tracked files other than the results differ from it."""
-    git = ["git", "-C", BENCH]
-    try:
-        head = subprocess.run(
-            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        )
-        dirty = subprocess.run(
-            [
-                *git,
-                "status",
-                "--porcelain",
-                "--untracked-files=no",
-                "--",
-                ":/",
-                ":(exclude,top)bench/results",
-            ],
-            capture_output=True,
-            text=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "checkout unknown"
-    return f"checkout {head.stdout.strip()}" + (", with uncommitted changes" if dirty.stdout.strip() else "")
 
 
 def sysctls():
@@ -1110,15 +1089,7 @@ def main():
     run["seconds"] = time.monotonic() - started
     run["load"]["end"] = os.getloadavg()[0]
     run["others_cpu_s"] = max(0.0, machine_busy() - busy - (own_cpu() - own + daemon_cpu))
-    try:
-        run["plot"] = plot(run, out_dir)
-    except ImportError as e:
-        log(f"no plot: {e}")
-    with open(os.path.join(out_dir, "raw-network.json"), "w") as f:
-        json.dump(run, f, indent=1, default=str)
-    with open(args.out, "w") as f:
-        f.write(report(run))
-    log(f"wrote {args.out} in {run['seconds']:.0f} s")
+    save_run(run, args.out, "raw-network.json", plot, report)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ trip) are measured in the same run. See bench/README.md, "Table 5.5".
 import argparse
 import datetime
 import gc
-import json
 import mmap
 import os
 import resource
@@ -52,9 +51,10 @@ sys.path.insert(0, BENCH)
 from cluster import (
     ReaderProcess,
     checkout,
+    daemons_cpu,
     machine_busy,
     own_cpu,
-    process_cpu,
+    save_run,
     serve_worker,
     shoal_cli,
 )
@@ -200,13 +200,7 @@ class Cluster:
         self.reader = ReaderProcess(self.socket(READER_NODE), self.errlog, script=__file__)
 
     def daemon_cpu(self):
-        total = 0.0
-        for pid in self.pids():
-            try:
-                total += process_cpu(pid)
-            except (OSError, ValueError):
-                pass
-        return total
+        return daemons_cpu(self.directory, NODES)
 
     def down(self):
         if self.reader is not None:
@@ -733,15 +727,7 @@ def main():
     run["results"], run["limits"] = results, best_limits(results["limit_runs"])
     run["seconds"] = time.monotonic() - started
     run["others_cpu_s"] = max(0.0, machine_busy() - busy - (own_cpu() - own + daemons))
-    try:
-        run["plots"] = plot(run, out_dir)
-    except ImportError as e:
-        run["plots"], run["plots_note"] = [], f"{e}; pip install matplotlib"
-    with open(os.path.join(out_dir, "raw-table55.json"), "w") as f:
-        json.dump(run, f, indent=1, default=str)
-    with open(args.out, "w") as f:
-        f.write(report(run))
-    log(f"wrote {args.out} in {run['seconds']:.0f} s")
+    save_run(run, args.out, "raw-table55.json", plot, report)
 
 
 if __name__ == "__main__":
