@@ -161,7 +161,7 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     // Up means ready: every node's directory rebuilt (its peers told it
     // what they hold), so creates anywhere succeed at once.
-    block_on(async {
+    let ready = block_on(async {
         for node in &topology.nodes {
             loop {
                 let rebuilding = match connect(&topology, node).await {
@@ -181,7 +181,16 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
             }
         }
         Ok(())
-    })?;
+    });
+    if let Err(err) = ready {
+        // Nothing is left running of a cluster that did not come up.
+        let _ = down(DirArgs {
+            dir: Some(dir.clone()),
+            file: None,
+            json: false,
+        });
+        return Err(err);
+    }
     println!(
         "shoal cluster {:?} up: {} nodes, {} each, {} ({})",
         topology.name,

@@ -348,11 +348,12 @@ impl Connection {
     }
 
     /// Network mode: copies an object of a node whose memory cannot be mapped
-    /// into this node's region (streamed in parallel ranges), seals the copy
-    /// under the same id, tells the id's home (so a delete drops the copy),
-    /// and answers it as a local object. The reference taken at the owner
-    /// covers the transfer and is released after it. `None` if another client
-    /// of this node is pulling the same object right now.
+    /// into this node's region (pulled over the owner's data channel, in
+    /// parallel ranges), seals the copy under the same id, tells the id's home
+    /// (so a delete drops the copy) and answers it as a local object. The
+    /// reference taken at the owner covers the transfer and the announcement,
+    /// and is released after them. `None` if another client of this node is
+    /// pulling the same object right now.
     async fn pull(
         &self,
         cluster: &ClusterRef,
@@ -365,15 +366,15 @@ impl Connection {
             .store
             .borrow_mut()
             .create_batch(COPY_CLIENT, &[(id, l.data_size, l.meta_size)]);
-        let release_remote = |cluster: &ClusterRef, client| {
-            let held = cluster.unhold(client, &[id]);
+        let release_remote = || {
+            let held = cluster.unhold(self.client, &[id]);
             let cluster = cluster.clone();
             tokio::task::spawn_local(async move { cluster.release(held).await });
         };
         let local = match created {
             Ok(locations) => locations[0],
             Err(err) => {
-                release_remote(cluster, self.client);
+                release_remote();
                 return if err.kind() == ErrorKind::ObjectExists {
                     Ok(None)
                 } else {
@@ -403,7 +404,7 @@ impl Connection {
         let location = match sealed {
             Ok(location) => location,
             Err(err) => {
-                release_remote(cluster, self.client);
+                release_remote();
                 return Err(err);
             }
         };
@@ -411,7 +412,7 @@ impl Connection {
         // the home can tell a copy of the current object from one of an
         // object deleted (or replaced) meanwhile.
         let kept = cluster.announce_copies(&[id], remote.owner, &[l]).await[0];
-        release_remote(cluster, self.client);
+        release_remote();
         if !kept {
             // This get still answers (it overlapped the delete), but the copy
             // goes: hidden now, freed when the client releases it.

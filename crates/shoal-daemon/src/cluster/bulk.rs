@@ -115,15 +115,13 @@ fn pin(shared: &Shared, cluster: &ClusterRef, request: &Request) -> Result<Objec
         ));
     }
     let location = store
-        .get(SEND_CLIENT, &id)
+        .location(&id)
         .ok_or_else(|| ShoalError::new(ErrorKind::ObjectNotFound, format!("{id} was deleted")))?;
     let inside = request
         .offset
         .checked_add(request.len)
         .is_some_and(|end| end <= location.size());
     if !inside {
-        drop(store);
-        unpin(shared, &id);
         return Err(ShoalError::invalid(format!(
             "range {}+{} outside {id} ({} bytes)",
             request.offset,
@@ -131,6 +129,8 @@ fn pin(shared: &Shared, cluster: &ClusterRef, request: &Request) -> Result<Objec
             location.size()
         )));
     }
+    // Visible (just located), so this takes the pin.
+    store.get(SEND_CLIENT, &id);
     Ok(location)
 }
 

@@ -823,15 +823,19 @@ impl Cluster {
                         owner,
                         locations: at.iter().map(to_proto).collect(),
                     };
-                    match self.reachable(home) {
-                        Ok(mut peer) => match peer.cached(request).await {
-                            Ok(reply) => reply.into_inner().codes.iter().map(|&c| c == 0).collect(),
-                            Err(status) => {
-                                tracing::debug!(home, %status, "copy announcement failed");
-                                vec![false; group.len()]
-                            }
-                        },
-                        Err(_) => vec![false; group.len()],
+                    let answered = match self.reachable(home) {
+                        Ok(mut peer) => peer
+                            .cached(request)
+                            .await
+                            .map_err(|status| status_error(home, status)),
+                        Err(err) => Err(err),
+                    };
+                    match answered {
+                        Ok(reply) => reply.into_inner().codes.iter().map(|&c| c == 0).collect(),
+                        Err(err) => {
+                            tracing::debug!(%err, "copy announcement failed");
+                            vec![false; group.len()]
+                        }
                     }
                 };
                 (positions, recorded)
