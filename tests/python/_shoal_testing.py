@@ -327,6 +327,7 @@ class Cluster:
         modes: str = "mapped",
         coherence: str = "coherent",
         simulate_caches: bool = False,
+        linger_ms: int | None = None,
     ) -> None:
         self.directory = directory
         self.name = f"t{os.getpid()}x{directory.name}"[-24:]
@@ -336,6 +337,7 @@ class Cluster:
             "cluster", "up", "--nodes", str(nodes), "--dir", str(directory), "--capacity", capacity,
             "--modes", modes, "--coherence", coherence, "--name", self.name,
             *(["--simulate-caches"] if simulate_caches else []),
+            *([] if linger_ms is None else ["--linger-ms", str(linger_ms)]),
         )  # fmt: skip
         assert result.returncode == 0, result.stderr + result.stdout
         self.file = directory / "cluster.toml"

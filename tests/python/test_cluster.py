@@ -7,7 +7,9 @@ per node with its own socket, /dev/shm region and peer RPC port.
 from __future__ import annotations
 
 import gc
+import os
 import resource
+import signal
 import socket
 import struct
 import subprocess
@@ -614,7 +616,9 @@ def test_mapped_nodes_still_read_each_other_in_place(mixed_cluster):
 # -- reference and directory bookkeeping ---------------------------------------------------------
 
 
-def test_every_remote_reference_is_returned(cluster):
+def test_every_remote_reference_is_returned(make_cluster):
+    # Without loans (linger 0) each local reference is one at the owner.
+    cluster = make_cluster(linger_ms=0)
     owner, reader = cluster.client(0), cluster.client(1)
     oid = owner.put(b"shared")
     first, second = reader.get_buffer(oid), reader.get_buffer(oid)
@@ -626,6 +630,91 @@ def test_every_remote_reference_is_returned(cluster):
     del second, twice
     gc.collect()
     wait_for(lambda: object_refs(owner, oid) == 0, timeout=3, message="all references returned")
+
+
+# -- loans: a node keeps the reference its get took for a while (linger 1 s) -------------------
+
+
+def test_a_node_holds_one_loan_per_object_and_returns_it_after_the_linger(cluster):
+    owner, reader, other = cluster.client(0), cluster.client(1), cluster.client(1)
+    oid = owner.put(b"shared")
+    first, second = reader.get_buffer(oid), reader.get_buffer(oid)
+    twice = other.get_buffers([oid, oid])
+    assert object_refs(owner, oid) == 1  # node 1's loan, shared by its clients
+    del first, second, twice
+    gc.collect()
+    time.sleep(0.3)
+    assert object_refs(owner, oid) == 1, "kept for the linger after the last release"
+    assert bytes(reader.get_buffer(oid)) == b"shared"
+    wait_for(lambda: object_refs(owner, oid) == 0, timeout=4, message="loan returned after the linger")
+
+
+def test_a_repeated_get_is_served_from_the_loan_without_asking_the_owner(cluster):
+    owner, reader = cluster.client(0), cluster.client(1)
+    lent, other = owner.put(b"on loan"), owner.put(b"not on loan")
+    _lend(reader, [lent])
+    pid = cluster.pid(0)
+    os.kill(pid, signal.SIGSTOP)  # the owner answers nothing now
+    try:
+        started = time.monotonic()
+        assert bytes(reader.get_buffer(lent, timeout_ms=0)) == b"on loan"
+        assert time.monotonic() - started < 0.2
+        # An object not on loan needs the frozen owner: not found in time.
+        assert reader.get_buffers([other], timeout_ms=0) == [None]
+        # Once the owner misses heartbeats its loans serve no more gets.
+        time.sleep(1.6)
+        assert reader.get_buffers([lent], timeout_ms=0) == [None]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: reader.get_buffers([lent], timeout_ms=0)[0] is not None, timeout=5)
+
+
+@pytest.mark.parametrize("deleter", [0, 2], ids=["owner", "third-node"])
+def test_a_delete_revokes_loans_before_it_returns(cluster, deleter):
+    owner, reader = cluster.client(0), cluster.client(1)
+    idle, busy = owner.put(b"idle old"), owner.put(b"busy old")
+    _lend(reader, [idle])
+    held = reader.get_buffer(busy)
+    assert object_refs(owner, idle) == 1 and object_refs(owner, busy) == 1
+    cluster.client(deleter).delete([idle, busy])
+    # No get after the delete sees the old objects, loan or not.
+    assert reader.get_buffers([idle, busy], timeout_ms=0) == [None, None]
+    # The idle loan was given up with the delete: freed at once, not after the linger.
+    assert all(o.id != idle for o in owner.list())
+    # The one in use stays readable until its last release, then goes at once.
+    assert bytes(held) == b"busy old"
+    del held
+    gc.collect()
+    wait_for(lambda: all(o.id != busy for o in owner.list()), timeout=0.8, message="busy loan returned")
+    # The ids are free again anywhere, and gets see the new objects.
+    reader.put(b"idle new", idle)
+    cluster.client(2).put(b"busy new", busy)
+    assert [bytes(b) for b in reader.get_buffers([idle, busy])] == [b"idle new", b"busy new"]
+    assert bytes(owner.get_buffer(idle)) == b"idle new"
+
+
+def _lend(reader: shoal.Client, ids: list) -> None:
+    """Gets and releases `ids` on the reader's node: idle loans there."""
+    assert all(b is not None for b in reader.get_buffers(ids))
+    gc.collect()
+    time.sleep(0.2)  # the releases reach the reader's daemon
+
+
+def test_an_owner_short_of_space_takes_its_idle_loans_back(make_cluster):
+    cluster = make_cluster(nodes=3, capacity="8MiB")
+    owner, reader, remote_creator = cluster.client(0), cluster.client(1), cluster.client(2)
+    ids = [owner.put(np.full(1 << 20, i, dtype=np.uint8)) for i in range(6)]
+    _lend(reader, ids)
+    assert all(object_refs(owner, oid) == 1 for oid in ids)  # all on loan at node 1
+    # Room only if loaned objects go: the create asks for idle loans back and evicts.
+    big = owner.put(np.zeros(5 << 20, dtype=np.uint8))
+    assert owner.contains(big)
+    owner.delete([big])
+    # Remote allocation into node 0 does the same.
+    more = [owner.put(np.full(1 << 20, 9, dtype=np.uint8)) for _ in range(3)]
+    _lend(reader, more)
+    remote = remote_creator.put(np.ones(6 << 20, dtype=np.uint8), node=0)
+    assert int(remote_creator.get(remote).sum()) == 6 << 20
 
 
 def test_a_writer_that_dies_before_sealing_frees_its_ids(cluster, spawn):

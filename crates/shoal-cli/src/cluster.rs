@@ -41,6 +41,10 @@ pub struct UpArgs {
     /// clients see peers' memory only through flush and invalidate.
     #[arg(long)]
     pub simulate_caches: bool,
+    /// How long a node keeps a remote reference after its clients released it
+    /// (a loan: a repeated get needs no round trip); 0 returns it at once.
+    #[arg(long, default_value_t = 1000)]
+    pub linger_ms: u64,
     /// First port: node i gets base+2i (peer RPC) and base+2i+1 (data); 0 picks free ports.
     #[arg(long, default_value_t = 0)]
     pub base_port: u16,
@@ -147,6 +151,7 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
             simulate_caches: args.simulate_caches,
             heartbeat: Duration::from_millis(200),
             lease: Duration::from_millis(2000),
+            linger: Duration::from_millis(args.linger_ms),
             nodes,
         };
         match start_daemons(&topology, &dir, self_command)? {

@@ -50,6 +50,7 @@ impl TestCluster {
             simulate_caches: true,
             heartbeat: Duration::from_millis(100),
             lease: Duration::from_millis(1000),
+            linger: Duration::from_millis(1000),
             nodes: (0..nodes)
                 .map(|i| Node {
                     id: i,

@@ -11,6 +11,7 @@
 //! coherence = "coherent"        # or "noncoherent" (real fabrics: flush/invalidate)
 //! heartbeat_ms = 200
 //! lease_ms = 2000
+//! linger_ms = 1000              # keep a released remote reference this long (0: off)
 //!
 //! [[node]]
 //! id = 0
@@ -87,6 +88,10 @@ pub struct Topology {
     pub simulate_caches: bool,
     pub heartbeat: Duration,
     pub lease: Duration,
+    /// How long a node keeps the reference its get took at an owner after
+    /// its clients released it (a loan), so a repeated get needs no round
+    /// trip. Zero: every remote reference is returned on release.
+    pub linger: Duration,
     pub nodes: Vec<Node>,
 }
 
@@ -111,6 +116,8 @@ struct ClusterRepr {
     heartbeat_ms: u64,
     #[serde(default = "default_lease")]
     lease_ms: u64,
+    #[serde(default = "default_linger")]
+    linger_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -141,6 +148,9 @@ fn default_heartbeat() -> u64 {
 }
 fn default_lease() -> u64 {
     2000
+}
+fn default_linger() -> u64 {
+    1000
 }
 fn default_access() -> String {
     "mapped".into()
@@ -221,6 +231,7 @@ impl Topology {
             simulate_caches: file.cluster.simulate_caches,
             heartbeat: Duration::from_millis(file.cluster.heartbeat_ms),
             lease: Duration::from_millis(file.cluster.lease_ms),
+            linger: Duration::from_millis(file.cluster.linger_ms),
             nodes,
         };
         topology.validate()?;
@@ -304,13 +315,14 @@ impl Topology {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "[cluster]\nname = {:?}\ntoken = {:?}\ncoherence = \"{}\"\nsimulate_caches = {}\nheartbeat_ms = {}\nlease_ms = {}",
+            "[cluster]\nname = {:?}\ntoken = {:?}\ncoherence = \"{}\"\nsimulate_caches = {}\nheartbeat_ms = {}\nlease_ms = {}\nlinger_ms = {}",
             self.name,
             self.token,
             self.coherence,
             self.simulate_caches,
             self.heartbeat.as_millis(),
-            self.lease.as_millis()
+            self.lease.as_millis(),
+            self.linger.as_millis()
         );
         for n in &self.nodes {
             let _ = writeln!(

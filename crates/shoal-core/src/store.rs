@@ -490,6 +490,13 @@ impl Store {
             .is_some_and(|c| c.refs.contains_key(&slot))
     }
 
+    /// Whether `client` holds any reference at all.
+    pub fn has_references(&self, client: ClientId) -> bool {
+        self.clients
+            .get(&client)
+            .is_some_and(|c| !c.refs.is_empty())
+    }
+
     /// Where a sealed, visible object lives (no reference taken).
     pub fn location(&self, id: &ObjectId) -> Option<ObjectLocation> {
         let entry = self.table.get(self.table.find(id)?)?;

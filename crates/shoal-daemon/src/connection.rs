@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use shoal_cluster::Access;
 use shoal_core::coherence::CoherenceMode;
 
-use crate::cluster::{ClusterRef, Remote, PEER_CLIENT_BASE};
+use crate::cluster::{lending, ClusterRef, Remote, PEER_CLIENT_BASE};
 use crate::server::Shared;
 
 const READ_CHUNK: usize = 64 * 1024;
@@ -244,20 +244,20 @@ impl Connection {
                 objects: self.get(timeout_ms, &ids).await?,
             },
             Request::Release { ids } => {
-                let mut remote = Vec::new();
+                let client = self.client;
                 let mut store = self.shared.store.borrow_mut();
-                for id in &ids {
-                    match &self.shared.cluster {
-                        Some(cluster) if cluster.holds_remote(self.client, id) => {
-                            remote.extend(cluster.unhold(self.client, std::slice::from_ref(id)));
-                        }
-                        _ => {
-                            if let Err(err) = store.release(self.client, id) {
-                                tracing::debug!(client = self.client, %err, "release ignored");
-                            }
-                        }
+                let release_local = |id: &ObjectId| {
+                    if let Err(err) = store.release(client, id) {
+                        tracing::debug!(client, %err, "release ignored");
                     }
-                }
+                };
+                let remote = match &self.shared.cluster {
+                    Some(cluster) => cluster.unhold_remote(client, &ids, release_local),
+                    None => {
+                        ids.iter().for_each(release_local);
+                        Vec::new()
+                    }
+                };
                 drop(store);
                 if let (false, Some(cluster)) = (remote.is_empty(), self.shared.cluster.clone()) {
                     tokio::task::spawn_local(async move { cluster.release(remote).await });
@@ -282,14 +282,17 @@ impl Connection {
                         })
                         .collect()
                 };
+                let deleted: Vec<ObjectId> = (0..ids.len())
+                    .filter(|&i| errors[i].is_none())
+                    .map(|i| ids[i])
+                    .collect();
+                let holders = lending::holders(&self.shared, &deleted);
                 self.shared.publish();
                 if let Some(cluster) = self.shared.cluster.clone() {
-                    // Gone from the directory before the delete is answered, so
-                    // the id can be created again anywhere at once.
-                    let deleted: Vec<ObjectId> = (0..ids.len())
-                        .filter(|&i| errors[i].is_none())
-                        .map(|i| ids[i])
-                        .collect();
+                    // Loans revoked, then gone from the directory, before the
+                    // delete is answered: no get sees the old object
+                    // afterwards, and the id can be created again anywhere.
+                    lending::revoke(&self.shared, holders).await;
                     if !deleted.is_empty() {
                         cluster.unregister(&deleted).await;
                     }
@@ -490,6 +493,7 @@ impl Connection {
         specs: &[(ObjectId, u64, u32)],
     ) -> Result<Result<Vec<ObjectLocation>>> {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
+        let mut loans_asked = false;
         loop {
             let space = self.shared.space.notified();
             tokio::pin!(space);
@@ -501,6 +505,11 @@ impl Connection {
                 .create_batch(self.client, specs);
             self.shared.publish();
             match result {
+                // Other nodes' idle loans pin objects here: ask for them first.
+                Err(err) if err.kind() == ErrorKind::StoreFull && !loans_asked => {
+                    loans_asked = true;
+                    lending::take_back_idle(&self.shared).await;
+                }
                 Err(err) if err.kind() == ErrorKind::StoreFull && Instant::now() < deadline => {
                     tokio::select! {
                         _ = space => {}

@@ -19,7 +19,7 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, Notify};
 
 use crate::cluster::service::{PeerCall, PeerService};
-use crate::cluster::{peer_client, Cluster, ClusterRef, PEER_CLIENT_BASE};
+use crate::cluster::{lending, peer_client, Cluster, ClusterRef, PEER_CLIENT_BASE};
 use crate::config::DaemonConfig;
 use crate::connection;
 use crate::shutdown::Shutdown;
@@ -160,8 +160,12 @@ impl Shared {
         // (a network-mode copy is not registered: unregistering it is a no-op).
         if let (Some(cluster), false) = (&self.cluster, gone.is_empty()) {
             cluster.forget_copies(&gone);
-            let cluster = cluster.clone();
-            tokio::task::spawn_local(async move { cluster.unregister(&gone).await });
+            // (Deleted ids whose loans are being revoked: the delete does it.)
+            let gone = cluster.not_deferred(gone);
+            if !gone.is_empty() {
+                let cluster = cluster.clone();
+                tokio::task::spawn_local(async move { cluster.unregister(&gone).await });
+            }
         }
     }
 }
@@ -444,6 +448,11 @@ async fn start_peer_service(
             for node in cluster.expired_leases() {
                 reclaim_references_of(&ticking, node, "its lease expired");
             }
+            let expired = cluster.expired_loans();
+            if !expired.is_empty() {
+                let cluster = cluster.clone();
+                tokio::task::spawn_local(async move { cluster.release(expired).await });
+            }
             cluster.rebuild_tick();
         }
     });
@@ -559,14 +568,30 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
         }
         PeerCall::Drop { ids } => {
             let copies = cluster.forget_copies(&ids);
-            {
+            let dropped: Vec<_> = {
                 let mut store = shared.store.borrow_mut();
-                for id in &copies {
-                    // Deferred while referenced, like any delete.
-                    let _ = store.delete(id);
-                }
-            }
+                // Deferred while referenced, like any delete.
+                copies
+                    .into_iter()
+                    .filter(|id| store.delete(id).is_ok())
+                    .collect()
+            };
+            // A peer that found a copy here (its home was down) may lend it.
+            let holders = lending::holders(shared, &dropped);
             shared.publish();
+            let shared = shared.clone();
+            tokio::task::spawn_local(async move { lending::revoke(&shared, holders).await });
+        }
+        PeerCall::Revoke {
+            ids,
+            number,
+            from,
+            reply,
+        } => {
+            let _ = reply.send(cluster.revoked(from, number, &ids));
+        }
+        PeerCall::GiveBack { from, reply } => {
+            let _ = reply.send(cluster.give_back_idle(from));
         }
         PeerCall::Publish {
             ids,
@@ -595,6 +620,7 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
             let _ = reply.send(AcquireReply {
                 entries,
                 incarnation: cluster.incarnation,
+                revokes: cluster.revokes_sent(),
             });
         }
         PeerCall::Release { ids, from } => {
@@ -621,16 +647,19 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
                     })
                     .collect()
             };
-            shared.publish();
-            // Unregistered before the answer, so the id is free again at once.
             let deleted: Vec<_> = ids
                 .iter()
                 .zip(&codes)
                 .filter(|(_, &c)| c == 0)
                 .map(|(id, _)| *id)
                 .collect();
-            let cluster = cluster.clone();
+            let holders = lending::holders(shared, &deleted);
+            shared.publish();
+            // Loans revoked, then unregistered, before the answer: no get
+            // sees the old object afterwards, and the id is free again at once.
+            let (shared, cluster) = (shared.clone(), cluster.clone());
             tokio::task::spawn_local(async move {
+                lending::revoke(&shared, holders).await;
                 cluster.unregister(&deleted).await;
                 let _ = reply.send(Statuses { codes });
             });
@@ -746,6 +775,7 @@ async fn allocate_for_peer(
         return fail(err);
     }
     let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+    let mut loans_asked = false;
     loop {
         let space = shared.space.notified();
         tokio::pin!(space);
@@ -763,6 +793,10 @@ async fn allocate_for_peer(
                     offsets: locations.iter().map(|l| l.offset).collect(),
                     incarnation: cluster.incarnation,
                 }
+            }
+            Err(err) if err.kind() == ErrorKind::StoreFull && !loans_asked => {
+                loans_asked = true;
+                lending::take_back_idle(shared).await;
             }
             Err(err) if err.kind() == ErrorKind::StoreFull && Instant::now() < deadline => {
                 let wait = deadline.saturating_duration_since(Instant::now());

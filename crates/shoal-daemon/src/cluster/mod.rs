@@ -10,7 +10,9 @@
 //! - references a node takes on another's objects are held there under a
 //!   per-node client id, renewed by heartbeats, and dropped when the holder's
 //!   heartbeats stop for a lease (a dead node's references are reclaimed) or
-//!   its incarnation changes (it restarted).
+//!   its incarnation changes (it restarted). A node keeps the reference a
+//!   get took a short while after its clients released it (`loans`), so a
+//!   repeated get of the same object asks no one.
 //!
 //! - a node that (re)starts has its directory rebuilt by its peers before
 //!   it registers or looks up ids (`rebuild`).
@@ -20,6 +22,8 @@
 //! the bulk data channel (`bulk`).
 
 pub(crate) mod bulk;
+pub(crate) mod lending;
+pub(crate) mod loans;
 pub(crate) mod rebuild;
 pub(crate) mod service;
 
@@ -64,9 +68,6 @@ pub(crate) fn peer_client(node: u32) -> ClientId {
 /// How long one peer call may take before the peer counts as unavailable.
 const RPC_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// One client's references on other nodes: id → (owner, count).
-type RemoteRefs = HashMap<ObjectId, (u32, u32)>;
-
 type PeerRpc = PeerClient<InterceptedService<Channel, Credentials>>;
 
 /// An object found on another node: its owner and where it lives there.
@@ -78,6 +79,31 @@ pub(crate) struct Remote {
     pub location: ObjectLocation,
     /// The owner's memory cannot be mapped here: pull the bytes (network mode).
     pub network: bool,
+}
+
+/// An owner's answer to Acquire.
+struct Granted {
+    /// The owner's incarnation (its region's generation).
+    generation: u64,
+    /// Revokes the owner had sent when it answered (`loans`).
+    revokes: u64,
+    /// Per id, where it is sealed (now referenced by this node), or `None`.
+    locations: Vec<Option<ObjectLocation>>,
+}
+
+/// The references a node gave up in answer to Revoke or GiveBack.
+fn given_up(node: u32, answer: Result<tonic::Response<Ids>>) -> Vec<(u32, ObjectId)> {
+    let ids = answer.and_then(|reply| {
+        shoal_cluster::ids::unpack(&reply.into_inner().ids)
+            .map_err(|s| ShoalError::protocol(format!("node {node}: {}", s.message())))
+    });
+    match ids {
+        Ok(ids) => ids.into_iter().map(|id| (node, id)).collect(),
+        Err(err) => {
+            tracing::debug!(node, %err, "loans not given back");
+            Vec::new()
+        }
+    }
 }
 
 #[derive(Default, Clone, Copy)]
@@ -95,10 +121,15 @@ pub(crate) struct Cluster {
     /// Owner of ids seen on other nodes (a cache: a stale entry costs one
     /// failed Acquire, then the home is asked again). Bounded, see
     /// [`remember_owner`].
-    owners: RefCell<HashMap<ObjectId, u32>>,
-    /// References local clients hold on other nodes' objects:
-    /// client → id → (owner, count).
-    remote_refs: RefCell<HashMap<ClientId, RemoteRefs>>,
+    owners: RefCell<OwnerCache>,
+    /// References this node's clients hold on other nodes' objects, and the
+    /// loans among them.
+    loans: RefCell<loans::Loans>,
+    /// Revokes this node sent as an owner (`loans`: numbers them).
+    revokes_sent: Cell<u64>,
+    /// Deleted ids whose loans are being revoked: the delete unregisters
+    /// them once that is done, not the store's removal event (`lending`).
+    deferred_unregister: RefCell<std::collections::HashSet<ObjectId>>,
     /// Objects local clients are writing in other nodes' regions (remote
     /// allocation), not sealed yet: client → id → node.
     creations: RefCell<HashMap<ClientId, HashMap<ObjectId, u32>>>,
@@ -172,6 +203,7 @@ impl Cluster {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64);
         let n = topology.len();
+        let linger = topology.linger;
         let rebuild = rebuild::Rebuild::new(n, config.node, topology.lease);
         Ok(Self {
             topology,
@@ -180,7 +212,9 @@ impl Cluster {
             peers,
             directory: RefCell::default(),
             owners: RefCell::default(),
-            remote_refs: RefCell::default(),
+            loans: RefCell::new(loans::Loans::new(linger)),
+            revokes_sent: Cell::new(0),
+            deferred_unregister: RefCell::default(),
             creations: RefCell::default(),
             copies: RefCell::default(),
             local_calls: std::cell::OnceCell::new(),
@@ -555,17 +589,21 @@ impl Cluster {
     }
 
     /// Finds ids on other nodes and takes a reference on each for `client`.
-    /// One Lookup per home (for ids whose owner is not cached), one Acquire
+    /// Ids this node has on loan are served from the loan; the rest cost one
+    /// Lookup per home (for ids whose owner is not cached) and one Acquire
     /// per owner. `None` for ids not sealed anywhere (yet).
     pub async fn get(&self, client: ClientId, ids: &[ObjectId]) -> Result<Vec<Option<Remote>>> {
         // A starting node takes no references before its peers heard it
         // started (they drop the references of its previous incarnation).
         self.until_ready().await;
+        let mut found = self.borrow_loans(client, ids);
         let mut owners: Vec<Option<u32>> = {
             let cache = self.owners.borrow();
-            ids.iter().map(|id| cache.get(id).copied()).collect()
+            ids.iter()
+                .zip(&found)
+                .map(|(id, f)| f.is_none().then(|| cache.get(id).copied()).flatten())
+                .collect()
         };
-        let mut found = vec![None; ids.len()];
         for attempt in 0..2 {
             let unknown: Vec<usize> = (0..ids.len())
                 .filter(|&i| owners[i].is_none() && found[i].is_none())
@@ -607,8 +645,8 @@ impl Cluster {
             let mut stale = false;
             for (owner, slots, group, reply) in join_all(calls).await {
                 // An owner that is down: its objects stay missing, the rest are found.
-                let (generation, reply) = match reply {
-                    Ok(reply) => reply,
+                let granted = match reply {
+                    Ok(granted) => granted,
                     Err(err) if err.kind() == ErrorKind::NodeUnavailable => {
                         tracing::debug!(%err, "acquire");
                         for &slot in &slots {
@@ -620,14 +658,15 @@ impl Cluster {
                 };
                 // A descriptor outside the owner's region is refused before
                 // anything uses it; the references the reply took go back.
-                if let Some(bad) = reply
+                if let Some(bad) = granted
+                    .locations
                     .iter()
                     .flatten()
                     .find(|l| self.check_location(owner, l).is_err())
                 {
                     let taken: Vec<(u32, ObjectId)> = group
                         .iter()
-                        .zip(&reply)
+                        .zip(&granted.locations)
                         .filter(|(_, l)| l.is_some())
                         .map(|(id, _)| (owner, *id))
                         .collect();
@@ -638,19 +677,24 @@ impl Cluster {
                 }
                 let network = self.is_network(owner);
                 let mut cache = self.owners.borrow_mut();
-                let mut refs = self.remote_refs.borrow_mut();
-                let held = refs.entry(client).or_default();
+                let mut loans = self.loans.borrow_mut();
                 for (k, (&slot, id)) in slots.iter().zip(&group).enumerate() {
-                    match reply.get(k).copied().flatten() {
+                    match granted.locations.get(k).copied().flatten() {
                         Some(location) => {
                             found[slot] = Some(Remote {
                                 owner,
-                                generation,
+                                generation: granted.generation,
                                 location,
                                 network,
                             });
                             remember_owner(&mut cache, *id, owner);
-                            held.entry(*id).or_insert((owner, 0)).1 += 1;
+                            let grant = loans::Grant {
+                                owner,
+                                generation: granted.generation,
+                                location,
+                                revokes: granted.revokes,
+                            };
+                            loans.acquired(client, *id, grant, !network);
                         }
                         None => {
                             // Deleted there, or not sealed yet: ask the home again.
@@ -666,6 +710,35 @@ impl Cluster {
             }
         }
         Ok(found)
+    }
+
+    /// Ids served from this node's loans (one more user each): only loans
+    /// of owners not known to be down (a missed heartbeat), at the
+    /// incarnation that lent them.
+    fn borrow_loans(&self, client: ClientId, ids: &[ObjectId]) -> Vec<Option<Remote>> {
+        let mut loans = self.loans.borrow_mut();
+        if loans.len() == 0 {
+            return vec![None; ids.len()];
+        }
+        let seen = self.seen.borrow();
+        let usable = |loan: &loans::Loan| {
+            self.alive.borrow().get(loan.owner as usize) != Some(&Some(false))
+                && seen
+                    .get(loan.owner as usize)
+                    .is_some_and(|s| s.incarnation == 0 || s.incarnation == loan.generation)
+        };
+        loans
+            .borrow(client, ids, usable)
+            .into_iter()
+            .map(|loan| {
+                loan.map(|loan| Remote {
+                    owner: loan.owner,
+                    generation: loan.generation,
+                    location: loan.location,
+                    network: false,
+                })
+            })
+            .collect()
     }
 
     /// Takes references on ids whose home is down by asking every live peer.
@@ -686,10 +759,11 @@ impl Cluster {
         });
         let mut surplus = Vec::new();
         for (node, reply) in join_all(calls).await {
-            let Ok((generation, reply)) = reply else {
+            let Ok(granted) = reply else {
                 continue;
             };
-            for (k, location) in reply.into_iter().enumerate() {
+            let generation = granted.generation;
+            for (k, location) in granted.locations.into_iter().enumerate() {
                 let Some(location) = location else { continue };
                 if found[slots[k]].is_some() || self.check_location(node, &location).is_err() {
                     // Another node also had it (a network copy): give its reference back.
@@ -703,7 +777,16 @@ impl Cluster {
                     network: self.is_network(node),
                 });
                 remember_owner(&mut self.owners.borrow_mut(), wanted[k], node);
-                self.hold(client, wanted[k], node);
+                let network = self.is_network(node);
+                let grant = loans::Grant {
+                    owner: node,
+                    generation,
+                    location,
+                    revokes: granted.revokes,
+                };
+                self.loans
+                    .borrow_mut()
+                    .acquired(client, wanted[k], grant, !network);
             }
         }
         if !surplus.is_empty() {
@@ -750,17 +833,13 @@ impl Cluster {
         Ok((owners, homes_down))
     }
 
-    /// References `ids` at `owner`: the owner's incarnation, and per id its
-    /// location if it is sealed there.
-    async fn acquire(
-        &self,
-        owner: u32,
-        ids: &[ObjectId],
-    ) -> Result<(u64, Vec<Option<ObjectLocation>>)> {
+    /// References `ids` at `owner`: per id its location if it is sealed there.
+    async fn acquire(&self, owner: u32, ids: &[ObjectId]) -> Result<Granted> {
         let mut peer = self.reachable(owner)?;
         let AcquireReply {
             entries,
             incarnation,
+            revokes,
         } = peer
             .acquire(Ids { ids: pack(ids) })
             .await
@@ -768,7 +847,11 @@ impl Cluster {
             .into_inner();
         let locations = shoal_cluster::ids::locations(&entries, ids.len())
             .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))?;
-        Ok((incarnation, locations))
+        Ok(Granted {
+            generation: incarnation,
+            revokes,
+            locations,
+        })
     }
 
     /// A descriptor from a peer must lie inside that peer's region as the
@@ -854,54 +937,113 @@ impl Cluster {
         accepted
     }
 
-    fn hold(&self, client: ClientId, id: ObjectId, owner: u32) {
-        let mut refs = self.remote_refs.borrow_mut();
-        let entry = refs
-            .entry(client)
-            .or_default()
-            .entry(id)
-            .or_insert((owner, 0));
-        entry.1 += 1;
-    }
-
-    /// Whether `client` holds a reference to `id` on another node.
-    pub fn holds_remote(&self, client: ClientId, id: &ObjectId) -> bool {
-        self.remote_refs
-            .borrow()
-            .get(&client)
-            .is_some_and(|m| m.contains_key(id))
-    }
-
-    /// Drops one of `client`'s remote references per id; returns one
-    /// (owner, id) per reference dropped, to release at the owners (every
-    /// Acquire took one reference there, so every local release returns one).
+    /// Drops one of `client`'s remote references per id; returns the
+    /// (owner, id) references to release at the owners now (a loan's
+    /// reference stays while it lingers).
     pub fn unhold(&self, client: ClientId, ids: &[ObjectId]) -> Vec<(u32, ObjectId)> {
-        let mut refs = self.remote_refs.borrow_mut();
-        let Some(held) = refs.get_mut(&client) else {
-            return Vec::new();
-        };
-        let mut gone = Vec::new();
-        for id in ids {
-            if let Some((owner, count)) = held.get_mut(id) {
-                gone.push((*owner, *id));
-                *count -= 1;
-                if *count == 0 {
-                    held.remove(id);
-                }
-            }
-        }
-        gone
+        self.loans.borrow_mut().release(client, ids)
     }
 
-    /// Every remote reference of a client that disconnected.
+    /// As [`unhold`](Self::unhold); ids `client` holds no remote reference
+    /// to go to `local` (objects of this node).
+    pub fn unhold_remote(
+        &self,
+        client: ClientId,
+        ids: &[ObjectId],
+        local: impl FnMut(&ObjectId),
+    ) -> Vec<(u32, ObjectId)> {
+        self.loans.borrow_mut().release_held(client, ids, local)
+    }
+
+    /// Every remote reference of a client that disconnected, to release now.
     pub fn drop_client(&self, client: ClientId) -> Vec<(u32, ObjectId)> {
-        let mut out = Vec::new();
-        if let Some(held) = self.remote_refs.borrow_mut().remove(&client) {
-            for (id, (owner, count)) in held {
-                out.extend(std::iter::repeat_n((owner, id), count as usize));
-            }
+        self.loans.borrow_mut().drop_client(client)
+    }
+
+    /// Loans idle past the linger, to release now (every heartbeat tick).
+    pub fn expired_loans(&self) -> Vec<(u32, ObjectId)> {
+        self.loans.borrow_mut().expired()
+    }
+
+    /// As a holder: the owner `from` deleted `ids` (its revoke `number`);
+    /// returns the ids whose idle loans were given up.
+    pub fn revoked(&self, from: u32, number: u64, ids: &[ObjectId]) -> Vec<ObjectId> {
+        self.loans.borrow_mut().revoke(from, number, ids)
+    }
+
+    /// As a holder: the owner `from` is short of space.
+    pub fn give_back_idle(&self, from: u32) -> Vec<ObjectId> {
+        self.loans.borrow_mut().give_back_idle(from)
+    }
+
+    /// How many Revoke calls this node sent (in Acquire answers: `loans`).
+    pub fn revokes_sent(&self) -> u64 {
+        self.revokes_sent.get()
+    }
+
+    /// Deleted ids left registered while their loans are revoked.
+    pub fn defer_unregister(&self, ids: &[ObjectId]) {
+        self.deferred_unregister.borrow_mut().extend(ids);
+    }
+
+    pub fn deferred_done(&self, ids: &[ObjectId]) {
+        let mut deferred = self.deferred_unregister.borrow_mut();
+        for id in ids {
+            deferred.remove(id);
         }
-        out
+    }
+
+    /// Of ids that left this node, those to unregister now.
+    pub fn not_deferred(&self, mut ids: Vec<ObjectId>) -> Vec<ObjectId> {
+        let deferred = self.deferred_unregister.borrow();
+        if !deferred.is_empty() {
+            ids.retain(|id| !deferred.contains(id));
+        }
+        ids
+    }
+
+    /// As an owner, before answering a delete: tells each node holding
+    /// references on deleted ids (node → ids) to stop lending them. Returns
+    /// the references they gave up (node, id), which the caller drops. A
+    /// node that does not answer keeps lending until its lease here runs
+    /// out (docs/cluster.md, "Loans").
+    pub async fn revoke(&self, holders: Vec<(u32, Vec<ObjectId>)>) -> Vec<(u32, ObjectId)> {
+        if holders.is_empty() {
+            return Vec::new();
+        }
+        let number = self.revokes_sent.get() + 1;
+        self.revokes_sent.set(number);
+        let calls = holders.into_iter().map(|(node, ids)| async move {
+            let request = shoal_cluster::proto::RevokeRequest {
+                ids: pack(&ids),
+                number,
+            };
+            let answer = match self.reachable(node) {
+                Ok(mut peer) => peer
+                    .revoke(request)
+                    .await
+                    .map_err(|s| status_error(node, s)),
+                Err(err) => Err(err),
+            };
+            given_up(node, answer)
+        });
+        join_all(calls).await.into_iter().flatten().collect()
+    }
+
+    /// As an owner short of space: asks `nodes` to give up their idle loans.
+    /// Returns the references they gave up (node, id), which the caller drops.
+    pub async fn take_back_idle(&self, nodes: Vec<u32>) -> Vec<(u32, ObjectId)> {
+        let calls = nodes.into_iter().map(|node| async move {
+            let answer = match self.reachable(node) {
+                Ok(mut peer) => peer
+                    .give_back(shoal_cluster::proto::Empty {})
+                    .await
+                    .map_err(|s| status_error(node, s)),
+                Err(err) => Err(err),
+            };
+            given_up(node, answer)
+        });
+        join_all(calls).await.into_iter().flatten().collect()
     }
 
     /// Sends releases to owners (one call per owner).
@@ -978,7 +1120,8 @@ impl Cluster {
         let mine = creations.entry(client).or_default();
         for id in &ids {
             mine.insert(*id, node);
-            self.hold(client, *id, node);
+            // The creator's reference at the node, returned on release.
+            self.loans.borrow_mut().direct(client, *id, node);
         }
         Ok((reply.incarnation, locations))
     }
@@ -1107,7 +1250,10 @@ impl Cluster {
 /// until it is deleted; losing an entry costs one home Lookup on its next get.
 const OWNER_CACHE_MAX: usize = 1 << 20;
 
-fn remember_owner(cache: &mut HashMap<ObjectId, u32>, id: ObjectId, owner: u32) {
+/// Owners of ids seen on other nodes; on every remote get: foldhash.
+type OwnerCache = foldhash::HashMap<ObjectId, u32>;
+
+fn remember_owner(cache: &mut OwnerCache, id: ObjectId, owner: u32) {
     if cache.len() >= OWNER_CACHE_MAX && !cache.contains_key(&id) {
         let mut keep = false;
         cache.retain(|_, _| {
@@ -1133,7 +1279,7 @@ mod tests {
 
     #[test]
     fn the_owner_cache_stays_bounded_and_keeps_the_newest_entry() {
-        let mut cache = HashMap::new();
+        let mut cache = OwnerCache::default();
         let id = |i: u32| {
             let mut bytes = [0u8; 20];
             bytes[..4].copy_from_slice(&i.to_le_bytes());

@@ -194,14 +194,7 @@ impl Cluster {
     fn forget_incarnation(self: &Rc<Self>, node: u32) {
         let (entries, stale) = self.directory.borrow_mut().forget_owner(node);
         self.owners.borrow_mut().retain(|_, owner| *owner != node);
-        let mut references = 0;
-        for held in self.remote_refs.borrow_mut().values_mut() {
-            held.retain(|_, (owner, count)| {
-                let gone = *owner == node;
-                references += if gone { *count } else { 0 };
-                !gone
-            });
-        }
+        let references = self.loans.borrow_mut().forget_owner(node);
         tracing::warn!(
             node,
             entries,

@@ -3,12 +3,12 @@
 //! Handlers never touch the store themselves (it lives on the daemon's
 //! current-thread runtime, unshared), so the gRPC side needs no locks.
 
-use shoal_cluster::ids::unpack;
+use shoal_cluster::ids::{pack, unpack};
 use shoal_cluster::proto::peer_server::Peer;
 use shoal_cluster::proto::{
     AcquireReply, AllocateReply, AllocateRequest, CachedRequest, Empty, HeartbeatReply,
     HeartbeatRequest, Ids, ListReply, LookupReply, NodeStatus, Outcome, PublishRequest,
-    RegisterRequest, RestoreRequest, RestoredRequest, SealRequest, Statuses,
+    RegisterRequest, RestoreRequest, RestoredRequest, RevokeRequest, SealRequest, Statuses,
 };
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
@@ -73,6 +73,18 @@ pub(crate) enum PeerCall {
     Delete {
         ids: Vec<ObjectId>,
         reply: oneshot::Sender<Statuses>,
+    },
+    /// The owner `from` deleted these ids: stop lending them (`loans`).
+    Revoke {
+        ids: Vec<ObjectId>,
+        number: u64,
+        from: u32,
+        reply: oneshot::Sender<Vec<ObjectId>>,
+    },
+    /// The owner `from` is short of space: give up idle loans.
+    GiveBack {
+        from: u32,
+        reply: oneshot::Sender<Vec<ObjectId>>,
     },
     Allocate {
         specs: Vec<(ObjectId, u64, u32)>,
@@ -271,6 +283,32 @@ impl Peer for PeerService {
         self.ask(|reply| PeerCall::Delete { ids, reply })
             .await
             .map(Response::new)
+    }
+
+    async fn revoke(&self, request: Request<RevokeRequest>) -> Result<Response<Ids>, Status> {
+        let from = caller_node(request.metadata())?;
+        let request = request.into_inner();
+        let ids = unpack(&request.ids)?;
+        let number = request.number;
+        let dropped = self
+            .ask(|reply| PeerCall::Revoke {
+                ids,
+                number,
+                from,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(Ids {
+            ids: pack(&dropped),
+        }))
+    }
+
+    async fn give_back(&self, request: Request<Empty>) -> Result<Response<Ids>, Status> {
+        let from = caller_node(request.metadata())?;
+        let dropped = self.ask(|reply| PeerCall::GiveBack { from, reply }).await?;
+        Ok(Response::new(Ids {
+            ids: pack(&dropped),
+        }))
     }
 
     async fn allocate(

@@ -1,0 +1,489 @@
+//! References this node holds on other nodes' objects, shared by its clients.
+//!
+//! A get of an object on another node takes one reference at its owner
+//! (`Acquire`) for this node: a *loan*. Local clients that get the object
+//! are counted here, and when the last one releases, the loan is kept for
+//! `linger` so that the next get of the same object needs no round trip.
+//! Then it is returned (`Release`).
+//!
+//! An owner takes loans back in two cases:
+//! - before a delete completes it *revokes* them (so a get here after the
+//!   delete never sees the old object): idle loans are dropped at once,
+//!   loans in use serve no new get and are returned on their last release;
+//! - when it needs space it asks for its *idle* loans back.
+//!
+//! In both cases the owner itself drops the references of the loans this node
+//! gave up (they are named in the answer), so nothing is released twice.
+//!
+//! The race: an Acquire answer can be overtaken by a revoke the owner sent
+//! after making it. Owners number their revokes and every Acquire answer
+//! carries the number of revokes sent until then; an answer older than a
+//! revoke this node already heard from that owner installs no loan.
+//!
+//! References that are not loans are *direct*: returned on the client's
+//! release. They are taken for network-mode gets (the bytes are pulled, then
+//! the reference goes), when lingering is off, and when a loan could not be
+//! installed (the race above, or a loan for the id is already there).
+
+use std::time::Duration;
+
+use shoal_core::store::ObjectLocation;
+use shoal_core::ObjectId;
+use tokio::time::Instant;
+
+type ClientId = u32;
+
+/// On every remote get and release: foldhash, not SipHash.
+type HashMap<K, V> = foldhash::HashMap<K, V>;
+
+/// One reference at an owner, shared by this node's clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Loan {
+    pub owner: u32,
+    /// The owner's incarnation that granted it (its region's generation).
+    pub generation: u64,
+    pub location: ObjectLocation,
+    users: u32,
+    /// When the last user released it (`None` while in use).
+    idle_since: Option<Instant>,
+    /// The owner deleted the object: no new users; returned when unused.
+    revoked: bool,
+}
+
+/// A reference an owner granted (its Acquire answer).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    pub owner: u32,
+    pub generation: u64,
+    pub location: ObjectLocation,
+    /// Revokes the owner had sent when it answered.
+    pub revokes: u64,
+}
+
+/// One client's references on other nodes' objects.
+#[derive(Debug, Default)]
+struct Hold {
+    /// Uses of this id's loan.
+    lent: u32,
+    /// Owners of the direct references (usually none or one).
+    direct: Vec<u32>,
+}
+
+pub(crate) struct Loans {
+    linger: Duration,
+    loans: HashMap<ObjectId, Loan>,
+    holds: HashMap<ClientId, HashMap<ObjectId, Hold>>,
+    /// The highest revoke number heard from each owner.
+    revokes_heard: HashMap<u32, u64>,
+}
+
+/// A reference to return at its owner: (owner, id).
+pub(crate) type Returned = (u32, ObjectId);
+
+impl Loans {
+    /// `linger` zero: no loans, every reference is direct.
+    pub fn new(linger: Duration) -> Self {
+        Self {
+            linger,
+            loans: HashMap::default(),
+            holds: HashMap::default(),
+            revokes_heard: HashMap::default(),
+        }
+    }
+
+    /// Gets served from this node's loans, per id the loan if there is one
+    /// that `usable` accepts (its owner is not known to be down, and is at
+    /// the same incarnation): one more user each.
+    pub fn borrow(
+        &mut self,
+        client: ClientId,
+        ids: &[ObjectId],
+        usable: impl Fn(&Loan) -> bool,
+    ) -> Vec<Option<Loan>> {
+        let held = self.holds.entry(client).or_default();
+        let found = ids
+            .iter()
+            .map(|id| {
+                let loan = self.loans.get_mut(id)?;
+                if loan.revoked || !usable(loan) {
+                    return None;
+                }
+                loan.users += 1;
+                loan.idle_since = None;
+                held.entry(*id).or_default().lent += 1;
+                Some(*loan)
+            })
+            .collect();
+        if held.is_empty() {
+            self.holds.remove(&client);
+        }
+        found
+    }
+
+    /// `client`'s get took a reference at `grant.owner`. Becomes the node's
+    /// loan if `lend` and nothing stands in the way, else a direct reference.
+    pub fn acquired(&mut self, client: ClientId, id: ObjectId, grant: Grant, lend: bool) {
+        let Grant {
+            owner,
+            generation,
+            location,
+            revokes,
+        } = grant;
+        let overtaken = self.revokes_heard.get(&owner).is_some_and(|&n| n > revokes);
+        if !lend || self.linger.is_zero() || overtaken || self.loans.contains_key(&id) {
+            self.direct(client, id, owner);
+            return;
+        }
+        self.holds
+            .entry(client)
+            .or_default()
+            .entry(id)
+            .or_default()
+            .lent += 1;
+        self.loans.insert(
+            id,
+            Loan {
+                owner,
+                generation,
+                location,
+                users: 1,
+                idle_since: None,
+                revoked: false,
+            },
+        );
+    }
+
+    /// `client` holds a reference at `owner` that is returned on its release
+    /// (its remote creations, network-mode gets).
+    pub fn direct(&mut self, client: ClientId, id: ObjectId, owner: u32) {
+        self.holds
+            .entry(client)
+            .or_default()
+            .entry(id)
+            .or_default()
+            .direct
+            .push(owner);
+    }
+
+    /// Whether `client` holds a reference to `id` on another node.
+    #[cfg(test)]
+    pub fn holds(&self, client: ClientId, id: &ObjectId) -> bool {
+        self.holds
+            .get(&client)
+            .is_some_and(|held| held.contains_key(id))
+    }
+
+    /// Drops one of `client`'s references per id; returns those to release
+    /// at their owners now (direct ones, and revoked loans left unused).
+    pub fn release(&mut self, client: ClientId, ids: &[ObjectId]) -> Vec<Returned> {
+        self.release_held(client, ids, |_| ())
+    }
+
+    /// As [`release`](Self::release); ids `client` holds no remote
+    /// reference to go to `not_held` (they are local objects).
+    pub fn release_held(
+        &mut self,
+        client: ClientId,
+        ids: &[ObjectId],
+        mut not_held: impl FnMut(&ObjectId),
+    ) -> Vec<Returned> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let Some(held) = self.holds.get_mut(&client) else {
+            ids.iter().for_each(not_held);
+            return out;
+        };
+        let mut unused = Vec::new();
+        for id in ids {
+            let Some(hold) = held.get_mut(id) else {
+                not_held(id);
+                continue;
+            };
+            if let Some(owner) = hold.direct.pop() {
+                out.push((owner, *id));
+            } else {
+                hold.lent -= 1;
+                unused.push(*id);
+            }
+            if hold.lent == 0 && hold.direct.is_empty() {
+                held.remove(id);
+            }
+        }
+        if held.is_empty() {
+            self.holds.remove(&client);
+        }
+        for id in unused {
+            out.extend(self.unuse(id, now));
+        }
+        out
+    }
+
+    /// Every reference of a client that went away.
+    pub fn drop_client(&mut self, client: ClientId) -> Vec<Returned> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for (id, hold) in self.holds.remove(&client).unwrap_or_default() {
+            out.extend(hold.direct.into_iter().map(|owner| (owner, id)));
+            for _ in 0..hold.lent {
+                out.extend(self.unuse(id, now));
+            }
+        }
+        out
+    }
+
+    /// One user of `id`'s loan is done with it.
+    fn unuse(&mut self, id: ObjectId, now: Instant) -> Option<Returned> {
+        let loan = self.loans.get_mut(&id)?;
+        loan.users -= 1;
+        if loan.users > 0 {
+            return None;
+        }
+        if loan.revoked {
+            let loan = self.loans.remove(&id)?;
+            return Some((loan.owner, id));
+        }
+        loan.idle_since = Some(now);
+        None
+    }
+
+    /// `owner` deleted `ids` (its revoke number `number`): their loans serve
+    /// no new get. Returns the ids whose loans were idle and are dropped
+    /// (the owner drops those references itself).
+    pub fn revoke(&mut self, owner: u32, number: u64, ids: &[ObjectId]) -> Vec<ObjectId> {
+        let heard = self.revokes_heard.entry(owner).or_default();
+        *heard = (*heard).max(number);
+        let mut dropped = Vec::new();
+        for id in ids {
+            let Some(loan) = self.loans.get_mut(id).filter(|l| l.owner == owner) else {
+                continue;
+            };
+            if loan.users == 0 {
+                self.loans.remove(id);
+                dropped.push(*id);
+            } else {
+                loan.revoked = true;
+            }
+        }
+        dropped
+    }
+
+    /// `owner` needs space: its idle loans are dropped (it drops the
+    /// references of the ids returned itself).
+    pub fn give_back_idle(&mut self, owner: u32) -> Vec<ObjectId> {
+        let mut dropped = Vec::new();
+        self.loans.retain(|id, loan| {
+            let idle = loan.owner == owner && loan.users == 0;
+            if idle {
+                dropped.push(*id);
+            }
+            !idle
+        });
+        dropped
+    }
+
+    /// Loans idle for longer than `linger`, dropped here: release them.
+    pub fn expired(&mut self) -> Vec<Returned> {
+        let linger = self.linger;
+        let mut out = Vec::new();
+        self.loans.retain(|id, loan| {
+            let expired = loan.idle_since.is_some_and(|t| t.elapsed() >= linger);
+            if expired {
+                out.push((loan.owner, *id));
+            }
+            !expired
+        });
+        out
+    }
+
+    /// `owner` restarted: every reference there is gone with its previous
+    /// incarnation. Returns how many local references that was.
+    pub fn forget_owner(&mut self, owner: u32) -> usize {
+        let mut forgotten = 0;
+        let mut lent_gone = Vec::new();
+        self.loans.retain(|id, loan| {
+            let gone = loan.owner == owner;
+            if gone {
+                lent_gone.push(*id);
+            }
+            !gone
+        });
+        for held in self.holds.values_mut() {
+            held.retain(|id, hold| {
+                let before = hold.direct.len();
+                hold.direct.retain(|&o| o != owner);
+                forgotten += before - hold.direct.len();
+                if lent_gone.contains(id) {
+                    forgotten += hold.lent as usize;
+                    hold.lent = 0;
+                }
+                hold.lent > 0 || !hold.direct.is_empty()
+            });
+        }
+        self.holds.retain(|_, held| !held.is_empty());
+        self.revokes_heard.remove(&owner);
+        forgotten
+    }
+
+    /// How many loans this node holds (in use or idle).
+    pub fn len(&self) -> usize {
+        self.loans.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> ObjectId {
+        ObjectId([n; 20])
+    }
+
+    const AT: ObjectLocation = ObjectLocation {
+        offset: 128,
+        data_size: 10,
+        meta_size: 0,
+    };
+
+    fn loans() -> Loans {
+        Loans::new(Duration::from_secs(60))
+    }
+
+    fn grant(owner: u32, generation: u64, revokes: u64) -> Grant {
+        Grant {
+            owner,
+            generation,
+            location: AT,
+            revokes,
+        }
+    }
+
+    fn always(_: &Loan) -> bool {
+        true
+    }
+
+    #[test]
+    fn a_released_loan_serves_the_next_get_without_a_round_trip() {
+        let mut l = loans();
+        assert!(l.borrow(1, &[id(1)], always)[0].is_none());
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        assert!(l.holds(1, &id(1)));
+        assert!(l.release(1, &[id(1)]).is_empty(), "kept, not returned");
+        assert!(!l.holds(1, &id(1)));
+        let loan = l.borrow(3, &[id(1)], always)[0].expect("lingering loan");
+        assert_eq!((loan.owner, loan.generation, loan.location), (2, 7, AT));
+        assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn clients_share_one_reference_at_the_owner() {
+        let mut l = loans();
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        l.borrow(2, &[id(1)], always)[0].unwrap();
+        l.borrow(2, &[id(1)], always)[0].unwrap();
+        assert!(l.release(1, &[id(1)]).is_empty());
+        assert!(l.drop_client(2).is_empty());
+        // Idle now: a zero linger would return it.
+        assert_eq!(l.give_back_idle(2), vec![id(1)]);
+        assert_eq!(l.len(), 0);
+    }
+
+    #[test]
+    fn idle_loans_expire_after_the_linger() {
+        let mut l = Loans::new(Duration::from_millis(1));
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        l.acquired(1, id(2), grant(2, 7, 0), true);
+        l.release(1, &[id(1)]);
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(l.expired(), vec![(2, id(1))], "the one in use stays");
+        assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn a_revoke_drops_idle_loans_and_stops_busy_ones_serving() {
+        let mut l = loans();
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        l.acquired(1, id(2), grant(2, 7, 0), true);
+        l.release(1, &[id(1)]);
+        assert_eq!(l.revoke(2, 1, &[id(1), id(2), id(3)]), vec![id(1)]);
+        assert!(
+            l.borrow(3, &[id(2)], always)[0].is_none(),
+            "revoked: no new user"
+        );
+        // The last user's release returns it at once.
+        assert_eq!(l.release(1, &[id(2)]), vec![(2, id(2))]);
+        assert_eq!(l.len(), 0);
+    }
+
+    #[test]
+    fn a_revoke_names_only_the_revoking_owners_loans() {
+        let mut l = loans();
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        l.release(1, &[id(1)]);
+        assert!(l.revoke(0, 1, &[id(1)]).is_empty());
+        assert!(l.borrow(1, &[id(1)], always)[0].is_some());
+    }
+
+    #[test]
+    fn an_acquire_answer_overtaken_by_a_revoke_installs_no_loan() {
+        let mut l = loans();
+        // The owner answered after 4 revokes, then sent its 5th, heard first.
+        l.revoke(2, 5, &[id(1)]);
+        l.acquired(1, id(1), grant(2, 7, 4), true);
+        assert_eq!(l.len(), 0);
+        assert_eq!(l.release(1, &[id(1)]), vec![(2, id(1))], "direct");
+        // An answer made after that revoke is fine.
+        l.acquired(1, id(1), grant(2, 7, 5), true);
+        assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn direct_references_are_returned_on_release() {
+        let mut l = loans();
+        l.acquired(1, id(1), grant(2, 7, 0), false);
+        l.acquired(1, id(2), grant(2, 7, 0), true);
+        // Two gets raced: the second reference is direct.
+        l.acquired(4, id(2), grant(2, 7, 0), true);
+        assert_eq!(l.release(1, &[id(1)]), vec![(2, id(1))]);
+        assert_eq!(l.release(4, &[id(2)]), vec![(2, id(2))]);
+        assert!(l.release(1, &[id(2)]).is_empty(), "the loan lingers");
+        let mut off = Loans::new(Duration::ZERO);
+        off.acquired(1, id(1), grant(2, 7, 0), true);
+        assert_eq!(off.len(), 0);
+        assert_eq!(off.release(1, &[id(1)]), vec![(2, id(1))]);
+    }
+
+    #[test]
+    fn releases_of_unknown_ids_change_nothing() {
+        let mut l = loans();
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        assert!(l.release(1, &[id(9)]).is_empty());
+        assert!(l.release(5, &[id(1)]).is_empty());
+        assert!(l.holds(1, &id(1)));
+    }
+
+    #[test]
+    fn an_unusable_loan_serves_nothing() {
+        let mut l = loans();
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        assert!(l.borrow(1, &[id(1)], |loan| loan.generation == 8)[0].is_none());
+        assert!(l.release(1, &[id(1)]).is_empty());
+    }
+
+    #[test]
+    fn a_restarted_owner_takes_every_reference_with_it() {
+        let mut l = loans();
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        l.borrow(3, &[id(1)], always)[0].unwrap();
+        l.acquired(1, id(2), grant(2, 7, 0), false);
+        l.acquired(1, id(3), grant(0, 7, 0), true);
+        l.revoke(2, 9, &[]);
+        assert_eq!(l.forget_owner(2), 3);
+        assert!(l.release(3, &[id(1)]).is_empty());
+        assert!(!l.holds(1, &id(2)));
+        assert!(l.holds(1, &id(3)));
+        assert_eq!(l.len(), 1);
+        // Revoke numbers start again with the new incarnation.
+        l.acquired(1, id(4), grant(2, 8, 0), true);
+        assert_eq!(l.len(), 2);
+    }
+}
