@@ -443,6 +443,11 @@ def test_a_hugetable_assembled_from_every_nodes_memory(cluster, spawn):
     assert holders == [0, 1, 2, 1, 2, 0]
     for i, holder in enumerate(holders):
         address = table["v"].chunk(i).buffers()[1].address
+        if holder == 0 and i >= 3 and cluster.simulate_caches:
+            # Written by node 2 into node 0's memory: the simulated fabric has node 0 read it through
+            # this process's stand-in for node 0's caches, refilled by the invalidate (docs/cluster.md).
+            assert not in_region(reader, address)
+            continue
         assert in_region(reader, address) == (holder == 0)
     # Engines run on it in place.
     duckdb = pytest.importorskip("duckdb")
