@@ -14,6 +14,8 @@
  * Broken variants, each of which must produce an assertion violation:
  *   -DNO_FLUSH           the writer seals without flushing
  *   -DNO_INVALIDATE      a reader reads without invalidating first
+ *   -DNO_OWNER_INVALIDATE  the owner node reads objects the other node wrote
+ *                        into its memory without invalidating first
  *   -DNO_ABORT_FLUSH     the writer of an aborted object frees it unflushed
  *   -DSEAL_BEFORE_FLUSH  the writer flushes, but only after sending the seal
  *                        (what a flush without its trailing fence allows)
@@ -157,9 +159,11 @@ inline invalidate_range(n) {
 
 proctype Node(byte n) {
   byte g, l;
+  byte wrote = 0;              /* the generation this node wrote last */
 end_node:
   do
   :: alloc_reply[n] ? g ->
+     wrote = g;
      l = 0;
      do :: l < LINES -> store(n, l, g); l++ :: else -> break od;
      if
@@ -182,8 +186,16 @@ end_node:
         to_owner ! ABORTED, g
      fi
   :: get_reply[n] ? g ->
+     /* Every reader invalidates first, except the owner node reading an
+        object it wrote itself: its cache saw every one of those writes. */
 #ifndef NO_INVALIDATE
-     invalidate_range(n);
+     if
+     :: n == W && wrote == g -> skip
+#ifdef NO_OWNER_INVALIDATE
+     :: n == W && wrote != g -> skip
+#endif
+     :: else -> invalidate_range(n)
+     fi;
 #endif
      /* two passes: lines cached by the first must stay right for the second */
      l = 0;

@@ -74,7 +74,7 @@ fi
 
 # Each broken variant must be caught, with the reader-never-dirty check on
 # and with only the data property checked.
-for variant in NO_FLUSH NO_INVALIDATE NO_ABORT_FLUSH SEAL_BEFORE_FLUSH; do
+for variant in NO_FLUSH NO_INVALIDATE NO_OWNER_INVALIDATE NO_ABORT_FLUSH SEAL_BEFORE_FLUSH; do
     for mode in full data-only; do
         flags=("-D$variant")
         [ "$mode" = data-only ] && flags+=(-DDATA_ASSERT_ONLY)

@@ -284,8 +284,15 @@ pub fn sample_replies() -> Vec<Reply> {
                     node: 1,
                     generation: 0x0123_4567_89ab_cdef,
                     location: loc,
+                    invalidate: false,
                 }),
                 None,
+                Some(Located {
+                    node: 0,
+                    generation: 0,
+                    location: loc,
+                    invalidate: true,
+                }),
             ],
         },
         Reply::ClusterInfo {

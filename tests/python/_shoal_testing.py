@@ -332,6 +332,7 @@ class Cluster:
         self.directory = directory
         self.name = f"t{os.getpid()}x{directory.name}"[-24:]
         self.nodes = nodes
+        self.simulate_caches = simulate_caches
         self._clients: list[shoal.Client] = []
         result = shoal_command(
             "cluster", "up", "--nodes", str(nodes), "--dir", str(directory), "--capacity", capacity,

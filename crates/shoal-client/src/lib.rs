@@ -46,9 +46,17 @@ pub struct ClusterView {
     pub nodes: Vec<PeerRegion>,
     /// Simulated non-coherent fabric: this process's private "cache" copy of
     /// each node's region. Writes of new objects go to the copy and reach the
-    /// region only when flushed; reads of other nodes' objects come from the
-    /// copy, refreshed only by invalidate. A missing flush or invalidate shows
-    /// as wrong bytes, as it would on the hardware.
+    /// region only when flushed; reads of objects that need an invalidate
+    /// (see [`Client::needs_invalidate`]) come from the copy, refreshed only
+    /// by that invalidate. A missing flush or invalidate shows as wrong
+    /// bytes, as it would on the hardware.
+    ///
+    /// Our own node's copy stands for that node's caches, shared by all its
+    /// processes in reality: it holds what this process wrote there (a
+    /// flush keeps the lines, as CLWB does) and what it read of objects other
+    /// nodes wrote there. Objects our node wrote are read from the region
+    /// itself: a node's caches see its own writes, so those reads cost
+    /// nothing extra and need no invalidate.
     pub simulated: bool,
     /// Per node, what this process maps of its region.
     peers: Vec<PeerMaps>,
@@ -422,6 +430,7 @@ impl Client {
                 node,
                 generation,
                 location,
+                invalidate: false,
             };
             if self.noncoherent() {
                 self.unsealed.insert(o.id, located);
@@ -451,7 +460,7 @@ impl Client {
 
     fn address(&mut self, located: Located, write: bool) -> Result<(Arc<Mapping>, *mut u8)> {
         let region = self.peer_mapping(located.node, located.generation, write)?;
-        let mapping = match self.simulated_cache(located.node, write)? {
+        let mapping = match self.simulated_cache(&located, write)? {
             Some(cache) => cache,
             None => region,
         };
@@ -467,7 +476,8 @@ impl Client {
     }
 
     /// Checks a descriptor against the mapping it points into, before
-    /// anything reads it; returns the object's address.
+    /// anything reads it, and drops this node's stale lines of the object
+    /// when it [needs an invalidate](Self::needs_invalidate).
     fn check_located(&mut self, located: Located) -> Result<Located> {
         let mapping = self.peer_mapping(located.node, located.generation, false)?;
         let l = located.location;
@@ -477,26 +487,39 @@ impl Client {
                 located.node
             )));
         }
-        if located.node != self.node() {
-            if let Some(cache) = self.simulated_cache(located.node, false)? {
-                // Simulated invalidate: refill this process's copy of the range.
-                Self::copy_range(&mapping, &cache, l.offset, l.size());
-                return Ok(located);
-            }
+        if !self.needs_invalidate(&located) {
+            return Ok(located);
         }
-        if let Some(cluster) = &self.cluster {
-            if !cluster.coherent && located.node != cluster.node {
-                // First read after the seal on this node: drop stale lines.
-                // SAFETY: bounds checked above; the range is mapped.
-                unsafe {
-                    shoal_core::coherence::invalidate_range(
-                        mapping.base().add(l.offset as usize),
-                        l.size() as usize,
-                    )
-                };
-            }
+        if cfg!(feature = "broken-skip-owner-invalidate") && located.node == self.node() {
+            // The deliberately broken build: the owner node reads a peer's
+            // object through whatever its caches held of the range.
+            return Ok(located);
         }
+        if let Some(cache) = self.simulated_cache(&located, false)? {
+            // Simulated invalidate: refill this process's copy of the range.
+            Self::copy_range(&mapping, &cache, l.offset, l.size());
+            return Ok(located);
+        }
+        // First read after the seal on this node: drop stale lines.
+        // SAFETY: bounds checked above; the range is mapped.
+        unsafe {
+            shoal_core::coherence::invalidate_range(
+                mapping.base().add(l.offset as usize),
+                l.size() as usize,
+            )
+        };
         Ok(located)
+    }
+
+    /// Whether this node's caches may hold stale lines of a found object, so
+    /// that it must be invalidated before its first read here: only on a
+    /// non-coherent fabric, for every object on another node, and for an
+    /// object on our own node that a client of another node wrote (the
+    /// owner's daemon flags those, [`Located::invalidate`]).
+    pub fn needs_invalidate(&self, located: &Located) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|c| !c.coherent && (located.node != c.node || located.invalidate))
     }
 
     /// Address of a found object's data in this process, valid while the
@@ -507,17 +530,22 @@ impl Client {
             .map(|(_, address)| address.cast_const())
     }
 
-    /// The simulated cache copy through which this process sees `node`'s
-    /// region (`None` unless simulating). Reads of our own node's objects go
-    /// to the region itself (`for_write` false): a node reads its own memory
-    /// coherently.
-    fn simulated_cache(&mut self, node: u32, for_write: bool) -> Result<Option<Arc<Mapping>>> {
+    /// The simulated cache copy through which this process writes
+    /// (`for_write`) or reads `located` (`None` unless simulating). Reads of
+    /// objects that need no invalidate, i.e. objects our own node wrote, go
+    /// to the region itself: a node's caches see its own writes.
+    fn simulated_cache(
+        &mut self,
+        located: &Located,
+        for_write: bool,
+    ) -> Result<Option<Arc<Mapping>>> {
+        if !for_write && !self.needs_invalidate(located) {
+            return Ok(None);
+        }
         let Some(cluster) = self.cluster.as_mut().filter(|c| c.simulated) else {
             return Ok(None);
         };
-        if node == cluster.node && !for_write {
-            return Ok(None);
-        }
+        let node = located.node;
         let index = node as usize;
         let Some(peer) = cluster.nodes.get(index) else {
             return Err(ShoalError::protocol(format!("unknown node {node}")));
@@ -658,7 +686,7 @@ impl Client {
                     continue;
                 };
                 flushed += l.size();
-                if let Ok(Some(cache)) = self.simulated_cache(node, true) {
+                if let Ok(Some(cache)) = self.simulated_cache(&located, true) {
                     // Simulated flush: the written lines reach the region.
                     Self::copy_range(&cache, &mapping, l.offset, l.size());
                     continue;

@@ -5,8 +5,13 @@
 //!
 //! Built normally, readers see exactly the sealed bytes. Built with the
 //! `broken-skip-flush` feature (a client that seals without flushing), the
-//! same reads see memory that never received the bytes: the simulation
-//! catches the missing step. CI runs both builds.
+//! same reads see memory that never received the bytes; built with
+//! `broken-skip-owner-invalidate` (a client that reads objects a peer wrote
+//! into its own node's memory without invalidating them), the owner node's
+//! readers see what its caches held of the range before: the simulation
+//! catches each missing step. Every check names the faults its read depends
+//! on, and each fault has checks that depend on it alone, so CI runs the
+//! normal build and one build with both faults.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -18,11 +23,15 @@ use shoal_cluster::{Access, Node, Topology};
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::Result;
 use shoal_core::protocol::CreateSpec;
+use shoal_core::region::Mapping;
 use shoal_core::ObjectId;
 use shoal_daemon::{ClusterConfig, DaemonConfig, Shutdown};
 
+const REGION_SIZE: u64 = 8 << 20;
+
 struct TestCluster {
     sockets: Vec<PathBuf>,
+    regions: Vec<PathBuf>,
     shutdown: Shutdown,
     threads: Vec<JoinHandle<Result<()>>>,
     _dir: tempfile::TempDir,
@@ -58,7 +67,7 @@ impl TestCluster {
                     data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
                     socket: dir.path().join(format!("n{i}.sock")),
                     region: PathBuf::from(format!("/dev/shm/shoal-test-{tag}-{i}")),
-                    region_size: 8 << 20,
+                    region_size: REGION_SIZE,
                     access: Access::Mapped,
                 })
                 .collect(),
@@ -66,7 +75,8 @@ impl TestCluster {
         let shutdown = Shutdown::new();
         let threads = (0..nodes)
             .map(|node| {
-                let mut config = DaemonConfig::new(&topology.nodes[node as usize].socket, 8 << 20);
+                let mut config =
+                    DaemonConfig::new(&topology.nodes[node as usize].socket, REGION_SIZE);
                 config.prefault = false;
                 config.line_size = 128;
                 config.cluster = Some(ClusterConfig {
@@ -78,6 +88,7 @@ impl TestCluster {
             })
             .collect();
         let sockets: Vec<PathBuf> = topology.nodes.iter().map(|n| n.socket.clone()).collect();
+        let regions = topology.nodes.iter().map(|n| n.region.clone()).collect();
         let deadline = Instant::now() + Duration::from_secs(10);
         for socket in &sockets {
             while Client::connect(socket).is_err() {
@@ -87,6 +98,7 @@ impl TestCluster {
         }
         Self {
             sockets,
+            regions,
             shutdown,
             threads,
             _dir: dir,
@@ -95,6 +107,19 @@ impl TestCluster {
 
     fn client(&self, node: usize) -> Client {
         Client::connect(&self.sockets[node]).unwrap()
+    }
+
+    /// What node `node`'s memory itself holds of an object's range: no
+    /// process's simulated cache in between.
+    fn memory(&self, node: usize, located: Located) -> Vec<u8> {
+        let memory = Mapping::map_path_readonly(&self.regions[node], REGION_SIZE).unwrap();
+        let l = located.location;
+        assert!(memory.holds(&l));
+        // SAFETY: inside the mapping (checked just above).
+        unsafe {
+            std::slice::from_raw_parts(memory.base().add(l.offset as usize), l.size() as usize)
+        }
+        .to_vec()
     }
 }
 
@@ -117,13 +142,24 @@ fn read(client: &mut Client, id: ObjectId) -> Vec<u8> {
     bytes
 }
 
-/// What a reader must see with the full protocol, and does not see when the
-/// writer skips its flush.
-fn check(seen: &[u8], written: &[u8], what: &str) {
-    if cfg!(feature = "broken-skip-flush") {
-        assert_ne!(seen, written, "{what}: a missing flush went unnoticed");
+/// The broken builds: writers that skip their flush, readers that skip the
+/// invalidate of objects a peer wrote into their own node's memory.
+const SKIPS_FLUSH: bool = cfg!(feature = "broken-skip-flush");
+const SKIPS_OWNER_INVALIDATE: bool = cfg!(feature = "broken-skip-owner-invalidate");
+
+/// What a reader must see with the full protocol, and does not see when
+/// (`broken`) the build skips a step this read depends on.
+fn check(seen: &[u8], written: &[u8], what: &str, broken: bool) {
+    let head = |bytes: &[u8]| format!("{:?}…", &bytes[..bytes.len().min(8)]);
+    if broken {
+        assert!(seen != written, "{what}: a missing step went unnoticed");
     } else {
-        assert_eq!(seen, written, "{what}");
+        assert!(
+            seen == written,
+            "{what}: read {} where {} was sealed",
+            head(seen),
+            head(written)
+        );
     }
 }
 
@@ -137,7 +173,12 @@ fn readers_on_other_nodes_see_exactly_the_sealed_bytes() {
     let first = ObjectId([1; 20]);
     let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8 + 1).collect();
     writer.put(first, &data, b"").unwrap();
-    check(&read(&mut reader, first), &data, "first object");
+    check(
+        &read(&mut reader, first),
+        &data,
+        "first object",
+        SKIPS_FLUSH,
+    );
 
     // Same range reused by a new object: the reader's copy of the range holds
     // the old bytes until its invalidate.
@@ -149,6 +190,7 @@ fn readers_on_other_nodes_see_exactly_the_sealed_bytes() {
         &read(&mut reader, second),
         &newer,
         "object reusing a freed range",
+        SKIPS_FLUSH,
     );
 }
 
@@ -169,10 +211,92 @@ fn remote_allocation_is_flushed_by_its_writer() {
     // SAFETY: our own unsealed object, bounds-checked at allocation.
     unsafe { std::ptr::write_bytes(ptr, 0xAB, 1000) };
     writer.seal(&[id], true).unwrap();
-    // Node 1 reads its own memory: only the writer's flush put the bytes there.
+    // Node 1 reads its own memory: only the writer's flush put the bytes
+    // there, and only the reader's invalidate makes it look.
     check(
         &read(&mut reader, id),
         &[0xAB; 1000],
         "remotely allocated object",
+        SKIPS_FLUSH || SKIPS_OWNER_INVALIDATE,
     );
+}
+
+/// Writes `fill` into a new object of `size` bytes allocated in node
+/// `node`'s memory by `writer`, seals it; returns where it lies.
+fn put_on(writer: &mut Client, node: u32, id: ObjectId, size: u64, fill: u8) -> Located {
+    let spec = CreateSpec {
+        id,
+        data_size: size,
+        meta_size: 0,
+    };
+    let located = writer.create_on(node, &[spec], 0).unwrap()[0];
+    let ptr = writer.located_ptr_mut(located).unwrap();
+    // SAFETY: our own unsealed object, bounds-checked at allocation.
+    unsafe { std::ptr::write_bytes(ptr, fill, size as usize) };
+    writer.seal(&[id], true).unwrap();
+    located
+}
+
+#[test]
+fn the_owner_node_invalidates_what_a_peer_wrote_into_its_memory() {
+    let cluster = TestCluster::start(2);
+    let (mut owner, mut peer) = (cluster.client(0), cluster.client(1));
+    const SIZE: usize = 4096;
+
+    // A node-0 client writes and reads an object: node 0's caches now hold
+    // its bytes (a flush keeps the written lines).
+    let local = ObjectId([4; 20]);
+    owner.put(local, &[0x11; SIZE], b"").unwrap();
+    let range = owner.get(&[local], 0).unwrap()[0].unwrap();
+    assert!(
+        !range.invalidate,
+        "an object written on its node needs no invalidate"
+    );
+    owner.release(&[local]).unwrap();
+    check(
+        &read(&mut owner, local),
+        &[0x11; SIZE],
+        "local object",
+        SKIPS_FLUSH,
+    );
+    owner.delete(&[local]).unwrap();
+
+    // A node-1 client writes new objects into that range of node 0's
+    // memory, twice: over bytes node 0 wrote, then over bytes it read as
+    // another peer-written object. Each check depends on one step only (the
+    // writer's flush puts the bytes in memory, the owner's invalidate makes
+    // its readers see memory), so a build that skips both catches each.
+    for (n, fill) in [(5, 0x22), (6, 0x33)] {
+        let id = ObjectId([n; 20]);
+        let placed = put_on(&mut peer, 0, id, SIZE as u64, fill);
+        assert_eq!(
+            placed.location.offset, range.location.offset,
+            "range reused"
+        );
+        let memory = cluster.memory(0, placed);
+        check(
+            &memory,
+            &[fill; SIZE],
+            "node 0's memory after the seal",
+            SKIPS_FLUSH,
+        );
+        let got = owner.get(&[id], 0).unwrap()[0].unwrap();
+        assert!(got.invalidate, "the owner's daemon flags what a peer wrote");
+        owner.release(&[id]).unwrap();
+        let what = format!("node 0 reading object {n}");
+        check(
+            &read(&mut owner, id),
+            &memory,
+            &what,
+            SKIPS_OWNER_INVALIDATE,
+        );
+        // The writer's node reads it as any other node's object.
+        check(
+            &read(&mut peer, id),
+            &[fill; SIZE],
+            "node 1 reading it",
+            SKIPS_FLUSH,
+        );
+        owner.delete(&[id]).unwrap();
+    }
 }

@@ -33,6 +33,8 @@ pub struct Entry {
     pub meta_size: u32,
     /// References held by clients (the creator's included).
     pub refs: u32,
+    /// The client that created it: the only one that may write, seal or
+    /// abort it; kept after the seal as the client that wrote its bytes.
     pub creator: ClientId,
     pub state: ObjectState,
     /// Deleted while referenced: invisible, freed on the last release.

@@ -397,6 +397,18 @@ impl Store {
     /// Looks an id up and, if it is sealed and visible, takes a reference for
     /// the client. `None` means "not (yet) available": the caller may wait.
     pub fn get(&mut self, client: ClientId, id: &ObjectId) -> Option<ObjectLocation> {
+        self.get_with_creator(client, id)
+            .map(|(location, _)| location)
+    }
+
+    /// [`get`](Self::get), also naming the client that created (and so
+    /// wrote) the object: a cluster node tells its objects written by other
+    /// nodes' clients apart by it.
+    pub fn get_with_creator(
+        &mut self,
+        client: ClientId,
+        id: &ObjectId,
+    ) -> Option<(ObjectLocation, ClientId)> {
         let slot = self.table.find(id)?;
         let entry = self.table.get_mut(slot).expect("found slot is live");
         if !entry.is_visible() {
@@ -411,9 +423,10 @@ impl Store {
         if entry.refs == 1 {
             self.policy.remove(slot);
         }
+        let creator = entry.creator;
         self.policy.touch(slot);
         *self.client(client).refs.entry(slot).or_insert(0) += 1;
-        Some(location)
+        Some((location, creator))
     }
 
     /// Drops one of the client's references to `id`.
@@ -769,6 +782,17 @@ mod tests {
         let err = s.create(1, id(12), 64, 0).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::StoreFull);
         assert_eq!(s.stats().evictions, 2);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn a_get_names_the_client_that_wrote_the_object() {
+        let mut s = store(4096);
+        let loc = s.create(7, id(1), 100, 0).unwrap();
+        s.seal(7, &[id(1)], true).unwrap();
+        assert_eq!(s.get_with_creator(2, &id(1)), Some((loc, 7)));
+        assert_eq!(s.get(2, &id(1)), Some(loc));
+        assert_eq!(s.list()[0].refs, 2);
         s.check_invariants();
     }
 

@@ -528,7 +528,6 @@ impl Connection {
         let deadline = u64::try_from(timeout_ms)
             .ok()
             .map(|ms| Instant::now() + Duration::from_millis(ms));
-        let me = self.shared.cluster.as_ref().map_or(0, |c| c.me);
         let mut found: Vec<Option<Located>> = vec![None; ids.len()];
         let mut missing = ids.len();
         // Objects on other nodes are polled (their seals are not announced
@@ -542,9 +541,7 @@ impl Connection {
                 let mut store = self.shared.store.borrow_mut();
                 for (slot, id) in found.iter_mut().zip(ids) {
                     if slot.is_none() {
-                        *slot = store
-                            .get(self.client, id)
-                            .map(|location| Located::local(me, location));
+                        *slot = self.shared.get_local(&mut store, self.client, id);
                         missing -= slot.is_some() as usize;
                     }
                 }
@@ -585,6 +582,7 @@ impl Connection {
                                 node: r.owner,
                                 generation: r.generation,
                                 location: r.location,
+                                invalidate: false,
                             });
                         }
                         missing -= 1;

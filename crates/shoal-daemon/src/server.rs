@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::eviction;
-use shoal_core::protocol::Notification;
+use shoal_core::protocol::{Located, Notification};
 use shoal_core::region::Region;
 use shoal_core::store::{Store, StoreEvent};
 use tokio::net::UnixListener;
@@ -85,6 +86,32 @@ impl Shared {
         }
         self.publish();
         self.space.notify_waiters();
+    }
+
+    /// A local client's get of an object in this node's region: takes the
+    /// client's reference and describes the object for it.
+    ///
+    /// On a non-coherent cluster, an object a client of another node wrote
+    /// here (remote allocation: created by that node's `peer_client`, so
+    /// sealed through `PeerCall::Seal`) may meet stale lines of its range in
+    /// this node's caches, left by whatever this node read or wrote there
+    /// before; the reader is told to invalidate it first. Objects written on
+    /// this node need nothing: a node's caches see its own writes.
+    pub fn get_local(
+        &self,
+        store: &mut Store,
+        client: u32,
+        id: &shoal_core::ObjectId,
+    ) -> Option<Located> {
+        let (location, creator) = store.get_with_creator(client, id)?;
+        let Some(cluster) = &self.cluster else {
+            return Some(Located::local(0, location));
+        };
+        let written_by_peer = creator >= PEER_CLIENT_BASE;
+        Some(Located {
+            invalidate: written_by_peer && cluster.topology.coherence == CoherenceMode::Noncoherent,
+            ..Located::local(cluster.me, location)
+        })
     }
 
     /// In a cluster, tells the homes where just-sealed objects live; done

@@ -411,11 +411,12 @@ impl Client {
             .detach(|| {
                 self.shared.with(|c| {
                     let found = c.get(&object_ids, timeout_ms)?;
-                    // Objects on other nodes: addresses in those nodes' regions.
+                    // Objects on other nodes: addresses in those nodes' regions;
+                    // objects to invalidate: in the simulated fabric's cache.
                     found
                         .into_iter()
                         .map(|o| match o {
-                            Some(l) if l.node != me => {
+                            Some(l) if l.node != me || l.invalidate => {
                                 let (region, address) = c.located_region(l, false)?;
                                 Ok(Some((l, Some((region, address as usize)))))
                             }

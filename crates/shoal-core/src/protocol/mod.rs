@@ -24,7 +24,9 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// 3: objects on other nodes (Get answers, `Created` for `CreateOn`) carry
 /// the generation of that node's region, so a client never reads a restarted
 /// node's new region through a descriptor of its old one (or the reverse).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: an `Objects` entry's first byte also says whether the reader must
+/// invalidate the object before reading it (`Located::invalidate`).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -96,6 +98,13 @@ pub struct Located {
     /// the client maps must carry. 0 for the daemon's own region.
     pub generation: u64,
     pub location: ObjectLocation,
+    /// Set by the owner's daemon, on a non-coherent cluster, for an object of
+    /// its own region that a client of another node wrote (remote
+    /// allocation): this node's caches may still hold lines of that range
+    /// from what it read or wrote there before, so a reader here must
+    /// invalidate the range before its first read. Objects on other nodes
+    /// never carry it: their readers always invalidate on such a fabric.
+    pub invalidate: bool,
 }
 
 impl Located {
@@ -105,8 +114,17 @@ impl Located {
             node,
             generation: 0,
             location,
+            invalidate: false,
         }
     }
+}
+
+/// The first byte of an `Objects` entry.
+mod entry {
+    pub const ABSENT: u8 = 0;
+    pub const FOUND: u8 = 1;
+    /// Found, and the reader must invalidate it first (`Located::invalidate`).
+    pub const FOUND_INVALIDATE: u8 = 2;
 }
 
 /// One node as `ClusterInfo` describes it to a client on this host.
@@ -176,7 +194,8 @@ pub enum Reply {
         bytes: u64,
     },
     /// `node` is this daemon's id; `coherent` false means clients flush
-    /// before seal and invalidate before the first read of remote objects.
+    /// before seal and invalidate before the first read of remote objects
+    /// (and of local ones marked `Located::invalidate`).
     ClusterInfo {
         node: u32,
         coherent: bool,
@@ -408,14 +427,19 @@ impl Reply {
                             node,
                             generation,
                             location,
+                            invalidate,
                         }) => w
-                            .u8(1)
+                            .u8(if *invalidate {
+                                entry::FOUND_INVALIDATE
+                            } else {
+                                entry::FOUND
+                            })
                             .u32(*node)
                             .u64(*generation)
                             .u64(location.offset)
                             .u64(location.data_size)
                             .u32(location.meta_size),
-                        None => w.u8(0).u32(0).u64(0).u64(0).u64(0).u32(0),
+                        None => w.u8(entry::ABSENT).u32(0).u64(0).u64(0).u64(0).u32(0),
                     };
                 }
                 op::OBJECTS
@@ -539,7 +563,16 @@ impl Reply {
                 let n = r.count(1 + 4 + 8 + 8 + 8 + 4)?;
                 let mut objects = Vec::with_capacity(n);
                 for _ in 0..n {
-                    let found = r.bool()?;
+                    let (found, invalidate) = match r.u8()? {
+                        entry::ABSENT => (false, false),
+                        entry::FOUND => (true, false),
+                        entry::FOUND_INVALIDATE => (true, true),
+                        other => {
+                            return Err(ShoalError::protocol(format!(
+                                "unknown object entry state {other}"
+                            )))
+                        }
+                    };
                     let node = r.u32()?;
                     let generation = r.u64()?;
                     let location = ObjectLocation {
@@ -551,6 +584,7 @@ impl Reply {
                         node,
                         generation,
                         location,
+                        invalidate,
                     }));
                 }
                 Reply::Objects { objects }

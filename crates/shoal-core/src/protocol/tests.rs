@@ -108,9 +108,14 @@ fn every_reply_round_trips() {
                     node: 2,
                     generation: 0x1234_5678_9abc_def0,
                     location: loc,
+                    invalidate: false,
                 }),
                 None,
                 Some(Located::local(0, loc)),
+                Some(Located {
+                    invalidate: true,
+                    ..Located::local(0, loc)
+                }),
             ],
         },
         Reply::ClusterInfo {
@@ -180,6 +185,38 @@ fn malformed_frames_are_typed_errors() {
         kind(&[5, 0, 0, 0, 0x03, 0, 0, 0, 2, 0, 0, 0, 0]),
         ErrorKind::Protocol
     );
+}
+
+#[test]
+fn an_objects_entry_with_an_unknown_state_is_a_typed_error() {
+    let mut buf = Vec::new();
+    Reply::Objects {
+        objects: vec![Some(Located::local(
+            1,
+            ObjectLocation {
+                offset: 128,
+                data_size: 10,
+                meta_size: 0,
+            },
+        ))],
+    }
+    .encode(&mut buf);
+    let header = FrameHeader::parse(&buf).unwrap().unwrap();
+    // The entry's state byte follows the count: 0 absent, 1 found, 2 found
+    // and to be invalidated; anything else is refused.
+    let state = FRAME_HEADER_LEN + 4;
+    for (byte, invalidate) in [(1, false), (2, true)] {
+        buf[state] = byte;
+        match Reply::decode(header, &buf[FRAME_HEADER_LEN..]).unwrap() {
+            Reply::Objects { objects } => assert_eq!(objects[0].unwrap().invalidate, invalidate),
+            other => panic!("decoded {other:?}"),
+        }
+    }
+    for byte in [3, 0x80, 0xff] {
+        buf[state] = byte;
+        let err = Reply::decode(header, &buf[FRAME_HEADER_LEN..]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Protocol, "state byte {byte}");
+    }
 }
 
 proptest! {
