@@ -635,7 +635,15 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
                 .map_err(|e| tonic::Status::unavailable(e.message()));
             let _ = reply.send(answer);
         }
-        PeerCall::Acquire { ids, from, reply } => {
+        PeerCall::Acquire {
+            ids,
+            from,
+            incarnation,
+            reply,
+        } => {
+            // References are taken for an incarnation this node has recorded:
+            // a later restart of the caller then drops them.
+            heard_incarnation(shared, from, incarnation);
             cluster.touch(from);
             let client = peer_client(from);
             let mut store = shared.store.borrow_mut();
@@ -695,8 +703,10 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
             specs,
             timeout_ms,
             from,
+            incarnation,
             reply,
         } => {
+            heard_incarnation(shared, from, incarnation);
             cluster.touch(from);
             let shared = shared.clone();
             tokio::task::spawn_local(async move {

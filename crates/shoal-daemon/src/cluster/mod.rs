@@ -37,8 +37,8 @@ use shoal_cluster::auth::Credentials;
 use shoal_cluster::ids::pack;
 use shoal_cluster::proto::peer_client::PeerClient;
 use shoal_cluster::proto::{
-    AcquireReply, CachedRequest, HeartbeatReply, HeartbeatRequest, Ids, Location, LookupReply,
-    PublishRequest, RegisterRequest, SealRequest, Statuses,
+    AcquireReply, AcquireRequest, CachedRequest, HeartbeatReply, HeartbeatRequest, Ids, Location,
+    LookupReply, PublishRequest, RegisterRequest, SealRequest, Statuses,
 };
 use shoal_cluster::{home_of, Access, Directory, Topology};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
@@ -841,7 +841,10 @@ impl Cluster {
             incarnation,
             revokes,
         } = peer
-            .acquire(Ids { ids: pack(ids) })
+            .acquire(AcquireRequest {
+                ids: pack(ids),
+                incarnation: self.incarnation,
+            })
             .await
             .map_err(|s| status_error(owner, s))?
             .into_inner();
@@ -1080,6 +1083,7 @@ impl Cluster {
             data_sizes: specs.iter().map(|s| s.1).collect(),
             meta_sizes: specs.iter().map(|s| s.2).collect(),
             timeout_ms,
+            incarnation: self.incarnation,
         });
         // The node may wait `timeout_ms` for space: the call may take that long.
         request.set_timeout(RPC_TIMEOUT + Duration::from_millis(u64::from(timeout_ms)));

@@ -6,9 +6,10 @@
 use shoal_cluster::ids::{pack, unpack};
 use shoal_cluster::proto::peer_server::Peer;
 use shoal_cluster::proto::{
-    AcquireReply, AllocateReply, AllocateRequest, CachedRequest, Empty, HeartbeatReply,
-    HeartbeatRequest, Ids, ListReply, LookupReply, NodeStatus, Outcome, PublishRequest,
-    RegisterRequest, RestoreRequest, RestoredRequest, RevokeRequest, SealRequest, Statuses,
+    AcquireReply, AcquireRequest, AllocateReply, AllocateRequest, CachedRequest, Empty,
+    HeartbeatReply, HeartbeatRequest, Ids, ListReply, LookupReply, NodeStatus, Outcome,
+    PublishRequest, RegisterRequest, RestoreRequest, RestoredRequest, RevokeRequest, SealRequest,
+    Statuses,
 };
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
@@ -64,6 +65,8 @@ pub(crate) enum PeerCall {
     Acquire {
         ids: Vec<ObjectId>,
         from: u32,
+        /// The caller's incarnation (0: unknown).
+        incarnation: u64,
         reply: oneshot::Sender<AcquireReply>,
     },
     Release {
@@ -90,6 +93,8 @@ pub(crate) enum PeerCall {
         specs: Vec<(ObjectId, u64, u32)>,
         timeout_ms: u32,
         from: u32,
+        /// The caller's incarnation (0: unknown).
+        incarnation: u64,
         reply: oneshot::Sender<AllocateReply>,
     },
     Seal {
@@ -263,12 +268,22 @@ impl Peer for PeerService {
         Ok(Response::new(Empty {}))
     }
 
-    async fn acquire(&self, request: Request<Ids>) -> Result<Response<AcquireReply>, Status> {
+    async fn acquire(
+        &self,
+        request: Request<AcquireRequest>,
+    ) -> Result<Response<AcquireReply>, Status> {
         let from = caller_node(request.metadata())?;
-        let ids = unpack(&request.into_inner().ids)?;
-        self.ask(|reply| PeerCall::Acquire { ids, from, reply })
-            .await
-            .map(Response::new)
+        let request = request.into_inner();
+        let ids = unpack(&request.ids)?;
+        let incarnation = request.incarnation;
+        self.ask(|reply| PeerCall::Acquire {
+            ids,
+            from,
+            incarnation,
+            reply,
+        })
+        .await
+        .map(Response::new)
     }
 
     async fn release(&self, request: Request<Ids>) -> Result<Response<Empty>, Status> {
@@ -327,11 +342,12 @@ impl Peer for PeerService {
             .zip(request.meta_sizes)
             .map(|((id, d), m)| (id, d, m))
             .collect();
-        let timeout_ms = request.timeout_ms;
+        let (timeout_ms, incarnation) = (request.timeout_ms, request.incarnation);
         self.ask(|reply| PeerCall::Allocate {
             specs,
             timeout_ms,
             from,
+            incarnation,
             reply,
         })
         .await
