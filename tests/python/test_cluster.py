@@ -682,12 +682,14 @@ def test_a_node_holds_one_loan_per_object_and_returns_it_after_the_linger(cluste
     first, second = reader.get_buffer(oid), reader.get_buffer(oid)
     twice = other.get_buffers([oid, oid])
     assert object_refs(owner, oid) == 1  # node 1's loan, shared by its clients
+    assert [row["loans"] for row in cluster.status()] == [0, 1, 0]
     del first, second, twice
     gc.collect()
     time.sleep(0.3)
     assert object_refs(owner, oid) == 1, "kept for the linger after the last release"
     assert bytes(reader.get_buffer(oid)) == b"shared"
     wait_for(lambda: object_refs(owner, oid) == 0, timeout=4, message="loan returned after the linger")
+    assert [row["loans"] for row in cluster.status()] == [0, 0, 0]
 
 
 def test_a_repeated_get_is_served_from_the_loan_without_asking_the_owner(cluster):

@@ -405,8 +405,8 @@ pub fn status(args: DirArgs) -> Result<()> {
             topology.coherence
         );
         println!(
-            "{:>4} {:<10} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
-            "NODE", "STATE", "ACCESS", "RPC", "CAPACITY", "USED", "OBJECTS", "CLIENTS"
+            "{:>4} {:<10} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7} {:>7}",
+            "NODE", "STATE", "ACCESS", "RPC", "CAPACITY", "USED", "OBJECTS", "CLIENTS", "LOANS"
         );
     }
     for (node, status) in rows {
@@ -419,12 +419,12 @@ pub fn status(args: DirArgs) -> Result<()> {
         let s = status.unwrap_or_default();
         if args.json {
             println!(
-                "{{\"node\":{},\"state\":\"{state}\",\"access\":\"{}\",\"rpc\":\"{}\",\"capacity\":{},\"used\":{},\"objects\":{},\"clients\":{},\"socket\":{:?}}}",
-                node.id, node.access.as_str(), node.rpc, s.capacity, s.used, s.objects, s.clients, node.socket.display().to_string()
+                "{{\"node\":{},\"state\":\"{state}\",\"access\":\"{}\",\"rpc\":\"{}\",\"capacity\":{},\"used\":{},\"objects\":{},\"clients\":{},\"loans\":{},\"socket\":{:?}}}",
+                node.id, node.access.as_str(), node.rpc, s.capacity, s.used, s.objects, s.clients, s.loans, node.socket.display().to_string()
             );
         } else {
             println!(
-                "{:>4} {:<10} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7}",
+                "{:>4} {:<10} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7} {:>7}",
                 node.id,
                 state,
                 node.access.as_str(),
@@ -432,7 +432,8 @@ pub fn status(args: DirArgs) -> Result<()> {
                 format_size(s.capacity),
                 format_size(s.used),
                 s.objects,
-                s.clients
+                s.clients,
+                s.loans
             );
         }
     }

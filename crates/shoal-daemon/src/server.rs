@@ -757,6 +757,7 @@ fn answer_peer(shared: &Rc<Shared>, call: PeerCall) {
                 clients: shared.connected.get() as u64,
                 region_size: stats.region_size,
                 rebuilding: !cluster.directory_ready(),
+                loans: cluster.loans_held() as u64,
             });
         }
         PeerCall::List { reply } => {

@@ -69,8 +69,12 @@ struct Hold {
     direct: Vec<u32>,
 }
 
+/// Idle loans a node keeps at most (beyond it, the longest idle go first).
+pub(crate) const MAX_IDLE: usize = 1 << 18;
+
 pub(crate) struct Loans {
     linger: Duration,
+    max_idle: usize,
     loans: HashMap<ObjectId, Loan>,
     holds: HashMap<ClientId, HashMap<ObjectId, Hold>>,
     /// The highest revoke number heard from each owner.
@@ -85,6 +89,7 @@ impl Loans {
     pub fn new(linger: Duration) -> Self {
         Self {
             linger,
+            max_idle: MAX_IDLE,
             loans: HashMap::default(),
             holds: HashMap::default(),
             revokes_heard: HashMap::default(),
@@ -281,17 +286,34 @@ impl Loans {
         dropped
     }
 
-    /// Loans idle for longer than `linger`, dropped here: release them.
+    /// Loans idle for longer than `linger`, and the longest idle beyond
+    /// [`MAX_IDLE`] (a get that touched many objects once pins them only so
+    /// far), dropped here: release them. Called every heartbeat tick.
     pub fn expired(&mut self) -> Vec<Returned> {
         let linger = self.linger;
         let mut out = Vec::new();
+        let mut idle = 0;
         self.loans.retain(|id, loan| {
             let expired = loan.idle_since.is_some_and(|t| t.elapsed() >= linger);
             if expired {
                 out.push((loan.owner, *id));
+            } else if loan.idle_since.is_some() {
+                idle += 1;
             }
             !expired
         });
+        if idle > self.max_idle {
+            let mut oldest: Vec<(Instant, ObjectId)> = self
+                .loans
+                .iter()
+                .filter_map(|(id, loan)| loan.idle_since.map(|t| (t, *id)))
+                .collect();
+            oldest.sort_unstable();
+            for (_, id) in oldest.into_iter().take(idle - self.max_idle) {
+                let loan = self.loans.remove(&id).expect("listed just above");
+                out.push((loan.owner, id));
+            }
+        }
         out
     }
 
@@ -396,6 +418,25 @@ mod tests {
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(l.expired(), vec![(2, id(1))], "the one in use stays");
         assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn the_longest_idle_loans_go_beyond_the_cap() {
+        let mut l = loans();
+        l.max_idle = 2;
+        for n in 1..=4 {
+            l.acquired(1, id(n), grant(2, 7, 0), true);
+        }
+        l.acquired(1, id(5), grant(2, 7, 0), true);
+        for n in 1..=4 {
+            l.release(1, &[id(n)]);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut gone = l.expired();
+        gone.sort();
+        assert_eq!(gone, vec![(2, id(1)), (2, id(2))], "the two idle longest");
+        assert_eq!(l.len(), 3, "two idle and the one in use stay");
+        assert!(l.expired().is_empty());
     }
 
     #[test]

@@ -963,6 +963,11 @@ impl Cluster {
         self.loans.borrow_mut().drop_client(client)
     }
 
+    /// Loans this node holds (in use or lingering), for `cluster status`.
+    pub fn loans_held(&self) -> usize {
+        self.loans.borrow().len()
+    }
+
     /// Loans idle past the linger, to release now (every heartbeat tick).
     pub fn expired_loans(&self) -> Vec<(u32, ObjectId)> {
         self.loans.borrow_mut().expired()
