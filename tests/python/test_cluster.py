@@ -825,6 +825,12 @@ def test_an_owner_short_of_space_takes_its_idle_loans_back(make_cluster):
     _lend(reader, more)
     remote = remote_creator.put(np.ones(6 << 20, dtype=np.uint8), node=0)
     assert int(remote_creator.get(remote).sum()) == 6 << 20
+    # An explicit evict too.
+    owner.delete([remote])
+    more = [owner.put(np.full(1 << 20, 7, dtype=np.uint8)) for _ in range(3)]
+    _lend(reader, more)
+    assert owner.evict(64 << 20) >= 3 << 20  # everything unreferenced
+    assert not any(owner.contains(oid) for oid in more)
 
 
 def test_a_writer_that_dies_before_sealing_frees_its_ids(cluster, spawn):

@@ -316,7 +316,11 @@ impl Connection {
             },
             Request::Stats => Reply::Stats(self.shared.store.borrow().stats()),
             Request::Evict { bytes } => {
-                let freed = self.shared.store.borrow_mut().evict(bytes);
+                let mut freed = self.shared.store.borrow_mut().evict(bytes);
+                // Objects other nodes keep on loan are referenced: ask for the idle ones.
+                if freed < bytes && lending::take_back_idle(&self.shared).await {
+                    freed += self.shared.store.borrow_mut().evict(bytes - freed);
+                }
                 self.shared.publish();
                 Reply::Evicted { bytes: freed }
             }
