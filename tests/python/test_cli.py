@@ -218,3 +218,15 @@ def _wait_for_socket(path: str, timeout: float = 10.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def test_the_quick_starts_cluster_example_runs():
+    """`scripts/run-example.sh` runs it: three daemons, remote reads in place, a HugeTable."""
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "cluster.py")
+    env = dict(os.environ, NO_COLOR="1")
+    env.pop("SHOAL_SOCKET", None)
+    result = subprocess.run([sys.executable, example], capture_output=True, text=True, timeout=180, env=env)
+    assert result.returncode == 0, result.stderr + result.stdout
+    out = result.stdout
+    assert "in place: True" in out and "held by node 2: True" in out, out
+    assert "300,000 rows from 3 nodes' memory" in out and out.rstrip().endswith("done: cluster stopped"), out
