@@ -475,6 +475,7 @@ async fn start_peer_service(
             for node in cluster.expired_leases() {
                 reclaim_references_of(&ticking, node, "its lease expired");
             }
+            cluster.forget_loans_of_silent_owners();
             let expired = cluster.expired_loans();
             if !expired.is_empty() {
                 let cluster = cluster.clone();

@@ -48,6 +48,9 @@ pub(crate) struct Loan {
     idle_since: Option<Instant>,
     /// The owner deleted the object: no new users; returned when unused.
     revoked: bool,
+    /// The owner presumably reclaimed the reference (our lease there ran
+    /// out): no new users, and nothing to return.
+    lost: bool,
 }
 
 /// A reference an owner granted (its Acquire answer).
@@ -154,6 +157,7 @@ impl Loans {
                 users: 1,
                 idle_since: None,
                 revoked: false,
+                lost: false,
             },
         );
     }
@@ -245,10 +249,31 @@ impl Loans {
         }
         if loan.revoked {
             let loan = self.loans.remove(&id)?;
-            return Some((loan.owner, id));
+            return (!loan.lost).then_some((loan.owner, id));
         }
         loan.idle_since = Some(now);
         None
+    }
+
+    /// This node's lease at `owner` may have run out (its heartbeats went
+    /// unanswered for most of a lease): the owner may have reclaimed every
+    /// reference this node held there and reused the memory. Its loans serve
+    /// no new get and are forgotten, not returned: a late Release could drop
+    /// a reference taken since. (If the owner did not reclaim them, they stay
+    /// referenced there until this node restarts: safe, not free.) Returns
+    /// how many loans that was.
+    pub fn owner_lost(&mut self, owner: u32) -> usize {
+        let mut lost = 0;
+        self.loans.retain(|_, loan| {
+            if loan.owner != owner || loan.lost {
+                return true;
+            }
+            lost += 1;
+            loan.revoked = true;
+            loan.lost = true;
+            loan.users > 0
+        });
+        lost
     }
 
     /// `owner` deleted `ids` (its revoke number `number`): their loans serve
@@ -453,6 +478,24 @@ mod tests {
         // The last user's release returns it at once.
         assert_eq!(l.release(1, &[id(2)]), vec![(2, id(2))]);
         assert_eq!(l.len(), 0);
+    }
+
+    #[test]
+    fn loans_of_an_owner_whose_lease_may_have_run_out_are_forgotten() {
+        let mut l = loans();
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        l.acquired(1, id(2), grant(2, 7, 0), true);
+        l.acquired(1, id(3), grant(0, 7, 0), true);
+        l.release(1, &[id(1)]);
+        assert_eq!(l.owner_lost(2), 2);
+        assert_eq!(l.owner_lost(2), 0, "once");
+        assert!(l.borrow(3, &[id(2)], always)[0].is_none(), "no new user");
+        assert!(l.release(1, &[id(2)]).is_empty(), "nothing returned");
+        assert!(l.expired().is_empty());
+        assert_eq!(l.len(), 1, "owner 0's loan stays");
+        // A new get takes a fresh reference, lent anew.
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        assert_eq!(l.len(), 2);
     }
 
     #[test]

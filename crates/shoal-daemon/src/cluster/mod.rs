@@ -143,6 +143,10 @@ pub(crate) struct Cluster {
     /// Whether each peer answered our last heartbeat; `None` until it first
     /// answers (a peer that is still starting is called, not skipped).
     alive: RefCell<Vec<Option<bool>>>,
+    /// When each peer last answered a heartbeat: it had heard from us, so
+    /// our lease there (and every reference we hold there) ran at least
+    /// until then plus a lease.
+    answered: RefCell<Vec<Option<Instant>>>,
     /// Ids freed here whose home did not answer the unregister (down, or cut
     /// off): it still refuses them to every creator, so it is told again
     /// when it answers a heartbeat. home → ids.
@@ -220,6 +224,7 @@ impl Cluster {
             local_calls: std::cell::OnceCell::new(),
             seen: RefCell::new(vec![PeerSeen::default(); n]),
             alive: RefCell::new(vec![None; n]),
+            answered: RefCell::new(vec![None; n]),
             unregister_later: RefCell::default(),
             heartbeats_sent: Cell::new(0),
             rebuild: RefCell::new(rebuild),
@@ -411,6 +416,7 @@ impl Cluster {
         let answered = tokio::time::timeout(self.topology.lease / 2, peer.heartbeat(request)).await;
         let ok = matches!(answered, Ok(Ok(_)));
         if ok {
+            self.answered.borrow_mut()[node as usize] = Some(Instant::now());
             // Before it counts as alive again (so before any create here can
             // claim those ids there anew).
             self.unregister_missed(node, &mut peer).await;
@@ -850,6 +856,8 @@ impl Cluster {
             .into_inner();
         let locations = shoal_cluster::ids::locations(&entries, ids.len())
             .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))?;
+        // It heard us just now: our lease there runs from here too.
+        self.answered.borrow_mut()[owner as usize] = Some(Instant::now());
         Ok(Granted {
             generation: incarnation,
             revokes,
@@ -966,6 +974,29 @@ impl Cluster {
     /// Loans this node holds (in use or lingering), for `cluster status`.
     pub fn loans_held(&self) -> usize {
         self.loans.borrow().len()
+    }
+
+    /// Forgets the loans on owners that have not answered a heartbeat for
+    /// three quarters of a lease: our lease there may run out before we
+    /// hear from them again (`Loans::owner_lost`). Every heartbeat tick.
+    pub fn forget_loans_of_silent_owners(&self) {
+        let mut loans = self.loans.borrow_mut();
+        if loans.len() == 0 {
+            return;
+        }
+        let limit = self.topology.lease * 3 / 4;
+        for (node, answered) in self.answered.borrow().iter().enumerate() {
+            if answered.is_some_and(|t| t.elapsed() > limit) {
+                let lost = loans.owner_lost(node as u32);
+                if lost > 0 {
+                    tracing::warn!(
+                        node,
+                        lost,
+                        "forgot the loans on a node that stopped answering"
+                    );
+                }
+            }
+        }
     }
 
     /// Loans idle past the linger, to release now (every heartbeat tick).
