@@ -52,13 +52,14 @@ pub enum StoreEvent {
     },
     Removed {
         id: ObjectId,
+        /// By a delete (whose caller unregisters the id in a cluster), not
+        /// an eviction.
+        deleted: bool,
     },
     /// An unsealed object went (aborted, or its creator disconnected). Not a
     /// notification for subscribers (they never saw it), but a cluster node
     /// unregisters the id.
-    Aborted {
-        id: ObjectId,
-    },
+    Aborted { id: ObjectId },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -306,7 +307,10 @@ impl Store {
         self.allocator.free(block);
         // A pending delete was announced when it was requested.
         if entry.state == ObjectState::Sealed && !entry.delete_pending {
-            self.events.push(StoreEvent::Removed { id: entry.id });
+            self.events.push(StoreEvent::Removed {
+                id: entry.id,
+                deleted: false,
+            });
         }
     }
 
@@ -484,10 +488,13 @@ impl Store {
         if entry.delete_pending {
             return Err(ShoalError::not_found(id));
         }
-        if entry.refs > 0 {
-            entry.delete_pending = true;
-            self.events.push(StoreEvent::Removed { id: *id });
-        } else {
+        // Announced now, referenced or not (`remove_slot` stays silent).
+        entry.delete_pending = true;
+        self.events.push(StoreEvent::Removed {
+            id: *id,
+            deleted: true,
+        });
+        if entry.refs == 0 {
             self.remove_slot(slot);
         }
         Ok(())

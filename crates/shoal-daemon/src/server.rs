@@ -145,6 +145,7 @@ impl Shared {
         }
         let mut subscribers = self.subscribers.borrow_mut();
         let mut gone = Vec::new();
+        let mut unregister = Vec::new();
         for event in events {
             let notification = match event {
                 StoreEvent::Sealed {
@@ -159,13 +160,17 @@ impl Shared {
                         meta_size,
                     }
                 }
-                StoreEvent::Removed { id } => {
+                StoreEvent::Removed { id, deleted } => {
                     self.space.notify_waiters();
                     gone.push(id);
+                    if !deleted {
+                        unregister.push(id);
+                    }
                     Notification::Removed { id }
                 }
                 StoreEvent::Aborted { id } => {
                     gone.push(id);
+                    unregister.push(id);
                     continue;
                 }
             };
@@ -183,15 +188,16 @@ impl Shared {
                 Err(mpsc::error::TrySendError::Closed(_)) => false,
             });
         }
-        // Ids that left this node (deleted, evicted, aborted) leave the directory
-        // (a network-mode copy is not registered: unregistering it is a no-op).
-        if let (Some(cluster), false) = (&self.cluster, gone.is_empty()) {
-            cluster.forget_copies(&gone);
-            // (Deleted ids whose loans are being revoked: the delete does it.)
-            let gone = cluster.not_deferred(gone);
+        // Ids evicted or aborted here leave the directory (a network-mode copy is
+        // not registered: unregistering it is a no-op). Deletes unregister their
+        // ids themselves, after revoking loans and before they answer.
+        if let Some(cluster) = &self.cluster {
             if !gone.is_empty() {
+                cluster.forget_copies(&gone);
+            }
+            if !unregister.is_empty() {
                 let cluster = cluster.clone();
-                tokio::task::spawn_local(async move { cluster.unregister(&gone).await });
+                tokio::task::spawn_local(async move { cluster.unregister(&unregister).await });
             }
         }
     }

@@ -16,9 +16,9 @@ use shoal_core::ObjectId;
 use super::peer_client;
 use crate::server::Shared;
 
-/// Nodes holding references here on `ids`, just deleted (node → ids). Their
-/// ids stay in the directory until [`revoke`] is done (`publish` leaves
-/// them to the delete, which unregisters them after it).
+/// Nodes holding references here on `ids`, just deleted (node → ids). The
+/// delete unregisters the ids after [`revoke`] (the store's removal event
+/// of a delete unregisters nothing).
 pub(crate) fn holders(shared: &Shared, ids: &[ObjectId]) -> Vec<(u32, Vec<ObjectId>)> {
     let Some(cluster) = &shared.cluster else {
         return Vec::new();
@@ -36,7 +36,6 @@ pub(crate) fn holders(shared: &Shared, ids: &[ObjectId]) -> Vec<(u32, Vec<Object
             .copied()
             .collect();
         if !held.is_empty() {
-            cluster.defer_unregister(&held);
             out.push((node, held));
         }
     }
@@ -52,13 +51,8 @@ pub(crate) async fn revoke(shared: &Rc<Shared>, holders: Vec<(u32, Vec<ObjectId>
     if holders.is_empty() {
         return;
     }
-    let ids: Vec<ObjectId> = holders
-        .iter()
-        .flat_map(|(_, ids)| ids.iter().copied())
-        .collect();
     let given_up = cluster.revoke(holders).await;
     drop_given_up(shared, &given_up);
-    cluster.deferred_done(&ids);
 }
 
 /// Asks the nodes holding references here to give up their idle loans;

@@ -127,9 +127,6 @@ pub(crate) struct Cluster {
     loans: RefCell<loans::Loans>,
     /// Revokes this node sent as an owner (`loans`: numbers them).
     revokes_sent: Cell<u64>,
-    /// Deleted ids whose loans are being revoked: the delete unregisters
-    /// them once that is done, not the store's removal event (`lending`).
-    deferred_unregister: RefCell<std::collections::HashSet<ObjectId>>,
     /// Objects local clients are writing in other nodes' regions (remote
     /// allocation), not sealed yet: client → id → node.
     creations: RefCell<HashMap<ClientId, HashMap<ObjectId, u32>>>,
@@ -218,7 +215,6 @@ impl Cluster {
             owners: RefCell::default(),
             loans: RefCell::new(loans::Loans::new(linger)),
             revokes_sent: Cell::new(0),
-            deferred_unregister: RefCell::default(),
             creations: RefCell::default(),
             copies: RefCell::default(),
             local_calls: std::cell::OnceCell::new(),
@@ -768,7 +764,7 @@ impl Cluster {
             let Ok(granted) = reply else {
                 continue;
             };
-            let generation = granted.generation;
+            let (generation, network) = (granted.generation, self.is_network(node));
             for (k, location) in granted.locations.into_iter().enumerate() {
                 let Some(location) = location else { continue };
                 if found[slots[k]].is_some() || self.check_location(node, &location).is_err() {
@@ -780,10 +776,9 @@ impl Cluster {
                     owner: node,
                     generation,
                     location,
-                    network: self.is_network(node),
+                    network,
                 });
                 remember_owner(&mut self.owners.borrow_mut(), wanted[k], node);
-                let network = self.is_network(node);
                 let grant = loans::Grant {
                     owner: node,
                     generation,
@@ -1018,27 +1013,6 @@ impl Cluster {
     /// How many Revoke calls this node sent (in Acquire answers: `loans`).
     pub fn revokes_sent(&self) -> u64 {
         self.revokes_sent.get()
-    }
-
-    /// Deleted ids left registered while their loans are revoked.
-    pub fn defer_unregister(&self, ids: &[ObjectId]) {
-        self.deferred_unregister.borrow_mut().extend(ids);
-    }
-
-    pub fn deferred_done(&self, ids: &[ObjectId]) {
-        let mut deferred = self.deferred_unregister.borrow_mut();
-        for id in ids {
-            deferred.remove(id);
-        }
-    }
-
-    /// Of ids that left this node, those to unregister now.
-    pub fn not_deferred(&self, mut ids: Vec<ObjectId>) -> Vec<ObjectId> {
-        let deferred = self.deferred_unregister.borrow();
-        if !deferred.is_empty() {
-            ids.retain(|id| !deferred.contains(id));
-        }
-        ids
     }
 
     /// As an owner, before answering a delete: tells each node holding
