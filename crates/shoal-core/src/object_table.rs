@@ -24,6 +24,16 @@ pub enum ObjectState {
     Sealed,
 }
 
+/// Whether an object's bytes are in memory for good, or on their way out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residency {
+    Resident,
+    /// Chosen for eviction and held by a listener that is copying its bytes
+    /// out (a tier): its memory stays allocated and unchanged until the
+    /// holder finishes; it stays visible, and a get meanwhile keeps it.
+    Evicting,
+}
+
 #[derive(Debug, Clone)]
 pub struct Entry {
     pub id: ObjectId,
@@ -37,8 +47,10 @@ pub struct Entry {
     /// abort it; kept after the seal as the client that wrote its bytes.
     pub creator: ClientId,
     pub state: ObjectState,
-    /// Deleted while referenced: invisible, freed on the last release.
+    /// Deleted while referenced (or being evicted): invisible, freed on the
+    /// last release (or when the eviction finishes).
     pub delete_pending: bool,
+    pub residency: Residency,
 }
 
 impl Entry {
@@ -161,6 +173,7 @@ mod tests {
             creator: 0,
             state: ObjectState::Created,
             delete_pending: false,
+            residency: Residency::Resident,
         }
     }
 

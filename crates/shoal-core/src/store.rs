@@ -5,17 +5,24 @@
 //! and mutates only when it will succeed, so a bad request changes nothing.
 //! Waiting (a get for an object not sealed yet, a create on a full store) is
 //! the daemon's business: it retries these calls when something changes.
+//!
+//! Eviction is a decision, not a deletion: the policy names a victim, and an
+//! [`EvictionGate`] (installed by the daemon, which asks the subsystems that
+//! listen to it) says whether the victim's memory may be freed at once or
+//! must stay until a holder — a tier copying the bytes out — calls
+//! [`Store::finish_eviction`]. Without a gate every victim is freed at once.
 
-use foldhash::HashMapExt;
+use foldhash::{HashMapExt, HashSetExt};
 
 /// Per-client maps are on the get path: foldhash, not SipHash.
 type HashMap<K, V> = foldhash::HashMap<K, V>;
+type HashSet<T> = foldhash::HashSet<T>;
 
 use crate::allocator::{Allocator, Block};
 use crate::error::{ErrorKind, Result, ShoalError};
 use crate::eviction::EvictionPolicy;
 use crate::ids::ObjectId;
-use crate::object_table::{ClientId, Entry, ObjectState, ObjectTable, Slot};
+use crate::object_table::{ClientId, Entry, ObjectState, ObjectTable, Residency, Slot};
 
 /// Where an object lives and how big it is: what a client needs to map it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +69,31 @@ pub enum StoreEvent {
     Aborted { id: ObjectId },
 }
 
+/// An object the policy chose to leave memory, told to the gate while its
+/// bytes are still valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Victim {
+    pub id: ObjectId,
+    pub location: ObjectLocation,
+}
+
+/// The gate's answer for one victim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nobody needs the bytes: free the memory now.
+    Free,
+    /// Someone reads the bytes first; the memory stays allocated (and the
+    /// object visible) until [`Store::finish_eviction`].
+    Hold,
+}
+
+/// Decides, per victim, whether its memory may go at once. Called inside
+/// the store's own operation: it must decide, never reach back into the
+/// store.
+pub trait EvictionGate {
+    fn decide(&mut self, victim: &Victim) -> Verdict;
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreStats {
     pub capacity: u64,
@@ -82,7 +114,9 @@ pub struct StoreStats {
 #[derive(Default)]
 struct ClientState {
     refs: HashMap<Slot, u32>,
-    creating: Vec<Slot>,
+    /// A set, not a list: a client may hold hundreds of thousands of
+    /// unsealed objects, and seal, abort and disconnect must stay O(ids).
+    creating: HashSet<Slot>,
 }
 
 pub struct Store {
@@ -93,6 +127,15 @@ pub struct Store {
     capacity: u64,
     evictions: u64,
     evicted_bytes: u64,
+    /// Bytes of the policy's candidates (kept as they come and go, so a
+    /// short create never walks the table).
+    evictable_bytes: u64,
+    /// Bytes of victims a holder is still copying out.
+    evicting_bytes: u64,
+    gate: Option<Box<dyn EvictionGate>>,
+    /// Memory was freed, an object became evictable or the capacity grew
+    /// since the last [`take_space_changed`](Self::take_space_changed).
+    space_changed: bool,
     events: Vec<StoreEvent>,
 }
 
@@ -115,8 +158,17 @@ impl Store {
             clients: HashMap::new(),
             evictions: 0,
             evicted_bytes: 0,
+            evictable_bytes: 0,
+            evicting_bytes: 0,
+            gate: None,
+            space_changed: false,
             events: Vec::new(),
         }
+    }
+
+    /// Installs the gate every eviction asks from now on.
+    pub fn set_eviction_gate(&mut self, gate: Box<dyn EvictionGate>) {
+        self.gate = Some(gate);
     }
 
     pub fn capacity(&self) -> u64 {
@@ -124,10 +176,17 @@ impl Store {
     }
 
     /// Changes the capacity (the elastic controller's knob). Shrinking evicts
-    /// unreferenced objects until usage fits; returns the bytes evicted.
+    /// unreferenced objects until usage fits; returns the bytes evicted
+    /// (freed now, or held by the gate and freed when their holders finish).
     pub fn set_capacity(&mut self, capacity: u64) -> u64 {
-        self.capacity = capacity.min(self.allocator.size());
-        let excess = self.allocator.used().saturating_sub(self.capacity);
+        let capacity = capacity.min(self.allocator.size());
+        self.space_changed |= capacity > self.capacity;
+        self.capacity = capacity;
+        let excess = self
+            .allocator
+            .used()
+            .saturating_sub(self.evicting_bytes)
+            .saturating_sub(self.capacity);
         self.evict(excess)
     }
 
@@ -139,9 +198,20 @@ impl Store {
         self.clients.entry(client).or_default();
     }
 
+    /// Whether `client` is known (connected, or a reserved principal).
+    pub fn has_client(&self, client: ClientId) -> bool {
+        self.clients.contains_key(&client)
+    }
+
     /// Events since the last call (seals, removals), for subscribers.
     pub fn take_events(&mut self) -> Vec<StoreEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// Whether memory may have become available since the last call (freed,
+    /// newly evictable, or a larger capacity): waiting creates retry.
+    pub fn take_space_changed(&mut self) -> bool {
+        std::mem::take(&mut self.space_changed)
     }
 
     fn client(&mut self, client: ClientId) -> &mut ClientState {
@@ -179,10 +249,15 @@ impl Store {
                 )
             })?;
         let block = self.allocate(len).ok_or_else(|| {
+            let coming = if self.evicting_bytes > 0 {
+                format!(", {} bytes on their way out", self.evicting_bytes)
+            } else {
+                String::new()
+            };
             ShoalError::new(
                 ErrorKind::StoreFull,
                 format!(
-                    "no room for object {id} ({total} bytes): {} of {} bytes used, {} bytes in referenced or unsealed objects",
+                    "no room for object {id} ({total} bytes): {} of {} bytes used, {} bytes in referenced or unsealed objects{coming}",
                     self.allocator.used(),
                     self.capacity,
                     self.pinned_bytes()
@@ -198,9 +273,10 @@ impl Store {
             creator: client,
             state: ObjectState::Created,
             delete_pending: false,
+            residency: Residency::Resident,
         });
         let state = self.client(client);
-        state.creating.push(slot);
+        state.creating.insert(slot);
         *state.refs.entry(slot).or_insert(0) += 1;
         Ok(ObjectLocation {
             offset: block.offset,
@@ -224,13 +300,12 @@ impl Store {
                     // Rolled back silently: these objects never existed for
                     // anyone but this call (no Aborted event: a cluster node
                     // must not unregister ids its create still holds).
+                    let events = self.events.len();
                     for (id, _, _) in &specs[..made.len()] {
                         let slot = self.own_unsealed(client, id).expect("just created");
                         self.abort_slot(client, slot);
-                        self.events.retain(
-                            |e| !matches!(e, StoreEvent::Aborted { id: gone } if gone == id),
-                        );
                     }
+                    self.events.truncate(events);
                     return Err(err);
                 }
             }
@@ -238,10 +313,21 @@ impl Store {
         Ok(made)
     }
 
+    /// Bytes that would be free after every evictable object left and every
+    /// eviction in flight finished.
+    fn reclaimable(&self) -> u64 {
+        self.capacity
+            .saturating_sub(self.allocator.used())
+            .saturating_add(self.evictable_bytes)
+            .saturating_add(self.evicting_bytes)
+    }
+
     /// Finds a block of `len` bytes within capacity, evicting if needed. Does
     /// not evict when even evicting everything evictable could not free
     /// enough bytes. (Fragmentation can still make a create fail after it
     /// evicted: only unreferenced sealed objects, as LRU eviction would.)
+    /// Victims the gate holds free nothing yet: the create fails with
+    /// `StoreFull` and the caller waits for them to finish.
     fn allocate(&mut self, len: u64) -> Option<Block> {
         let fits = |s: &Self| s.allocator.used() + len <= s.capacity;
         if fits(self) {
@@ -249,7 +335,15 @@ impl Store {
                 return Some(block);
             }
         }
-        if self.allocator.used() - self.evictable_bytes() + len > self.capacity {
+        if self.reclaimable() < len {
+            return None;
+        }
+        // Held victims that cover the request: it fits once their holders
+        // finish, and the caller waits for that.
+        let covered = |s: &Self| {
+            s.evicting_bytes > 0 && s.allocator.used() - s.evicting_bytes + len <= s.capacity
+        };
+        if covered(self) {
             return None;
         }
         while let Some(victim) = self.policy.victim() {
@@ -258,6 +352,9 @@ impl Store {
                 if let Some(block) = self.allocator.allocate(len) {
                     return Some(block);
                 }
+            }
+            if covered(self) {
+                return None;
             }
         }
         None
@@ -274,37 +371,107 @@ impl Store {
         }
     }
 
-    fn evictable_bytes(&self) -> u64 {
-        // Walks only when space is short; the common path never calls it.
-        self.table
-            .iter()
-            .filter(|(_, e)| e.refs == 0 && e.state == ObjectState::Sealed)
-            .map(|(_, e)| self.block_of(e).len)
-            .sum()
-    }
-
     fn pinned_bytes(&self) -> u64 {
-        self.allocator.used() - self.evictable_bytes()
+        self.allocator.used() - self.evictable_bytes - self.evicting_bytes
     }
 
-    fn evict_slot(&mut self, slot: Slot) {
-        let len = self
-            .table
-            .get(slot)
-            .map(|e| self.block_of(e).len)
-            .unwrap_or(0);
+    /// Bytes of victims whose holders are still copying them out.
+    pub fn evicting_bytes(&self) -> u64 {
+        self.evicting_bytes
+    }
+
+    /// `slot` (sealed, unreferenced, resident) becomes an eviction candidate.
+    fn add_candidate(&mut self, slot: Slot) {
+        let len = self.table.get(slot).map_or(0, |e| self.block_of(e).len);
+        self.policy.insert(slot);
+        self.evictable_bytes += len;
+        self.space_changed = true;
+    }
+
+    /// `slot` stops being a candidate (referenced, chosen, removed); a no-op
+    /// for a slot that is not one.
+    fn drop_candidate(&mut self, slot: Slot) {
+        let before = self.policy.len();
+        self.policy.remove(slot);
+        if self.policy.len() < before {
+            let len = self.table.get(slot).map_or(0, |e| self.block_of(e).len);
+            self.evictable_bytes -= len;
+        }
+    }
+
+    /// Evicts a candidate as the gate decides. Returns the bytes held (0 if
+    /// its memory was freed at once).
+    fn evict_slot(&mut self, slot: Slot) -> u64 {
+        self.drop_candidate(slot);
+        let (victim, len) = {
+            let entry = self.table.get(slot).expect("candidate is live");
+            let victim = Victim {
+                id: entry.id,
+                location: ObjectLocation {
+                    offset: entry.offset,
+                    data_size: entry.data_size,
+                    meta_size: entry.meta_size,
+                },
+            };
+            (victim, self.block_of(entry).len)
+        };
         self.evictions += 1;
         self.evicted_bytes += len;
-        self.remove_slot(slot);
+        let verdict = self
+            .gate
+            .as_mut()
+            .map_or(Verdict::Free, |gate| gate.decide(&victim));
+        match verdict {
+            Verdict::Free => {
+                self.remove_slot(slot);
+                0
+            }
+            Verdict::Hold => {
+                self.table.get_mut(slot).expect("live").residency = Residency::Evicting;
+                self.evicting_bytes += len;
+                len
+            }
+        }
+    }
+
+    /// A holder finished with an eviction victim: its memory is freed now,
+    /// unless a get took a reference meanwhile (then it stays, resident, and
+    /// its last release makes it a candidate again). Unknown ids, and
+    /// objects not being evicted, are ignored (`false`).
+    pub fn finish_eviction(&mut self, id: &ObjectId) -> bool {
+        let Some(slot) = self.table.find(id) else {
+            return false;
+        };
+        let entry = self.table.get_mut(slot).expect("found slot is live");
+        if entry.residency != Residency::Evicting {
+            return false;
+        }
+        entry.residency = Residency::Resident;
+        let refs = entry.refs;
+        let len = self.block_of(self.table.get(slot).expect("live")).len;
+        self.evicting_bytes -= len;
+        if refs == 0 {
+            self.remove_slot(slot);
+            true
+        } else {
+            false
+        }
     }
 
     /// Removes an object and frees its memory (no references may remain).
     fn remove_slot(&mut self, slot: Slot) {
-        self.policy.remove(slot);
+        self.drop_candidate(slot);
         let entry = self.table.remove(slot);
         debug_assert_eq!(entry.refs, 0, "removing referenced object {}", entry.id);
+        debug_assert_eq!(
+            entry.residency,
+            Residency::Resident,
+            "{} still held",
+            entry.id
+        );
         let block = self.block_of(&entry);
         self.allocator.free(block);
+        self.space_changed = true;
         // A pending delete was announced when it was requested.
         if entry.state == ObjectState::Sealed && !entry.delete_pending {
             self.events.push(StoreEvent::Removed {
@@ -340,9 +507,10 @@ impl Store {
     /// dropped at once (the put path).
     pub fn seal(&mut self, client: ClientId, ids: &[ObjectId], release: bool) -> Result<()> {
         let mut slots = Vec::with_capacity(ids.len());
+        let mut seen = HashSet::with_capacity(ids.len());
         for id in ids {
             let slot = self.own_unsealed(client, id)?;
-            if slots.contains(&slot) {
+            if !seen.insert(slot) {
                 return Err(ShoalError::invalid(format!(
                     "object {id} appears twice in one seal"
                 )));
@@ -362,11 +530,13 @@ impl Store {
         for &slot in &slots {
             // The creator may have dropped its reference before sealing.
             if self.table.get(slot).is_some_and(|e| e.refs == 0) {
-                self.policy.insert(slot);
+                self.add_candidate(slot);
             }
         }
         let state = self.client(client);
-        state.creating.retain(|s| !slots.contains(s));
+        for slot in &slots {
+            state.creating.remove(slot);
+        }
         if release {
             // The creator's reference may already be gone (a client library
             // that released its create buffer before sealing): sealing still
@@ -389,7 +559,7 @@ impl Store {
 
     fn abort_slot(&mut self, client: ClientId, slot: Slot) {
         let state = self.client(client);
-        state.creating.retain(|&s| s != slot);
+        state.creating.remove(&slot);
         let held = state.refs.remove(&slot).unwrap_or(0);
         let entry = self.table.get_mut(slot).expect("aborting a live slot");
         entry.refs -= held;
@@ -424,10 +594,11 @@ impl Store {
             data_size: entry.data_size,
             meta_size: entry.meta_size,
         };
-        if entry.refs == 1 {
-            self.policy.remove(slot);
-        }
+        let first = entry.refs == 1;
         let creator = entry.creator;
+        if first {
+            self.drop_candidate(slot);
+        }
         self.policy.touch(slot);
         *self.client(client).refs.entry(slot).or_insert(0) += 1;
         Some((location, creator))
@@ -462,17 +633,20 @@ impl Store {
     fn drop_ref(&mut self, slot: Slot) {
         let entry = self.table.get_mut(slot).expect("referenced slot is live");
         entry.refs -= 1;
-        if entry.refs == 0 {
-            if entry.delete_pending {
-                self.remove_slot(slot);
-            } else if entry.state == ObjectState::Sealed {
-                self.policy.insert(slot);
-            }
+        if entry.refs > 0 || entry.residency == Residency::Evicting {
+            // (A victim's holder frees it when done.)
+            return;
+        }
+        if entry.delete_pending {
+            self.remove_slot(slot);
+        } else if entry.state == ObjectState::Sealed {
+            self.add_candidate(slot);
         }
     }
 
     /// Deletes a sealed object. A referenced one disappears from view now and
-    /// is freed when its last reference is released.
+    /// is freed when its last reference is released (one being evicted,
+    /// when its holder finishes).
     pub fn delete(&mut self, id: &ObjectId) -> Result<()> {
         let slot = self
             .table
@@ -490,11 +664,12 @@ impl Store {
         }
         // Announced now, referenced or not (`remove_slot` stays silent).
         entry.delete_pending = true;
+        let free_now = entry.refs == 0 && entry.residency == Residency::Resident;
         self.events.push(StoreEvent::Removed {
             id: *id,
             deleted: true,
         });
-        if entry.refs == 0 {
+        if free_now {
             self.remove_slot(slot);
         }
         Ok(())
@@ -527,6 +702,12 @@ impl Store {
         })
     }
 
+    /// The client that created `id` (and so wrote it), if it is visible.
+    pub fn creator(&self, id: &ObjectId) -> Option<ClientId> {
+        let entry = self.table.get(self.table.find(id)?)?;
+        entry.is_visible().then_some(entry.creator)
+    }
+
     pub fn contains(&self, id: &ObjectId) -> bool {
         self.table
             .find(id)
@@ -535,7 +716,8 @@ impl Store {
     }
 
     /// Evicts unreferenced sealed objects in policy order until at least
-    /// `bytes` are freed (or nothing is left to evict). Returns bytes freed.
+    /// `bytes` are freed or held for freeing (or nothing is left to evict).
+    /// Returns those bytes.
     pub fn evict(&mut self, bytes: u64) -> u64 {
         let mut freed = 0;
         while freed < bytes {
@@ -626,6 +808,8 @@ impl Store {
     pub fn check_invariants(&self) {
         let mut used = 0;
         let mut evictable = 0;
+        let mut evictable_bytes = 0;
+        let mut evicting_bytes = 0;
         let mut blocks: Vec<Block> = Vec::new();
         for (_, e) in self.table.iter() {
             let block = self.block_of(e);
@@ -637,11 +821,16 @@ impl Store {
             );
             used += block.len;
             blocks.push(block);
-            if e.refs == 0 && e.state == ObjectState::Sealed && !e.delete_pending {
+            let resident = e.residency == Residency::Resident;
+            if e.refs == 0 && e.state == ObjectState::Sealed && !e.delete_pending && resident {
                 evictable += 1;
+                evictable_bytes += block.len;
+            }
+            if !resident {
+                evicting_bytes += block.len;
             }
             assert!(
-                !(e.delete_pending && e.refs == 0),
+                !(e.delete_pending && e.refs == 0 && resident),
                 "object {} pending delete with no refs",
                 e.id
             );
@@ -656,6 +845,8 @@ impl Store {
             self.policy.len(),
             "policy candidates differ from unreferenced sealed objects"
         );
+        assert_eq!(evictable_bytes, self.evictable_bytes, "evictable bytes");
+        assert_eq!(evicting_bytes, self.evicting_bytes, "evicting bytes");
         blocks.sort_by_key(|b| b.offset);
         for pair in blocks.windows(2) {
             assert!(
@@ -880,6 +1071,134 @@ mod tests {
         s.check_invariants();
     }
 
+    /// Holds every victim, recording them (a tier copying bytes out).
+    struct HoldAll(std::rc::Rc<std::cell::RefCell<Vec<Victim>>>);
+
+    impl EvictionGate for HoldAll {
+        fn decide(&mut self, victim: &Victim) -> Verdict {
+            self.0.borrow_mut().push(*victim);
+            Verdict::Hold
+        }
+    }
+
+    fn held_store(size: u64) -> (Store, std::rc::Rc<std::cell::RefCell<Vec<Victim>>>) {
+        let mut s = store(size);
+        let victims = std::rc::Rc::default();
+        s.set_eviction_gate(Box::new(HoldAll(std::rc::Rc::clone(&victims))));
+        (s, victims)
+    }
+
+    #[test]
+    fn a_held_victim_keeps_its_memory_until_the_holder_finishes() {
+        let (mut s, victims) = held_store(64 * 2);
+        for n in 0..2 {
+            s.create(1, id(n), 64, 0).unwrap();
+            s.seal(1, &[id(n)], true).unwrap();
+        }
+        let err = s.create(1, id(9), 64, 0).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::StoreFull, "memory comes back later");
+        assert_eq!(victims.borrow().len(), 1, "one victim covers the request");
+        let victim = victims.borrow()[0];
+        assert_eq!(victim.id, id(0), "LRU order");
+        assert!(
+            s.contains(&id(0)),
+            "still visible while its bytes are copied"
+        );
+        assert_eq!(s.evicting_bytes(), 64);
+        assert!(!s
+            .take_events()
+            .iter()
+            .any(|e| matches!(e, StoreEvent::Removed { .. })));
+        s.check_invariants();
+        // Asking again chooses no second victim: the first one covers it.
+        assert!(s.create(1, id(9), 64, 0).is_err());
+        assert_eq!(victims.borrow().len(), 1);
+        assert!(s.finish_eviction(&id(0)));
+        assert!(!s.contains(&id(0)));
+        assert!(s.take_space_changed());
+        assert_eq!(
+            s.take_events(),
+            vec![StoreEvent::Removed {
+                id: id(0),
+                deleted: false
+            }]
+        );
+        s.create(1, id(9), 64, 0).unwrap();
+        s.check_invariants();
+    }
+
+    #[test]
+    fn a_get_during_an_eviction_keeps_the_object() {
+        let (mut s, _) = held_store(64 * 2);
+        for n in 0..2 {
+            s.create(1, id(n), 64, 0).unwrap();
+            s.seal(1, &[id(n)], true).unwrap();
+        }
+        assert_eq!(s.evict(64), 64);
+        let location = s.get(2, &id(0)).expect("visible while evicting");
+        assert!(!s.finish_eviction(&id(0)), "referenced: it stays");
+        assert_eq!(s.get(3, &id(0)), Some(location));
+        s.release(2, &id(0)).unwrap();
+        s.release(3, &id(0)).unwrap();
+        s.check_invariants();
+        assert_eq!(s.stats().evictable, 2, "a candidate again");
+        assert!(!s.finish_eviction(&id(0)), "a second finish is ignored");
+        assert!(!s.finish_eviction(&id(7)), "unknown ids are ignored");
+        s.check_invariants();
+    }
+
+    #[test]
+    fn a_delete_during_an_eviction_frees_when_the_holder_finishes() {
+        let (mut s, _) = held_store(64 * 2);
+        s.create(1, id(0), 64, 0).unwrap();
+        s.seal(1, &[id(0)], true).unwrap();
+        assert_eq!(s.evict(1), 64);
+        s.delete(&id(0)).unwrap();
+        assert!(!s.contains(&id(0)));
+        assert_eq!(s.stats().used, 64, "the holder still reads it");
+        s.check_invariants();
+        assert!(s.finish_eviction(&id(0)));
+        assert_eq!(s.stats().used, 0);
+        let removals = s
+            .take_events()
+            .into_iter()
+            .filter(|e| matches!(e, StoreEvent::Removed { .. }))
+            .collect::<Vec<_>>();
+        assert_eq!(
+            removals,
+            vec![StoreEvent::Removed {
+                id: id(0),
+                deleted: true
+            }]
+        );
+        s.check_invariants();
+    }
+
+    #[test]
+    fn sealing_and_dropping_many_unsealed_objects_is_linear() {
+        // 200k ids: quadratic bookkeeping would take minutes here.
+        let n = 200_000u32;
+        let ids: Vec<ObjectId> = (0..n)
+            .map(|i| {
+                let mut b = [0u8; 20];
+                b[..4].copy_from_slice(&i.to_le_bytes());
+                ObjectId(b)
+            })
+            .collect();
+        let mut s = store(64 * 2 * n as u64);
+        let started = std::time::Instant::now();
+        let specs: Vec<_> = ids.iter().map(|id| (*id, 1, 0)).collect();
+        s.create_batch(1, &specs).unwrap();
+        s.seal(1, &ids[..n as usize / 2], true).unwrap();
+        s.disconnect(1);
+        assert_eq!(s.stats().objects, u64::from(n / 2));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Create(u8, u8, u16),
@@ -890,6 +1209,7 @@ mod tests {
         Delete(u8),
         Disconnect(u8),
         Evict(u16),
+        FinishEviction(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -904,6 +1224,7 @@ mod tests {
             i.clone().prop_map(Op::Delete),
             c.prop_map(Op::Disconnect),
             (0u16..3000).prop_map(Op::Evict),
+            (0u8..12).prop_map(Op::FinishEviction),
         ]
     }
 
@@ -911,8 +1232,15 @@ mod tests {
         /// Any sequence of operations, valid or not, keeps the store consistent;
         /// a sealed object is never moved or resized while visible.
         #[test]
-        fn random_operations_keep_invariants(ops in proptest::collection::vec(op(), 1..200)) {
+        fn random_operations_keep_invariants(
+            ops in proptest::collection::vec(op(), 1..200),
+            hold in any::<bool>(),
+        ) {
             let mut s = store(8192);
+            if hold {
+                // Victims stay until a holder finishes, as with a tier.
+                s.set_eviction_gate(Box::new(HoldAll(std::rc::Rc::default())));
+            }
             let mut sealed: HashMap<ObjectId, ObjectLocation> = HashMap::new();
             for op in ops {
                 match op {
@@ -934,6 +1262,11 @@ mod tests {
                     Op::Delete(i) => { let _ = s.delete(&id(i)); }
                     Op::Disconnect(c) => s.disconnect(c as u32),
                     Op::Evict(n) => { s.evict(n as u64); }
+                    Op::FinishEviction(i) => {
+                        if s.finish_eviction(&id(i)) {
+                            sealed.remove(&id(i));
+                        }
+                    }
                 }
                 s.check_invariants();
             }

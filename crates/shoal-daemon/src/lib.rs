@@ -1,20 +1,35 @@
-//! The shoal daemon: one region, one object store, many local clients.
+//! The shoal daemon: one region, one object store, many local clients, and
+//! its peers when it is a node of a cluster.
 //!
-//! Layout: [`config`] (what to serve), [`server`] (listener, region, shared
-//! state, idle exit), [`connection`] (one client's requests), [`shutdown`]
-//! (a value the caller triggers to stop the server cleanly).
+//! Layers, each importing only those below it:
+//! - [`supervisor`], [`principals`], `accept`: leaves (background tasks,
+//!   the store's client-id space, accept backoff);
+//! - [`node`]: the store, region, waiters, subscribers and listeners; every
+//!   change goes through it and is published by it;
+//! - [`cluster`]: this daemon as a node of a cluster, a listener of its node;
+//! - `ops`: the operations (create, get, seal, abort, release, delete,
+//!   evict), shared by local clients and peers;
+//! - `connection` (local clients) and `peer_service` (other nodes), which
+//!   serve requests with `ops`;
+//! - [`server`]: wires the layers, listens, and stops them all.
 //!
-//! The server runs on a single-threaded tokio runtime: the store is touched
+//! The daemon runs on a single-threaded tokio runtime: the store is touched
 //! by one thread only, so it needs no lock, and a request costs one wake-up.
 //! Clients do the copying into and out of shared memory themselves; the
 //! daemon only does bookkeeping, which one core handles at millions of
 //! operations per second.
 
+mod accept;
 pub mod cluster;
 pub mod config;
 mod connection;
+pub mod node;
+mod ops;
+mod peer_service;
+pub mod principals;
 pub mod server;
 pub mod shutdown;
+pub mod supervisor;
 
 pub use cluster::ClusterConfig;
 pub use config::DaemonConfig;

@@ -1,149 +1,152 @@
 //! This node's end of the bulk data channel (`shoal_cluster::bulk`): serving
 //! ranges of its objects to pulling peers, and pulling ranges from theirs.
 //!
-//! The request is read and checked on the store thread (token, caller, the
-//! caller's reference, the range); the bytes then move on a blocking worker
-//! thread so a 100 MB transfer never stalls the store. The object is pinned
-//! under `SEND_CLIENT` for the whole transfer, until the puller acknowledges
-//! the last byte: sendfile lends the region's pages to the socket, so they
-//! must not be reused while bytes may still be read from them, even if the
-//! puller's own reference is reclaimed (its lease ran out) meanwhile.
+//! The request is read and checked on the store thread (the caller's
+//! identity, its reference, the range); the bytes then move on a blocking
+//! worker thread so a 100 MB transfer never stalls the store. The object is
+//! pinned under `principals::SEND` for the whole transfer, until the puller
+//! acknowledges the last byte: sendfile lends the region's pages to the
+//! socket, so they must not be reused while bytes may still be read from
+//! them, even if the puller's own reference is reclaimed (its lease ran
+//! out) meanwhile.
 
 use std::rc::Rc;
 
-use shoal_cluster::auth::same;
+use shoal_cluster::auth::PeerIdentity;
 use shoal_cluster::bulk::{fetch_range, send_error, send_range, Request};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{join_all, peer_client, ClientId, ClusterRef, PEER_CLIENT_BASE, RPC_TIMEOUT};
-use crate::server::Shared;
+use crate::accept::AcceptBackoff;
+use crate::cluster::peers::{join_all, RPC_TIMEOUT};
+use crate::cluster::state::Cluster;
+use crate::principals;
 
-/// The store client that pins objects while they are being sent.
-pub(crate) const SEND_CLIENT: ClientId = PEER_CLIENT_BASE - 2;
-
-/// Binds this node's data channel (a busy port fails the start) and serves
-/// it from a task on the store thread.
-pub(crate) async fn start(shared: &Rc<Shared>, cluster: &ClusterRef) -> Result<()> {
-    let address = cluster.topology.node(cluster.me)?.data;
-    let listener = TcpListener::bind(address)
-        .await
-        .map_err(|e| ShoalError::io(&format!("bind data channel {address}"), e))?;
-    let shared = shared.clone();
-    let cluster = cluster.clone();
-    tokio::task::spawn_local(async move {
-        loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    tokio::task::spawn_local(serve(shared.clone(), cluster.clone(), stream));
-                }
-                Err(err) => tracing::warn!(%err, "data channel accept failed"),
-            }
-        }
-    });
-    tracing::debug!(%address, "data channel listening");
-    Ok(())
-}
-
-/// Serves one request: checks it, pins the object, sends, unpins.
-async fn serve(shared: Rc<Shared>, cluster: ClusterRef, mut stream: TcpStream) {
-    let peer = stream
-        .peer_addr()
-        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-    let request = match tokio::time::timeout(RPC_TIMEOUT, Request::read(&mut stream)).await {
-        Ok(Ok(request)) => request,
-        Ok(Err(err)) => {
-            tracing::warn!(%peer, %err, "data channel request refused");
-            send_error(&mut stream, &err).await;
-            return;
-        }
-        Err(_) => {
-            tracing::warn!(%peer, "data channel request timed out");
-            return;
-        }
-    };
-    let pinned = match pin(&shared, &cluster, &request) {
-        Ok(location) => location,
-        Err(err) => {
-            tracing::warn!(%peer, from = request.from, %err, "data channel request refused");
-            send_error(&mut stream, &err).await;
-            return;
-        }
-    };
-    let id = request.id;
-    let sent = match stream.into_std() {
-        Ok(socket) => {
-            let region = shared.region.clone();
-            let start = pinned.offset + request.offset;
-            let len = request.len;
-            tokio::task::spawn_blocking(move || {
-                // SAFETY: [start, start + len) is inside the object (checked
-                // by `pin`), which SEND_CLIENT keeps allocated and, sealed,
-                // unmodified until the unpin below, after this returns.
-                unsafe { send_range(socket, region.fd(), region.base(), start, len, RPC_TIMEOUT) }
-            })
+impl Cluster {
+    /// Binds this node's data channel (a busy port fails the start) and
+    /// serves it under the supervisor.
+    pub async fn start_data_channel(self: &Rc<Self>, identity: PeerIdentity) -> Result<()> {
+        let address = self.topology.node(self.me)?.data;
+        let listener = TcpListener::bind(address)
             .await
-            .unwrap_or_else(|e| Err(ShoalError::io("data channel worker", e)))
+            .map_err(|e| ShoalError::io(&format!("bind data channel {address}"), e))?;
+        let cluster = self.clone();
+        self.supervisor.spawn_local("data channel", async move {
+            let mut backoff = AcceptBackoff::new("data channel");
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        backoff.succeeded();
+                        let (served, identity) = (cluster.clone(), identity.clone());
+                        cluster
+                            .supervisor
+                            .spawn_local("data transfer", served.serve_range(stream, identity));
+                    }
+                    Err(err) => backoff.failed(err).await,
+                }
+            }
+        });
+        tracing::debug!(%address, "data channel listening");
+        Ok(())
+    }
+
+    /// Serves one request: checks it, pins the object, sends, unpins.
+    async fn serve_range(self: Rc<Self>, mut stream: TcpStream, identity: PeerIdentity) {
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+        let request = match tokio::time::timeout(RPC_TIMEOUT, Request::read(&mut stream)).await {
+            Ok(Ok(request)) => request,
+            Ok(Err(err)) => {
+                tracing::warn!(%peer, %err, "data channel request refused");
+                send_error(&mut stream, &err).await;
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(%peer, "data channel request timed out");
+                return;
+            }
+        };
+        let pinned = match self.pin(&identity, &request) {
+            Ok(location) => location,
+            Err(err) => {
+                tracing::warn!(%peer, from = request.from, %err, "data channel request refused");
+                send_error(&mut stream, &err).await;
+                return;
+            }
+        };
+        let id = request.id;
+        let sent = match stream.into_std() {
+            Ok(socket) => {
+                let region = self.node.region().clone();
+                let start = pinned.offset + request.offset;
+                let len = request.len;
+                tokio::task::spawn_blocking(move || {
+                    // SAFETY: [start, start + len) is inside the object (checked
+                    // by `pin`), which SEND keeps allocated and, sealed,
+                    // unmodified until the unpin below, after this returns.
+                    unsafe {
+                        send_range(socket, region.fd(), region.base(), start, len, RPC_TIMEOUT)
+                    }
+                })
+                .await
+                .unwrap_or_else(|e| Err(ShoalError::io("data channel worker", e)))
+            }
+            Err(err) => Err(err.into()),
+        };
+        if let Err(err) = sent {
+            tracing::debug!(%peer, from = request.from, %id, %err, "data channel send failed");
         }
-        Err(err) => Err(err.into()),
-    };
-    if let Err(err) = sent {
-        tracing::debug!(%peer, from = request.from, %id, %err, "data channel send failed");
+        // The pin may have been the last reference to a deleted object.
+        self.node.mutate(|store| {
+            if let Err(err) = store.release(principals::SEND, &id) {
+                tracing::error!(%id, %err, "data channel pin lost");
+            }
+        });
     }
-    unpin(&shared, &id);
-}
 
-/// Checks a request and pins the object it names; `Err` pins nothing.
-fn pin(shared: &Shared, cluster: &ClusterRef, request: &Request) -> Result<ObjectLocation> {
-    if !same(&request.token, cluster.topology.token.as_bytes()) {
-        return Err(ShoalError::invalid("wrong cluster token"));
+    /// Checks a request and pins the object it names; `Err` pins nothing.
+    fn pin(&self, identity: &PeerIdentity, request: &Request) -> Result<ObjectLocation> {
+        let from = identity
+            .verify(Some(&request.token), Some(request.from))
+            .map_err(|refusal| ShoalError::invalid(refusal.to_string()))?;
+        if from == self.me {
+            return Err(ShoalError::invalid(format!(
+                "node {from} is not a peer of node {}",
+                self.me
+            )));
+        }
+        let id = request.id;
+        self.node.mutate(|store| {
+            if !store.holds(principals::peer(from), &id) {
+                return Err(ShoalError::new(
+                    ErrorKind::ObjectNotFound,
+                    format!("node {from} holds no reference to {id}"),
+                ));
+            }
+            let location = store.location(&id).ok_or_else(|| {
+                ShoalError::new(ErrorKind::ObjectNotFound, format!("{id} was deleted"))
+            })?;
+            let inside = request
+                .offset
+                .checked_add(request.len)
+                .is_some_and(|end| end <= location.size());
+            if !inside {
+                return Err(ShoalError::invalid(format!(
+                    "range {}+{} outside {id} ({} bytes)",
+                    request.offset,
+                    request.len,
+                    location.size()
+                )));
+            }
+            // Visible (just located), so this takes the pin.
+            store.get(principals::SEND, &id);
+            Ok(location)
+        })
     }
-    if request.from as usize >= cluster.topology.len() || request.from == cluster.me {
-        return Err(ShoalError::invalid(format!(
-            "node {} is not a peer of node {}",
-            request.from, cluster.me
-        )));
-    }
-    let id = request.id;
-    let mut store = shared.store.borrow_mut();
-    if !store.holds(peer_client(request.from), &id) {
-        return Err(ShoalError::new(
-            ErrorKind::ObjectNotFound,
-            format!("node {} holds no reference to {id}", request.from),
-        ));
-    }
-    let location = store
-        .location(&id)
-        .ok_or_else(|| ShoalError::new(ErrorKind::ObjectNotFound, format!("{id} was deleted")))?;
-    let inside = request
-        .offset
-        .checked_add(request.len)
-        .is_some_and(|end| end <= location.size());
-    if !inside {
-        return Err(ShoalError::invalid(format!(
-            "range {}+{} outside {id} ({} bytes)",
-            request.offset,
-            request.len,
-            location.size()
-        )));
-    }
-    // Visible (just located), so this takes the pin.
-    store.get(SEND_CLIENT, &id);
-    Ok(location)
-}
 
-fn unpin(shared: &Shared, id: &ObjectId) {
-    if let Err(err) = shared.store.borrow_mut().release(SEND_CLIENT, id) {
-        tracing::error!(%id, %err, "data channel pin lost");
-    }
-    // The pin may have been the last reference to a deleted object.
-    shared.publish();
-    shared.space.notify_waiters();
-}
-
-impl super::Cluster {
     /// Pulls `len` bytes of an object this node holds a reference to on
     /// `owner` into `dst`, in `parts` ranges over as many connections.
     pub async fn fetch(
@@ -154,7 +157,7 @@ impl super::Cluster {
         dst: *mut u8,
         parts: u64,
     ) -> Result<()> {
-        self.reachable(owner)?; // a peer known to be down fails at once
+        self.peers.reachable(owner)?; // a peer known to be down fails at once
         let address = self.topology.node(owner)?.data;
         let parts = parts.clamp(1, 8).min(len.max(1));
         let step = len.div_ceil(parts);

@@ -1,5 +1,5 @@
 //! As an owner: taking back the loans other nodes hold on this node's
-//! objects (`loans` is the holder's side).
+//! objects (`loans.rs` is the holder's side).
 //!
 //! - A delete revokes the loans of the deleted ids before it is answered
 //!   and before the ids leave their homes' directories, so no get anywhere
@@ -9,85 +9,119 @@
 //!   before it waits (or fails): a loan is a reference, and referenced
 //!   objects cannot be evicted.
 
-use std::rc::Rc;
-
+use shoal_cluster::ids::pack;
+use shoal_cluster::proto::{Empty, Ids, RevokeRequest};
+use shoal_core::error::{Result, ShoalError};
 use shoal_core::ObjectId;
 
-use super::peer_client;
-use crate::server::Shared;
+use crate::cluster::peers::{join_all, Reach};
+use crate::cluster::state::Cluster;
+use crate::principals;
 
-/// Nodes holding references here on `ids`, just deleted (node → ids). The
-/// delete unregisters the ids after [`revoke`] (the store's removal event
-/// of a delete unregisters nothing).
-pub(crate) fn holders(shared: &Shared, ids: &[ObjectId]) -> Vec<(u32, Vec<ObjectId>)> {
-    let Some(cluster) = &shared.cluster else {
-        return Vec::new();
-    };
-    let store = shared.store.borrow();
-    let mut out = Vec::new();
-    for node in (0..cluster.topology.len() as u32).filter(|&n| n != cluster.me) {
-        let client = peer_client(node);
-        if !store.has_references(client) {
-            continue;
-        }
-        let held: Vec<ObjectId> = ids
-            .iter()
-            .filter(|id| store.holds(client, id))
-            .copied()
-            .collect();
-        if !held.is_empty() {
-            out.push((node, held));
+/// The references a node gave up in answer to Revoke or GiveBack.
+fn given_up(node: u32, answer: Result<Ids>) -> Vec<(u32, ObjectId)> {
+    let ids = answer.and_then(|reply| {
+        shoal_cluster::ids::unpack(&reply.ids)
+            .map_err(|s| ShoalError::protocol(format!("node {node}: {}", s.message())))
+    });
+    match ids {
+        Ok(ids) => ids.into_iter().map(|id| (node, id)).collect(),
+        Err(err) => {
+            tracing::debug!(node, %err, "loans not given back");
+            Vec::new()
         }
     }
-    out
 }
 
-/// Revokes the loans of deleted ids at the nodes holding references on them
-/// ([`holders`]), and drops the references of the idle loans they gave up.
-pub(crate) async fn revoke(shared: &Rc<Shared>, holders: Vec<(u32, Vec<ObjectId>)>) {
-    let Some(cluster) = shared.cluster.clone() else {
-        return;
-    };
-    if holders.is_empty() {
-        return;
+impl Cluster {
+    /// Nodes holding references here on `ids`, just deleted (node → ids).
+    pub fn holders(&self, ids: &[ObjectId]) -> Vec<(u32, Vec<ObjectId>)> {
+        self.node.read(|store| {
+            self.others()
+                .filter_map(|node| {
+                    let client = principals::peer(node);
+                    if !store.has_references(client) {
+                        return None;
+                    }
+                    let held: Vec<ObjectId> = ids
+                        .iter()
+                        .filter(|id| store.holds(client, id))
+                        .copied()
+                        .collect();
+                    (!held.is_empty()).then_some((node, held))
+                })
+                .collect()
+        })
     }
-    let given_up = cluster.revoke(holders).await;
-    drop_given_up(shared, &given_up);
-}
 
-/// Asks the nodes holding references here to give up their idle loans;
-/// returns whether any did (memory may be free now).
-pub(crate) async fn take_back_idle(shared: &Rc<Shared>) -> bool {
-    let Some(cluster) = shared.cluster.clone() else {
-        return false;
-    };
-    let nodes: Vec<u32> = {
-        let store = shared.store.borrow();
-        (0..cluster.topology.len() as u32)
-            .filter(|&n| n != cluster.me && store.has_references(peer_client(n)))
-            .collect()
-    };
-    if nodes.is_empty() {
-        return false;
+    /// Revokes the loans of deleted ids at the nodes holding references on
+    /// them ([`holders`](Self::holders)), and drops the references of the
+    /// idle loans they gave up. A node that does not answer keeps lending
+    /// until its lease here runs out (docs/cluster.md, "Loans").
+    pub async fn revoke(&self, holders: Vec<(u32, Vec<ObjectId>)>) {
+        if holders.is_empty() {
+            return;
+        }
+        let number = self.revokes_sent.get() + 1;
+        self.revokes_sent.set(number);
+        let calls = holders.into_iter().map(|(node, ids)| async move {
+            let request = RevokeRequest {
+                ids: pack(&ids),
+                number,
+            };
+            let answer = self
+                .peers
+                .call(node, Reach::FailFast, |mut p| async move {
+                    p.revoke(request).await
+                })
+                .await;
+            given_up(node, answer)
+        });
+        let given_up: Vec<_> = join_all(calls).await.into_iter().flatten().collect();
+        self.drop_given_up(&given_up);
     }
-    let given_up = cluster.take_back_idle(nodes).await;
-    drop_given_up(shared, &given_up);
-    !given_up.is_empty()
-}
 
-/// The holders gave these loans up: their references here go.
-fn drop_given_up(shared: &Shared, given_up: &[(u32, ObjectId)]) {
-    if given_up.is_empty() {
-        return;
+    /// Asks the nodes holding references here to give up their idle loans;
+    /// returns whether any did (memory may be free now).
+    pub async fn take_back_idle(&self) -> bool {
+        let nodes: Vec<u32> = self.node.read(|store| {
+            self.others()
+                .filter(|&n| store.has_references(principals::peer(n)))
+                .collect()
+        });
+        if nodes.is_empty() {
+            return false;
+        }
+        let calls = nodes.into_iter().map(|node| async move {
+            let answer = self
+                .peers
+                .call(node, Reach::FailFast, |mut p| async move {
+                    p.give_back(Empty {}).await
+                })
+                .await;
+            given_up(node, answer)
+        });
+        let given_up: Vec<_> = join_all(calls).await.into_iter().flatten().collect();
+        self.drop_given_up(&given_up);
+        !given_up.is_empty()
     }
-    {
-        let mut store = shared.store.borrow_mut();
-        for (node, id) in given_up {
-            if let Err(err) = store.release(peer_client(*node), id) {
-                tracing::debug!(node, %err, "loan given up, reference already gone");
+
+    /// How many Revoke calls this node sent (in Acquire answers: `loans`).
+    pub fn revokes_sent(&self) -> u64 {
+        self.revokes_sent.get()
+    }
+
+    /// The holders gave these loans up: their references here go.
+    fn drop_given_up(&self, given_up: &[(u32, ObjectId)]) {
+        if given_up.is_empty() {
+            return;
+        }
+        self.node.mutate(|store| {
+            for (node, id) in given_up {
+                if let Err(err) = store.release(principals::peer(*node), id) {
+                    tracing::debug!(node, %err, "loan given up, reference already gone");
+                }
             }
-        }
+        });
     }
-    shared.publish();
-    shared.space.notify_waiters();
 }

@@ -22,72 +22,21 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use shoal_cluster::ids::pack;
-use shoal_cluster::proto::{
-    Ids, Location, LookupReply, PublishRequest, RestoreRequest, RestoredRequest, Statuses,
-};
-use shoal_cluster::rebuild::{corrections, Claims, Holding, Readiness, Ready};
-use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::store::ObjectLocation;
+use shoal_cluster::proto::{Ids, Location, PublishRequest, RestoreRequest, RestoredRequest};
+use shoal_cluster::rebuild::{corrections, Holding, Ready};
+use shoal_core::error::{Result, ShoalError};
 use shoal_core::ObjectId;
 use tokio::time::Instant;
 
-use super::{status_error, to_proto, Cluster, ClusterRef, RPC_TIMEOUT};
-use crate::server::Shared;
+use crate::cluster::peers::{Reach, RPC_TIMEOUT};
+use crate::cluster::state::{to_proto, Cluster, Progress, Told};
+use crate::principals;
 
 /// Ids per Restore call.
 const RESTORE_BATCH: usize = 16_384;
 
 /// How often a caller waiting for readiness looks again.
 const READY_POLL: Duration = Duration::from_millis(5);
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Progress {
-    Running,
-    Done,
-    Failed,
-}
-
-/// What this node restored at a peer: for which incarnation, how far.
-#[derive(Clone, Copy, Debug)]
-struct Told {
-    incarnation: u64,
-    progress: Progress,
-}
-
-pub(crate) struct Rebuild {
-    /// This node's own directory: ready to register and look up?
-    pub readiness: Readiness,
-    /// Registrations in flight or not in the store yet (restored too).
-    pub claims: Claims,
-    /// Per peer, the incarnation we restore (or restored) at.
-    told: Vec<Told>,
-    /// Copies orphaned by the end of this node's rebuild, to be dropped.
-    orphans: Vec<(u32, ObjectId)>,
-}
-
-impl Rebuild {
-    pub fn new(nodes: usize, me: u32, lease: Duration) -> Self {
-        Self {
-            readiness: Readiness::new(nodes, me, lease, std::time::Instant::now()),
-            claims: Claims::default(),
-            told: vec![
-                Told {
-                    incarnation: 0,
-                    progress: Progress::Done,
-                };
-                nodes
-            ],
-            orphans: Vec::new(),
-        }
-    }
-}
-
-fn rebuilding(node: u32) -> ShoalError {
-    ShoalError::new(
-        ErrorKind::NodeUnavailable,
-        format!("node {node} is rebuilding its directory after a restart"),
-    )
-}
 
 impl Cluster {
     /// Whether this node's directory can be used: it registers ids and
@@ -128,48 +77,6 @@ impl Cluster {
         }
     }
 
-    /// A lookup at this node as a home; refused while it rebuilds.
-    pub fn local_lookup(&self, ids: &[ObjectId]) -> Result<LookupReply> {
-        if self.directory_ready() {
-            Ok(self.directory_lookup(ids))
-        } else {
-            Err(rebuilding(self.me))
-        }
-    }
-
-    /// A peer's re-registration of what it holds whose home is this node.
-    pub fn directory_restore(
-        &self,
-        from: u32,
-        sealed: &[(ObjectId, ObjectLocation)],
-        pending: &[ObjectId],
-        copies: &[ObjectId],
-    ) -> Statuses {
-        let ids: Vec<ObjectId> = sealed
-            .iter()
-            .map(|(id, _)| *id)
-            .chain(pending.iter().copied())
-            .collect();
-        let locations: Vec<Holding> = sealed
-            .iter()
-            .map(|(_, l)| Some(*l))
-            .chain(pending.iter().map(|_| None))
-            .collect();
-        let ready = self.rebuild.borrow().readiness.is_ready();
-        let mut directory = self.directory.borrow_mut();
-        let codes = directory
-            .restore(&ids, &locations, from)
-            .into_iter()
-            .map(|s| s.map_or(0, |k| u32::from(k.code())))
-            .collect();
-        if ready {
-            directory.add_copies(copies, from);
-        } else {
-            directory.restore_copies(copies, from);
-        }
-        Statuses { codes }
-    }
-
     /// `from` finished restoring for our incarnation `incarnation`.
     pub fn restored_by(&self, from: u32, incarnation: u64) {
         if incarnation == self.incarnation {
@@ -184,10 +91,7 @@ impl Cluster {
     pub fn rebuild_tick(self: &Rc<Self>) {
         self.directory_ready();
         let orphans = std::mem::take(&mut self.rebuild.borrow_mut().orphans);
-        if !orphans.is_empty() {
-            let cluster = self.clone();
-            tokio::task::spawn_local(async move { cluster.send_drops(orphans).await });
-        }
+        self.send_drops_later(orphans);
     }
 
     /// `node` restarted: what its previous incarnation held is gone.
@@ -202,197 +106,202 @@ impl Cluster {
             copies = stale.len(),
             "node {node} restarted: forgot what its previous incarnation held"
         );
-        if !stale.is_empty() {
-            let cluster = self.clone();
-            tokio::task::spawn_local(async move { cluster.send_drops(stale).await });
-        }
+        self.send_drops_later(stale);
     }
-}
 
-/// A heartbeat from `node` at `incarnation` (its references here were
-/// already reclaimed if it restarted). On a new incarnation — first contact
-/// or a restart — restores at it what this node holds whose home it is; a
-/// restore that failed is tried again on the next heartbeat.
-pub(crate) fn heard(shared: &Rc<Shared>, node: u32, incarnation: u64) {
-    let Some(cluster) = shared.cluster.clone() else {
-        return;
-    };
-    let previous = {
-        let mut rebuild = cluster.rebuild.borrow_mut();
-        let Some(told) = rebuild.told.get_mut(node as usize) else {
-            return;
-        };
-        if told.incarnation == incarnation && told.progress != Progress::Failed {
-            return;
-        }
-        let previous = told.incarnation;
-        *told = Told {
-            incarnation,
-            progress: Progress::Running,
-        };
-        previous
-    };
-    if previous != 0 && previous != incarnation {
-        cluster.forget_incarnation(node);
-    }
-    let shared = shared.clone();
-    tokio::task::spawn_local(async move {
-        let outcome = restore(&shared, &cluster, node, incarnation).await;
-        if let Err(err) = &outcome {
-            tracing::warn!(node, %err, "restoring ids at a restarted node failed; retrying");
-        }
-        let mut rebuild = cluster.rebuild.borrow_mut();
-        let told = &mut rebuild.told[node as usize];
-        if told.incarnation == incarnation {
-            told.progress = if outcome.is_ok() {
-                Progress::Done
-            } else {
-                Progress::Failed
+    /// A heartbeat from `node` at `incarnation` (its references here were
+    /// already reclaimed if it restarted). On a new incarnation — first
+    /// contact or a restart — restores at it what this node holds whose home
+    /// it is; a restore that failed is tried again on the next heartbeat.
+    pub fn heard(self: &Rc<Self>, node: u32, incarnation: u64) {
+        let previous = {
+            let mut rebuild = self.rebuild.borrow_mut();
+            let Some(told) = rebuild.told.get_mut(node as usize) else {
+                return;
             };
+            if told.incarnation == incarnation && told.progress != Progress::Failed {
+                return;
+            }
+            let previous = told.incarnation;
+            *told = Told {
+                incarnation,
+                progress: Progress::Running,
+            };
+            previous
+        };
+        if previous != 0 && previous != incarnation {
+            self.forget_incarnation(node);
         }
-    });
-}
-
-/// Whether a restore for `incarnation` of `node` is still wanted.
-fn current(cluster: &Cluster, node: u32, incarnation: u64) -> bool {
-    cluster.rebuild.borrow().told[node as usize].incarnation == incarnation
-}
-
-/// What this node holds whose home is `node`: owned ids (sealed with their
-/// location, or pending: being written, or registered and not created yet)
-/// and ids of network copies.
-fn holdings(
-    shared: &Shared,
-    cluster: &Cluster,
-    node: u32,
-) -> (HashMap<ObjectId, Holding>, Vec<ObjectId>) {
-    let store = shared.store.borrow();
-    let mut owned = HashMap::new();
-    let mut copies = Vec::new();
-    for object in store.list() {
-        if cluster.home(&object.id) != node {
-            continue;
-        }
-        if cluster.is_copy(&object.id) {
-            copies.push(object.id);
-        } else if object.sealed {
-            owned.insert(object.id, Some(object.location));
-        } else if !store.holds(crate::connection::COPY_CLIENT, &object.id) {
-            // (A copy being pulled is not ours to register.)
-            owned.insert(object.id, None);
-        }
+        let cluster = self.clone();
+        self.supervisor.spawn_local("restore", async move {
+            let outcome = cluster.restore(node, incarnation).await;
+            if let Err(err) = &outcome {
+                tracing::warn!(node, %err, "restoring ids at a restarted node failed; retrying");
+            }
+            let mut rebuild = cluster.rebuild.borrow_mut();
+            let told = &mut rebuild.told[node as usize];
+            if told.incarnation == incarnation {
+                told.progress = if outcome.is_ok() {
+                    Progress::Done
+                } else {
+                    Progress::Failed
+                };
+            }
+        });
     }
-    for id in cluster.rebuild.borrow().claims.claimed() {
-        if cluster.home(id) == node {
-            owned.entry(*id).or_insert(None);
-        }
-    }
-    (owned, copies)
-}
 
-/// Restores at `node` (incarnation `incarnation`) what this node holds
-/// whose home it is. `Ok` also when superseded by a newer incarnation.
-async fn restore(shared: &Shared, cluster: &ClusterRef, node: u32, incarnation: u64) -> Result<()> {
-    // Registrations begun before we heard the new incarnation end first: one
-    // the previous incarnation accepted is restored, one that failed is not.
-    let mark = cluster.rebuild.borrow().claims.watermark();
-    let deadline = Instant::now() + 2 * RPC_TIMEOUT;
-    while cluster.rebuild.borrow().claims.in_flight_before(mark) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(2)).await;
+    /// Whether a restore for `incarnation` of `node` is still wanted.
+    fn current(&self, node: u32, incarnation: u64) -> bool {
+        self.rebuild.borrow().told[node as usize].incarnation == incarnation
     }
-    let (sent, copies) = holdings(shared, cluster, node);
-    let mut peer = cluster.peer(node)?;
-    let mut entries: Vec<(ObjectId, Holding)> = sent.iter().map(|(id, h)| (*id, *h)).collect();
-    entries.sort_unstable_by_key(|(id, _)| *id);
-    let mut conflicts = Vec::new();
-    let batches = entries
-        .len()
-        .div_ceil(RESTORE_BATCH)
-        .max(copies.len().div_ceil(RESTORE_BATCH));
-    for batch in 0..batches {
-        if !current(cluster, node, incarnation) {
+
+    /// What this node holds whose home is `node`: owned ids (sealed with
+    /// their location, or pending: being written, or registered and not
+    /// created yet) and ids of network copies.
+    fn holdings(&self, node: u32) -> (HashMap<ObjectId, Holding>, Vec<ObjectId>) {
+        let mut owned = HashMap::new();
+        let mut copies = Vec::new();
+        self.node.read(|store| {
+            for object in store.list() {
+                if self.home(&object.id) != node {
+                    continue;
+                }
+                if self.is_copy(&object.id) {
+                    copies.push(object.id);
+                } else if object.sealed {
+                    owned.insert(object.id, Some(object.location));
+                } else if !store.holds(principals::COPY, &object.id) {
+                    // (A copy being pulled is not ours to register.)
+                    owned.insert(object.id, None);
+                }
+            }
+        });
+        for id in self.rebuild.borrow().claims.claimed() {
+            if self.home(id) == node {
+                owned.entry(*id).or_insert(None);
+            }
+        }
+        (owned, copies)
+    }
+
+    /// Restores at `node` (incarnation `incarnation`) what this node holds
+    /// whose home it is. `Ok` also when superseded by a newer incarnation.
+    async fn restore(&self, node: u32, incarnation: u64) -> Result<()> {
+        // Registrations begun before we heard the new incarnation end first: one
+        // the previous incarnation accepted is restored, one that failed is not.
+        let mark = self.rebuild.borrow().claims.watermark();
+        let deadline = Instant::now() + 2 * RPC_TIMEOUT;
+        while self.rebuild.borrow().claims.in_flight_before(mark) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let (sent, copies) = self.holdings(node);
+        let mut entries: Vec<(ObjectId, Holding)> = sent.iter().map(|(id, h)| (*id, *h)).collect();
+        entries.sort_unstable_by_key(|(id, _)| *id);
+        let mut conflicts = Vec::new();
+        let batches = entries
+            .len()
+            .div_ceil(RESTORE_BATCH)
+            .max(copies.len().div_ceil(RESTORE_BATCH));
+        for batch in 0..batches {
+            if !self.current(node, incarnation) {
+                return Ok(());
+            }
+            let range = |len: usize| {
+                (batch * RESTORE_BATCH).min(len)..((batch + 1) * RESTORE_BATCH).min(len)
+            };
+            let chunk = &entries[range(entries.len())];
+            let (sealed, pending): (Vec<_>, Vec<_>) = chunk.iter().partition(|(_, h)| h.is_some());
+            let ids: Vec<ObjectId> = sealed.iter().chain(&pending).map(|(id, _)| *id).collect();
+            let request = RestoreRequest {
+                incarnation,
+                caller_incarnation: self.incarnation,
+                sealed: pack(&sealed.iter().map(|(id, _)| *id).collect::<Vec<_>>()),
+                locations: sealed
+                    .iter()
+                    .map(|(_, h)| to_proto(h.as_ref().expect("sealed")))
+                    .collect(),
+                pending: pack(&pending.iter().map(|(id, _)| *id).collect::<Vec<_>>()),
+                copies: pack(&copies[range(copies.len())]),
+            };
+            let codes = self
+                .peers
+                .call(
+                    node,
+                    Reach::Try,
+                    |mut p| async move { p.restore(request).await },
+                )
+                .await?
+                .codes;
+            if codes.len() != ids.len() {
+                return Err(ShoalError::protocol(format!(
+                    "node {node} answered {} statuses for {} restored ids",
+                    codes.len(),
+                    ids.len()
+                )));
+            }
+            conflicts.extend(
+                ids.iter()
+                    .zip(&codes)
+                    .filter(|(_, &c)| c != 0)
+                    .map(|(id, _)| *id),
+            );
+        }
+        // Deletes and seals whose Unregister or Publish reached the home before
+        // the Restore did were lost there: tell it again.
+        let (now, _) = self.holdings(node);
+        let (gone, sealed) = corrections(&sent, &now);
+        if !gone.is_empty() {
+            let request = Ids { ids: pack(&gone) };
+            self.peers
+                .call(node, Reach::Try, |mut p| async move {
+                    p.unregister(request).await
+                })
+                .await?;
+        }
+        if !sealed.is_empty() {
+            let ids: Vec<ObjectId> = sealed.iter().map(|(id, _)| *id).collect();
+            let locations: Vec<Location> = sealed.iter().map(|(_, l)| to_proto(l)).collect();
+            let request = PublishRequest {
+                ids: pack(&ids),
+                locations,
+            };
+            self.peers
+                .call(
+                    node,
+                    Reach::Try,
+                    |mut p| async move { p.publish(request).await },
+                )
+                .await?;
+        }
+        if !self.current(node, incarnation) {
             return Ok(());
         }
-        let range =
-            |len: usize| (batch * RESTORE_BATCH).min(len)..((batch + 1) * RESTORE_BATCH).min(len);
-        let chunk = &entries[range(entries.len())];
-        let (sealed, pending): (Vec<_>, Vec<_>) = chunk.iter().partition(|(_, h)| h.is_some());
-        let ids: Vec<ObjectId> = sealed.iter().chain(&pending).map(|(id, _)| *id).collect();
-        let request = RestoreRequest {
-            incarnation,
-            caller_incarnation: cluster.incarnation,
-            sealed: pack(&sealed.iter().map(|(id, _)| *id).collect::<Vec<_>>()),
-            locations: sealed
-                .iter()
-                .map(|(_, h)| to_proto(h.as_ref().expect("sealed")))
-                .collect(),
-            pending: pack(&pending.iter().map(|(id, _)| *id).collect::<Vec<_>>()),
-            copies: pack(&copies[range(copies.len())]),
-        };
-        let codes = peer
-            .restore(request)
-            .await
-            .map_err(|s| status_error(node, s))?
-            .into_inner()
-            .codes;
-        if codes.len() != ids.len() {
-            return Err(ShoalError::protocol(format!(
-                "node {node} answered {} statuses for {} restored ids",
-                codes.len(),
-                ids.len()
-            )));
+        let request = RestoredRequest { incarnation };
+        self.peers
+            .call(node, Reach::Try, |mut p| async move {
+                p.restored(request).await
+            })
+            .await?;
+        if !conflicts.is_empty() {
+            tracing::warn!(
+                node,
+                conflicts = conflicts.len(),
+                first = %conflicts[0],
+                "ids this node owns are registered to another owner at their home; \
+                 they stay readable here but not from other nodes"
+            );
         }
-        conflicts.extend(
-            ids.iter()
-                .zip(&codes)
-                .filter(|(_, &c)| c != 0)
-                .map(|(id, _)| *id),
-        );
+        if sent.is_empty() && copies.is_empty() {
+            tracing::debug!(node, "nothing to restore at a node that started");
+        } else {
+            tracing::info!(
+                node,
+                ids = sent.len(),
+                copies = copies.len(),
+                corrected = gone.len() + sealed.len(),
+                "restored the directory entries of a node that started"
+            );
+        }
+        Ok(())
     }
-    // Deletes and seals whose Unregister or Publish reached the home before
-    // the Restore did were lost there: tell it again.
-    let (now, _) = holdings(shared, cluster, node);
-    let (gone, sealed) = corrections(&sent, &now);
-    if !gone.is_empty() {
-        peer.unregister(Ids { ids: pack(&gone) })
-            .await
-            .map_err(|s| status_error(node, s))?;
-    }
-    if !sealed.is_empty() {
-        let ids: Vec<ObjectId> = sealed.iter().map(|(id, _)| *id).collect();
-        let locations: Vec<Location> = sealed.iter().map(|(_, l)| to_proto(l)).collect();
-        peer.publish(PublishRequest {
-            ids: pack(&ids),
-            locations,
-        })
-        .await
-        .map_err(|s| status_error(node, s))?;
-    }
-    if !current(cluster, node, incarnation) {
-        return Ok(());
-    }
-    peer.restored(RestoredRequest { incarnation })
-        .await
-        .map_err(|s| status_error(node, s))?;
-    if !conflicts.is_empty() {
-        tracing::warn!(
-            node,
-            conflicts = conflicts.len(),
-            first = %conflicts[0],
-            "ids this node owns are registered to another owner at their home; \
-             they stay readable here but not from other nodes"
-        );
-    }
-    if sent.is_empty() && copies.is_empty() {
-        tracing::debug!(node, "nothing to restore at a node that started");
-    } else {
-        tracing::info!(
-            node,
-            ids = sent.len(),
-            copies = copies.len(),
-            corrected = gone.len() + sealed.len(),
-            "restored the directory entries of a node that started"
-        );
-    }
-    Ok(())
 }

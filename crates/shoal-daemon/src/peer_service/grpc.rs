@@ -1,4 +1,4 @@
-//! The peer RPC server: tonic handlers turn each call into a [`PeerCall`]
+//! The peer RPC server: tonic handlers turn each call into a `PeerCall`
 //! for the daemon's single store thread, which answers through a oneshot.
 //! Handlers never touch the store themselves (it lives on the daemon's
 //! current-thread runtime, unshared), so the gRPC side needs no locks.
@@ -12,121 +12,14 @@ use shoal_cluster::proto::{
     Statuses,
 };
 use shoal_core::store::ObjectLocation;
-use shoal_core::ObjectId;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
-use shoal_cluster::auth::caller_node;
+use shoal_cluster::auth::verified_peer;
 
-/// One peer request, for the store thread.
-pub(crate) enum PeerCall {
-    Heartbeat {
-        from: u32,
-        incarnation: u64,
-        reply: oneshot::Sender<HeartbeatReply>,
-    },
-    Register {
-        ids: Vec<ObjectId>,
-        owner: u32,
-        /// The owner's incarnation (0: unknown).
-        incarnation: u64,
-        reply: oneshot::Sender<Statuses>,
-    },
-    Unregister {
-        ids: Vec<ObjectId>,
-        owner: u32,
-    },
-    Publish {
-        ids: Vec<ObjectId>,
-        locations: Vec<ObjectLocation>,
-        owner: u32,
-        reply: oneshot::Sender<()>,
-    },
-    /// Refused (the error) while this node's directory is being rebuilt.
-    Lookup {
-        ids: Vec<ObjectId>,
-        reply: oneshot::Sender<Result<LookupReply, Status>>,
-    },
-    /// A peer re-registers what it holds whose home is this node.
-    Restore {
-        from: u32,
-        /// The caller's incarnation (0: unknown).
-        incarnation: u64,
-        sealed: Vec<(ObjectId, ObjectLocation)>,
-        pending: Vec<ObjectId>,
-        copies: Vec<ObjectId>,
-        reply: oneshot::Sender<Statuses>,
-    },
-    /// A peer finished restoring for our incarnation `incarnation`.
-    Restored {
-        from: u32,
-        incarnation: u64,
-    },
-    Acquire {
-        ids: Vec<ObjectId>,
-        from: u32,
-        /// The caller's incarnation (0: unknown).
-        incarnation: u64,
-        reply: oneshot::Sender<AcquireReply>,
-    },
-    Release {
-        ids: Vec<ObjectId>,
-        from: u32,
-    },
-    Delete {
-        ids: Vec<ObjectId>,
-        reply: oneshot::Sender<Statuses>,
-    },
-    /// The owner `from` deleted these ids: stop lending them (`loans`).
-    Revoke {
-        ids: Vec<ObjectId>,
-        number: u64,
-        from: u32,
-        reply: oneshot::Sender<Vec<ObjectId>>,
-    },
-    /// The owner `from` is short of space: give up idle loans.
-    GiveBack {
-        from: u32,
-        reply: oneshot::Sender<Vec<ObjectId>>,
-    },
-    Allocate {
-        specs: Vec<(ObjectId, u64, u32)>,
-        timeout_ms: u32,
-        from: u32,
-        /// The caller's incarnation (0: unknown).
-        incarnation: u64,
-        reply: oneshot::Sender<AllocateReply>,
-    },
-    Seal {
-        ids: Vec<ObjectId>,
-        release: bool,
-        from: u32,
-        reply: oneshot::Sender<Outcome>,
-    },
-    Abort {
-        ids: Vec<ObjectId>,
-        from: u32,
-        reply: oneshot::Sender<Outcome>,
-    },
-    Cached {
-        ids: Vec<ObjectId>,
-        owner: u32,
-        locations: Vec<ObjectLocation>,
-        from: u32,
-        reply: oneshot::Sender<Statuses>,
-    },
-    Drop {
-        ids: Vec<ObjectId>,
-    },
-    Status {
-        reply: oneshot::Sender<NodeStatus>,
-    },
-    List {
-        reply: oneshot::Sender<ListReply>,
-    },
-}
+use crate::peer_service::calls::PeerCall;
 
-pub(crate) struct PeerService {
+pub struct PeerService {
     pub calls: mpsc::Sender<PeerCall>,
 }
 
@@ -161,7 +54,7 @@ impl Peer for PeerService {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatReply>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let incarnation = request.into_inner().incarnation;
         self.ask(|reply| PeerCall::Heartbeat {
             from,
@@ -176,7 +69,7 @@ impl Peer for PeerService {
         &self,
         request: Request<RegisterRequest>,
     ) -> Result<Response<Statuses>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let request = request.into_inner();
         if request.owner != from {
             return Err(Status::permission_denied(
@@ -196,14 +89,14 @@ impl Peer for PeerService {
     }
 
     async fn unregister(&self, request: Request<Ids>) -> Result<Response<Empty>, Status> {
-        let owner = caller_node(request.metadata())?;
+        let owner = verified_peer(&request)?;
         let ids = unpack(&request.into_inner().ids)?;
         self.tell(PeerCall::Unregister { ids, owner }).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn publish(&self, request: Request<PublishRequest>) -> Result<Response<Empty>, Status> {
-        let owner = caller_node(request.metadata())?;
+        let owner = verified_peer(&request)?;
         let request = request.into_inner();
         let ids = unpack(&request.ids)?;
         if ids.len() != request.locations.len() {
@@ -234,7 +127,7 @@ impl Peer for PeerService {
         &self,
         request: Request<RestoreRequest>,
     ) -> Result<Response<Statuses>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let request = request.into_inner();
         let sealed_ids = unpack(&request.sealed)?;
         if sealed_ids.len() != request.locations.len() {
@@ -262,7 +155,7 @@ impl Peer for PeerService {
     }
 
     async fn restored(&self, request: Request<RestoredRequest>) -> Result<Response<Empty>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let incarnation = request.into_inner().incarnation;
         self.tell(PeerCall::Restored { from, incarnation }).await?;
         Ok(Response::new(Empty {}))
@@ -272,7 +165,7 @@ impl Peer for PeerService {
         &self,
         request: Request<AcquireRequest>,
     ) -> Result<Response<AcquireReply>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let request = request.into_inner();
         let ids = unpack(&request.ids)?;
         let incarnation = request.incarnation;
@@ -287,7 +180,7 @@ impl Peer for PeerService {
     }
 
     async fn release(&self, request: Request<Ids>) -> Result<Response<Empty>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let ids = unpack(&request.into_inner().ids)?;
         self.tell(PeerCall::Release { ids, from }).await?;
         Ok(Response::new(Empty {}))
@@ -301,7 +194,7 @@ impl Peer for PeerService {
     }
 
     async fn revoke(&self, request: Request<RevokeRequest>) -> Result<Response<Ids>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let request = request.into_inner();
         let ids = unpack(&request.ids)?;
         let number = request.number;
@@ -319,7 +212,7 @@ impl Peer for PeerService {
     }
 
     async fn give_back(&self, request: Request<Empty>) -> Result<Response<Ids>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let dropped = self.ask(|reply| PeerCall::GiveBack { from, reply }).await?;
         Ok(Response::new(Ids {
             ids: pack(&dropped),
@@ -330,7 +223,7 @@ impl Peer for PeerService {
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateReply>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let request = request.into_inner();
         let ids = unpack(&request.ids)?;
         if request.data_sizes.len() != ids.len() || request.meta_sizes.len() != ids.len() {
@@ -355,7 +248,7 @@ impl Peer for PeerService {
     }
 
     async fn seal(&self, request: Request<SealRequest>) -> Result<Response<Outcome>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let request = request.into_inner();
         let ids = unpack(&request.ids)?;
         let release = request.release;
@@ -370,7 +263,7 @@ impl Peer for PeerService {
     }
 
     async fn abort(&self, request: Request<Ids>) -> Result<Response<Outcome>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let ids = unpack(&request.into_inner().ids)?;
         self.ask(|reply| PeerCall::Abort { ids, from, reply })
             .await
@@ -378,7 +271,7 @@ impl Peer for PeerService {
     }
 
     async fn cached(&self, request: Request<CachedRequest>) -> Result<Response<Statuses>, Status> {
-        let from = caller_node(request.metadata())?;
+        let from = verified_peer(&request)?;
         let request = request.into_inner();
         let ids = unpack(&request.ids)?;
         if request.locations.len() != ids.len() {

@@ -1,0 +1,114 @@
+//! As a home node: the directory of the ids homed here (who owns each,
+//! where it is sealed, which nodes keep copies). Refused while this node's
+//! own directory is being rebuilt after a restart (`rebuild.rs`).
+
+use shoal_cluster::proto::{Entry, LookupReply, Statuses};
+use shoal_cluster::rebuild::Holding;
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::store::ObjectLocation;
+use shoal_core::ObjectId;
+
+use crate::cluster::state::{to_proto, Cluster};
+
+fn codes(statuses: Vec<Option<ErrorKind>>) -> Statuses {
+    Statuses {
+        codes: statuses
+            .into_iter()
+            .map(|s| s.map_or(0, |k| u32::from(k.code())))
+            .collect(),
+    }
+}
+
+pub fn rebuilding(node: u32) -> ShoalError {
+    ShoalError::new(
+        ErrorKind::NodeUnavailable,
+        format!("node {node} is rebuilding its directory after a restart"),
+    )
+}
+
+impl Cluster {
+    /// Claims ids for `owner`; per id a status (`ObjectExists` if another
+    /// node claimed it; `NodeUnavailable` while rebuilding).
+    pub fn directory_register(&self, ids: &[ObjectId], owner: u32) -> Statuses {
+        if !self.directory_ready() {
+            // Ids held elsewhere may not be restored here yet.
+            let code = u32::from(ErrorKind::NodeUnavailable.code());
+            return Statuses {
+                codes: vec![code; ids.len()],
+            };
+        }
+        codes(self.directory.borrow_mut().register(ids, owner))
+    }
+
+    /// Forgets the ids; returns the copies (node, id) that must be dropped.
+    pub fn directory_unregister(&self, ids: &[ObjectId], owner: u32) -> Vec<(u32, ObjectId)> {
+        self.directory.borrow_mut().unregister(ids, owner)
+    }
+
+    pub fn directory_add_checked_copies(
+        &self,
+        ids: &[ObjectId],
+        owner: u32,
+        locations: &[ObjectLocation],
+        node: u32,
+    ) -> Vec<bool> {
+        self.directory
+            .borrow_mut()
+            .add_checked_copies(ids, owner, locations, node)
+    }
+
+    pub fn directory_publish(&self, ids: &[ObjectId], locations: &[ObjectLocation], owner: u32) {
+        self.directory.borrow_mut().publish(ids, locations, owner);
+    }
+
+    /// A lookup at this node as a home; refused while it rebuilds.
+    pub fn local_lookup(&self, ids: &[ObjectId]) -> Result<LookupReply> {
+        if !self.directory_ready() {
+            return Err(rebuilding(self.me));
+        }
+        let directory = self.directory.borrow();
+        Ok(LookupReply {
+            entries: ids
+                .iter()
+                .map(|id| match directory.lookup(id) {
+                    Some(e) => Entry {
+                        known: true,
+                        owner: e.owner,
+                        sealed: e.sealed.is_some(),
+                        location: e.sealed.as_ref().map(to_proto),
+                    },
+                    None => Entry::default(),
+                })
+                .collect(),
+        })
+    }
+
+    /// A peer's re-registration of what it holds whose home is this node.
+    pub fn directory_restore(
+        &self,
+        from: u32,
+        sealed: &[(ObjectId, ObjectLocation)],
+        pending: &[ObjectId],
+        copies: &[ObjectId],
+    ) -> Statuses {
+        let ids: Vec<ObjectId> = sealed
+            .iter()
+            .map(|(id, _)| *id)
+            .chain(pending.iter().copied())
+            .collect();
+        let locations: Vec<Holding> = sealed
+            .iter()
+            .map(|(_, l)| Some(*l))
+            .chain(pending.iter().map(|_| None))
+            .collect();
+        let ready = self.rebuild.borrow().readiness.is_ready();
+        let mut directory = self.directory.borrow_mut();
+        let statuses = directory.restore(&ids, &locations, from);
+        if ready {
+            directory.add_copies(copies, from);
+        } else {
+            directory.restore_copies(copies, from);
+        }
+        codes(statuses)
+    }
+}

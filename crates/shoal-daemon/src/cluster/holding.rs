@@ -1,0 +1,112 @@
+//! As a holder: the references this node's clients hold on other nodes'
+//! objects, and the loans among them (`loans.rs` has the logic).
+
+use shoal_core::object_table::ClientId;
+use shoal_core::ObjectId;
+
+use crate::cluster::state::Cluster;
+
+impl Cluster {
+    /// Drops one of `client`'s remote references per id; returns the
+    /// (owner, id) references to release at the owners now (a loan's
+    /// reference stays while it lingers).
+    pub fn unhold(&self, client: ClientId, ids: &[ObjectId]) -> Vec<(u32, ObjectId)> {
+        self.loans.borrow_mut().release(client, ids)
+    }
+
+    /// As [`unhold`](Self::unhold); ids `client` holds no remote reference
+    /// to go to `local` (objects of this node).
+    pub fn unhold_remote(
+        &self,
+        client: ClientId,
+        ids: &[ObjectId],
+        local: impl FnMut(&ObjectId),
+    ) -> Vec<(u32, ObjectId)> {
+        self.loans.borrow_mut().release_held(client, ids, local)
+    }
+
+    /// Every remote reference of a client that disconnected, to release now.
+    pub fn drop_client(&self, client: ClientId) -> Vec<(u32, ObjectId)> {
+        self.loans.borrow_mut().drop_client(client)
+    }
+
+    /// Loans this node holds (in use or lingering), for `cluster status`.
+    pub fn loans_held(&self) -> usize {
+        self.loans.borrow().len()
+    }
+
+    /// Forgets the loans on owners that have not answered a heartbeat for
+    /// three quarters of a lease: our lease there may run out before we
+    /// hear from them again (`Loans::owner_lost`). Every heartbeat tick.
+    pub fn forget_loans_of_silent_owners(&self) {
+        let mut loans = self.loans.borrow_mut();
+        if loans.len() == 0 {
+            return;
+        }
+        let limit = self.topology.lease * 3 / 4;
+        for (node, answered) in self.peers.last_answers().iter().enumerate() {
+            if answered.is_some_and(|t| t.elapsed() > limit) {
+                let lost = loans.owner_lost(node as u32);
+                if lost > 0 {
+                    tracing::warn!(
+                        node,
+                        lost,
+                        "forgot the loans on a node that stopped answering"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Loans idle past the linger, to release now (every heartbeat tick).
+    pub fn expired_loans(&self) -> Vec<(u32, ObjectId)> {
+        self.loans.borrow_mut().expired()
+    }
+
+    /// The owner `from` deleted `ids` (its revoke `number`); returns the ids
+    /// whose idle loans were given up.
+    pub fn revoked(&self, from: u32, number: u64, ids: &[ObjectId]) -> Vec<ObjectId> {
+        self.loans.borrow_mut().revoke(from, number, ids)
+    }
+
+    /// The owner `from` is short of space.
+    pub fn give_back_idle(&self, from: u32) -> Vec<ObjectId> {
+        self.loans.borrow_mut().give_back_idle(from)
+    }
+}
+
+impl Cluster {
+    /// Sends releases to owners (one call per owner). A release that fails
+    /// is reclaimed by the owner's lease on our references.
+    pub async fn release(&self, refs: Vec<(u32, ObjectId)>) {
+        use crate::cluster::peers::{join_all, pairs_by_node, Reach};
+        let calls = pairs_by_node(refs)
+            .into_iter()
+            .map(|(owner, ids)| async move {
+                let request = shoal_cluster::proto::Ids {
+                    ids: shoal_cluster::ids::pack(&ids),
+                };
+                let outcome = self
+                    .peers
+                    .call(owner, Reach::Try, |mut p| async move {
+                        p.release(request).await
+                    })
+                    .await;
+                if let Err(err) = outcome {
+                    tracing::debug!(owner, %err, "release failed");
+                }
+            });
+        join_all(calls).await;
+    }
+
+    /// [`release`](Self::release) in the background (a client's release is
+    /// answered without waiting for the owners).
+    pub fn release_later(self: &std::rc::Rc<Self>, refs: Vec<(u32, ObjectId)>) {
+        if refs.is_empty() {
+            return;
+        }
+        let cluster = self.clone();
+        self.supervisor
+            .spawn_local("release", async move { cluster.release(refs).await });
+    }
+}

@@ -1,0 +1,101 @@
+//! Heartbeats and leases. Every node heartbeats every peer; a peer's
+//! heartbeats renew its lease on the references it holds here, and a lease
+//! that runs out (the peer died or is cut off) or a new incarnation (it
+//! restarted) drops them. The same tick returns idle loans, forgets loans of
+//! silent owners and drives the directory rebuild.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use shoal_cluster::proto::{HeartbeatReply, HeartbeatRequest};
+
+use crate::cluster::peers::Reach;
+use crate::cluster::state::Cluster;
+use crate::principals;
+
+impl Cluster {
+    pub fn heartbeat_reply(&self) -> HeartbeatReply {
+        HeartbeatReply {
+            node: self.me,
+            incarnation: self.incarnation,
+        }
+    }
+
+    /// One heartbeat to `node`, bounded by half a lease (so a peer that
+    /// hangs is declared down well before our lease at it runs out);
+    /// records whether it answered.
+    async fn heartbeat(&self, node: u32) {
+        let request = HeartbeatRequest {
+            node: self.me,
+            incarnation: self.incarnation,
+        };
+        let call = self.peers.call(node, Reach::Try, |mut p| async move {
+            p.heartbeat(request).await
+        });
+        let ok = matches!(
+            tokio::time::timeout(self.topology.lease / 2, call).await,
+            Ok(Ok(_))
+        );
+        if ok {
+            self.peers.answered(node);
+            // Before it counts as alive again (so before any create here can
+            // claim those ids there anew).
+            self.unregister_missed(node).await;
+        }
+        self.peers.heartbeat_answered(node, ok);
+        self.heartbeats_sent.set(self.heartbeats_sent.get() + 1);
+        self.rebuild.borrow_mut().readiness.heartbeat(node, ok);
+    }
+
+    /// The heartbeat loop, run under the supervisor for the daemon's life.
+    /// Each peer's heartbeats run on their own task, so a slow peer never
+    /// delays the others'.
+    pub async fn run_heartbeats(self: Rc<Self>) {
+        let mut ticker = tokio::time::interval(self.topology.heartbeat);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let in_flight = Rc::new(RefCell::new(vec![false; self.topology.len()]));
+        loop {
+            ticker.tick().await;
+            for node in self.others() {
+                if std::mem::replace(&mut in_flight.borrow_mut()[node as usize], true) {
+                    continue; // the previous heartbeat to it is still waiting
+                }
+                let (cluster, in_flight) = (self.clone(), in_flight.clone());
+                self.supervisor.spawn_local("heartbeat", async move {
+                    cluster.heartbeat(node).await;
+                    in_flight.borrow_mut()[node as usize] = false;
+                });
+            }
+            for node in self.peers.expired_leases() {
+                self.reclaim_references_of(node, "its lease expired");
+            }
+            self.forget_loans_of_silent_owners();
+            let expired = self.expired_loans();
+            self.release_later(expired);
+            self.rebuild_tick();
+        }
+    }
+
+    /// Drops every reference `node` holds here (it died or restarted).
+    fn reclaim_references_of(&self, node: u32, why: &str) {
+        let client = principals::peer(node);
+        self.node.mutate(|store| {
+            store.disconnect(client);
+            store.register_client(client);
+        });
+        tracing::warn!(node, "released the references node {node} held: {why}");
+    }
+
+    /// `from` is alive at `incarnation` (0: unknown, ignored): renews its
+    /// lease; if the incarnation is new, drops its references here (it
+    /// restarted) and lets the directory rebuild deal with it.
+    pub fn heard_incarnation(self: &Rc<Self>, from: u32, incarnation: u64) {
+        if incarnation == 0 {
+            return;
+        }
+        if self.peers.heard_from(from, incarnation) {
+            self.reclaim_references_of(from, "it restarted");
+        }
+        self.heard(from, incarnation);
+    }
+}

@@ -1,0 +1,263 @@
+//! The other nodes as this node calls them: one gRPC client each, what we
+//! know of their liveness, and the one choke point every peer call goes
+//! through ([`PeerSet::call`]): reachability, the timeout, status → error
+//! mapping, and the fan-out of ids grouped by node. Per-RPC metrics and
+//! per-node credentials hook in here.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use shoal_cluster::auth::Credentials;
+use shoal_cluster::proto::peer_client::PeerClient;
+use shoal_cluster::Topology;
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::ObjectId;
+use tokio::time::Instant;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+/// How long one peer call may take before the peer counts as unavailable.
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub type PeerRpc = PeerClient<InterceptedService<Channel, Credentials>>;
+
+#[derive(Default, Clone, Copy)]
+pub struct PeerSeen {
+    /// Last call or heartbeat heard from it (its lease on what it holds here).
+    pub last: Option<Instant>,
+    pub incarnation: u64,
+}
+
+pub struct PeerSet {
+    me: u32,
+    lease: Duration,
+    rpcs: Vec<Option<PeerRpc>>,
+    /// Heartbeats and calls heard from each peer.
+    seen: RefCell<Vec<PeerSeen>>,
+    /// Whether each peer answered our last heartbeat; `None` until it first
+    /// answers (a peer that is still starting is called, not skipped).
+    alive: RefCell<Vec<Option<bool>>>,
+    /// When each peer last answered us: it had heard from us, so our lease
+    /// there (and every reference we hold there) ran at least until then
+    /// plus a lease.
+    answered: RefCell<Vec<Option<Instant>>>,
+}
+
+pub fn status_error(node: u32, status: tonic::Status) -> ShoalError {
+    let kind = match status.code() {
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => ErrorKind::Protocol,
+        tonic::Code::InvalidArgument => ErrorKind::InvalidArgument,
+        _ => ErrorKind::NodeUnavailable,
+    };
+    ShoalError::new(kind, format!("node {node}: {}", status.message()))
+}
+
+/// Groups ids (by position) by a key node, in node order.
+pub fn by_node(ids: &[ObjectId], key: impl Fn(&ObjectId) -> u32) -> Vec<(u32, Vec<usize>)> {
+    let mut groups: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (i, id) in ids.iter().enumerate() {
+        groups.entry(key(id)).or_default().push(i);
+    }
+    let mut groups: Vec<_> = groups.into_iter().collect();
+    groups.sort_unstable_by_key(|(node, _)| *node);
+    groups
+}
+
+/// Groups (node, id) pairs by node.
+pub fn pairs_by_node(pairs: Vec<(u32, ObjectId)>) -> Vec<(u32, Vec<ObjectId>)> {
+    let mut groups: HashMap<u32, Vec<ObjectId>> = HashMap::new();
+    for (node, id) in pairs {
+        groups.entry(node).or_default().push(id);
+    }
+    let mut groups: Vec<_> = groups.into_iter().collect();
+    groups.sort_unstable_by_key(|(node, _)| *node);
+    groups
+}
+
+/// Runs futures concurrently on the current task (peer calls to different
+/// nodes overlap; the store thread never blocks on one slow peer).
+pub async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    futures_util::future::join_all(futures).await
+}
+
+/// How [`PeerSet::call`] treats a peer known to be down.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Fail at once (a call a client waits on).
+    FailFast,
+    /// Try anyway (releases, aborts, heartbeats: the peer may be back).
+    Try,
+}
+
+impl PeerSet {
+    pub fn new(topology: &Topology, me: u32) -> Result<Self> {
+        let credentials = Credentials::new(&topology.token, me)?;
+        let mut rpcs = Vec::with_capacity(topology.len());
+        for node in &topology.nodes {
+            if node.id == me {
+                rpcs.push(None);
+                continue;
+            }
+            let endpoint = Endpoint::from_shared(format!("http://{}", node.rpc))
+                .map_err(|e| ShoalError::invalid(format!("node {}: {e}", node.id)))?
+                .connect_timeout(RPC_TIMEOUT)
+                .timeout(RPC_TIMEOUT)
+                .tcp_nodelay(true)
+                // A connection whose peer stops answering (a partition) is
+                // dropped after half a lease without a ping answer, so the
+                // channel reconnects as soon as the peer is reachable again
+                // instead of waiting out TCP's retransmission backoff.
+                .http2_keep_alive_interval(topology.lease / 4)
+                .keep_alive_timeout(topology.lease / 2)
+                .keep_alive_while_idle(true);
+            let channel = endpoint.connect_lazy();
+            rpcs.push(Some(
+                PeerClient::with_interceptor(channel, credentials.clone())
+                    .max_decoding_message_size(64 << 20)
+                    .max_encoding_message_size(64 << 20),
+            ));
+        }
+        let n = topology.len();
+        Ok(Self {
+            me,
+            lease: topology.lease,
+            rpcs,
+            seen: RefCell::new(vec![PeerSeen::default(); n]),
+            alive: RefCell::new(vec![None; n]),
+            answered: RefCell::new(vec![None; n]),
+        })
+    }
+
+    fn rpc(&self, node: u32) -> Result<PeerRpc> {
+        self.rpcs
+            .get(node as usize)
+            .and_then(Clone::clone)
+            .ok_or_else(|| ShoalError::invalid(format!("node {node} is not a peer")))
+    }
+
+    /// A peer for a call a client waits on. One that answered heartbeats and
+    /// then stopped (down, or cut off by a partition) fails at once instead
+    /// of after the RPC timeout, until a heartbeat gets through again.
+    pub fn reachable(&self, node: u32) -> Result<PeerRpc> {
+        // Not on one failed heartbeat alone: the first call on a connection
+        // to a restarted peer fails too. A peer we heard from within half a
+        // lease is tried; a cut-off one is silent both ways.
+        let heard = self
+            .seen
+            .borrow()
+            .get(node as usize)
+            .is_some_and(|s| s.last.is_some_and(|t| t.elapsed() < self.lease / 2));
+        if !heard && self.alive.borrow().get(node as usize) == Some(&Some(false)) {
+            return Err(ShoalError::new(
+                ErrorKind::NodeUnavailable,
+                format!("node {node} is not answering heartbeats"),
+            ));
+        }
+        self.rpc(node)
+    }
+
+    /// One call to `node`: `request` gets a client and sends; a refused or
+    /// failed call comes back as a typed error naming the node.
+    pub async fn call<T, Fut>(
+        &self,
+        node: u32,
+        reach: Reach,
+        request: impl FnOnce(PeerRpc) -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let rpc = match reach {
+            Reach::FailFast => self.reachable(node)?,
+            Reach::Try => self.rpc(node)?,
+        };
+        request(rpc)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| status_error(node, status))
+    }
+
+    // -- liveness ---------------------------------------------------------
+
+    pub fn is_alive(&self, node: u32) -> bool {
+        node == self.me || self.alive.borrow().get(node as usize) == Some(&Some(true))
+    }
+
+    /// Whether `node` is known down (missed our last heartbeat).
+    pub fn known_down(&self, node: u32) -> bool {
+        self.alive.borrow().get(node as usize) == Some(&Some(false))
+    }
+
+    /// `node` answered a call of ours just now.
+    pub fn answered(&self, node: u32) {
+        if let Some(slot) = self.answered.borrow_mut().get_mut(node as usize) {
+            *slot = Some(Instant::now());
+        }
+    }
+
+    /// When each peer last answered us.
+    pub fn last_answers(&self) -> Vec<Option<Instant>> {
+        self.answered.borrow().clone()
+    }
+
+    /// Records our heartbeat's outcome; logs a change of state.
+    pub fn heartbeat_answered(&self, node: u32, ok: bool) {
+        let mut alive = self.alive.borrow_mut();
+        let was = alive[node as usize];
+        if ok && was != Some(true) {
+            tracing::info!(node, "peer is up");
+        } else if !ok && was == Some(true) {
+            tracing::warn!(node, "peer is not answering");
+        }
+        // A peer that never answered stays unknown (still starting).
+        alive[node as usize] = if ok { Some(true) } else { was.map(|_| false) };
+    }
+
+    /// A peer's heartbeat. Returns whether its references here must be
+    /// dropped (it restarted: a new incarnation).
+    pub fn heard_from(&self, node: u32, incarnation: u64) -> bool {
+        let mut seen = self.seen.borrow_mut();
+        let Some(entry) = seen.get_mut(node as usize) else {
+            return false;
+        };
+        let restarted = entry.incarnation != 0 && entry.incarnation != incarnation;
+        entry.incarnation = incarnation;
+        entry.last = Some(Instant::now());
+        if restarted {
+            // A new process: whatever our heartbeats saw of the old one (down)
+            // says nothing of it, so calls to it are tried again at once.
+            self.alive.borrow_mut()[node as usize] = None;
+        }
+        restarted
+    }
+
+    /// Any call from a peer shows it is alive: a node that takes references
+    /// here is under a lease from then on, even if its heartbeats have not
+    /// reached us yet (or its earlier lease already expired).
+    pub fn touch(&self, node: u32) {
+        if let Some(entry) = self.seen.borrow_mut().get_mut(node as usize) {
+            entry.last = Some(Instant::now());
+        }
+    }
+
+    /// The incarnation of `node` we last heard (0: none yet).
+    pub fn incarnation_of(&self, node: u32) -> Option<u64> {
+        self.seen.borrow().get(node as usize).map(|s| s.incarnation)
+    }
+
+    /// Peers whose lease ran out since their last heartbeat (their references
+    /// here are to be dropped). Each is reported once.
+    pub fn expired_leases(&self) -> Vec<u32> {
+        let mut seen = self.seen.borrow_mut();
+        let mut expired = Vec::new();
+        for (node, entry) in seen.iter_mut().enumerate() {
+            if entry.last.is_some_and(|t| t.elapsed() > self.lease) {
+                entry.last = None;
+                expired.push(node as u32);
+            }
+        }
+        expired
+    }
+}

@@ -1,0 +1,188 @@
+//! As an owner: claiming ids at their homes before creating them,
+//! publishing where they are sealed, and giving them up when they go.
+
+use shoal_cluster::ids::pack;
+use shoal_cluster::proto::{Ids, PublishRequest, RegisterRequest};
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::store::ObjectLocation;
+use shoal_core::ObjectId;
+
+use crate::cluster::peers::{by_node, join_all, Reach};
+use crate::cluster::state::{to_proto, Cluster};
+
+impl Cluster {
+    /// Registers ids for this node at their homes, all or none.
+    pub async fn register(&self, ids: &[ObjectId]) -> Result<()> {
+        // A starting node claims nothing before its peers heard it started.
+        self.until_ready().await;
+        let ticket = self.rebuild.borrow_mut().claims.begin();
+        let result = self.register_at_homes(ids).await;
+        let claimed = if result.is_ok() { ids } else { &[] };
+        self.rebuild.borrow_mut().claims.end(ticket, claimed);
+        result
+    }
+
+    async fn register_at_homes(&self, ids: &[ObjectId]) -> Result<()> {
+        let groups = by_node(ids, |id| self.home(id));
+        let calls = groups.iter().map(|(home, positions)| {
+            let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+            async move {
+                let codes = if *home == self.me {
+                    self.directory_register(&group, self.me).codes
+                } else {
+                    let request = RegisterRequest {
+                        ids: pack(&group),
+                        owner: self.me,
+                        incarnation: self.incarnation,
+                    };
+                    self.peers
+                        .call(*home, Reach::FailFast, |mut p| async move {
+                            p.register(request).await
+                        })
+                        .await?
+                        .codes
+                };
+                Ok::<_, ShoalError>((*home, group, codes))
+            }
+        });
+        let mut failure = None;
+        let mut registered = Vec::new();
+        for result in join_all(calls).await {
+            match result {
+                Ok((home, group, codes)) => {
+                    if let Some(pos) = codes.iter().position(|&c| c != 0) {
+                        let kind = ErrorKind::from_code(codes[pos] as u16)
+                            .unwrap_or(ErrorKind::ObjectExists);
+                        let message = if kind == ErrorKind::NodeUnavailable {
+                            format!("node {home} is rebuilding its directory after a restart")
+                        } else {
+                            format!("object {} already exists in the cluster", group[pos])
+                        };
+                        failure.get_or_insert(ShoalError::new(kind, message));
+                    } else {
+                        // Claimed anew: an unregister it missed must not free them.
+                        if let Some(missed) = self.unregister_later.borrow_mut().get_mut(&home) {
+                            for id in &group {
+                                missed.remove(id);
+                            }
+                        }
+                        registered.extend(group);
+                    }
+                }
+                Err(err) => {
+                    failure.get_or_insert(err);
+                }
+            }
+        }
+        match failure {
+            None => Ok(()),
+            Some(err) => {
+                self.unregister(&registered).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// Unregisters ids this node no longer holds (a home that does not
+    /// answer is told again when it answers a heartbeat).
+    pub async fn unregister(&self, ids: &[ObjectId]) {
+        if ids.is_empty() {
+            return;
+        }
+        self.rebuild.borrow_mut().claims.settle(ids);
+        let groups = by_node(ids, |id| self.home(id));
+        let calls = groups.into_iter().map(|(home, positions)| {
+            let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+            async move {
+                if home == self.me {
+                    let stale = self.directory_unregister(&group, self.me);
+                    self.send_drops(stale).await;
+                    return;
+                }
+                let request = Ids { ids: pack(&group) };
+                let outcome = self
+                    .peers
+                    .call(home, Reach::FailFast, |mut p| async move {
+                        p.unregister(request).await
+                    })
+                    .await;
+                if let Err(err) = outcome {
+                    tracing::debug!(home, %err, "unregister failed; sent again when the home answers");
+                    let mut later = self.unregister_later.borrow_mut();
+                    later.entry(home).or_default().extend(group);
+                }
+            }
+        });
+        join_all(calls).await;
+    }
+
+    /// Sends `home` the unregisters it missed (kept for the next heartbeat
+    /// if it fails again).
+    pub async fn unregister_missed(&self, home: u32) {
+        let Some(ids) = self.unregister_later.borrow_mut().remove(&home) else {
+            return;
+        };
+        let ids: Vec<ObjectId> = ids.into_iter().collect();
+        let request = Ids { ids: pack(&ids) };
+        let outcome = self
+            .peers
+            .call(home, Reach::Try, |mut p| async move {
+                p.unregister(request).await
+            })
+            .await;
+        match outcome {
+            Ok(_) => tracing::info!(
+                home,
+                ids = ids.len(),
+                "unregistered ids freed while the home was unreachable"
+            ),
+            Err(err) => {
+                tracing::debug!(home, %err, "unregister failed again");
+                let mut later = self.unregister_later.borrow_mut();
+                later.entry(home).or_default().extend(ids);
+            }
+        }
+    }
+
+    /// Tells the homes where sealed ids live; done when every home has it.
+    pub async fn publish(&self, ids: &[ObjectId], locations: &[ObjectLocation]) -> Result<()> {
+        self.rebuild.borrow_mut().claims.settle(ids);
+        let groups = by_node(ids, |id| self.home(id));
+        let calls = groups.into_iter().map(|(home, positions)| {
+            let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+            let locs: Vec<ObjectLocation> = positions.iter().map(|&i| locations[i]).collect();
+            async move {
+                if home == self.me {
+                    self.directory_publish(&group, &locs, self.me);
+                    return Ok(());
+                }
+                let request = PublishRequest {
+                    ids: pack(&group),
+                    locations: locs.iter().map(to_proto).collect(),
+                };
+                self.peers
+                    .call(
+                        home,
+                        Reach::Try,
+                        |mut p| async move { p.publish(request).await },
+                    )
+                    .await
+                    .map(|_| ())
+            }
+        });
+        join_all(calls).await.into_iter().collect()
+    }
+
+    /// Tells the homes where just-sealed objects live; done before the seal
+    /// is answered, so a get on any node afterwards finds them.
+    pub async fn announce_sealed(&self, ids: &[ObjectId]) {
+        let (ids, locations): (Vec<_>, Vec<_>) = self.node.read(|store| {
+            ids.iter()
+                .filter_map(|id| store.location(id).map(|l| (*id, l)))
+                .unzip()
+        });
+        if let Err(err) = self.publish(&ids, &locations).await {
+            tracing::warn!(%err, "sealed, but a home node did not hear of it");
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! What this node knows as a member of a cluster: its place in the
+//! topology, the directory it keeps as a home node, the owners it cached,
+//! the loans it holds, its remote creations and copies, and the rebuild.
+//! The behaviour lives beside this file, one concern per file.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::time::Duration;
+
+use shoal_cluster::proto::Location;
+use shoal_cluster::rebuild::{Claims, Readiness};
+use shoal_cluster::{home_of, Access, Directory, Topology};
+use shoal_core::error::{Result, ShoalError};
+use shoal_core::object_table::ClientId;
+use shoal_core::store::ObjectLocation;
+use shoal_core::ObjectId;
+
+use crate::cluster::loans::Loans;
+use crate::cluster::peers::PeerSet;
+use crate::node::Node;
+use crate::supervisor::Supervisor;
+
+/// Which node of which cluster this daemon is.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub topology: Topology,
+    pub node: u32,
+}
+
+/// An object found on another node: its owner and where it lives there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote {
+    pub owner: u32,
+    /// The owner's incarnation that answered (its region's generation).
+    pub generation: u64,
+    pub location: ObjectLocation,
+    /// The owner's memory cannot be mapped here: pull the bytes (network mode).
+    pub network: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Progress {
+    Running,
+    Done,
+    Failed,
+}
+
+/// What this node restored at a peer: for which incarnation, how far.
+#[derive(Clone, Copy, Debug)]
+pub struct Told {
+    pub incarnation: u64,
+    pub progress: Progress,
+}
+
+/// The directory rebuild (`rebuild.rs`): this node's, and the ones it
+/// takes part in at restarted peers.
+pub struct Rebuild {
+    /// This node's own directory: ready to register and look up?
+    pub readiness: Readiness,
+    /// Registrations in flight or not in the store yet (restored too).
+    pub claims: Claims,
+    /// Per peer, the incarnation we restore (or restored) at.
+    pub told: Vec<Told>,
+    /// Copies orphaned by the end of this node's rebuild, to be dropped.
+    pub orphans: Vec<(u32, ObjectId)>,
+}
+
+impl Rebuild {
+    fn new(nodes: usize, me: u32, lease: Duration) -> Self {
+        Self {
+            readiness: Readiness::new(nodes, me, lease, std::time::Instant::now()),
+            claims: Claims::default(),
+            told: vec![
+                Told {
+                    incarnation: 0,
+                    progress: Progress::Done,
+                };
+                nodes
+            ],
+            orphans: Vec::new(),
+        }
+    }
+}
+
+/// Owners cached at most; past it, half of the entries (any half) go. A
+/// node reading millions of remote ids would otherwise keep one entry per id
+/// until it is deleted; losing an entry costs one home Lookup on its next get.
+pub const OWNER_CACHE_MAX: usize = 1 << 20;
+
+/// Owners of ids seen on other nodes; on every remote get: foldhash.
+pub type OwnerCache = foldhash::HashMap<ObjectId, u32>;
+
+pub fn remember_owner(cache: &mut OwnerCache, id: ObjectId, owner: u32) {
+    if cache.len() >= OWNER_CACHE_MAX && !cache.contains_key(&id) {
+        let mut keep = false;
+        cache.retain(|_, _| {
+            keep = !keep;
+            keep
+        });
+    }
+    cache.insert(id, owner);
+}
+
+pub fn to_proto(l: &ObjectLocation) -> Location {
+    Location {
+        offset: l.offset,
+        data_size: l.data_size,
+        meta_size: l.meta_size,
+    }
+}
+
+pub struct Cluster {
+    pub(crate) topology: Topology,
+    pub(crate) me: u32,
+    pub(crate) incarnation: u64,
+    /// The node this daemon serves: the cluster changes its store through it.
+    pub(crate) node: Rc<Node>,
+    pub(crate) supervisor: Supervisor,
+    pub(crate) peers: PeerSet,
+    pub(crate) directory: RefCell<Directory>,
+    /// Owner of ids seen on other nodes (a cache: a stale entry costs one
+    /// failed Acquire, then the home is asked again). Bounded, see
+    /// [`remember_owner`].
+    pub(crate) owners: RefCell<OwnerCache>,
+    /// References this node's clients hold on other nodes' objects, and the
+    /// loans among them.
+    pub(crate) loans: RefCell<Loans>,
+    /// Revokes this node sent as an owner (`loans`: numbers them).
+    pub(crate) revokes_sent: Cell<u64>,
+    /// Objects local clients are writing in other nodes' regions (remote
+    /// allocation), not sealed yet: client → id → node.
+    pub(crate) creations: RefCell<HashMap<ClientId, HashMap<ObjectId, u32>>>,
+    /// Ids of network-mode copies this node keeps of other nodes' objects.
+    pub(crate) copies: RefCell<HashSet<ObjectId>>,
+    /// Ids freed here whose home did not answer the unregister (down, or cut
+    /// off): it still refuses them to every creator, so it is told again
+    /// when it answers a heartbeat. home → ids.
+    pub(crate) unregister_later: RefCell<HashMap<u32, HashSet<ObjectId>>>,
+    pub(crate) heartbeats_sent: Cell<u64>,
+    /// This node's directory rebuild, and what it restores at restarted peers.
+    pub(crate) rebuild: RefCell<Rebuild>,
+}
+
+impl Cluster {
+    /// This daemon as node `config.node`, in its `incarnation` (its
+    /// region's generation).
+    pub fn new(
+        config: &ClusterConfig,
+        node: Rc<Node>,
+        supervisor: Supervisor,
+        incarnation: u64,
+    ) -> Result<Self> {
+        let topology = config.topology.clone().sorted();
+        topology.node(config.node)?;
+        let peers = PeerSet::new(&topology, config.node)?;
+        let rebuild = Rebuild::new(topology.len(), config.node, topology.lease);
+        let linger = topology.linger;
+        Ok(Self {
+            topology,
+            me: config.node,
+            incarnation,
+            node,
+            supervisor,
+            peers,
+            directory: RefCell::default(),
+            owners: RefCell::default(),
+            loans: RefCell::new(Loans::new(linger)),
+            revokes_sent: Cell::new(0),
+            creations: RefCell::default(),
+            copies: RefCell::default(),
+            unregister_later: RefCell::default(),
+            heartbeats_sent: Cell::new(0),
+            rebuild: RefCell::new(rebuild),
+        })
+    }
+
+    pub fn home(&self, id: &ObjectId) -> u32 {
+        home_of(id, self.topology.len())
+    }
+
+    pub fn is_alive(&self, node: u32) -> bool {
+        self.peers.is_alive(node)
+    }
+
+    /// The other nodes, in order.
+    pub fn others(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.topology.len() as u32).filter(move |&n| n != self.me)
+    }
+
+    /// Whether `node`'s memory is reached over the network only.
+    pub fn is_network(&self, node: u32) -> bool {
+        node != self.me
+            && self
+                .topology
+                .node(node)
+                .is_ok_and(|n| n.access == Access::Network)
+    }
+
+    /// A descriptor from a peer must lie inside that peer's region as the
+    /// topology declares it, before anyone touches the memory.
+    pub fn check_location(&self, owner: u32, l: &ObjectLocation) -> Result<()> {
+        let node = self.topology.node(owner)?;
+        if l.offset
+            .checked_add(l.size())
+            .is_some_and(|end| end <= node.region_size)
+        {
+            Ok(())
+        } else {
+            Err(ShoalError::protocol(format!(
+                "node {owner} sent a descriptor outside its region: {l:?}"
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_cache_stays_bounded_and_keeps_the_newest_entry() {
+        let mut cache = OwnerCache::default();
+        let id = |i: u32| {
+            let mut bytes = [0u8; 20];
+            bytes[..4].copy_from_slice(&i.to_le_bytes());
+            ObjectId(bytes)
+        };
+        for i in 0..OWNER_CACHE_MAX as u32 {
+            remember_owner(&mut cache, id(i), 1);
+        }
+        assert_eq!(cache.len(), OWNER_CACHE_MAX);
+        remember_owner(&mut cache, id(0), 2); // a known id: updated, nothing dropped
+        assert_eq!((cache.len(), cache[&id(0)]), (OWNER_CACHE_MAX, 2));
+        let newest = id(OWNER_CACHE_MAX as u32);
+        remember_owner(&mut cache, newest, 3);
+        assert_eq!(cache.len(), OWNER_CACHE_MAX / 2 + 1);
+        assert_eq!(cache[&newest], 3);
+    }
+}

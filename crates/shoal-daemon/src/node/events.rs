@@ -1,0 +1,48 @@
+//! What a node tells the subsystems that listen to it (the cluster today;
+//! the tiers, the capacity controller and metrics next). The node calls its
+//! listeners; it never calls into a subsystem by name.
+
+use shoal_core::object_table::ClientId;
+use shoal_core::store::{Verdict, Victim};
+use shoal_core::ObjectId;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeEvent {
+    Sealed {
+        id: ObjectId,
+        data_size: u64,
+        meta_size: u32,
+    },
+    /// Gone from view: deleted (its memory freed when the last reference
+    /// goes), or evicted (its memory freed now).
+    Removed {
+        id: ObjectId,
+        deleted: bool,
+    },
+    /// An unsealed object went: aborted, or its creator disconnected.
+    Aborted {
+        id: ObjectId,
+    },
+    /// A local client disconnected; its references here are already gone.
+    ClientGone {
+        client: ClientId,
+    },
+    CapacityChanged {
+        capacity: u64,
+    },
+}
+
+pub trait NodeListener {
+    /// After a change, with the store free again: a listener may read or
+    /// change the node (what it changes is told to every listener after
+    /// this round). Never awaits: async work goes to the supervisor.
+    fn on_event(&self, event: &NodeEvent);
+
+    /// The store chose `victim` to leave memory; its bytes are still valid.
+    /// `Hold` keeps its memory allocated until this listener calls
+    /// `Node::finish_eviction` (a tier copying the bytes out). Called with
+    /// the store borrowed: decide, never touch the node.
+    fn on_evicting(&self, _victim: &Victim) -> Verdict {
+        Verdict::Free
+    }
+}

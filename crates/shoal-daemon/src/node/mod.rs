@@ -1,0 +1,370 @@
+//! The node: this daemon's store, region, waiters, subscribers and
+//! listeners, below everything that serves them (local connections, the
+//! peer service) and everything that plugs into them (the cluster; next the
+//! tiers, the capacity controller, metrics).
+//!
+//! Every change to the store goes through [`Node::mutate`], which then
+//! publishes what happened itself: it wakes waiting gets (a seal) and
+//! creates (memory came free), sends notifications to subscribers and tells
+//! every listener. No caller can forget one of these.
+//!
+//! Single-threaded: the daemon's runtime is current-thread, so `RefCell`
+//! suffices, and a borrow of the store is never held across an await.
+
+mod events;
+mod subscribers;
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use foldhash::HashMap;
+use shoal_core::object_table::ClientId;
+use shoal_core::protocol::Notification;
+use shoal_core::region::Region;
+use shoal_core::store::{EvictionGate, Store, StoreEvent, Verdict, Victim};
+use shoal_core::ObjectId;
+use tokio::sync::{mpsc, Notify};
+
+pub use events::{NodeEvent, NodeListener};
+pub use subscribers::SUBSCRIBER_QUEUE;
+
+use crate::principals::LocalIds;
+
+type Listeners = Rc<RefCell<Vec<Rc<dyn NodeListener>>>>;
+/// Per victim held by listeners, how many holders are still at it.
+type Holds = Rc<RefCell<HashMap<ObjectId, u32>>>;
+
+pub struct Node {
+    store: RefCell<Store>,
+    /// Shared with the prefault thread and the data channel's workers.
+    region: Arc<Region>,
+    /// The region is (being) prefaulted, so clients may populate their mappings.
+    resident: bool,
+    /// Woken on every seal: gets waiting for objects look again.
+    sealed: Notify,
+    /// Woken whenever memory may have come free: waiting creates retry.
+    space: Notify,
+    subscribers: subscribers::Subscribers,
+    listeners: Listeners,
+    holds: Holds,
+    /// Events of changes made while listeners were being told of earlier
+    /// ones: told after them, in order.
+    queue: RefCell<VecDeque<NodeEvent>>,
+    telling: Cell<bool>,
+    client_ids: RefCell<LocalIds>,
+    connected: Cell<usize>,
+    idle_since: Cell<Instant>,
+}
+
+/// Asks the listeners about each victim; any `Hold` keeps its memory.
+struct ListenerGate {
+    listeners: Listeners,
+    holds: Holds,
+}
+
+impl EvictionGate for ListenerGate {
+    fn decide(&mut self, victim: &Victim) -> Verdict {
+        let held = self
+            .listeners
+            .borrow()
+            .iter()
+            .filter(|l| l.on_evicting(victim) == Verdict::Hold)
+            .count() as u32;
+        if held == 0 {
+            return Verdict::Free;
+        }
+        *self.holds.borrow_mut().entry(victim.id).or_default() += held;
+        Verdict::Hold
+    }
+}
+
+impl Node {
+    pub fn new(mut store: Store, region: Region, resident: bool) -> Rc<Self> {
+        let listeners = Listeners::default();
+        let holds = Holds::default();
+        store.set_eviction_gate(Box::new(ListenerGate {
+            listeners: listeners.clone(),
+            holds: holds.clone(),
+        }));
+        Rc::new(Self {
+            store: RefCell::new(store),
+            region: Arc::new(region),
+            resident,
+            sealed: Notify::new(),
+            space: Notify::new(),
+            subscribers: subscribers::Subscribers::default(),
+            listeners,
+            holds,
+            queue: RefCell::default(),
+            telling: Cell::new(false),
+            client_ids: RefCell::default(),
+            connected: Cell::new(0),
+            idle_since: Cell::new(Instant::now()),
+        })
+    }
+
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+
+    pub fn resident(&self) -> bool {
+        self.resident
+    }
+
+    /// Adds a subsystem that hears every event from now on.
+    pub fn listen(&self, listener: Rc<dyn NodeListener>) {
+        self.listeners.borrow_mut().push(listener);
+    }
+
+    /// Reads the store.
+    pub fn read<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
+        f(&self.store.borrow())
+    }
+
+    /// Changes the store, then publishes what changed.
+    pub fn mutate<T>(&self, f: impl FnOnce(&mut Store) -> T) -> T {
+        let result = f(&mut self.store.borrow_mut());
+        self.publish(None);
+        result
+    }
+
+    /// Woken on every seal. Create the future (and `enable` it) before
+    /// looking at the store, so a seal in between is not missed.
+    pub fn sealed(&self) -> &Notify {
+        &self.sealed
+    }
+
+    /// Woken when memory may have come free (same usage as [`sealed`](Self::sealed)).
+    pub fn space(&self) -> &Notify {
+        &self.space
+    }
+
+    pub fn subscribe(&self) -> mpsc::Receiver<Notification> {
+        self.subscribers.subscribe()
+    }
+
+    /// A local client connected: its store client id.
+    pub fn new_client(&self) -> ClientId {
+        let id = {
+            let store = self.store.borrow();
+            self.client_ids.borrow_mut().next(|id| store.has_client(id))
+        };
+        self.store.borrow_mut().register_client(id);
+        self.connected.set(self.connected.get() + 1);
+        id
+    }
+
+    /// A local client disconnected: its references go, what it was writing
+    /// is aborted, and listeners hear of it.
+    pub fn client_gone(&self, client: ClientId) {
+        self.store.borrow_mut().disconnect(client);
+        self.connected.set(self.connected.get() - 1);
+        if self.connected.get() == 0 {
+            self.idle_since.set(Instant::now());
+        }
+        self.publish(Some(NodeEvent::ClientGone { client }));
+    }
+
+    /// Local clients connected now.
+    pub fn connected(&self) -> usize {
+        self.connected.get()
+    }
+
+    /// Since when no local client has been connected (meaningful when
+    /// [`connected`](Self::connected) is 0).
+    pub fn idle_since(&self) -> Instant {
+        self.idle_since.get()
+    }
+
+    /// Changes the capacity; shrinking evicts (as the gate decides).
+    /// Returns the bytes evicted.
+    pub fn set_capacity(&self, capacity: u64) -> u64 {
+        let (evicted, capacity) = {
+            let mut store = self.store.borrow_mut();
+            let evicted = store.set_capacity(capacity);
+            (evicted, store.capacity())
+        };
+        self.publish(Some(NodeEvent::CapacityChanged { capacity }));
+        evicted
+    }
+
+    /// A listener that held `id` (answered `Hold` for it) is done with its
+    /// bytes: once every holder is, its memory is freed (unless a get took
+    /// it back meanwhile).
+    pub fn finish_eviction(&self, id: &ObjectId) {
+        let last = {
+            let mut holds = self.holds.borrow_mut();
+            match holds.get_mut(id) {
+                None => {
+                    tracing::error!(%id, "finish_eviction of an object nobody holds");
+                    return;
+                }
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                Some(_) => {
+                    holds.remove(id);
+                    true
+                }
+            }
+        };
+        if last {
+            self.mutate(|store| store.finish_eviction(id));
+        }
+    }
+
+    /// Tells waiters, subscribers and listeners what the store did (and
+    /// `extra`, an event the store cannot know of).
+    fn publish(&self, extra: Option<NodeEvent>) {
+        let (events, space) = {
+            let mut store = self.store.borrow_mut();
+            (store.take_events(), store.take_space_changed())
+        };
+        if space {
+            self.space.notify_waiters();
+        }
+        if events.is_empty() && extra.is_none() {
+            return;
+        }
+        {
+            let mut queue = self.queue.borrow_mut();
+            queue.extend(events.into_iter().map(|event| match event {
+                StoreEvent::Sealed {
+                    id,
+                    data_size,
+                    meta_size,
+                } => NodeEvent::Sealed {
+                    id,
+                    data_size,
+                    meta_size,
+                },
+                StoreEvent::Removed { id, deleted } => NodeEvent::Removed { id, deleted },
+                StoreEvent::Aborted { id } => NodeEvent::Aborted { id },
+            }));
+            queue.extend(extra);
+        }
+        if self.telling.replace(true) {
+            return; // a listener changed the store: the outer round tells it
+        }
+        loop {
+            let Some(event) = self.queue.borrow_mut().pop_front() else {
+                break;
+            };
+            self.tell(&event);
+        }
+        self.telling.set(false);
+    }
+
+    fn tell(&self, event: &NodeEvent) {
+        match event {
+            NodeEvent::Sealed {
+                id,
+                data_size,
+                meta_size,
+            } => {
+                self.sealed.notify_waiters();
+                self.subscribers.send(&Notification::Sealed {
+                    id: *id,
+                    data_size: *data_size,
+                    meta_size: *meta_size,
+                });
+            }
+            NodeEvent::Removed { id, .. } => {
+                self.subscribers.send(&Notification::Removed { id: *id });
+            }
+            _ => {}
+        }
+        // A copy: a listener may add listeners.
+        let listeners: Vec<_> = self.listeners.borrow().clone();
+        for listener in listeners {
+            listener.on_event(event);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_core::eviction::Lru;
+
+    /// Records events; holds victims whose first id byte is odd.
+    #[derive(Default)]
+    struct Recorder {
+        events: RefCell<Vec<NodeEvent>>,
+        held: RefCell<Vec<ObjectId>>,
+    }
+
+    impl NodeListener for Recorder {
+        fn on_event(&self, event: &NodeEvent) {
+            self.events.borrow_mut().push(event.clone());
+        }
+        fn on_evicting(&self, victim: &Victim) -> Verdict {
+            if victim.id.0[0] % 2 == 1 {
+                self.held.borrow_mut().push(victim.id);
+                Verdict::Hold
+            } else {
+                Verdict::Free
+            }
+        }
+    }
+
+    fn node(size: u64) -> Rc<Node> {
+        let dir = tempfile::tempdir().unwrap();
+        let region = Region::create(&dir.path().join("region"), size).unwrap();
+        Node::new(
+            Store::new(size, size, 64, Box::new(Lru::default())),
+            region,
+            false,
+        )
+    }
+
+    fn id(n: u8) -> ObjectId {
+        ObjectId([n; 20])
+    }
+
+    #[test]
+    fn listeners_hear_every_change_and_hold_victims_until_they_finish() {
+        let node = node(64 * 2);
+        let recorder = Rc::new(Recorder::default());
+        node.listen(recorder.clone());
+        let client = node.new_client();
+        for n in [1, 2] {
+            node.mutate(|s| s.create(client, id(n), 64, 0)).unwrap();
+            node.mutate(|s| s.seal(client, &[id(n)], true)).unwrap();
+        }
+        // id(1) is the LRU victim, and odd: held.
+        let full = node.mutate(|s| s.create(client, id(3), 64, 0));
+        assert!(full.is_err());
+        assert_eq!(*recorder.held.borrow(), vec![id(1)]);
+        assert!(node.read(|s| s.contains(&id(1))));
+        let space = node.space().notified();
+        tokio::pin!(space);
+        space.as_mut().enable();
+        node.finish_eviction(&id(1));
+        assert!(!node.read(|s| s.contains(&id(1))));
+        assert!(
+            futures_util::FutureExt::now_or_never(space).is_some(),
+            "creates woken"
+        );
+        node.mutate(|s| s.create(client, id(3), 64, 0)).unwrap();
+        node.client_gone(client);
+        let events = recorder.events.borrow();
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| matches!(e, NodeEvent::Sealed { .. }))
+                .count(),
+            2
+        );
+        assert!(events.contains(&NodeEvent::Removed {
+            id: id(1),
+            deleted: false
+        }));
+        assert_eq!(events.last(), Some(&NodeEvent::ClientGone { client }));
+        assert!(events.contains(&NodeEvent::Aborted { id: id(3) }));
+    }
+}

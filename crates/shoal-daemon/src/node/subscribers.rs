@@ -1,0 +1,41 @@
+//! Clients that asked to hear of seals and removals (`Subscribe`).
+
+use std::cell::RefCell;
+
+use shoal_core::protocol::Notification;
+use tokio::sync::mpsc;
+
+/// Notifications a subscriber may fall behind before it is disconnected, so a
+/// subscriber that stops reading cannot grow the daemon's heap without bound.
+pub const SUBSCRIBER_QUEUE: usize = 65_536;
+
+#[derive(Default)]
+pub struct Subscribers {
+    senders: RefCell<Vec<mpsc::Sender<Notification>>>,
+}
+
+impl Subscribers {
+    pub fn subscribe(&self) -> mpsc::Receiver<Notification> {
+        let (sender, receiver) = mpsc::channel(SUBSCRIBER_QUEUE);
+        self.senders.borrow_mut().push(sender);
+        receiver
+    }
+
+    pub fn send(&self, notification: &Notification) {
+        self.senders
+            .borrow_mut()
+            .retain(|s| match s.try_send(notification.clone()) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    // Dropping the sender ends the stream once the queued
+                    // notifications are out: the subscriber sees EOF.
+                    tracing::warn!(
+                        queued = SUBSCRIBER_QUEUE,
+                        "subscriber too slow, ending its subscription"
+                    );
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            });
+    }
+}

@@ -1,0 +1,54 @@
+//! Delete: an object goes from view now and its memory when its last
+//! reference does. In a cluster, the loans other nodes hold on it are
+//! revoked and its id leaves its home's directory before the delete is
+//! answered, so no get anywhere sees the old object afterwards and the id
+//! can be created again at once.
+
+use shoal_core::error::ErrorKind;
+use shoal_core::ObjectId;
+
+use crate::ops::Ops;
+
+impl Ops {
+    /// Per id, `None` or why it could not be deleted. With `forward`, ids
+    /// not here are deleted at their owners (a local client's delete; a
+    /// peer's delete names only ids it found here).
+    pub async fn delete(&self, ids: &[ObjectId], forward: bool) -> Vec<Option<ErrorKind>> {
+        let cluster = self.cluster.as_ref();
+        let mut errors: Vec<Option<ErrorKind>> = self.node.mutate(|store| {
+            ids.iter()
+                .map(|id| {
+                    // Deleting a network-mode copy deletes the object at its owner.
+                    if forward && cluster.is_some_and(|c| c.is_copy(id)) {
+                        let _ = store.delete(id);
+                        return Some(ErrorKind::ObjectNotFound);
+                    }
+                    store.delete(id).err().map(|e| e.kind())
+                })
+                .collect()
+        });
+        let Some(cluster) = cluster else {
+            return errors;
+        };
+        let deleted: Vec<ObjectId> = (0..ids.len())
+            .filter(|&i| errors[i].is_none())
+            .map(|i| ids[i])
+            .collect();
+        cluster.revoke(cluster.holders(&deleted)).await;
+        cluster.unregister(&deleted).await;
+        if forward {
+            // Not here: maybe on another node, which deletes it there.
+            let elsewhere: Vec<usize> = (0..ids.len())
+                .filter(|&i| errors[i] == Some(ErrorKind::ObjectNotFound))
+                .collect();
+            if !elsewhere.is_empty() {
+                let wanted: Vec<ObjectId> = elsewhere.iter().map(|&i| ids[i]).collect();
+                let results = cluster.delete_remote(&wanted).await;
+                for (&i, result) in elsewhere.iter().zip(results) {
+                    errors[i] = result;
+                }
+            }
+        }
+        errors
+    }
+}

@@ -1,0 +1,20 @@
+//! Evict: free memory on request by evicting unreferenced objects (as the
+//! eviction gate decides); objects other nodes keep on loan are asked back
+//! when that is not enough.
+
+use crate::ops::Ops;
+
+impl Ops {
+    /// Returns the bytes evicted (freed, or held for freeing by a tier).
+    pub async fn evict(&self, bytes: u64) -> u64 {
+        let mut freed = self.node.mutate(|store| store.evict(bytes));
+        if freed < bytes {
+            if let Some(cluster) = &self.cluster {
+                if cluster.take_back_idle().await {
+                    freed += self.node.mutate(|store| store.evict(bytes - freed));
+                }
+            }
+        }
+        freed
+    }
+}

@@ -1,0 +1,154 @@
+//! Get: take a reference on each id and describe where it lives, here or
+//! on another node, waiting up to a timeout for ids not sealed yet.
+
+use std::future::{pending, Future};
+use std::time::Duration;
+
+use shoal_core::coherence::CoherenceMode;
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::object_table::ClientId;
+use shoal_core::protocol::Located;
+use shoal_core::store::Store;
+use shoal_core::ObjectId;
+use tokio::time::Instant;
+
+use crate::ops::Ops;
+use crate::principals;
+
+/// How often a get waiting for objects on other nodes asks again.
+const REMOTE_POLL_MIN: Duration = Duration::from_millis(2);
+const REMOTE_POLL_MAX: Duration = Duration::from_millis(50);
+
+impl Ops {
+    /// A get of an object in this node's region: takes the client's
+    /// reference and describes the object for it.
+    ///
+    /// On a non-coherent cluster, an object a client of another node wrote
+    /// here (remote allocation: created by that node's peer principal)
+    /// may meet stale lines of its range in this node's caches, left by
+    /// whatever this node read or wrote there before; the reader is told to
+    /// invalidate it first. Objects written on this node need nothing: a
+    /// node's caches see its own writes.
+    fn get_here(&self, store: &mut Store, client: ClientId, id: &ObjectId) -> Option<Located> {
+        let (location, creator) = store.get_with_creator(client, id)?;
+        let Some(cluster) = &self.cluster else {
+            return Some(Located::local(0, location));
+        };
+        Some(Located {
+            invalidate: principals::is_peer(creator)
+                && cluster.topology.coherence == CoherenceMode::Noncoherent,
+            ..Located::local(cluster.me, location)
+        })
+    }
+
+    /// Gets every id, waiting up to `timeout_ms` (-1: forever) for ones not
+    /// sealed yet. Each object found holds one reference for this client.
+    /// `gone` resolving (the client hung up) ends the wait.
+    pub async fn get(
+        &self,
+        client: ClientId,
+        ids: &[ObjectId],
+        timeout_ms: i64,
+        gone: impl Future<Output = ()>,
+    ) -> Result<Vec<Option<Located>>> {
+        let deadline = u64::try_from(timeout_ms)
+            .ok()
+            .map(|ms| Instant::now() + Duration::from_millis(ms));
+        let mut found: Vec<Option<Located>> = vec![None; ids.len()];
+        let mut missing = ids.len();
+        // Objects on other nodes are polled (their seals are not announced
+        // here), backing off to REMOTE_POLL_MAX.
+        let mut poll = REMOTE_POLL_MIN;
+        tokio::pin!(gone);
+        loop {
+            let sealed = self.node.sealed().notified();
+            tokio::pin!(sealed);
+            sealed.as_mut().enable();
+            self.node.mutate(|store| {
+                for (slot, id) in found.iter_mut().zip(ids) {
+                    if slot.is_none() {
+                        *slot = self.get_here(store, client, id);
+                        missing -= slot.is_some() as usize;
+                    }
+                }
+            });
+            if missing > 0 && self.cluster.is_some() {
+                missing -= self.get_remote(client, ids, &mut found).await;
+            }
+            if missing == 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(found);
+            }
+            let wake = match (&self.cluster, deadline) {
+                (Some(_), Some(d)) => Some(d.min(Instant::now() + poll)),
+                (Some(_), None) => Some(Instant::now() + poll),
+                (None, d) => d,
+            };
+            poll = (poll * 2).min(REMOTE_POLL_MAX);
+            tokio::select! {
+                _ = sealed => {}
+                _ = sleep_until(wake) => {}
+                _ = &mut gone => return Err(ShoalError::new(
+                    ErrorKind::Disconnected,
+                    "client left while waiting in get",
+                )),
+            }
+        }
+    }
+
+    /// Looks for the ids still missing on other nodes; returns how many it found.
+    async fn get_remote(
+        &self,
+        client: ClientId,
+        ids: &[ObjectId],
+        found: &mut [Option<Located>],
+    ) -> usize {
+        let cluster = self.cluster.as_ref().expect("cluster mode");
+        let positions: Vec<usize> = (0..ids.len()).filter(|&i| found[i].is_none()).collect();
+        let wanted: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
+        let remote = match cluster.get(client, &wanted).await {
+            Ok(remote) => remote,
+            // A down home or owner, a peer that misbehaves: the ids stay
+            // missing; the client's connection is not at fault.
+            Err(err) => {
+                if err.kind() == ErrorKind::NodeUnavailable {
+                    tracing::debug!(%err, "remote get");
+                } else {
+                    tracing::warn!(%err, "remote get");
+                }
+                return 0;
+            }
+        };
+        let mut got = 0;
+        for (&i, r) in positions.iter().zip(remote) {
+            let Some(r) = r else { continue };
+            if r.network {
+                // Unmappable owner: pull a copy into our region.
+                match self.pull(client, ids[i], r).await {
+                    Ok(Some(located)) => found[i] = Some(located),
+                    Ok(None) => continue,
+                    // No room for the copy, owner gone: missing for now.
+                    Err(err) => {
+                        tracing::debug!(%err, id = %ids[i], "network pull");
+                        continue;
+                    }
+                }
+            } else {
+                found[i] = Some(Located {
+                    node: r.owner,
+                    generation: r.generation,
+                    location: r.location,
+                    invalidate: false,
+                });
+            }
+            got += 1;
+        }
+        got
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => pending().await,
+    }
+}

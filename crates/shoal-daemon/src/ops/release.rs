@@ -1,0 +1,29 @@
+//! Release: a client drops references. References on other nodes' objects
+//! go back to their owners (or linger as loans); no answer is awaited.
+
+use shoal_core::object_table::ClientId;
+use shoal_core::ObjectId;
+
+use crate::ops::Ops;
+
+impl Ops {
+    pub fn release(&self, client: ClientId, ids: &[ObjectId]) {
+        let remote = self.node.mutate(|store| {
+            let release_here = |id: &ObjectId| {
+                if let Err(err) = store.release(client, id) {
+                    tracing::debug!(client, %err, "release ignored");
+                }
+            };
+            match &self.cluster {
+                Some(cluster) => cluster.unhold_remote(client, ids, release_here),
+                None => {
+                    ids.iter().for_each(release_here);
+                    Vec::new()
+                }
+            }
+        });
+        if let Some(cluster) = &self.cluster {
+            cluster.release_later(remote);
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Answers peer calls on the store thread, with the same operations local
+//! clients use (`ops`) and the cluster's own state.
+
+use std::future::pending;
+use std::rc::Rc;
+
+use shoal_cluster::ids::{push_location, LOCATION_RECORD};
+use shoal_cluster::proto::{
+    AcquireReply, AllocateReply, ListReply, NodeStatus, ObjectRow, Outcome, Statuses,
+};
+use shoal_core::error::{ErrorKind, Result};
+
+use crate::ops::Ops;
+use crate::peer_service::calls::PeerCall;
+use crate::principals;
+
+fn outcome(result: Result<()>) -> Outcome {
+    match result {
+        Ok(()) => Outcome::default(),
+        Err(err) => Outcome {
+            code: u32::from(err.kind().code()),
+            message: err.message().to_owned(),
+        },
+    }
+}
+
+fn statuses(errors: Vec<Option<ErrorKind>>) -> Statuses {
+    Statuses {
+        codes: errors
+            .into_iter()
+            .map(|e| e.map_or(0, |k| u32::from(k.code())))
+            .collect(),
+    }
+}
+
+/// Answers one call. Calls that wait (for peers, or for space) run as
+/// their own task; the rest are answered before the next call is read.
+pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
+    let cluster = ops
+        .cluster
+        .as_ref()
+        .expect("peer calls only in cluster mode");
+    match call {
+        PeerCall::Heartbeat {
+            from,
+            incarnation,
+            reply,
+        } => {
+            cluster.heard_incarnation(from, incarnation);
+            let _ = reply.send(cluster.heartbeat_reply());
+        }
+        PeerCall::Register {
+            ids,
+            owner,
+            incarnation,
+            reply,
+        } => {
+            // A restart of the owner is dealt with before it claims anything.
+            cluster.heard_incarnation(owner, incarnation);
+            let _ = reply.send(cluster.directory_register(&ids, owner));
+        }
+        PeerCall::Restore {
+            from,
+            incarnation,
+            sealed,
+            pending,
+            copies,
+            reply,
+        } => {
+            cluster.heard_incarnation(from, incarnation);
+            let _ = reply.send(cluster.directory_restore(from, &sealed, &pending, &copies));
+        }
+        PeerCall::Restored { from, incarnation } => cluster.restored_by(from, incarnation),
+        PeerCall::Unregister { ids, owner } => {
+            let stale = cluster.directory_unregister(&ids, owner);
+            cluster.send_drops_later(stale);
+        }
+        PeerCall::Cached {
+            ids,
+            owner,
+            locations,
+            from,
+            reply,
+        } => {
+            let accepted = cluster.directory_add_checked_copies(&ids, owner, &locations, from);
+            let codes = accepted
+                .into_iter()
+                .map(|ok| {
+                    if ok {
+                        0
+                    } else {
+                        ErrorKind::ObjectNotFound.code() as u32
+                    }
+                })
+                .collect();
+            let _ = reply.send(Statuses { codes });
+        }
+        PeerCall::Drop { ids } => {
+            let cluster = cluster.clone();
+            ops.supervisor.spawn_local("drop copies", async move {
+                cluster.drop_copies(&ids).await;
+            });
+        }
+        PeerCall::Revoke {
+            ids,
+            number,
+            from,
+            reply,
+        } => {
+            let _ = reply.send(cluster.revoked(from, number, &ids));
+        }
+        PeerCall::GiveBack { from, reply } => {
+            let _ = reply.send(cluster.give_back_idle(from));
+        }
+        PeerCall::Publish {
+            ids,
+            locations,
+            owner,
+            reply,
+        } => {
+            cluster.directory_publish(&ids, &locations, owner);
+            let _ = reply.send(());
+        }
+        PeerCall::Lookup { ids, reply } => {
+            let answer = cluster
+                .local_lookup(&ids)
+                .map_err(|e| tonic::Status::unavailable(e.message()));
+            let _ = reply.send(answer);
+        }
+        PeerCall::Acquire {
+            ids,
+            from,
+            incarnation,
+            reply,
+        } => {
+            // References are taken for an incarnation this node has recorded:
+            // a later restart of the caller then drops them.
+            cluster.heard_incarnation(from, incarnation);
+            cluster.peers.touch(from);
+            let client = principals::peer(from);
+            let mut entries = Vec::with_capacity(ids.len() * LOCATION_RECORD);
+            ops.node.mutate(|store| {
+                for id in &ids {
+                    push_location(&mut entries, store.get(client, id));
+                }
+            });
+            let _ = reply.send(AcquireReply {
+                entries,
+                incarnation: cluster.incarnation,
+                revokes: cluster.revokes_sent(),
+            });
+        }
+        PeerCall::Release { ids, from } => ops.release(principals::peer(from), &ids),
+        PeerCall::Delete { ids, reply } => {
+            let ops = ops.clone();
+            ops.supervisor
+                .clone()
+                .spawn_local("peer delete", async move {
+                    let errors = ops.delete(&ids, false).await;
+                    let _ = reply.send(statuses(errors));
+                });
+        }
+        PeerCall::Allocate {
+            specs,
+            timeout_ms,
+            from,
+            incarnation,
+            reply,
+        } => {
+            cluster.heard_incarnation(from, incarnation);
+            cluster.peers.touch(from);
+            let ops = ops.clone();
+            ops.supervisor
+                .clone()
+                .spawn_local("peer allocate", async move {
+                    let cluster = ops.cluster.as_ref().expect("cluster mode");
+                    let client = principals::peer(from);
+                    let answer = match ops.create(client, &specs, timeout_ms, pending()).await {
+                        Ok(locations) => AllocateReply {
+                            code: 0,
+                            message: String::new(),
+                            offsets: locations.iter().map(|l| l.offset).collect(),
+                            incarnation: cluster.incarnation,
+                        },
+                        Err(err) => AllocateReply {
+                            code: u32::from(err.kind().code()),
+                            message: err.message().to_owned(),
+                            offsets: Vec::new(),
+                            incarnation: 0,
+                        },
+                    };
+                    let _ = reply.send(answer);
+                });
+        }
+        PeerCall::Seal {
+            ids,
+            release,
+            from,
+            reply,
+        } => {
+            let ops = ops.clone();
+            ops.supervisor.clone().spawn_local("peer seal", async move {
+                let result = ops.seal(principals::peer(from), &ids, release).await;
+                let _ = reply.send(outcome(result));
+            });
+        }
+        PeerCall::Abort { ids, from, reply } => {
+            let ops = ops.clone();
+            ops.supervisor
+                .clone()
+                .spawn_local("peer abort", async move {
+                    let result = ops.abort(principals::peer(from), &ids).await;
+                    let _ = reply.send(outcome(result));
+                });
+        }
+        PeerCall::Status { reply } => {
+            let stats = ops.node.read(|store| store.stats());
+            let _ = reply.send(NodeStatus {
+                node: cluster.me,
+                capacity: stats.capacity,
+                used: stats.used,
+                objects: stats.objects,
+                clients: ops.node.connected() as u64,
+                region_size: stats.region_size,
+                rebuilding: !cluster.directory_ready(),
+                loans: cluster.loans_held() as u64,
+            });
+        }
+        PeerCall::List { reply } => {
+            let objects = ops
+                .node
+                .read(|store| store.list())
+                .into_iter()
+                .map(|o| ObjectRow {
+                    id: o.id.0.to_vec(),
+                    data_size: o.location.data_size,
+                    meta_size: o.location.meta_size,
+                    sealed: o.sealed,
+                    ref_count: o.refs,
+                })
+                .collect();
+            let _ = reply.send(ListReply { objects });
+        }
+    }
+}

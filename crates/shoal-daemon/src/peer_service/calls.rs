@@ -1,0 +1,120 @@
+//! One peer request as the store thread receives it: the gRPC handlers
+//! (`grpc.rs`) turn each call into a [`PeerCall`] with a oneshot for the
+//! answer, and `answer.rs` answers it from the node.
+
+use shoal_cluster::proto::{
+    AcquireReply, AllocateReply, HeartbeatReply, ListReply, LookupReply, NodeStatus, Outcome,
+    Statuses,
+};
+use shoal_core::store::ObjectLocation;
+use shoal_core::ObjectId;
+use tokio::sync::oneshot;
+use tonic::Status;
+
+/// One peer request, for the store thread.
+pub enum PeerCall {
+    Heartbeat {
+        from: u32,
+        incarnation: u64,
+        reply: oneshot::Sender<HeartbeatReply>,
+    },
+    Register {
+        ids: Vec<ObjectId>,
+        owner: u32,
+        /// The owner's incarnation (0: unknown).
+        incarnation: u64,
+        reply: oneshot::Sender<Statuses>,
+    },
+    Unregister {
+        ids: Vec<ObjectId>,
+        owner: u32,
+    },
+    Publish {
+        ids: Vec<ObjectId>,
+        locations: Vec<ObjectLocation>,
+        owner: u32,
+        reply: oneshot::Sender<()>,
+    },
+    /// Refused (the error) while this node's directory is being rebuilt.
+    Lookup {
+        ids: Vec<ObjectId>,
+        reply: oneshot::Sender<Result<LookupReply, Status>>,
+    },
+    /// A peer re-registers what it holds whose home is this node.
+    Restore {
+        from: u32,
+        /// The caller's incarnation (0: unknown).
+        incarnation: u64,
+        sealed: Vec<(ObjectId, ObjectLocation)>,
+        pending: Vec<ObjectId>,
+        copies: Vec<ObjectId>,
+        reply: oneshot::Sender<Statuses>,
+    },
+    /// A peer finished restoring for our incarnation `incarnation`.
+    Restored {
+        from: u32,
+        incarnation: u64,
+    },
+    Acquire {
+        ids: Vec<ObjectId>,
+        from: u32,
+        /// The caller's incarnation (0: unknown).
+        incarnation: u64,
+        reply: oneshot::Sender<AcquireReply>,
+    },
+    Release {
+        ids: Vec<ObjectId>,
+        from: u32,
+    },
+    Delete {
+        ids: Vec<ObjectId>,
+        reply: oneshot::Sender<Statuses>,
+    },
+    /// The owner `from` deleted these ids: stop lending them (`loans`).
+    Revoke {
+        ids: Vec<ObjectId>,
+        number: u64,
+        from: u32,
+        reply: oneshot::Sender<Vec<ObjectId>>,
+    },
+    /// The owner `from` is short of space: give up idle loans.
+    GiveBack {
+        from: u32,
+        reply: oneshot::Sender<Vec<ObjectId>>,
+    },
+    Allocate {
+        specs: Vec<(ObjectId, u64, u32)>,
+        timeout_ms: u32,
+        from: u32,
+        /// The caller's incarnation (0: unknown).
+        incarnation: u64,
+        reply: oneshot::Sender<AllocateReply>,
+    },
+    Seal {
+        ids: Vec<ObjectId>,
+        release: bool,
+        from: u32,
+        reply: oneshot::Sender<Outcome>,
+    },
+    Abort {
+        ids: Vec<ObjectId>,
+        from: u32,
+        reply: oneshot::Sender<Outcome>,
+    },
+    Cached {
+        ids: Vec<ObjectId>,
+        owner: u32,
+        locations: Vec<ObjectLocation>,
+        from: u32,
+        reply: oneshot::Sender<Statuses>,
+    },
+    Drop {
+        ids: Vec<ObjectId>,
+    },
+    Status {
+        reply: oneshot::Sender<NodeStatus>,
+    },
+    List {
+        reply: oneshot::Sender<ListReply>,
+    },
+}

@@ -1,0 +1,63 @@
+//! This node's side of the peer protocol: the gRPC server other nodes call
+//! (`grpc`), the calls as the store thread receives them (`calls`), and
+//! their answers (`answer`), given with the same operations local clients
+//! use. Started with the data channel and the heartbeats by [`start`].
+
+mod answer;
+mod calls;
+mod grpc;
+
+use std::rc::Rc;
+
+use shoal_cluster::auth::{PeerIdentity, TokenCheck};
+use shoal_cluster::proto::peer_server::PeerServer;
+use shoal_core::error::{Result, ShoalError};
+use tokio::sync::mpsc;
+
+use crate::ops::Ops;
+
+/// Peer calls queued for the store thread at most (back-pressure on gRPC).
+const CALL_QUEUE: usize = 1024;
+
+/// Binds the peer RPC and data channel ports (a busy port fails the start)
+/// and starts, under the supervisor: the gRPC server (its own tasks, fed to
+/// the store thread through a channel), the task answering its calls, the
+/// data channel, and the heartbeats.
+pub async fn start(ops: &Rc<Ops>) -> Result<()> {
+    let cluster = ops.cluster.clone().expect("cluster mode");
+    let node = cluster.topology.node(cluster.me)?;
+    let listener = tokio::net::TcpListener::bind(node.rpc)
+        .await
+        .map_err(|e| ShoalError::io(&format!("bind peer RPC {}", node.rpc), e))?;
+    let identity = PeerIdentity::new(&cluster.topology.token, cluster.topology.len() as u32);
+    let (calls, mut incoming) = mpsc::channel::<calls::PeerCall>(CALL_QUEUE);
+    let service = tonic::service::interceptor::InterceptedService::new(
+        PeerServer::new(grpc::PeerService { calls }).max_decoding_message_size(64 << 20),
+        TokenCheck::new(identity.clone()),
+    );
+    let stopping = ops.supervisor.stopping();
+    ops.supervisor.spawn("peer rpc", async move {
+        let served = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                stopping,
+            )
+            .await;
+        if let Err(err) = served {
+            tracing::error!(%err, "peer RPC server failed");
+        }
+    });
+    cluster.start_data_channel(identity).await?;
+    let answering = ops.clone();
+    ops.supervisor.spawn_local("peer calls", async move {
+        while let Some(call) = incoming.recv().await {
+            answer::answer(&answering, call);
+        }
+    });
+    ops.supervisor
+        .spawn_local("heartbeats", cluster.clone().run_heartbeats());
+    tracing::info!(node = node.id, rpc = %node.rpc, nodes = cluster.topology.len(), "cluster node up");
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! Who holds references in the store: the one place that divides the store's
+//! client-id space.
+//!
+//! - `1 .. RESERVED_BASE`: local connections, numbered as they come;
+//! - `RESERVED_BASE .. PEER_BASE`: the daemon's own principals (network
+//!   copies being pulled, objects pinned while sent; later the tiers and the
+//!   POSIX view);
+//! - `PEER_BASE + node`: each other node of the cluster (its references
+//!   here, its remote allocations).
+
+use shoal_core::object_table::ClientId;
+
+const PEER_BASE: ClientId = 0xF000_0000;
+const RESERVED_BASE: ClientId = PEER_BASE - 16;
+
+/// Owns network-mode copies while they are pulled.
+pub const COPY: ClientId = RESERVED_BASE;
+/// Pins objects while the data channel sends them.
+pub const SEND: ClientId = RESERVED_BASE + 1;
+
+/// The store client standing for node `node`.
+pub fn peer(node: u32) -> ClientId {
+    PEER_BASE + node
+}
+
+/// The node a peer principal stands for.
+pub fn node_of(client: ClientId) -> Option<u32> {
+    client.checked_sub(PEER_BASE)
+}
+
+/// Whether `client` is another node (its clients wrote what it created).
+pub fn is_peer(client: ClientId) -> bool {
+    client >= PEER_BASE
+}
+
+/// Numbers local connections, never handing out a reserved id nor one
+/// still in use (after 2^32 connections the numbers wrap).
+#[derive(Debug)]
+pub struct LocalIds {
+    next: ClientId,
+}
+
+impl Default for LocalIds {
+    fn default() -> Self {
+        Self { next: 1 }
+    }
+}
+
+impl LocalIds {
+    pub fn next(&mut self, in_use: impl Fn(ClientId) -> bool) -> ClientId {
+        loop {
+            let id = self.next;
+            self.next = if id + 1 >= RESERVED_BASE { 1 } else { id + 1 };
+            if !in_use(id) {
+                return id;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spaces_do_not_overlap() {
+        assert!(!is_peer(COPY) && !is_peer(SEND) && COPY != SEND);
+        assert_eq!(node_of(peer(3)), Some(3));
+        assert_eq!(node_of(SEND), None);
+        let mut ids = LocalIds {
+            next: RESERVED_BASE - 2,
+        };
+        assert_eq!(ids.next(|_| false), RESERVED_BASE - 2);
+        assert_eq!(ids.next(|_| false), RESERVED_BASE - 1);
+        assert_eq!(ids.next(|id| id == 1), 2, "wraps, skipping ids in use");
+    }
+}
