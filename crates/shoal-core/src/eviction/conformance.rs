@@ -175,3 +175,117 @@ proptest! {
         }
     }
 }
+
+// Inside the real store: the store's own calls (seal, get, release, delete,
+// evict, disconnect) keep every policy consistent with the object table.
+
+use crate::ids::ObjectId;
+use crate::store::Store;
+
+fn id(n: u8) -> ObjectId {
+    ObjectId([n; 20])
+}
+
+#[derive(Debug, Clone)]
+enum StoreOp {
+    Put(u8, u16),
+    Get(u32, u8),
+    Release(u32, u8),
+    Delete(u8),
+    Evict(u16),
+    Disconnect(u32),
+}
+
+fn store_op() -> impl Strategy<Value = StoreOp> {
+    prop_oneof![
+        (0u8..16, 1u16..1500).prop_map(|(i, n)| StoreOp::Put(i, n)),
+        (1u32..4, 0u8..16).prop_map(|(c, i)| StoreOp::Get(c, i)),
+        (1u32..4, 0u8..16).prop_map(|(c, i)| StoreOp::Release(c, i)),
+        (0u8..16).prop_map(StoreOp::Delete),
+        (0u16..3000).prop_map(StoreOp::Evict),
+        (1u32..4).prop_map(StoreOp::Disconnect),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn the_store_keeps_its_invariants_under_every_policy(ops in prop::collection::vec(store_op(), 1..200)) {
+        for name in POLICY_NAMES {
+            let mut s = Store::new(8192, 8192, 64, by_name(name).unwrap());
+            for op in &ops {
+                match *op {
+                    StoreOp::Put(i, n) => {
+                        if s.create(0, id(i), u64::from(n), 0).is_ok() {
+                            s.seal(0, &[id(i)], true).unwrap();
+                        }
+                    }
+                    StoreOp::Get(c, i) => { let _ = s.get(c, &id(i)); }
+                    StoreOp::Release(c, i) => { let _ = s.release(c, &id(i)); }
+                    StoreOp::Delete(i) => { let _ = s.delete(&id(i)); }
+                    StoreOp::Evict(n) => { s.evict(u64::from(n)); }
+                    StoreOp::Disconnect(c) => s.disconnect(c),
+                }
+                s.check_invariants();
+            }
+        }
+    }
+}
+
+/// Four 64-byte objects fill the store; object 1 is read three times.
+fn store_with_a_hot_object(name: &str) -> Store {
+    let mut s = Store::new(256, 256, 64, by_name(name).unwrap());
+    for n in 0..4 {
+        s.create(0, id(n), 64, 0).unwrap();
+        s.seal(0, &[id(n)], true).unwrap();
+    }
+    for _ in 0..3 {
+        s.get(1, &id(1)).unwrap();
+        s.release(1, &id(1)).unwrap();
+    }
+    s
+}
+
+#[test]
+fn in_the_store_frequency_policies_keep_the_hot_object() {
+    for name in ["lfu", "lrfu"] {
+        let mut s = store_with_a_hot_object(name);
+        // Three new objects need three evictions: the hot one survives.
+        for n in 10..13 {
+            s.create(0, id(n), 64, 0).unwrap();
+            s.seal(0, &[id(n)], true).unwrap();
+        }
+        assert!(s.contains(&id(1)), "{name}");
+        assert!(![0, 2, 3].iter().any(|&n| s.contains(&id(n))), "{name}");
+    }
+    // LRU only remembers that 1 was released last: it goes after 0, 2, 3 too,
+    // but is the next one out.
+    let mut s = store_with_a_hot_object("lru");
+    for n in 10..14 {
+        s.create(0, id(n), 64, 0).unwrap();
+        s.seal(0, &[id(n)], true).unwrap();
+    }
+    assert!(!s.contains(&id(1)));
+}
+
+#[test]
+fn in_the_store_a_reused_slot_does_not_inherit_frequency() {
+    for name in ["lfu", "lrfu"] {
+        let mut s = store_with_a_hot_object(name);
+        // The hot object is deleted; a new object takes its memory (and slot).
+        s.delete(&id(1)).unwrap();
+        s.create(0, id(20), 64, 0).unwrap();
+        s.seal(0, &[id(20)], true).unwrap();
+        // Read the three older objects once each: each now has 2 references
+        // against the new object's 1, so the new object goes first.
+        for n in [0, 2, 3] {
+            s.get(1, &id(n)).unwrap();
+            s.release(1, &id(n)).unwrap();
+        }
+        s.create(0, id(21), 64, 0).unwrap();
+        assert!(
+            !s.contains(&id(20)),
+            "{name}: the new object kept the old one's history"
+        );
+        assert!([0, 2, 3].iter().all(|&n| s.contains(&id(n))), "{name}");
+    }
+}

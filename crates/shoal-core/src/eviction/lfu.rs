@@ -6,7 +6,8 @@
 //! Plain LFU never forgets: an object read often long ago outlives newer ones
 //! being read now. LRFU (`lrfu.rs`) is the variant that decays old references.
 //! O(log n) per operation (an indexed heap, `slot_heap.rs`); 24 bytes of
-//! history and 4 of heap index per slot, no allocation per object.
+//! history and 4 of heap index per slot (24 more per candidate in the heap),
+//! no allocation per object.
 
 use super::frequency::{FrequencyTracker, Scoring};
 use super::EvictionPolicy;

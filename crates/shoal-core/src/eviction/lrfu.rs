@@ -17,7 +17,7 @@
 //! CRFs decay by the same factor, so log_A CRF(t) + S·t is the same for every
 //! t, and log_A CRF_last + S·t_last is a time-free key with the order of the
 //! CRFs at any common time. Smallest CRF leaves first. O(log n) per
-//! operation, 16 bytes of history per slot, no allocation per object.
+//! operation, 28 bytes per slot, no allocation per object.
 
 use super::frequency::{FrequencyTracker, Scoring};
 use super::EvictionPolicy;
