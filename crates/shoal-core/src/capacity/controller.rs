@@ -466,6 +466,39 @@ mod tests {
     }
 
     #[test]
+    fn stalls_during_a_saturating_burst_halve_the_time_to_shed() {
+        let total = 24 * GIB;
+        let r0_m = 0.95 * total as f64;
+        // Steps until the store fits beside a 20 GiB compute job; with `stall`
+        // the kernel reports 30 ms of stall per 100 ms while memory is full.
+        let steps_to_fit = |stall: bool| {
+            let mut ctl = Controller::new(config(), config().max_capacity_for(total)).unwrap();
+            let mut stalled_us = 0;
+            for i in 0..100 {
+                let resident = ctl.target();
+                let used = (20 * GIB + resident).min(total);
+                if used == total {
+                    stalled_us += 30_000;
+                }
+                let mut s = sample(i, used, total, resident);
+                if stall {
+                    s = with_pressure(s, 0.0, stalled_us);
+                }
+                let state = ctl.step(&s);
+                if (20 * GIB + state.target) as f64 <= r0_m + (64 * MIB) as f64 {
+                    return i;
+                }
+            }
+            panic!("never fit");
+        };
+        let (plain, boosted) = (steps_to_fit(false), steps_to_fit(true));
+        assert!(
+            boosted * 2 <= plain + 2,
+            "plain {plain} steps, boosted {boosted}"
+        );
+    }
+
+    #[test]
     fn the_last_state_is_kept_for_display() {
         let mut ctl = Controller::new(config(), GIB).unwrap();
         assert!(ctl.last_state().is_none());

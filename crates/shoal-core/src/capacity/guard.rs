@@ -6,14 +6,15 @@
 //! already wait for memory: MemAvailable counts page cache as available, and
 //! a job that streams through files (or a cgroup neighbour near its limit)
 //! makes the kernel reclaim and refault that cache in the allocation path. A
-//! node with spare memory shows a memory stall of exactly 0, so any sustained
-//! stall means memory is short whatever r_i says.
+//! node with spare memory shows next to no memory stall, so a stall of a
+//! percent or more means memory is short whatever r_i says.
 //!
 //! # The rule
 //! The stall share s is the fraction of the last control interval in which
 //! at least one task was stalled on memory: Δ(`some total`) / Δt between two
-//! samples (`avg10` / 100 when there is no previous sample: avg10 is a 10 s
-//! average and would hold the guard for seconds after the stall ends).
+//! samples. `avg10` / 100 stands in only when there is no previous sample:
+//! a 10 s average reacts seconds late and keeps the guard on for seconds
+//! after the stall ends.
 //! - s ≥ `hold_growth_at` (default 1 %): the capacity may not grow. Growing
 //!   would hand the store memory the kernel is fighting to reclaim.
 //! - s ≥ `boost_at` (default 10 %): also, a shrink the law asks for is taken
