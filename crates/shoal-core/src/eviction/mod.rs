@@ -2,11 +2,20 @@
 //!
 //! The store tells the policy when an object becomes a candidate (sealed and
 //! unreferenced), when it stops being one (referenced again, deleted) and when
-//! it is accessed; the policy only orders candidates. New policies (LFU, the
-//! tiering-aware ones) plug in behind this trait.
+//! it is accessed; the policy only orders candidates. One policy per file,
+//! all held to the same contract by `conformance.rs`: LRU, LFU and LRFU
+//! (Alluxio's choice for tiers).
 
+#[cfg(test)]
+mod conformance;
+mod frequency;
+mod lfu;
+mod lrfu;
 mod lru;
+mod slot_heap;
 
+pub use lfu::Lfu;
+pub use lrfu::{Lrfu, LrfuParams};
 pub use lru::Lru;
 
 use crate::object_table::Slot;
@@ -27,10 +36,16 @@ pub trait EvictionPolicy: Send {
     fn name(&self) -> &'static str;
 }
 
-/// Builds a policy by name (`lru`).
+/// The names [`by_name`] knows.
+pub const POLICY_NAMES: [&str; 3] = ["lru", "lfu", "lrfu"];
+
+/// Builds a policy by name (`lru`, `lfu`, `lrfu`; any case), with its
+/// default parameters.
 pub fn by_name(name: &str) -> Option<Box<dyn EvictionPolicy>> {
     match name.to_ascii_lowercase().as_str() {
         "lru" => Some(Box::new(Lru::default())),
+        "lfu" => Some(Box::new(Lfu::default())),
+        "lrfu" => Some(Box::new(Lrfu::default())),
         _ => None,
     }
 }

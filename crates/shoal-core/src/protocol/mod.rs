@@ -624,10 +624,11 @@ impl Reply {
                     line_size: r.u64()?,
                     policy: "",
                 };
-                s.policy = match r.str()?.as_str() {
-                    "lru" => "lru",
-                    _ => "other",
-                };
+                let name = r.str()?;
+                s.policy = crate::eviction::POLICY_NAMES
+                    .into_iter()
+                    .find(|known| *known == name)
+                    .unwrap_or("other");
                 Reply::Stats(s)
             }
             op::NOTIFICATION => {

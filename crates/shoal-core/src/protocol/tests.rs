@@ -145,6 +145,10 @@ fn every_reply_round_trips() {
             policy: "lru",
             ..Default::default()
         }),
+        Reply::Stats(StoreStats {
+            policy: "lrfu",
+            ..Default::default()
+        }),
         Reply::Notification(Notification::Sealed {
             id,
             data_size: 5,
