@@ -12,7 +12,7 @@
 
 use std::rc::Rc;
 
-use shoal_cluster::auth::PeerIdentity;
+use shoal_cluster::auth::{PeerIdentity, Refusal};
 use shoal_cluster::bulk::{fetch_range, send_error, send_range, Request};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::store::ObjectLocation;
@@ -109,15 +109,16 @@ impl Cluster {
 
     /// Checks a request and pins the object it names; `Err` pins nothing.
     fn pin(&self, identity: &PeerIdentity, request: &Request) -> Result<ObjectLocation> {
-        let from = identity
-            .verify(Some(&request.token), Some(request.from))
-            .map_err(|refusal| ShoalError::invalid(refusal.to_string()))?;
-        if from == self.me {
-            return Err(ShoalError::invalid(format!(
-                "node {from} is not a peer of node {}",
-                self.me
-            )));
-        }
+        let from = match identity.verify(Some(&request.token), Some(request.from)) {
+            Ok(from) if from != self.me => from,
+            Ok(from) | Err(Refusal::NotAMember(from)) => {
+                return Err(ShoalError::invalid(format!(
+                    "node {from} is not a peer of node {}",
+                    self.me
+                )))
+            }
+            Err(refusal) => return Err(ShoalError::invalid(refusal.to_string())),
+        };
         let id = request.id;
         self.node.mutate(|store| {
             if !store.holds(principals::peer(from), &id) {
