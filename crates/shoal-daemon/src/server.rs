@@ -265,12 +265,7 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     let policy = eviction::by_name(&config.policy).ok_or_else(|| {
         ShoalError::invalid(format!("unknown eviction policy {:?}", config.policy))
     })?;
-    if let Some(dir) = config.socket.parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| ShoalError::io(&format!("create {}", dir.display()), e))?;
-        }
-    }
+    shoal_core::local_auth::ensure_socket_dir(&config.socket)?;
     let lock = SocketLock::acquire(&config.socket)?;
     // A region we create is rounded up to whole lines, so a capacity of any
     // byte count (Plasma's `-m 10000`) is usable in full.
@@ -369,6 +364,10 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    if let Err(err) = shoal_core::local_auth::admit_client(&stream, &config.allowed_uids) {
+                        tracing::warn!(%err, "client refused");
+                        continue;
+                    }
                     let shared = shared.clone();
                     tokio::task::spawn_local(connection::serve(shared, stream));
                 }
