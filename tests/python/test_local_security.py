@@ -125,7 +125,9 @@ def test_a_daemon_another_user_runs_is_refused(other_uid, shared_dir, monkeypatc
     )
     try:
         assert impostor.stdout is not None
-        assert impostor.stdout.readline().strip() == "ready", impostor.stderr.read() if impostor.stderr else ""
+        assert impostor.stdout.readline().strip() == "ready", (
+            impostor.stderr.read() if impostor.stderr else ""
+        )
         with pytest.raises(shoal.ShoalError) as refused:
             shoal.connect(str(socket))
         assert isinstance(refused.value, PermissionError), refused.value
@@ -192,7 +194,9 @@ def test_the_default_socket_prefers_a_trusted_runtime_directory(tmp_path):
         if runtime is not None:
             env["XDG_RUNTIME_DIR"] = str(runtime)
         code = "from shoal import _internal; print(_internal.default_socket())"
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=30)
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=30
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout.strip()
 
@@ -224,6 +228,19 @@ def test_the_embedded_start_never_follows_a_planted_log_symlink(tmp_path):
     assert not socket.exists()
 
 
+def test_the_daemon_never_creates_its_lock_through_a_planted_link(tmp_path):
+    directory = short_dir(tmp_path) / "locked"
+    directory.mkdir(mode=0o700)
+    target = tmp_path / "created-through-the-link"
+    (directory / "x.sock.lock").symlink_to(target)
+    served = shoal_command(
+        "serve", "--socket", str(directory / "x.sock"), "--capacity", "8MiB", "--no-prefault",
+        "--idle-exit", "0.2",
+    )  # fmt: skip
+    assert served.returncode != 0, served.stderr
+    assert not target.exists()
+
+
 # --- 7. modes of what the daemon and the embedded start create ----------------------
 
 
@@ -238,7 +255,17 @@ def umask_022() -> Iterator[None]:
 def test_the_daemon_creates_its_socket_directory_owner_only(tmp_path, umask_022):
     nested = short_dir(tmp_path) / "made-by-daemon" / "x.sock"
     served = subprocess.Popen(
-        [sys.executable, "-m", "shoal", "serve", "--socket", str(nested), "--capacity", "8MiB", "--no-prefault"],
+        [
+            sys.executable,
+            "-m",
+            "shoal",
+            "serve",
+            "--socket",
+            str(nested),
+            "--capacity",
+            "8MiB",
+            "--no-prefault",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

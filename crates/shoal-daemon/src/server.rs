@@ -229,6 +229,7 @@ impl SocketLock {
             .truncate(false)
             .write(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| ShoalError::io(&format!("open lock {}", path.display()), e))?;
         // SAFETY: flock on a descriptor we own; no memory is involved.
@@ -364,7 +365,8 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    if let Err(err) = shoal_core::local_auth::admit_client(&stream, &config.allowed_uids) {
+                    let allowed = &config.allowed_uids;
+                    if let Err(err) = shoal_core::local_auth::admit_client(&stream, allowed) {
                         tracing::warn!(%err, "client refused");
                         continue;
                     }
