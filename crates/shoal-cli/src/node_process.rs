@@ -74,8 +74,21 @@ impl NodeProcess {
                 self.pid
             ));
         }
-        let cmdline = std::fs::read(proc_dir.join("cmdline"))
-            .map_err(|e| format!("cannot read the command line of {}: {e}", self.pid))?;
+        let read_cmdline = || {
+            std::fs::read(proc_dir.join("cmdline"))
+                .map_err(|e| format!("cannot read the command line of {}: {e}", self.pid))
+        };
+        let mut cmdline = read_cmdline()?;
+        // A process in the middle of exec shows an empty command line for a
+        // moment (its new arguments are not set up yet); a zombie or kernel
+        // thread shows one for good.
+        for _ in 0..20 {
+            if !cmdline.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            cmdline = read_cmdline()?;
+        }
         let args: Vec<String> = cmdline
             .split(|&b| b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
@@ -250,8 +263,10 @@ mod tests {
             tmp.path(),
         );
         let pid = child.id() as i32;
-        let Found::Node(node) = NodeProcess::find(pid, &file, 3).unwrap() else {
-            panic!("the node was not recognised");
+        let node = match NodeProcess::find(pid, &file, 3).unwrap() {
+            Found::Node(node) => node,
+            Found::Gone => panic!("gone"),
+            Found::Other(why) => panic!("the node was not recognised: {why}"),
         };
         assert!(!node.exited().unwrap());
         node.signal(Signal::TERM).unwrap();
