@@ -28,27 +28,31 @@ def start(socket: str, capacity: str | int, timeout: float = 15.0) -> None:
     Two processes racing here both start one; the daemon's lock lets exactly
     one serve and the other exits, which is harmless.
     """
-    os.makedirs(os.path.dirname(socket) or ".", mode=0o700, exist_ok=True)
-    log = open(socket + ".log", "ab")  # noqa: SIM115 - handed to the child
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "shoal",
-            "serve",
-            "--socket",
-            socket,
-            "--capacity",
-            str(capacity),
-            "--idle-exit",
-            str(IDLE_EXIT_SECONDS),
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-    )
-    log.close()
+    # Refuses a directory another user made or can change (a squatted
+    # /tmp/shoal-$UID), and a log path that is a planted symbolic link.
+    _internal.ensure_socket_dir(socket)
+    log = _internal.open_private_log(socket + ".log")
+    try:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "shoal",
+                "serve",
+                "--socket",
+                socket,
+                "--capacity",
+                str(capacity),
+                "--idle-exit",
+                str(IDLE_EXIT_SECONDS),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    finally:
+        os.close(log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

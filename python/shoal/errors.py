@@ -68,6 +68,11 @@ class NodeUnavailable(ShoalError, ConnectionError):
     """Another node of the cluster did not answer within the timeout."""
 
 
+class PermissionDenied(ShoalError, PermissionError):
+    """A local security check refused: a socket directory or log another user could have
+    planted, or a daemon or client of another user (docs/security.md)."""
+
+
 __all__ = [
     name for name, value in globals().items() if isinstance(value, type) and issubclass(value, Exception)
 ]

@@ -157,4 +157,5 @@ def test_default_socket_follows_environment(monkeypatch):
 
     assert _embedded.default_socket() == "/tmp/somewhere/else.sock"
     monkeypatch.delenv("SHOAL_SOCKET")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)  # else $XDG_RUNTIME_DIR/shoal/
     assert _embedded.default_socket() == f"/tmp/shoal-{os.getuid()}/default.sock"

@@ -19,13 +19,16 @@ use shoal_cluster::{Access, Node, Topology};
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::units::{format_size, parse_size};
 
+use crate::node_process::{Found, NodeProcess};
+use rustix::process::Signal;
+
 #[derive(clap::Args, Debug)]
 pub struct UpArgs {
     /// Number of nodes (daemons) to start.
     #[arg(long, short = 'n', default_value_t = 3)]
     pub nodes: u32,
     /// Directory for the cluster file, sockets, logs and pid files
-    /// [default: /tmp/shoal-$UID/cluster].
+    /// [default: cluster/ beside the default socket].
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Memory per node, e.g. 256MiB.
@@ -55,7 +58,7 @@ pub struct UpArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct DirArgs {
-    /// The cluster's directory [default: /tmp/shoal-$UID/cluster].
+    /// The cluster's directory [default: cluster/ beside the default socket].
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// A cluster file instead of a directory made by `cluster up`.
@@ -105,7 +108,14 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
             dir.display()
         );
     }
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    // Owner-only, and refused if another user could change its entries: it
+    // holds the token, the sockets and the pid files `down` acts on.
+    shoal_core::local_auth::ensure_trusted_dir(&dir)?;
+    // Absolute, so the daemons' command lines name their cluster file
+    // wherever `down` runs from (it checks them before signalling).
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("resolve {}", dir.display()))?;
     let modes: Vec<Access> = args
         .modes
         .split(',')
@@ -241,7 +251,9 @@ fn start_daemons(
     let mut children = Vec::new();
     let mut failure = None;
     for node in &topology.nodes {
-        let log = std::fs::File::create(dir.join(format!("n{}.log", node.id)))?;
+        let log = shoal_core::local_auth::open_private_log(&dir.join(format!("n{}.log", node.id)))?;
+        // Each start's log on its own: a failure is diagnosed from it below.
+        log.set_len(0)?;
         let mut command = Command::new(program);
         command
             .args(prefix)
@@ -315,30 +327,52 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
 
 pub fn down(args: DirArgs) -> Result<()> {
     let dir = args.dir.unwrap_or_else(default_dir);
+    if !dir.exists() {
+        bail!("no cluster in {}", dir.display());
+    }
+    // Pid files in a directory another user can write could be anyone's.
+    shoal_core::local_auth::check_trusted_dir(&dir)?;
     let file = cluster_file(&dir);
     let topology = Topology::load(&file).ok();
-    let mut pids = Vec::new();
+    let mut nodes = Vec::new();
     for entry in
         std::fs::read_dir(&dir).with_context(|| format!("no cluster in {}", dir.display()))?
     {
         let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "pid") {
-            if let Ok(pid) = std::fs::read_to_string(&path)?.trim().parse::<i32>() {
-                pids.push(pid);
+        if path.extension().is_none_or(|e| e != "pid") {
+            continue;
+        }
+        let node = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.strip_prefix('n'))
+            .and_then(|s| s.parse::<u32>().ok());
+        let pid = std::fs::read_to_string(&path)?.trim().parse::<i32>().ok();
+        std::fs::remove_file(&path)?;
+        let (Some(node), Some(pid)) = (node, pid) else {
+            eprintln!("shoal: ignoring {}: not a node's pid file", path.display());
+            continue;
+        };
+        // Only a process proven to be that node's daemon is signalled: the
+        // file may be stale (its pid reused) or planted.
+        match NodeProcess::find(pid, &file, node)? {
+            Found::Node(process) => nodes.push(process),
+            Found::Gone => {}
+            Found::Other(why) => {
+                eprintln!(
+                    "shoal: not stopping pid {pid} named by {}: {why}",
+                    path.display()
+                )
             }
-            std::fs::remove_file(&path)?;
         }
     }
-    for &pid in &pids {
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+    for process in &nodes {
+        process.signal(Signal::TERM)?;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    for &pid in &pids {
-        while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if unsafe { libc::kill(pid, 0) } == 0 {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+    for process in &nodes {
+        if !process.wait_exit(deadline)? {
+            process.signal(Signal::KILL)?;
         }
     }
     // Regions of nodes that were killed are left behind by them.
@@ -348,7 +382,7 @@ pub fn down(args: DirArgs) -> Result<()> {
         }
     }
     let _ = std::fs::remove_file(&file);
-    println!("shoal cluster down: stopped {} daemons", pids.len());
+    println!("shoal cluster down: stopped {} daemons", nodes.len());
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 
 mod bench;
 mod cluster;
+mod node_process;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,7 +25,8 @@ struct Cli {
 
 #[derive(clap::Args, Debug, Clone)]
 struct SocketArg {
-    /// The daemon's Unix socket [default: $SHOAL_SOCKET, else /tmp/shoal-$UID/default.sock].
+    /// The daemon's Unix socket [default: $SHOAL_SOCKET, else
+    /// $XDG_RUNTIME_DIR/shoal/default.sock, else /tmp/shoal-$UID/default.sock].
     #[arg(long, short = 's', env = "SHOAL_SOCKET")]
     socket: Option<PathBuf>,
 }
@@ -35,11 +37,22 @@ impl SocketArg {
     }
 }
 
-/// The socket `shoal serve` and `shoal.connect()` use when none is given.
+/// The socket `shoal serve` and `shoal.connect()` use when none is given:
+/// `$XDG_RUNTIME_DIR/shoal/default.sock` when that directory is set and
+/// trusted (ours, not writable by others), else `/tmp/shoal-$UID/default.sock`.
+/// Either directory is checked again (and refused if another user made it)
+/// before a daemon binds there.
 pub fn default_socket() -> PathBuf {
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
-    PathBuf::from(format!("/tmp/shoal-{uid}/default.sock"))
+    default_socket_dir().join("default.sock")
+}
+
+fn default_socket_dir() -> PathBuf {
+    if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        if runtime.is_absolute() && shoal_core::local_auth::check_trusted_dir(&runtime).is_ok() {
+            return runtime.join("shoal");
+        }
+    }
+    PathBuf::from(format!("/tmp/shoal-{}", shoal_core::local_auth::my_uid()))
 }
 
 fn size(text: &str) -> Result<u64, String> {
@@ -81,6 +94,11 @@ enum Command {
         /// This node's id in the cluster file.
         #[arg(long, requires = "cluster")]
         node: Option<u32>,
+        /// Also serve clients of this user id (repeatable); by default only
+        /// the daemon's own user and root are served. They need access to the
+        /// socket too.
+        #[arg(long = "allow-uid", value_name = "UID")]
+        allow_uids: Vec<u32>,
     },
     /// Start, stop or inspect a cluster of daemons.
     #[command(subcommand)]
@@ -101,7 +119,7 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// List every node of the cluster in this directory (`cluster up --dir`)
-        /// [default directory: /tmp/shoal-$UID/cluster].
+        /// [default directory: cluster/ beside the default socket].
         #[arg(long)]
         cluster: bool,
         /// The cluster's directory (with --cluster).
@@ -178,6 +196,7 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             idle_exit,
             cluster,
             node,
+            allow_uids,
         } => {
             let explicit = capacity;
             let capacity = capacity.unwrap_or(1 << 30);
@@ -206,6 +225,7 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             config.prefault = !no_prefault;
             config.idle_exit = idle_exit.map(Duration::from_secs_f64);
             config.stop_on_signals = true;
+            config.allowed_uids = allow_uids;
             shoal_daemon::serve_blocking(config, Shutdown::new())?;
             Ok(())
         }

@@ -201,6 +201,9 @@ impl Channel {
             };
             ShoalError::new(kind, format!("connect to {}: {e}", path.display()))
         })?;
+        // Before a single byte goes out: a daemon of another user (one
+        // squatting the socket's name) must not receive our data.
+        shoal_core::local_auth::check_daemon(stream.as_fd(), path)?;
         let mut channel = Channel {
             stream,
             input: Vec::with_capacity(64 * 1024),

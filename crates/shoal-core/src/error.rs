@@ -41,6 +41,9 @@ pub enum ErrorKind {
     /// Another node of the cluster did not answer (down, partitioned) within
     /// the timeout; objects on live nodes stay available.
     NodeUnavailable = 15,
+    /// A local security check refused: a socket directory or log another
+    /// user could have planted, or a daemon or client of another user.
+    PermissionDenied = 16,
 }
 
 impl ErrorKind {
@@ -66,6 +69,7 @@ impl ErrorKind {
             13 => ObjectInUse,
             14 => VersionMismatch,
             15 => NodeUnavailable,
+            16 => PermissionDenied,
             _ => return None,
         })
     }
@@ -88,6 +92,7 @@ impl ErrorKind {
             ObjectInUse => "ObjectInUse",
             VersionMismatch => "VersionMismatch",
             NodeUnavailable => "NodeUnavailable",
+            PermissionDenied => "PermissionDenied",
         }
     }
 }

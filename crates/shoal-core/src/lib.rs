@@ -11,6 +11,7 @@ pub mod error;
 pub mod eviction;
 pub mod fd_passing;
 pub mod ids;
+pub mod local_auth;
 pub mod object_table;
 pub mod protocol;
 pub mod region;

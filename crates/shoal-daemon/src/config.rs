@@ -30,6 +30,9 @@ pub struct DaemonConfig {
     pub stop_on_signals: bool,
     /// Run as one node of a cluster (`shoal serve --cluster FILE --node N`).
     pub cluster: Option<crate::cluster::ClusterConfig>,
+    /// Users besides the daemon's own (and root) whose clients it serves
+    /// (`shoal serve --allow-uid`); they also need access to the socket.
+    pub allowed_uids: Vec<u32>,
 }
 
 impl DaemonConfig {
@@ -45,6 +48,7 @@ impl DaemonConfig {
             idle_exit: None,
             stop_on_signals: false,
             cluster: None,
+            allowed_uids: Vec::new(),
         }
     }
 }

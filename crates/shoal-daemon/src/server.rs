@@ -55,6 +55,7 @@ impl SocketLock {
             .truncate(false)
             .write(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| ShoalError::io(&format!("open lock {}", path.display()), e))?;
         // SAFETY: flock on a descriptor we own; no memory is involved.
@@ -93,12 +94,7 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     let policy = eviction::by_name(&config.policy).ok_or_else(|| {
         ShoalError::invalid(format!("unknown eviction policy {:?}", config.policy))
     })?;
-    if let Some(dir) = config.socket.parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| ShoalError::io(&format!("create {}", dir.display()), e))?;
-        }
-    }
+    shoal_core::local_auth::ensure_socket_dir(&config.socket)?;
     let lock = SocketLock::acquire(&config.socket)?;
     if let Some(cluster) = &config.cluster {
         cluster.topology.node(cluster.node)?;
@@ -243,6 +239,10 @@ async fn serve_clients(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     backoff.succeeded();
+                    if let Err(err) = shoal_core::local_auth::admit_client(&stream, &config.allowed_uids) {
+                        tracing::warn!(%err, "client refused");
+                        continue;
+                    }
                     ops.supervisor.spawn_local("client", connection::serve(ops.clone(), stream));
                 }
                 Err(err) => backoff.failed(err).await,

@@ -20,6 +20,22 @@ fn default_socket() -> String {
     shoal_cli::default_socket().display().to_string()
 }
 
+/// Creates the directory of `socket` owner-only if missing and refuses one
+/// another user could have made or could change (`shoal.PermissionDenied`).
+#[pyfunction]
+fn ensure_socket_dir(socket: std::path::PathBuf) -> PyResult<()> {
+    shoal_core::local_auth::ensure_socket_dir(&socket).map_err(|e| errors::to_py(e.into()))
+}
+
+/// Opens the log at `path` for appending, owner-only, never through a
+/// symbolic link; returns the file descriptor, which the caller owns.
+#[pyfunction]
+fn open_private_log(path: std::path::PathBuf) -> PyResult<i32> {
+    let file =
+        shoal_core::local_auth::open_private_log(&path).map_err(|e| errors::to_py(e.into()))?;
+    Ok(std::os::fd::IntoRawFd::into_raw_fd(file))
+}
+
 /// The cache write-back instruction a seal uses on a non-coherent fabric on
 /// this machine ("clwb", "clflushopt", "clflush", "dc civac", "dcbf" or
 /// "none"), for benchmark reports.
@@ -36,6 +52,8 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(default_socket, m)?)?;
     m.add_function(wrap_pyfunction!(flush_instruction, m)?)?;
+    m.add_function(wrap_pyfunction!(ensure_socket_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(open_private_log, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
