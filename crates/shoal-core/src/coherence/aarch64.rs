@@ -103,3 +103,34 @@ fn dsb_sy() {
     // SAFETY: a barrier touches no memory and no registers.
     unsafe { asm!("dsb sy", options(nostack, preserves_flags)) };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coherence::LINE;
+
+    #[test]
+    fn stride_is_a_real_line_no_larger_than_the_object_line() {
+        let stride = stride();
+        assert!(stride.is_power_of_two(), "stride {stride}");
+        // No aarch64 core has data lines under 16 bytes; a smaller stride
+        // means the wrong CTR_EL0 field was decoded.
+        assert!(stride >= 16, "stride {stride} is below any real line");
+        // Objects are padded to LINE so that no two share a hardware line
+        // (protocol step 1); a longer line (A64FX has 256 bytes) breaks that.
+        assert!(stride <= LINE, "hardware line {stride} exceeds LINE {LINE}");
+    }
+
+    #[test]
+    fn stride_agrees_with_the_c_library() {
+        // glibc decodes CTR_EL0 itself for this sysconf name; a version
+        // without it answers 0 or -1, and then there is nothing to compare.
+        // SAFETY: sysconf only reads.
+        let libc_line = unsafe { libc::sysconf(libc::_SC_LEVEL1_DCACHE_LINESIZE) };
+        if libc_line <= 0 {
+            eprintln!("skipped: this C library does not report the L1 data line size");
+            return;
+        }
+        assert_eq!(stride(), libc_line as usize);
+    }
+}

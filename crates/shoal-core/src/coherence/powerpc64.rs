@@ -117,3 +117,40 @@ fn hwsync() {
     // SAFETY: a barrier touches no memory and no registers.
     unsafe { asm!("sync", options(nostack, preserves_flags)) };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coherence::LINE;
+
+    /// The bytes one `dcbz` clears: an independent measure of the data cache
+    /// block size, since `dcbz` zeroes exactly the block holding its address.
+    fn block_dcbz_clears() -> usize {
+        const PAGE: usize = 4096;
+        let mut buf = vec![0xffu8; 2 * PAGE];
+        let start = buf.as_ptr().align_offset(PAGE);
+        let block = &mut buf[start..start + PAGE];
+        // SAFETY: the address is inside `block`, page aligned, so the cleared
+        // block (at most a page) lies inside `block`, which we own mutably.
+        unsafe {
+            asm!("dcbz 0, {0}", in(reg) block.as_mut_ptr(), options(nostack, preserves_flags));
+        }
+        block.iter().take_while(|&&b| b == 0).count()
+    }
+
+    #[test]
+    fn stride_is_the_block_dcbz_clears() {
+        assert_eq!(stride(), block_dcbz_clears());
+    }
+
+    #[test]
+    fn stride_is_no_larger_than_the_object_line() {
+        // Objects are padded to LINE so that no two share a block (protocol
+        // step 1); a longer block breaks that.
+        let stride = stride();
+        assert!(
+            stride.is_power_of_two() && stride <= LINE,
+            "block {stride}, LINE {LINE}"
+        );
+    }
+}
