@@ -12,13 +12,12 @@
 //! for the same reason. The cost is one barrier per range, not per line.
 //! An `isb` after an invalidate discards anything already fetched past it.
 //!
-//! How this was checked without an aarch64 toolchain: the Rust around the asm
-//! was type-checked on x86_64 by compiling this file (and `lines.rs`) as a
-//! module of a scratch crate with `cargo check`; every asm template here was
-//! assembled by rustc 1.95 for `aarch64-unknown-linux-gnu` (a `#![no_core]`
-//! harness, `--emit obj`) and disassembled with llvm-objdump, which printed
-//! `dc civac, x0`, `dsb sy`, `isb` and `mrs x0, CTR_EL0`. It has not run on
-//! aarch64 hardware.
+//! Checked in CI without aarch64 hardware: `scripts/check-cross-arch.sh`
+//! cross-builds shoal-core's tests for `aarch64-unknown-linux-gnu` and runs
+//! the coherence tests under `qemu-aarch64`, which executes `dc civac`,
+//! `dsb sy`, `isb` and the CTR_EL0 read with EL0's permissions (so `dc ivac`
+//! would die of SIGILL there). qemu has no caches to observe; it has not run
+//! on aarch64 hardware.
 
 use std::arch::asm;
 use std::sync::atomic::{AtomicUsize, Ordering};

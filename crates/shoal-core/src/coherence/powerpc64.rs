@@ -17,14 +17,12 @@
 //! need nightly's `asm_experimental_arch`), so a ppc64 build needs a recent
 //! compiler even though the workspace MSRV is older.
 //!
-//! How this was checked without a ppc64 toolchain: the Rust around the asm was
-//! type-checked on x86_64 by compiling this file (and `lines.rs`) as a module
-//! of a scratch crate with `cargo check`; every asm template here was
-//! assembled by rustc 1.95 for `powerpc64le-unknown-linux-gnu` and
-//! `powerpc64-unknown-linux-gnu` (a `#![no_core]` harness, `--emit obj`, no
-//! `asm_experimental_arch` feature) and disassembled with llvm-objdump, which
-//! printed `dcbf 0, 3` (0x7c0018ac: RA = 0, L = 0), `sync` and `isync`. It has
-//! not run on POWER hardware.
+//! Checked in CI without POWER hardware: `scripts/check-cross-arch.sh`
+//! cross-builds shoal-core's tests for `powerpc64le-unknown-linux-gnu` and
+//! runs the coherence tests under `qemu-ppc64le`, which executes `dcbf`,
+//! `sync` and `isync` in problem state (so the privileged `dcbi` would die of
+//! SIGILL there). qemu has no caches to observe; it has not run on POWER
+//! hardware, and big-endian `powerpc64-unknown-linux-gnu` is not built.
 
 use std::arch::asm;
 use std::sync::atomic::{AtomicUsize, Ordering};
