@@ -4,7 +4,8 @@
 # + `sync`) on this x86_64 host: shoal-core's unit tests are cross-compiled
 # for each target with the project's rustc and the coherence tests run under
 # qemu user-mode emulation, which executes the real instructions (and raises
-# SIGILL for ones user code may not issue).
+# SIGILL for ones user code may not issue). shoal-core is also linted with
+# clippy for each target, since the host's clippy never compiles those modules.
 #
 # Then it shows the check would catch a broken instruction: in a scratch copy
 # of the sources it mutates the maintenance instruction of each target
@@ -109,6 +110,18 @@ for row in "${TARGETS[@]}"; do
         continue
     fi
 
+    # The arch modules are not compiled on the host, so its clippy never
+    # sees them: lint them here, as strictly.
+    start=$(date +%s)
+    if nice -n 10 cargo clippy -q --release -p shoal-core --all-targets --target "$triple" \
+        -- -D warnings >"$log" 2>&1; then
+        say "$triple: clippy clean ($(($(date +%s) - start))s)"
+    else
+        cat "$log" >&2
+        say "FAILED $triple: clippy" >&2
+        status=1
+    fi
+
     # A misspelled instruction: the build must fail, on that instruction.
     # The test build, not `cargo build --lib`: a release rlib need not
     # generate code for functions only its users instantiate, and then its asm
@@ -148,7 +161,7 @@ done
 if [ "$ran" = 0 ]; then
     say "SKIPPED: no target could be checked (see above)"
 elif [ "$status" = 0 ]; then
-    say "ok"
+    say "ok: $ran of ${#TARGETS[@]} targets checked$([ "$ran" = "${#TARGETS[@]}" ] || echo "; the others SKIPPED, see above")"
 else
     say "FAILED" >&2
 fi
