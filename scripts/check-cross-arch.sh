@@ -41,7 +41,7 @@ missing() {
         echo "no Rust standard library for $triple (rustup target add $triple)"
     elif ! command -v "$gnu-gcc" >/dev/null; then
         echo "no $gnu-gcc (Debian: gcc-$gnu)"
-    elif [ ! -d "/usr/$gnu/lib" ]; then
+    elif [ ! -e "/usr/$gnu/lib/libc.so" ]; then
         echo "no $gnu C library in /usr/$gnu (Debian: the libc6-dev cross package)"
     elif ! command -v "qemu-$qemu-static" >/dev/null && ! command -v "qemu-$qemu" >/dev/null; then
         echo "no qemu-$qemu (Debian: qemu-user-static)"
@@ -66,7 +66,8 @@ cargo_for() {
 # replaced by TO in coherence/FILE; prints its directory. Mutants build into a
 # target directory of their own: cargo names a path package's artifacts by
 # its path inside the workspace, so a mutant built into the real one would
-# overwrite the real test binary and could be taken as up to date later.
+# overwrite the real test binary, which a later run could take as up to date
+# (this happened).
 mutant() {
     local name=$1 file=$2 from=$3 to=$4 dir src
     dir="$SCRATCH/$name"
