@@ -7,16 +7,37 @@ cd "$(dirname "$0")/.."
 
 command -v cargo >/dev/null || { echo "setup: shoal needs a Rust toolchain (cargo) on PATH" >&2; exit 1; }
 
-# Debian packages: spin model-checks the coherency protocol (scripts/check-model.sh).
+# Debian packages: spin model-checks the coherency protocol (scripts/check-model.sh);
+# cross gcc (linker and C library) and qemu user-mode emulation build and run the
+# aarch64 and ppc64le cache maintenance (scripts/check-cross-arch.sh).
 need_debs=()
 command -v spin >/dev/null || need_debs+=(spin)
+for cross in "aarch64-linux-gnu arm64" "powerpc64le-linux-gnu ppc64el"; do
+    read -r gnu debarch <<<"$cross"
+    command -v "$gnu-gcc" >/dev/null || need_debs+=("gcc-$gnu")
+    [ -e "/usr/$gnu/lib/libc.so" ] || need_debs+=("libc6-dev-$debarch-cross")
+done
+if ! command -v qemu-aarch64-static >/dev/null || ! command -v qemu-ppc64le-static >/dev/null; then
+    need_debs+=(qemu-user-static)
+fi
 if [ ${#need_debs[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" = 0 ] || SUDO="sudo"
     echo "setup: installing ${need_debs[*]} (apt)"
-    $SUDO apt-get install -y -q "${need_debs[@]}" >/dev/null 2>&1 \
-        || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "${need_debs[@]}" >/dev/null; }
+    $SUDO apt-get install -y -q --no-install-recommends "${need_debs[@]}" >/dev/null 2>&1 \
+        || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q --no-install-recommends "${need_debs[@]}" >/dev/null; }
 fi
+# The Rust standard library for the cross targets, for the same rustc. If rustup
+# cannot fetch it, setup goes on and scripts/check-cross-arch.sh skips that
+# target, saying why.
+for triple in aarch64-unknown-linux-gnu powerpc64le-unknown-linux-gnu; do
+    libdir=$(rustc --print target-libdir --target "$triple" 2>/dev/null || true)
+    if [ -z "$libdir" ] || ! compgen -G "$libdir/libstd-*.rlib" >/dev/null; then
+        echo "setup: installing the Rust standard library for $triple (rustup)"
+        rustup target add "$triple" >/dev/null 2>&1 \
+            || echo "setup: could not add $triple with rustup; scripts/check-cross-arch.sh will skip it" >&2
+    fi
+done
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv

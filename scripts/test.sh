@@ -28,5 +28,8 @@ step "frame decoder fuzz smoke (stable; the libFuzzer target is fuzz/)"
 step "coherency protocol model (spin)"
 ./scripts/check-model.sh
 
+step "aarch64 and ppc64le cache maintenance under qemu-user; a misspelled and a privileged instruction must be caught"
+./scripts/check-cross-arch.sh
+
 step "Python tests"
 python -m pytest -q tests/python

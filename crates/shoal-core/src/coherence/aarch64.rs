@@ -12,13 +12,12 @@
 //! for the same reason. The cost is one barrier per range, not per line.
 //! An `isb` after an invalidate discards anything already fetched past it.
 //!
-//! How this was checked without an aarch64 toolchain: the Rust around the asm
-//! was type-checked on x86_64 by compiling this file (and `lines.rs`) as a
-//! module of a scratch crate with `cargo check`; every asm template here was
-//! assembled by rustc 1.95 for `aarch64-unknown-linux-gnu` (a `#![no_core]`
-//! harness, `--emit obj`) and disassembled with llvm-objdump, which printed
-//! `dc civac, x0`, `dsb sy`, `isb` and `mrs x0, CTR_EL0`. It has not run on
-//! aarch64 hardware.
+//! Checked in CI without aarch64 hardware: `scripts/check-cross-arch.sh`
+//! cross-builds shoal-core's tests for `aarch64-unknown-linux-gnu` and runs
+//! the coherence tests under `qemu-aarch64`, which executes `dc civac`,
+//! `dsb sy`, `isb` and the CTR_EL0 read with EL0's permissions (so `dc ivac`
+//! would die of SIGILL there). qemu has no caches to observe; it has not run
+//! on aarch64 hardware.
 
 use std::arch::asm;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -102,4 +101,35 @@ unsafe fn dc_civac(line: usize) {
 fn dsb_sy() {
     // SAFETY: a barrier touches no memory and no registers.
     unsafe { asm!("dsb sy", options(nostack, preserves_flags)) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coherence::LINE;
+
+    #[test]
+    fn stride_is_a_real_line_no_larger_than_the_object_line() {
+        let stride = stride();
+        assert!(stride.is_power_of_two(), "stride {stride}");
+        // No aarch64 core has data lines under 16 bytes; a smaller stride
+        // means the wrong CTR_EL0 field was decoded.
+        assert!(stride >= 16, "stride {stride} is below any real line");
+        // Objects are padded to LINE so that no two share a hardware line
+        // (protocol step 1); a longer line (A64FX has 256 bytes) breaks that.
+        assert!(stride <= LINE, "hardware line {stride} exceeds LINE {LINE}");
+    }
+
+    #[test]
+    fn stride_agrees_with_the_c_library() {
+        // glibc decodes CTR_EL0 itself for this sysconf name; a version
+        // without it answers 0 or -1, and then there is nothing to compare.
+        // SAFETY: sysconf only reads.
+        let libc_line = unsafe { libc::sysconf(libc::_SC_LEVEL1_DCACHE_LINESIZE) };
+        if libc_line <= 0 {
+            eprintln!("skipped: this C library does not report the L1 data line size");
+            return;
+        }
+        assert_eq!(stride(), libc_line as usize);
+    }
 }

@@ -17,14 +17,12 @@
 //! need nightly's `asm_experimental_arch`), so a ppc64 build needs a recent
 //! compiler even though the workspace MSRV is older.
 //!
-//! How this was checked without a ppc64 toolchain: the Rust around the asm was
-//! type-checked on x86_64 by compiling this file (and `lines.rs`) as a module
-//! of a scratch crate with `cargo check`; every asm template here was
-//! assembled by rustc 1.95 for `powerpc64le-unknown-linux-gnu` and
-//! `powerpc64-unknown-linux-gnu` (a `#![no_core]` harness, `--emit obj`, no
-//! `asm_experimental_arch` feature) and disassembled with llvm-objdump, which
-//! printed `dcbf 0, 3` (0x7c0018ac: RA = 0, L = 0), `sync` and `isync`. It has
-//! not run on POWER hardware.
+//! Checked in CI without POWER hardware: `scripts/check-cross-arch.sh`
+//! cross-builds shoal-core's tests for `powerpc64le-unknown-linux-gnu` and
+//! runs the coherence tests under `qemu-ppc64le`, which executes `dcbf`,
+//! `sync` and `isync` in problem state (so the privileged `dcbi` would die of
+//! SIGILL there). qemu has no caches to observe; it has not run on POWER
+//! hardware, and big-endian `powerpc64-unknown-linux-gnu` is not built.
 
 use std::arch::asm;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -116,4 +114,41 @@ unsafe fn dcbf(line: usize) {
 fn hwsync() {
     // SAFETY: a barrier touches no memory and no registers.
     unsafe { asm!("sync", options(nostack, preserves_flags)) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coherence::LINE;
+
+    /// The bytes one `dcbz` clears: an independent measure of the data cache
+    /// block size, since `dcbz` zeroes exactly the block holding its address.
+    fn block_dcbz_clears() -> usize {
+        const PAGE: usize = 4096;
+        let mut buf = vec![0xffu8; 2 * PAGE];
+        let start = buf.as_ptr().align_offset(PAGE);
+        let block = &mut buf[start..start + PAGE];
+        // SAFETY: the address is inside `block`, page aligned, so the cleared
+        // block (at most a page) lies inside `block`, which we own mutably.
+        unsafe {
+            asm!("dcbz 0, {0}", in(reg) block.as_mut_ptr(), options(nostack, preserves_flags));
+        }
+        block.iter().take_while(|&&b| b == 0).count()
+    }
+
+    #[test]
+    fn stride_is_the_block_dcbz_clears() {
+        assert_eq!(stride(), block_dcbz_clears());
+    }
+
+    #[test]
+    fn stride_is_no_larger_than_the_object_line() {
+        // Objects are padded to LINE so that no two share a block (protocol
+        // step 1); a longer block breaks that.
+        let stride = stride();
+        assert!(
+            stride.is_power_of_two() && stride <= LINE,
+            "block {stride}, LINE {LINE}"
+        );
+    }
 }

@@ -96,6 +96,12 @@ fn instruction_names_are_known_and_match_the_architecture() {
     if cfg!(target_arch = "x86_64") {
         assert!(["clwb", "clflushopt", "clflush"].contains(&flush));
     }
+    if cfg!(target_arch = "aarch64") {
+        assert_eq!((flush, invalidate), ("dc civac", "dc civac"));
+    }
+    if cfg!(target_arch = "powerpc64") {
+        assert_eq!((flush, invalidate), ("dcbf", "dcbf"));
+    }
     assert_eq!(HAS_CACHE_MAINTENANCE, flush != "none");
 }
 
