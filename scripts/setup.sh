@@ -38,6 +38,14 @@ for triple in aarch64-unknown-linux-gnu powerpc64le-unknown-linux-gnu; do
             || echo "setup: could not add $triple with rustup; scripts/check-cross-arch.sh will skip it" >&2
     fi
 done
+# cargo-modules: each crate's module graph, for scripts/check-module-cycles.sh.
+# Pinned: 0.28 needs rustc 1.98. The install builds rust-analyzer's crates
+# (about 11 min of CPU; 41 min on two cores shared with other builds).
+CARGO_MODULES_VERSION=0.27.0
+if ! cargo modules --version 2>/dev/null | grep -qx "cargo-modules $CARGO_MODULES_VERSION"; then
+    echo "setup: installing cargo-modules $CARGO_MODULES_VERSION (cargo install, slow)"
+    cargo install --locked --quiet cargo-modules --version "$CARGO_MODULES_VERSION"
+fi
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv

@@ -4,7 +4,10 @@
 //! descriptor once and maps it. From then on objects are (offset, size) pairs
 //! into that mapping: a get is a lookup, never a copy. The client is
 //! synchronous (one request in flight); batch calls exist so that many
-//! objects cost one round trip.
+//! objects cost one round trip. [`shared::SharedClient`] shares one
+//! connection between threads, with references released when dropped.
+
+pub mod shared;
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;

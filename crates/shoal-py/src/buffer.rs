@@ -9,30 +9,7 @@ use std::sync::Arc;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use shoal_core::ObjectId;
-
-use crate::client::Shared;
-
-/// One store reference to an object; released when dropped.
-pub struct ObjectRef {
-    pub shared: Arc<Shared>,
-    pub id: ObjectId,
-    /// Set when the reference was already given back (seal with release):
-    /// dropping the buffer must then not release a reference taken later.
-    pub released: std::sync::atomic::AtomicBool,
-    /// The mapping the bytes are in, for objects in another node's region:
-    /// kept mapped while the buffer lives, even after the client maps the
-    /// node anew (it restarted).
-    pub region: Option<Arc<shoal_core::region::Mapping>>,
-}
-
-impl Drop for ObjectRef {
-    fn drop(&mut self) {
-        if !self.released.load(std::sync::atomic::Ordering::Acquire) {
-            self.shared.release_later(self.id);
-        }
-    }
-}
+use shoal_client::shared::ObjectRef;
 
 #[pyclass(module = "shoal._internal", frozen)]
 pub struct Buffer {
@@ -67,7 +44,7 @@ impl Buffer {
     /// The object's id (20 bytes).
     #[getter]
     fn id(&self) -> [u8; 20] {
-        self.reference.id.0
+        self.reference.id().0
     }
 
     /// Address of the first byte in this process (for zero-copy checks).
@@ -99,7 +76,7 @@ impl Buffer {
     fn __repr__(&self) -> String {
         format!(
             "shoal.Buffer(id={}, size={}, {})",
-            self.reference.id,
+            self.reference.id(),
             self.len,
             if self.writable {
                 "writable"

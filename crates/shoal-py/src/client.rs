@@ -1,19 +1,19 @@
 //! `Client` and `Subscription` for Python.
 //!
-//! The connection sits behind a mutex and every blocking call releases the
-//! GIL. Buffers release their object when Python frees them, which can happen
-//! on any thread at any time (even inside another call on this client), so
-//! releases go through a queue: whoever holds the connection next sends them,
-//! and a release never blocks waiting for the connection.
+//! The connection is a `shoal_client::shared::SharedClient` and every
+//! blocking call releases the GIL. Buffers release their object when Python
+//! frees them, which can happen on any thread at any time (even inside
+//! another call on this client); the shared client queues those releases and
+//! sends them coalesced, never blocking a drop on the connection.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use shoal_client::shared::SharedClient;
 use shoal_client::{Client as RustClient, Located, StoreInfo, Subscription as RustSubscription};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::protocol::{CreateSpec, Notification};
@@ -21,139 +21,15 @@ use shoal_core::region::Mapping;
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
 
-use crate::buffer::{Buffer, ObjectRef};
+use crate::buffer::Buffer;
 use crate::errors::IntoPyResult;
 use crate::ids::{PyId, PyIds};
 
-/// How long the release thread waits for more dropped buffers before it
-/// sends one `Release` for all of them (freeing a list of 1000 buffers costs
-/// one message, not 1000).
-const RELEASE_COALESCE: Duration = Duration::from_micros(200);
-/// A drop this long after the last release message is sent at once (an
-/// isolated `del` is seen by the daemon, and other clients, right away); drops
-/// that follow closer than this are bursts and go to the release thread.
-const RELEASE_QUIET: Duration = Duration::from_millis(1);
-/// A backlog this long is sent at once by whoever drops the next buffer.
-const RELEASE_BATCH: usize = 4096;
-
-/// References of dropped buffers, waiting to be released in one message.
-#[derive(Default)]
-struct ReleaseQueue {
-    ids: Mutex<Vec<ObjectId>>,
-    queued: Condvar,
-    closed: AtomicBool,
-    /// When the last release message went out.
-    last_sent: Mutex<Option<std::time::Instant>>,
-}
-
-impl ReleaseQueue {
-    /// The release thread: wakes on the first queued id, lets more gather,
-    /// sends them. Ends with the client. Any request on the connection also
-    /// sends the queue first, so the daemon sees a client's releases before
-    /// its next request.
-    fn run(self: Arc<Self>, shared: Weak<Shared>) {
-        loop {
-            {
-                let mut ids = lock(&self.ids);
-                while ids.is_empty() && !self.closed.load(Ordering::Acquire) {
-                    ids = self
-                        .queued
-                        .wait(ids)
-                        .unwrap_or_else(|poisoned| poisoned.into_inner());
-                }
-                if ids.is_empty() {
-                    return;
-                }
-            }
-            std::thread::sleep(RELEASE_COALESCE);
-            let Some(shared) = shared.upgrade() else {
-                return;
-            };
-            let mut connection = lock(&shared.connection);
-            shared.flush(&mut connection);
-        }
-    }
-}
-
-pub struct Shared {
-    connection: Mutex<RustClient>,
-    releases: Arc<ReleaseQueue>,
-    /// The creator references of objects created through `create` and not
-    /// sealed yet, so `seal(release=True)` can disarm their buffers.
-    creating: Mutex<std::collections::HashMap<ObjectId, std::sync::Weak<ObjectRef>>>,
-}
-
+/// Poisoning only means another thread panicked holding the lock.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl Shared {
-    fn new(connection: RustClient) -> Arc<Self> {
-        let releases = Arc::new(ReleaseQueue::default());
-        let shared = Arc::new(Self {
-            connection: Mutex::new(connection),
-            releases: releases.clone(),
-            creating: Mutex::default(),
-        });
-        let weak = Arc::downgrade(&shared);
-        let spawned = std::thread::Builder::new()
-            .name("shoal-release".into())
-            .spawn(move || releases.run(weak));
-        if spawned.is_err() {
-            // No thread: every drop sends its release itself.
-            shared.releases.closed.store(true, Ordering::Release);
-        }
-        shared
-    }
-
-    /// Queues the release of a dropped buffer's reference.
-    pub fn release_later(&self, id: ObjectId) {
-        let backlog = {
-            let mut ids = lock(&self.releases.ids);
-            ids.push(id);
-            if ids.len() == 1 {
-                self.releases.queued.notify_one();
-            }
-            ids.len()
-        };
-        let quiet = lock(&self.releases.last_sent).is_none_or(|t| t.elapsed() >= RELEASE_QUIET);
-        if quiet || backlog >= RELEASE_BATCH || self.releases.closed.load(Ordering::Acquire) {
-            if let Ok(mut connection) = self.connection.try_lock() {
-                self.flush(&mut connection);
-            }
-        }
-    }
-
-    fn flush(&self, connection: &mut RustClient) {
-        let ids = std::mem::take(&mut *lock(&self.releases.ids));
-        if !ids.is_empty() {
-            *lock(&self.releases.last_sent) = Some(std::time::Instant::now());
-            // A dead connection means the daemon already dropped our references.
-            let _ = connection.release(&ids);
-        }
-    }
-
-    /// Runs `f` on the connection (call with the GIL released).
-    fn with<T>(&self, f: impl FnOnce(&mut RustClient) -> Result<T>) -> Result<T> {
-        let result = {
-            let mut connection = lock(&self.connection);
-            self.flush(&mut connection);
-            let result = f(&mut connection);
-            self.flush(&mut connection);
-            result
-        };
-        result
-    }
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // The connection closes with us; the daemon drops what is left.
-        self.releases.closed.store(true, Ordering::Release);
-        self.releases.queued.notify_one();
-    }
 }
 
 /// One `list()` row: (id, data_size, metadata_size, sealed, refs).
@@ -163,7 +39,7 @@ type NotificationRow<'py> = (Bound<'py, PyBytes>, &'static str, u64, u32);
 
 #[pyclass(module = "shoal._internal", frozen)]
 pub struct Client {
-    shared: Arc<Shared>,
+    shared: SharedClient,
     mapping: Arc<Mapping>,
     info: StoreInfo,
     /// This client's node in a cluster (0 for a single store).
@@ -172,21 +48,6 @@ pub struct Client {
 }
 
 impl Client {
-    /// Sealed or aborted: stop tracking the creator buffers; if the daemon
-    /// already dropped their reference, their drop must not release again.
-    fn forget_creations(&self, ids: &[ObjectId], reference_gone: bool) {
-        let mut creating = lock(&self.shared.creating);
-        for id in ids {
-            if let Some(reference) = creating.remove(id).and_then(|weak| weak.upgrade()) {
-                if reference_gone {
-                    reference
-                        .released
-                        .store(true, std::sync::atomic::Ordering::Release);
-                }
-            }
-        }
-    }
-
     fn buffer(&self, id: ObjectId, location: ObjectLocation, writable: bool) -> Buffer {
         // SAFETY: locations are bounds-checked against the mapping by the Rust client.
         let address = unsafe { self.mapping.base().add(location.offset as usize) };
@@ -203,15 +64,11 @@ impl Client {
         writable: bool,
         region: Option<Arc<Mapping>>,
     ) -> Buffer {
-        let reference = Arc::new(ObjectRef {
-            shared: self.shared.clone(),
-            id,
-            released: Default::default(),
-            region,
-        });
-        if writable {
-            lock(&self.shared.creating).insert(id, Arc::downgrade(&reference));
-        }
+        let reference = if writable {
+            self.shared.creator_reference(id, region)
+        } else {
+            self.shared.reference(id, region)
+        };
         Buffer::new(
             reference,
             address,
@@ -231,7 +88,7 @@ impl Client {
         let info = client.info();
         let info_node = client.node();
         Ok(Self {
-            shared: Shared::new(client),
+            shared: SharedClient::new(client),
             mapping,
             info,
             info_node,
@@ -376,10 +233,7 @@ impl Client {
     #[pyo3(signature = (ids, release=false))]
     fn seal(&self, py: Python<'_>, ids: PyIds, release: bool) -> PyResult<()> {
         let ids = ids.0;
-        py.detach(|| self.shared.with(|c| c.seal(&ids, release)))
-            .py()?;
-        self.forget_creations(&ids, release);
-        Ok(())
+        py.detach(|| self.shared.seal(&ids, release)).py()
     }
 
     /// Diagnostic hook (benchmarks): writes back now the cache lines `seal`
@@ -395,9 +249,7 @@ impl Client {
 
     fn abort(&self, py: Python<'_>, id: PyId) -> PyResult<()> {
         let id = id.0;
-        py.detach(|| self.shared.with(|c| c.abort(id))).py()?;
-        self.forget_creations(&[id], true);
-        Ok(())
+        py.detach(|| self.shared.abort(id)).py()
     }
 
     /// Gets objects, waiting up to `timeout_ms` (-1: forever) for unsealed

@@ -1,0 +1,297 @@
+//! A [`Client`] shared between threads, and [`ObjectRef`]: one store
+//! reference, released when dropped.
+//!
+//! The connection sits behind a mutex. References are dropped by whoever
+//! holds them last, on any thread at any time (even inside another call on
+//! the same client, e.g. a Python buffer freed by the garbage collector), so
+//! releases go through a queue: whoever holds the connection next sends
+//! them, and a release never blocks waiting for the connection. A burst of
+//! drops costs one `Release` message, not one per reference.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use shoal_core::error::Result;
+use shoal_core::region::Mapping;
+use shoal_core::ObjectId;
+
+use crate::Client;
+
+/// How long the release thread waits for more dropped references before it
+/// sends one `Release` for all of them (freeing a list of 1000 buffers costs
+/// one message, not 1000).
+pub const RELEASE_COALESCE: Duration = Duration::from_micros(200);
+/// A drop this long after the last release message is sent at once (an
+/// isolated `del` is seen by the daemon, and other clients, right away); drops
+/// that follow closer than this are bursts and go to the release thread.
+pub const RELEASE_QUIET: Duration = Duration::from_millis(1);
+/// A backlog this long is sent at once by whoever drops the next reference.
+pub const RELEASE_BATCH: usize = 4096;
+
+/// A client usable from many threads: calls take turns on one connection,
+/// and references dropped anywhere are released in coalesced messages.
+/// Cloning is cheap (one connection, shared); the connection closes, and the
+/// release thread ends, when the last clone and the last [`ObjectRef`] of
+/// it are gone.
+#[derive(Clone)]
+pub struct SharedClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connection: Mutex<Client>,
+    releases: Arc<ReleaseQueue>,
+    /// The creator references of objects created and not sealed yet, so a
+    /// seal with release can disarm them.
+    creating: Mutex<HashMap<ObjectId, Weak<ObjectRef>>>,
+    /// Joined on drop, so no thread outlives the client.
+    release_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// References of dropped [`ObjectRef`]s, waiting to be released in one message.
+#[derive(Default)]
+struct ReleaseQueue {
+    ids: Mutex<Vec<ObjectId>>,
+    queued: Condvar,
+    closed: AtomicBool,
+    /// When the last release message went out.
+    last_sent: Mutex<Option<Instant>>,
+    /// Release messages sent so far.
+    messages: AtomicU64,
+}
+
+impl ReleaseQueue {
+    /// The release thread: wakes on the first queued id, lets more gather,
+    /// sends them. Ends with the client. Any request on the connection also
+    /// sends the queue first, so the daemon sees a client's releases before
+    /// its next request.
+    fn run(self: Arc<Self>, shared: Weak<Inner>) {
+        loop {
+            {
+                let mut ids = lock(&self.ids);
+                while ids.is_empty() && !self.closed.load(Ordering::Acquire) {
+                    ids = self
+                        .queued
+                        .wait(ids)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                }
+                if ids.is_empty() {
+                    return;
+                }
+            }
+            std::thread::sleep(RELEASE_COALESCE);
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let mut connection = lock(&shared.connection);
+            shared.flush(&mut connection);
+        }
+    }
+
+    /// Ends the release thread (once the queue is empty).
+    fn close(&self) {
+        // Under the queue's lock: the thread checks `closed` under it, so the
+        // wakeup cannot slip in between that check and its wait.
+        let _ids = lock(&self.ids);
+        self.closed.store(true, Ordering::Release);
+        self.queued.notify_one();
+    }
+}
+
+/// Poisoning only means another thread panicked holding the lock; the data
+/// (a connection, a list of ids) stays usable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl SharedClient {
+    /// Shares `client`, starting its release thread.
+    pub fn new(client: Client) -> Self {
+        let releases = Arc::new(ReleaseQueue::default());
+        let inner = Arc::new(Inner {
+            connection: Mutex::new(client),
+            releases: releases.clone(),
+            creating: Mutex::default(),
+            release_thread: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&inner);
+        let spawned = std::thread::Builder::new()
+            .name("shoal-release".into())
+            .spawn(move || releases.run(weak));
+        match spawned {
+            Ok(thread) => *lock(&inner.release_thread) = Some(thread),
+            // No thread: every drop sends its release itself.
+            Err(_) => inner.releases.close(),
+        }
+        Self { inner }
+    }
+
+    /// Runs `f` on the connection, waiting for its turn; queued releases are
+    /// sent before and after it.
+    pub fn with<T>(&self, f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
+        let mut connection = lock(&self.inner.connection);
+        self.inner.flush(&mut connection);
+        let result = f(&mut connection);
+        self.inner.flush(&mut connection);
+        result
+    }
+
+    /// Queues the release of one reference this client holds: sent at once
+    /// if the connection is free and no release went out in the last
+    /// [`RELEASE_QUIET`] (or the backlog reached [`RELEASE_BATCH`]),
+    /// otherwise by the release thread or the next call, whichever is first.
+    /// Never waits for the connection.
+    pub fn release_later(&self, id: ObjectId) {
+        let releases = &self.inner.releases;
+        let backlog = {
+            let mut ids = lock(&releases.ids);
+            ids.push(id);
+            if ids.len() == 1 {
+                releases.queued.notify_one();
+            }
+            ids.len()
+        };
+        let quiet = lock(&releases.last_sent).is_none_or(|t| t.elapsed() >= RELEASE_QUIET);
+        if quiet || backlog >= RELEASE_BATCH || releases.closed.load(Ordering::Acquire) {
+            if let Ok(mut connection) = self.inner.connection.try_lock() {
+                self.inner.flush(&mut connection);
+            }
+        }
+    }
+
+    /// References queued for release and not sent yet.
+    pub fn pending_releases(&self) -> usize {
+        lock(&self.inner.releases.ids).len()
+    }
+
+    /// How many `Release` messages this client has sent (each for one or
+    /// more references): with the number of references dropped, shows how
+    /// well releases coalesce.
+    pub fn release_messages(&self) -> u64 {
+        self.inner.releases.messages.load(Ordering::Relaxed)
+    }
+
+    /// A reference this client holds to object `id` (taken by a get),
+    /// released when the returned `ObjectRef` is dropped. `region` is the
+    /// mapping the object's bytes are in when that is not this client's own
+    /// region (a peer's region, or a simulated fabric's cache of it): it
+    /// stays mapped while the reference lives, even after the client maps
+    /// the node anew (the node restarted).
+    pub fn reference(&self, id: ObjectId, region: Option<Arc<Mapping>>) -> Arc<ObjectRef> {
+        Arc::new(ObjectRef {
+            client: self.clone(),
+            id,
+            released: AtomicBool::new(false),
+            region,
+        })
+    }
+
+    /// The creator reference of object `id`, just created by this client and
+    /// not sealed: like [`reference`](Self::reference), but [`seal`](Self::seal)
+    /// with release and [`abort`](Self::abort) disarm it, since the daemon
+    /// drops the creator's reference itself then.
+    pub fn creator_reference(&self, id: ObjectId, region: Option<Arc<Mapping>>) -> Arc<ObjectRef> {
+        let reference = self.reference(id, region);
+        lock(&self.inner.creating).insert(id, Arc::downgrade(&reference));
+        reference
+    }
+
+    /// Seals objects this client created. With `release` the creator's
+    /// reference is dropped now, and their creator [`ObjectRef`]s will not
+    /// release it again when dropped.
+    pub fn seal(&self, ids: &[ObjectId], release: bool) -> Result<()> {
+        self.with(|c| c.seal(ids, release))?;
+        self.forget_creations(ids, release);
+        Ok(())
+    }
+
+    /// Aborts an object this client created; its creator [`ObjectRef`]s
+    /// will not release the reference the daemon dropped with it.
+    pub fn abort(&self, id: ObjectId) -> Result<()> {
+        self.with(|c| c.abort(id))?;
+        self.forget_creations(&[id], true);
+        Ok(())
+    }
+
+    /// Sealed or aborted: stop tracking the creator references; if the
+    /// daemon already dropped their reference, their drop must not release
+    /// again.
+    fn forget_creations(&self, ids: &[ObjectId], reference_gone: bool) {
+        let mut creating = lock(&self.inner.creating);
+        for id in ids {
+            if let Some(reference) = creating.remove(id).and_then(|weak| weak.upgrade()) {
+                if reference_gone {
+                    reference.released.store(true, Ordering::Release);
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn flush(&self, connection: &mut Client) {
+        let ids = std::mem::take(&mut *lock(&self.releases.ids));
+        if !ids.is_empty() {
+            *lock(&self.releases.last_sent) = Some(Instant::now());
+            self.releases.messages.fetch_add(1, Ordering::Relaxed);
+            // A dead connection means the daemon already dropped our references.
+            let _ = connection.release(&ids);
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The connection closes with us; the daemon drops what is left.
+        self.releases.close();
+        let thread = lock(&self.release_thread).take();
+        // The release thread drops the last handle itself when every other
+        // one went while it was sending: it ends on its own right after.
+        if let Some(thread) = thread.filter(|t| t.thread().id() != std::thread::current().id()) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One store reference to an object, released (through its
+/// [`SharedClient`]'s queue) when dropped.
+pub struct ObjectRef {
+    client: SharedClient,
+    id: ObjectId,
+    /// Set when the reference was already given back (seal with release,
+    /// abort): dropping must then not release a reference taken later.
+    released: AtomicBool,
+    /// The mapping the bytes are in, for objects in another node's region
+    /// (see [`SharedClient::reference`]).
+    region: Option<Arc<Mapping>>,
+}
+
+impl ObjectRef {
+    pub fn id(&self) -> ObjectId {
+        self.id
+    }
+
+    /// The peer region (or its simulated cache) this reference keeps mapped.
+    pub fn region(&self) -> Option<&Arc<Mapping>> {
+        self.region.as_ref()
+    }
+
+    /// Whether the daemon already dropped this reference (seal with release,
+    /// abort), so dropping it sends nothing.
+    pub fn released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for ObjectRef {
+    fn drop(&mut self) {
+        if !self.released() {
+            self.client.release_later(self.id);
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! `SharedClient` and `ObjectRef` against a real daemon: dropped references
+//! are released (coalesced in bursts, at once when isolated), a seal with
+//! release is not released twice, and the release thread ends with the client.
+
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use shoal_client::shared::{SharedClient, RELEASE_QUIET};
+use shoal_client::Client;
+use shoal_core::error::Result;
+use shoal_core::protocol::CreateSpec;
+use shoal_core::ObjectId;
+use shoal_daemon::{DaemonConfig, Shutdown};
+
+/// The thread test counts this process's release threads: the tests of this
+/// file take turns so that no other test's client is starting or ending then.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+struct Daemon {
+    socket: PathBuf,
+    shutdown: Shutdown,
+    thread: Option<JoinHandle<Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("shoal.sock");
+        let mut config = DaemonConfig::new(&socket, 8 << 20);
+        config.prefault = false;
+        let shutdown = Shutdown::new();
+        let thread = {
+            let shutdown = shutdown.clone();
+            std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "daemon did not start");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Self {
+            socket,
+            shutdown,
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket).unwrap()
+    }
+
+    fn shared(&self) -> SharedClient {
+        SharedClient::new(self.client())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap().unwrap();
+        }
+    }
+}
+
+/// `count` sealed objects, put by another client.
+fn put_objects(daemon: &Daemon, count: usize) -> Vec<ObjectId> {
+    let mut writer = daemon.client();
+    let ids: Vec<_> = (0..count).map(|_| ObjectId::random()).collect();
+    for id in &ids {
+        writer.put(*id, b"bytes", b"").unwrap();
+    }
+    ids
+}
+
+/// Each object's reference count, as the daemon sees it.
+fn refs(observer: &mut Client, ids: &[ObjectId]) -> Vec<u32> {
+    let objects = observer.list().unwrap();
+    ids.iter()
+        .map(|id| objects.iter().find(|o| o.id == *id).map_or(0, |o| o.refs))
+        .collect()
+}
+
+/// Waits up to 5 s for every object to be unreferenced, asking through
+/// `observer` only (never through the shared client, whose calls would send
+/// its queued releases themselves).
+fn wait_unreferenced(observer: &mut Client, ids: &[ObjectId]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let referenced = refs(observer, ids).iter().filter(|&&r| r > 0).count();
+        if referenced == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{referenced} of {} dropped references never released",
+            ids.len()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_burst_of_dropped_references_is_released_in_few_messages() {
+    let _turn = one_at_a_time();
+    let daemon = Daemon::start();
+    let mut observer = daemon.client();
+    let ids = put_objects(&daemon, 1000);
+    let shared = daemon.shared();
+    let found = shared.with(|c| c.get(&ids, 0)).unwrap();
+    assert!(found.iter().all(Option::is_some));
+    let references: Vec<_> = ids.iter().map(|&id| shared.reference(id, None)).collect();
+    assert!(refs(&mut observer, &ids).iter().all(|&r| r == 1));
+
+    let before = shared.release_messages();
+    drop(references);
+    // Nothing else is asked of the shared client: the release thread sends
+    // whatever the drops left queued.
+    wait_unreferenced(&mut observer, &ids);
+    assert_eq!(shared.pending_releases(), 0);
+    let messages = shared.release_messages() - before;
+    assert!(
+        (1..=50).contains(&messages),
+        "1000 drops in a burst took {messages} release messages"
+    );
+}
+
+#[test]
+fn an_isolated_drop_is_released_at_once() {
+    let _turn = one_at_a_time();
+    let daemon = Daemon::start();
+    let mut observer = daemon.client();
+    let ids = put_objects(&daemon, 2);
+    let shared = daemon.shared();
+    shared.with(|c| c.get(&ids, 0)).unwrap();
+    let mut references: Vec<_> = ids.iter().map(|&id| shared.reference(id, None)).collect();
+
+    for _ in 0..2 {
+        std::thread::sleep(RELEASE_QUIET * 3);
+        let before = shared.release_messages();
+        drop(references.pop());
+        // Sent by the drop itself, not left for the release thread.
+        assert_eq!(shared.pending_releases(), 0);
+        assert_eq!(shared.release_messages(), before + 1);
+    }
+    wait_unreferenced(&mut observer, &ids);
+}
+
+#[test]
+fn a_seal_with_release_is_not_released_again_by_the_creator_reference() {
+    let _turn = one_at_a_time();
+    let daemon = Daemon::start();
+    let mut observer = daemon.client();
+    let shared = daemon.shared();
+    let id = ObjectId::random();
+    let spec = CreateSpec {
+        id,
+        data_size: 8,
+        meta_size: 0,
+    };
+    shared.with(|c| c.create_batch(&[spec], 0)).unwrap();
+    let creator = shared.creator_reference(id, None);
+    assert_eq!(refs(&mut observer, &[id]), [1]);
+
+    shared.seal(&[id], true).unwrap();
+    assert!(creator.released());
+    assert_eq!(refs(&mut observer, &[id]), [0]);
+
+    // A reader's reference, taken after the seal: the creator's drop must
+    // not give it back.
+    shared.with(|c| c.get(&[id], 0)).unwrap();
+    let reader = shared.reference(id, None);
+    drop(creator);
+    // Any release queued by that drop goes out with this call.
+    shared.with(|c| c.contains(id)).unwrap();
+    assert_eq!(shared.pending_releases(), 0);
+    assert_eq!(refs(&mut observer, &[id]), [1]);
+
+    drop(reader);
+    wait_unreferenced(&mut observer, &[id]);
+}
+
+#[test]
+fn a_seal_without_release_leaves_the_creator_reference_to_release() {
+    let _turn = one_at_a_time();
+    let daemon = Daemon::start();
+    let mut observer = daemon.client();
+    let shared = daemon.shared();
+    let id = ObjectId::random();
+    let spec = CreateSpec {
+        id,
+        data_size: 8,
+        meta_size: 0,
+    };
+    shared.with(|c| c.create_batch(&[spec], 0)).unwrap();
+    let creator = shared.creator_reference(id, None);
+    shared.seal(&[id], false).unwrap();
+    assert!(!creator.released());
+    assert_eq!(refs(&mut observer, &[id]), [1]);
+    drop(creator);
+    wait_unreferenced(&mut observer, &[id]);
+}
+
+/// Threads of this process named like the release thread.
+fn release_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim_end() == "shoal-release")
+        .count()
+}
+
+/// Waits up to 1 s for this process to have `count` release threads (a
+/// joined thread can stay listed in /proc for a moment after it ended).
+fn wait_release_threads(count: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while release_threads() != count {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {} release threads, expected {count}",
+            release_threads()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn no_thread_is_left_once_the_client_and_its_references_are_gone() {
+    let _turn = one_at_a_time();
+    let daemon = Daemon::start();
+    let ids = put_objects(&daemon, 3);
+    let before = release_threads();
+
+    let shared = daemon.shared();
+    wait_release_threads(before + 1, "a new client");
+    drop(shared);
+    wait_release_threads(before, "dropping an idle client");
+
+    // References keep the client (and its thread) alive past the last handle.
+    let shared = daemon.shared();
+    shared.with(|c| c.get(&ids, 0)).unwrap();
+    let mut references: Vec<_> = ids.iter().map(|&id| shared.reference(id, None)).collect();
+    drop(shared);
+    let last = references.pop();
+    drop(references);
+    wait_release_threads(before + 1, "its last handle dropped, one reference left");
+    drop(last);
+    wait_release_threads(before, "dropping the last reference");
+}
