@@ -166,6 +166,27 @@ impl From<std::io::Error> for ShoalError {
 
 pub type Result<T, E = ShoalError> = std::result::Result<T, E>;
 
+// Conversions from the typed errors of modules that need none of this one
+// (so the dependency runs one way: here, to them).
+
+impl From<crate::local_auth::LocalAuthError> for ShoalError {
+    fn from(err: crate::local_auth::LocalAuthError) -> Self {
+        use crate::local_auth::LocalAuthError;
+        let kind = match err {
+            crate::local_auth::LocalAuthError::Io { .. }
+            | crate::local_auth::LocalAuthError::PeerCredentials(_) => ErrorKind::Io,
+            _ => ErrorKind::PermissionDenied,
+        };
+        ShoalError::new(kind, err.to_string())
+    }
+}
+
+impl From<crate::capacity::ParseError> for ShoalError {
+    fn from(err: crate::capacity::ParseError) -> Self {
+        ShoalError::io("read node memory", err)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

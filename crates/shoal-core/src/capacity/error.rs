@@ -1,9 +1,7 @@
 //! Why a kernel memory file could not be read as expected.
 //!
 //! The parsers return this typed error (tests match on it); the readers fold
-//! it into a [`ShoalError`] of kind `Io`, naming the file.
-
-use crate::error::ShoalError;
+//! it into a `ShoalError` of kind `Io` (`crate::error`), naming the file.
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
@@ -27,10 +25,4 @@ pub enum ParseError {
         field: &'static str,
         value: u64,
     },
-}
-
-impl From<ParseError> for ShoalError {
-    fn from(err: ParseError) -> Self {
-        ShoalError::io("read node memory", err)
-    }
 }

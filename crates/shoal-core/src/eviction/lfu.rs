@@ -10,7 +10,7 @@
 //! no allocation per object.
 
 use super::frequency::{FrequencyTracker, Scoring};
-use super::EvictionPolicy;
+use super::policy::EvictionPolicy;
 use crate::object_table::Slot;
 
 #[derive(Clone, Copy)]

@@ -20,7 +20,7 @@
 //! operation, 28 bytes per slot, no allocation per object.
 
 use super::frequency::{FrequencyTracker, Scoring};
-use super::EvictionPolicy;
+use super::policy::EvictionPolicy;
 use crate::error::{Result, ShoalError};
 use crate::object_table::Slot;
 

@@ -3,7 +3,7 @@
 //! An intrusive doubly linked list over slot numbers (8 bytes per slot) rather
 //! than a linked list of boxes: O(1) everything, no allocation per object.
 
-use super::EvictionPolicy;
+use super::policy::EvictionPolicy;
 use crate::object_table::Slot;
 
 const NIL: Slot = Slot::MAX;

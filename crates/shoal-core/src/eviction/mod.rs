@@ -12,29 +12,13 @@ mod frequency;
 mod lfu;
 mod lrfu;
 mod lru;
+mod policy;
 mod slot_heap;
 
 pub use lfu::Lfu;
 pub use lrfu::{Lrfu, LrfuParams};
 pub use lru::Lru;
-
-use crate::object_table::Slot;
-
-pub trait EvictionPolicy: Send {
-    /// `slot` became evictable.
-    fn insert(&mut self, slot: Slot);
-    /// `slot` is no longer evictable (referenced again, or removed).
-    fn remove(&mut self, slot: Slot);
-    /// `slot` was read (a get); LRU ignores it, frequency policies count it.
-    fn touch(&mut self, slot: Slot);
-    /// The best candidate to evict next, if any; it stays a candidate until removed.
-    fn victim(&self) -> Option<Slot>;
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    fn name(&self) -> &'static str;
-}
+pub use policy::EvictionPolicy;
 
 /// The names [`by_name`] knows.
 pub const POLICY_NAMES: [&str; 3] = ["lru", "lfu", "lrfu"];
