@@ -380,9 +380,18 @@ impl Store {
         self.evicting_bytes
     }
 
-    /// `slot` (sealed, unreferenced, resident) becomes an eviction candidate.
-    fn add_candidate(&mut self, slot: Slot) {
-        let len = self.table.get(slot).map_or(0, |e| self.block_of(e).len);
+    /// Whether `entry` is an eviction candidate: sealed, unreferenced,
+    /// resident and not on its way out. (Known from the entry, so the hot
+    /// paths ask no one.)
+    fn is_candidate(entry: &Entry) -> bool {
+        entry.refs == 0
+            && entry.state == ObjectState::Sealed
+            && !entry.delete_pending
+            && entry.residency == Residency::Resident
+    }
+
+    /// `slot`, whose block is `len` bytes, becomes an eviction candidate.
+    fn add_candidate(&mut self, slot: Slot, len: u64) {
         self.policy.insert(slot);
         self.evictable_bytes += len;
         self.space_changed = true;
@@ -391,10 +400,12 @@ impl Store {
     /// `slot` stops being a candidate (referenced, chosen, removed); a no-op
     /// for a slot that is not one.
     fn drop_candidate(&mut self, slot: Slot) {
-        let before = self.policy.len();
-        self.policy.remove(slot);
-        if self.policy.len() < before {
-            let len = self.table.get(slot).map_or(0, |e| self.block_of(e).len);
+        let Some(entry) = self.table.get(slot) else {
+            return;
+        };
+        if Self::is_candidate(entry) {
+            let len = self.block_of(entry).len;
+            self.policy.remove(slot);
             self.evictable_bytes -= len;
         }
     }
@@ -458,9 +469,9 @@ impl Store {
         }
     }
 
-    /// Removes an object and frees its memory (no references may remain).
+    /// Removes an object and frees its memory (no references may remain;
+    /// the caller made sure it is no eviction candidate any more).
     fn remove_slot(&mut self, slot: Slot) {
-        self.drop_candidate(slot);
         let entry = self.table.remove(slot);
         debug_assert_eq!(entry.refs, 0, "removing referenced object {}", entry.id);
         debug_assert_eq!(
@@ -529,8 +540,10 @@ impl Store {
         }
         for &slot in &slots {
             // The creator may have dropped its reference before sealing.
-            if self.table.get(slot).is_some_and(|e| e.refs == 0) {
-                self.add_candidate(slot);
+            let entry = self.table.get(slot).expect("validated");
+            if Self::is_candidate(entry) {
+                let len = self.block_of(entry).len;
+                self.add_candidate(slot, len);
             }
         }
         let state = self.client(client);
@@ -588,16 +601,21 @@ impl Store {
         if !entry.is_visible() {
             return None;
         }
+        let was_candidate = Self::is_candidate(entry);
         entry.refs += 1;
         let location = ObjectLocation {
             offset: entry.offset,
             data_size: entry.data_size,
             meta_size: entry.meta_size,
         };
-        let first = entry.refs == 1;
         let creator = entry.creator;
-        if first {
-            self.drop_candidate(slot);
+        if was_candidate {
+            let len = self
+                .allocator
+                .block_len(location.size())
+                .expect("sizes were checked at create");
+            self.policy.remove(slot);
+            self.evictable_bytes -= len;
         }
         self.policy.touch(slot);
         *self.client(client).refs.entry(slot).or_insert(0) += 1;
@@ -640,7 +658,8 @@ impl Store {
         if entry.delete_pending {
             self.remove_slot(slot);
         } else if entry.state == ObjectState::Sealed {
-            self.add_candidate(slot);
+            let len = self.block_of(self.table.get(slot).expect("live")).len;
+            self.add_candidate(slot, len);
         }
     }
 
@@ -663,6 +682,10 @@ impl Store {
             return Err(ShoalError::not_found(id));
         }
         // Announced now, referenced or not (`remove_slot` stays silent).
+        if Self::is_candidate(entry) {
+            self.drop_candidate(slot);
+        }
+        let entry = self.table.get_mut(slot).expect("found slot is live");
         entry.delete_pending = true;
         let free_now = entry.refs == 0 && entry.residency == Residency::Resident;
         self.events.push(StoreEvent::Removed {
