@@ -68,6 +68,10 @@ class NodeUnavailable(ShoalError, ConnectionError):
     """Another node of the cluster did not answer within the timeout."""
 
 
+class ObjectCorrupt(ShoalError):
+    """Every stored copy of the object failed its checksum (torn or damaged tier file)."""
+
+
 __all__ = [
     name for name, value in globals().items() if isinstance(value, type) and issubclass(value, Exception)
 ]

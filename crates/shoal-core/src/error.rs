@@ -41,6 +41,9 @@ pub enum ErrorKind {
     /// Another node of the cluster did not answer (down, partitioned) within
     /// the timeout; objects on live nodes stay available.
     NodeUnavailable = 15,
+    /// A stored copy of the object failed its checksum (torn, truncated or
+    /// bit-flipped tier file) and no intact copy was left to serve.
+    ObjectCorrupt = 16,
 }
 
 impl ErrorKind {
@@ -66,6 +69,7 @@ impl ErrorKind {
             13 => ObjectInUse,
             14 => VersionMismatch,
             15 => NodeUnavailable,
+            16 => ObjectCorrupt,
             _ => return None,
         })
     }
@@ -88,6 +92,7 @@ impl ErrorKind {
             ObjectInUse => "ObjectInUse",
             VersionMismatch => "VersionMismatch",
             NodeUnavailable => "NodeUnavailable",
+            ObjectCorrupt => "ObjectCorrupt",
         }
     }
 }
