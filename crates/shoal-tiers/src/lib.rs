@@ -14,6 +14,7 @@
 
 pub mod dir;
 pub mod engine;
+pub mod faulty;
 pub mod format;
 pub mod identity;
 mod locks;
@@ -25,6 +26,7 @@ pub mod tier;
 
 pub use dir::DirTier;
 pub use engine::{EngineConfig, RecoveryReport, Restored, TierEngine, WriteInfo};
+pub use faulty::{FaultTiming, FaultyTier};
 pub use format::{ObjectHeader, ObjectSizes};
 pub use identity::TierIdentity;
 pub use manifest::Manifest;
