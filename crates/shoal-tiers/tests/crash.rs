@@ -79,13 +79,13 @@ async fn crash_child() {
     loop {
         let id = ObjectId::random();
         let seed = rng.next();
-        let len = if rng.next() % 10 == 0 {
+        let len = if rng.next().is_multiple_of(10) {
             2 << 20
         } else {
             1 + (rng.next() % 65_536) as usize
         };
         say(format!("BEGIN {id} {seed} {len}"));
-        let level = if rng.next() % 4 == 0 {
+        let level = if rng.next().is_multiple_of(4) {
             TierLevel::Backing
         } else {
             TierLevel::Burst
