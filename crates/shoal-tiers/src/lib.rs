@@ -22,6 +22,8 @@ pub mod manifest;
 pub mod range;
 pub mod record;
 mod recover;
+pub mod retry;
+pub mod s3;
 pub mod tier;
 
 pub use dir::DirTier;
@@ -32,4 +34,6 @@ pub use identity::TierIdentity;
 pub use manifest::Manifest;
 pub use range::{DestBuffer, DestRange, KeepAlive, SourceRange};
 pub use record::{Durability, ObjectRecord, TierLevel, TierSet};
+pub use retry::{with_backoff, Backoff};
+pub use s3::{S3Config, S3Tier};
 pub use tier::{Tier, TierUsage};
