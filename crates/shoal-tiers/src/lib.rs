@@ -13,6 +13,7 @@
 //!   tiers and manifest, and recovery at open.
 
 pub mod dir;
+pub mod drain;
 pub mod engine;
 pub mod faulty;
 pub mod format;
@@ -27,6 +28,7 @@ pub mod s3;
 pub mod tier;
 
 pub use dir::DirTier;
+pub use drain::{DrainConfig, DrainEvent, DrainJob, Drainer};
 pub use engine::{EngineConfig, RecoveryReport, Restored, TierEngine, WriteInfo};
 pub use faulty::{FaultTiming, FaultyTier};
 pub use format::{ObjectHeader, ObjectSizes};

@@ -36,7 +36,8 @@ impl SourceRange {
     /// A view of `len` bytes at `ptr`.
     ///
     /// # Safety
-    /// From this call until the returned value is dropped (the engine may keep
+    /// From this call until the returned value and every clone of it are
+    /// dropped (the engine may keep
     /// it past the end of the future that received it, e.g. when that future is
     /// cancelled while a blocking write still runs; it always drops it when it
     /// is done), the `len` bytes at `ptr` must be mapped, readable, and not
@@ -74,6 +75,18 @@ impl SourceRange {
         }
         // SAFETY: valid, unmodified bytes for the life of `self` (constructor contract).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Another handle on the same bytes (a drain job keeps one to retry with);
+/// the keep-alive lives until the last handle goes.
+impl Clone for SourceRange {
+    fn clone(&self) -> Self {
+        Self {
+            ptr: self.ptr,
+            len: self.len,
+            _keep_alive: self._keep_alive.clone(),
+        }
     }
 }
 
