@@ -72,6 +72,13 @@ pub struct DrainEvent {
     pub attempts: u32,
 }
 
+/// A job `try_submit` could not queue, with the reason.
+#[derive(Debug)]
+pub struct Refused {
+    pub error: ShoalError,
+    pub job: DrainJob,
+}
+
 /// Sizes of the queue and of the batches.
 #[derive(Debug, Clone, Copy)]
 pub struct DrainConfig {
@@ -165,7 +172,7 @@ impl Drainer {
 
     /// Queues `job` if there is room; otherwise gives it back with
     /// `StoreFull` (the caller keeps the object where it is and tries later).
-    pub fn try_submit(&self, job: DrainJob) -> std::result::Result<(), (ShoalError, DrainJob)> {
+    pub fn try_submit(&self, job: DrainJob) -> std::result::Result<(), Box<Refused>> {
         let queued = self.queued(job);
         self.tx.try_send(queued).map_err(|err| {
             self.pending.fetch_sub(1, Ordering::AcqRel);
@@ -179,7 +186,10 @@ impl Drainer {
                     q,
                 ),
             };
-            (error, queued.job)
+            Box::new(Refused {
+                error,
+                job: queued.job,
+            })
         })
     }
 

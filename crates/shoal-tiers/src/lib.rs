@@ -28,7 +28,7 @@ pub mod s3;
 pub mod tier;
 
 pub use dir::DirTier;
-pub use drain::{DrainConfig, DrainEvent, DrainJob, Drainer};
+pub use drain::{DrainConfig, DrainEvent, DrainJob, Drainer, Refused};
 pub use engine::{EngineConfig, RecoveryReport, Restored, TierEngine, WriteInfo};
 pub use faulty::{FaultTiming, FaultyTier};
 pub use format::{ObjectHeader, ObjectSizes};

@@ -149,7 +149,7 @@ async fn an_outage_backs_pressure_up_to_producers_and_resumes() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let refused = drainer.try_submit(write_job(ObjectId::random(), TierLevel::Backing, 9));
-    let (err, _job) = refused.unwrap_err();
+    let err = refused.unwrap_err().error;
     assert_eq!(err.kind(), ErrorKind::StoreFull, "{err}");
     assert_eq!(drainer.depth(), 3);
     tokio::time::sleep(Duration::from_millis(300)).await;
