@@ -44,6 +44,9 @@ pub enum ErrorKind {
     /// A local security check refused: a socket directory or log another
     /// user could have planted, or a daemon or client of another user.
     PermissionDenied = 16,
+    /// A stored copy of the object failed its checksum (torn, truncated or
+    /// bit-flipped tier file) and no intact copy was left to serve.
+    ObjectCorrupt = 17,
 }
 
 impl ErrorKind {
@@ -70,6 +73,7 @@ impl ErrorKind {
             14 => VersionMismatch,
             15 => NodeUnavailable,
             16 => PermissionDenied,
+            17 => ObjectCorrupt,
             _ => return None,
         })
     }
@@ -93,6 +97,7 @@ impl ErrorKind {
             VersionMismatch => "VersionMismatch",
             NodeUnavailable => "NodeUnavailable",
             PermissionDenied => "PermissionDenied",
+            ObjectCorrupt => "ObjectCorrupt",
         }
     }
 }
