@@ -46,6 +46,13 @@ if ! cargo modules --version 2>/dev/null | grep -qx "cargo-modules $CARGO_MODULE
     echo "setup: installing cargo-modules $CARGO_MODULES_VERSION (cargo install, slow)"
     cargo install --locked --quiet cargo-modules --version "$CARGO_MODULES_VERSION"
 fi
+# s3s-fs: the S3-compatible server the tier tests start on loopback
+# (crates/shoal-tiers/tests/s3.rs). Pinned: later releases need a newer rustc.
+# Built from source: ~18 min measured on this 2-core machine under load (-j1).
+if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs" ]; then
+    echo "setup: installing s3s-fs 0.14.1 (cargo install, several minutes the first time)"
+    cargo install --locked --quiet s3s-fs@0.14.1 --features binary
+fi
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv

@@ -73,6 +73,10 @@ class PermissionDenied(ShoalError, PermissionError):
     planted, or a daemon or client of another user (docs/security.md)."""
 
 
+class ObjectCorrupt(ShoalError):
+    """Every stored copy of the object failed its checksum (torn or damaged tier file)."""
+
+
 __all__ = [
     name for name, value in globals().items() if isinstance(value, type) and issubclass(value, Exception)
 ]

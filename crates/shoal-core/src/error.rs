@@ -4,7 +4,9 @@
 //! crosses the wire (as a `u16`) and what the Python package maps to an
 //! exception class. The message carries the context (id, sizes, path).
 
+use crate::capacity::ParseError;
 use crate::ids::ObjectId;
+use crate::local_auth::LocalAuthError;
 
 /// The kind of a store error, stable on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,6 +46,9 @@ pub enum ErrorKind {
     /// A local security check refused: a socket directory or log another
     /// user could have planted, or a daemon or client of another user.
     PermissionDenied = 16,
+    /// A stored copy of the object failed its checksum (torn, truncated or
+    /// bit-flipped tier file) and no intact copy was left to serve.
+    ObjectCorrupt = 17,
 }
 
 impl ErrorKind {
@@ -70,6 +75,7 @@ impl ErrorKind {
             14 => VersionMismatch,
             15 => NodeUnavailable,
             16 => PermissionDenied,
+            17 => ObjectCorrupt,
             _ => return None,
         })
     }
@@ -93,6 +99,7 @@ impl ErrorKind {
             VersionMismatch => "VersionMismatch",
             NodeUnavailable => "NodeUnavailable",
             PermissionDenied => "PermissionDenied",
+            ObjectCorrupt => "ObjectCorrupt",
         }
     }
 }
@@ -169,20 +176,18 @@ pub type Result<T, E = ShoalError> = std::result::Result<T, E>;
 // Conversions from the typed errors of modules that need none of this one
 // (so the dependency runs one way: here, to them).
 
-impl From<crate::local_auth::LocalAuthError> for ShoalError {
-    fn from(err: crate::local_auth::LocalAuthError) -> Self {
-        use crate::local_auth::LocalAuthError;
+impl From<LocalAuthError> for ShoalError {
+    fn from(err: LocalAuthError) -> Self {
         let kind = match err {
-            crate::local_auth::LocalAuthError::Io { .. }
-            | crate::local_auth::LocalAuthError::PeerCredentials(_) => ErrorKind::Io,
+            LocalAuthError::Io { .. } | LocalAuthError::PeerCredentials(_) => ErrorKind::Io,
             _ => ErrorKind::PermissionDenied,
         };
         ShoalError::new(kind, err.to_string())
     }
 }
 
-impl From<crate::capacity::ParseError> for ShoalError {
-    fn from(err: crate::capacity::ParseError) -> Self {
+impl From<ParseError> for ShoalError {
+    fn from(err: ParseError) -> Self {
         ShoalError::io("read node memory", err)
     }
 }

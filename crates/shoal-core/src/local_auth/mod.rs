@@ -19,7 +19,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 mod error;
 
@@ -443,7 +443,7 @@ mod tests {
     #[test]
     fn errors_are_permission_denied_with_the_path_and_owner() {
         let err: ShoalError = LocalAuthError::ForeignOwner {
-            path: PathBuf::from("/tmp/shoal-1000"),
+            path: std::path::PathBuf::from("/tmp/shoal-1000"),
             owner: 1001,
             me: 1000,
         }

@@ -1,0 +1,298 @@
+//! `Drainer`: the write-behind queue. The daemon submits drain jobs (spill
+//! an object from memory to a tier, or copy it one tier down); a background
+//! task runs them in submission order, a batch at a time with bounded
+//! parallelism, retries transient failures with backoff, and reports each
+//! outcome on a channel.
+//!
+//! The queue is bounded: when the tiers cannot keep up (or the backing store
+//! is down and its jobs keep retrying), `submit` waits and `try_submit` fails
+//! with `StoreFull`, so pressure reaches the producers instead of memory
+//! growing without bound. Objects whose jobs wait stay where they are (memory
+//! or burst buffer): nothing is lost by waiting.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures_util::StreamExt;
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::ids::ObjectId;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::engine::{TierEngine, WriteInfo};
+use crate::format::ObjectSizes;
+use crate::range::SourceRange;
+use crate::record::{ObjectRecord, TierLevel};
+use crate::retry::{with_backoff, Backoff};
+
+/// One unit of write-behind work.
+#[derive(Debug)]
+pub enum DrainJob {
+    /// Write the object's bytes (still in memory) to `level`.
+    Write {
+        id: ObjectId,
+        level: TierLevel,
+        sizes: ObjectSizes,
+        src: SourceRange,
+        info: WriteInfo,
+    },
+    /// Copy the object from one tier to another (it is no longer in memory).
+    Copy {
+        id: ObjectId,
+        from: TierLevel,
+        to: TierLevel,
+    },
+}
+
+impl DrainJob {
+    pub fn id(&self) -> ObjectId {
+        match self {
+            DrainJob::Write { id, .. } | DrainJob::Copy { id, .. } => *id,
+        }
+    }
+
+    /// The tier the job writes.
+    pub fn target(&self) -> TierLevel {
+        match self {
+            DrainJob::Write { level, .. } => *level,
+            DrainJob::Copy { to, .. } => *to,
+        }
+    }
+}
+
+/// The outcome of a job.
+#[derive(Debug)]
+pub struct DrainEvent {
+    pub id: ObjectId,
+    pub target: TierLevel,
+    /// The record after the job, or why it failed for good (a cancelled job
+    /// fails with `ObjectNotFound`).
+    pub result: Result<ObjectRecord>,
+    pub attempts: u32,
+}
+
+/// A job `try_submit` could not queue, with the reason.
+#[derive(Debug)]
+pub struct Refused {
+    pub error: ShoalError,
+    pub job: DrainJob,
+}
+
+/// Sizes of the queue and of the batches.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainConfig {
+    /// Jobs queued (not yet started) at most.
+    pub queue: usize,
+    /// Jobs taken off the queue at once.
+    pub batch: usize,
+    /// Jobs of a batch running at once.
+    pub parallel: usize,
+    /// Retries of a job's transient failures.
+    pub backoff: Backoff,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        Self {
+            queue: 1024,
+            batch: 32,
+            parallel: 4,
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+struct Queued {
+    seq: u64,
+    job: DrainJob,
+}
+
+/// Cancellations: id → the sequence number at the cancel. Jobs of that id
+/// submitted before it are skipped.
+type Cancels = Arc<Mutex<HashMap<ObjectId, u64>>>;
+
+/// The write-behind queue and its worker task.
+pub struct Drainer {
+    tx: mpsc::Sender<Queued>,
+    seq: AtomicU64,
+    cancels: Cancels,
+    pending: Arc<AtomicUsize>,
+    worker: JoinHandle<()>,
+}
+
+impl Drainer {
+    /// Starts the worker on the current tokio runtime. Events arrive on the
+    /// returned receiver (bounded like the queue: read it, or the worker
+    /// waits).
+    pub fn start(
+        engine: Arc<TierEngine>,
+        config: DrainConfig,
+    ) -> (Self, mpsc::Receiver<DrainEvent>) {
+        let (tx, rx) = mpsc::channel(config.queue.max(1));
+        let (events_tx, events) = mpsc::channel(config.queue.max(1));
+        let cancels: Cancels = Arc::default();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let worker = tokio::spawn(run(
+            engine,
+            config,
+            rx,
+            events_tx,
+            cancels.clone(),
+            pending.clone(),
+        ));
+        (
+            Self {
+                tx,
+                seq: AtomicU64::new(1),
+                cancels,
+                pending,
+                worker,
+            },
+            events,
+        )
+    }
+
+    fn queued(&self, job: DrainJob) -> Queued {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        Queued {
+            seq: self.seq.fetch_add(1, Ordering::AcqRel),
+            job,
+        }
+    }
+
+    /// Queues `job`, waiting while the queue is full.
+    pub async fn submit(&self, job: DrainJob) -> Result<()> {
+        let queued = self.queued(job);
+        self.tx.send(queued).await.map_err(|_| {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            ShoalError::new(ErrorKind::Disconnected, "the drainer has stopped")
+        })
+    }
+
+    /// Queues `job` if there is room; otherwise gives it back with
+    /// `StoreFull` (the caller keeps the object where it is and tries later).
+    pub fn try_submit(&self, job: DrainJob) -> std::result::Result<(), Box<Refused>> {
+        let queued = self.queued(job);
+        self.tx.try_send(queued).map_err(|err| {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            let (error, queued) = match err {
+                mpsc::error::TrySendError::Full(q) => (
+                    ShoalError::new(ErrorKind::StoreFull, "the drain queue is full"),
+                    q,
+                ),
+                mpsc::error::TrySendError::Closed(q) => (
+                    ShoalError::new(ErrorKind::Disconnected, "the drainer has stopped"),
+                    q,
+                ),
+            };
+            Box::new(Refused {
+                error,
+                job: queued.job,
+            })
+        })
+    }
+
+    /// Drops the queued jobs of `id` (an object being deleted). A job already
+    /// running finishes first; the engine runs the delete after it.
+    pub fn cancel(&self, id: ObjectId) {
+        let seq = self.seq.load(Ordering::Acquire);
+        self.cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, seq);
+    }
+
+    /// Jobs submitted and not yet finished (queued or running).
+    pub fn depth(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Stops taking jobs, finishes the queued ones, and waits for the worker.
+    pub async fn close(self) {
+        drop(self.tx);
+        let _ = self.worker.await;
+    }
+}
+
+async fn run(
+    engine: Arc<TierEngine>,
+    config: DrainConfig,
+    mut rx: mpsc::Receiver<Queued>,
+    events: mpsc::Sender<DrainEvent>,
+    cancels: Cancels,
+    pending: Arc<AtomicUsize>,
+) {
+    let mut batch = Vec::with_capacity(config.batch.max(1));
+    loop {
+        if rx.recv_many(&mut batch, config.batch.max(1)).await == 0 {
+            return; // closed and empty
+        }
+        futures_util::stream::iter(batch.drain(..))
+            .for_each_concurrent(config.parallel.max(1), |queued| {
+                let (engine, events, cancels, pending) = (&engine, &events, &cancels, &pending);
+                async move {
+                    let event = run_job(engine, config.backoff, queued, cancels).await;
+                    pending.fetch_sub(1, Ordering::AcqRel);
+                    let _ = events.send(event).await;
+                }
+            })
+            .await;
+        // With nothing queued, every job a cancellation was aimed at is done.
+        if rx.is_empty() {
+            cancels.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+    }
+}
+
+fn cancelled(cancels: &Cancels, id: ObjectId, seq: u64) -> bool {
+    cancels
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&id)
+        .is_some_and(|&at| seq < at)
+}
+
+async fn run_job(
+    engine: &TierEngine,
+    backoff: Backoff,
+    queued: Queued,
+    cancels: &Cancels,
+) -> DrainEvent {
+    let Queued { seq, job } = queued;
+    let (id, target) = (job.id(), job.target());
+    let mut attempts = 0;
+    let result = with_backoff(backoff, || {
+        attempts += 1;
+        let job = &job;
+        async move {
+            if cancelled(cancels, id, seq) {
+                return Err(ShoalError::new(
+                    ErrorKind::ObjectNotFound,
+                    format!("drain of {id} cancelled (object deleted)"),
+                ));
+            }
+            match job {
+                DrainJob::Write {
+                    id,
+                    level,
+                    sizes,
+                    src,
+                    info,
+                } => {
+                    engine
+                        .write(*id, *level, *sizes, src.clone(), info.clone())
+                        .await
+                }
+                DrainJob::Copy { id, from, to } => engine.copy(*id, *from, *to).await,
+            }
+        }
+    })
+    .await;
+    DrainEvent {
+        id,
+        target,
+        result,
+        attempts,
+    }
+}

@@ -1,0 +1,254 @@
+//! What the manifest knows about one object: sizes, checksum, which tiers
+//! hold a verified copy, the durability it was sealed with.
+
+use std::fmt;
+use std::str::FromStr;
+
+use shoal_core::error::{Result, ShoalError};
+
+use crate::format::ObjectSizes;
+
+/// A tier below memory, nearest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum TierLevel {
+    /// The node's burst buffer (local, fast).
+    Burst = 0,
+    /// The backing store (shared file system or object store).
+    Backing = 1,
+}
+
+impl TierLevel {
+    pub const ALL: [TierLevel; 2] = [TierLevel::Burst, TierLevel::Backing];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TierLevel::Burst => "burst",
+            TierLevel::Backing => "backing",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+impl fmt::Display for TierLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The tiers that hold a complete, durable copy of an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct TierSet(u8);
+
+impl TierSet {
+    pub const EMPTY: TierSet = TierSet(0);
+
+    pub fn of(level: TierLevel) -> Self {
+        TierSet(level.bit())
+    }
+
+    pub fn contains(self, level: TierLevel) -> bool {
+        self.0 & level.bit() != 0
+    }
+
+    pub fn with(self, level: TierLevel) -> Self {
+        TierSet(self.0 | level.bit())
+    }
+
+    pub fn without(self, level: TierLevel) -> Self {
+        TierSet(self.0 & !level.bit())
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Nearest first.
+    pub fn iter(self) -> impl Iterator<Item = TierLevel> {
+        TierLevel::ALL
+            .into_iter()
+            .filter(move |l| self.contains(*l))
+    }
+}
+
+/// When a put/seal is acknowledged (issue 10): what survives a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(u8)]
+pub enum Durability {
+    /// Acknowledged in memory: lost with the daemon (today's behaviour).
+    #[default]
+    Memory = 0,
+    /// Acknowledged once fsync'ed on the burst buffer and in the manifest.
+    Local = 1,
+    /// Acknowledged once in the backing store and in the manifest.
+    Backing = 2,
+}
+
+impl Durability {
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::Memory => "memory",
+            Durability::Local => "local",
+            Durability::Backing => "backing",
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0 => Durability::Memory,
+            1 => Durability::Local,
+            2 => Durability::Backing,
+            _ => return None,
+        })
+    }
+
+    /// Whether an object whose copies are on `tiers` meets this level.
+    pub fn met_by(self, tiers: TierSet) -> bool {
+        match self {
+            Durability::Memory => true,
+            Durability::Local => !tiers.is_empty(),
+            Durability::Backing => tiers.contains(TierLevel::Backing),
+        }
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Durability {
+    type Err = ShoalError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "memory" => Ok(Durability::Memory),
+            "local" => Ok(Durability::Local),
+            "backing" => Ok(Durability::Backing),
+            _ => Err(ShoalError::invalid(format!(
+                "durability {s:?}: expected memory, local or backing"
+            ))),
+        }
+    }
+}
+
+/// The manifest's record of one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectRecord {
+    pub sizes: ObjectSizes,
+    /// CRC-32C of the payload, as in every copy's header.
+    pub checksum: u32,
+    /// Tiers holding a complete, durable copy.
+    pub tiers: TierSet,
+    /// The durability the object was sealed with (`Memory` for files adopted
+    /// by recovery: no promise was made for them).
+    pub durability: Durability,
+    /// Seal time, milliseconds since the Unix epoch.
+    pub sealed_at_ms: u64,
+    /// An optional path-like name (for the POSIX view).
+    pub name: Option<String>,
+}
+
+const RECORD_VERSION: u8 = 1;
+const FIXED_LEN: usize = 1 + 8 + 4 + 4 + 1 + 1 + 8 + 4;
+
+impl ObjectRecord {
+    /// The record's bytes in the manifest (little-endian, versioned):
+    /// version u8, data u64, meta u32, checksum u32, tiers u8, durability u8,
+    /// sealed_at_ms u64, name length u32 (u32::MAX = no name), name bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let name = self.name.as_deref().map(str::as_bytes);
+        let mut out = Vec::with_capacity(FIXED_LEN + name.map_or(0, <[u8]>::len));
+        out.push(RECORD_VERSION);
+        out.extend_from_slice(&self.sizes.data_size.to_le_bytes());
+        out.extend_from_slice(&self.sizes.meta_size.to_le_bytes());
+        out.extend_from_slice(&self.checksum.to_le_bytes());
+        out.push(self.tiers.0);
+        out.push(self.durability as u8);
+        out.extend_from_slice(&self.sealed_at_ms.to_le_bytes());
+        match name {
+            Some(name) => {
+                out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+                out.extend_from_slice(name);
+            }
+            None => out.extend_from_slice(&u32::MAX.to_le_bytes()),
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let bad = |why: &str| ShoalError::protocol(format!("manifest record: {why}"));
+        if bytes.len() < FIXED_LEN {
+            return Err(bad("truncated"));
+        }
+        if bytes[0] != RECORD_VERSION {
+            return Err(bad(&format!("version {}", bytes[0])));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let name_len = u32_at(27);
+        let name = if name_len == u32::MAX {
+            None
+        } else {
+            let raw = bytes
+                .get(FIXED_LEN..FIXED_LEN + name_len as usize)
+                .ok_or_else(|| bad("truncated name"))?;
+            Some(String::from_utf8(raw.to_vec()).map_err(|_| bad("name is not UTF-8"))?)
+        };
+        Ok(Self {
+            sizes: ObjectSizes {
+                data_size: u64_at(1),
+                meta_size: u32_at(9),
+            },
+            checksum: u32_at(13),
+            tiers: TierSet(bytes[17]),
+            durability: Durability::from_u8(bytes[18]).ok_or_else(|| bad("durability"))?,
+            sealed_at_ms: u64_at(19),
+            name,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip() {
+        for name in [None, Some(String::new()), Some("a/b/c.arrow".to_string())] {
+            let record = ObjectRecord {
+                sizes: ObjectSizes {
+                    data_size: 1 << 40,
+                    meta_size: 7,
+                },
+                checksum: 0x1234_5678,
+                tiers: TierSet::of(TierLevel::Backing).with(TierLevel::Burst),
+                durability: Durability::Local,
+                sealed_at_ms: 1_700_000_000_000,
+                name,
+            };
+            assert_eq!(ObjectRecord::decode(&record.encode()).unwrap(), record);
+        }
+        assert!(ObjectRecord::decode(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn durability_is_met_by_the_right_tiers() {
+        let burst = TierSet::of(TierLevel::Burst);
+        let backing = TierSet::of(TierLevel::Backing);
+        assert!(Durability::Memory.met_by(TierSet::EMPTY));
+        assert!(!Durability::Local.met_by(TierSet::EMPTY));
+        assert!(Durability::Local.met_by(burst) && Durability::Local.met_by(backing));
+        assert!(!Durability::Backing.met_by(burst) && Durability::Backing.met_by(backing));
+        assert_eq!(
+            burst.with(TierLevel::Backing).iter().collect::<Vec<_>>(),
+            TierLevel::ALL
+        );
+        assert_eq!("local".parse::<Durability>().unwrap(), Durability::Local);
+        assert!("disk".parse::<Durability>().is_err());
+    }
+}

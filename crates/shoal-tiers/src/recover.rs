@@ -1,0 +1,144 @@
+//! Recovery at open: make the manifest and the tiers agree again after a
+//! crash at any point of the write order (docs/tiers.md, "Recovery").
+//!
+//! 1. Sweep each tier: temporary files and unfinished uploads go.
+//! 2. Finish deletes: every tombstoned id is removed from every tier.
+//! 3. List each tier and compare with the records:
+//!    - a listed image the record knows: kept (its checksum is checked when
+//!      it is read; checking 1 M images here would blow the restart budget);
+//!    - a listed image with no record, or whose record lacks that tier (a
+//!      crash between rename and manifest commit, or between an evict's
+//!      commit and its unlink): verified in full, then adopted if it matches
+//!      the record (or there is none), else removed;
+//!    - a record naming a tier whose image is missing: that copy is forgotten,
+//!      and a record left with no copy is removed.
+//! 4. Everything not yet in the backing tier is returned for re-draining.
+
+use std::collections::{HashMap, HashSet};
+
+use shoal_core::error::{ErrorKind, Result};
+use shoal_core::ids::ObjectId;
+use tracing::{info, warn};
+
+use crate::engine::{now_ms, RecoveryReport, TierEngine};
+use crate::format::ObjectSizes;
+use crate::manifest::Change;
+use crate::record::{Durability, ObjectRecord, TierLevel};
+
+pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
+    let mut report = RecoveryReport::default();
+    for (_, tier) in engine.configured() {
+        report.swept += tier.sweep().await?;
+    }
+
+    let tombstones = engine.manifest(|m| m.tombstones()).await?;
+    let mut cleared = Vec::new();
+    for id in &tombstones {
+        if engine.remove_files(*id).await {
+            cleared.push(Change::ClearTombstone(*id));
+        }
+    }
+    report.deletes_finished = cleared.len() as u64;
+    engine.manifest(move |m| m.apply(&cleared)).await?;
+    let tombstoned: HashSet<ObjectId> = tombstones.into_iter().collect();
+
+    let mut records: HashMap<ObjectId, ObjectRecord> =
+        engine.manifest(|m| m.all()).await?.into_iter().collect();
+    let mut changed: HashSet<ObjectId> = HashSet::new();
+    for (level, tier) in engine.configured() {
+        let listed: HashSet<ObjectId> = tier.list().await?.into_iter().collect();
+        for &id in &listed {
+            if tombstoned.contains(&id) {
+                // Its delete could not remove this file yet (error logged above).
+                continue;
+            }
+            let known = records.get(&id).is_some_and(|r| r.tiers.contains(level));
+            if known {
+                continue;
+            }
+            let verified = tier.verify(id).await;
+            let adopt = match (&verified, records.get(&id)) {
+                (Ok(header), Some(record)) => {
+                    header.checksum == record.checksum
+                        && header.data_size == record.sizes.data_size
+                        && header.meta_size == record.sizes.meta_size
+                }
+                (Ok(_), None) => true,
+                (Err(err), _) if err.kind() == ErrorKind::ObjectCorrupt => false,
+                (Err(err), _) if err.kind() == ErrorKind::ObjectNotFound => continue,
+                // An I/O error: leave the file alone, the next start looks again.
+                (Err(err), _) => {
+                    warn!("recovery: {level} image of {id} unreadable, left as is: {err}");
+                    continue;
+                }
+            };
+            if adopt {
+                let header = verified.expect("adopted images verified");
+                let record = records.entry(id).or_insert_with(|| ObjectRecord {
+                    sizes: ObjectSizes {
+                        data_size: header.data_size,
+                        meta_size: header.meta_size,
+                    },
+                    checksum: header.checksum,
+                    tiers: Default::default(),
+                    // Nothing was acknowledged for a file the manifest never saw.
+                    durability: Durability::Memory,
+                    sealed_at_ms: now_ms(),
+                    name: None,
+                });
+                record.tiers = record.tiers.with(level);
+                changed.insert(id);
+                report.adopted.push(id);
+            } else {
+                warn!("recovery: {level} image of {id} discarded: {verified:?}");
+                tier.delete(id).await?;
+                report.discarded += 1;
+            }
+        }
+        for (id, record) in records.iter_mut() {
+            if record.tiers.contains(level) && !listed.contains(id) {
+                warn!("recovery: {level} copy of {id} is missing; forgotten");
+                record.tiers = record.tiers.without(level);
+                changed.insert(*id);
+                report.lost_copies += 1;
+            }
+        }
+    }
+
+    let mut changes = Vec::with_capacity(changed.len());
+    for id in changed {
+        let record = &records[&id];
+        if record.tiers.is_empty() {
+            changes.push(Change::Remove(id));
+            report.dropped.push(id);
+        } else {
+            changes.push(Change::Put(id, record.clone()));
+        }
+    }
+    for id in &report.dropped {
+        records.remove(id);
+    }
+    engine.manifest(move |m| m.apply(&changes)).await?;
+
+    if engine.tier(TierLevel::Backing).is_some() {
+        report.to_drain = records
+            .iter()
+            .filter(|(_, r)| !r.tiers.contains(TierLevel::Backing))
+            .map(|(id, _)| *id)
+            .collect();
+        report.to_drain.sort();
+    }
+    report.objects = records.len() as u64;
+    report.adopted.sort();
+    report.dropped.sort();
+    info!(
+        "tiers recovered: {} objects, {} adopted, {} discarded, {} swept, {} deletes finished, {} to drain",
+        report.objects,
+        report.adopted.len(),
+        report.discarded,
+        report.swept,
+        report.deletes_finished,
+        report.to_drain.len()
+    );
+    Ok(report)
+}

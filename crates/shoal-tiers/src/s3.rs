@@ -1,0 +1,493 @@
+//! `S3Tier`: a backing store in an S3-compatible object store, through the
+//! `object_store` crate.
+//!
+//! ```text
+//! <prefix>/shoal-tier.id        owner marker (identity.rs)
+//! <prefix>/objects/<id hex>     one image per object (format.rs)
+//! ```
+//!
+//! A PUT is atomic and durable once acknowledged, so there is no temp name:
+//! the image is uploaded whole in one PUT (S3 allows 5 GiB per PUT; larger
+//! objects would need a multipart upload, not done yet) straight from the
+//! caller's memory (`Bytes::from_owner` over the `SourceRange`, no copy).
+//! Requests are retried only briefly here (`S3Config::retry`): a store that is
+//! down must surface quickly as `NodeUnavailable`, so the drain's own backoff
+//! (retry.rs) decides what to do, with the object safe in memory or the burst
+//! buffer meanwhile.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path;
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, PutPayload, RetryConfig};
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::ids::ObjectId;
+
+use crate::format::{checksum_mismatch, ObjectHeader, ObjectSizes, HEADER_LEN};
+use crate::identity::TierIdentity;
+use crate::range::{DestRange, SourceRange};
+use crate::tier::{Tier, TierUsage};
+
+/// Where and how to reach the store.
+#[derive(Debug, Clone)]
+pub struct S3Config {
+    /// e.g. `http://127.0.0.1:8014`.
+    pub endpoint: String,
+    pub bucket: String,
+    /// Key prefix of this node's tier (e.g. `cluster/node-3`); may be empty.
+    pub prefix: String,
+    pub access_key: String,
+    pub secret_key: String,
+    pub region: String,
+    /// Plain HTTP (a store on loopback or a private network).
+    pub allow_http: bool,
+    /// Bytes of images this tier may hold.
+    pub capacity: u64,
+    /// Per-request retries inside `object_store`; keep them short.
+    pub retry: RetryConfig,
+    pub connect_timeout: Duration,
+}
+
+impl S3Config {
+    /// A config with short retries (2 retries, 100 ms → 1 s, 5 s in all) and a
+    /// 2 s connect timeout.
+    pub fn new(
+        endpoint: &str,
+        bucket: &str,
+        prefix: &str,
+        access_key: &str,
+        secret_key: &str,
+    ) -> Self {
+        Self {
+            endpoint: endpoint.to_string(),
+            bucket: bucket.to_string(),
+            prefix: prefix.trim_matches('/').to_string(),
+            access_key: access_key.to_string(),
+            secret_key: secret_key.to_string(),
+            region: "us-east-1".to_string(),
+            allow_http: endpoint.starts_with("http://"),
+            capacity: u64::MAX,
+            retry: RetryConfig {
+                backoff: BackoffConfig {
+                    init_backoff: Duration::from_millis(100),
+                    max_backoff: Duration::from_secs(1),
+                    base: 2.0,
+                },
+                max_retries: 2,
+                retry_timeout: Duration::from_secs(5),
+            },
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A tier in an S3 bucket. Cheap to clone.
+#[derive(Clone)]
+pub struct S3Tier {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: AmazonS3,
+    prefix: String,
+    describe: String,
+    capacity: u64,
+    used: AtomicU64,
+    objects: AtomicU64,
+}
+
+impl std::fmt::Debug for S3Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "S3Tier({})", self.inner.describe)
+    }
+}
+
+impl S3Tier {
+    /// Connects, checks (or writes) the owner marker, and counts what the tier
+    /// holds. Refuses a prefix owned by another node or cluster, and a
+    /// non-empty prefix without a marker.
+    pub async fn open(config: S3Config, owner: &TierIdentity) -> Result<Self> {
+        let describe = format!("{}/{}/{}", config.endpoint, config.bucket, config.prefix);
+        let store = AmazonS3Builder::new()
+            .with_endpoint(&config.endpoint)
+            .with_bucket_name(&config.bucket)
+            .with_access_key_id(&config.access_key)
+            .with_secret_access_key(&config.secret_key)
+            .with_region(&config.region)
+            .with_retry(config.retry.clone())
+            // The client options hold allow_http too: set them together.
+            .with_client_options(
+                ClientOptions::new()
+                    .with_allow_http(config.allow_http)
+                    .with_connect_timeout(config.connect_timeout),
+            )
+            .build()
+            .map_err(|e| ShoalError::invalid(format!("S3 tier {describe}: {e}")))?;
+        let tier = Self {
+            inner: Arc::new(Inner {
+                store,
+                prefix: config.prefix,
+                describe,
+                capacity: config.capacity,
+                used: AtomicU64::new(0),
+                objects: AtomicU64::new(0),
+            }),
+        };
+        let inner = &tier.inner;
+        let marker = inner.key("shoal-tier.id");
+        match inner.store.get(&marker).await {
+            Ok(found) => {
+                let bytes = found
+                    .bytes()
+                    .await
+                    .map_err(|e| inner.error("read marker", e))?;
+                let text = String::from_utf8_lossy(&bytes);
+                owner.check(
+                    &TierIdentity::decode(&text, marker.as_ref())?,
+                    &inner.describe,
+                )?;
+            }
+            Err(object_store::Error::NotFound { .. }) => {
+                let prefix = (!inner.prefix.is_empty()).then(|| Path::from(inner.prefix.as_str()));
+                let mut listing = inner.store.list(prefix.as_ref());
+                if let Some(first) = listing.next().await {
+                    let first = first.map_err(|e| inner.error("list", e))?;
+                    return Err(ShoalError::invalid(format!(
+                        "S3 tier {} is not empty ({}) and has no shoal-tier.id: \
+                         refusing to use a prefix shoal did not make",
+                        inner.describe, first.location
+                    )));
+                }
+                inner
+                    .store
+                    .put(&marker, PutPayload::from(owner.encode()?.into_bytes()))
+                    .await
+                    .map_err(|e| inner.error("write marker", e))?;
+            }
+            Err(e) => return Err(inner.error("read marker", e)),
+        }
+        let (mut used, mut objects) = (0, 0);
+        let mut listing = inner.store.list(Some(&inner.key("objects")));
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|e| inner.error("list", e))?;
+            if inner.id_of(&meta.location).is_some() {
+                used += meta.size;
+                objects += 1;
+            }
+        }
+        inner.used.store(used, Ordering::Release);
+        inner.objects.store(objects, Ordering::Relaxed);
+        Ok(tier)
+    }
+
+    /// The key of `id`'s image (for tests that damage images on purpose).
+    pub fn object_key(&self, id: &ObjectId) -> Path {
+        self.inner.object_key(id)
+    }
+
+    /// The underlying store (for tests and tools).
+    pub fn store(&self) -> &AmazonS3 {
+        &self.inner.store
+    }
+}
+
+impl Inner {
+    fn key(&self, name: &str) -> Path {
+        if self.prefix.is_empty() {
+            Path::from(name)
+        } else {
+            Path::from(format!("{}/{name}", self.prefix))
+        }
+    }
+
+    fn object_key(&self, id: &ObjectId) -> Path {
+        self.key(&format!("objects/{}", id.to_hex()))
+    }
+
+    fn id_of(&self, key: &Path) -> Option<ObjectId> {
+        key.filename().and_then(ObjectId::from_hex)
+    }
+
+    /// `object_store` errors to kinds: a missing key is `ObjectNotFound`,
+    /// configuration and permission problems are `Io`, and the rest
+    /// (connection refused, timeouts, 5xx after retries) `NodeUnavailable`.
+    fn error(&self, context: &str, err: object_store::Error) -> ShoalError {
+        let kind = match &err {
+            object_store::Error::NotFound { .. } => ErrorKind::ObjectNotFound,
+            object_store::Error::Generic { .. } => ErrorKind::NodeUnavailable,
+            _ => ErrorKind::Io,
+        };
+        ShoalError::new(kind, format!("S3 tier {}: {context}: {err}", self.describe))
+    }
+
+    fn reserve(&self, bytes: u64) -> Result<()> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes)
+                    .filter(|&total| total <= self.capacity)
+            })
+            .map(drop)
+            .map_err(|used| {
+                ShoalError::new(
+                    ErrorKind::StoreFull,
+                    format!(
+                        "S3 tier {}: {bytes} bytes do not fit ({used} of {} used)",
+                        self.describe, self.capacity
+                    ),
+                )
+            })
+    }
+
+    fn unreserve(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// The size of `key`'s object, `None` if there is none.
+    async fn size_of(&self, key: &Path) -> Result<Option<u64>> {
+        match self.store.head(key).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error(&format!("head {key}"), e)),
+        }
+    }
+
+    /// Streams `id`'s image, checking the header against `id` and the length,
+    /// and hands each payload chunk to `sink`. Returns the header and the
+    /// payload's computed checksum.
+    async fn read_image(
+        &self,
+        id: &ObjectId,
+        mut sink: impl FnMut(u64, &[u8]) -> Result<()>,
+        expect_len: Option<u64>,
+    ) -> Result<ObjectHeader> {
+        let key = self.object_key(id);
+        let what = format!("{}:{key}", self.describe);
+        let result = self
+            .store
+            .get(&key)
+            .await
+            .map_err(|e| self.error(&format!("get {key}"), e))?;
+        let size = result.meta.size;
+        let mut stream = result.into_stream();
+        let mut head = Vec::with_capacity(HEADER_LEN);
+        let mut header: Option<ObjectHeader> = None;
+        let (mut offset, mut crc) = (0u64, 0u32);
+        while let Some(chunk) = stream.next().await {
+            let mut chunk: Bytes = chunk.map_err(|e| self.error(&format!("read {key}"), e))?;
+            if header.is_none() {
+                let need = (HEADER_LEN - head.len()).min(chunk.len());
+                head.extend_from_slice(&chunk.split_to(need));
+                if head.len() < HEADER_LEN {
+                    continue;
+                }
+                let decoded = ObjectHeader::decode(&head, &what)?;
+                check_header(&decoded, id, size, &what)?;
+                if let Some(len) = expect_len.filter(|&len| len != decoded.payload_len()) {
+                    return Err(ShoalError::invalid(format!(
+                        "object {id}: destination of {len} bytes for a {}-byte object",
+                        decoded.payload_len()
+                    )));
+                }
+                header = Some(decoded);
+            }
+            if chunk.is_empty() {
+                continue;
+            }
+            let payload_len = header.expect("decoded above").payload_len();
+            if offset + chunk.len() as u64 > payload_len {
+                return Err(ShoalError::new(
+                    ErrorKind::ObjectCorrupt,
+                    format!("{what}: longer than its header says"),
+                ));
+            }
+            crc = crc32c::crc32c_append(crc, &chunk);
+            sink(offset, &chunk)?;
+            offset += chunk.len() as u64;
+        }
+        let header = match header {
+            Some(header) => header,
+            None => ObjectHeader::decode(&head, &what)?, // fails: too short
+        };
+        if offset != header.payload_len() {
+            return Err(ShoalError::new(
+                ErrorKind::ObjectCorrupt,
+                format!(
+                    "{what}: truncated ({offset} of {} payload bytes)",
+                    header.payload_len()
+                ),
+            ));
+        }
+        if crc != header.checksum {
+            return Err(checksum_mismatch(&what, header.checksum, crc));
+        }
+        Ok(header)
+    }
+}
+
+fn check_header(header: &ObjectHeader, id: &ObjectId, size: u64, what: &str) -> Result<()> {
+    if header.id != *id {
+        return Err(ShoalError::new(
+            ErrorKind::ObjectCorrupt,
+            format!("{what}: holds object {} instead", header.id),
+        ));
+    }
+    if size != header.stored_len() {
+        return Err(ShoalError::new(
+            ErrorKind::ObjectCorrupt,
+            format!(
+                "{what}: {size} bytes, the header says {}",
+                header.stored_len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Tier for S3Tier {
+    fn describe(&self) -> String {
+        self.inner.describe.clone()
+    }
+
+    fn usage(&self) -> TierUsage {
+        TierUsage {
+            capacity: self.inner.capacity,
+            used: self.inner.used.load(Ordering::Acquire),
+            objects: self.inner.objects.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn put(
+        &self,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        src: SourceRange,
+    ) -> Result<ObjectHeader> {
+        let inner = &self.inner;
+        if src.len() as u64 != sizes.payload_len() {
+            return Err(ShoalError::invalid(format!(
+                "object {id}: source range of {} bytes for {} + {} bytes",
+                src.len(),
+                sizes.data_size,
+                sizes.meta_size
+            )));
+        }
+        let stored = HEADER_LEN as u64 + sizes.payload_len();
+        inner.reserve(stored)?;
+        let key = inner.object_key(&id);
+        let result = async {
+            let replaced = inner.size_of(&key).await?;
+            let header = ObjectHeader {
+                id,
+                data_size: sizes.data_size,
+                meta_size: sizes.meta_size,
+                checksum: crc32c::crc32c(src.as_slice()),
+            };
+            let payload: PutPayload = [
+                Bytes::copy_from_slice(&header.encode()),
+                Bytes::from_owner(src),
+            ]
+            .into_iter()
+            .collect();
+            inner
+                .store
+                .put(&key, payload)
+                .await
+                .map_err(|e| inner.error(&format!("put {key}"), e))?;
+            Ok((header, replaced))
+        }
+        .await;
+        match result {
+            Ok((header, replaced)) => {
+                match replaced {
+                    Some(old) => inner.unreserve(old),
+                    None => {
+                        inner.objects.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Ok(header)
+            }
+            Err(err) => {
+                inner.unreserve(stored);
+                Err(err)
+            }
+        }
+    }
+
+    async fn get(&self, id: ObjectId, dst: DestRange) -> (DestRange, Result<ObjectHeader>) {
+        let mut dst = dst;
+        let len = dst.len() as u64;
+        let target = dst.as_mut_slice();
+        let got = self
+            .inner
+            .read_image(
+                &id,
+                |offset, chunk| {
+                    target[offset as usize..offset as usize + chunk.len()].copy_from_slice(chunk);
+                    Ok(())
+                },
+                Some(len),
+            )
+            .await;
+        (dst, got)
+    }
+
+    async fn verify(&self, id: ObjectId) -> Result<ObjectHeader> {
+        self.inner.read_image(&id, |_, _| Ok(()), None).await
+    }
+
+    async fn delete(&self, id: ObjectId) -> Result<bool> {
+        let inner = &self.inner;
+        let key = inner.object_key(&id);
+        let Some(size) = inner.size_of(&key).await? else {
+            return Ok(false);
+        };
+        match inner.store.delete(&key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(inner.error(&format!("delete {key}"), e)),
+        }
+        inner.unreserve(size);
+        inner.objects.fetch_sub(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    async fn list(&self) -> Result<Vec<ObjectId>> {
+        let inner = &self.inner;
+        let mut ids = Vec::new();
+        let mut listing = inner.store.list(Some(&inner.key("objects")));
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|e| inner.error("list", e))?;
+            if let Some(id) = inner.id_of(&meta.location) {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// PUTs are whole, so nothing half-written can exist; keys under
+    /// `objects/` that are not ids are removed.
+    async fn sweep(&self) -> Result<u64> {
+        let inner = &self.inner;
+        let mut foreign = Vec::new();
+        let mut listing = inner.store.list(Some(&inner.key("objects")));
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|e| inner.error("list", e))?;
+            if inner.id_of(&meta.location).is_none() {
+                foreign.push(meta.location);
+            }
+        }
+        for key in &foreign {
+            inner
+                .store
+                .delete(key)
+                .await
+                .map_err(|e| inner.error(&format!("delete {key}"), e))?;
+        }
+        Ok(foreign.len() as u64)
+    }
+}

@@ -1,0 +1,132 @@
+//! The `Tier` conformance suite against the directory backend, plain and
+//! behind a `FaultyTier` with no fault armed (a decorator must not change
+//! behaviour), plus what is specific to directories: owner markers, temp
+//! files, names that are not ids.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use common::{damaged, payload, write, Damage, Harness};
+use shoal_core::error::ErrorKind;
+use shoal_core::ids::ObjectId;
+use shoal_tiers::{DirTier, FaultyTier, Tier, TierIdentity};
+use tempfile::TempDir;
+
+/// Makes `DirTier`s in temporary directories (kept until the harness drops).
+#[derive(Default)]
+struct Dirs {
+    faulty: bool,
+    kept: Mutex<Vec<(TempDir, DirTier)>>,
+}
+
+impl Dirs {
+    fn dir_of(&self, tier: &Arc<dyn Tier>) -> DirTier {
+        let described = tier.describe();
+        let kept = self.kept.lock().unwrap();
+        kept.iter()
+            .find(|(_, dir)| described.contains(&dir.describe()))
+            .map(|(_, dir)| dir.clone())
+            .expect("a tier this harness made")
+    }
+}
+
+#[async_trait]
+impl Harness for Dirs {
+    async fn make(&self, capacity: u64) -> Arc<dyn Tier> {
+        let dir = tempfile::tempdir().unwrap();
+        let tier = DirTier::open(
+            &dir.path().join("burst"),
+            &TierIdentity::new("test", 0),
+            capacity,
+        )
+        .unwrap();
+        self.kept.lock().unwrap().push((dir, tier.clone()));
+        if self.faulty {
+            Arc::new(FaultyTier::new(Arc::new(tier)))
+        } else {
+            Arc::new(tier)
+        }
+    }
+
+    async fn damage(&self, tier: &Arc<dyn Tier>, id: ObjectId, damage: Damage) {
+        let path = self.dir_of(tier).object_path(&id);
+        let image = std::fs::read(&path).unwrap();
+        std::fs::write(&path, damaged(image, damage)).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dir_tier_conforms() {
+    common::suite::run(&Dirs::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faulty_tier_without_faults_conforms() {
+    common::suite::run(&Dirs {
+        faulty: true,
+        ..Dirs::default()
+    })
+    .await;
+}
+
+#[test]
+fn another_nodes_or_clusters_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tier");
+    DirTier::open(&root, &TierIdentity::new("prod", 1), 1 << 20).unwrap();
+    // The owner reopens it.
+    DirTier::open(&root, &TierIdentity::new("prod", 1), 1 << 20).unwrap();
+    let err = DirTier::open(&root, &TierIdentity::new("prod", 2), 1 << 20).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        err.message()
+            .contains("belongs to node 1 of cluster \"prod\""),
+        "{err}"
+    );
+    let err = DirTier::open(&root, &TierIdentity::new("test", 1), 1 << 20).unwrap_err();
+    assert!(err.message().contains("refusing"), "{err}");
+
+    // A directory with someone's files and no marker is not taken over.
+    let foreign = dir.path().join("home");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("thesis.tex"), b"precious").unwrap();
+    let err = DirTier::open(&foreign, &TierIdentity::new("prod", 1), 1 << 20).unwrap_err();
+    assert!(err.message().contains("not empty"), "{err}");
+    assert_eq!(
+        std::fs::read(foreign.join("thesis.tex")).unwrap(),
+        b"precious"
+    );
+}
+
+#[tokio::test]
+async fn sweep_removes_temp_files_and_foreign_names_and_reopen_counts_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tier");
+    let me = TierIdentity::new("c", 0);
+    let tier = DirTier::open(&root, &me, 1 << 30).unwrap();
+    let id = ObjectId::random();
+    write(&tier, id, &payload(5000, 1), 0).await.unwrap();
+    // What a crash mid-put leaves, and names that are no object's.
+    std::fs::write(
+        root.join("tmp")
+            .join(format!("{}.0123456789abcdef", id.to_hex())),
+        b"half",
+    )
+    .unwrap();
+    std::fs::write(root.join("objects/00/notes.txt"), b"x").unwrap();
+    let misplaced = ObjectId([0xab; 20]);
+    std::fs::write(root.join("objects/00").join(misplaced.to_hex()), b"x").unwrap();
+
+    let reopened = DirTier::open(&root, &me, 1 << 30).unwrap();
+    assert_eq!(
+        reopened.usage().objects,
+        1,
+        "only images under their own name count"
+    );
+    assert_eq!(reopened.usage().used, tier.usage().used);
+    assert_eq!(reopened.sweep().await.unwrap(), 3);
+    assert_eq!(reopened.list().await.unwrap(), vec![id]);
+    assert_eq!(reopened.sweep().await.unwrap(), 0);
+}

@@ -1,0 +1,475 @@
+//! The engine over two real directory tiers wrapped in `FaultyTier`s:
+//! the write order, injected faults, corrupt copies, deletes, and recovery
+//! from a crash after each step (simulated by dropping the engine where the
+//! step left the disk, then reopening).
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{damaged, payload, sizes_of, Damage};
+use shoal_core::error::ErrorKind;
+use shoal_core::ids::ObjectId;
+use shoal_tiers::{
+    DestRange, DirTier, Durability, EngineConfig, FaultTiming, FaultyTier, Manifest,
+    RecoveryReport, SourceRange, Tier, TierEngine, TierIdentity, TierLevel, TierSet, WriteInfo,
+};
+use tempfile::TempDir;
+
+struct Node {
+    dir: TempDir,
+    burst: Arc<FaultyTier>,
+    backing: Arc<FaultyTier>,
+    burst_dir: DirTier,
+    backing_dir: DirTier,
+    engine: TierEngine,
+}
+
+const CAPACITY: u64 = 1 << 30;
+
+impl Node {
+    async fn new() -> (Self, RecoveryReport) {
+        Self::open(tempfile::tempdir().unwrap(), CAPACITY).await
+    }
+
+    async fn open(dir: TempDir, burst_capacity: u64) -> (Self, RecoveryReport) {
+        let me = TierIdentity::new("test", 7);
+        let burst_dir = DirTier::open(&dir.path().join("burst"), &me, burst_capacity).unwrap();
+        let backing_dir = DirTier::open(&dir.path().join("backing"), &me, CAPACITY).unwrap();
+        let burst = Arc::new(FaultyTier::new(Arc::new(burst_dir.clone())));
+        let backing = Arc::new(FaultyTier::new(Arc::new(backing_dir.clone())));
+        let manifest = Manifest::open(&dir.path().join("burst/manifest.redb"), &me).unwrap();
+        let (engine, report) = TierEngine::open(EngineConfig {
+            manifest,
+            burst: Some(burst.clone()),
+            backing: Some(backing.clone()),
+        })
+        .await
+        .unwrap();
+        (
+            Self {
+                dir,
+                burst,
+                backing,
+                burst_dir,
+                backing_dir,
+                engine,
+            },
+            report,
+        )
+    }
+
+    /// A restart after a crash: everything in memory is gone, the disk stays.
+    async fn restart(self) -> (Self, RecoveryReport) {
+        let dir = self.dir;
+        drop(self.engine);
+        Self::open(dir, CAPACITY).await
+    }
+
+    async fn write(
+        &self,
+        id: ObjectId,
+        level: TierLevel,
+        bytes: &[u8],
+    ) -> shoal_core::error::Result<()> {
+        self.engine
+            .write(
+                id,
+                level,
+                sizes_of(bytes.len(), 0),
+                SourceRange::from_vec(bytes.to_vec()),
+                WriteInfo {
+                    durability: Durability::Local,
+                    ..WriteInfo::default()
+                },
+            )
+            .await
+            .map(drop)
+    }
+
+    async fn restore(
+        &self,
+        id: ObjectId,
+        len: usize,
+    ) -> shoal_core::error::Result<(TierLevel, Vec<u8>)> {
+        let (dst, buffer) = DestRange::buffer(len);
+        let restored = self.engine.restore(id, dst).await?;
+        Ok((restored.from, buffer.take().unwrap()))
+    }
+
+    async fn tiers_of(&self, id: ObjectId) -> Option<TierSet> {
+        self.engine.record(id).await.unwrap().map(|r| r.tiers)
+    }
+
+    fn file(&self, level: TierLevel, id: ObjectId) -> PathBuf {
+        match level {
+            TierLevel::Burst => self.burst_dir.object_path(&id),
+            TierLevel::Backing => self.backing_dir.object_path(&id),
+        }
+    }
+
+    fn damage(&self, level: TierLevel, id: ObjectId, damage: Damage) {
+        let path = self.file(level, id);
+        let image = std::fs::read(&path).unwrap();
+        std::fs::write(&path, damaged(image, damage)).unwrap();
+    }
+}
+
+fn both() -> TierSet {
+    TierSet::of(TierLevel::Burst).with(TierLevel::Backing)
+}
+
+#[tokio::test]
+async fn objects_move_down_the_chain_and_come_back() {
+    let (node, report) = Node::new().await;
+    assert_eq!(report, RecoveryReport::default());
+    let id = ObjectId::random();
+    let bytes = payload(100_000, 1);
+    node.write(id, TierLevel::Burst, &bytes).await.unwrap();
+    let record = node.engine.record(id).await.unwrap().unwrap();
+    assert_eq!(record.tiers, TierSet::of(TierLevel::Burst));
+    assert_eq!(record.durability, Durability::Local);
+    assert_eq!(record.checksum, crc32c::crc32c(&bytes));
+
+    // Drain without the object in memory, then evict the burst copy.
+    let record = node
+        .engine
+        .copy(id, TierLevel::Burst, TierLevel::Backing)
+        .await
+        .unwrap();
+    assert_eq!(record.tiers, both());
+    assert_eq!(
+        node.restore(id, bytes.len()).await.unwrap(),
+        (TierLevel::Burst, bytes.clone())
+    );
+    node.engine.evict(id, TierLevel::Burst).await.unwrap();
+    assert!(!node.file(TierLevel::Burst, id).exists());
+    assert_eq!(
+        node.restore(id, bytes.len()).await.unwrap(),
+        (TierLevel::Backing, bytes.clone())
+    );
+    let err = node.engine.evict(id, TierLevel::Backing).await.unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::ObjectInUse,
+        "the last copy is never evicted: {err}"
+    );
+
+    let (node, report) = node.restart().await;
+    assert_eq!(report.objects, 1);
+    assert!(report.adopted.is_empty() && report.to_drain.is_empty());
+    assert_eq!(node.restore(id, bytes.len()).await.unwrap().1, bytes);
+    let usage = node.engine.usage();
+    assert_eq!(usage[0].1.used, 0);
+    assert_eq!(usage[1].1.objects, 1);
+}
+
+#[tokio::test]
+async fn an_injected_error_leaves_the_object_where_it_was() {
+    let (node, _) = Node::new().await;
+    let id = ObjectId::random();
+    let bytes = payload(20_000, 2);
+
+    // The put fails before touching the disk: nothing recorded, nothing stored.
+    node.burst.fail_nth(1, FaultTiming::Before);
+    let err = node.write(id, TierLevel::Burst, &bytes).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert_eq!(node.tiers_of(id).await, None);
+    assert!(node.burst.list().await.unwrap().is_empty());
+
+    // In the burst buffer; the drain to the backing store fails.
+    node.write(id, TierLevel::Burst, &bytes).await.unwrap();
+    node.backing.fail_nth(1, FaultTiming::Before);
+    node.engine
+        .copy(id, TierLevel::Burst, TierLevel::Backing)
+        .await
+        .unwrap_err();
+    assert_eq!(node.tiers_of(id).await, Some(TierSet::of(TierLevel::Burst)));
+    assert_eq!(node.restore(id, bytes.len()).await.unwrap().1, bytes);
+
+    // A read error on the burst copy: the backing copy serves, the burst copy stays.
+    node.engine
+        .copy(id, TierLevel::Burst, TierLevel::Backing)
+        .await
+        .unwrap();
+    node.burst.fail_nth(1, FaultTiming::Before);
+    assert_eq!(
+        node.restore(id, bytes.len()).await.unwrap(),
+        (TierLevel::Backing, bytes.clone())
+    );
+    assert_eq!(node.tiers_of(id).await, Some(both()));
+
+    // Evict whose unlink fails: the manifest already forgot the copy; the file
+    // is a stray that the next start adopts again (it verifies).
+    node.burst.fail_nth(1, FaultTiming::Before);
+    node.engine.evict(id, TierLevel::Burst).await.unwrap_err();
+    assert_eq!(
+        node.tiers_of(id).await,
+        Some(TierSet::of(TierLevel::Backing))
+    );
+    assert!(node.file(TierLevel::Burst, id).exists());
+    let (node, report) = node.restart().await;
+    assert_eq!(report.adopted, vec![id]);
+    assert_eq!(node.tiers_of(id).await, Some(both()));
+    assert!(node.burst.injected() == 0 && node.backing.injected() == 0);
+}
+
+#[tokio::test]
+async fn unreachable_tier_fails_fast_and_resumes() {
+    let (node, _) = Node::new().await;
+    let id = ObjectId::random();
+    let bytes = payload(1000, 3);
+    node.write(id, TierLevel::Burst, &bytes).await.unwrap();
+    node.backing.set_unreachable(true);
+    for _ in 0..3 {
+        let err = node
+            .engine
+            .copy(id, TierLevel::Burst, TierLevel::Backing)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NodeUnavailable, "{err}");
+    }
+    assert_eq!(node.tiers_of(id).await, Some(TierSet::of(TierLevel::Burst)));
+    node.backing.set_unreachable(false);
+    node.engine
+        .copy(id, TierLevel::Burst, TierLevel::Backing)
+        .await
+        .unwrap();
+    assert_eq!(node.tiers_of(id).await, Some(both()));
+}
+
+#[tokio::test]
+async fn a_full_burst_buffer_is_a_typed_error_and_records_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = Node::open(dir, 50_000).await;
+    node.write(ObjectId::random(), TierLevel::Burst, &payload(30_000, 1))
+        .await
+        .unwrap();
+    let id = ObjectId::random();
+    let err = node
+        .write(id, TierLevel::Burst, &payload(30_000, 2))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StoreFull, "{err}");
+    assert_eq!(node.tiers_of(id).await, None);
+    // The next tier down still takes it.
+    node.write(id, TierLevel::Backing, &payload(30_000, 2))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn corrupt_copies_are_detected_skipped_and_removed() {
+    let (node, _) = Node::new().await;
+    let cases = [
+        Damage::FlipBit(64 * 8 + 77),
+        Damage::Truncate(5000),
+        Damage::FlipBit(13 * 8),
+    ];
+    for damage in cases {
+        let id = ObjectId::random();
+        let bytes = payload(10_000, 4);
+        node.write(id, TierLevel::Burst, &bytes).await.unwrap();
+        node.engine
+            .copy(id, TierLevel::Burst, TierLevel::Backing)
+            .await
+            .unwrap();
+
+        node.damage(TierLevel::Burst, id, damage);
+        let (dst, buffer) = DestRange::buffer(bytes.len());
+        let restored = node.engine.restore(id, dst).await.unwrap();
+        assert_eq!(restored.from, TierLevel::Backing, "{damage:?}");
+        assert_eq!(restored.corrupt, vec![TierLevel::Burst]);
+        assert_eq!(restored.record.tiers, TierSet::of(TierLevel::Backing));
+        assert_eq!(buffer.take().unwrap(), bytes, "never the torn bytes");
+        assert!(
+            !node.file(TierLevel::Burst, id).exists(),
+            "the corrupt file is gone"
+        );
+
+        // Now the only copy is damaged: a clear ObjectCorrupt, then gone.
+        node.damage(TierLevel::Backing, id, damage);
+        let err = node.restore(id, bytes.len()).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ObjectCorrupt, "{damage:?}: {err}");
+        assert!(err.message().contains(&id.to_hex()), "{err}");
+        assert_eq!(node.tiers_of(id).await, None);
+    }
+}
+
+#[tokio::test]
+async fn deletes_are_final_even_when_a_tier_is_down_or_the_node_crashes() {
+    let (node, _) = Node::new().await;
+    let id = ObjectId::random();
+    node.write(id, TierLevel::Burst, &payload(500, 5))
+        .await
+        .unwrap();
+    node.engine
+        .copy(id, TierLevel::Burst, TierLevel::Backing)
+        .await
+        .unwrap();
+    node.backing.set_unreachable(true);
+    assert!(node.engine.delete(id).await.unwrap());
+    assert_eq!(node.tiers_of(id).await, None);
+    assert!(!node.file(TierLevel::Burst, id).exists());
+    assert!(
+        node.file(TierLevel::Backing, id).exists(),
+        "kept by the outage"
+    );
+    assert_eq!(node.engine.finish_deletes().await.unwrap(), 0);
+
+    // Crash now: the tombstone makes recovery remove the file, not adopt it.
+    node.backing.set_unreachable(false);
+    let (node, report) = node.restart().await;
+    assert_eq!(report.deletes_finished, 1);
+    assert!(report.adopted.is_empty());
+    assert!(!node.file(TierLevel::Backing, id).exists());
+    assert_eq!(node.tiers_of(id).await, None);
+    assert!(!node.engine.delete(id).await.unwrap(), "already gone");
+    for (_, usage) in node.engine.usage() {
+        assert_eq!(usage.used, 0, "space reclaimed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_during_a_drain_waits_for_it_and_nothing_comes_back() {
+    let (node, _) = Node::new().await;
+    let node = Arc::new(node);
+    for round in 0..5 {
+        let id = ObjectId::random();
+        let bytes = payload(8 << 20, round);
+        let writer = {
+            let node = node.clone();
+            tokio::spawn(async move { node.write(id, TierLevel::Burst, &bytes).await })
+        };
+        tokio::task::yield_now().await;
+        let deleted = node.engine.delete(id).await.unwrap();
+        writer.await.unwrap().unwrap();
+        // Whichever ran first, the delete ran last: nothing is left.
+        if deleted {
+            assert_eq!(node.tiers_of(id).await, None);
+            assert!(!node.file(TierLevel::Burst, id).exists());
+        } else {
+            // The delete overtook the write's first poll: the write is newer.
+            node.engine.delete(id).await.unwrap();
+        }
+    }
+    let node = Arc::into_inner(node).unwrap();
+    let (node, report) = node.restart().await;
+    assert_eq!(report.objects, 0);
+    assert!(report.adopted.is_empty());
+    assert_eq!(node.engine.usage()[0].1.used, 0);
+}
+
+#[tokio::test]
+async fn recovery_after_a_crash_at_each_step_of_the_write_order() {
+    let (node, _) = Node::new().await;
+    let root = node.dir.path().to_path_buf();
+
+    // Step 1: crash while the image is still a temp file (written, maybe
+    // fsync'ed, not renamed). Nothing was acknowledged: it must vanish.
+    let torn = ObjectId::random();
+    std::fs::write(
+        root.join("burst/tmp")
+            .join(format!("{}.00000000000000aa", torn.to_hex())),
+        b"partial",
+    )
+    .unwrap();
+
+    // Step 2: crash after the rename and dir fsync, before the manifest commit
+    // (the tier's put completes, then the "crash" hits the acknowledgement).
+    let renamed = ObjectId::random();
+    let renamed_bytes = payload(4096, 6);
+    node.burst.fail_nth(1, FaultTiming::After);
+    node.write(renamed, TierLevel::Burst, &renamed_bytes)
+        .await
+        .unwrap_err();
+    assert_eq!(node.tiers_of(renamed).await, None, "not acknowledged");
+
+    // Step 3: committed: the normal case.
+    let committed = ObjectId::random();
+    let committed_bytes = payload(3000, 7);
+    node.write(committed, TierLevel::Burst, &committed_bytes)
+        .await
+        .unwrap();
+
+    // A drain to the backing store that crashed after its rename.
+    node.backing.fail_nth(1, FaultTiming::After);
+    node.engine
+        .copy(committed, TierLevel::Burst, TierLevel::Backing)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        node.tiers_of(committed).await,
+        Some(TierSet::of(TierLevel::Burst))
+    );
+
+    // Garbage with an id's name but no valid image (a stray no write made).
+    let garbage = ObjectId::random();
+    std::fs::write(node.file(TierLevel::Backing, garbage), b"not an image").unwrap();
+
+    // A recorded copy whose file vanished (an operator's rm).
+    let vanished = ObjectId::random();
+    node.write(vanished, TierLevel::Burst, &payload(100, 8))
+        .await
+        .unwrap();
+    std::fs::remove_file(node.file(TierLevel::Burst, vanished)).unwrap();
+
+    // Objects only in the burst buffer must be re-queued for the drain.
+    let undrained = ObjectId::random();
+    node.write(undrained, TierLevel::Burst, &payload(100, 9))
+        .await
+        .unwrap();
+
+    let (node, report) = node.restart().await;
+    assert_eq!(report.swept, 1, "{report:?}");
+    let mut adopted = vec![renamed, committed];
+    adopted.sort();
+    assert_eq!(report.adopted, adopted, "verified strays are adopted");
+    assert_eq!(report.discarded, 1, "the garbage image");
+    assert_eq!(report.lost_copies, 1);
+    assert_eq!(report.dropped, vec![vanished]);
+    let mut to_drain = vec![renamed, undrained];
+    to_drain.sort();
+    assert_eq!(report.to_drain, to_drain);
+    assert_eq!(report.objects, 3);
+
+    assert_eq!(node.tiers_of(torn).await, None);
+    assert_eq!(node.tiers_of(garbage).await, None);
+    assert!(!node.file(TierLevel::Backing, garbage).exists());
+    let adopted_record = node.engine.record(renamed).await.unwrap().unwrap();
+    assert_eq!(
+        adopted_record.durability,
+        Durability::Memory,
+        "no promise was made for it"
+    );
+    assert_eq!(node.restore(renamed, 4096).await.unwrap().1, renamed_bytes);
+    assert_eq!(node.tiers_of(committed).await, Some(both()));
+    assert_eq!(
+        node.restore(committed, 3000).await.unwrap().1,
+        committed_bytes
+    );
+    assert!(std::fs::read_dir(root.join("burst/tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+
+    // A second restart finds nothing left to do.
+    let (_, again) = node.restart().await;
+    assert!(
+        again.adopted.is_empty()
+            && again.discarded == 0
+            && again.swept == 0
+            && again.lost_copies == 0
+    );
+    assert_eq!(again.objects, 3);
+}
+
+#[tokio::test]
+async fn a_manifest_of_another_node_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("manifest.redb");
+    drop(Manifest::open(&path, &TierIdentity::new("a", 1)).unwrap());
+    let err = Manifest::open(&path, &TierIdentity::new("b", 1)).unwrap_err();
+    assert!(err.message().contains("refusing"), "{err}");
+}
