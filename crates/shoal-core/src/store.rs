@@ -12,7 +12,7 @@
 //! must stay until a holder — a tier copying the bytes out — calls
 //! [`Store::finish_eviction`]. Without a gate every victim is freed at once.
 
-use foldhash::{HashMapExt, HashSetExt};
+use foldhash::HashMapExt;
 
 /// Per-client maps are on the get path: foldhash, not SipHash.
 type HashMap<K, V> = foldhash::HashMap<K, V>;
@@ -518,15 +518,18 @@ impl Store {
     /// dropped at once (the put path).
     pub fn seal(&mut self, client: ClientId, ids: &[ObjectId], release: bool) -> Result<()> {
         let mut slots = Vec::with_capacity(ids.len());
-        let mut seen = HashSet::with_capacity(ids.len());
         for id in ids {
-            let slot = self.own_unsealed(client, id)?;
-            if !seen.insert(slot) {
-                return Err(ShoalError::invalid(format!(
-                    "object {id} appears twice in one seal"
-                )));
-            }
-            slots.push(slot);
+            slots.push(self.own_unsealed(client, id)?);
+        }
+        // Each slot leaves the creator's set once: a second removal is a
+        // duplicate id, and the set is put back as it was.
+        let state = self.client(client);
+        if let Some(twice) = slots.iter().position(|slot| !state.creating.remove(slot)) {
+            state.creating.extend(&slots[..twice]);
+            return Err(ShoalError::invalid(format!(
+                "object {} appears twice in one seal",
+                ids[twice]
+            )));
         }
         for (slot, id) in slots.iter().zip(ids) {
             let entry = self.table.get_mut(*slot).expect("validated");
@@ -545,10 +548,6 @@ impl Store {
                 let len = self.block_of(entry).len;
                 self.add_candidate(slot, len);
             }
-        }
-        let state = self.client(client);
-        for slot in &slots {
-            state.creating.remove(slot);
         }
         if release {
             // The creator's reference may already be gone (a client library
