@@ -14,7 +14,7 @@
 #     the tests under qemu must fail with SIGILL.
 # A mutant that is not caught fails this script.
 #
-# Installs nothing: scripts/setup.sh adds the rustup targets and the Debian
+# Installs nothing: scripts/setup-test-tools.sh adds the rustup targets and the Debian
 # packages (cross gcc as linker and C library, qemu-user-static). A target
 # whose pieces are missing is skipped with the reason; nothing passes unseen.
 # Exits non-zero if a check ran and failed.
@@ -93,7 +93,7 @@ for row in "${TARGETS[@]}"; do
     IFS='|' read -r triple gnu qemu file insn typo privileged <<<"$row"
     why=$(missing "$triple" "$gnu" "$qemu")
     if [ -n "$why" ]; then
-        say "SKIPPED $triple: $why; scripts/setup.sh installs it"
+        say "SKIPPED $triple: $why; scripts/setup-test-tools.sh installs it"
         continue
     fi
     ran=$((ran + 1))

@@ -46,7 +46,7 @@ while [ $# -gt 0 ]; do
 done
 
 command -v cargo-modules >/dev/null \
-    || { echo "check-module-cycles: needs cargo-modules (installed by scripts/setup.sh)" >&2; exit 1; }
+    || { echo "check-module-cycles: needs cargo-modules (installed by scripts/setup-test-tools.sh)" >&2; exit 1; }
 export RUST_BACKTRACE=0
 
 # "package kind target" per lib and bin target of the workspace's crates.

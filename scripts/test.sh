@@ -2,6 +2,7 @@
 # Quick start, part two: set up, then run every check and test CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/setup-test-tools.sh
 ./scripts/setup.sh
 . .venv/bin/activate
 

@@ -1,5 +1,5 @@
 //! `S3Tier` against a real S3-compatible server started on loopback:
-//! `s3s-fs` (crates.io, installed by scripts/setup.sh). The conformance suite,
+//! `s3s-fs` (crates.io, installed by scripts/setup-test-tools.sh). The conformance suite,
 //! ownership markers, the engine with an S3 backing store, and a server that
 //! stops and comes back. Where the binary is absent each test says so and
 //! skips (set `SHOAL_S3S_FS` to use one elsewhere).
@@ -56,7 +56,7 @@ impl Server {
     fn start(test: &str) -> Option<Self> {
         let Some(binary) = server_binary() else {
             eprintln!(
-                "SKIPPED {test}: the s3s-fs binary is not installed (scripts/setup.sh installs it with \
+                "SKIPPED {test}: the s3s-fs binary is not installed (scripts/setup-test-tools.sh installs it with \
                  `cargo install --locked s3s-fs --features binary`; or set SHOAL_S3S_FS)"
             );
             return None;
