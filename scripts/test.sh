@@ -20,6 +20,8 @@ step "module graph: no import cycle between the modules of a crate"
 # server/connection/cluster (issue 9, the Node layer); shoal-core's eviction
 # (mod.rs re-exports lru::Lru, lru.rs implements mod.rs's EvictionPolicy).
 ./scripts/check-module-cycles.sh
+# The same at the level of files (`crate::`/`super::` paths), where the team's tool is beside the checkout.
+if [ -f ../shared/tools/rust_cycles.py ]; then python3 ../shared/tools/rust_cycles.py .; fi
 
 step "Rust unit and integration tests"
 cargo test --release -q

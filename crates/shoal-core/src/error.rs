@@ -6,7 +6,7 @@
 
 use crate::capacity::ParseError;
 use crate::ids::ObjectId;
-use crate::local_auth::LocalAuthError;
+use crate::local_auth::error::LocalAuthError;
 
 /// The kind of a store error, stable on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

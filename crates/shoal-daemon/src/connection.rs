@@ -13,7 +13,7 @@ use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fd_passing::send_with_fd;
 use shoal_core::protocol::{
-    decode_request, Notification, PeerRegion, Reply, Request, PROTOCOL_VERSION,
+    decode_request, CreateSpec, Notification, PeerRegion, Reply, Request, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
@@ -136,50 +136,12 @@ impl Connection {
             Request::Create {
                 timeout_ms,
                 objects,
-            } => {
-                let specs: Vec<_> = objects
-                    .iter()
-                    .map(|o| (o.id, o.data_size, o.meta_size))
-                    .collect();
-                let created = self
-                    .ops
-                    .create(self.client, &specs, timeout_ms, peer_gone(&self.stream))
-                    .await;
-                match kept(created)? {
-                    Ok(locations) => Reply::Created {
-                        generation: 0,
-                        offsets: locations.iter().map(|l| l.offset).collect(),
-                    },
-                    Err(err) => Reply::error(&err),
-                }
-            }
+            } => self.create(self.ops.me(), timeout_ms, &objects).await?,
             Request::CreateOn {
                 node,
                 timeout_ms,
                 objects,
-            } => {
-                let specs: Vec<_> = objects
-                    .iter()
-                    .map(|o| (o.id, o.data_size, o.meta_size))
-                    .collect();
-                let created = self
-                    .ops
-                    .create_on(
-                        self.client,
-                        node,
-                        &specs,
-                        timeout_ms,
-                        peer_gone(&self.stream),
-                    )
-                    .await;
-                match kept(created)? {
-                    Ok((generation, locations)) => Reply::Created {
-                        generation,
-                        offsets: locations.iter().map(|l| l.offset).collect(),
-                    },
-                    Err(err) => Reply::error(&err),
-                }
-            }
+            } => self.create(node, timeout_ms, &objects).await?,
             Request::Seal { release, ids } => {
                 let result = self.ops.seal(self.client, &ids, release).await;
                 result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
@@ -238,6 +200,32 @@ impl Connection {
         };
         reply.encode(out);
         Ok(Next::Continue)
+    }
+
+    /// Creates on `node` (this one, or another by remote allocation) and
+    /// answers with the node's region generation (0 here) and offsets.
+    async fn create(&self, node: u32, timeout_ms: u32, objects: &[CreateSpec]) -> Result<Reply> {
+        let specs: Vec<_> = objects
+            .iter()
+            .map(|o| (o.id, o.data_size, o.meta_size))
+            .collect();
+        let created = self
+            .ops
+            .create_on(
+                self.client,
+                node,
+                &specs,
+                timeout_ms,
+                peer_gone(&self.stream),
+            )
+            .await;
+        Ok(match kept(created)? {
+            Ok((generation, locations)) => Reply::Created {
+                generation,
+                offsets: locations.iter().map(|l| l.offset).collect(),
+            },
+            Err(err) => Reply::error(&err),
+        })
     }
 
     /// Sends pending replies, then the Welcome with the region's fd attached.

@@ -62,27 +62,6 @@ pub struct Restored {
     pub corrupt: Vec<TierLevel>,
 }
 
-/// What recovery found and did at open.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RecoveryReport {
-    /// Records after recovery: every object that reached a durable tier.
-    pub objects: u64,
-    /// Temporary files / unfinished uploads removed.
-    pub swept: u64,
-    /// Deletes committed before the crash whose files were removed now.
-    pub deletes_finished: u64,
-    /// Complete images with no (or a stale) record, verified and recorded.
-    pub adopted: Vec<ObjectId>,
-    /// Images removed: no record and failing verification, or a tombstone.
-    pub discarded: u64,
-    /// Record entries whose file was missing (forgotten).
-    pub lost_copies: u64,
-    /// Records left with no copy at all (removed).
-    pub dropped: Vec<ObjectId>,
-    /// Objects not yet in the backing tier (when there is one): re-queue them.
-    pub to_drain: Vec<ObjectId>,
-}
-
 /// The storage engine below memory. Share it with an `Arc`.
 #[derive(Debug)]
 pub struct TierEngine {
@@ -98,16 +77,14 @@ impl std::fmt::Debug for IdLocks {
 }
 
 impl TierEngine {
-    /// Takes the opened tiers and manifest, runs recovery (docs/tiers.md,
-    /// "Recovery") and returns the engine with what recovery did.
-    pub async fn open(config: EngineConfig) -> Result<(Self, RecoveryReport)> {
-        let engine = Self {
+    /// The engine over the opened tiers and manifest, before recovery
+    /// (`TierEngine::open` in recover.rs runs it).
+    pub(crate) fn assemble(config: EngineConfig) -> Self {
+        Self {
             manifest: Arc::new(config.manifest),
             tiers: [config.burst, config.backing],
             locks: IdLocks::default(),
-        };
-        let report = crate::recover::recover(&engine).await?;
-        Ok((engine, report))
+        }
     }
 
     pub fn tier(&self, level: TierLevel) -> Option<&Arc<dyn Tier>> {

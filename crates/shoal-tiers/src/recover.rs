@@ -20,10 +20,41 @@ use shoal_core::error::{ErrorKind, Result};
 use shoal_core::ids::ObjectId;
 use tracing::{info, warn};
 
-use crate::engine::{now_ms, RecoveryReport, TierEngine};
+use crate::engine::{now_ms, EngineConfig, TierEngine};
 use crate::format::ObjectSizes;
 use crate::manifest::Change;
 use crate::record::{Durability, ObjectRecord, TierLevel};
+
+/// What recovery found and did at open.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Records after recovery: every object that reached a durable tier.
+    pub objects: u64,
+    /// Temporary files / unfinished uploads removed.
+    pub swept: u64,
+    /// Deletes committed before the crash whose files were removed now.
+    pub deletes_finished: u64,
+    /// Complete images with no (or a stale) record, verified and recorded.
+    pub adopted: Vec<ObjectId>,
+    /// Images removed: no record and failing verification, or a tombstone.
+    pub discarded: u64,
+    /// Record entries whose file was missing (forgotten).
+    pub lost_copies: u64,
+    /// Records left with no copy at all (removed).
+    pub dropped: Vec<ObjectId>,
+    /// Objects not yet in the backing tier (when there is one): re-queue them.
+    pub to_drain: Vec<ObjectId>,
+}
+
+impl TierEngine {
+    /// Takes the opened tiers and manifest, runs recovery (docs/tiers.md,
+    /// "Recovery") and returns the engine with what recovery did.
+    pub async fn open(config: EngineConfig) -> Result<(Self, RecoveryReport)> {
+        let engine = Self::assemble(config);
+        let report = recover(&engine).await?;
+        Ok((engine, report))
+    }
+}
 
 pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
     let mut report = RecoveryReport::default();

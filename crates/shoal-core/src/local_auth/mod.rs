@@ -21,7 +21,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-mod error;
+pub mod error;
 
 use crate::error::{ErrorKind, ShoalError};
 use crate::protocol::Reply;
