@@ -220,12 +220,24 @@ pub fn sample_requests() -> Vec<Request> {
         },
         Request::Seal {
             release: true,
+            durability: None,
             ids: ids.clone(),
         },
         Request::Seal {
             release: false,
+            durability: Some(shoal_core::durability::Durability::Local),
             ids: vec![ids[2]],
         },
+        Request::WaitDurable {
+            level: shoal_core::durability::Durability::Backing,
+            timeout_ms: 5,
+            ids: ids.clone(),
+        },
+        Request::StageIn { ids: ids.clone() },
+        Request::StageOut {
+            ids: vec![ids[0]],
+        },
+        Request::Tiers,
         Request::Abort { id: ids[1] },
         Request::Get {
             timeout_ms: WAIT_FOREVER,
@@ -315,6 +327,8 @@ pub fn sample_replies() -> Vec<Reply> {
                 location: loc,
                 sealed: true,
                 refs: 2,
+                resident: true,
+                tiers: 1,
             }],
         },
         Reply::Stats(StoreStats {

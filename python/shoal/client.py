@@ -29,6 +29,27 @@ class ObjectInfo:
     metadata_size: int
     sealed: bool
     ref_count: int
+    #: The bytes are in memory (False: only on a tier below, restored by a get).
+    resident: bool = True
+    #: Tiers holding a durable copy: "burst", "backing".
+    tiers: tuple[str, ...] = ()
+
+
+#: Durability levels: when a seal is acknowledged (docs/tiers.md).
+DURABILITY_LEVELS = ("memory", "local", "backing")
+
+
+def _tier_names(bits: int) -> tuple[str, ...]:
+    return tuple(name for bit, name in ((1, "burst"), (2, "backing")) if bits & bit)
+
+
+def _raise_first(ids: Sequence[IdLike], kinds: list[str | None], what: str) -> None:
+    """Raises the first per-id error of a batch (every id was tried)."""
+    for oid, kind in zip(ids, kinds, strict=True):
+        if kind is not None:
+            from shoal import errors
+
+            raise getattr(errors, kind)(f"{what} of object {as_bytes(oid).hex()}: {kind}")
 
 
 def _ids(ids: IdLike | Iterable[IdLike]) -> Sequence[IdLike]:
@@ -86,9 +107,42 @@ class Client:
         """
         return self._raw.create(as_bytes(oid), size, metadata, timeout_ms, node)
 
-    def seal(self, oids: IdLike | Iterable[IdLike], release: bool = False) -> None:
-        """Seals objects created by this client; they are immutable and visible from now on."""
-        self._raw.seal(_ids(oids), release)
+    def seal(
+        self, oids: IdLike | Iterable[IdLike], release: bool = False, *, durability: str | None = None
+    ) -> None:
+        """Seals objects created by this client; they are immutable and visible from now on.
+
+        `durability` ("memory", "local", "backing"; default: the node's) says when the seal
+        returns: once the objects are in memory, fsync'ed on the burst buffer, or in the
+        backing store."""
+        self._raw.seal(_ids(oids), release, durability)
+
+    def wait_durable(
+        self, oids: IdLike | Iterable[IdLike], level: str = "local", timeout: float | None = None
+    ) -> None:
+        """Waits until every object has a durable copy at `level` ("local": on the burst
+        buffer or below; "backing": in the backing store), for objects sealed at a lower one.
+        Raises Timeout after `timeout` seconds, or the error that keeps an object from
+        getting there (StoreFull, ObjectNotFound, ...)."""
+        ids = _ids(oids)
+        timeout_ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        _raise_first(ids, self._raw.wait_durable(ids, level, timeout_ms), f"durability {level}")
+
+    def stage_in(self, oids: IdLike | Iterable[IdLike]) -> None:
+        """Brings objects into memory from the tiers below (a get that follows is a lookup)."""
+        ids = _ids(oids)
+        _raise_first(ids, self._raw.stage_in(ids), "stage-in")
+
+    def stage_out(self, oids: IdLike | Iterable[IdLike]) -> None:
+        """Writes objects down to the lowest tier and frees their memory (unless referenced:
+        ObjectInUse). They stay gettable: a get restores them."""
+        ids = _ids(oids)
+        _raise_first(ids, self._raw.stage_out(ids), "stage-out")
+
+    def tiers(self) -> dict[str, Any]:
+        """The node's tiers below memory ({"burst": {...}, "backing": {...}}), their use and
+        the drain's progress (queue_depth, drain_rate, spilled_bytes, restores, ...)."""
+        return self._raw.tiers()
 
     def abort(self, oid: IdLike) -> None:
         """Drops an object this client created and has not sealed."""
@@ -122,7 +176,10 @@ class Client:
         return self._raw.contains(as_bytes(oid))
 
     def list(self) -> list[ObjectInfo]:
-        return [ObjectInfo(ObjectID(i), d, m, s, r) for (i, d, m, s, r) in self._raw.list()]
+        return [
+            ObjectInfo(ObjectID(i), d, m, s, r, resident, _tier_names(bits))
+            for (i, d, m, s, r, resident, bits) in self._raw.list()
+        ]
 
     def stats(self) -> dict[str, Any]:
         """capacity, used, objects, sealed, referenced, evictable, clients, evictions, ..."""
@@ -140,19 +197,28 @@ class Client:
         buffers: Sequence[Any],
         metadata: Sequence[bytes] | None = None,
         timeout_ms: int = 0,
+        *,
+        durability: str | None = None,
     ) -> None:
         """Stores many byte buffers in two round trips (create all, copy, seal all)."""
         views = [b if isinstance(b, bytes) else memoryview(b).cast("B") for b in buffers]
-        self._raw.put_batch(_ids(oids), views, None if metadata is None else list(metadata), timeout_ms)
+        meta = None if metadata is None else list(metadata)
+        self._raw.put_batch(_ids(oids), views, meta, timeout_ms, durability)
 
     # -- values ---------------------------------------------------------------------------------
 
     def put(
-        self, value: Any, oid: IdLike | None = None, *, timeout_ms: int = 0, node: int | None = None
+        self,
+        value: Any,
+        oid: IdLike | None = None,
+        *,
+        timeout_ms: int = 0,
+        node: int | None = None,
+        durability: str | None = None,
     ) -> ObjectID:
         """Stores a value: a pyarrow Table / RecordBatch / Array / ChunkedArray (Arrow IPC),
         a numpy array, bytes-like data, or any picklable object. Returns its id. In a cluster,
-        `node` stores it in that node's memory."""
+        `node` stores it in that node's memory. `durability` as for `seal`."""
         oid = ObjectID.from_random() if oid is None else ObjectID(as_bytes(oid))
         size, metadata, write = _codec.encode(value)
         buffer = self._raw.create(oid.binary(), size, metadata, timeout_ms, node)
@@ -161,7 +227,7 @@ class Client:
         except BaseException:
             self._raw.abort(oid.binary())
             raise
-        self._raw.seal([oid.binary()], True)
+        self._raw.seal([oid.binary()], True, durability)
         return oid
 
     def get(self, oid: IdLike | Sequence[IdLike], timeout_ms: int = -1) -> Any:

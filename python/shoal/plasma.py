@@ -252,13 +252,13 @@ class _Timestamps:
             for oid in oids:
                 self._times.pop(oid, None)
 
-    def observe(self, listing: list[tuple[bytes, int, int, bool, int]]) -> list[tuple[int, int]]:
+    def observe(self, listing: list[tuple[bytes, int, int, bool, int, bool, int]]) -> list[tuple[int, int]]:
         """(create_time, construct_duration) per listed object; forgets unlisted ones. Objects
         not created in this process date from when they were first listed."""
         now = time.time()
         result = []
         with self._lock:
-            for oid, _, _, sealed, _ in listing:
+            for oid, _, _, sealed, *_ in listing:
                 times = self._times.get(oid)
                 if times is None:
                     times = self._times[oid] = [now, now if sealed else None]
@@ -820,7 +820,7 @@ class PlasmaClient:
                 "construct_duration": construct_duration,
                 "state": "sealed" if sealed else "created",
             }
-            for (oid, data_size, metadata_size, sealed, refs), (create_time, construct_duration) in zip(
+            for (oid, data_size, metadata_size, sealed, refs, *_), (create_time, construct_duration) in zip(
                 objects, self._times.observe(objects), strict=True
             )
         }

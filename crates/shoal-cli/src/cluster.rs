@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use shoal_cluster::auth::Credentials;
 use shoal_cluster::proto::peer_client::PeerClient;
 use shoal_cluster::proto::Empty;
-use shoal_cluster::{Access, Node, Topology};
+use shoal_cluster::{Access, Node, NodeTiers, Topology};
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::units::{format_size, parse_size};
 
@@ -54,6 +54,14 @@ pub struct UpArgs {
     /// Cluster name (prefix of the /dev/shm regions).
     #[arg(long, default_value = "local")]
     pub name: String,
+    /// Memory only: no burst buffer or backing store below it (by default
+    /// each node gets a burst buffer in DIR/nI/burst, 4× its memory, and a
+    /// backing directory DIR/backing/nI, standing for a shared file system).
+    #[arg(long)]
+    pub no_tiers: bool,
+    /// Default durability of every node's seals: memory, local or backing.
+    #[arg(long, default_value = "memory", conflicts_with = "no_tiers")]
+    pub durability: String,
 }
 
 #[derive(clap::Args, Debug)]
@@ -70,7 +78,7 @@ pub struct DirArgs {
 }
 
 pub fn default_dir() -> PathBuf {
-    crate::default_socket()
+    crate::args::default_socket()
         .parent()
         .map_or_else(|| PathBuf::from("/tmp"), Path::to_path_buf)
         .join("cluster")
@@ -122,6 +130,8 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
         .map(|m| m.trim().parse())
         .collect::<Result<_, _>>()?;
     let coherence: CoherenceMode = args.coherence.parse()?;
+    args.durability
+        .parse::<shoal_core::durability::Durability>()?;
     let uid = unsafe { libc::getuid() };
     // Ports picked free are released before the daemons bind them, so another
     // process may take one meanwhile: then the cluster is started again on
@@ -152,6 +162,22 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
                 region: PathBuf::from(format!("/dev/shm/shoal-{uid}-{}-n{i}", args.name)),
                 region_size: args.capacity,
                 access: modes[i as usize % modes.len()],
+                tiers: if args.no_tiers {
+                    NodeTiers::default()
+                } else {
+                    NodeTiers {
+                        burst: Some(dir.join(format!("n{i}")).join("burst")),
+                        burst_capacity: Some(args.capacity.saturating_mul(4)),
+                        backing: Some(
+                            dir.join("backing")
+                                .join(format!("n{i}"))
+                                .display()
+                                .to_string(),
+                        ),
+                        backing_capacity: None,
+                        durability: Some(args.durability.clone()),
+                    }
+                },
             })
             .collect();
         let topology = Topology {

@@ -2,9 +2,14 @@
 //! binary and as the `shoal` script installed by the Python wheel (which
 //! calls [`run`] through the extension module).
 
+mod args;
 mod bench;
 mod cluster;
 mod node_process;
+pub use args::default_socket;
+use args::{size, SocketArg};
+mod progress;
+mod tiers;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,7 +17,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use shoal_client::Client;
-use shoal_core::units::{format_size, parse_size};
+use shoal_core::units::format_size;
 use shoal_daemon::{DaemonConfig, Shutdown};
 
 /// shoal: a zero-copy shared-memory object store for Arrow data.
@@ -21,42 +26,6 @@ use shoal_daemon::{DaemonConfig, Shutdown};
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(clap::Args, Debug, Clone)]
-struct SocketArg {
-    /// The daemon's Unix socket [default: $SHOAL_SOCKET, else
-    /// $XDG_RUNTIME_DIR/shoal/default.sock, else /tmp/shoal-$UID/default.sock].
-    #[arg(long, short = 's', env = "SHOAL_SOCKET")]
-    socket: Option<PathBuf>,
-}
-
-impl SocketArg {
-    fn path(&self) -> PathBuf {
-        self.socket.clone().unwrap_or_else(default_socket)
-    }
-}
-
-/// The socket `shoal serve` and `shoal.connect()` use when none is given:
-/// `$XDG_RUNTIME_DIR/shoal/default.sock` when that directory is set and
-/// trusted (ours, not writable by others), else `/tmp/shoal-$UID/default.sock`.
-/// Either directory is checked again (and refused if another user made it)
-/// before a daemon binds there.
-pub fn default_socket() -> PathBuf {
-    default_socket_dir().join("default.sock")
-}
-
-fn default_socket_dir() -> PathBuf {
-    if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
-        if runtime.is_absolute() && shoal_core::local_auth::check_trusted_dir(&runtime).is_ok() {
-            return runtime.join("shoal");
-        }
-    }
-    PathBuf::from(format!("/tmp/shoal-{}", shoal_core::local_auth::my_uid()))
-}
-
-fn size(text: &str) -> Result<u64, String> {
-    parse_size(text)
 }
 
 #[derive(Subcommand, Debug)]
@@ -99,6 +68,8 @@ enum Command {
         /// socket too.
         #[arg(long = "allow-uid", value_name = "UID")]
         allow_uids: Vec<u32>,
+        #[command(flatten)]
+        tiers: tiers::TierArgs,
     },
     /// Start, stop or inspect a cluster of daemons.
     #[command(subcommand)]
@@ -129,6 +100,10 @@ enum Command {
         #[arg(long, requires = "cluster", conflicts_with = "dir")]
         file: Option<PathBuf>,
     },
+    /// Bring objects into memory from the tiers below (IME's stage-in).
+    StageIn(tiers::StageArgs),
+    /// Write objects down to the lowest tier and free their memory.
+    StageOut(tiers::StageArgs),
     /// Run the Table I object micro-benchmark (put, get from another process, read).
     Bench(bench::BenchArgs),
     /// (internal) The reading side of `shoal bench`, run in a second process.
@@ -197,15 +172,18 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             cluster,
             node,
             allow_uids,
+            tiers,
         } => {
             let explicit = capacity;
             let capacity = capacity.unwrap_or(1 << 30);
             let mut config =
                 DaemonConfig::new(socket.path(), region_size.unwrap_or(capacity).max(capacity));
             config.capacity = Some(capacity);
+            let mut node_tiers = None;
             if let (Some(file), Some(node)) = (cluster, node) {
                 let topology = shoal_cluster::Topology::load(&file)?.sorted();
                 let me = topology.node(node)?.clone();
+                node_tiers = Some(me.tiers.clone());
                 if socket.socket.is_none() {
                     config.socket = me.socket.clone();
                 }
@@ -226,16 +204,18 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             config.idle_exit = idle_exit.map(Duration::from_secs_f64);
             config.stop_on_signals = true;
             config.allowed_uids = allow_uids;
+            config.tiers = tiers.config(node_tiers.as_ref())?;
             shoal_daemon::serve_blocking(config, Shutdown::new())?;
             Ok(())
         }
         Command::Stat { socket, json } => {
             let mut client = Client::connect(socket.path())?;
             let s = client.stats()?;
+            let t = client.tiers()?;
             if json {
                 println!(
-                    "{{\"capacity\":{},\"region_size\":{},\"used\":{},\"objects\":{},\"sealed\":{},\"referenced\":{},\"evictable\":{},\"clients\":{},\"evictions\":{},\"evicted_bytes\":{},\"line_size\":{},\"policy\":\"{}\"}}",
-                    s.capacity, s.region_size, s.used, s.objects, s.sealed, s.referenced, s.evictable, s.clients.saturating_sub(1), s.evictions, s.evicted_bytes, s.line_size, s.policy
+                    "{{\"capacity\":{},\"region_size\":{},\"used\":{},\"objects\":{},\"sealed\":{},\"referenced\":{},\"evictable\":{},\"clients\":{},\"evictions\":{},\"evicted_bytes\":{},\"line_size\":{},\"policy\":\"{}\",\"tiers\":{}}}",
+                    s.capacity, s.region_size, s.used, s.objects, s.sealed, s.referenced, s.evictable, s.clients.saturating_sub(1), s.evictions, s.evicted_bytes, s.line_size, s.policy, tiers::report_json(&t)
                 );
             } else {
                 let pct = if s.capacity > 0 {
@@ -261,6 +241,7 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
                     format_size(s.evicted_bytes)
                 );
                 println!("line size   {} B, policy {}", s.line_size, s.policy);
+                tiers::print_report(&t);
             }
             Ok(())
         }
@@ -280,26 +261,29 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             objects.sort_by_key(|o| o.location.offset);
             if !json {
                 println!(
-                    "{:<40} {:>12} {:>8} {:>6} {:>12}",
+                    "{:<40} {:>12} {:>8} {:>6} {:>8}  TIERS",
                     "ID", "DATA", "META", "REFS", "STATE"
                 );
             }
             for o in objects {
                 let state = if o.sealed { "sealed" } else { "created" };
+                let where_ = tiers::residence(&o);
                 if json {
                     println!(
-                        "{{\"id\":\"{}\",\"data_size\":{},\"meta_size\":{},\"refs\":{},\"state\":\"{state}\",\"offset\":{}}}",
-                        o.id, o.location.data_size, o.location.meta_size, o.refs, o.location.offset
+                        "{{\"id\":\"{}\",\"data_size\":{},\"meta_size\":{},\"refs\":{},\"state\":\"{state}\",\"offset\":{},\"resident\":{},\"tiers\":\"{where_}\"}}",
+                        o.id, o.location.data_size, o.location.meta_size, o.refs, o.location.offset, o.resident
                     );
                 } else {
                     println!(
-                        "{:<40} {:>12} {:>8} {:>6} {:>12}",
+                        "{:<40} {:>12} {:>8} {:>6} {:>8}  {where_}",
                         o.id, o.location.data_size, o.location.meta_size, o.refs, state
                     );
                 }
             }
             Ok(())
         }
+        Command::StageIn(args) => tiers::stage(args, false),
+        Command::StageOut(args) => tiers::stage(args, true),
         Command::Bench(args) => bench::run(args, self_command),
         Command::BenchReader(args) => bench::reader(args),
     }

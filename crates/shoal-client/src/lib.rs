@@ -16,12 +16,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fd_passing::recv_with_fd;
 use shoal_core::protocol::{
     CreateSpec, FrameHeader, Notification, Reply, Request, FRAME_HEADER_LEN, PROTOCOL_VERSION,
 };
-pub use shoal_core::protocol::{Located, PeerRegion};
+pub use shoal_core::protocol::{Located, PeerRegion, TierInfo, TierReport};
 use shoal_core::region::Mapping;
 use shoal_core::store::{ObjectInfo, ObjectLocation, StoreStats};
 use shoal_core::ObjectId;
@@ -712,11 +713,64 @@ impl Client {
     /// Seals objects this client created; with `release` also drops the
     /// creator's reference (nothing left to release afterwards).
     pub fn seal(&mut self, ids: &[ObjectId], release: bool) -> Result<()> {
+        self.seal_durable(ids, release, None)
+    }
+
+    /// [`seal`](Self::seal), answered only once every object reached
+    /// `durability` on the tiers below memory (`None`: the node's default).
+    pub fn seal_durable(
+        &mut self,
+        ids: &[ObjectId],
+        release: bool,
+        durability: Option<Durability>,
+    ) -> Result<()> {
         self.flush_written(ids);
         expect_ok(self.channel.call(&Request::Seal {
             release,
+            durability,
             ids: ids.to_vec(),
         })?)
+    }
+
+    /// Waits until each object has a durable copy at `level` (objects
+    /// sealed at a lower one), up to `timeout_ms` ([`WAIT_FOREVER`]: no
+    /// limit). One result per id: `Timeout`, `ObjectNotFound`, or why the
+    /// tiers cannot get it there.
+    pub fn wait_durable(
+        &mut self,
+        ids: &[ObjectId],
+        level: Durability,
+        timeout_ms: i64,
+    ) -> Result<Vec<Result<()>>> {
+        let reply = self.channel.call(&Request::WaitDurable {
+            level,
+            timeout_ms,
+            ids: ids.to_vec(),
+        })?;
+        per_id(reply, ids, &format!("durability {level} for object"))
+    }
+
+    /// Brings objects into memory from the tiers below (IME's stage-in).
+    pub fn stage_in(&mut self, ids: &[ObjectId]) -> Result<Vec<Result<()>>> {
+        let reply = self.channel.call(&Request::StageIn { ids: ids.to_vec() })?;
+        per_id(reply, ids, "stage-in of object")
+    }
+
+    /// Writes objects down to the lowest tier and frees their memory unless
+    /// referenced (IME's stage-out).
+    pub fn stage_out(&mut self, ids: &[ObjectId]) -> Result<Vec<Result<()>>> {
+        let reply = self
+            .channel
+            .call(&Request::StageOut { ids: ids.to_vec() })?;
+        per_id(reply, ids, "stage-out of object")
+    }
+
+    /// The node's tiers below memory, their use and the drain's progress.
+    pub fn tiers(&mut self) -> Result<TierReport> {
+        match self.channel.call(&Request::Tiers)? {
+            Reply::Tiers(report) => Ok(report),
+            other => Err(unexpected(other)),
+        }
     }
 
     pub fn abort(&mut self, id: ObjectId) -> Result<()> {
@@ -768,21 +822,8 @@ impl Client {
 
     /// Deletes objects; one result per id.
     pub fn delete(&mut self, ids: &[ObjectId]) -> Result<Vec<Result<()>>> {
-        match self.channel.call(&Request::Delete { ids: ids.to_vec() })? {
-            Reply::Statuses { errors } if errors.len() == ids.len() => Ok(errors
-                .into_iter()
-                .zip(ids)
-                .map(|(e, id)| match e {
-                    None => Ok(()),
-                    Some(ErrorKind::ObjectNotFound) => Err(ShoalError::not_found(id)),
-                    Some(kind) => Err(ShoalError::new(
-                        kind,
-                        format!("delete of object {id} refused"),
-                    )),
-                })
-                .collect()),
-            other => Err(unexpected(other)),
-        }
+        let reply = self.channel.call(&Request::Delete { ids: ids.to_vec() })?;
+        per_id(reply, ids, "delete of object")
     }
 
     pub fn contains(&mut self, id: ObjectId) -> Result<bool> {
@@ -946,6 +987,22 @@ fn expect_ok(reply: Reply) -> Result<()> {
 
 fn unexpected(reply: Reply) -> ShoalError {
     ShoalError::protocol(format!("unexpected reply {reply:?}"))
+}
+
+/// One result per id from a `Statuses` reply.
+fn per_id(reply: Reply, ids: &[ObjectId], what: &str) -> Result<Vec<Result<()>>> {
+    match reply {
+        Reply::Statuses { errors } if errors.len() == ids.len() => Ok(errors
+            .into_iter()
+            .zip(ids)
+            .map(|(e, id)| match e {
+                None => Ok(()),
+                Some(ErrorKind::ObjectNotFound) => Err(ShoalError::not_found(id)),
+                Some(kind) => Err(ShoalError::new(kind, format!("{what} {id}: {kind:?}"))),
+            })
+            .collect()),
+        other => Err(unexpected(other)),
+    }
 }
 
 #[cfg(test)]

@@ -205,7 +205,21 @@ impl SharedClient {
     /// reference is dropped now, and their creator [`ObjectRef`]s will not
     /// release it again when dropped.
     pub fn seal(&self, ids: &[ObjectId], release: bool) -> Result<()> {
-        self.with(|c| c.seal(ids, release))?;
+        self.seal_durable(ids, release, None)
+    }
+
+    /// [`seal`](Self::seal), answered once every object reached
+    /// `durability` (`None`: the node's default).
+    pub fn seal_durable(
+        &self,
+        ids: &[ObjectId],
+        release: bool,
+        durability: Option<crate::Durability>,
+    ) -> Result<()> {
+        // (A seal that reached memory but not the durability fails after
+        // sealing; its creators' later releases are then ignored by the
+        // daemon, harmlessly.)
+        self.with(|c| c.seal_durable(ids, release, durability))?;
         self.forget_creations(ids, release);
         Ok(())
     }

@@ -75,6 +75,22 @@ pub struct Node {
     pub region: PathBuf,
     pub region_size: u64,
     pub access: Access,
+    /// The node's tiers below memory (all optional: none = memory only).
+    pub tiers: NodeTiers,
+}
+
+/// A node's tier chain as its cluster file gives it (`shoal serve` flags
+/// override each setting).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeTiers {
+    /// The burst buffer's directory (local, normally NVMe).
+    pub burst: Option<PathBuf>,
+    pub burst_capacity: Option<u64>,
+    /// The backing store: a directory, or `s3://bucket/prefix`.
+    pub backing: Option<String>,
+    pub backing_capacity: Option<u64>,
+    /// The node's default durability: memory, local or backing.
+    pub durability: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +147,11 @@ struct NodeRepr {
     region_size: SizeRepr,
     #[serde(default = "default_access")]
     access: String,
+    burst: Option<PathBuf>,
+    burst_capacity: Option<SizeRepr>,
+    backing: Option<String>,
+    backing_capacity: Option<SizeRepr>,
+    durability: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -194,9 +215,19 @@ impl Topology {
         }
         let mut nodes = Vec::with_capacity(file.node.len());
         for n in file.node {
-            let region_size = match n.region_size {
-                SizeRepr::Bytes(b) => b,
-                SizeRepr::Text(t) => parse_size(&t).map_err(ShoalError::invalid)?,
+            let size = |repr: SizeRepr| -> Result<u64> {
+                match repr {
+                    SizeRepr::Bytes(b) => Ok(b),
+                    SizeRepr::Text(t) => parse_size(&t).map_err(ShoalError::invalid),
+                }
+            };
+            let region_size = size(n.region_size)?;
+            let tiers = NodeTiers {
+                burst: n.burst,
+                burst_capacity: n.burst_capacity.map(size).transpose()?,
+                backing: n.backing,
+                backing_capacity: n.backing_capacity.map(size).transpose()?,
+                durability: n.durability,
             };
             let address = |what: &str, text: &str| -> Result<SocketAddr> {
                 text.parse().map_err(|e| {
@@ -222,6 +253,7 @@ impl Topology {
                 region: n.region,
                 region_size,
                 access: n.access.parse()?,
+                tiers,
             });
         }
         let topology = Topology {
@@ -336,6 +368,22 @@ impl Topology {
                 n.region_size,
                 n.access.as_str()
             );
+            let t = &n.tiers;
+            if let Some(dir) = &t.burst {
+                let _ = writeln!(out, "burst = {:?}", dir.display().to_string());
+            }
+            if let Some(bytes) = t.burst_capacity {
+                let _ = writeln!(out, "burst_capacity = {bytes}");
+            }
+            if let Some(backing) = &t.backing {
+                let _ = writeln!(out, "backing = {backing:?}");
+            }
+            if let Some(bytes) = t.backing_capacity {
+                let _ = writeln!(out, "backing_capacity = {bytes}");
+            }
+            if let Some(level) = &t.durability {
+                let _ = writeln!(out, "durability = {level:?}");
+            }
         }
         out
     }
@@ -359,6 +407,10 @@ socket = "/tmp/x/n1.sock"
 region = "/dev/shm/demo-n1"
 region_size = "64MiB"
 access = "network"
+burst = "/nvme/demo-n1"
+burst_capacity = "2GiB"
+backing = "s3://bucket/demo/n1"
+durability = "local"
 
 [[node]]
 id = 0
@@ -376,6 +428,12 @@ region_size = 1048576
         assert_eq!(t.node(0).unwrap().access, Access::Mapped);
         assert_eq!(t.node(1).unwrap().access, Access::Network);
         assert_eq!(t.node(1).unwrap().region_size, 64 << 20);
+        assert_eq!(t.node(1).unwrap().tiers.burst_capacity, Some(2 << 30));
+        assert_eq!(
+            t.node(1).unwrap().tiers.backing.as_deref(),
+            Some("s3://bucket/demo/n1")
+        );
+        assert_eq!(t.node(0).unwrap().tiers, NodeTiers::default());
         assert_eq!(t.heartbeat, Duration::from_millis(200));
         assert_eq!(t.node(0).unwrap().data, "127.0.0.1:7701".parse().unwrap());
         assert_eq!(t.node(1).unwrap().data, "127.0.0.1:7720".parse().unwrap());

@@ -7,6 +7,7 @@
 pub mod allocator;
 pub mod capacity;
 pub mod coherence;
+pub mod durability;
 pub mod error;
 pub mod eviction;
 pub mod fd_passing;

@@ -32,6 +32,10 @@ pub enum Residency {
     /// out (a tier): its memory stays allocated and unchanged until the
     /// holder finishes; it stays visible, and a get meanwhile keeps it.
     Evicting,
+    /// Its holder could not take it out (a tier full or failing): it stays
+    /// in memory and is no eviction candidate until the holder readmits it,
+    /// so a failing tier never turns eviction into a retry loop.
+    Kept,
 }
 
 #[derive(Debug, Clone)]

@@ -47,6 +47,12 @@ pub struct ObjectInfo {
     pub location: ObjectLocation,
     pub sealed: bool,
     pub refs: u32,
+    /// The bytes are in memory (`false`: only on tiers below; the daemon
+    /// adds such rows, the store itself lists only what it holds).
+    pub resident: bool,
+    /// Tiers holding a durable copy (bit 0 burst buffer, bit 1 backing
+    /// store), as the daemon's tiers know it; 0 from the store itself.
+    pub tiers: u8,
 }
 
 /// Something subscribers hear about.
@@ -469,14 +475,60 @@ impl Store {
         }
     }
 
+    /// A holder could not take a victim out (its tier is full or failing):
+    /// the object stays in memory, `Kept` — no candidate, so the policy does
+    /// not pick it again at once — until [`readmit`](Self::readmit). A
+    /// delete that came meanwhile frees it now. Returns whether `id` was
+    /// being evicted.
+    pub fn cancel_eviction(&mut self, id: &ObjectId) -> bool {
+        let Some(slot) = self.table.find(id) else {
+            return false;
+        };
+        let entry = self.table.get_mut(slot).expect("found slot is live");
+        if entry.residency != Residency::Evicting {
+            return false;
+        }
+        entry.residency = Residency::Kept;
+        let (refs, deleted) = (entry.refs, entry.delete_pending);
+        let len = self.block_of(self.table.get(slot).expect("live")).len;
+        self.evicting_bytes -= len;
+        // Creates waiting for these bytes must look again (and fail or evict
+        // something else) instead of waiting for an eviction that is over.
+        self.space_changed = true;
+        if refs == 0 && deleted {
+            self.remove_slot(slot);
+        }
+        true
+    }
+
+    /// A `Kept` object may be evicted again (its tier recovered, or a copy
+    /// now exists below so evicting it needs no write). Returns whether it
+    /// was kept.
+    pub fn readmit(&mut self, id: &ObjectId) -> bool {
+        let Some(slot) = self.table.find(id) else {
+            return false;
+        };
+        let entry = self.table.get_mut(slot).expect("found slot is live");
+        if entry.residency != Residency::Kept {
+            return false;
+        }
+        entry.residency = Residency::Resident;
+        let entry = self.table.get(slot).expect("live");
+        if Self::is_candidate(entry) {
+            let len = self.block_of(entry).len;
+            self.add_candidate(slot, len);
+        }
+        true
+    }
+
     /// Removes an object and frees its memory (no references may remain;
     /// the caller made sure it is no eviction candidate any more).
     fn remove_slot(&mut self, slot: Slot) {
         let entry = self.table.remove(slot);
         debug_assert_eq!(entry.refs, 0, "removing referenced object {}", entry.id);
-        debug_assert_eq!(
+        debug_assert_ne!(
             entry.residency,
-            Residency::Resident,
+            Residency::Evicting,
             "{} still held",
             entry.id
         );
@@ -656,7 +708,7 @@ impl Store {
         }
         if entry.delete_pending {
             self.remove_slot(slot);
-        } else if entry.state == ObjectState::Sealed {
+        } else if entry.state == ObjectState::Sealed && entry.residency == Residency::Resident {
             let len = self.block_of(self.table.get(slot).expect("live")).len;
             self.add_candidate(slot, len);
         }
@@ -686,7 +738,7 @@ impl Store {
         }
         let entry = self.table.get_mut(slot).expect("found slot is live");
         entry.delete_pending = true;
-        let free_now = entry.refs == 0 && entry.residency == Residency::Resident;
+        let free_now = entry.refs == 0 && entry.residency != Residency::Evicting;
         self.events.push(StoreEvent::Removed {
             id: *id,
             deleted: true,
@@ -728,6 +780,35 @@ impl Store {
     pub fn creator(&self, id: &ObjectId) -> Option<ClientId> {
         let entry = self.table.get(self.table.find(id)?)?;
         entry.is_visible().then_some(entry.creator)
+    }
+
+    /// Whether `id` exists and is still being written.
+    pub fn is_unsealed(&self, id: &ObjectId) -> bool {
+        self.table
+            .find(id)
+            .and_then(|s| self.table.get(s))
+            .is_some_and(|e| e.state == ObjectState::Created)
+    }
+
+    /// Evicts one object now if it is an eviction candidate (sealed,
+    /// unreferenced, in memory), as the gate decides. Returns its block's
+    /// bytes, or why it cannot be evicted.
+    pub fn evict_object(&mut self, id: &ObjectId) -> Result<u64> {
+        let slot = self
+            .table
+            .find(id)
+            .filter(|&s| self.table.get(s).is_some_and(Entry::is_visible))
+            .ok_or_else(|| ShoalError::not_found(id))?;
+        let entry = self.table.get(slot).expect("found slot is live");
+        if !Self::is_candidate(entry) {
+            return Err(ShoalError::new(
+                ErrorKind::ObjectInUse,
+                format!("object {id} is referenced or already leaving memory"),
+            ));
+        }
+        let len = self.block_of(entry).len;
+        self.evict_slot(slot);
+        Ok(len)
     }
 
     pub fn contains(&self, id: &ObjectId) -> bool {
@@ -794,6 +875,8 @@ impl Store {
                 },
                 sealed: e.state == ObjectState::Sealed,
                 refs: e.refs,
+                resident: true,
+                tiers: 0,
             })
             .collect()
     }
@@ -848,11 +931,11 @@ impl Store {
                 evictable += 1;
                 evictable_bytes += block.len;
             }
-            if !resident {
+            if e.residency == Residency::Evicting {
                 evicting_bytes += block.len;
             }
             assert!(
-                !(e.delete_pending && e.refs == 0 && resident),
+                !(e.delete_pending && e.refs == 0 && e.residency != Residency::Evicting),
                 "object {} pending delete with no refs",
                 e.id
             );
@@ -1197,6 +1280,38 @@ mod tests {
     }
 
     #[test]
+    fn a_cancelled_eviction_keeps_the_object_out_of_the_candidates_until_readmitted() {
+        let mut s = store(64 * 2);
+        let held = std::rc::Rc::default();
+        s.set_eviction_gate(Box::new(HoldAll(std::rc::Rc::clone(&held))));
+        for n in 0..2 {
+            s.create(1, id(n), 64, 0).unwrap();
+            s.seal(1, &[id(n)], true).unwrap();
+        }
+        assert!(s.create(1, id(2), 64, 0).is_err(), "victim held, not freed");
+        assert_eq!(s.evicting_bytes(), 64);
+        assert!(s.cancel_eviction(&id(0)));
+        assert!(s.contains(&id(0)) && s.evicting_bytes() == 0);
+        assert!(s.take_space_changed(), "waiting creates look again");
+        s.check_invariants();
+        // Kept: the next create evicts id(1), not id(0) again.
+        assert!(s.create(1, id(2), 64, 0).is_err());
+        assert!(s.finish_eviction(&id(1)));
+        s.create(1, id(2), 64, 0).unwrap();
+        s.seal(1, &[id(2)], true).unwrap();
+        assert!(s.contains(&id(0)));
+        assert!(s.readmit(&id(0)));
+        assert!(!s.readmit(&id(0)), "only once");
+        assert_eq!(s.evict(64), 64, "a candidate again");
+        s.check_invariants();
+        // A delete of a kept object frees it.
+        s.cancel_eviction(&id(0));
+        s.delete(&id(0)).unwrap();
+        assert!(!s.contains(&id(0)));
+        s.check_invariants();
+    }
+
+    #[test]
     fn sealing_and_dropping_many_unsealed_objects_is_linear() {
         // 200k ids: quadratic bookkeeping would take minutes here.
         let n = 200_000u32;
@@ -1232,6 +1347,8 @@ mod tests {
         Disconnect(u8),
         Evict(u16),
         FinishEviction(u8),
+        CancelEviction(u8),
+        Readmit(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1247,6 +1364,8 @@ mod tests {
             c.prop_map(Op::Disconnect),
             (0u16..3000).prop_map(Op::Evict),
             (0u8..12).prop_map(Op::FinishEviction),
+            (0u8..12).prop_map(Op::CancelEviction),
+            (0u8..12).prop_map(Op::Readmit),
         ]
     }
 
@@ -1289,6 +1408,12 @@ mod tests {
                             sealed.remove(&id(i));
                         }
                     }
+                    Op::CancelEviction(i) => {
+                        if s.cancel_eviction(&id(i)) && !s.contains(&id(i)) {
+                            sealed.remove(&id(i));
+                        }
+                    }
+                    Op::Readmit(i) => { s.readmit(&id(i)); }
                 }
                 s.check_invariants();
             }

@@ -33,6 +33,8 @@ pub struct DaemonConfig {
     /// Users besides the daemon's own (and root) whose clients it serves
     /// (`shoal serve --allow-uid`); they also need access to the socket.
     pub allowed_uids: Vec<u32>,
+    /// The tiers below memory (`None`: memory only; evicted objects are gone).
+    pub tiers: Option<crate::tiers::TierConfig>,
 }
 
 impl DaemonConfig {
@@ -49,6 +51,7 @@ impl DaemonConfig {
             stop_on_signals: false,
             cluster: None,
             allowed_uids: Vec::new(),
+            tiers: None,
         }
     }
 }

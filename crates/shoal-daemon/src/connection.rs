@@ -142,8 +142,12 @@ impl Connection {
                 timeout_ms,
                 objects,
             } => self.create(node, timeout_ms, &objects).await?,
-            Request::Seal { release, ids } => {
-                let result = self.ops.seal(self.client, &ids, release).await;
+            Request::Seal {
+                release,
+                durability,
+                ids,
+            } => {
+                let result = self.ops.seal(self.client, &ids, release, durability).await;
                 result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
             }
             Request::Abort { id } => {
@@ -154,8 +158,13 @@ impl Connection {
                 let found = self
                     .ops
                     .get(self.client, &ids, timeout_ms, peer_gone(&self.stream))
-                    .await?;
-                Reply::Objects { objects: found }
+                    .await;
+                // A restore that failed (a corrupt copy) is the client's
+                // answer; a client that hung up ends the connection.
+                match kept(found)? {
+                    Ok(objects) => Reply::Objects { objects },
+                    Err(err) => Reply::error(&err),
+                }
             }
             Request::Release { ids } => {
                 self.ops.release(self.client, &ids);
@@ -164,11 +173,19 @@ impl Connection {
             Request::Delete { ids } => Reply::Statuses {
                 errors: self.ops.delete(&ids, true).await,
             },
-            Request::Contains { id } => Reply::Bool(self.ops.node.read(|s| s.contains(&id))),
+            Request::Contains { id } => Reply::Bool(self.ops.contains(&id)),
             Request::List => Reply::List {
-                objects: self.ops.node.read(|s| s.list()),
+                objects: self.ops.list(),
             },
-            Request::Stats => Reply::Stats(self.ops.node.read(|s| s.stats())),
+            Request::Stats => Reply::Stats(self.ops.stats()),
+            Request::Tiers => Reply::Tiers(self.ops.tier_report()),
+            Request::WaitDurable {
+                level,
+                timeout_ms,
+                ids,
+            } => statuses(self.ops.wait_durable(&ids, level, timeout_ms).await),
+            Request::StageIn { ids } => statuses(self.ops.stage_in(&ids).await),
+            Request::StageOut { ids } => statuses(self.ops.stage_out(&ids).await),
             Request::Evict { bytes } => Reply::Evicted {
                 bytes: self.ops.evict(bytes).await,
             },
@@ -279,6 +296,21 @@ impl Connection {
                 }
             }
         }
+    }
+}
+
+/// One status per id (the kinds; messages are logged here).
+fn statuses(errors: Vec<Option<ShoalError>>) -> Reply {
+    Reply::Statuses {
+        errors: errors
+            .into_iter()
+            .map(|e| {
+                e.map(|e| {
+                    tracing::debug!(%e, "tier request");
+                    e.kind()
+                })
+            })
+            .collect(),
     }
 }
 

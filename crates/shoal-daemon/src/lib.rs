@@ -6,6 +6,8 @@
 //!   the store's client-id space, accept backoff);
 //! - [`node`]: the store, region, waiters, subscribers and listeners; every
 //!   change goes through it and is published by it;
+//! - [`tiers`]: the tiers below memory (drain, spill, burst pressure), a
+//!   listener of the node and what lies `Below` it;
 //! - [`cluster`]: this daemon as a node of a cluster, a listener of its node;
 //! - `ops`: the operations (create, get, seal, abort, release, delete,
 //!   evict), shared by local clients and peers;
@@ -30,6 +32,7 @@ pub mod principals;
 pub mod server;
 pub mod shutdown;
 pub mod supervisor;
+pub mod tiers;
 
 pub use cluster::ClusterConfig;
 pub use config::DaemonConfig;

@@ -3,7 +3,7 @@
 //!
 //! - `1 .. RESERVED_BASE`: local connections, numbered as they come;
 //! - `RESERVED_BASE .. PEER_BASE`: the daemon's own principals (network
-//!   copies being pulled, objects pinned while sent; later the tiers and the
+//!   copies being pulled, objects pinned while sent, the tiers; later the
 //!   POSIX view);
 //! - `PEER_BASE + node`: each other node of the cluster (its references
 //!   here, its remote allocations).
@@ -17,6 +17,9 @@ const RESERVED_BASE: ClientId = PEER_BASE - 16;
 pub const COPY: ClientId = RESERVED_BASE;
 /// Pins objects while the data channel sends them.
 pub const SEND: ClientId = RESERVED_BASE + 1;
+/// The tiers below memory: pins objects while they drain, and creates the
+/// objects restores fill.
+pub const TIERS: ClientId = RESERVED_BASE + 2;
 
 /// The store client standing for node `node`.
 pub fn peer(node: u32) -> ClientId {
@@ -64,7 +67,8 @@ mod tests {
 
     #[test]
     fn the_spaces_do_not_overlap() {
-        assert!(!is_peer(COPY) && !is_peer(SEND) && COPY != SEND);
+        assert!(!is_peer(COPY) && !is_peer(SEND) && !is_peer(TIERS));
+        const { assert!(COPY != SEND && SEND != TIERS && COPY != TIERS) };
         assert_eq!(node_of(peer(3)), Some(3));
         assert_eq!(node_of(SEND), None);
         let mut ids = LocalIds {

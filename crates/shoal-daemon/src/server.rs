@@ -16,6 +16,7 @@ use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::eviction;
 use shoal_core::region::Region;
 use shoal_core::store::Store;
+use shoal_tiers::TierIdentity;
 use tokio::net::UnixListener;
 
 use crate::accept::AcceptBackoff;
@@ -28,6 +29,11 @@ use crate::peer_service;
 use crate::principals;
 use crate::shutdown::Shutdown;
 use crate::supervisor::Supervisor;
+use crate::tiers::Tiers;
+
+/// The owner a single store's tiers are marked with (a cluster node's are
+/// marked with its cluster's name and its node id).
+const SINGLE_NODE_TIERS: &str = "single-node";
 
 /// Runs a daemon on the current thread until `shutdown` is triggered (or,
 /// with `idle_exit`, until it has had no client for that long).
@@ -147,11 +153,23 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         }
         None => None,
     };
-    let ops = Rc::new(Ops {
-        node: node.clone(),
-        cluster,
-        supervisor: supervisor.clone(),
-    });
+    let tiers = match config.tiers.as_ref().filter(|t| !t.is_empty()) {
+        Some(tier_config) => {
+            let owner = match &config.cluster {
+                Some(c) => TierIdentity::new(c.topology.name.clone(), c.node),
+                None => TierIdentity::new(SINGLE_NODE_TIERS, 0),
+            };
+            match Tiers::start(tier_config, &owner, node.clone(), supervisor.clone()).await {
+                Ok(tiers) => Some(tiers),
+                Err(err) => {
+                    supervisor.shutdown().await;
+                    return Err(err);
+                }
+            }
+        }
+        None => None,
+    };
+    let ops = Ops::new(node.clone(), cluster, tiers, supervisor.clone());
 
     // A stale socket file from a daemon that died: we hold the lock, so it is ours to replace.
     let _ = std::fs::remove_file(&config.socket);

@@ -15,6 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use shoal_client::shared::SharedClient;
 use shoal_client::{Client as RustClient, Located, StoreInfo, Subscription as RustSubscription};
+use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::protocol::{CreateSpec, Notification};
 use shoal_core::region::Mapping;
@@ -33,7 +34,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// One `list()` row: (id, data_size, metadata_size, sealed, refs).
-type ListRow<'py> = (Bound<'py, PyBytes>, u64, u32, bool, u32);
+type ListRow<'py> = (Bound<'py, PyBytes>, u64, u32, bool, u32, bool, u8);
 /// One notification: (id, kind, data_size, metadata_size).
 type NotificationRow<'py> = (Bound<'py, PyBytes>, &'static str, u64, u32);
 
@@ -230,10 +231,81 @@ impl Client {
 
     /// Seals objects this client created. With `release`, the creator's
     /// reference is dropped now rather than when its buffer is freed.
-    #[pyo3(signature = (ids, release=false))]
-    fn seal(&self, py: Python<'_>, ids: PyIds, release: bool) -> PyResult<()> {
+    #[pyo3(signature = (ids, release=false, durability=None))]
+    fn seal(
+        &self,
+        py: Python<'_>,
+        ids: PyIds,
+        release: bool,
+        durability: Option<&str>,
+    ) -> PyResult<()> {
         let ids = ids.0;
-        py.detach(|| self.shared.seal(&ids, release)).py()
+        let durability = durability.map(str::parse::<Durability>).transpose().py()?;
+        py.detach(|| self.shared.seal_durable(&ids, release, durability))
+            .py()
+    }
+
+    /// Waits until each object has a durable copy at `level`; per id `None`
+    /// or the error kind's name (Timeout, ObjectNotFound, StoreFull, ...).
+    #[pyo3(signature = (ids, level, timeout_ms=-1))]
+    fn wait_durable(
+        &self,
+        py: Python<'_>,
+        ids: PyIds,
+        level: &str,
+        timeout_ms: i64,
+    ) -> PyResult<Vec<Option<&'static str>>> {
+        let ids = ids.0;
+        let level = level.parse::<Durability>().py()?;
+        let results = py
+            .detach(|| {
+                self.shared
+                    .with(|c| c.wait_durable(&ids, level, timeout_ms))
+            })
+            .py()?;
+        Ok(kinds(results))
+    }
+
+    /// Brings objects into memory from the tiers; per id `None` or the error kind.
+    fn stage_in(&self, py: Python<'_>, ids: PyIds) -> PyResult<Vec<Option<&'static str>>> {
+        let ids = ids.0;
+        let results = py.detach(|| self.shared.with(|c| c.stage_in(&ids))).py()?;
+        Ok(kinds(results))
+    }
+
+    /// Writes objects down to the lowest tier and frees their memory; per id
+    /// `None` or the error kind.
+    fn stage_out(&self, py: Python<'_>, ids: PyIds) -> PyResult<Vec<Option<&'static str>>> {
+        let ids = ids.0;
+        let results = py.detach(|| self.shared.with(|c| c.stage_out(&ids))).py()?;
+        Ok(kinds(results))
+    }
+
+    /// The node's tiers below memory and the drain's progress.
+    fn tiers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let t = py.detach(|| self.shared.with(|c| c.tiers())).py()?;
+        let d = PyDict::new(py);
+        d.set_item("default_durability", t.default_durability.name())?;
+        d.set_item("queue_depth", t.queue_depth)?;
+        d.set_item("drained_objects", t.drained_objects)?;
+        d.set_item("drained_bytes", t.drained_bytes)?;
+        d.set_item("drain_rate", t.drain_rate)?;
+        d.set_item("spilled_bytes", t.spilled_bytes)?;
+        d.set_item("restores", t.restores)?;
+        d.set_item("restored_bytes", t.restored_bytes)?;
+        d.set_item("durable_objects", t.durable_objects)?;
+        d.set_item("failures", t.failures)?;
+        let levels = PyDict::new(py);
+        for tier in &t.tiers {
+            let row = PyDict::new(py);
+            row.set_item("path", &tier.describe)?;
+            row.set_item("capacity", tier.capacity)?;
+            row.set_item("used", tier.used)?;
+            row.set_item("objects", tier.objects)?;
+            levels.set_item(tier.level_name(), row)?;
+        }
+        d.set_item("tiers", levels)?;
+        Ok(d)
     }
 
     /// Diagnostic hook (benchmarks): writes back now the cache lines `seal`
@@ -295,7 +367,7 @@ impl Client {
 
     /// create + copy + seal of many objects in two round trips. `buffers`
     /// are byte buffers (bytes, bytearray, memoryview cast to "B").
-    #[pyo3(signature = (ids, buffers, metadata=None, timeout_ms=0))]
+    #[pyo3(signature = (ids, buffers, metadata=None, timeout_ms=0, durability=None))]
     fn put_batch(
         &self,
         py: Python<'_>,
@@ -303,8 +375,10 @@ impl Client {
         buffers: Vec<PyBuffer<u8>>,
         metadata: Option<Vec<Vec<u8>>>,
         timeout_ms: u32,
+        durability: Option<&str>,
     ) -> PyResult<()> {
         let ids = ids.0;
+        let durability = durability.map(str::parse::<Durability>).transpose().py()?;
         if ids.len() != buffers.len() || metadata.as_ref().is_some_and(|m| m.len() != ids.len()) {
             return Err(PyValueError::new_err(
                 "ids, buffers and metadata differ in length",
@@ -340,7 +414,7 @@ impl Client {
                     c.write(*location, data, meta)?;
                 }
                 let ids: Vec<_> = specs.iter().map(|s| s.id).collect();
-                c.seal(&ids, true)
+                c.seal_durable(&ids, true, durability)
             })
         })
         .py()?;
@@ -374,6 +448,8 @@ impl Client {
                     o.location.meta_size,
                     o.sealed,
                     o.refs,
+                    o.resident,
+                    o.tiers,
                 )
             })
             .collect())
@@ -491,4 +567,12 @@ impl Subscription {
             Notification::Removed { id } => (PyBytes::new(py, &id.0), "removed", 0, 0),
         }))
     }
+}
+
+/// Per id `None` or the error kind's name (the exception class in `shoal.errors`).
+fn kinds(results: Vec<shoal_core::error::Result<()>>) -> Vec<Option<&'static str>> {
+    results
+        .into_iter()
+        .map(|r| r.err().map(|e| e.kind().name()))
+        .collect()
 }

@@ -64,6 +64,8 @@ impl DrainJob {
 /// The outcome of a job.
 #[derive(Debug)]
 pub struct DrainEvent {
+    /// The number `submit` returned for the job.
+    pub seq: u64,
     pub id: ObjectId,
     pub target: TierLevel,
     /// The record after the job, or why it failed for good (a cancelled job
@@ -118,7 +120,8 @@ pub struct Drainer {
     seq: AtomicU64,
     cancels: Cancels,
     pending: Arc<AtomicUsize>,
-    worker: JoinHandle<()>,
+    /// `None` when the caller runs the worker itself ([`Drainer::new`]).
+    worker: Option<JoinHandle<()>>,
 }
 
 impl Drainer {
@@ -129,26 +132,43 @@ impl Drainer {
         engine: Arc<TierEngine>,
         config: DrainConfig,
     ) -> (Self, mpsc::Receiver<DrainEvent>) {
+        let (mut drainer, worker, events) = Self::new(engine, config);
+        drainer.worker = Some(tokio::spawn(worker));
+        (drainer, events)
+    }
+
+    /// As [`start`](Self::start), but hands the worker to the caller to run
+    /// (under the daemon's supervisor, which cancels it at shutdown: jobs
+    /// not finished then are found again by recovery at the next start).
+    pub fn new(
+        engine: Arc<TierEngine>,
+        config: DrainConfig,
+    ) -> (
+        Self,
+        impl std::future::Future<Output = ()> + Send + 'static,
+        mpsc::Receiver<DrainEvent>,
+    ) {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
         let (events_tx, events) = mpsc::channel(config.queue.max(1));
         let cancels: Cancels = Arc::default();
         let pending = Arc::new(AtomicUsize::new(0));
-        let worker = tokio::spawn(run(
+        let worker = run(
             engine,
             config,
             rx,
             events_tx,
             cancels.clone(),
             pending.clone(),
-        ));
+        );
         (
             Self {
                 tx,
                 seq: AtomicU64::new(1),
                 cancels,
                 pending,
-                worker,
+                worker: None,
             },
+            worker,
             events,
         )
     }
@@ -161,20 +181,25 @@ impl Drainer {
         }
     }
 
-    /// Queues `job`, waiting while the queue is full.
-    pub async fn submit(&self, job: DrainJob) -> Result<()> {
+    /// Queues `job`, waiting while the queue is full. Returns its number
+    /// (its event carries it).
+    pub async fn submit(&self, job: DrainJob) -> Result<u64> {
         let queued = self.queued(job);
+        let seq = queued.seq;
         self.tx.send(queued).await.map_err(|_| {
             self.pending.fetch_sub(1, Ordering::AcqRel);
             ShoalError::new(ErrorKind::Disconnected, "the drainer has stopped")
-        })
+        })?;
+        Ok(seq)
     }
 
-    /// Queues `job` if there is room; otherwise gives it back with
-    /// `StoreFull` (the caller keeps the object where it is and tries later).
-    pub fn try_submit(&self, job: DrainJob) -> std::result::Result<(), Box<Refused>> {
+    /// Queues `job` if there is room and returns its number; otherwise gives
+    /// it back with `StoreFull` (the caller keeps the object where it is and
+    /// tries later).
+    pub fn try_submit(&self, job: DrainJob) -> std::result::Result<u64, Box<Refused>> {
         let queued = self.queued(job);
-        self.tx.try_send(queued).map_err(|err| {
+        let seq = queued.seq;
+        self.tx.try_send(queued).map(|()| seq).map_err(|err| {
             self.pending.fetch_sub(1, Ordering::AcqRel);
             let (error, queued) = match err {
                 mpsc::error::TrySendError::Full(q) => (
@@ -203,6 +228,13 @@ impl Drainer {
             .insert(id, seq);
     }
 
+    /// The number the next submitted job gets. Exact when one task submits:
+    /// it can record the job before submitting, because its outcome may
+    /// arrive before `submit` returns to it.
+    pub fn next_seq(&self) -> u64 {
+        self.seq.load(Ordering::Acquire)
+    }
+
     /// Jobs submitted and not yet finished (queued or running).
     pub fn depth(&self) -> usize {
         self.pending.load(Ordering::Acquire)
@@ -211,7 +243,9 @@ impl Drainer {
     /// Stops taking jobs, finishes the queued ones, and waits for the worker.
     pub async fn close(self) {
         drop(self.tx);
-        let _ = self.worker.await;
+        if let Some(worker) = self.worker {
+            let _ = worker.await;
+        }
     }
 }
 
@@ -290,6 +324,7 @@ async fn run_job(
     })
     .await;
     DrainEvent {
+        seq,
         id,
         target,
         result,

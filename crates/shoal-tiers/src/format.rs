@@ -118,6 +118,11 @@ impl ObjectSizes {
     pub fn payload_len(&self) -> u64 {
         self.data_size.saturating_add(u64::from(self.meta_size))
     }
+
+    /// Bytes of the whole image on a tier (header included).
+    pub fn stored_len(&self) -> u64 {
+        (HEADER_LEN as u64).saturating_add(self.payload_len())
+    }
 }
 
 /// The error for a payload whose checksum does not match its header.

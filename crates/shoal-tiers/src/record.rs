@@ -2,7 +2,6 @@
 //! hold a verified copy, the durability it was sealed with.
 
 use std::fmt;
-use std::str::FromStr;
 
 use shoal_core::error::{Result, ShoalError};
 
@@ -74,65 +73,22 @@ impl TierSet {
     }
 }
 
-/// When a put/seal is acknowledged (issue 10): what survives a crash.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-#[repr(u8)]
-pub enum Durability {
-    /// Acknowledged in memory: lost with the daemon (today's behaviour).
-    #[default]
-    Memory = 0,
-    /// Acknowledged once fsync'ed on the burst buffer and in the manifest.
-    Local = 1,
-    /// Acknowledged once in the backing store and in the manifest.
-    Backing = 2,
-}
+pub use shoal_core::durability::Durability;
 
-impl Durability {
-    pub fn name(self) -> &'static str {
-        match self {
-            Durability::Memory => "memory",
-            Durability::Local => "local",
-            Durability::Backing => "backing",
-        }
-    }
-
-    fn from_u8(v: u8) -> Option<Self> {
-        Some(match v {
-            0 => Durability::Memory,
-            1 => Durability::Local,
-            2 => Durability::Backing,
-            _ => return None,
-        })
-    }
-
-    /// Whether an object whose copies are on `tiers` meets this level.
-    pub fn met_by(self, tiers: TierSet) -> bool {
-        match self {
+impl TierSet {
+    /// Whether an object whose copies are on these tiers meets `level`.
+    pub fn meets(self, level: Durability) -> bool {
+        match level {
             Durability::Memory => true,
-            Durability::Local => !tiers.is_empty(),
-            Durability::Backing => tiers.contains(TierLevel::Backing),
+            Durability::Local => !self.is_empty(),
+            Durability::Backing => self.contains(TierLevel::Backing),
         }
     }
-}
 
-impl fmt::Display for Durability {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Durability {
-    type Err = ShoalError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "memory" => Ok(Durability::Memory),
-            "local" => Ok(Durability::Local),
-            "backing" => Ok(Durability::Backing),
-            _ => Err(ShoalError::invalid(format!(
-                "durability {s:?}: expected memory, local or backing"
-            ))),
-        }
+    /// The bits as `shoal ls` and the wire carry them (bit 0 burst buffer,
+    /// bit 1 backing store).
+    pub fn bits(self) -> u8 {
+        self.0
     }
 }
 
@@ -240,10 +196,10 @@ mod tests {
     fn durability_is_met_by_the_right_tiers() {
         let burst = TierSet::of(TierLevel::Burst);
         let backing = TierSet::of(TierLevel::Backing);
-        assert!(Durability::Memory.met_by(TierSet::EMPTY));
-        assert!(!Durability::Local.met_by(TierSet::EMPTY));
-        assert!(Durability::Local.met_by(burst) && Durability::Local.met_by(backing));
-        assert!(!Durability::Backing.met_by(burst) && Durability::Backing.met_by(backing));
+        assert!(TierSet::EMPTY.meets(Durability::Memory));
+        assert!(!TierSet::EMPTY.meets(Durability::Local));
+        assert!(burst.meets(Durability::Local) && backing.meets(Durability::Local));
+        assert!(!burst.meets(Durability::Backing) && backing.meets(Durability::Backing));
         assert_eq!(
             burst.with(TierLevel::Backing).iter().collect::<Vec<_>>(),
             TierLevel::ALL

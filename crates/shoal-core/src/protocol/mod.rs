@@ -12,10 +12,13 @@
 
 mod codec;
 mod frame;
+mod tier_report;
 
 pub use codec::{Reader, Writer};
 pub use frame::{FrameHeader, FRAME_HEADER_LEN, MAX_FRAME_LEN};
+pub use tier_report::{TierInfo, TierReport};
 
+use crate::durability::Durability;
 use crate::error::{ErrorKind, Result, ShoalError};
 use crate::ids::ObjectId;
 use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
@@ -26,7 +29,10 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// node's new region through a descriptor of its old one (or the reverse).
 /// 4: an `Objects` entry's first byte also says whether the reader must
 /// invalidate the object before reading it (`Located::invalidate`).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: tiers below memory: `Seal` carries a durability, `WaitDurable`,
+/// `StageIn`, `StageOut`, `Tiers`; `List` rows say whether the object is in
+/// memory and which tiers hold it.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -49,8 +55,11 @@ pub enum Request {
         timeout_ms: u32,
         objects: Vec<CreateSpec>,
     },
+    /// `durability`: acknowledged only once every object reached it
+    /// (`None`: the node's default).
     Seal {
         release: bool,
+        durability: Option<Durability>,
         ids: Vec<ObjectId>,
     },
     Abort {
@@ -87,7 +96,28 @@ pub enum Request {
         timeout_ms: u32,
         objects: Vec<CreateSpec>,
     },
+    /// Waits until every id has a durable copy at `level` or `timeout_ms`
+    /// passes (-1: forever); one status per id.
+    WaitDurable {
+        level: Durability,
+        timeout_ms: i64,
+        ids: Vec<ObjectId>,
+    },
+    /// Brings objects into memory from the tiers below (no reference taken).
+    StageIn {
+        ids: Vec<ObjectId>,
+    },
+    /// Writes objects down to the lowest tier and frees their memory (unless
+    /// referenced).
+    StageOut {
+        ids: Vec<ObjectId>,
+    },
+    /// The node's tiers, their use and the drain's progress.
+    Tiers,
 }
+
+/// No durability named: the node's default (the `Seal` byte).
+const DURABILITY_DEFAULT: u8 = 0xFF;
 
 /// An object as a Get answers it: which node's region holds it, and where.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +215,7 @@ pub enum Reply {
         objects: Vec<ObjectInfo>,
     },
     Stats(StoreStats),
+    Tiers(TierReport),
     Notification(Notification),
     /// One status per id: `None` for success.
     Statuses {
@@ -244,6 +275,10 @@ mod op {
     pub const EVICT: u16 = 0x0C;
     pub const CLUSTER_INFO: u16 = 0x0D;
     pub const CREATE_ON: u16 = 0x0E;
+    pub const WAIT_DURABLE: u16 = 0x0F;
+    pub const STAGE_IN: u16 = 0x10;
+    pub const STAGE_OUT: u16 = 0x11;
+    pub const TIERS: u16 = 0x12;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;
@@ -257,6 +292,7 @@ mod op {
     pub const STATUSES: u16 = 0x89;
     pub const EVICTED: u16 = 0x8A;
     pub const CLUSTER_REPLY: u16 = 0x8B;
+    pub const TIERS_REPLY: u16 = 0x8C;
 }
 
 impl Request {
@@ -275,8 +311,14 @@ impl Request {
                 encode_create(&mut w, *timeout_ms, objects);
                 op::CREATE
             }
-            Request::Seal { release, ids } => {
-                w.u8(*release as u8).ids(ids);
+            Request::Seal {
+                release,
+                durability,
+                ids,
+            } => {
+                w.u8(*release as u8)
+                    .u8(durability.map_or(DURABILITY_DEFAULT, |d| d as u8))
+                    .ids(ids);
                 op::SEAL
             }
             Request::Abort { id } => {
@@ -316,6 +358,23 @@ impl Request {
                 encode_create(&mut w, *timeout_ms, objects);
                 op::CREATE_ON
             }
+            Request::WaitDurable {
+                level,
+                timeout_ms,
+                ids,
+            } => {
+                w.u8(*level as u8).i64(*timeout_ms).ids(ids);
+                op::WAIT_DURABLE
+            }
+            Request::StageIn { ids } => {
+                w.ids(ids);
+                op::STAGE_IN
+            }
+            Request::StageOut { ids } => {
+                w.ids(ids);
+                op::STAGE_OUT
+            }
+            Request::Tiers => op::TIERS,
         };
         w.finish(opcode);
     }
@@ -336,6 +395,10 @@ impl Request {
             }
             op::SEAL => Request::Seal {
                 release: r.bool()?,
+                durability: match r.u8()? {
+                    DURABILITY_DEFAULT => None,
+                    level => Some(durability(level)?),
+                },
                 ids: r.ids()?,
             },
             op::ABORT => Request::Abort { id: r.id()? },
@@ -360,6 +423,14 @@ impl Request {
                     objects,
                 }
             }
+            op::WAIT_DURABLE => Request::WaitDurable {
+                level: durability(r.u8()?)?,
+                timeout_ms: r.i64()?,
+                ids: r.ids()?,
+            },
+            op::STAGE_IN => Request::StageIn { ids: r.ids()? },
+            op::STAGE_OUT => Request::StageOut { ids: r.ids()? },
+            op::TIERS => Request::Tiers,
             other => {
                 return Err(ShoalError::protocol(format!(
                     "unknown request opcode {other:#06x}"
@@ -456,7 +527,9 @@ impl Reply {
                         .u64(o.location.data_size)
                         .u32(o.location.meta_size)
                         .u8(o.sealed as u8)
-                        .u32(o.refs);
+                        .u32(o.refs)
+                        .u8(o.resident as u8)
+                        .u8(o.tiers);
                 }
                 op::LIST_REPLY
             }
@@ -478,6 +551,10 @@ impl Reply {
                 }
                 w.str(s.policy);
                 op::STATS_REPLY
+            }
+            Reply::Tiers(report) => {
+                report.encode(&mut w);
+                op::TIERS_REPLY
             }
             Reply::Notification(n) => {
                 match n {
@@ -591,7 +668,7 @@ impl Reply {
             }
             op::BOOL => Reply::Bool(r.bool()?),
             op::LIST_REPLY => {
-                let n = r.count(20 + 8 + 8 + 4 + 1 + 4)?;
+                let n = r.count(20 + 8 + 8 + 4 + 1 + 4 + 1 + 1)?;
                 let mut objects = Vec::with_capacity(n);
                 for _ in 0..n {
                     let id = r.id()?;
@@ -605,6 +682,8 @@ impl Reply {
                         location,
                         sealed: r.bool()?,
                         refs: r.u32()?,
+                        resident: r.bool()?,
+                        tiers: r.u8()?,
                     });
                 }
                 Reply::List { objects }
@@ -631,6 +710,7 @@ impl Reply {
                     .unwrap_or("other");
                 Reply::Stats(s)
             }
+            op::TIERS_REPLY => Reply::Tiers(TierReport::decode(&mut r)?),
             op::NOTIFICATION => {
                 let kind = r.u8()?;
                 let id = r.id()?;
@@ -696,6 +776,11 @@ impl Reply {
         r.finish()?;
         Ok(reply)
     }
+}
+
+fn durability(level: u8) -> Result<Durability> {
+    Durability::from_u8(level)
+        .ok_or_else(|| ShoalError::protocol(format!("unknown durability {level}")))
 }
 
 /// Decodes one request from the front of `bytes`: `Ok(None)` if more bytes

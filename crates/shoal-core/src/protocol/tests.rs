@@ -42,8 +42,22 @@ fn every_request_round_trips() {
         },
         Request::Seal {
             release: true,
+            durability: None,
             ids: ids.clone(),
         },
+        Request::Seal {
+            release: false,
+            durability: Some(crate::durability::Durability::Backing),
+            ids: ids.clone(),
+        },
+        Request::WaitDurable {
+            level: crate::durability::Durability::Local,
+            timeout_ms: 250,
+            ids: ids.clone(),
+        },
+        Request::StageIn { ids: ids.clone() },
+        Request::StageOut { ids: vec![] },
+        Request::Tiers,
         Request::Abort { id: ids[1] },
         Request::Get {
             timeout_ms: WAIT_FOREVER,
@@ -137,6 +151,8 @@ fn every_reply_round_trips() {
                 location: loc,
                 sealed: true,
                 refs: 2,
+                resident: false,
+                tiers: 3,
             }],
         },
         Reply::Stats(StoreStats {
@@ -159,6 +175,30 @@ fn every_reply_round_trips() {
             errors: vec![None, Some(ErrorKind::ObjectNotFound)],
         },
         Reply::Evicted { bytes: 7 },
+        Reply::Tiers(TierReport::default()),
+        Reply::Tiers(TierReport {
+            default_durability: crate::durability::Durability::Local,
+            queue_depth: 3,
+            drained_bytes: 1 << 33,
+            drain_rate: 5,
+            tiers: vec![
+                TierInfo {
+                    level: 0,
+                    describe: "/nvme/shoal".into(),
+                    capacity: 10,
+                    used: 4,
+                    objects: 2,
+                },
+                TierInfo {
+                    level: 1,
+                    describe: "s3://bucket/prefix".into(),
+                    capacity: u64::MAX,
+                    used: 0,
+                    objects: 0,
+                },
+            ],
+            ..Default::default()
+        }),
     ] {
         round_trip_reply(reply);
     }
@@ -186,9 +226,18 @@ fn malformed_frames_are_typed_errors() {
     assert_eq!(kind(&[1, 0, 0, 0, 0x09, 0, 0, 0, 0]), ErrorKind::Protocol);
     // Bad boolean in Seal.
     assert_eq!(
-        kind(&[5, 0, 0, 0, 0x03, 0, 0, 0, 2, 0, 0, 0, 0]),
+        kind(&[6, 0, 0, 0, 0x03, 0, 0, 0, 2, 0xFF, 0, 0, 0, 0]),
         ErrorKind::Protocol
     );
+    // Unknown durability in Seal and in WaitDurable.
+    assert_eq!(
+        kind(&[6, 0, 0, 0, 0x03, 0, 0, 0, 1, 7, 0, 0, 0, 0]),
+        ErrorKind::Protocol
+    );
+    let mut wait = vec![13, 0, 0, 0, 0x0F, 0, 0, 0, 3];
+    wait.extend_from_slice(&0i64.to_le_bytes());
+    wait.extend_from_slice(&0u32.to_le_bytes());
+    assert_eq!(kind(&wait), ErrorKind::Protocol);
 }
 
 #[test]

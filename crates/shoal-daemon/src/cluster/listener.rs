@@ -1,5 +1,5 @@
-//! What the cluster does when its node changes: ids evicted or aborted here
-//! leave their homes' directories, copies that went stop being copies, and
+//! What the cluster does when its node changes: ids evicted (with no tier
+//! below to keep them) or aborted here leave their homes' directories, copies that went stop being copies, and
 //! a local client that went gives back what it held on other nodes.
 //! (Deletes unregister their ids themselves, after revoking loans and
 //! before they answer: `ops::delete`.)
@@ -51,14 +51,18 @@ impl NodeListener for ClusterListener {
         match *event {
             NodeEvent::Removed { id, deleted } => {
                 let was_copy = !cluster.forget_copies(&[id]).is_empty();
-                // (A copy was never registered: nothing to unregister.)
-                if !deleted && !was_copy {
+                // (A copy was never registered: nothing to unregister. An
+                // object evicted down a tier still lives here.)
+                if !deleted && !was_copy && !cluster.node.held_below(&id) {
                     self.unregister_later(cluster, id);
                 }
             }
             NodeEvent::Aborted { id } => {
                 cluster.forget_copies(&[id]);
-                self.unregister_later(cluster, id);
+                // (A restore that failed leaves the object on its tier.)
+                if !cluster.node.held_below(&id) {
+                    self.unregister_later(cluster, id);
+                }
             }
             NodeEvent::ClientGone { client } => {
                 let held = cluster.drop_client(client);

@@ -176,6 +176,13 @@ impl Cluster {
                 }
             }
         });
+        // Objects only on a tier below: sealed here, restored on Acquire
+        // (the location is a hint; Acquire answers where they are then).
+        for (id, location) in self.node.held_only_below() {
+            if self.home(&id) == node {
+                owned.entry(id).or_insert(Some(location));
+            }
+        }
         for id in self.rebuild.borrow().claims.claimed() {
             if self.home(id) == node {
                 owned.entry(*id).or_insert(None);

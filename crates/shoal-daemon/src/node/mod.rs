@@ -11,12 +11,13 @@
 //! Single-threaded: the daemon's runtime is current-thread, so `RefCell`
 //! suffices, and a borrow of the store is never held across an await.
 
+mod below;
 mod events;
 mod subscribers;
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,6 +29,7 @@ use shoal_core::store::{EvictionGate, Store, StoreEvent, Verdict, Victim};
 use shoal_core::ObjectId;
 use tokio::sync::{mpsc, Notify};
 
+pub use below::Below;
 pub use events::{NodeEvent, NodeListener};
 pub use subscribers::SUBSCRIBER_QUEUE;
 
@@ -57,6 +59,8 @@ pub struct Node {
     client_ids: RefCell<LocalIds>,
     connected: Cell<usize>,
     idle_since: Cell<Instant>,
+    /// The tiers below memory, if any (weak: they hold the node).
+    below: RefCell<Option<Weak<dyn Below>>>,
 }
 
 /// Asks the listeners about each victim; any `Hold` keeps its memory.
@@ -103,7 +107,28 @@ impl Node {
             client_ids: RefCell::default(),
             connected: Cell::new(0),
             idle_since: Cell::new(Instant::now()),
+            below: RefCell::new(None),
         })
+    }
+
+    /// Installs the tiers below memory.
+    pub fn set_below(&self, below: Weak<dyn Below>) {
+        *self.below.borrow_mut() = Some(below);
+    }
+
+    fn below(&self) -> Option<Rc<dyn Below>> {
+        self.below.borrow().as_ref().and_then(Weak::upgrade)
+    }
+
+    /// Whether a tier below memory holds `id`: an object that left memory
+    /// (or never was in it since a restart) but still exists here.
+    pub fn held_below(&self, id: &ObjectId) -> bool {
+        self.below().is_some_and(|b| b.holds(id))
+    }
+
+    /// Objects held below and not in memory (see [`Below::held_only_below`]).
+    pub fn held_only_below(&self) -> Vec<(ObjectId, shoal_core::store::ObjectLocation)> {
+        self.below().map_or_else(Vec::new, |b| b.held_only_below())
     }
 
     pub fn region(&self) -> &Arc<Region> {
@@ -189,6 +214,17 @@ impl Node {
         };
         self.publish(Some(NodeEvent::CapacityChanged { capacity }));
         evicted
+    }
+
+    /// A listener that held `id` could not take it out (its tier is full or
+    /// failing): the object stays in memory, kept out of eviction until
+    /// [`readmit`](Self::readmit). Every holder's claim on it ends.
+    pub fn cancel_eviction(&self, id: &ObjectId) {
+        if self.holds.borrow_mut().remove(id).is_none() {
+            tracing::error!(%id, "cancel_eviction of an object nobody holds");
+            return;
+        }
+        self.mutate(|store| store.cancel_eviction(id));
     }
 
     /// A listener that held `id` (answered `Hold` for it) is done with its

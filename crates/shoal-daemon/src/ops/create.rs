@@ -32,6 +32,10 @@ impl Ops {
         gone: impl Future<Output = ()>,
     ) -> Result<Vec<ObjectLocation>> {
         let ids: Vec<ObjectId> = specs.iter().map(|s| s.0).collect();
+        // An object that left memory for a tier still exists.
+        if let Some(id) = ids.iter().find(|id| self.node.held_below(id)) {
+            return Err(ShoalError::exists(id));
+        }
         if let Some(cluster) = &self.cluster {
             // Ids are unique cluster-wide: claim them at their homes first.
             cluster.register(&ids).await?;
@@ -62,7 +66,7 @@ impl Ops {
         }
     }
 
-    async fn allocate(
+    pub(super) async fn allocate(
         &self,
         client: ClientId,
         specs: &[Spec],
@@ -91,7 +95,9 @@ impl Ops {
                     continue;
                 }
             }
-            let wait_until = if evicting > 0 {
+            // Drain jobs pin memory for a moment: it comes free as they end.
+            let draining = self.tiers.as_ref().is_some_and(|t| t.pinned_bytes() > 0);
+            let wait_until = if evicting > 0 || draining {
                 deadline.max(Instant::now() + EVICTION_WAIT)
             } else {
                 deadline

@@ -23,10 +23,26 @@ impl Ops {
                         let _ = store.delete(id);
                         return Some(ErrorKind::ObjectNotFound);
                     }
-                    store.delete(id).err().map(|e| e.kind())
+                    match store.delete(id) {
+                        Ok(()) => None,
+                        // On a tier only, or being restored from one.
+                        Err(_) if self.node.held_below(id) => None,
+                        Err(err) => Some(err.kind()),
+                    }
                 })
                 .collect()
         });
+        if let Some(tiers) = &self.tiers {
+            // Answered only once the deletes are committed below: no crash
+            // brings these objects back.
+            let deleted: Vec<ObjectId> = (0..ids.len())
+                .filter(|&i| errors[i].is_none())
+                .map(|i| ids[i])
+                .collect();
+            if let Err(err) = tiers.delete(&deleted).await {
+                tracing::warn!(%err, "delete on the tiers; recovery finishes it");
+            }
+        }
         let Some(cluster) = cluster else {
             return errors;
         };

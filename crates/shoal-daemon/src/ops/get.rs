@@ -64,6 +64,20 @@ impl Ops {
             let sealed = self.node.sealed().notified();
             tokio::pin!(sealed);
             sealed.as_mut().enable();
+            if let Err(err) = self
+                .restore_missing(client, ids, &mut found, &mut missing)
+                .await
+            {
+                // Nothing half-done: the references taken so far go back.
+                let taken: Vec<ObjectId> = ids
+                    .iter()
+                    .zip(&found)
+                    .filter(|(_, f)| f.is_some())
+                    .map(|(id, _)| *id)
+                    .collect();
+                self.release(client, &taken);
+                return Err(err);
+            }
             self.node.mutate(|store| {
                 for (slot, id) in found.iter_mut().zip(ids) {
                     if slot.is_none() {
@@ -93,6 +107,58 @@ impl Ops {
                 )),
             }
         }
+    }
+
+    /// Restores the ids still missing that a tier below holds, taking the
+    /// client's reference on each as soon as it is in memory (so a batch
+    /// larger than memory cannot evict its own first objects). A restore
+    /// that fails (no intact copy: `ObjectCorrupt`; no memory) fails the get.
+    async fn restore_missing(
+        &self,
+        client: ClientId,
+        ids: &[ObjectId],
+        found: &mut [Option<Located>],
+        missing: &mut usize,
+    ) -> Result<()> {
+        if self.tiers.is_none() {
+            return Ok(());
+        }
+        let below: Vec<usize> = (0..ids.len())
+            .filter(|&i| {
+                found[i].is_none()
+                    && self.node.held_below(&ids[i])
+                    && !self.node.read(|s| s.contains(&ids[i]))
+            })
+            .collect();
+        if below.is_empty() {
+            return Ok(());
+        }
+        let restores = below.iter().map(|&i| async move {
+            let restored = self.restore(ids[i]).await;
+            // No await between the restore and the reference.
+            let located = match restored {
+                Ok(_) => self
+                    .node
+                    .mutate(|store| self.get_here(store, client, &ids[i])),
+                Err(err) => return (i, Err(err)),
+            };
+            (i, Ok(located))
+        });
+        let mut first_error = None;
+        for (i, result) in futures_util::future::join_all(restores).await {
+            match result {
+                Ok(Some(located)) => {
+                    found[i] = Some(located);
+                    *missing -= 1;
+                }
+                // Evicted again before we got to it, or deleted: next round.
+                Ok(None) => {}
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Looks for the ids still missing on other nodes; returns how many it found.

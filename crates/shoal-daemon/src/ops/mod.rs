@@ -1,32 +1,60 @@
 //! The operations on objects, one file each, shared by everything that
 //! serves requests: a local client's connection and a peer's calls run the
-//! same create (with its wait for space), get, seal, abort, release,
-//! delete and evict. Each works on the node, and on the cluster when this
+//! same create (with its wait for space), get (restoring from the tiers),
+//! seal (with its durability), abort, release, delete, evict, and the tier
+//! operations (wait_durable, stage_in, stage_out). Each works on the node, and on the cluster when this
 //! daemon is a node of one.
 
 mod abort;
 mod create;
 mod delete;
+mod durable;
 mod evict;
 mod get;
+mod list;
 mod pull;
 mod release;
+mod restore;
 mod seal;
 
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
 use crate::cluster::Cluster;
 use crate::node::Node;
 use crate::supervisor::Supervisor;
+use crate::tiers::Tiers;
 
 pub struct Ops {
     pub node: Rc<Node>,
     /// This daemon as a node of a cluster (`None`: a single store).
     pub cluster: Option<Rc<Cluster>>,
+    /// The tiers below memory (`None`: memory only, objects evicted are gone).
+    pub tiers: Option<Rc<Tiers>>,
     pub supervisor: Supervisor,
+    /// Itself, for tasks that outlive a request (restores).
+    me: Weak<Ops>,
 }
 
 impl Ops {
+    pub fn new(
+        node: Rc<Node>,
+        cluster: Option<Rc<Cluster>>,
+        tiers: Option<Rc<Tiers>>,
+        supervisor: Supervisor,
+    ) -> Rc<Self> {
+        Rc::new_cyclic(|me| Self {
+            node,
+            cluster,
+            tiers,
+            supervisor,
+            me: me.clone(),
+        })
+    }
+
+    fn rc(&self) -> Rc<Self> {
+        self.me.upgrade().expect("ops outlive their requests")
+    }
+
     /// This node's id in its cluster (0 for a single store).
     pub fn me(&self) -> u32 {
         self.cluster.as_ref().map_or(0, |c| c.me)

@@ -3,14 +3,32 @@
 //! afterwards finds it. Objects a client allocated on other nodes are
 //! sealed there.
 
-use shoal_core::error::Result;
+use shoal_core::durability::Durability;
+use shoal_core::error::{Result, ShoalError};
 use shoal_core::object_table::ClientId;
 use shoal_core::ObjectId;
 
 use crate::ops::Ops;
+use crate::tiers::check_level;
 
 impl Ops {
-    pub async fn seal(&self, client: ClientId, ids: &[ObjectId], release: bool) -> Result<()> {
+    /// Seals `ids`; answers once each reached `durability` (`None`: the
+    /// node's default). A durability this node cannot give is refused
+    /// before anything is sealed. Objects a client allocated on other nodes
+    /// get their owner's default.
+    pub async fn seal(
+        &self,
+        client: ClientId,
+        ids: &[ObjectId],
+        release: bool,
+        durability: Option<Durability>,
+    ) -> Result<()> {
+        let level = durability.unwrap_or_else(|| {
+            self.tiers
+                .as_ref()
+                .map_or(Durability::Memory, |t| t.default_durability())
+        });
+        check_level(self.tiers.as_deref(), level)?;
         let (remote, here): (Vec<ObjectId>, Vec<ObjectId>) = ids
             .iter()
             .partition(|id| self.remote_creation(client, id).is_some());
@@ -25,8 +43,28 @@ impl Ops {
         }
         self.node
             .mutate(|store| store.seal(client, &here, release))?;
+        if let Some(tiers) = &self.tiers {
+            tiers.sealed_with(&here, level);
+        }
         if let Some(cluster) = &self.cluster {
             cluster.announce_sealed(&here).await;
+        }
+        if level > Durability::Memory {
+            let tiers = self.tiers.as_ref().expect("checked above");
+            let failures = tiers.wait_durable(&here, level, None).await;
+            if let Some((id, err)) = here
+                .iter()
+                .zip(failures)
+                .find_map(|(id, e)| e.map(|e| (id, e)))
+            {
+                return Err(ShoalError::new(
+                    err.kind(),
+                    format!(
+                        "sealed in memory, but object {id} did not reach durability {level}: {}",
+                        err.message()
+                    ),
+                ));
+            }
         }
         Ok(())
     }

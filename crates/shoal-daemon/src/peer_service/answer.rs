@@ -139,11 +139,20 @@ pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
             cluster.peers.touch(from);
             let client = principals::peer(from);
             let mut entries = Vec::with_capacity(ids.len() * LOCATION_RECORD);
+            let mut below = Vec::new();
             ops.node.mutate(|store| {
                 for id in &ids {
-                    push_location(&mut entries, store.get(client, id));
+                    let location = store.get(client, id);
+                    if location.is_none() && ops.node.held_below(id) {
+                        below.push(*id);
+                    }
+                    push_location(&mut entries, location);
                 }
             });
+            // On a tier only: restored now, found when the peer asks again.
+            if !below.is_empty() {
+                ops.restore_in_background(below);
+            }
             let _ = reply.send(AcquireReply {
                 entries,
                 incarnation: cluster.incarnation,
@@ -200,7 +209,7 @@ pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
         } => {
             let ops = ops.clone();
             ops.supervisor.clone().spawn_local("peer seal", async move {
-                let result = ops.seal(principals::peer(from), &ids, release).await;
+                let result = ops.seal(principals::peer(from), &ids, release, None).await;
                 let _ = reply.send(outcome(result));
             });
         }

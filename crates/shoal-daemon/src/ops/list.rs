@@ -1,0 +1,47 @@
+//! What a node holds, in memory and below: `contains`, `list`, `tiers`.
+
+use shoal_core::protocol::TierReport;
+use shoal_core::store::{ObjectInfo, StoreStats};
+use shoal_core::ObjectId;
+
+use crate::ops::Ops;
+
+impl Ops {
+    /// Whether the object exists here, in memory or on a tier below.
+    pub fn contains(&self, id: &ObjectId) -> bool {
+        self.node.read(|s| s.contains(id)) || self.node.held_below(id)
+    }
+
+    /// Every object here: those in memory (with the tiers that also hold
+    /// them), then those only on tiers.
+    pub fn list(&self) -> Vec<ObjectInfo> {
+        let mut objects = self.node.read(|s| s.list());
+        if let Some(tiers) = &self.tiers {
+            for o in &mut objects {
+                o.tiers = tiers.tier_bits(&o.id);
+            }
+            for (id, location) in self.node.held_only_below() {
+                objects.push(ObjectInfo {
+                    id,
+                    location,
+                    sealed: true,
+                    refs: 0,
+                    resident: false,
+                    tiers: tiers.tier_bits(&id),
+                });
+            }
+        }
+        objects
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        self.node.read(|s| s.stats())
+    }
+
+    /// The tiers below memory (an empty report when there are none).
+    pub fn tier_report(&self) -> TierReport {
+        self.tiers
+            .as_ref()
+            .map_or_else(TierReport::default, |t| t.report())
+    }
+}

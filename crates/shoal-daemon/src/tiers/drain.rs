@@ -1,0 +1,197 @@
+//! The write-behind drain, one feeder per tier: ids wait in a backlog (ids
+//! only, so waiting costs no memory), and the feeder turns each into a job
+//! when the tier's bounded queue has room — a copy from the tier above, or a
+//! write from memory pinned by a reference of the tiers principal. Outcomes
+//! update the index, release the pins, and queue the next tier down.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use shoal_core::error::ErrorKind;
+use shoal_core::ObjectId;
+use shoal_tiers::{DrainEvent, DrainJob, ObjectSizes, TierLevel, WriteInfo};
+use tokio::sync::mpsc;
+
+use crate::principals;
+use crate::tiers::index::Job;
+use crate::tiers::Tiers;
+
+impl Tiers {
+    /// Feeds the queue of tier `level` from its backlog, waiting while the
+    /// queue is full (back-pressure: ids wait, memory stays where it is).
+    pub(super) async fn feed(self: Rc<Self>, level: TierLevel) {
+        loop {
+            let next = self.backlog[level as usize].borrow_mut().pop_front();
+            let Some(id) = next else {
+                self.bell[level as usize].notified().await;
+                continue;
+            };
+            let Some((job, pinned, generation)) = self.job_for(id, level) else {
+                continue;
+            };
+            let sizes = self.sizes(&id).unwrap_or(ObjectSizes {
+                data_size: 0,
+                meta_size: 0,
+            });
+            let drainer = self.drainer(level).expect("a feeder per configured tier");
+            // Recorded first: the outcome may arrive before `submit` returns
+            // here (this is the drainer's only submitter, so the number is exact).
+            let seq = drainer.next_seq();
+            self.index.borrow_mut().add_job(
+                seq,
+                Job {
+                    id,
+                    generation,
+                    target: level,
+                    pinned,
+                    bytes: sizes.payload_len(),
+                },
+            );
+            match drainer.submit(job).await {
+                Ok(got) => debug_assert_eq!(got, seq),
+                Err(err) => {
+                    // Only at shutdown: the drainer has stopped.
+                    tracing::debug!(%id, %err, "drain submit");
+                    self.index.borrow_mut().finish_job(level, seq);
+                    if pinned {
+                        self.unpin(&id, sizes.payload_len());
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The job that brings `id` to `level`, if it still needs one.
+    fn job_for(&self, id: ObjectId, level: TierLevel) -> Option<(DrainJob, bool, u64)> {
+        let (tiers, in_flight, skip_burst, durability, generation, sizes) = {
+            let index = self.index.borrow();
+            let t = index.get(&id)?;
+            (
+                t.tiers,
+                t.in_flight[level as usize],
+                t.skip_burst,
+                t.durability,
+                t.generation,
+                t.sizes,
+            )
+        };
+        if in_flight || self.next_level(tiers, skip_burst) != Some(level) {
+            return None;
+        }
+        if level == TierLevel::Backing && tiers.contains(TierLevel::Burst) {
+            return Some((
+                DrainJob::Copy {
+                    id,
+                    from: TierLevel::Burst,
+                    to: TierLevel::Backing,
+                },
+                false,
+                generation,
+            ));
+        }
+        // From memory: pinned so it is neither evicted nor freed meanwhile.
+        let location = self
+            .node
+            .mutate(|store| store.get(principals::TIERS, &id))?;
+        debug_assert_eq!(location.size(), sizes.payload_len());
+        self.pinned.set(self.pinned.get() + location.size());
+        // SAFETY: the reference just taken keeps the block allocated, and a
+        // sealed object is never written; it is released only when the
+        // job's outcome arrives, after the engine dropped the range.
+        let src = unsafe { self.source(location) };
+        Some((
+            DrainJob::Write {
+                id,
+                level,
+                sizes: ObjectSizes {
+                    data_size: location.data_size,
+                    meta_size: location.meta_size,
+                },
+                src,
+                info: WriteInfo {
+                    durability,
+                    ..Default::default()
+                },
+            },
+            true,
+            generation,
+        ))
+    }
+
+    fn unpin(&self, id: &ObjectId, bytes: u64) {
+        self.pinned.set(self.pinned.get().saturating_sub(bytes));
+        if let Err(err) = self
+            .node
+            .mutate(|store| store.release(principals::TIERS, id))
+        {
+            tracing::error!(%id, %err, "drain pin not released");
+        }
+    }
+
+    /// Applies the drain's outcomes as they arrive.
+    pub(super) async fn outcomes(self: Rc<Self>, mut events: mpsc::Receiver<DrainEvent>) {
+        while let Some(event) = events.recv().await {
+            self.outcome(event);
+        }
+    }
+
+    fn outcome(self: &Rc<Self>, event: DrainEvent) {
+        let Some((job, current)) = self.index.borrow_mut().finish_job(event.target, event.seq)
+        else {
+            tracing::error!(id = %event.id, seq = event.seq, "outcome of an unknown drain job");
+            return;
+        };
+        if job.pinned {
+            self.unpin(&job.id, job.bytes);
+        }
+        if !current {
+            return; // deleted since: its delete removes whatever was written
+        }
+        let id = job.id;
+        match event.result {
+            Ok(record) => {
+                let newly_clean = {
+                    let mut index = self.index.borrow_mut();
+                    let t = index.get_mut(&id).expect("current");
+                    let was_dirty = t.tiers.is_empty();
+                    t.tiers = record.tiers;
+                    t.failure = None;
+                    was_dirty
+                };
+                {
+                    let mut counters = self.counters.borrow_mut();
+                    counters.drained_objects += 1;
+                    counters.drained_bytes += record.sizes.payload_len();
+                    counters
+                        .recent
+                        .push_back((Instant::now(), record.sizes.payload_len()));
+                }
+                if newly_clean {
+                    // A copy exists now: if a failed spill kept it in
+                    // memory, it may leave for free.
+                    self.node.mutate(|store| store.readmit(&id));
+                }
+                self.changed.notify_waiters();
+                self.queue(id, false);
+                self.relieve_burst_if_high();
+            }
+            Err(err) => {
+                tracing::warn!(%id, target = %event.target, attempts = event.attempts, %err, "drain failed");
+                self.counters.borrow_mut().failures += 1;
+                let full_burst =
+                    err.kind() == ErrorKind::StoreFull && event.target == TierLevel::Burst;
+                if let Some(t) = self.index.borrow_mut().get_mut(&id) {
+                    t.failure = Some(err);
+                    // Straight to the backing store from now on.
+                    t.skip_burst |= full_burst;
+                }
+                self.changed.notify_waiters();
+                if full_burst {
+                    self.relieve_burst_if_high();
+                    self.queue(id, true);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! What the node knows of its objects below memory, kept on the store
+//! thread so eviction decides without I/O: per object its sizes and the
+//! tiers holding a durable copy (a mirror of the manifest's records), the
+//! durability promised at its seal, and the drain jobs in flight.
+
+use foldhash::HashMap;
+use shoal_core::durability::Durability;
+use shoal_core::error::ShoalError;
+use shoal_core::ObjectId;
+use shoal_tiers::{ObjectRecord, ObjectSizes, TierLevel, TierSet};
+
+#[derive(Debug)]
+pub struct Tracked {
+    pub sizes: ObjectSizes,
+    /// Tiers with a complete, durable copy (empty: dirty, memory only).
+    pub tiers: TierSet,
+    /// The durability its seal asked for (the highest asked).
+    pub durability: Durability,
+    /// Tells this object apart from an earlier one of the same id (deleted
+    /// and created again) in drain events.
+    pub generation: u64,
+    /// Why its last write down failed, until one succeeds (wait_durable
+    /// reports it instead of waiting forever).
+    pub failure: Option<ShoalError>,
+    /// Tick of its last use, for burst-buffer pressure (oldest leaves first).
+    pub used: u64,
+    /// A drain job for that tier is queued or running.
+    pub in_flight: [bool; 2],
+    /// The burst buffer was full for it: drain straight to the backing store.
+    pub skip_burst: bool,
+}
+
+/// A drain job the node submitted.
+#[derive(Debug, Clone, Copy)]
+pub struct Job {
+    pub id: ObjectId,
+    pub generation: u64,
+    pub target: TierLevel,
+    /// The job reads memory pinned by a reference of the tiers principal,
+    /// released when its outcome arrives.
+    pub pinned: bool,
+    /// The bytes it pins.
+    pub bytes: u64,
+}
+
+#[derive(Default)]
+pub struct Index {
+    objects: HashMap<ObjectId, Tracked>,
+    /// By (target tier, the job's number in that tier's queue).
+    jobs: HashMap<(TierLevel, u64), Job>,
+    generations: u64,
+    tick: u64,
+}
+
+impl Index {
+    pub fn get(&self, id: &ObjectId) -> Option<&Tracked> {
+        self.objects.get(id)
+    }
+
+    pub fn get_mut(&mut self, id: &ObjectId) -> Option<&mut Tracked> {
+        self.objects.get_mut(id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&ObjectId, &Tracked)> {
+        self.objects.iter()
+    }
+
+    fn next_generation(&mut self) -> u64 {
+        self.generations += 1;
+        self.generations
+    }
+
+    /// Marks a use of `id` (a seal, a restore) for the burst buffer's order.
+    pub fn touch(&mut self, id: &ObjectId) {
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(t) = self.objects.get_mut(id) {
+            t.used = tick;
+        }
+    }
+
+    /// A newly sealed object, dirty (no copy below yet). An object already
+    /// tracked (sealed by a restore) keeps what is known of it.
+    pub fn sealed(&mut self, id: ObjectId, sizes: ObjectSizes) -> &mut Tracked {
+        let generation = self.next_generation();
+        self.tick += 1;
+        let used = self.tick;
+        self.objects.entry(id).or_insert(Tracked {
+            sizes,
+            tiers: TierSet::EMPTY,
+            durability: Durability::Memory,
+            generation,
+            failure: None,
+            used,
+            in_flight: [false; 2],
+            skip_burst: false,
+        })
+    }
+
+    /// An object found in the manifest at start (on tiers only).
+    pub fn recovered(&mut self, id: ObjectId, record: &ObjectRecord) {
+        let generation = self.next_generation();
+        self.objects.insert(
+            id,
+            Tracked {
+                sizes: record.sizes,
+                tiers: record.tiers,
+                durability: record.durability,
+                generation,
+                failure: None,
+                used: 0,
+                in_flight: [false; 2],
+                skip_burst: false,
+            },
+        );
+    }
+
+    /// Forgets `id` (deleted, or lost). Its jobs' outcomes are then ignored.
+    pub fn remove(&mut self, id: &ObjectId) -> Option<Tracked> {
+        self.objects.remove(id)
+    }
+
+    pub fn add_job(&mut self, seq: u64, job: Job) {
+        if let Some(t) = self.objects.get_mut(&job.id) {
+            t.in_flight[job.target as usize] = true;
+        }
+        self.jobs.insert((job.target, seq), job);
+    }
+
+    /// The job of an outcome; `current` says whether it is for the object
+    /// tracked now under its id (not one deleted since).
+    pub fn finish_job(&mut self, target: TierLevel, seq: u64) -> Option<(Job, bool)> {
+        let job = self.jobs.remove(&(target, seq))?;
+        let current = match self.objects.get_mut(&job.id) {
+            Some(t) if t.generation == job.generation => {
+                t.in_flight[job.target as usize] = false;
+                true
+            }
+            _ => false,
+        };
+        Some((job, current))
+    }
+
+    /// Objects with copies on both tiers, oldest use first: what burst-buffer
+    /// pressure may drop from the burst buffer.
+    pub fn burst_evictable(&self) -> Vec<(ObjectId, u64)> {
+        let both = TierSet::of(TierLevel::Burst).with(TierLevel::Backing);
+        let mut found: Vec<(u64, ObjectId, u64)> = self
+            .objects
+            .iter()
+            .filter(|(_, t)| t.tiers == both && !t.in_flight.iter().any(|f| *f))
+            .map(|(id, t)| (t.used, *id, t.sizes.stored_len()))
+            .collect();
+        found.sort_unstable_by_key(|(used, _, _)| *used);
+        found.into_iter().map(|(_, id, len)| (id, len)).collect()
+    }
+}

@@ -1,0 +1,579 @@
+//! The tiers below this node's memory (docs/tiers.md): the storage engine
+//! of `shoal-tiers` driven from the store thread.
+//!
+//! - Sealed objects are drained down the chain in the background, one
+//!   bounded queue per tier (`drain.rs`): a backing store that is down
+//!   stalls only its own queue.
+//! - Eviction goes down a tier (`listener.rs`): a victim with a durable copy
+//!   leaves memory at once; a dirty one is held while it is spilled
+//!   (`spill.rs`), and stays in memory if no tier takes it.
+//! - The burst buffer makes room by dropping copies the backing store also
+//!   holds, oldest use first (`burst.rs`).
+//! - Restores into memory are run by the operations (`ops/restore.rs`),
+//!   one at a time per object; seals wait here for the durability they ask.
+//!
+//! The node reaches the tiers only through its `Below` and `NodeListener`
+//! traits; the operations call them directly.
+
+mod burst;
+mod config;
+mod drain;
+mod index;
+mod listener;
+mod spill;
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use foldhash::HashMap;
+use shoal_core::durability::Durability;
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::protocol::{TierInfo, TierReport};
+use shoal_core::store::ObjectLocation;
+use shoal_core::ObjectId;
+use shoal_tiers::{
+    DestRange, Drainer, ObjectSizes, Restored, SourceRange, TierEngine, TierIdentity, TierLevel,
+    TierSet,
+};
+use tokio::sync::{watch, Notify};
+
+pub use config::{Backing, TierConfig};
+
+use crate::node::{Below, Node};
+use crate::supervisor::Supervisor;
+use index::Index;
+
+/// How long an object whose spill failed stays out of eviction before it
+/// may be tried again.
+const KEPT_RETRY: Duration = Duration::from_secs(5);
+/// Drain rate window.
+const RATE_WINDOW: Duration = Duration::from_secs(5);
+
+/// A restore in flight: its outcome, once known.
+pub type RestoreOutcome = watch::Receiver<Option<std::result::Result<(), ShoalError>>>;
+
+#[derive(Default)]
+struct Counters {
+    drained_objects: u64,
+    drained_bytes: u64,
+    spilled_bytes: u64,
+    restores: u64,
+    restored_bytes: u64,
+    failures: u64,
+    /// (when, bytes) of recent drains, for the rate.
+    recent: VecDeque<(Instant, u64)>,
+}
+
+pub struct Tiers {
+    engine: Arc<TierEngine>,
+    /// One queue per tier, nearest first (`None`: no such tier).
+    drainers: [Option<Drainer>; 2],
+    node: Rc<Node>,
+    supervisor: Supervisor,
+    default_durability: Durability,
+    levels: TierSet,
+    index: RefCell<Index>,
+    /// Woken whenever an object's copies change or a write down fails.
+    changed: Notify,
+    /// Ids waiting for a drain job, per target tier, and their feeders' bells.
+    backlog: [RefCell<VecDeque<ObjectId>>; 2],
+    bell: [Notify; 2],
+    restoring: RefCell<HashMap<ObjectId, RestoreOutcome>>,
+    counters: RefCell<Counters>,
+    /// Objects a failed spill left in memory, with when to readmit them.
+    kept: RefCell<VecDeque<(Instant, ObjectId)>>,
+    /// Spills waiting for the spill task.
+    spills: RefCell<Vec<shoal_core::store::Victim>>,
+    relieving: Cell<bool>,
+    /// Bytes of memory pinned by drain jobs (queued or running).
+    pinned: Cell<u64>,
+}
+
+impl Tiers {
+    /// Opens the tiers (recovering what a crash left), loads what they hold,
+    /// and starts the drain. The node then evicts down the tiers.
+    pub async fn start(
+        config: &TierConfig,
+        owner: &TierIdentity,
+        node: Rc<Node>,
+        supervisor: Supervisor,
+    ) -> Result<Rc<Self>> {
+        let started = Instant::now();
+        let (engine, report) = config.open(owner).await?;
+        let engine = Arc::new(engine);
+        let records = engine.records().await?;
+        let mut index = Index::default();
+        for (id, record) in &records {
+            index.recovered(*id, record);
+        }
+        let mut levels = TierSet::EMPTY;
+        let drainers = TierLevel::ALL.map(|level| {
+            engine.tier(level)?;
+            levels = levels.with(level);
+            let (drainer, worker, events) =
+                Drainer::new(engine.clone(), drain_config(config, level));
+            // Stopped with the daemon: jobs not finished then are found
+            // again by the next start's recovery (or were memory only).
+            let stop = supervisor.stopping();
+            supervisor.spawn("drain", async move {
+                tokio::select! {
+                    _ = worker => {}
+                    _ = stop => {}
+                }
+            });
+            Some((drainer, events))
+        });
+        let mut events = Vec::new();
+        let drainers = drainers.map(|d| {
+            d.map(|(drainer, rx)| {
+                events.push(rx);
+                drainer
+            })
+        });
+        let tiers = Rc::new(Self {
+            engine,
+            drainers,
+            node: node.clone(),
+            supervisor: supervisor.clone(),
+            default_durability: config.durability,
+            levels,
+            index: RefCell::new(index),
+            changed: Notify::new(),
+            backlog: Default::default(),
+            bell: Default::default(),
+            restoring: RefCell::default(),
+            counters: RefCell::default(),
+            kept: RefCell::default(),
+            spills: RefCell::default(),
+            relieving: Cell::new(false),
+            pinned: Cell::new(0),
+        });
+        for rx in events {
+            supervisor.spawn_local("drain events", tiers.clone().outcomes(rx));
+        }
+        for level in TierLevel::ALL {
+            if tiers.drainer(level).is_some() {
+                supervisor.spawn_local("drain feeder", tiers.clone().feed(level));
+            }
+        }
+        supervisor.spawn_local("readmit kept", tiers.clone().readmit_kept());
+        // Recovered objects not yet in the backing store go on draining.
+        for id in &report.to_drain {
+            tiers.queue(*id, false);
+        }
+        node.listen(Rc::new(listener::TierListener::new(Rc::downgrade(&tiers))));
+        let below: Rc<dyn Below> = tiers.clone();
+        node.set_below(Rc::downgrade(&below));
+        tracing::info!(
+            objects = records.len(),
+            adopted = report.adopted.len(),
+            dropped = report.dropped.len(),
+            swept = report.swept,
+            requeued = report.to_drain.len(),
+            elapsed = ?started.elapsed(),
+            "tiers open"
+        );
+        Ok(tiers)
+    }
+
+    fn drainer(&self, level: TierLevel) -> Option<&Drainer> {
+        self.drainers[level as usize].as_ref()
+    }
+
+    /// Bytes of memory drain jobs pin now: they come free as the jobs
+    /// finish, so a create short of space waits for them.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned.get()
+    }
+
+    /// The durability a seal naming none gets.
+    pub fn default_durability(&self) -> Durability {
+        self.default_durability
+    }
+
+    /// Whether this node can give `level` at all.
+    pub fn check_level(&self, level: Durability) -> Result<()> {
+        check_level(Some(self), level)
+    }
+
+    /// Whether a tier holds `id` (or is restoring it).
+    pub fn tracks(&self, id: &ObjectId) -> bool {
+        self.index.borrow().get(id).is_some()
+    }
+
+    /// The tiers holding a copy of `id` (as `ObjectInfo::tiers` bits).
+    pub fn tier_bits(&self, id: &ObjectId) -> u8 {
+        self.index.borrow().get(id).map_or(0, |t| t.tiers.bits())
+    }
+
+    /// The sizes of an object held below.
+    pub fn sizes(&self, id: &ObjectId) -> Option<ObjectSizes> {
+        self.index.borrow().get(id).map(|t| t.sizes)
+    }
+
+    /// Whether `id` has a copy below already (evicting it writes nothing).
+    fn is_clean(&self, id: &ObjectId) -> Option<bool> {
+        self.index.borrow().get(id).map(|t| !t.tiers.is_empty())
+    }
+
+    /// Queues `id` for the drain of the nearest tier it lacks; `urgent`
+    /// puts it first (a seal waits for it).
+    fn queue(&self, id: ObjectId, urgent: bool) {
+        let level = {
+            let index = self.index.borrow();
+            let Some(t) = index.get(&id) else { return };
+            match self.next_level(t.tiers, t.skip_burst) {
+                Some(level) => level,
+                None => return,
+            }
+        };
+        let mut backlog = self.backlog[level as usize].borrow_mut();
+        if urgent {
+            backlog.push_front(id);
+        } else {
+            backlog.push_back(id);
+        }
+        self.bell[level as usize].notify_one();
+    }
+
+    /// The nearest configured tier an object with copies on `tiers` lacks.
+    fn next_level(&self, tiers: TierSet, skip_burst: bool) -> Option<TierLevel> {
+        TierLevel::ALL.into_iter().find(|&level| {
+            self.levels.contains(level)
+                && !tiers.contains(level)
+                && !(level == TierLevel::Burst
+                    && (skip_burst || tiers.contains(TierLevel::Backing)))
+        })
+    }
+
+    /// A seal asked for `level` (or the default): records it and queues the
+    /// objects first in line when they must reach a tier.
+    pub fn sealed_with(&self, ids: &[ObjectId], level: Durability) {
+        {
+            let mut index = self.index.borrow_mut();
+            for id in ids {
+                if let Some(t) = index.get_mut(id) {
+                    t.durability = t.durability.max(level);
+                }
+            }
+        }
+        if level > Durability::Memory {
+            for id in ids {
+                self.queue(*id, true);
+            }
+        }
+    }
+
+    /// Waits until each id has a copy meeting `level`, or `deadline`. Per
+    /// id: `None` when met; `Timeout`; `ObjectNotFound`; or the failure that
+    /// keeps it from getting there (a full or broken tier).
+    pub async fn wait_durable(
+        &self,
+        ids: &[ObjectId],
+        level: Durability,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Vec<Option<ShoalError>> {
+        let mut out: Vec<Option<Option<ShoalError>>> = vec![None; ids.len()];
+        if let Err(err) = self.check_level(level) {
+            return vec![Some(err); ids.len()];
+        }
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let mut waiting = 0;
+            for (slot, id) in out.iter_mut().zip(ids) {
+                if slot.is_some() {
+                    continue;
+                }
+                *slot = self.durable_state(id, level);
+                waiting += slot.is_none() as usize;
+            }
+            if waiting == 0 {
+                break;
+            }
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                for (slot, id) in out.iter_mut().zip(ids) {
+                    if slot.is_none() {
+                        *slot = Some(Some(ShoalError::new(
+                            ErrorKind::Timeout,
+                            format!("object {id} did not reach durability {level} in time"),
+                        )));
+                    }
+                }
+                break;
+            }
+            match deadline {
+                Some(d) => {
+                    tokio::select! {
+                        _ = changed => {}
+                        _ = tokio::time::sleep_until(d) => {}
+                    }
+                }
+                None => changed.await,
+            }
+        }
+        out.into_iter().map(|s| s.expect("decided")).collect()
+    }
+
+    /// `Some(None)`: `id` meets `level`; `Some(Some(err))`: it cannot;
+    /// `None`: not yet.
+    fn durable_state(&self, id: &ObjectId, level: Durability) -> Option<Option<ShoalError>> {
+        let index = self.index.borrow();
+        let Some(t) = index.get(id) else {
+            // Not sealed yet (being written, or being restored): wait; a
+            // network copy or an unknown id: nothing to wait for.
+            let unsealed = self.node.read(|s| s.is_unsealed(id));
+            return (!unsealed).then(|| Some(ShoalError::not_found(id)));
+        };
+        if t.tiers.meets(level) {
+            return Some(None);
+        }
+        match &t.failure {
+            Some(err)
+                if !t.in_flight.iter().any(|f| *f)
+                    && !shoal_tiers::retry::is_transient(err.kind()) =>
+            {
+                Some(Some(ShoalError::new(
+                    err.kind(),
+                    format!(
+                        "object {id} cannot reach durability {level}: {}",
+                        err.message()
+                    ),
+                )))
+            }
+            _ => None,
+        }
+    }
+
+    /// The outcome of the restore of `id` in flight, if one is.
+    pub fn restore_in_flight(&self, id: &ObjectId) -> Option<RestoreOutcome> {
+        self.restoring.borrow().get(id).cloned()
+    }
+
+    /// Records a restore starting; the caller sends its outcome and calls
+    /// [`restore_done`](Self::restore_done).
+    pub fn restore_started(
+        &self,
+        id: ObjectId,
+    ) -> watch::Sender<Option<std::result::Result<(), ShoalError>>> {
+        let (tx, rx) = watch::channel(None);
+        self.restoring.borrow_mut().insert(id, rx);
+        tx
+    }
+
+    pub fn restore_done(&self, id: &ObjectId) {
+        self.restoring.borrow_mut().remove(id);
+    }
+
+    /// Fills `location` (allocated for `id` by the tiers principal) from the
+    /// nearest intact copy.
+    pub async fn fill(&self, id: ObjectId, location: ObjectLocation) -> Result<Restored> {
+        let region = self.node.region().clone();
+        let len = location.size() as usize;
+        // SAFETY: the block at `location` was just allocated in the region
+        // for an unsealed object of the tiers principal: no client may write
+        // or read it before it is sealed, and the store keeps it allocated
+        // until then (an abort is the only other way out, after this returns
+        // or is cancelled; the region outlives the handle through the Arc).
+        let dst = unsafe {
+            DestRange::new(
+                region.base().add(location.offset as usize),
+                len,
+                region.clone(),
+            )
+        };
+        let restored = self.engine.restore(id, dst).await?;
+        let mut index = self.index.borrow_mut();
+        if let Some(t) = index.get_mut(&id) {
+            t.tiers = restored.record.tiers;
+        }
+        index.touch(&id);
+        let mut counters = self.counters.borrow_mut();
+        counters.restores += 1;
+        counters.restored_bytes += len as u64;
+        Ok(restored)
+    }
+
+    /// `id` is lost (every copy failed its checksum, or none is left).
+    pub fn forget(&self, id: &ObjectId) {
+        self.index.borrow_mut().remove(id);
+        self.changed.notify_waiters();
+    }
+
+    /// Deletes `ids` from every tier; returns once the deletes are committed
+    /// (no crash brings them back). Ids held by no tier are skipped.
+    pub async fn delete(&self, ids: &[ObjectId]) -> Result<()> {
+        let held: Vec<ObjectId> = {
+            let mut index = self.index.borrow_mut();
+            ids.iter()
+                .filter(|id| index.remove(id).is_some())
+                .copied()
+                .collect()
+        };
+        if held.is_empty() {
+            return Ok(());
+        }
+        self.changed.notify_waiters();
+        for drainer in self.drainers.iter().flatten() {
+            for id in &held {
+                drainer.cancel(*id);
+            }
+        }
+        let mut first_error = None;
+        for id in held {
+            if let Err(err) = self.engine.delete(id).await {
+                tracing::warn!(%id, %err, "tier delete");
+                first_error.get_or_insert(err);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// A source range over an object in memory, for a write to a tier.
+    ///
+    /// # Safety
+    /// The object's block must stay allocated and unwritten until the range
+    /// is dropped: pinned by a reference, or held by its eviction.
+    unsafe fn source(&self, location: ObjectLocation) -> SourceRange {
+        let region = self.node.region().clone();
+        SourceRange::new(
+            region.base().add(location.offset as usize),
+            location.size() as usize,
+            region.clone(),
+        )
+    }
+
+    /// The tiers, their use and the drain's progress (`shoal stat`).
+    pub fn report(&self) -> TierReport {
+        let mut counters = self.counters.borrow_mut();
+        let now = Instant::now();
+        while counters
+            .recent
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > RATE_WINDOW)
+        {
+            counters.recent.pop_front();
+        }
+        let recent: u64 = counters.recent.iter().map(|(_, b)| b).sum();
+        let index = self.index.borrow();
+        TierReport {
+            default_durability: self.default_durability,
+            queue_depth: self
+                .drainers
+                .iter()
+                .flatten()
+                .map(|d| d.depth() as u64)
+                .sum::<u64>()
+                + self
+                    .backlog
+                    .iter()
+                    .map(|b| b.borrow().len() as u64)
+                    .sum::<u64>(),
+            drained_objects: counters.drained_objects,
+            drained_bytes: counters.drained_bytes,
+            drain_rate: (recent as f64 / RATE_WINDOW.as_secs_f64()) as u64,
+            spilled_bytes: counters.spilled_bytes,
+            restores: counters.restores,
+            restored_bytes: counters.restored_bytes,
+            durable_objects: index.iter().filter(|(_, t)| !t.tiers.is_empty()).count() as u64,
+            failures: counters.failures,
+            tiers: self
+                .engine
+                .usage()
+                .into_iter()
+                .map(|(level, usage)| TierInfo {
+                    level: level as u8,
+                    describe: self
+                        .engine
+                        .tier(level)
+                        .map_or_else(String::new, |t| t.describe()),
+                    capacity: usage.capacity,
+                    used: usage.used,
+                    objects: usage.objects,
+                })
+                .collect(),
+        }
+    }
+
+    /// Readmits objects whose spill failed, once they waited `KEPT_RETRY`.
+    async fn readmit_kept(self: Rc<Self>) {
+        let mut ticker = tokio::time::interval(KEPT_RETRY / 5);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let due: Vec<ObjectId> = {
+                let mut kept = self.kept.borrow_mut();
+                let mut due = Vec::new();
+                while kept
+                    .front()
+                    .is_some_and(|(at, _)| at.elapsed() >= KEPT_RETRY)
+                {
+                    due.push(kept.pop_front().expect("front").1);
+                }
+                due
+            };
+            if !due.is_empty() {
+                self.node.mutate(|store| {
+                    for id in &due {
+                        store.readmit(id);
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// The queue of one tier's drain. Jobs that write from memory pin it while
+/// queued, so the queue is short (a few jobs per writer): the backlog of
+/// ids in front of it waits for free, and a full store waits at most for a
+/// few writes to finish. Copies between tiers pin nothing and may queue more.
+fn drain_config(config: &TierConfig, level: TierLevel) -> shoal_tiers::DrainConfig {
+    let mut drain = config.drain;
+    if level == TierLevel::Burst {
+        drain.queue = drain.queue.min(2 * drain.parallel.max(1));
+        drain.batch = drain.batch.min(drain.parallel.max(1));
+    }
+    drain
+}
+
+/// Whether a node with `tiers` can give durability `level`.
+pub fn check_level(tiers: Option<&Tiers>, level: Durability) -> Result<()> {
+    let levels = tiers.map_or(TierSet::EMPTY, |t| t.levels);
+    if levels.meets(level) {
+        return Ok(());
+    }
+    Err(ShoalError::invalid(match level {
+        Durability::Backing => "durability backing needs a backing store on this node",
+        _ => "durability local needs a tier below memory on this node (--burst or --backing)",
+    }))
+}
+
+impl Below for Tiers {
+    fn holds(&self, id: &ObjectId) -> bool {
+        self.tracks(id)
+    }
+
+    fn held_only_below(&self) -> Vec<(ObjectId, ObjectLocation)> {
+        let index = self.index.borrow();
+        self.node.read(|store| {
+            index
+                .iter()
+                .filter(|(id, _)| !store.contains(id))
+                .map(|(id, t)| {
+                    (
+                        *id,
+                        ObjectLocation {
+                            offset: 0,
+                            data_size: t.sizes.data_size,
+                            meta_size: t.sizes.meta_size,
+                        },
+                    )
+                })
+                .collect()
+        })
+    }
+}

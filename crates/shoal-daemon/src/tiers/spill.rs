@@ -1,0 +1,130 @@
+//! Spilling: a dirty object chosen for eviction is written to the nearest
+//! tier that takes it while the node holds its memory, then freed. If no
+//! tier takes it, it stays in memory (kept out of eviction for a while), and
+//! nothing sealed is lost.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use futures_util::StreamExt;
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::store::Victim;
+use shoal_core::ObjectId;
+use shoal_tiers::{ObjectRecord, ObjectSizes, SourceRange, TierLevel, WriteInfo};
+
+use crate::tiers::Tiers;
+
+/// Spills written at once.
+const SPILL_PARALLEL: usize = 4;
+
+impl Tiers {
+    /// Called from the eviction gate (the store is borrowed): only queues.
+    pub(super) fn spill_later(self: &Rc<Self>, victim: Victim) {
+        let mut spills = self.spills.borrow_mut();
+        spills.push(victim);
+        if spills.len() > 1 {
+            return; // the task spawned for the first takes it too
+        }
+        let tiers = self.clone();
+        self.supervisor.spawn_local("spill", async move {
+            loop {
+                let batch = std::mem::take(&mut *tiers.spills.borrow_mut());
+                if batch.is_empty() {
+                    return;
+                }
+                futures_util::stream::iter(batch)
+                    .for_each_concurrent(SPILL_PARALLEL, |victim| tiers.spill(victim))
+                    .await;
+            }
+        });
+    }
+
+    async fn spill(&self, victim: Victim) {
+        let id = victim.id;
+        let sizes = ObjectSizes {
+            data_size: victim.location.data_size,
+            meta_size: victim.location.meta_size,
+        };
+        let (durability, skip_burst) = {
+            let index = self.index.borrow();
+            index.get(&id).map_or((Default::default(), false), |t| {
+                (t.durability, t.skip_burst)
+            })
+        };
+        let info = WriteInfo {
+            durability,
+            ..Default::default()
+        };
+        // SAFETY: the victim is held (`Verdict::Hold`): its block stays
+        // allocated and unchanged until `finish_eviction`/`cancel_eviction`,
+        // both called below, after the write returned (and so dropped its
+        // range) — or never, if the daemon stops first.
+        let src = unsafe { self.source(victim.location) };
+        match self.write_down(id, sizes, src, info, skip_burst).await {
+            Ok(record) => {
+                // (Deleted while spilling: the delete removes the copy.)
+                if let Some(t) = self.index.borrow_mut().get_mut(&id) {
+                    t.tiers = record.tiers;
+                    t.failure = None;
+                }
+                self.counters.borrow_mut().spilled_bytes += sizes.payload_len();
+                self.changed.notify_waiters();
+                self.node.finish_eviction(&id);
+                // A copy on the burst buffer only goes on to the backing store.
+                self.queue(id, false);
+            }
+            Err(err) => {
+                tracing::warn!(%id, %err, "spill failed; the object stays in memory");
+                if let Some(t) = self.index.borrow_mut().get_mut(&id) {
+                    t.failure = Some(err);
+                }
+                self.counters.borrow_mut().failures += 1;
+                self.changed.notify_waiters();
+                self.kept.borrow_mut().push_back((Instant::now(), id));
+                self.node.cancel_eviction(&id);
+            }
+        }
+    }
+
+    /// Writes `src` to the nearest tier that takes it: the burst buffer
+    /// (making room there first if it is full), else the backing store.
+    pub(super) async fn write_down(
+        &self,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        src: SourceRange,
+        info: WriteInfo,
+        skip_burst: bool,
+    ) -> Result<ObjectRecord> {
+        let mut last: Option<ShoalError> = None;
+        for level in TierLevel::ALL {
+            if !self.levels.contains(level) || (level == TierLevel::Burst && skip_burst) {
+                continue;
+            }
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match self
+                    .engine
+                    .write(id, level, sizes, src.clone(), info.clone())
+                    .await
+                {
+                    Ok(record) => return Ok(record),
+                    Err(err)
+                        if err.kind() == ErrorKind::StoreFull
+                            && level == TierLevel::Burst
+                            && tries == 1
+                            && self.relieve_burst(sizes.stored_len()).await > 0 =>
+                    {
+                        continue
+                    }
+                    Err(err) => {
+                        last = Some(err);
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| ShoalError::invalid("this node has no tier below memory")))
+    }
+}
