@@ -5,6 +5,7 @@
 //! synchronous and deterministic so it can be tested without sockets or time.
 
 pub mod allocator;
+pub mod busy_poll;
 pub mod capacity;
 pub mod coherence;
 pub mod error;
