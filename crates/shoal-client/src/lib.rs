@@ -577,6 +577,9 @@ impl Client {
                 located.node
             )));
         }
+        // About to be read: no page faults while the caller does (peers'
+        // regions were populated whole when mapped).
+        mapping.populate_on_use(l.offset, l.size(), false);
         if !self.needs_invalidate(&located) {
             return Ok(located);
         }
@@ -672,6 +675,9 @@ impl Client {
 
     fn check(&self, location: ObjectLocation) -> Result<ObjectLocation> {
         if self.mapping.holds(&location) {
+            // About to be written by us: no page faults while we do.
+            self.mapping
+                .populate_on_use(location.offset, location.size(), true);
             Ok(location)
         } else {
             Err(ShoalError::protocol(format!(
