@@ -934,7 +934,7 @@ impl Client {
         // SAFETY: the object's range is inside our mapping (checked on
         // receipt) and belongs to us until sealed; sources are ordinary memory.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len());
+            shoal_core::copy::copy_to_shared(dst, data);
             std::ptr::copy_nonoverlapping(meta.as_ptr(), dst.add(data.len()), meta.len());
         }
         Ok(())

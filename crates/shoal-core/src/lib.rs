@@ -8,6 +8,7 @@ pub mod allocator;
 pub mod busy_poll;
 pub mod capacity;
 pub mod coherence;
+pub mod copy;
 pub mod error;
 pub mod eviction;
 pub mod fd_passing;
