@@ -11,6 +11,7 @@ pub mod coherence;
 pub mod copy;
 pub mod error;
 pub mod eviction;
+pub mod fast_path;
 pub mod fd_passing;
 pub mod ids;
 pub mod local_auth;
