@@ -54,10 +54,14 @@ fn copy_into(
     src: pyo3::buffer::PyBuffer<u8>,
 ) -> PyResult<()> {
     if dst.readonly() {
-        return Err(pyo3::exceptions::PyValueError::new_err("the destination is read-only"));
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "the destination is read-only",
+        ));
     }
     if !dst.is_c_contiguous() || !src.is_c_contiguous() {
-        return Err(pyo3::exceptions::PyValueError::new_err("buffers must be C-contiguous"));
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "buffers must be C-contiguous",
+        ));
     }
     if dst.len_bytes() != src.len_bytes() {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
@@ -66,7 +70,11 @@ fn copy_into(
             dst.len_bytes()
         )));
     }
-    let (to, from, len) = (dst.buf_ptr() as usize, src.buf_ptr() as usize, src.len_bytes());
+    let (to, from, len) = (
+        dst.buf_ptr() as usize,
+        src.buf_ptr() as usize,
+        src.len_bytes(),
+    );
     py.detach(|| {
         // SAFETY: both buffers are contiguous, `len` bytes long and held
         // (exported) by `dst` and `src` for the whole call; a writable
