@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from shoal import _internal
+
 TAG_BYTES = b"shoal/bytes"
 TAG_ARROW = b"shoal/arrow;"  # + table | batch | array | chunked
 TAG_NDARRAY = b"shoal/ndarray;"  # + json {"dtype", "shape"}
@@ -65,20 +67,20 @@ def encode(value: Any) -> tuple[int, bytes, Any]:
         flat = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
 
         def write(buf: Any) -> None:
-            np.frombuffer(buf, dtype=np.uint8)[:] = flat
+            _internal.copy_into(buf, flat)
 
         return array.nbytes, ndarray_metadata(array.shape, array.dtype), write
     if isinstance(value, bytes | bytearray | memoryview | pa.Buffer):
         view = memoryview(value).cast("B")
 
         def write(buf: Any) -> None:
-            memoryview(buf)[:] = view
+            _internal.copy_into(buf, view)
 
         return view.nbytes, TAG_BYTES, write
     data = pickle.dumps(value, protocol=5)
 
     def write(buf: Any) -> None:
-        memoryview(buf)[:] = data
+        _internal.copy_into(buf, data)
 
     return len(data), TAG_PICKLE, write
 

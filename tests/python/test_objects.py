@@ -437,6 +437,28 @@ def test_put_batch(store):
         assert bytes(buffer.metadata()) == meta
 
 
+def test_large_puts_stream_every_byte_and_copy_into_checks_its_buffers(store):
+    # 40 MB: above shoal_core::copy::STREAM_THRESHOLD (32 MiB), so put copies with
+    # non-temporal stores, through _internal.copy_into and through put_batch.
+    client = store.client()
+    value = np.random.default_rng(3).integers(0, 256, 40_000_003, dtype=np.uint8)
+    oid = client.put(value)
+    assert np.array_equal(client.get(oid), value)
+    client.delete(oid)  # room for the next one in a small test store
+    batch = OID.from_random()
+    client.put_batch([batch], [value[1:]])
+    assert memoryview(client.get_buffer(batch)) == memoryview(value[1:])
+    client.delete(batch)
+
+    buffer = client.create(OID.from_random(), 10)
+    with pytest.raises(ValueError, match="copy of 9 bytes"):
+        shoal._internal.copy_into(buffer, b"123456789")
+    with pytest.raises(ValueError, match="read-only"):
+        shoal._internal.copy_into(bytes(10), b"0123456789")
+    shoal._internal.copy_into(buffer, b"0123456789")
+    assert bytes(buffer) == b"0123456789"
+
+
 def test_create_array_zero_copy(store):
     client = store.client()
     oid = OID.from_random()

@@ -10,12 +10,13 @@
 pub mod shared;
 
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use shoal_core::busy_poll;
 pub use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fd_passing::recv_with_fd;
@@ -136,51 +137,137 @@ impl PeerMaps {
     }
 }
 
+/// Bytes read ahead of the replies decoded so far, in a buffer zeroed once
+/// and reused: a call costs no allocation or clearing of read space.
+const READ_CHUNK: usize = 64 * 1024;
+
 /// A framed connection: requests out, replies in.
 struct Channel {
     stream: UnixStream,
+    /// Received bytes not decoded yet are `input[start..end]`.
     input: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Frames queued for the next write (one-way requests such as releases
+    /// ride along with the next request: one system call, one wake-up of
+    /// the daemon), then the request being sent.
     output: Vec<u8>,
 }
 
 impl Channel {
-    fn send(&mut self, request: &Request) -> Result<()> {
-        self.output.clear();
+    fn new(stream: UnixStream) -> Self {
+        Self {
+            stream,
+            input: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
+            output: Vec::new(),
+        }
+    }
+
+    /// Received bytes not decoded yet.
+    fn pending(&self) -> &[u8] {
+        &self.input[self.start..self.end]
+    }
+
+    /// Queues a one-way request, sent with the next [`send`](Self::send)
+    /// or [`flush`](Self::flush).
+    fn queue(&mut self, request: &Request) {
         request.encode(&mut self.output);
-        self.stream.write_all(&self.output)?;
-        Ok(())
+    }
+
+    /// Writes the queued requests, if any.
+    fn flush(&mut self) -> Result<()> {
+        if self.output.is_empty() {
+            return Ok(());
+        }
+        let written = self.stream.write_all(&self.output);
+        self.output.clear();
+        Ok(written?)
+    }
+
+    /// Sends the queued requests and `request` in one write.
+    fn send(&mut self, request: &Request) -> Result<()> {
+        self.queue(request);
+        self.flush()
     }
 
     fn fill(&mut self, need: usize) -> Result<()> {
-        while self.input.len() < need {
-            let start = self.input.len();
-            self.input.resize(start.max(need).max(start + 64 * 1024), 0);
-            let n = self.stream.read(&mut self.input[start..]);
-            let n = match n {
-                Ok(n) => n,
-                Err(err) => {
-                    self.input.truncate(start);
-                    return Err(err.into());
+        while self.end - self.start < need {
+            if self.start + need > self.input.len() {
+                // Move what is pending to the front, growing only for a
+                // frame larger than the buffer.
+                self.input.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+                if need > self.input.len() {
+                    self.input.resize(need.next_multiple_of(READ_CHUNK), 0);
                 }
-            };
-            self.input.truncate(start + n);
+            }
+            let n = self.read_some()?;
             if n == 0 {
                 return Err(ShoalError::new(
                     ErrorKind::Disconnected,
                     "the daemon closed the connection",
                 ));
             }
+            self.end += n;
         }
         Ok(())
     }
 
+    /// Reads what has arrived, polling for the busy-poll window before it
+    /// sleeps (see [`shoal_core::busy_poll`]): a reply that comes within it
+    /// costs no wake-up of this thread.
+    fn read_some(&mut self) -> std::io::Result<usize> {
+        let window = busy_poll::window();
+        if !window.is_zero() {
+            let deadline = Instant::now() + window;
+            let fd = self.stream.as_raw_fd();
+            loop {
+                let space = &mut self.input[self.end..];
+                // SAFETY: recv writes at most `space.len()` bytes into our own
+                // buffer; MSG_DONTWAIT only makes it return instead of sleeping.
+                let n = unsafe {
+                    libc::recv(
+                        fd,
+                        space.as_mut_ptr().cast(),
+                        space.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if n >= 0 {
+                    return Ok(n as usize);
+                }
+                let err = std::io::Error::last_os_error();
+                match err.kind() {
+                    std::io::ErrorKind::WouldBlock => {}
+                    std::io::ErrorKind::Interrupted => continue,
+                    _ => return Err(err),
+                }
+                if Instant::now() >= deadline {
+                    break;
+                }
+                busy_poll::pause();
+            }
+        }
+        self.stream.read(&mut self.input[self.end..])
+    }
+
     fn recv(&mut self) -> Result<Reply> {
         self.fill(FRAME_HEADER_LEN)?;
-        let header = FrameHeader::parse(&self.input)?.expect("header bytes present");
-        let end = FRAME_HEADER_LEN + header.len as usize;
-        self.fill(end)?;
-        let reply = Reply::decode(header, &self.input[FRAME_HEADER_LEN..end]);
-        self.input.drain(..end);
+        let header = FrameHeader::parse(self.pending())?.expect("header bytes present");
+        let len = FRAME_HEADER_LEN + header.len as usize;
+        self.fill(len)?;
+        let reply = Reply::decode(
+            header,
+            &self.input[self.start + FRAME_HEADER_LEN..self.start + len],
+        );
+        self.start += len;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
         reply
     }
 
@@ -208,11 +295,7 @@ impl Channel {
         // Before a single byte goes out: a daemon of another user (one
         // squatting the socket's name) must not receive our data.
         shoal_core::local_auth::check_daemon(stream.as_fd(), path)?;
-        let mut channel = Channel {
-            stream,
-            input: Vec::with_capacity(64 * 1024),
-            output: Vec::new(),
-        };
+        let mut channel = Channel::new(stream);
         channel.send(&Request::Hello {
             version: PROTOCOL_VERSION,
             pid: std::process::id(),
@@ -225,7 +308,8 @@ impl Channel {
                 "the daemon closed the connection during the handshake",
             ));
         }
-        channel.input.extend_from_slice(&first[..n]);
+        channel.input[..n].copy_from_slice(&first[..n]);
+        channel.end = n;
         let reply = channel.recv()?;
         let info = match reply {
             Reply::Welcome {
@@ -494,6 +578,9 @@ impl Client {
                 located.node
             )));
         }
+        // About to be read: no page faults while the caller does (peers'
+        // regions were populated whole when mapped).
+        mapping.populate_on_use(l.offset, l.size(), false);
         if !self.needs_invalidate(&located) {
             return Ok(located);
         }
@@ -589,6 +676,9 @@ impl Client {
 
     fn check(&self, location: ObjectLocation) -> Result<ObjectLocation> {
         if self.mapping.holds(&location) {
+            // About to be written by us: no page faults while we do.
+            self.mapping
+                .populate_on_use(location.offset, location.size(), true);
             Ok(location)
         } else {
             Err(ShoalError::protocol(format!(
@@ -814,10 +904,23 @@ impl Client {
 
     /// Drops references taken by get or create. One-way: does not wait.
     pub fn release(&mut self, ids: &[ObjectId]) -> Result<()> {
-        if ids.is_empty() {
-            return Ok(());
+        self.release_deferred(ids);
+        self.send_deferred()
+    }
+
+    /// Queues the release of references: sent with the next request (one
+    /// write, one wake-up of the daemon for both) or by
+    /// [`send_deferred`](Self::send_deferred), whichever comes first. The
+    /// daemon sees them before that next request.
+    pub fn release_deferred(&mut self, ids: &[ObjectId]) {
+        if !ids.is_empty() {
+            self.channel.queue(&Request::Release { ids: ids.to_vec() });
         }
-        self.channel.send(&Request::Release { ids: ids.to_vec() })
+    }
+
+    /// Sends what [`release_deferred`](Self::release_deferred) queued, now.
+    pub fn send_deferred(&mut self) -> Result<()> {
+        self.channel.flush()
     }
 
     /// Deletes objects; one result per id.
@@ -872,7 +975,7 @@ impl Client {
         // SAFETY: the object's range is inside our mapping (checked on
         // receipt) and belongs to us until sealed; sources are ordinary memory.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len());
+            shoal_core::copy::copy_to_shared(dst, data);
             std::ptr::copy_nonoverlapping(meta.as_ptr(), dst.add(data.len()), meta.len());
         }
         Ok(())
@@ -936,12 +1039,12 @@ impl Subscription {
     /// The next notification, waiting at most `timeout` (`None`: forever).
     /// `Ok(None)` on timeout.
     pub fn next(&mut self, timeout: Option<Duration>) -> Result<Option<Notification>> {
-        if self.channel.input.len() < FRAME_HEADER_LEN {
+        if self.channel.pending().len() < FRAME_HEADER_LEN {
             self.channel.stream.set_read_timeout(timeout)?;
             let result = self.channel.fill(FRAME_HEADER_LEN);
             self.channel.stream.set_read_timeout(None)?;
             match result {
-                Err(err) if err.kind() == ErrorKind::Io && self.channel.input.is_empty() => {
+                Err(err) if err.kind() == ErrorKind::Io && self.channel.pending().is_empty() => {
                     return Ok(None)
                 }
                 other => other?,

@@ -56,6 +56,10 @@ struct Inner {
 struct ReleaseQueue {
     ids: Mutex<Vec<ObjectId>>,
     queued: Condvar,
+    /// The release thread was woken for the queue and will look at it: more
+    /// drops until then need not wake it again (one wake-up per coalescing
+    /// window, not one per drop).
+    armed: AtomicBool,
     closed: AtomicBool,
     /// When the last release message went out.
     last_sent: Mutex<Option<Instant>>,
@@ -86,8 +90,16 @@ impl ReleaseQueue {
             let Some(shared) = shared.upgrade() else {
                 return;
             };
-            let mut connection = lock(&shared.connection);
-            shared.flush(&mut connection);
+            // Drops from now on wake us again; ids queued before are still
+            // in the queue, so the loop comes back for them.
+            self.armed.store(false, Ordering::Release);
+            // A busy connection is not waited for: its holder sends the
+            // queue with its request, or we try again after the next
+            // window (never blocking on the lock, which would cost the
+            // holder a wake-up of this thread when it lets go).
+            if let Ok(mut connection) = shared.connection.try_lock() {
+                shared.flush(&mut connection);
+            };
         }
     }
 
@@ -131,11 +143,12 @@ impl SharedClient {
         Self { inner }
     }
 
-    /// Runs `f` on the connection, waiting for its turn; queued releases are
-    /// sent before and after it.
+    /// Runs `f` on the connection, waiting for its turn; queued releases
+    /// go out with its first request (one write) and those queued during it
+    /// are sent after it.
     pub fn with<T>(&self, f: impl FnOnce(&mut Client) -> Result<T>) -> Result<T> {
         let mut connection = lock(&self.inner.connection);
-        self.inner.flush(&mut connection);
+        self.inner.take_queue(&mut connection);
         let result = f(&mut connection);
         self.inner.flush(&mut connection);
         result
@@ -151,16 +164,19 @@ impl SharedClient {
         let backlog = {
             let mut ids = lock(&releases.ids);
             ids.push(id);
-            if ids.len() == 1 {
-                releases.queued.notify_one();
-            }
             ids.len()
         };
         let quiet = lock(&releases.last_sent).is_none_or(|t| t.elapsed() >= RELEASE_QUIET);
         if quiet || backlog >= RELEASE_BATCH || releases.closed.load(Ordering::Acquire) {
             if let Ok(mut connection) = self.inner.connection.try_lock() {
                 self.inner.flush(&mut connection);
+                return;
             }
+        }
+        if !releases.armed.swap(true, Ordering::AcqRel) {
+            // Under the queue's lock, as the thread checks the queue under it.
+            let _ids = lock(&releases.ids);
+            releases.queued.notify_one();
         }
     }
 
@@ -248,14 +264,22 @@ impl SharedClient {
 }
 
 impl Inner {
-    fn flush(&self, connection: &mut Client) {
+    /// Moves the queued releases onto the connection, to go out with its
+    /// next request.
+    fn take_queue(&self, connection: &mut Client) {
         let ids = std::mem::take(&mut *lock(&self.releases.ids));
         if !ids.is_empty() {
             *lock(&self.releases.last_sent) = Some(Instant::now());
             self.releases.messages.fetch_add(1, Ordering::Relaxed);
-            // A dead connection means the daemon already dropped our references.
-            let _ = connection.release(&ids);
+            connection.release_deferred(&ids);
         }
+    }
+
+    /// Sends the queued releases now.
+    fn flush(&self, connection: &mut Client) {
+        self.take_queue(connection);
+        // A dead connection means the daemon already dropped our references.
+        let _ = connection.send_deferred();
     }
 }
 

@@ -158,6 +158,53 @@ fn an_isolated_drop_is_released_at_once() {
 }
 
 #[test]
+fn a_drop_between_calls_rides_with_the_next_request() {
+    let _turn = one_at_a_time();
+    let daemon = Daemon::start();
+    let mut observer = daemon.client();
+    let ids = put_objects(&daemon, 1);
+    let shared = daemon.shared();
+    // One get + drop per call, as a loop over single objects does: each drop
+    // follows a call within the quiet time, so it is queued, and the next
+    // call carries it (the daemon handles it before that call's request).
+    for _ in 0..50 {
+        shared.with(|c| c.get(&ids, 0)).unwrap();
+        drop(shared.reference(ids[0], None));
+    }
+    shared.with(|c| c.contains(ids[0])).unwrap();
+    // Every reference but possibly the last (left to the release thread if
+    // the call above came first) was released by the time the call returned.
+    let [referenced] = refs(&mut observer, &ids)[..] else {
+        unreachable!("one id")
+    };
+    assert!(referenced <= 1, "{referenced} references still held");
+    wait_unreferenced(&mut observer, &ids);
+    assert_eq!(shared.pending_releases(), 0);
+}
+
+#[test]
+fn a_drop_while_the_connection_is_busy_is_released_by_the_thread() {
+    let _turn = one_at_a_time();
+    let daemon = Daemon::start();
+    let mut observer = daemon.client();
+    let ids = put_objects(&daemon, 2);
+    let shared = daemon.shared();
+    shared.with(|c| c.get(&ids, 0)).unwrap();
+    let mut references: Vec<_> = ids.iter().map(|&id| shared.reference(id, None)).collect();
+    // Dropped inside a call (as the garbage collector may): the connection is
+    // held, and nothing is asked of the client afterwards.
+    shared
+        .with(|c| {
+            drop(references.pop());
+            c.contains(ids[0])
+        })
+        .unwrap();
+    drop(references.pop());
+    wait_unreferenced(&mut observer, &ids);
+    assert_eq!(shared.pending_releases(), 0);
+}
+
+#[test]
 fn a_seal_with_release_is_not_released_again_by_the_creator_reference() {
     let _turn = one_at_a_time();
     let daemon = Daemon::start();

@@ -5,11 +5,14 @@
 //! synchronous and deterministic so it can be tested without sockets or time.
 
 pub mod allocator;
+pub mod busy_poll;
 pub mod capacity;
 pub mod coherence;
+pub mod copy;
 pub mod durability;
 pub mod error;
 pub mod eviction;
+pub mod fast_path;
 pub mod fd_passing;
 pub mod ids;
 pub mod local_auth;

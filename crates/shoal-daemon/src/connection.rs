@@ -4,11 +4,14 @@
 //! Replies to all requests that arrived in one read are written with one
 //! write, so a client that pipelines pays one wake-up for the lot.
 
+use std::cell::Cell;
 use std::future::pending;
 use std::os::fd::{AsFd, AsRawFd};
 use std::rc::Rc;
+use std::time::Instant;
 
 use shoal_cluster::Access;
+use shoal_core::busy_poll;
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fd_passing::send_with_fd;
@@ -22,6 +25,7 @@ use tokio::sync::mpsc;
 use crate::ops::Ops;
 
 const READ_CHUNK: usize = 64 * 1024;
+
 pub async fn serve(ops: Rc<Ops>, stream: UnixStream) {
     let client = ops.node.new_client();
     let mut connection = Connection {
@@ -97,6 +101,7 @@ impl Connection {
                 return self.stream_notifications(notifications).await;
             }
             input.reserve(READ_CHUNK);
+            keep_polling();
             if self.stream.read_buf(&mut input).await? == 0 {
                 if !input.is_empty() {
                     return Err(ShoalError::protocol(format!(
@@ -312,6 +317,39 @@ fn statuses(errors: Vec<Option<ShoalError>>) -> Reply {
             })
             .collect(),
     }
+}
+
+thread_local! {
+    /// Until when this daemon's thread polls its sockets rather than sleep.
+    static POLL_UNTIL: Cell<Instant> = Cell::new(Instant::now());
+    /// Whether the polling task runs.
+    static POLLING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Keeps the daemon's thread polling its sockets for the busy-poll window
+/// after a request (see [`shoal_core::busy_poll`]): a client issuing one
+/// call after another then costs no wake-up of the daemon. One task per
+/// daemon thread does it by yielding to the runtime in a loop (each yield
+/// polls every socket without sleeping, and wakes the connections in the
+/// order their requests arrived, as a sleeping poll would); it ends once
+/// the window passes without a request.
+fn keep_polling() {
+    let window = busy_poll::window();
+    if window.is_zero() {
+        return;
+    }
+    POLL_UNTIL.set(Instant::now() + window);
+    if POLLING.replace(true) {
+        return;
+    }
+    tokio::task::spawn_local(async {
+        while Instant::now() < POLL_UNTIL.get() {
+            // Any thread waiting for this core (a client on it) runs first.
+            busy_poll::pause();
+            tokio::task::yield_now().await;
+        }
+        POLLING.set(false);
+    });
 }
 
 /// A create or get that failed because the client hung up ends the

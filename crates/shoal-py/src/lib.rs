@@ -44,12 +44,58 @@ fn flush_instruction() -> &'static str {
     shoal_core::coherence::instruction_in_use()
 }
 
+/// Copies the bytes of `src` into the writable buffer `dst` (same length)
+/// with the GIL released, streaming large copies past the caches
+/// (`shoal_core::copy`): what `put` uses to fill a created object.
+#[pyfunction]
+fn copy_into(
+    py: Python<'_>,
+    dst: pyo3::buffer::PyBuffer<u8>,
+    src: pyo3::buffer::PyBuffer<u8>,
+) -> PyResult<()> {
+    if dst.readonly() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "the destination is read-only",
+        ));
+    }
+    if !dst.is_c_contiguous() || !src.is_c_contiguous() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "buffers must be C-contiguous",
+        ));
+    }
+    if dst.len_bytes() != src.len_bytes() {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "copy of {} bytes into a buffer of {}",
+            src.len_bytes(),
+            dst.len_bytes()
+        )));
+    }
+    let (to, from, len) = (
+        dst.buf_ptr() as usize,
+        src.buf_ptr() as usize,
+        src.len_bytes(),
+    );
+    py.detach(|| {
+        // SAFETY: both buffers are contiguous, `len` bytes long and held
+        // (exported) by `dst` and `src` for the whole call; a writable
+        // destination distinct from the source (a created object's memory).
+        unsafe {
+            shoal_core::copy::copy_to_shared(
+                to as *mut u8,
+                std::slice::from_raw_parts(from as *const u8, len),
+            )
+        }
+    });
+    Ok(())
+}
+
 #[pymodule]
 fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Client>()?;
     m.add_class::<client::Subscription>()?;
     m.add_class::<buffer::Buffer>()?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(copy_into, m)?)?;
     m.add_function(wrap_pyfunction!(default_socket, m)?)?;
     m.add_function(wrap_pyfunction!(flush_instruction, m)?)?;
     m.add_function(wrap_pyfunction!(ensure_socket_dir, m)?)?;
