@@ -48,9 +48,14 @@ pub struct UpArgs {
     /// (a loan: a repeated get needs no round trip); 0 returns it at once.
     #[arg(long, default_value_t = 1000)]
     pub linger_ms: u64,
-    /// First port: node i gets base+2i (peer RPC) and base+2i+1 (data); 0 picks free ports.
+    /// First port: node i of n gets base+2i (peer RPC), base+2i+1 (data) and
+    /// base+2n+i (metrics); 0 picks free ports.
     #[arg(long, default_value_t = 0)]
     pub base_port: u16,
+    /// Do not serve /metrics and the status page (by default each node
+    /// serves them on a loopback port of its own).
+    #[arg(long)]
+    pub no_metrics: bool,
     /// Cluster name (prefix of the /dev/shm regions).
     #[arg(long, default_value = "local")]
     pub name: String,
@@ -130,11 +135,12 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
     let mut attempt = 0;
     let topology = loop {
         attempt += 1;
-        // Two ports per node: peer RPC, then the bulk data channel.
+        // Per node: peer RPC, then the bulk data channel; after them all,
+        // one metrics port per node.
         let ports = if args.base_port == 0 {
-            free_ports(2 * args.nodes as usize)?
+            free_ports(3 * args.nodes as usize)?
         } else {
-            (0..2 * args.nodes)
+            (0..3 * args.nodes)
                 .map(|i| {
                     u16::try_from(i)
                         .ok()
@@ -152,6 +158,9 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
                 region: PathBuf::from(format!("/dev/shm/shoal-{uid}-{}-n{i}", args.name)),
                 region_size: args.capacity,
                 access: modes[i as usize % modes.len()],
+                metrics: (!args.no_metrics).then(|| {
+                    SocketAddr::from((Ipv4Addr::LOCALHOST, ports[(2 * args.nodes + i) as usize]))
+                }),
             })
             .collect();
         let topology = Topology {
@@ -224,6 +233,9 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
             n.access.as_str(),
             n.region.display()
         );
+        if let Some(metrics) = n.metrics {
+            println!("          metrics http://{metrics}/metrics  status http://{metrics}/");
+        }
     }
     Ok(())
 }

@@ -59,6 +59,15 @@ fn size(text: &str) -> Result<u64, String> {
     parse_size(text)
 }
 
+/// `PORT` (on loopback: the endpoint is for this host unless said otherwise) or `ADDRESS:PORT`.
+fn metrics_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok((std::net::Ipv4Addr::LOCALHOST, port).into());
+    }
+    text.parse()
+        .map_err(|e| format!("{text:?} is neither a port nor an address:port ({e})"))
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a store daemon in the foreground.
@@ -99,6 +108,11 @@ enum Command {
         /// socket too.
         #[arg(long = "allow-uid", value_name = "UID")]
         allow_uids: Vec<u32>,
+        /// Serve Prometheus metrics (/metrics) and a read-only status page (/)
+        /// over HTTP here: ADDRESS:PORT, or a PORT on 127.0.0.1 [default: with
+        /// --cluster, the node's `metrics` in the file; else none].
+        #[arg(long, value_name = "ADDRESS", value_parser = metrics_address)]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Start, stop or inspect a cluster of daemons.
     #[command(subcommand)]
@@ -197,6 +211,7 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             cluster,
             node,
             allow_uids,
+            metrics_addr,
         } => {
             let explicit = capacity;
             let capacity = capacity.unwrap_or(1 << 30);
@@ -215,6 +230,7 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
                     // Objects never share a line any node's cache moves as one.
                     config.line_size = line_size.max(shoal_core::coherence::LINE as u64);
                 }
+                config.metrics = me.metrics;
                 config.cluster = Some(shoal_daemon::ClusterConfig { topology, node });
             }
             config.region = region;
@@ -226,6 +242,9 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             config.idle_exit = idle_exit.map(Duration::from_secs_f64);
             config.stop_on_signals = true;
             config.allowed_uids = allow_uids;
+            if metrics_addr.is_some() {
+                config.metrics = metrics_addr;
+            }
             shoal_daemon::serve_blocking(config, Shutdown::new())?;
             Ok(())
         }

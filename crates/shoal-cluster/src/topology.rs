@@ -75,6 +75,8 @@ pub struct Node {
     pub region: PathBuf,
     pub region_size: u64,
     pub access: Access,
+    /// Where the node serves `/metrics` and its status page (HTTP); `None`: nowhere.
+    pub metrics: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +133,7 @@ struct NodeRepr {
     region_size: SizeRepr,
     #[serde(default = "default_access")]
     access: String,
+    metrics: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -214,6 +217,11 @@ impl Topology {
                     ))
                 })?,
             };
+            let metrics = n
+                .metrics
+                .as_deref()
+                .map(|text| address("metrics", text))
+                .transpose()?;
             nodes.push(Node {
                 id: n.id,
                 rpc,
@@ -222,6 +230,7 @@ impl Topology {
                 region: n.region,
                 region_size,
                 access: n.access.parse()?,
+                metrics,
             });
         }
         let topology = Topology {
@@ -263,7 +272,10 @@ impl Topology {
                 ("address", node.data.to_string()),
                 ("socket", node.socket.display().to_string()),
                 ("region", node.region.display().to_string()),
-            ] {
+            ]
+            .into_iter()
+            .chain(node.metrics.map(|m| ("address", m.to_string())))
+            {
                 if !seen.insert((what, key.clone())) {
                     return Err(ShoalError::invalid(format!(
                         "node {}: {what} {key} is used by another node",
@@ -336,6 +348,9 @@ impl Topology {
                 n.region_size,
                 n.access.as_str()
             );
+            if let Some(metrics) = n.metrics {
+                let _ = writeln!(out, "metrics = \"{metrics}\"");
+            }
         }
         out
     }
@@ -359,6 +374,7 @@ socket = "/tmp/x/n1.sock"
 region = "/dev/shm/demo-n1"
 region_size = "64MiB"
 access = "network"
+metrics = "127.0.0.1:9100"
 
 [[node]]
 id = 0
@@ -379,6 +395,11 @@ region_size = 1048576
         assert_eq!(t.heartbeat, Duration::from_millis(200));
         assert_eq!(t.node(0).unwrap().data, "127.0.0.1:7701".parse().unwrap());
         assert_eq!(t.node(1).unwrap().data, "127.0.0.1:7720".parse().unwrap());
+        assert_eq!(t.node(0).unwrap().metrics, None);
+        assert_eq!(
+            t.node(1).unwrap().metrics,
+            Some("127.0.0.1:9100".parse().unwrap())
+        );
         let again = Topology::parse(&t.to_toml(), None).unwrap();
         assert_eq!(again, t);
         assert!(t.node(2).is_err());
@@ -398,6 +419,11 @@ region_size = 1048576
             (FILE.replace("noncoherent", "sometimes"), "coheren"),
             (FILE.replace("127.0.0.1:7710", "nowhere"), "rpc address"),
             (FILE.replace("127.0.0.1:7720", "nowhere"), "data address"),
+            (FILE.replace("127.0.0.1:9100", "nowhere"), "metrics address"),
+            (
+                FILE.replace("127.0.0.1:9100", "127.0.0.1:7700"),
+                "used by another node",
+            ),
             // node 0's default data port (7701) is node 1's rpc port here
             (
                 FILE.replace("127.0.0.1:7710", "127.0.0.1:7701"),

@@ -33,6 +33,9 @@ pub struct DaemonConfig {
     /// Users besides the daemon's own (and root) whose clients it serves
     /// (`shoal serve --allow-uid`); they also need access to the socket.
     pub allowed_uids: Vec<u32>,
+    /// Serve `/metrics` and the status page here (`shoal serve
+    /// --metrics-addr`); `None`: no HTTP listener (metrics still counted).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl DaemonConfig {
@@ -49,6 +52,7 @@ impl DaemonConfig {
             stop_on_signals: false,
             cluster: None,
             allowed_uids: Vec::new(),
+            metrics: None,
         }
     }
 }

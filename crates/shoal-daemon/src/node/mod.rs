@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, Notify};
 pub use events::{NodeEvent, NodeListener};
 pub use subscribers::SUBSCRIBER_QUEUE;
 
+use crate::metrics::Metrics;
 use crate::principals::LocalIds;
 
 type Listeners = Rc<RefCell<Vec<Rc<dyn NodeListener>>>>;
@@ -57,6 +58,7 @@ pub struct Node {
     client_ids: RefCell<LocalIds>,
     connected: Cell<usize>,
     idle_since: Cell<Instant>,
+    metrics: Arc<Metrics>,
 }
 
 /// Asks the listeners about each victim; any `Hold` keeps its memory.
@@ -103,11 +105,17 @@ impl Node {
             client_ids: RefCell::default(),
             connected: Cell::new(0),
             idle_since: Cell::new(Instant::now()),
+            metrics: Arc::default(),
         })
     }
 
     pub fn region(&self) -> &Arc<Region> {
         &self.region
+    }
+
+    /// What this node counts; shared with the thread serving `/metrics`.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     pub fn resident(&self) -> bool {

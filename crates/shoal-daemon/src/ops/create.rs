@@ -31,6 +31,7 @@ impl Ops {
         timeout_ms: u32,
         gone: impl Future<Output = ()>,
     ) -> Result<Vec<ObjectLocation>> {
+        let _timed = self.node.metrics().time(crate::metrics::Op::Create);
         let ids: Vec<ObjectId> = specs.iter().map(|s| s.0).collect();
         if let Some(cluster) = &self.cluster {
             // Ids are unique cluster-wide: claim them at their homes first.

@@ -11,6 +11,7 @@ use crate::ops::Ops;
 
 impl Ops {
     pub async fn seal(&self, client: ClientId, ids: &[ObjectId], release: bool) -> Result<()> {
+        let _timed = self.node.metrics().time(crate::metrics::Op::Seal);
         let (remote, here): (Vec<ObjectId>, Vec<ObjectId>) = ids
             .iter()
             .partition(|id| self.remote_creation(client, id).is_some());
