@@ -286,10 +286,16 @@ impl Node {
             }
             _ => {}
         }
-        // A copy: a listener may add listeners.
-        let listeners: Vec<_> = self.listeners.borrow().clone();
-        for listener in listeners {
+        // By index, the list borrowed only to take each one: a listener may
+        // add listeners, and a copy of the list would cost an allocation
+        // per event.
+        let mut next = 0;
+        loop {
+            let Some(listener) = self.listeners.borrow().get(next).cloned() else {
+                break;
+            };
             listener.on_event(event);
+            next += 1;
         }
     }
 }

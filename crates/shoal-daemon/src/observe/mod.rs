@@ -21,10 +21,10 @@ pub fn start(ops: &Rc<Ops>, address: Option<SocketAddr>) -> Result<Option<Socket
     let metrics = ops.node.metrics().clone();
     let nodes = ops.cluster.as_ref().map_or(1, |c| c.topology.len() as u32);
     metrics.info.identify(ops.me(), nodes);
-    ops.node
-        .listen(Rc::new(listener::MetricsListener::new(metrics.clone())));
+    let counted = Rc::new(listener::MetricsListener::default());
+    ops.node.listen(counted.clone());
     ops.supervisor
-        .spawn_local("metrics snapshot", snapshot::publish(ops.clone()));
+        .spawn_local("metrics snapshot", snapshot::publish(ops.clone(), counted));
     address
         .map(|address| http::start(address, metrics, &ops.supervisor))
         .transpose()

@@ -1,21 +1,24 @@
 //! Once a second the store thread copies the store's figures into the
-//! metrics' gauges (and the status page's history): a scrape reads them
-//! there, never the store.
+//! metrics' gauges (and the status page's history), and the events counted
+//! since into its counters: a scrape reads them there, never the store.
 
 use std::rc::Rc;
 use std::time::Duration;
 
 use crate::metrics::{unix_now, Metrics, Sample};
+use crate::observe::listener::MetricsListener;
 use crate::ops::Ops;
 
 const EVERY: Duration = Duration::from_secs(1);
 
-pub async fn publish(ops: Rc<Ops>) {
+pub async fn publish(ops: Rc<Ops>, counted: Rc<MetricsListener>) {
     let mut ticker = tokio::time::interval(EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        take(&ops, ops.node.metrics());
+        let metrics = ops.node.metrics();
+        counted.publish(&metrics.events);
+        take(&ops, metrics);
     }
 }
 
