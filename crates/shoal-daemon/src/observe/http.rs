@@ -1,7 +1,8 @@
 //! The HTTP endpoint: `GET /metrics` (the OpenMetrics text) and `GET /`
-//! (the status page), on a thread and runtime of its own so that a
-//! scraper, however slow or eager, costs the store thread nothing but
-//! the short locks of the metrics it reads.
+//! (the status page, with every node's figures read from their own
+//! `/metrics`), on a thread and runtime of its own so that a scraper,
+//! however slow or eager, costs the store thread nothing but the short
+//! locks of the metrics it reads.
 //!
 //! Read-only and small: only GET (and HEAD) are answered, request heads
 //! are bounded, a connection that sends nothing is closed, and at most
@@ -13,16 +14,17 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use http_body_util::Full;
+use futures_util::future::join_all;
+use http_body_util::{BodyExt, Empty, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use shoal_core::error::{Result, ShoalError};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
+use crate::metrics::{exposition, Metrics};
 use crate::supervisor::Supervisor;
 
 /// Connections served at once.
@@ -34,13 +36,21 @@ const CONNECTION_LIFETIME: Duration = Duration::from_secs(120);
 /// Largest request head read (hyper's smallest buffer).
 const HEAD_LIMIT: usize = 8192;
 
+/// How long the status page waits for a peer's figures.
+const PEER_TIMEOUT: Duration = Duration::from_millis(500);
+/// Largest `/metrics` read from a peer.
+const PEER_BODY_LIMIT: usize = 4 << 20;
+
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Binds `address` and serves it until the daemon stops; returns the
 /// address bound.
+/// `peers`: the other nodes' metrics addresses (for the status page's
+/// cluster table), by node id.
 pub fn start(
     address: SocketAddr,
     metrics: Arc<Metrics>,
+    peers: Vec<(u32, Option<SocketAddr>)>,
     supervisor: &Supervisor,
 ) -> Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(address)
@@ -56,7 +66,7 @@ pub fn start(
         .name("shoal-metrics".into())
         .spawn({
             let stop = stop.clone();
-            move || serve(listener, metrics, stop)
+            move || serve(listener, metrics, Arc::new(peers), stop)
         })
         .map_err(|e| ShoalError::io("start the metrics thread", e))?;
     let endpoint = Endpoint {
@@ -89,7 +99,14 @@ impl Drop for Endpoint {
     }
 }
 
-fn serve(listener: std::net::TcpListener, metrics: Arc<Metrics>, stop: CancellationToken) {
+type Peers = Arc<Vec<(u32, Option<SocketAddr>)>>;
+
+fn serve(
+    listener: std::net::TcpListener,
+    metrics: Arc<Metrics>,
+    peers: Peers,
+    stop: CancellationToken,
+) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -127,12 +144,13 @@ fn serve(listener: std::net::TcpListener, metrics: Arc<Metrics>, stop: Cancellat
                 continue;
             };
             let metrics = metrics.clone();
+            let peers = peers.clone();
             let stop = stop.clone();
             tokio::spawn(async move {
                 let _slot = slot;
                 let service = hyper::service::service_fn(move |request| {
-                    let response = answer(&metrics, &request);
-                    async move { Ok::<_, Infallible>(response) }
+                    let (metrics, peers) = (metrics.clone(), peers.clone());
+                    async move { Ok::<_, Infallible>(answer(&metrics, &peers, &request).await) }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -149,8 +167,13 @@ fn serve(listener: std::net::TcpListener, metrics: Arc<Metrics>, stop: Cancellat
     // Dropping the runtime ends every connection still open.
 }
 
-/// The answer to one request; never touches anything but `metrics`.
-fn answer(metrics: &Metrics, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+/// The answer to one request; never touches anything but `metrics` (and
+/// the peers' endpoints, read).
+async fn answer(
+    metrics: &Metrics,
+    peers: &[(u32, Option<SocketAddr>)],
+    request: &Request<Incoming>,
+) -> Response<Full<Bytes>> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         let mut response = reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -164,11 +187,21 @@ fn answer(metrics: &Metrics, request: &Request<Incoming>) -> Response<Full<Bytes
     }
     match request.uri().path() {
         "/metrics" => reply(StatusCode::OK, OPENMETRICS, metrics.encode()),
-        "/" => reply(
-            StatusCode::OK,
-            "text/html; charset=utf-8",
-            super::page::render(metrics),
-        ),
+        "/" => {
+            let figures = join_all(peers.iter().map(|&(node, address)| async move {
+                let samples = match address {
+                    Some(address) => scrape(address).await,
+                    None => None,
+                };
+                (node, address, samples)
+            }))
+            .await;
+            reply(
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                super::page::render(metrics, &figures),
+            )
+        }
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
@@ -193,4 +226,39 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Respon
     );
     headers.insert("cache-control", HeaderValue::from_static("no-store"));
     response
+}
+
+/// A peer's `/metrics`, read within [`PEER_TIMEOUT`]; `None` if it does not answer.
+async fn scrape(address: SocketAddr) -> Option<Vec<exposition::Sample>> {
+    let fetch = async {
+        let stream = tokio::net::TcpStream::connect(address).await.ok()?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
+                .await
+                .ok()?;
+        let request = Request::get("/metrics")
+            .header(HOST, address.to_string())
+            .body(Empty::new())
+            .ok()?;
+        let exchange = async {
+            let response = sender.send_request(request).await.ok()?;
+            if response.status() != StatusCode::OK {
+                return None;
+            }
+            Limited::new(response.into_body(), PEER_BODY_LIMIT)
+                .collect()
+                .await
+                .ok()
+        };
+        let body = tokio::select! {
+            body = exchange => body?,
+            _ = connection => return None,
+        };
+        let text = String::from_utf8(body.to_bytes().to_vec()).ok()?;
+        Some(exposition::parse(&text))
+    };
+    tokio::time::timeout(PEER_TIMEOUT, fetch)
+        .await
+        .ok()
+        .flatten()
 }

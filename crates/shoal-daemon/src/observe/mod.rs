@@ -25,7 +25,15 @@ pub fn start(ops: &Rc<Ops>, address: Option<SocketAddr>) -> Result<Option<Socket
     ops.node.listen(counted.clone());
     ops.supervisor
         .spawn_local("metrics snapshot", snapshot::publish(ops.clone(), counted));
+    let peers = ops.cluster.as_ref().map_or_else(Vec::new, |c| {
+        c.topology
+            .nodes
+            .iter()
+            .filter(|n| n.id != c.me)
+            .map(|n| (n.id, n.metrics))
+            .collect()
+    });
     address
-        .map(|address| http::start(address, metrics, &ops.supervisor))
+        .map(|address| http::start(address, metrics, peers, &ops.supervisor))
         .transpose()
 }

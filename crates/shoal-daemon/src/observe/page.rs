@@ -1,9 +1,11 @@
-//! The status page at `/`: this node's memory, objects, operations and
-//! peers, and its capacity and usage over the last minutes as an inline SVG
-//! chart. One HTML document built here (no assets, no script, nothing to
+//! The status page at `/`: the cluster's nodes with their memory (each
+//! read from that node's own `/metrics`), this node's memory, objects and
+//! operations, and its capacity and usage over the last minutes as an
+//! inline SVG chart. One HTML document built here (no assets, no script, nothing to
 //! download): it reloads itself every few seconds and offers no action.
 
 use std::fmt::Write;
+use std::net::SocketAddr;
 
 use shoal_core::units::format_size;
 
@@ -21,7 +23,10 @@ th:first-child,td:first-child{text-align:left}.up{color:#080}.down{color:#b00}\
 svg{border:1px solid #ccc;background:#fafafa}.used{fill:#4a8;fill-opacity:.5;stroke:#286}\
 .cap{fill:none;stroke:#c33;stroke-dasharray:4 3}";
 
-pub fn render(metrics: &Metrics) -> String {
+/// Another node: its id, metrics address, and its samples if it answered.
+pub type PeerFigures = (u32, Option<SocketAddr>, Option<Vec<exposition::Sample>>);
+
+pub fn render(metrics: &Metrics, peers: &[PeerFigures]) -> String {
     let store = &metrics.store;
     let node = metrics.info.id();
     let nodes = metrics.info.nodes();
@@ -45,7 +50,10 @@ pub fn render(metrics: &Metrics) -> String {
             "a single store".to_owned()
         }
     );
-    page.push_str("<h2>Memory</h2><table id=\"memory\">");
+    if nodes > 1 {
+        cluster(&mut page, metrics, peers);
+    }
+    let _ = write!(page, "<h2>Node {node}</h2><table id=\"memory\">");
     for (what, value) in [
         ("capacity", format_size(capacity)),
         ("used", format!("{} ({percent:.1}%)", format_size(used))),
@@ -86,21 +94,6 @@ pub fn render(metrics: &Metrics) -> String {
     page.push_str("</table>");
     chart(&mut page, metrics);
     operations(&mut page, metrics);
-    if nodes > 1 {
-        page.push_str("<h2>Peers</h2><table id=\"peers\"><tr><th>node</th><th>state</th></tr>");
-        for peer in (0..nodes).filter(|&n| n != node) {
-            let up = store
-                .peer_up
-                .get(&[("peer", peer.to_string())])
-                .is_some_and(|g| g.get() == 1);
-            let (class, state) = if up { ("up", "up") } else { ("down", "down") };
-            let _ = write!(
-                page,
-                "<tr><td>{peer}</td><td class=\"{class}\">{state}</td></tr>"
-            );
-        }
-        page.push_str("</table>");
-    }
     page.push_str(
         "<p>Read-only. Metrics for Prometheus at <a href=\"/metrics\">/metrics</a>.</p></body></html>",
     );
@@ -178,4 +171,83 @@ fn chart(page: &mut String, metrics: &Metrics) {
         format_size(last.capacity),
         format_size(top as u64)
     );
+}
+
+/// One row per node: this one from its own figures, the others from theirs.
+fn cluster(page: &mut String, metrics: &Metrics, peers: &[PeerFigures]) {
+    let store = &metrics.store;
+    let me = metrics.info.id();
+    let mut rows = vec![(
+        me,
+        "up (this node)".to_owned(),
+        Some([
+            store.capacity_bytes.get() as f64,
+            store.used_bytes.get() as f64,
+            store.objects.get() as f64,
+            store.clients.get() as f64,
+        ]),
+    )];
+    for (node, address, samples) in peers {
+        let heard = store
+            .peer_up
+            .get(&[("peer", node.to_string())])
+            .is_some_and(|g| g.get() == 1);
+        let figures = samples.as_ref().map(|samples| {
+            let value = |name: &str| {
+                samples
+                    .iter()
+                    .find(|s| s.name == name)
+                    .map_or(0.0, |s| s.value)
+            };
+            [
+                value("shoal_capacity_bytes"),
+                value("shoal_used_bytes"),
+                value("shoal_objects"),
+                value("shoal_clients"),
+            ]
+        });
+        let state = match (heard, &figures, address) {
+            (true, Some(_), _) => "up",
+            (true, None, None) => "up (no metrics address)",
+            (true, None, Some(_)) => "up (metrics not answering)",
+            (false, _, _) => "down",
+        };
+        rows.push((*node, state.to_owned(), figures));
+    }
+    rows.sort_by_key(|row| row.0);
+    page.push_str(
+        "<h2>Cluster</h2><table id=\"cluster-nodes\"><tr><th>node</th><th>state</th>\
+         <th>capacity</th><th>used</th><th></th><th>objects</th><th>clients</th></tr>",
+    );
+    for (node, state, figures) in rows {
+        let class = if state.starts_with("up") {
+            "up"
+        } else {
+            "down"
+        };
+        let _ = write!(
+            page,
+            "<tr id=\"node-{node}\"><td>{node}</td><td class=\"{class}\">{state}</td>"
+        );
+        match figures {
+            Some([capacity, used, objects, clients]) => {
+                let percent = if capacity > 0.0 {
+                    100.0 * used / capacity
+                } else {
+                    0.0
+                };
+                let _ = write!(
+                    page,
+                    "<td>{}</td><td>{} ({percent:.1}%)</td>\
+                     <td><svg width=\"100\" height=\"10\"><rect width=\"100\" height=\"10\" fill=\"#eee\"/>\
+                     <rect width=\"{percent:.1}\" height=\"10\" fill=\"#4a8\"/></svg></td>\
+                     <td class=\"objects\">{objects}</td><td>{clients}</td></tr>",
+                    format_size(capacity as u64),
+                    format_size(used as u64)
+                );
+            }
+            None => page.push_str("<td>–</td><td>–</td><td></td><td>–</td><td>–</td></tr>"),
+        }
+    }
+    page.push_str("</table>");
 }
