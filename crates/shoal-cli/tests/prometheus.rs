@@ -247,6 +247,33 @@ fn prometheus_scrapes_a_cluster_and_its_rates_match_the_workload() {
         None,
     );
     assert!(found < 0.008, "median get of an object on a peer {found} s");
+    // Every query of the Grafana dashboard in docs/ is valid PromQL that
+    // finds the cluster's series.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/grafana/shoal-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut queries = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$job", "shoal")
+                .replace("$__rate_interval", &window[1..window.len() - 1]);
+            assert!(
+                !prometheus.query(&expr, None).is_empty(),
+                "dashboard panel {}: no series for {expr}",
+                panel["title"]
+            );
+            queries += 1;
+        }
+    }
+    assert!(queries >= 8);
     // The gauges: every node up, node 0 holding the objects.
     assert_eq!(prometheus.query("shoal_peer_up == 1", None).len(), 6);
     // (Gauges and event counts are published once a second: a scrape or two.)
