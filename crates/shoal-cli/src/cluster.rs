@@ -102,7 +102,7 @@ fn random_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
+pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()> {
     if args.nodes == 0 {
         bail!("a cluster needs at least one node");
     }
@@ -173,7 +173,7 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
             linger: Duration::from_millis(args.linger_ms),
             nodes,
         };
-        match start_daemons(&topology, &dir, self_command)? {
+        match start_daemons(&topology, &dir, self_command, log_format)? {
             None => break topology,
             Some(failure) if failure.port_taken && attempt < attempts => {
                 tracing::debug!("{}; starting again on other ports", failure.message);
@@ -254,6 +254,7 @@ fn start_daemons(
     topology: &Topology,
     dir: &Path,
     self_command: &[String],
+    log_format: &str,
 ) -> Result<Option<StartFailure>> {
     let file = cluster_file(dir);
     write_private(&file, &topology.to_toml())?;
@@ -269,7 +270,7 @@ fn start_daemons(
         let mut command = Command::new(program);
         command
             .args(prefix)
-            .args(["serve", "--cluster"])
+            .args(["--log-format", log_format, "serve", "--cluster"])
             .arg(&file)
             .args(["--node", &node.id.to_string()])
             .stdin(Stdio::null())

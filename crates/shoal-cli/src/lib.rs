@@ -19,8 +19,34 @@ use shoal_daemon::{DaemonConfig, Shutdown};
 #[derive(Parser, Debug)]
 #[command(name = "shoal", version, about, long_about = None)]
 struct Cli {
+    /// Log lines as text, or as JSON objects (one a line, with the span
+    /// fields) for log shippers. Daemons started by `cluster up` inherit it.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "SHOAL_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -170,15 +196,19 @@ pub fn run(args: Vec<String>, self_command: Vec<String>) -> i32 {
             return if err.use_stderr() { 2 } else { 0 };
         }
     };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
-    match dispatch(cli.command, self_command) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match cli.log_format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        LogFormat::Json => logs.json().with_span_list(true).try_init(),
+    };
+
+    match dispatch(cli.command, self_command, cli.log_format) {
         Ok(()) => 0,
         Err(err) => {
             eprintln!("shoal: {err:#}");
@@ -187,7 +217,7 @@ pub fn run(args: Vec<String>, self_command: Vec<String>) -> i32 {
     }
 }
 
-fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
+fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) -> Result<()> {
     if matches!(
         command,
         Command::Ls { .. } | Command::Stat { .. } | Command::Cluster(ClusterCommand::Status(_))
@@ -290,7 +320,10 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             file,
             ..
         } => cluster::ls(cluster::DirArgs { dir, file, json }),
-        Command::Cluster(ClusterCommand::Up(args)) => cluster::up(args, &self_command),
+        // The daemons it starts log the same way.
+        Command::Cluster(ClusterCommand::Up(args)) => {
+            cluster::up(args, &self_command, log_format.as_str())
+        }
         Command::Cluster(ClusterCommand::Down(args)) => cluster::down(args),
         Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args),
         Command::Ls { socket, json, .. } => {
