@@ -399,7 +399,7 @@ pub fn down(args: DirArgs) -> Result<()> {
     Ok(())
 }
 
-fn load(args: &DirArgs) -> Result<Topology> {
+pub fn load(args: &DirArgs) -> Result<Topology> {
     let file = args
         .file
         .clone()

@@ -5,6 +5,7 @@
 mod bench;
 mod cluster;
 mod node_process;
+mod top;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -169,6 +170,8 @@ enum Command {
         #[arg(long, requires = "cluster", conflicts_with = "dir")]
         file: Option<PathBuf>,
     },
+    /// A live view of a cluster's nodes (or of daemons' metrics addresses), refreshed every second.
+    Top(top::TopArgs),
     /// Run the Table I object micro-benchmark (put, get from another process, read).
     Bench(bench::BenchArgs),
     /// (internal) The reading side of `shoal bench`, run in a second process.
@@ -352,6 +355,7 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
             }
             Ok(())
         }
+        Command::Top(args) => top::run(args),
         Command::Bench(args) => bench::run(args, self_command),
         Command::BenchReader(args) => bench::reader(args),
     }

@@ -11,6 +11,7 @@
 
 pub mod exposition;
 mod history;
+pub mod scrape;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -15,16 +15,17 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use http_body_util::{BodyExt, Empty, Full, Limited};
+use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use shoal_core::error::{Result, ShoalError};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{exposition, Metrics};
+use crate::metrics::scrape::scrape;
+use crate::metrics::Metrics;
 use crate::supervisor::Supervisor;
 
 /// Connections served at once.
@@ -40,8 +41,6 @@ const HEAD_LIMIT: usize = 8192;
 
 /// How long the status page waits for a peer's figures.
 const PEER_TIMEOUT: Duration = Duration::from_millis(500);
-/// Largest `/metrics` read from a peer.
-const PEER_BODY_LIMIT: usize = 4 << 20;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -205,7 +204,7 @@ async fn answer(
         "/" => {
             let figures = join_all(peers.iter().map(|&(node, address)| async move {
                 let samples = match address {
-                    Some(address) => scrape(address).await,
+                    Some(address) => scrape(address, PEER_TIMEOUT).await,
                     None => None,
                 };
                 (node, address, samples)
@@ -241,39 +240,4 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Respon
     );
     headers.insert("cache-control", HeaderValue::from_static("no-store"));
     response
-}
-
-/// A peer's `/metrics`, read within [`PEER_TIMEOUT`]; `None` if it does not answer.
-async fn scrape(address: SocketAddr) -> Option<Vec<exposition::Sample>> {
-    let fetch = async {
-        let stream = tokio::net::TcpStream::connect(address).await.ok()?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
-                .await
-                .ok()?;
-        let request = Request::get("/metrics")
-            .header(HOST, address.to_string())
-            .body(Empty::new())
-            .ok()?;
-        let exchange = async {
-            let response = sender.send_request(request).await.ok()?;
-            if response.status() != StatusCode::OK {
-                return None;
-            }
-            Limited::new(response.into_body(), PEER_BODY_LIMIT)
-                .collect()
-                .await
-                .ok()
-        };
-        let body = tokio::select! {
-            body = exchange => body?,
-            _ = connection => return None,
-        };
-        let text = String::from_utf8(body.to_bytes().to_vec()).ok()?;
-        Some(exposition::parse(&text))
-    };
-    tokio::time::timeout(PEER_TIMEOUT, fetch)
-        .await
-        .ok()
-        .flatten()
 }
