@@ -173,7 +173,13 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
             linger: Duration::from_millis(args.linger_ms),
             nodes,
         };
-        match start_daemons(&topology, &dir, self_command, log_format)? {
+        let bar = crate::progress::bar(
+            u64::from(args.nodes),
+            &format!("starting {} daemons", args.nodes),
+        );
+        let started = start_daemons(&topology, &dir, self_command, log_format, &bar)?;
+        bar.finish_and_clear();
+        match started {
             None => break topology,
             Some(failure) if failure.port_taken && attempt < attempts => {
                 tracing::debug!("{}; starting again on other ports", failure.message);
@@ -185,6 +191,7 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
     let deadline = Instant::now() + Duration::from_secs(30);
     // Up means ready: every node's directory rebuilt (its peers told it
     // what they hold), so creates anywhere succeed at once.
+    let bar = crate::progress::bar(topology.len() as u64, "nodes rebuilding their directories");
     let ready = block_on(async {
         for node in &topology.nodes {
             loop {
@@ -196,6 +203,7 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
                     Err(err) => Err(tonic::Status::unavailable(err.to_string())),
                 };
                 if let Ok(false) = rebuilding {
+                    bar.inc(1);
                     break;
                 }
                 if Instant::now() > deadline {
@@ -206,6 +214,7 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
         }
         Ok(())
     });
+    bar.finish_and_clear();
     if let Err(err) = ready {
         // Nothing is left running of a cluster that did not come up.
         let _ = down(DirArgs {
@@ -255,6 +264,7 @@ fn start_daemons(
     dir: &Path,
     self_command: &[String],
     log_format: &str,
+    bar: &indicatif::ProgressBar,
 ) -> Result<Option<StartFailure>> {
     let file = cluster_file(dir);
     write_private(&file, &topology.to_toml())?;
@@ -308,6 +318,7 @@ fn start_daemons(
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        bar.inc(1);
     }
     if failure.is_some() {
         for child in &mut children {

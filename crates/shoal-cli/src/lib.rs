@@ -5,6 +5,7 @@
 mod bench;
 mod cluster;
 mod node_process;
+mod progress;
 mod top;
 
 use std::path::PathBuf;

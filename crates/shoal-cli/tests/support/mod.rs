@@ -44,6 +44,12 @@ impl Cluster {
             "cluster up: {up_output}{}",
             String::from_utf8_lossy(&output.stderr)
         );
+        // Not a terminal: no progress bar in the output.
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !stderr.contains("starting") && !stderr.contains("rebuilding"),
+            "{stderr}"
+        );
         let topology = Topology::load(&dir.join("cluster.toml")).unwrap().sorted();
         Self {
             dir: dir.to_owned(),
