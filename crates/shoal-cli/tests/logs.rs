@@ -25,7 +25,10 @@ fn a_daemon_logs_json_lines_with_their_fields() {
         ])
         .args(["--metrics-addr", "127.0.0.1:0", "--socket"])
         .arg(&socket)
-        .env("SHOAL_LOG", "info")
+        .env(
+            "SHOAL_LOG",
+            "debug,h2=info,hyper=info,tonic=info,tower=info",
+        )
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -42,7 +45,7 @@ fn a_daemon_logs_json_lines_with_their_fields() {
         let line = lines.next().expect("the daemon's log").unwrap();
         let parsed: Value =
             serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
-        assert_eq!(parsed["level"], "INFO", "{line}");
+        assert!(parsed["level"].is_string(), "{line}");
         assert!(parsed["timestamp"].is_string(), "{line}");
         if let Some(address) = parsed["fields"]["address"].as_str() {
             metrics = Some(address.parse::<std::net::SocketAddr>().unwrap());
@@ -55,6 +58,20 @@ fn a_daemon_logs_json_lines_with_their_fields() {
         .unwrap();
     assert_eq!(serving["fields"]["capacity"], 16 << 20);
     assert_eq!(serving["fields"]["socket"], socket.display().to_string());
+    // A client's lines carry its span (and the request's, at debug level).
+    let client = shoal_client::Client::connect(&socket).unwrap();
+    let connected = loop {
+        assert!(Instant::now() < deadline, "no client line");
+        let line: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        if line["fields"]["message"] == "client connected" {
+            break line;
+        }
+    };
+    let spans = connected["spans"].as_array().expect("the span list");
+    assert_eq!(spans[0]["name"], "client", "{connected}");
+    assert!(spans[0]["client"].is_u64(), "{connected}");
+    assert_eq!(spans[1]["name"], "request", "{connected}");
+    drop(client);
     // The endpoint logged (port 0 got a real port) answers.
     let (status, _) = http_get(metrics.unwrap(), "/metrics").unwrap();
     assert_eq!(status, 200);
