@@ -276,6 +276,25 @@ fn prometheus_scrapes_a_cluster_and_its_rates_match_the_workload() {
     assert!(queries >= 8);
     // The gauges: every node up, node 0 holding the objects.
     assert_eq!(prometheus.query("shoal_peer_up == 1", None).len(), 6);
+    // Heartbeats: every node times its calls to each peer, in well under
+    // the lease.
+    assert_eq!(
+        prometheus
+            .query(
+                "shoal_peer_rpc_duration_seconds_count{method=\"heartbeat\"} > 0",
+                None
+            )
+            .len(),
+        6
+    );
+    let heartbeat = prometheus.one(
+        "histogram_quantile(0.5, sum by (le) (rate(shoal_peer_rpc_duration_seconds_bucket{method=\"heartbeat\"}[10s])))",
+        None,
+    );
+    assert!(
+        heartbeat > 0.0 && heartbeat < 1.0,
+        "median heartbeat {heartbeat} s"
+    );
     // (Gauges and event counts are published once a second: a scrape or two.)
     let objects = format!("shoal_objects{{{}}}", node(0));
     let sealed = format!("shoal_sealed_bytes_total{{{}}}", node(0));
@@ -285,6 +304,28 @@ fn prometheus_scrapes_a_cluster_and_its_rates_match_the_workload() {
         || {
             prometheus.one(&objects, None) == puts as f64
                 && prometheus.one(&sealed, None) == (puts * OBJECT as u64) as f64
+        },
+    );
+    // Node 2 dies: its peers miss its heartbeats and say it is down.
+    let pid: i32 = std::fs::read_to_string(dir.path().join("n2.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: a signal to the daemon this test's cluster started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    wait_until(
+        "heartbeat misses of node 2",
+        Duration::from_secs(20),
+        || {
+            prometheus
+            .query(
+                "increase(shoal_peer_rpc_errors_total{method=\"heartbeat\",peer=\"2\"}[5s]) > 0",
+                None,
+            )
+            .len()
+            == 2
+            && prometheus.query("shoal_peer_up{peer=\"2\"} == 0", None).len() == 2
         },
     );
 }

@@ -98,8 +98,32 @@ pub struct EventCounters {
     pub evicted_bytes: Counter,
 }
 
+type PeerMethod = [(&'static str, String); 2];
+
+/// Calls to other nodes, per peer and method.
+pub struct PeerCalls {
+    duration: Family<PeerMethod, Histogram, fn() -> Histogram>,
+    errors: Family<PeerMethod, Counter>,
+}
+
+impl PeerCalls {
+    /// One call to `peer` took `elapsed` and succeeded or not (a heartbeat
+    /// not answered in time is an error: a miss).
+    pub fn observe(&self, peer: u32, method: &'static str, elapsed: std::time::Duration, ok: bool) {
+        let labels = [("peer", peer.to_string()), ("method", method.to_owned())];
+        self.duration
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+        let errors = self.errors.get_or_create(&labels);
+        if !ok {
+            errors.inc();
+        }
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
+    pub peer_calls: PeerCalls,
     /// Per operation, a handle on its histogram in the family (clones share
     /// the same counts): a timed op costs no label lookup.
     op_latency: [Histogram; Op::ALL.len()],
@@ -219,6 +243,20 @@ impl Metrics {
             "When this daemon started, in seconds since the Unix epoch (a change is a restart)",
             start_time,
         );
+        let peer_calls = PeerCalls {
+            duration: Family::new_with_constructor(op_histogram as fn() -> Histogram),
+            errors: Family::default(),
+        };
+        registry.register(
+            "shoal_peer_rpc_duration_seconds",
+            "Time of calls to other nodes, per peer and method (heartbeat today)",
+            peer_calls.duration.clone(),
+        );
+        registry.register(
+            "shoal_peer_rpc_errors",
+            "Calls to other nodes that failed or timed out, per peer and method (method=heartbeat: heartbeat misses)",
+            peer_calls.errors.clone(),
+        );
         let info = NodeInfo::default();
         registry.register(
             "shoal_node",
@@ -232,6 +270,7 @@ impl Metrics {
         );
         Self {
             registry,
+            peer_calls,
             op_latency,
             store,
             events,
