@@ -2,8 +2,9 @@
 # Installs the tools only the checks in scripts/test.sh need, each only when
 # missing: prometheus, chromium and tmux (the operations tests), spin (the
 # coherency model), cross gcc + qemu user mode + rustup's standard library
-# for aarch64 and ppc64le (scripts/check-cross-arch.sh), cargo-modules (scripts/check-module-cycles.sh) and s3s-fs (the S3 server the
-# tier tests start on loopback). Slow the first time on a fresh machine (the
+# for aarch64 and ppc64le (scripts/check-cross-arch.sh), cargo-modules
+# (scripts/check-module-cycles.sh) and s3s-fs (the S3 server the tier tests
+# start on loopback). Slow the first time on a fresh machine (the
 # two cargo installs build from source); nothing afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
