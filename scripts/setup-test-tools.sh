@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the tools only the checks in scripts/test.sh need, each only when
-# missing: spin (the coherency model), cross gcc + qemu user mode + rustup's
-# standard library for aarch64 and ppc64le (scripts/check-cross-arch.sh),
-# cargo-modules (scripts/check-module-cycles.sh) and s3s-fs (the S3 server the
-# tier tests start on loopback). Slow the first time on a fresh machine (the
+# missing: prometheus, chromium and tmux (the operations tests), spin (the
+# coherency model), cross gcc + qemu user mode + rustup's standard library
+# for aarch64 and ppc64le (scripts/check-cross-arch.sh), cargo-modules
+# (scripts/check-module-cycles.sh) and s3s-fs (the S3 server the tier tests
+# start on loopback). Slow the first time on a fresh machine (the
 # two cargo installs build from source); nothing afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,12 @@ command -v cargo >/dev/null || { echo "setup-test-tools: shoal needs a Rust tool
 # aarch64 and ppc64le cache maintenance (scripts/check-cross-arch.sh).
 need_debs=()
 command -v spin >/dev/null || need_debs+=(spin)
+# prometheus scrapes an emulated cluster's /metrics (crates/shoal-cli/tests/prometheus.rs);
+# chromium renders the status page headless (crates/shoal-cli/tests/status_page.rs);
+# tmux drives `shoal top`.
+command -v prometheus >/dev/null || need_debs+=(prometheus)
+command -v chromium >/dev/null || need_debs+=(chromium)
+command -v tmux >/dev/null || need_debs+=(tmux)
 for cross in "aarch64-linux-gnu arm64" "powerpc64le-linux-gnu ppc64el"; do
     read -r gnu debarch <<<"$cross"
     command -v "$gnu-gcc" >/dev/null || need_debs+=("gcc-$gnu")

@@ -48,9 +48,14 @@ pub struct UpArgs {
     /// (a loan: a repeated get needs no round trip); 0 returns it at once.
     #[arg(long, default_value_t = 1000)]
     pub linger_ms: u64,
-    /// First port: node i gets base+2i (peer RPC) and base+2i+1 (data); 0 picks free ports.
+    /// First port: node i of n gets base+2i (peer RPC), base+2i+1 (data) and
+    /// base+2n+i (metrics); 0 picks free ports.
     #[arg(long, default_value_t = 0)]
     pub base_port: u16,
+    /// Do not serve /metrics and the status page (by default each node
+    /// serves them on a loopback port of its own).
+    #[arg(long)]
+    pub no_metrics: bool,
     /// Cluster name (prefix of the /dev/shm regions).
     #[arg(long, default_value = "local")]
     pub name: String,
@@ -105,7 +110,7 @@ fn random_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
+pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()> {
     if args.nodes == 0 {
         bail!("a cluster needs at least one node");
     }
@@ -140,11 +145,12 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
     let mut attempt = 0;
     let topology = loop {
         attempt += 1;
-        // Two ports per node: peer RPC, then the bulk data channel.
+        // Per node: peer RPC, then the bulk data channel; after them all,
+        // one metrics port per node.
         let ports = if args.base_port == 0 {
-            free_ports(2 * args.nodes as usize)?
+            free_ports(3 * args.nodes as usize)?
         } else {
-            (0..2 * args.nodes)
+            (0..3 * args.nodes)
                 .map(|i| {
                     u16::try_from(i)
                         .ok()
@@ -178,6 +184,9 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
                         durability: Some(args.durability.clone()),
                     }
                 },
+                metrics: (!args.no_metrics).then(|| {
+                    SocketAddr::from((Ipv4Addr::LOCALHOST, ports[(2 * args.nodes + i) as usize]))
+                }),
             })
             .collect();
         let topology = Topology {
@@ -190,7 +199,13 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
             linger: Duration::from_millis(args.linger_ms),
             nodes,
         };
-        match start_daemons(&topology, &dir, self_command)? {
+        let bar = crate::progress::bar(
+            u64::from(args.nodes),
+            &format!("starting {} daemons", args.nodes),
+        );
+        let started = start_daemons(&topology, &dir, self_command, log_format, &bar)?;
+        bar.finish_and_clear();
+        match started {
             None => break topology,
             Some(failure) if failure.port_taken && attempt < attempts => {
                 tracing::debug!("{}; starting again on other ports", failure.message);
@@ -202,6 +217,7 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     // Up means ready: every node's directory rebuilt (its peers told it
     // what they hold), so creates anywhere succeed at once.
+    let bar = crate::progress::bar(topology.len() as u64, "nodes rebuilding their directories");
     let ready = block_on(async {
         for node in &topology.nodes {
             loop {
@@ -213,6 +229,7 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
                     Err(err) => Err(tonic::Status::unavailable(err.to_string())),
                 };
                 if let Ok(false) = rebuilding {
+                    bar.inc(1);
                     break;
                 }
                 if Instant::now() > deadline {
@@ -223,6 +240,7 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
         }
         Ok(())
     });
+    bar.finish_and_clear();
     if let Err(err) = ready {
         // Nothing is left running of a cluster that did not come up.
         let _ = down(DirArgs {
@@ -250,6 +268,9 @@ pub fn up(args: UpArgs, self_command: &[String]) -> Result<()> {
             n.access.as_str(),
             n.region.display()
         );
+        if let Some(metrics) = n.metrics {
+            println!("          metrics http://{metrics}/metrics  status http://{metrics}/");
+        }
     }
     Ok(())
 }
@@ -268,6 +289,8 @@ fn start_daemons(
     topology: &Topology,
     dir: &Path,
     self_command: &[String],
+    log_format: &str,
+    bar: &indicatif::ProgressBar,
 ) -> Result<Option<StartFailure>> {
     let file = cluster_file(dir);
     write_private(&file, &topology.to_toml())?;
@@ -283,7 +306,7 @@ fn start_daemons(
         let mut command = Command::new(program);
         command
             .args(prefix)
-            .args(["serve", "--cluster"])
+            .args(["--log-format", log_format, "serve", "--cluster"])
             .arg(&file)
             .args(["--node", &node.id.to_string()])
             .stdin(Stdio::null())
@@ -321,6 +344,7 @@ fn start_daemons(
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        bar.inc(1);
     }
     if failure.is_some() {
         for child in &mut children {
@@ -412,7 +436,7 @@ pub fn down(args: DirArgs) -> Result<()> {
     Ok(())
 }
 
-fn load(args: &DirArgs) -> Result<Topology> {
+pub fn load(args: &DirArgs) -> Result<Topology> {
     let file = args
         .file
         .clone()

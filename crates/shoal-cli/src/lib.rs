@@ -10,6 +10,7 @@ pub use args::default_socket;
 use args::{size, SocketArg};
 mod progress;
 mod tiers;
+mod top;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,8 +25,43 @@ use shoal_daemon::{DaemonConfig, Shutdown};
 #[derive(Parser, Debug)]
 #[command(name = "shoal", version, about, long_about = None)]
 struct Cli {
+    /// Log lines as text, or as JSON objects (one a line, with the span
+    /// fields) for log shippers. Daemons started by `cluster up` inherit it.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "SHOAL_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// `PORT` (on loopback: the endpoint is for this host unless said otherwise) or `ADDRESS:PORT`.
+fn metrics_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok((std::net::Ipv4Addr::LOCALHOST, port).into());
+    }
+    text.parse()
+        .map_err(|e| format!("{text:?} is neither a port nor an address:port ({e})"))
 }
 
 #[derive(Subcommand, Debug)]
@@ -68,8 +104,13 @@ enum Command {
         /// socket too.
         #[arg(long = "allow-uid", value_name = "UID")]
         allow_uids: Vec<u32>,
+        /// Serve Prometheus metrics (/metrics) and a read-only status page (/)
+        /// over HTTP here: ADDRESS:PORT, or a PORT on 127.0.0.1 [default: with
+        /// --cluster, the node's `metrics` in the file; else none].
+        #[arg(long, value_name = "ADDRESS", value_parser = metrics_address)]
+        metrics_addr: Option<std::net::SocketAddr>,
         #[command(flatten)]
-        tiers: tiers::TierArgs,
+        tiers: Box<tiers::TierArgs>,
     },
     /// Start, stop or inspect a cluster of daemons.
     #[command(subcommand)]
@@ -104,6 +145,8 @@ enum Command {
     StageIn(tiers::StageArgs),
     /// Write objects down to the lowest tier and free their memory.
     StageOut(tiers::StageArgs),
+    /// A live view of a cluster's nodes (or of daemons' metrics addresses), refreshed every second.
+    Top(top::TopArgs),
     /// Run the Table I object micro-benchmark (put, get from another process, read).
     Bench(bench::BenchArgs),
     /// (internal) The reading side of `shoal bench`, run in a second process.
@@ -131,15 +174,19 @@ pub fn run(args: Vec<String>, self_command: Vec<String>) -> i32 {
             return if err.use_stderr() { 2 } else { 0 };
         }
     };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
-    match dispatch(cli.command, self_command) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match cli.log_format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        LogFormat::Json => logs.json().with_span_list(true).try_init(),
+    };
+
+    match dispatch(cli.command, self_command, cli.log_format) {
         Ok(()) => 0,
         Err(err) => {
             eprintln!("shoal: {err:#}");
@@ -148,7 +195,7 @@ pub fn run(args: Vec<String>, self_command: Vec<String>) -> i32 {
     }
 }
 
-fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
+fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) -> Result<()> {
     if matches!(
         command,
         Command::Ls { .. } | Command::Stat { .. } | Command::Cluster(ClusterCommand::Status(_))
@@ -173,6 +220,7 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             node,
             allow_uids,
             tiers,
+            metrics_addr,
         } => {
             let explicit = capacity;
             let capacity = capacity.unwrap_or(1 << 30);
@@ -193,6 +241,7 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
                     // Objects never share a line any node's cache moves as one.
                     config.line_size = line_size.max(shoal_core::coherence::LINE as u64);
                 }
+                config.metrics = me.metrics;
                 config.cluster = Some(shoal_daemon::ClusterConfig { topology, node });
             }
             config.region = region;
@@ -205,6 +254,9 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             config.stop_on_signals = true;
             config.allowed_uids = allow_uids;
             config.tiers = tiers.config(node_tiers.as_ref())?;
+            if metrics_addr.is_some() {
+                config.metrics = metrics_addr;
+            }
             shoal_daemon::serve_blocking(config, Shutdown::new())?;
             Ok(())
         }
@@ -252,7 +304,10 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
             file,
             ..
         } => cluster::ls(cluster::DirArgs { dir, file, json }),
-        Command::Cluster(ClusterCommand::Up(args)) => cluster::up(args, &self_command),
+        // The daemons it starts log the same way.
+        Command::Cluster(ClusterCommand::Up(args)) => {
+            cluster::up(args, &self_command, log_format.as_str())
+        }
         Command::Cluster(ClusterCommand::Down(args)) => cluster::down(args),
         Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args),
         Command::Ls { socket, json, .. } => {
@@ -284,6 +339,7 @@ fn dispatch(command: Command, self_command: Vec<String>) -> Result<()> {
         }
         Command::StageIn(args) => tiers::stage(args, false),
         Command::StageOut(args) => tiers::stage(args, true),
+        Command::Top(args) => top::run(args),
         Command::Bench(args) => bench::run(args, self_command),
         Command::BenchReader(args) => bench::reader(args),
     }

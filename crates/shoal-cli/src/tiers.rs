@@ -150,7 +150,7 @@ pub fn stage(args: StageArgs, out: bool) -> Result<()> {
             .collect::<Result<_>>()?
     };
     let total: u64 = ids.iter().map(|(_, size)| size).sum();
-    let bar = crate::progress::bar(total, if out { "stage-out" } else { "stage-in" });
+    let bar = crate::progress::bytes(total, if out { "stage-out" } else { "stage-in" });
     let mut failed = 0;
     for chunk in ids.chunks(STAGE_BATCH) {
         let batch: Vec<ObjectId> = chunk.iter().map(|(id, _)| *id).collect();

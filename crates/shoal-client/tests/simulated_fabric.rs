@@ -70,6 +70,7 @@ impl TestCluster {
                     region_size: REGION_SIZE,
                     access: Access::Mapped,
                     tiers: Default::default(),
+                    metrics: None,
                 })
                 .collect(),
         };

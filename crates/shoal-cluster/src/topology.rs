@@ -75,6 +75,8 @@ pub struct Node {
     pub region: PathBuf,
     pub region_size: u64,
     pub access: Access,
+    /// Where the node serves `/metrics` and its status page (HTTP); `None`: nowhere.
+    pub metrics: Option<SocketAddr>,
     /// The node's tiers below memory (all optional: none = memory only).
     pub tiers: NodeTiers,
 }
@@ -152,6 +154,7 @@ struct NodeRepr {
     backing: Option<String>,
     backing_capacity: Option<SizeRepr>,
     durability: Option<String>,
+    metrics: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -245,6 +248,11 @@ impl Topology {
                     ))
                 })?,
             };
+            let metrics = n
+                .metrics
+                .as_deref()
+                .map(|text| address("metrics", text))
+                .transpose()?;
             nodes.push(Node {
                 id: n.id,
                 rpc,
@@ -254,6 +262,7 @@ impl Topology {
                 region_size,
                 access: n.access.parse()?,
                 tiers,
+                metrics,
             });
         }
         let topology = Topology {
@@ -295,7 +304,10 @@ impl Topology {
                 ("address", node.data.to_string()),
                 ("socket", node.socket.display().to_string()),
                 ("region", node.region.display().to_string()),
-            ] {
+            ]
+            .into_iter()
+            .chain(node.metrics.map(|m| ("address", m.to_string())))
+            {
                 if !seen.insert((what, key.clone())) {
                     return Err(ShoalError::invalid(format!(
                         "node {}: {what} {key} is used by another node",
@@ -384,6 +396,9 @@ impl Topology {
             if let Some(level) = &t.durability {
                 let _ = writeln!(out, "durability = {level:?}");
             }
+            if let Some(metrics) = n.metrics {
+                let _ = writeln!(out, "metrics = \"{metrics}\"");
+            }
         }
         out
     }
@@ -411,6 +426,7 @@ burst = "/nvme/demo-n1"
 burst_capacity = "2GiB"
 backing = "s3://bucket/demo/n1"
 durability = "local"
+metrics = "127.0.0.1:9100"
 
 [[node]]
 id = 0
@@ -437,6 +453,11 @@ region_size = 1048576
         assert_eq!(t.heartbeat, Duration::from_millis(200));
         assert_eq!(t.node(0).unwrap().data, "127.0.0.1:7701".parse().unwrap());
         assert_eq!(t.node(1).unwrap().data, "127.0.0.1:7720".parse().unwrap());
+        assert_eq!(t.node(0).unwrap().metrics, None);
+        assert_eq!(
+            t.node(1).unwrap().metrics,
+            Some("127.0.0.1:9100".parse().unwrap())
+        );
         let again = Topology::parse(&t.to_toml(), None).unwrap();
         assert_eq!(again, t);
         assert!(t.node(2).is_err());
@@ -456,6 +477,11 @@ region_size = 1048576
             (FILE.replace("noncoherent", "sometimes"), "coheren"),
             (FILE.replace("127.0.0.1:7710", "nowhere"), "rpc address"),
             (FILE.replace("127.0.0.1:7720", "nowhere"), "data address"),
+            (FILE.replace("127.0.0.1:9100", "nowhere"), "metrics address"),
+            (
+                FILE.replace("127.0.0.1:9100", "127.0.0.1:7700"),
+                "used by another node",
+            ),
             // node 0's default data port (7701) is node 1's rpc port here
             (
                 FILE.replace("127.0.0.1:7710", "127.0.0.1:7701"),

@@ -35,6 +35,9 @@ pub struct DaemonConfig {
     pub allowed_uids: Vec<u32>,
     /// The tiers below memory (`None`: memory only; evicted objects are gone).
     pub tiers: Option<crate::tiers::TierConfig>,
+    /// Serve `/metrics` and the status page here (`shoal serve
+    /// --metrics-addr`); `None`: no HTTP listener (metrics still counted).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl DaemonConfig {
@@ -52,6 +55,7 @@ impl DaemonConfig {
             cluster: None,
             allowed_uids: Vec::new(),
             tiers: None,
+            metrics: None,
         }
     }
 }

@@ -21,6 +21,7 @@ use shoal_core::protocol::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::ops::Ops;
 
@@ -34,7 +35,11 @@ pub async fn serve(ops: Rc<Ops>, stream: UnixStream) {
         client,
         welcomed: false,
     };
-    match connection.run().await {
+    match connection
+        .run()
+        .instrument(tracing::info_span!("client", client))
+        .await
+    {
         Ok(()) => tracing::debug!(client, "client disconnected"),
         Err(err) if err.kind() == ErrorKind::Disconnected => {
             tracing::debug!(client, %err, "client gone")
@@ -42,6 +47,29 @@ pub async fn serve(ops: Rc<Ops>, stream: UnixStream) {
         Err(err) => tracing::warn!(client, %err, "dropping client"),
     }
     ops.node.client_gone(client);
+}
+
+/// A debug-level span per request with its operation and (first) object
+/// id, so every line logged while serving it names them; nothing at all
+/// unless debug logging is on.
+fn request_span(request: &Request) -> tracing::Span {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return tracing::Span::none();
+    }
+    let first = |ids: &[shoal_core::ObjectId]| (ids.first().copied(), ids.len());
+    let (op, (id, objects)) = match request {
+        Request::Create { objects, .. } | Request::CreateOn { objects, .. } => {
+            ("create", (objects.first().map(|o| o.id), objects.len()))
+        }
+        Request::Seal { ids, .. } => ("seal", first(ids)),
+        Request::Abort { id } => ("abort", (Some(*id), 1)),
+        Request::Get { ids, .. } => ("get", first(ids)),
+        Request::Release { ids } => ("release", first(ids)),
+        Request::Delete { ids } => ("delete", first(ids)),
+        Request::Contains { id } => ("contains", (Some(*id), 1)),
+        _ => ("other", (None, 0)),
+    };
+    tracing::debug_span!("request", op, id = id.map(tracing::field::display), objects)
 }
 
 struct Connection {
@@ -76,7 +104,8 @@ impl Connection {
                     }
                 };
                 consumed += used;
-                next = match self.handle(request, &mut output).await {
+                let span = request_span(&request);
+                next = match self.handle(request, &mut output).instrument(span).await {
                     Ok(next) => next,
                     Err(err) => {
                         // A frame that decodes but breaks the connection rules

@@ -2,8 +2,9 @@
 //! its peers when it is a node of a cluster.
 //!
 //! Layers, each importing only those below it:
-//! - [`supervisor`], [`principals`], `accept`: leaves (background tasks,
-//!   the store's client-id space, accept backoff);
+//! - [`supervisor`], [`principals`], `accept`, [`metrics`]: leaves
+//!   (background tasks, the store's client-id space, accept backoff, what a
+//!   node counts);
 //! - [`node`]: the store, region, waiters, subscribers and listeners; every
 //!   change goes through it and is published by it;
 //! - [`tiers`]: the tiers below memory (drain, spill, burst pressure), a
@@ -13,6 +14,8 @@
 //!   evict), shared by local clients and peers;
 //! - `connection` (local clients) and `peer_service` (other nodes), which
 //!   serve requests with `ops`;
+//! - `observe`: the `/metrics` endpoint and status page, fed by a
+//!   listener of the node and a snapshot of its store;
 //! - [`server`]: wires the layers, listens, and stops them all.
 //!
 //! The daemon runs on a single-threaded tokio runtime: the store is touched
@@ -25,7 +28,9 @@ mod accept;
 pub mod cluster;
 pub mod config;
 mod connection;
+pub mod metrics;
 pub mod node;
+mod observe;
 mod ops;
 mod peer_service;
 pub mod principals;

@@ -187,10 +187,9 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         "shoal daemon serving"
     );
 
-    let started = if ops.cluster.is_some() {
-        peer_service::start(&ops).await
-    } else {
-        Ok(())
+    let started = match crate::observe::start(&ops, config.metrics) {
+        Ok(_) if ops.cluster.is_some() => peer_service::start(&ops).await,
+        observed => observed.map(drop),
     };
     let prefault_stop = Arc::new(AtomicBool::new(false));
     let prefault = config

@@ -87,6 +87,19 @@ impl Running {
     }
 }
 
+/// One `/metrics` request, left open (keep-alive) while the daemon stops.
+fn scrape(address: std::net::SocketAddr) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    stream
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -105,6 +118,10 @@ fn starting_and_stopping_leaves_no_task_thread_or_descriptor() {
     let round = |i: usize| {
         let mut config = DaemonConfig::new(&socket, 1 << 20);
         config.prefault = i.is_multiple_of(2); // the prefault thread too
+                                               // The metrics endpoint's thread too, scraped once.
+        let metrics =
+            (i % 3 != 1).then(|| std::net::SocketAddr::from(([127, 0, 0, 1], free_port())));
+        config.metrics = metrics;
         let shutdown = Shutdown::new();
         let daemon = start(config, shutdown.clone());
         wait_for(&socket);
@@ -115,6 +132,7 @@ fn starting_and_stopping_leaves_no_task_thread_or_descriptor() {
         // A client still connected, and one waiting in a get, at shutdown.
         let mut waiting = Client::connect(&socket).unwrap();
         let waiter = std::thread::spawn(move || waiting.get(&[ObjectId::random()], -1));
+        let _scraper = metrics.map(scrape);
         std::thread::sleep(Duration::from_millis(5));
         shutdown.trigger();
         daemon.wait_returned();
@@ -127,6 +145,9 @@ fn starting_and_stopping_leaves_no_task_thread_or_descriptor() {
             client.contains(id).is_err(),
             "an idle connection ends with the daemon"
         );
+        if let Some(address) = metrics {
+            TcpListener::bind(address).expect("the metrics port is free");
+        }
         daemon.finish();
     };
     round(0);
@@ -147,7 +168,8 @@ fn cluster_nodes_stop_their_heartbeats_data_channels_and_peer_service() {
             "[cluster]\nname = \"lifecycle\"\ntoken = \"t\"\nheartbeat_ms = 20\nlease_ms = 200\n{}",
             (0..2)
                 .map(|n| format!(
-                    "[[node]]\nid = {n}\nrpc = \"127.0.0.1:{}\"\ndata = \"127.0.0.1:{}\"\nsocket = \"{dir}/n{n}.sock\"\nregion = \"{dir}/r{i}-{n}\"\nregion_size = 1048576\n",
+                    "[[node]]\nid = {n}\nrpc = \"127.0.0.1:{}\"\ndata = \"127.0.0.1:{}\"\nmetrics = \"127.0.0.1:{}\"\nsocket = \"{dir}/n{n}.sock\"\nregion = \"{dir}/r{i}-{n}\"\nregion_size = 1048576\n",
+                    free_port(),
                     free_port(),
                     free_port(),
                     dir = dir.path().display()
@@ -160,6 +182,8 @@ fn cluster_nodes_stop_their_heartbeats_data_channels_and_peer_service() {
                 let socket = dir.path().join(format!("n{node}.sock"));
                 let mut config = DaemonConfig::new(&socket, 1 << 20);
                 config.prefault = false;
+                // (`shoal serve --cluster` takes it from the file likewise.)
+                config.metrics = topology.nodes[node as usize].metrics;
                 config.cluster = Some(ClusterConfig {
                     topology: topology.clone(),
                     node,
@@ -181,6 +205,12 @@ fn cluster_nodes_stop_their_heartbeats_data_channels_and_peer_service() {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(b.get(&[id], 5_000).unwrap()[0].is_some());
+        let _scrapers: Vec<_> = topology
+            .nodes
+            .iter()
+            .filter_map(|n| n.metrics)
+            .map(scrape)
+            .collect();
         drop((a, b));
         for (_, shutdown, _) in &nodes {
             shutdown.trigger();
@@ -188,11 +218,13 @@ fn cluster_nodes_stop_their_heartbeats_data_channels_and_peer_service() {
         for (_, _, running) in &nodes {
             running.wait_returned();
         }
-        // Both runtimes are still up: no accept loop, gRPC server or
-        // heartbeat of either node may hold its ports any more.
+        // Both runtimes are still up: no accept loop, gRPC server,
+        // heartbeat or metrics endpoint of either node may hold its ports
+        // any more.
         for node in &topology.nodes {
             TcpListener::bind(node.rpc).expect("the peer RPC port is free");
             TcpListener::bind(node.data).expect("the data channel port is free");
+            TcpListener::bind(node.metrics.unwrap()).expect("the metrics port is free");
         }
         for (_, _, running) in nodes {
             running.finish();

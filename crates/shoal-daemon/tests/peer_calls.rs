@@ -62,6 +62,7 @@ impl NodeZero {
                     region_size: REGION_SIZE,
                     access: Access::Mapped,
                     tiers: Default::default(),
+                    metrics: None,
                 })
                 .collect(),
         };

@@ -32,10 +32,15 @@ impl Cluster {
         let call = self.peers.call(node, Reach::Try, |mut p| async move {
             p.heartbeat(request).await
         });
+        let started = std::time::Instant::now();
         let ok = matches!(
             tokio::time::timeout(self.topology.lease / 2, call).await,
             Ok(Ok(_))
         );
+        let metrics = self.node.metrics();
+        metrics
+            .peer_calls
+            .observe(node, "heartbeat", started.elapsed(), ok);
         if ok {
             self.peers.answered(node);
             // Before it counts as alive again (so before any create here can

@@ -33,6 +33,7 @@ pub use below::Below;
 pub use events::{NodeEvent, NodeListener};
 pub use subscribers::SUBSCRIBER_QUEUE;
 
+use crate::metrics::Metrics;
 use crate::principals::LocalIds;
 
 type Listeners = Rc<RefCell<Vec<Rc<dyn NodeListener>>>>;
@@ -61,6 +62,7 @@ pub struct Node {
     idle_since: Cell<Instant>,
     /// The tiers below memory, if any (weak: they hold the node).
     below: RefCell<Option<Weak<dyn Below>>>,
+    metrics: Arc<Metrics>,
 }
 
 /// Asks the listeners about each victim; any `Hold` keeps its memory.
@@ -108,6 +110,7 @@ impl Node {
             connected: Cell::new(0),
             idle_since: Cell::new(Instant::now()),
             below: RefCell::new(None),
+            metrics: Arc::default(),
         })
     }
 
@@ -133,6 +136,11 @@ impl Node {
 
     pub fn region(&self) -> &Arc<Region> {
         &self.region
+    }
+
+    /// What this node counts; shared with the thread serving `/metrics`.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     pub fn resident(&self) -> bool {
@@ -314,10 +322,16 @@ impl Node {
             }
             _ => {}
         }
-        // A copy: a listener may add listeners.
-        let listeners: Vec<_> = self.listeners.borrow().clone();
-        for listener in listeners {
+        // By index, the list borrowed only to take each one: a listener may
+        // add listeners, and a copy of the list would cost an allocation
+        // per event.
+        let mut next = 0;
+        loop {
+            let Some(listener) = self.listeners.borrow().get(next).cloned() else {
+                break;
+            };
             listener.on_event(event);
+            next += 1;
         }
     }
 }

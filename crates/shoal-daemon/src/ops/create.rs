@@ -31,6 +31,7 @@ impl Ops {
         timeout_ms: u32,
         gone: impl Future<Output = ()>,
     ) -> Result<Vec<ObjectLocation>> {
+        let _timed = self.node.metrics().time(crate::metrics::Op::Create);
         let ids: Vec<ObjectId> = specs.iter().map(|s| s.0).collect();
         // An object that left memory for a tier still exists.
         if let Some(id) = ids.iter().find(|id| self.node.held_below(id)) {

@@ -51,6 +51,7 @@ impl Ops {
         timeout_ms: i64,
         gone: impl Future<Output = ()>,
     ) -> Result<Vec<Option<Located>>> {
+        let _timed = self.node.metrics().time(crate::metrics::Op::Get);
         let deadline = u64::try_from(timeout_ms)
             .ok()
             .map(|ms| Instant::now() + Duration::from_millis(ms));

@@ -8,6 +8,7 @@ use crate::ops::Ops;
 
 impl Ops {
     pub fn release(&self, client: ClientId, ids: &[ObjectId]) {
+        let _timed = self.node.metrics().time(crate::metrics::Op::Release);
         let remote = self.node.mutate(|store| {
             let release_here = |id: &ObjectId| {
                 if let Err(err) = store.release(client, id) {

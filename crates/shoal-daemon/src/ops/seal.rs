@@ -29,6 +29,7 @@ impl Ops {
                 .map_or(Durability::Memory, |t| t.default_durability())
         });
         check_level(self.tiers.as_deref(), level)?;
+        let _timed = self.node.metrics().time(crate::metrics::Op::Seal);
         let (remote, here): (Vec<ObjectId>, Vec<ObjectId>) = ids
             .iter()
             .partition(|id| self.remote_creation(client, id).is_some());

@@ -1,0 +1,310 @@
+//! What a node counts and measures, in one registry its `/metrics` endpoint
+//! encodes (`observe` serves it). The node owns one [`Metrics`]; the
+//! operations time themselves into it, a listener counts the node's events,
+//! and the store thread publishes a snapshot of the store's figures into
+//! its gauges once a second. Other subsystems (tiers, the capacity
+//! controller) add their gauges here as fields of their own.
+//!
+//! Everything in it is atomics or short locks (prometheus-client's types),
+//! so the HTTP thread reads it while the store thread writes it, and
+//! nobody ever borrows the store to answer a scrape.
+
+pub mod exposition;
+mod history;
+pub mod scrape;
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+pub use history::{History, Sample};
+
+/// The operations timed per request (the `op` label of
+/// `shoal_op_duration_seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Create,
+    Get,
+    Seal,
+    Abort,
+    Release,
+    Delete,
+    Evict,
+}
+
+impl Op {
+    pub const ALL: [Op; 7] = [
+        Op::Create,
+        Op::Get,
+        Op::Seal,
+        Op::Abort,
+        Op::Release,
+        Op::Delete,
+        Op::Evict,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Create => "create",
+            Op::Get => "get",
+            Op::Seal => "seal",
+            Op::Abort => "abort",
+            Op::Release => "release",
+            Op::Delete => "delete",
+            Op::Evict => "evict",
+        }
+    }
+}
+
+type OpLabel = [(&'static str, &'static str); 1];
+
+/// Latency buckets: 1 µs doubling to ~8 s, covering a local get (µs) to a
+/// create waiting for space (seconds).
+fn op_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-6, 2.0, 24))
+}
+
+/// Gauges of the store, set from the snapshot the store thread publishes.
+#[derive(Default)]
+pub struct StoreGauges {
+    pub capacity_bytes: Gauge,
+    pub region_bytes: Gauge,
+    pub used_bytes: Gauge,
+    pub objects: Gauge,
+    pub sealed_objects: Gauge,
+    pub referenced_objects: Gauge,
+    pub evictable_objects: Gauge,
+    pub clients: Gauge,
+    pub loans: Gauge,
+    /// Per other node: 1 while this node hears from it, else 0.
+    pub peer_up: Family<[(&'static str, String); 1], Gauge>,
+}
+
+/// Counters of what the node did, from its events and the store's totals.
+#[derive(Default)]
+pub struct EventCounters {
+    pub sealed: Counter,
+    pub sealed_bytes: Counter,
+    pub aborted: Counter,
+    pub deleted: Counter,
+    pub evictions: Counter,
+    pub evicted_bytes: Counter,
+}
+
+type PeerMethod = [(&'static str, String); 2];
+
+/// Calls to other nodes, per peer and method.
+pub struct PeerCalls {
+    duration: Family<PeerMethod, Histogram, fn() -> Histogram>,
+    errors: Family<PeerMethod, Counter>,
+}
+
+impl PeerCalls {
+    /// One call to `peer` took `elapsed` and succeeded or not (a heartbeat
+    /// not answered in time is an error: a miss).
+    pub fn observe(&self, peer: u32, method: &'static str, elapsed: std::time::Duration, ok: bool) {
+        let labels = [("peer", peer.to_string()), ("method", method.to_owned())];
+        self.duration
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+        let errors = self.errors.get_or_create(&labels);
+        if !ok {
+            errors.inc();
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub peer_calls: PeerCalls,
+    /// Per operation, a handle on its histogram in the family (clones share
+    /// the same counts): a timed op costs no label lookup.
+    op_latency: [Histogram; Op::ALL.len()],
+    pub store: StoreGauges,
+    pub events: EventCounters,
+    /// Capacity and usage over the last minutes, for the status page.
+    pub history: Mutex<History>,
+    pub info: NodeInfo,
+    started: Instant,
+}
+
+/// Times one operation; observed when dropped.
+pub struct OpTimer<'a> {
+    histogram: &'a Histogram,
+    started: Instant,
+}
+
+impl Drop for OpTimer<'_> {
+    fn drop(&mut self) {
+        self.histogram.observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// Which node this is: set once the daemon knows its cluster.
+#[derive(Default)]
+pub struct NodeInfo {
+    node: Family<[(&'static str, String); 1], Gauge>,
+    nodes: Gauge,
+    id: AtomicU32,
+}
+
+impl NodeInfo {
+    pub fn identify(&self, node: u32, nodes: u32) {
+        self.node.clear();
+        self.node
+            .get_or_create(&[("node", node.to_string())])
+            .set(1);
+        self.nodes.set(i64::from(nodes));
+        self.id.store(node, Ordering::Relaxed);
+    }
+
+    /// This node's id (0 for a single store).
+    pub fn id(&self) -> u32 {
+        self.id.load(Ordering::Relaxed)
+    }
+
+    /// Nodes in the cluster (1 for a single store).
+    pub fn nodes(&self) -> u32 {
+        self.nodes.get().max(1) as u32
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let latency = Family::<OpLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+            op_histogram as fn() -> Histogram,
+        );
+        let op_latency = Op::ALL.map(|op| latency.get_or_create_owned(&[("op", op.name())]));
+        registry.register(
+            "shoal_op_duration_seconds",
+            "Time to serve an operation, waits included (per op; its count is the number of operations)",
+            latency,
+        );
+        let store = StoreGauges::default();
+        for (name, help, gauge) in [
+            ("shoal_capacity_bytes", "Bytes the store may use", &store.capacity_bytes),
+            ("shoal_region_bytes", "Length of the shared-memory region", &store.region_bytes),
+            ("shoal_used_bytes", "Bytes allocated to objects", &store.used_bytes),
+            ("shoal_objects", "Objects in the store (created or sealed)", &store.objects),
+            ("shoal_sealed_objects", "Sealed objects in the store", &store.sealed_objects),
+            ("shoal_referenced_objects", "Objects some client holds a reference to", &store.referenced_objects),
+            ("shoal_evictable_objects", "Objects the eviction policy may evict", &store.evictable_objects),
+            ("shoal_clients", "Local clients connected", &store.clients),
+            ("shoal_loans", "References this node holds on other nodes' objects after its clients released them", &store.loans),
+        ] {
+            registry.register(name, help, gauge.clone());
+        }
+        registry.register(
+            "shoal_peer_up",
+            "Per other node of the cluster: 1 while this node hears from it",
+            store.peer_up.clone(),
+        );
+        let events = EventCounters::default();
+        for (name, help, counter) in [
+            ("shoal_sealed", "Objects sealed", &events.sealed),
+            (
+                "shoal_sealed_bytes",
+                "Bytes (data and metadata) of the objects sealed",
+                &events.sealed_bytes,
+            ),
+            (
+                "shoal_aborted",
+                "Unsealed objects aborted (or whose creator left)",
+                &events.aborted,
+            ),
+            ("shoal_deleted", "Objects deleted", &events.deleted),
+            ("shoal_evictions", "Objects evicted", &events.evictions),
+            (
+                "shoal_evicted_bytes",
+                "Bytes evicted",
+                &events.evicted_bytes,
+            ),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
+        let start_time = Gauge::<f64, AtomicU64>::default();
+        start_time.set(unix_now());
+        registry.register(
+            "shoal_start_time_seconds",
+            "When this daemon started, in seconds since the Unix epoch (a change is a restart)",
+            start_time,
+        );
+        let peer_calls = PeerCalls {
+            duration: Family::new_with_constructor(op_histogram as fn() -> Histogram),
+            errors: Family::default(),
+        };
+        registry.register(
+            "shoal_peer_rpc_duration_seconds",
+            "Time of calls to other nodes, per peer and method (heartbeat today)",
+            peer_calls.duration.clone(),
+        );
+        registry.register(
+            "shoal_peer_rpc_errors",
+            "Calls to other nodes that failed or timed out, per peer and method (method=heartbeat: heartbeat misses)",
+            peer_calls.errors.clone(),
+        );
+        let info = NodeInfo::default();
+        registry.register(
+            "shoal_node",
+            "This daemon: 1, labelled with its node id",
+            info.node.clone(),
+        );
+        registry.register(
+            "shoal_cluster_nodes",
+            "Nodes in this daemon's cluster (1 for a single store)",
+            info.nodes.clone(),
+        );
+        Self {
+            registry,
+            peer_calls,
+            op_latency,
+            store,
+            events,
+            history: Mutex::default(),
+            info,
+            started: Instant::now(),
+        }
+    }
+
+    /// Starts timing `op`: one line at the top of each operation.
+    #[inline]
+    pub fn time(&self, op: Op) -> OpTimer<'_> {
+        OpTimer {
+            histogram: &self.op_latency[op as usize],
+            started: Instant::now(),
+        }
+    }
+
+    pub fn uptime_seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// The registry in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 << 10);
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}

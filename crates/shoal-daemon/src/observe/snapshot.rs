@@ -1,0 +1,64 @@
+//! Once a second the store thread copies the store's figures into the
+//! metrics' gauges (and the status page's history), and the events counted
+//! since into its counters: a scrape reads them there, never the store.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use crate::metrics::{unix_now, Metrics, Sample};
+use crate::observe::listener::MetricsListener;
+use crate::ops::Ops;
+
+const EVERY: Duration = Duration::from_secs(1);
+
+pub async fn publish(ops: Rc<Ops>, counted: Rc<MetricsListener>) {
+    let mut ticker = tokio::time::interval(EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let metrics = ops.node.metrics();
+        counted.publish(&metrics.events);
+        take(&ops, metrics);
+    }
+}
+
+fn take(ops: &Ops, metrics: &Metrics) {
+    let stats = ops.node.read(|store| store.stats());
+    let gauges = &metrics.store;
+    let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    gauges.capacity_bytes.set(signed(stats.capacity));
+    gauges.region_bytes.set(signed(stats.region_size));
+    gauges.used_bytes.set(signed(stats.used));
+    gauges.objects.set(signed(stats.objects));
+    gauges.sealed_objects.set(signed(stats.sealed));
+    gauges.referenced_objects.set(signed(stats.referenced));
+    gauges.evictable_objects.set(signed(stats.evictable));
+    gauges.clients.set(signed(ops.node.connected() as u64));
+    // The store keeps running totals: the counters move by the difference.
+    let events = &metrics.events;
+    events
+        .evictions
+        .inc_by(stats.evictions.saturating_sub(events.evictions.get()));
+    events.evicted_bytes.inc_by(
+        stats
+            .evicted_bytes
+            .saturating_sub(events.evicted_bytes.get()),
+    );
+    if let Some(cluster) = &ops.cluster {
+        gauges.loans.set(signed(cluster.loans_held() as u64));
+        for peer in cluster.others() {
+            gauges
+                .peer_up
+                .get_or_create(&[("peer", peer.to_string())])
+                .set(i64::from(cluster.is_alive(peer)));
+        }
+    }
+    if let Ok(mut history) = metrics.history.lock() {
+        history.push(Sample {
+            at: unix_now(),
+            capacity: stats.capacity,
+            used: stats.used,
+            objects: stats.objects,
+        });
+    }
+}
