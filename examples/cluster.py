@@ -106,6 +106,23 @@ def run(nodes: list[shoal.Client]) -> None:
         f"mean value per node {means}, total {total:.1f}"
     )
 
+    # Every node has a burst buffer and a backing directory below its memory (cluster up's
+    # default): an object sealed at durability "local" is on disk before put returns, can leave
+    # memory, and a get on any node brings it back.
+    durable = a.put(table, durability="local")
+    a.stage_out([durable])
+    row = next(o for o in a.list() if o.id == durable)
+    back, took = timed(b.get, durable)  # node 0 restores it from its burst buffer
+    assert back.equals(table)
+    tiers = a.tiers()
+    print(
+        f"tiers: node 0's table left memory (in memory: {row.resident}, on {'+'.join(row.tiers)}); "
+        f"a get on node 1 restored it in {took * 1e3:.1f} ms; node 0 has "
+        f"{tiers['tiers']['burst']['objects']} objects on its burst buffer, {tiers['restores']} restores"
+    )
+    del back
+    a.delete([durable])
+
     del got, sales
     c.delete_table("sales", NODES)
     a.delete([oid, *ids])

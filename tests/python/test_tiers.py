@@ -10,8 +10,9 @@ import re
 import numpy as np
 import pyarrow as pa
 import pytest
-import shoal
 from _shoal_testing import Daemon, shoal_command
+
+import shoal
 
 MIB = 1 << 20
 
@@ -70,7 +71,7 @@ def test_durability_errors_are_typed(make_store, tmp_path):
         memory_only.put(b"abc", durability="local")
     with pytest.raises(shoal.InvalidArgument):
         memory_only.put(b"abc", durability="disk")
-    burst_only = make_store(capacity="4MiB", args=["--burst", str(tmp_path / "b")], name="b").client()
+    burst_only = make_store(capacity="4MiB", args=["--burst", str(tmp_path / "burst-b")], name="b").client()
     oid = burst_only.put(b"abc", durability="local")
     with pytest.raises(shoal.InvalidArgument):
         burst_only.wait_durable([oid], "backing", timeout=1)
@@ -109,7 +110,10 @@ def test_the_cli_shows_and_moves_tiers(make_store, tmp_path):
     assert listing.stdout.count("burst+backing") == 4, listing.stdout
     out = shoal_command("stage-in", ids[0].binary().hex(), "--socket", store.socket)
     assert out.returncode == 0, out.stderr
-    rows = [json.loads(line) for line in shoal_command("ls", "--json", "--socket", store.socket).stdout.splitlines()]
+    rows = [
+        json.loads(line)
+        for line in shoal_command("ls", "--json", "--socket", store.socket).stdout.splitlines()
+    ]
     assert {r["id"] for r in rows if r["resident"]} == {ids[0].binary().hex()}
     stat = shoal_command("stat", "--socket", store.socket).stdout
     assert re.search(r"backing\s+\S+ \S+ of unbounded used, 4 objects", stat), stat

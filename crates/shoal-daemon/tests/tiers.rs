@@ -460,3 +460,75 @@ fn a_tier_of_another_node_is_refused_at_start() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert!(err.message().contains("elsewhere"), "{err}");
 }
+
+#[test]
+fn the_tiers_are_in_the_metrics() {
+    use shoal_daemon::metrics::exposition;
+    use std::io::{Read, Write};
+
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let http = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut cfg = config(dir.path(), 4 * MIB, tiers(dir.path(), Some(64 * MIB), true));
+    cfg.metrics = Some(http);
+    let daemon = Daemon::start(cfg);
+    let mut client = daemon.client();
+    let ids: Vec<ObjectId> = (0..4).map(|_| ObjectId::random()).collect();
+    for id in &ids {
+        client.put(*id, &pattern(id, 100_000), b"").unwrap();
+    }
+    assert!(client
+        .wait_durable(&ids, Durability::Backing, 10_000)
+        .unwrap()
+        .iter()
+        .all(Result::is_ok));
+    assert!(client
+        .stage_out(&ids[..2])
+        .unwrap()
+        .iter()
+        .all(Result::is_ok));
+    read(&mut client, ids[0]).unwrap();
+    let scrape = || {
+        let mut stream = std::net::TcpStream::connect(http).unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        exposition::parse(answer.split_once("\r\n\r\n").unwrap().1)
+    };
+    let value = |samples: &[exposition::Sample], name: &str, tier: Option<&str>| {
+        samples
+            .iter()
+            .find(|s| s.name == name && tier.is_none_or(|t| s.label("tier") == Some(t)))
+            .map(|s| s.value)
+    };
+    // Published once a second.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let samples = scrape();
+        if value(&samples, "shoal_restores_total", None) == Some(1.0) {
+            assert_eq!(
+                value(&samples, "shoal_tier_objects", Some("backing")),
+                Some(4.0)
+            );
+            assert_eq!(value(&samples, "shoal_durable_objects", None), Some(4.0));
+            assert!(value(&samples, "shoal_drained_bytes_total", None).unwrap() >= 400_000.0);
+            assert_eq!(
+                value(&samples, "shoal_restored_bytes_total", None),
+                Some(100_000.0)
+            );
+            assert!(value(&samples, "shoal_tier_used_bytes", Some("burst")).unwrap() > 0.0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tier metrics never showed the restore"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

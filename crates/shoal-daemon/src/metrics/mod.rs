@@ -98,6 +98,25 @@ pub struct EventCounters {
     pub evicted_bytes: Counter,
 }
 
+type TierLabel = [(&'static str, String); 1];
+
+/// The tiers below memory: per tier (`tier` = burst, backing) its capacity,
+/// use and objects; the drain's queue and totals (from `Tiers::report`).
+#[derive(Default)]
+pub struct TierGauges {
+    pub capacity_bytes: Family<TierLabel, Gauge>,
+    pub used_bytes: Family<TierLabel, Gauge>,
+    pub objects: Family<TierLabel, Gauge>,
+    pub drain_queue: Gauge,
+    pub durable_objects: Gauge,
+    pub drain_rate: Gauge,
+    pub drained_bytes: Counter,
+    pub spilled_bytes: Counter,
+    pub restores: Counter,
+    pub restored_bytes: Counter,
+    pub failures: Counter,
+}
+
 type PeerMethod = [(&'static str, String); 2];
 
 /// Calls to other nodes, per peer and method.
@@ -129,6 +148,7 @@ pub struct Metrics {
     op_latency: [Histogram; Op::ALL.len()],
     pub store: StoreGauges,
     pub events: EventCounters,
+    pub tiers: TierGauges,
     /// Capacity and usage over the last minutes, for the status page.
     pub history: Mutex<History>,
     pub info: NodeInfo,
@@ -236,6 +256,74 @@ impl Metrics {
         ] {
             registry.register(name, help, counter.clone());
         }
+        let tiers = TierGauges::default();
+        for (name, help, family) in [
+            (
+                "shoal_tier_capacity_bytes",
+                "Bytes a tier below memory may hold (per tier)",
+                &tiers.capacity_bytes,
+            ),
+            (
+                "shoal_tier_used_bytes",
+                "Bytes a tier below memory holds (per tier)",
+                &tiers.used_bytes,
+            ),
+            (
+                "shoal_tier_objects",
+                "Object copies on a tier below memory (per tier)",
+                &tiers.objects,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+        for (name, help, gauge) in [
+            (
+                "shoal_drain_queue_depth",
+                "Drain jobs queued, running or waiting for a queue",
+                &tiers.drain_queue,
+            ),
+            (
+                "shoal_durable_objects",
+                "Objects with a durable copy below memory",
+                &tiers.durable_objects,
+            ),
+            (
+                "shoal_drain_rate_bytes",
+                "Bytes per second drained over the last 5 s",
+                &tiers.drain_rate,
+            ),
+        ] {
+            registry.register(name, help, gauge.clone());
+        }
+        for (name, help, counter) in [
+            (
+                "shoal_drained_bytes",
+                "Bytes written down to a tier by the write-behind drain",
+                &tiers.drained_bytes,
+            ),
+            (
+                "shoal_spilled_bytes",
+                "Bytes of dirty objects written to a tier because they were evicted",
+                &tiers.spilled_bytes,
+            ),
+            (
+                "shoal_restores",
+                "Objects restored into memory from a tier",
+                &tiers.restores,
+            ),
+            (
+                "shoal_restored_bytes",
+                "Bytes restored into memory from a tier",
+                &tiers.restored_bytes,
+            ),
+            (
+                "shoal_tier_failures",
+                "Writes down to a tier that failed (reported or retried)",
+                &tiers.failures,
+            ),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
         let start_time = Gauge::<f64, AtomicU64>::default();
         start_time.set(unix_now());
         registry.register(
@@ -274,6 +362,7 @@ impl Metrics {
             op_latency,
             store,
             events,
+            tiers,
             history: Mutex::default(),
             info,
             started: Instant::now(),

@@ -53,6 +53,30 @@ fn take(ops: &Ops, metrics: &Metrics) {
                 .set(i64::from(cluster.is_alive(peer)));
         }
     }
+    if ops.tiers.is_some() {
+        let report = ops.tier_report();
+        let t = &metrics.tiers;
+        for tier in &report.tiers {
+            let label = [("tier", tier.level_name().to_string())];
+            t.capacity_bytes
+                .get_or_create(&label)
+                .set(signed(tier.capacity));
+            t.used_bytes.get_or_create(&label).set(signed(tier.used));
+            t.objects.get_or_create(&label).set(signed(tier.objects));
+        }
+        t.drain_queue.set(signed(report.queue_depth));
+        t.durable_objects.set(signed(report.durable_objects));
+        t.drain_rate.set(signed(report.drain_rate));
+        for (counter, total) in [
+            (&t.drained_bytes, report.drained_bytes),
+            (&t.spilled_bytes, report.spilled_bytes),
+            (&t.restores, report.restores),
+            (&t.restored_bytes, report.restored_bytes),
+            (&t.failures, report.failures),
+        ] {
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
+    }
     if let Ok(mut history) = metrics.history.lock() {
         history.push(Sample {
             at: unix_now(),
