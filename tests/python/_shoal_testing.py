@@ -328,7 +328,11 @@ class Cluster:
         coherence: str = "coherent",
         simulate_caches: bool = False,
         linger_ms: int | None = None,
+        tiers: bool = False,
     ) -> None:
+        """`tiers`: give each node the burst buffer and backing directory `cluster up` gives
+        by default; off here, so tests of memory behaviour (eviction forgets, a restarted
+        node comes back empty) see memory alone."""
         self.directory = directory
         self.name = f"t{os.getpid()}x{directory.name}"[-24:]
         self.nodes = nodes
@@ -339,6 +343,7 @@ class Cluster:
             "--modes", modes, "--coherence", coherence, "--name", self.name,
             *(["--simulate-caches"] if simulate_caches else []),
             *([] if linger_ms is None else ["--linger-ms", str(linger_ms)]),
+            *([] if tiers else ["--no-tiers"]),
         )  # fmt: skip
         assert result.returncode == 0, result.stderr + result.stdout
         self.file = directory / "cluster.toml"

@@ -415,7 +415,7 @@ def frame(opcode: int, payload: bytes = b"", flags: int = 0, length: int | None 
     return struct.pack("<IHH", len(payload) if length is None else length, opcode, flags) + payload
 
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 def hello(version: int = PROTOCOL_VERSION) -> bytes:
@@ -536,7 +536,8 @@ def test_many_random_connections(store, populated):
 GARBAGE_AFTER_HELLO = {
     "unknown-opcode": frame(0x00FF),
     "hello-twice": hello(),
-    "bad-bool": frame(SEAL, b"\x02" + struct.pack("<I", 0)),
+    "bad-bool": frame(SEAL, b"\x02\xff" + struct.pack("<I", 0)),
+    "bad-durability": frame(SEAL, b"\x01\x07" + struct.pack("<I", 0)),
     "forged-count": frame(CREATE, struct.pack("<II", 0, 0xFFFFFFFF) + b"\0" * 32),
     "count-exceeds-payload": frame(GET, struct.pack("<qI", 0, 3) + b"\0" * 40),
     "trailing-bytes": frame(STATS, b"\0"),

@@ -124,7 +124,7 @@ def test_the_cli_shows_and_moves_tiers(make_store, tmp_path):
 
 
 def test_a_node_serves_objects_that_left_its_memory_to_other_nodes(make_cluster):
-    cluster = make_cluster(capacity="16MiB")
+    cluster = make_cluster(capacity="16MiB", tiers=True)
     owner, reader = cluster.client(0), cluster.client(1)
     ids = [owner.put(table(i, 20_000)) for i in range(4)]
     owner.wait_durable(ids, "local", timeout=10)
