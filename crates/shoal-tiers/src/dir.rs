@@ -19,7 +19,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use async_trait::async_trait;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
@@ -55,6 +55,11 @@ struct Inner {
     capacity: u64,
     used: AtomicU64,
     objects: AtomicU64,
+    /// True once the sizes of the images found at open are in `used`. The
+    /// count runs in the background (a stat per file: seconds for a million
+    /// objects, which must not delay a restart); writes and deletes wait for
+    /// it so their own accounting never mixes with a half-done count.
+    counted: (Mutex<bool>, Condvar),
 }
 
 impl std::fmt::Debug for DirTier {
@@ -109,22 +114,43 @@ impl DirTier {
                 capacity,
                 used: AtomicU64::new(0),
                 objects: AtomicU64::new(0),
+                counted: (Mutex::new(false), Condvar::new()),
             }),
         };
-        let (mut used, mut objects) = (0u64, 0u64);
-        for (_, path) in tier.inner.walk()? {
-            if let Ok(meta) = fs::metadata(&path) {
-                used += meta.len();
-                objects += 1;
+        // Listing errors surface here; the sizes are summed in the background.
+        let found = tier.inner.walk()?;
+        let inner = tier.inner.clone();
+        let count = move || {
+            let (mut used, mut objects) = (0u64, 0u64);
+            for (_, path) in found {
+                if let Ok(meta) = fs::metadata(&path) {
+                    used += meta.len();
+                    objects += 1;
+                }
             }
+            inner.used.fetch_add(used, Ordering::AcqRel);
+            inner.objects.fetch_add(objects, Ordering::Relaxed);
+            let (done, changed) = &inner.counted;
+            *done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            changed.notify_all();
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("shoal-tier-count".into())
+            .spawn(count)
+        {
+            return Err(io_error(&format!("start counting {what}"), e));
         }
-        tier.inner.used.store(used, Ordering::Relaxed);
-        tier.inner.objects.store(objects, Ordering::Relaxed);
         Ok(tier)
     }
 
     pub fn root(&self) -> &Path {
         &self.inner.root
+    }
+
+    /// Blocks until `usage` counts every image that was there at open (it is
+    /// summed in the background; until then `usage` may be short).
+    pub fn wait_counted(&self) {
+        self.inner.wait_counted();
     }
 
     /// Where the image of `id` lives (for tests that damage files on purpose).
@@ -169,8 +195,18 @@ impl Inner {
         Ok(out)
     }
 
+    /// Blocks until the count of the images found at open is done.
+    fn wait_counted(&self) {
+        let (done, changed) = &self.counted;
+        let mut done = done.lock().unwrap_or_else(|e| e.into_inner());
+        while !*done {
+            done = changed.wait(done).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
     /// Takes `bytes` of the capacity, or fails with `StoreFull`.
     fn reserve(&self, bytes: u64) -> Result<()> {
+        self.wait_counted();
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(bytes)
@@ -367,6 +403,7 @@ impl Inner {
     }
 
     fn delete(&self, id: ObjectId) -> Result<bool> {
+        self.wait_counted();
         let path = self.path_of(&id);
         let len = match fs::metadata(&path) {
             Ok(meta) => meta.len(),

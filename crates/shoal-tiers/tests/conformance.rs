@@ -120,6 +120,7 @@ async fn sweep_removes_temp_files_and_foreign_names_and_reopen_counts_usage() {
     std::fs::write(root.join("objects/00").join(misplaced.to_hex()), b"x").unwrap();
 
     let reopened = DirTier::open(&root, &me, 1 << 30).unwrap();
+    reopened.wait_counted();
     assert_eq!(
         reopened.usage().objects,
         1,
