@@ -19,7 +19,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use async_trait::async_trait;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
@@ -37,6 +37,12 @@ const TMP: &str = "tmp";
 /// sequential-write speed, small enough that the checksum pass reads bytes
 /// still in cache.
 const CHUNK: usize = 4 << 20;
+/// Payloads at least this large are restored with direct I/O (below: one
+/// buffered read is cheaper than a reader thread).
+const DIRECT_MIN: u64 = CHUNK as u64;
+/// Alignment of direct I/O offsets, lengths and buffers: the largest logical
+/// block size of the devices we run on.
+const DIRECT_ALIGN: usize = 4096;
 
 /// A directory tier. Cheap to clone (shared state).
 #[derive(Clone)]
@@ -49,6 +55,11 @@ struct Inner {
     capacity: u64,
     used: AtomicU64,
     objects: AtomicU64,
+    /// True once the sizes of the images found at open are in `used`. The
+    /// count runs in the background (a stat per file: seconds for a million
+    /// objects, which must not delay a restart); writes and deletes wait for
+    /// it so their own accounting never mixes with a half-done count.
+    counted: (Mutex<bool>, Condvar),
 }
 
 impl std::fmt::Debug for DirTier {
@@ -103,22 +114,43 @@ impl DirTier {
                 capacity,
                 used: AtomicU64::new(0),
                 objects: AtomicU64::new(0),
+                counted: (Mutex::new(false), Condvar::new()),
             }),
         };
-        let (mut used, mut objects) = (0u64, 0u64);
-        for (_, path) in tier.inner.walk()? {
-            if let Ok(meta) = fs::metadata(&path) {
-                used += meta.len();
-                objects += 1;
+        // Listing errors surface here; the sizes are summed in the background.
+        let found = tier.inner.walk()?;
+        let inner = tier.inner.clone();
+        let count = move || {
+            let (mut used, mut objects) = (0u64, 0u64);
+            for (_, path) in found {
+                if let Ok(meta) = fs::metadata(&path) {
+                    used += meta.len();
+                    objects += 1;
+                }
             }
+            inner.used.fetch_add(used, Ordering::AcqRel);
+            inner.objects.fetch_add(objects, Ordering::Relaxed);
+            let (done, changed) = &inner.counted;
+            *done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            changed.notify_all();
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("shoal-tier-count".into())
+            .spawn(count)
+        {
+            return Err(io_error(&format!("start counting {what}"), e));
         }
-        tier.inner.used.store(used, Ordering::Relaxed);
-        tier.inner.objects.store(objects, Ordering::Relaxed);
         Ok(tier)
     }
 
     pub fn root(&self) -> &Path {
         &self.inner.root
+    }
+
+    /// Blocks until `usage` counts every image that was there at open (it is
+    /// summed in the background; until then `usage` may be short).
+    pub fn wait_counted(&self) {
+        self.inner.wait_counted();
     }
 
     /// Where the image of `id` lives (for tests that damage files on purpose).
@@ -163,8 +195,18 @@ impl Inner {
         Ok(out)
     }
 
+    /// Blocks until the count of the images found at open is done.
+    fn wait_counted(&self) {
+        let (done, changed) = &self.counted;
+        let mut done = done.lock().unwrap_or_else(|e| e.into_inner());
+        while !*done {
+            done = changed.wait(done).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
     /// Takes `bytes` of the capacity, or fails with `StoreFull`.
     fn reserve(&self, bytes: u64) -> Result<()> {
+        self.wait_counted();
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(bytes)
@@ -319,12 +361,24 @@ impl Inner {
                 header.payload_len()
             )));
         }
-        let mut crc = 0u32;
-        for chunk in dst.as_mut_slice().chunks_mut(CHUNK) {
-            file.read_exact(chunk)
-                .map_err(|e| io_error(&format!("read {what}"), e))?;
-            crc = crc32c::crc32c_append(crc, chunk);
-        }
+        let direct = if header.payload_len() >= DIRECT_MIN {
+            open_direct(&self.path_of(&id))
+        } else {
+            None
+        };
+        let crc = match direct {
+            Some(direct) => read_payload_direct(&direct, dst.as_mut_slice())
+                .map_err(|e| io_error(&format!("read {what}"), e))?,
+            None => {
+                let mut crc = 0u32;
+                for chunk in dst.as_mut_slice().chunks_mut(CHUNK) {
+                    file.read_exact(chunk)
+                        .map_err(|e| io_error(&format!("read {what}"), e))?;
+                    crc = crc32c::crc32c_append(crc, chunk);
+                }
+                crc
+            }
+        };
         if crc != header.checksum {
             return Err(checksum_mismatch(&what, header.checksum, crc));
         }
@@ -349,6 +403,7 @@ impl Inner {
     }
 
     fn delete(&self, id: ObjectId) -> Result<bool> {
+        self.wait_counted();
         let path = self.path_of(&id);
         let len = match fs::metadata(&path) {
             Ok(meta) => meta.len(),
@@ -464,6 +519,101 @@ fn id_in_fan(name: &std::ffi::OsStr, fan: u8) -> Option<ObjectId> {
     name.to_str()
         .and_then(ObjectId::from_hex)
         .filter(|id| id.as_bytes()[0] == fan)
+}
+
+/// `path` opened for direct I/O (O_DIRECT), or `None` where the file system
+/// refuses it (tmpfs, some FUSE): the caller reads through the page cache.
+fn open_direct(path: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .ok()
+}
+
+/// Reads the payload of an image (`dst.len()` bytes at offset `HEADER_LEN`)
+/// from `file`, opened with O_DIRECT, into `dst`; returns its CRC-32C.
+///
+/// Why: a buffered restore reads through the page cache (a copy, and
+/// readahead windows that keep the device below its sequential limit); a
+/// direct read of large aligned blocks runs at the device's limit. The
+/// payload starts at byte 64, so blocks go to an aligned bounce buffer and
+/// are copied out, which is cheap beside the device. One thread reads block
+/// k + 1 while this one copies and checksums block k, so the copy and the
+/// checksum hide behind the device.
+fn read_payload_direct(file: &File, dst: &mut [u8]) -> io::Result<u32> {
+    use std::sync::mpsc;
+
+    let end = HEADER_LEN as u64 + dst.len() as u64;
+    let blocks = end.div_ceil(CHUNK as u64);
+    let (full_tx, full_rx) = mpsc::sync_channel::<io::Result<(Vec<u8>, usize, usize)>>(1);
+    let (free_tx, free_rx) = mpsc::sync_channel::<Vec<u8>>(2);
+    for _ in 0..2 {
+        free_tx
+            .send(vec![0u8; CHUNK + DIRECT_ALIGN])
+            .expect("the receiver is alive");
+    }
+    // `move`: this side's ends of the channels drop when it returns, so a
+    // reader blocked on them stops and the scope's join cannot hang.
+    std::thread::scope(move |scope| {
+        scope.spawn(move || {
+            for block in 0..blocks {
+                let Ok(mut buf) = free_rx.recv() else { return };
+                let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
+                let offset = block * CHUNK as u64;
+                let want = (end - offset).min(CHUNK as u64) as usize;
+                let read = read_direct(file, &mut buf[start..start + CHUNK], offset, want);
+                let failed = read.is_err();
+                if full_tx.send(read.map(|n| (buf, start, n))).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let mut crc = 0u32;
+        for block in 0..blocks {
+            let (buf, start, got) = full_rx
+                .recv()
+                .map_err(|_| io::Error::other("the direct reader stopped"))??;
+            let offset = block * CHUNK as u64;
+            // The part of this block inside the payload.
+            let from = (HEADER_LEN as u64).saturating_sub(offset) as usize;
+            let to = ((end - offset) as usize).min(got);
+            if to < ((end - offset) as usize).min(CHUNK) {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "image shorter than its header says",
+                ));
+            }
+            let bytes = &buf[start + from..start + to];
+            let at = (offset + from as u64 - HEADER_LEN as u64) as usize;
+            dst[at..at + bytes.len()].copy_from_slice(bytes);
+            crc = crc32c::crc32c_append(crc, bytes);
+            // The reader may have finished (last block): a closed channel is fine.
+            let _ = free_tx.send(buf);
+        }
+        Ok(crc)
+    })
+}
+
+/// One direct read of `buf` (aligned, a whole number of blocks) at `offset`,
+/// retried on short reads until `want` bytes or the end of the file.
+fn read_direct(file: &File, buf: &mut [u8], offset: u64, want: usize) -> io::Result<usize> {
+    let mut got = 0;
+    while got < want {
+        // Direct reads must start on a block boundary: after a short read
+        // that is not one, the file ended.
+        if got % DIRECT_ALIGN != 0 {
+            break;
+        }
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// Reads until `buf` is full or the file ends; returns the bytes read.

@@ -120,6 +120,7 @@ async fn sweep_removes_temp_files_and_foreign_names_and_reopen_counts_usage() {
     std::fs::write(root.join("objects/00").join(misplaced.to_hex()), b"x").unwrap();
 
     let reopened = DirTier::open(&root, &me, 1 << 30).unwrap();
+    reopened.wait_counted();
     assert_eq!(
         reopened.usage().objects,
         1,
@@ -129,4 +130,42 @@ async fn sweep_removes_temp_files_and_foreign_names_and_reopen_counts_usage() {
     assert_eq!(reopened.sweep().await.unwrap(), 3);
     assert_eq!(reopened.list().await.unwrap(), vec![id]);
     assert_eq!(reopened.sweep().await.unwrap(), 0);
+}
+
+/// Payloads of 4 MiB and more are restored with direct I/O through a bounce
+/// buffer (dir.rs): block boundaries, the unaligned tail and damage anywhere
+/// in a later block must come out as in the buffered path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_objects_restore_through_direct_io_and_damage_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = DirTier::open(&dir.path().join("t"), &TierIdentity::new("c", 0), 1 << 30).unwrap();
+    let len = (9 << 20) + 5; // three 4 MiB blocks, the last one short and unaligned
+    let image_len = (shoal_tiers::format::HEADER_LEN + len) as u64;
+    for (i, damage) in [
+        None,
+        Some(Damage::FlipBit((4 << 20) * 8 + 3)), // first byte of the second block
+        Some(Damage::FlipBit(image_len * 8 - 1)), // last payload bit
+        Some(Damage::Truncate(image_len - 4096)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = ObjectId::random();
+        let bytes = payload(len, i as u64);
+        write(&tier, id, &bytes, 3).await.unwrap();
+        let got = match damage {
+            None => {
+                assert_eq!(common::read(&tier, id, len).await.unwrap(), bytes);
+                continue;
+            }
+            Some(damage) => {
+                let path = tier.object_path(&id);
+                let image = std::fs::read(&path).unwrap();
+                std::fs::write(&path, damaged(image, damage)).unwrap();
+                common::read(&tier, id, len).await
+            }
+        };
+        let err = got.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ObjectCorrupt, "{damage:?}: {err}");
+    }
 }
