@@ -234,9 +234,7 @@ pub fn sample_requests() -> Vec<Request> {
             ids: ids.clone(),
         },
         Request::StageIn { ids: ids.clone() },
-        Request::StageOut {
-            ids: vec![ids[0]],
-        },
+        Request::StageOut { ids: vec![ids[0]] },
         Request::Tiers,
         Request::Abort { id: ids[1] },
         Request::Get {
