@@ -18,6 +18,14 @@ struct Node {
     socket: PathBuf,
 }
 
+/// A failed check must not leave its daemon running.
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn start(dir: &Path) -> Node {
     let socket = dir.join("shoal.sock");
     let log = std::fs::OpenOptions::new()
@@ -191,7 +199,7 @@ fn kill_9_under_load_loses_nothing_acknowledged_and_leaks_nothing() {
     }
     // After the last kill: everything acknowledged is there; then delete it
     // all and no file may remain on either tier.
-    let mut node = start(dir.path());
+    let node = start(dir.path());
     verify(&node.socket, &ledger);
     assert!(
         ledger.durable.len() >= kills,
@@ -205,8 +213,7 @@ fn kill_9_under_load_loses_nothing_acknowledged_and_leaks_nothing() {
         }
     }
     drop(client);
-    node.child.kill().unwrap();
-    node.child.wait().unwrap();
+    drop(node);
     let node = start(dir.path());
     let mut client = Client::connect(&node.socket).unwrap();
     assert!(
@@ -229,7 +236,5 @@ fn kill_9_under_load_loses_nothing_acknowledged_and_leaks_nothing() {
         "{report:?}"
     );
     drop(client);
-    let mut child = node.child;
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(node);
 }
