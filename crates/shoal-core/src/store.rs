@@ -456,18 +456,10 @@ impl Store {
     /// its last release makes it a candidate again). Unknown ids, and
     /// objects not being evicted, are ignored (`false`).
     pub fn finish_eviction(&mut self, id: &ObjectId) -> bool {
-        let Some(slot) = self.table.find(id) else {
+        let Some(slot) = self.shift_residency(id, Residency::Evicting, Residency::Resident) else {
             return false;
         };
-        let entry = self.table.get_mut(slot).expect("found slot is live");
-        if entry.residency != Residency::Evicting {
-            return false;
-        }
-        entry.residency = Residency::Resident;
-        let refs = entry.refs;
-        let len = self.block_of(self.table.get(slot).expect("live")).len;
-        self.evicting_bytes -= len;
-        if refs == 0 {
+        if self.table.get(slot).expect("live").refs == 0 {
             self.remove_slot(slot);
             true
         } else {
@@ -481,21 +473,14 @@ impl Store {
     /// delete that came meanwhile frees it now. Returns whether `id` was
     /// being evicted.
     pub fn cancel_eviction(&mut self, id: &ObjectId) -> bool {
-        let Some(slot) = self.table.find(id) else {
+        let Some(slot) = self.shift_residency(id, Residency::Evicting, Residency::Kept) else {
             return false;
         };
-        let entry = self.table.get_mut(slot).expect("found slot is live");
-        if entry.residency != Residency::Evicting {
-            return false;
-        }
-        entry.residency = Residency::Kept;
-        let (refs, deleted) = (entry.refs, entry.delete_pending);
-        let len = self.block_of(self.table.get(slot).expect("live")).len;
-        self.evicting_bytes -= len;
         // Creates waiting for these bytes must look again (and fail or evict
         // something else) instead of waiting for an eviction that is over.
         self.space_changed = true;
-        if refs == 0 && deleted {
+        let entry = self.table.get(slot).expect("live");
+        if entry.refs == 0 && entry.delete_pending {
             self.remove_slot(slot);
         }
         true
@@ -505,20 +490,32 @@ impl Store {
     /// now exists below so evicting it needs no write). Returns whether it
     /// was kept.
     pub fn readmit(&mut self, id: &ObjectId) -> bool {
-        let Some(slot) = self.table.find(id) else {
+        let Some(slot) = self.shift_residency(id, Residency::Kept, Residency::Resident) else {
             return false;
         };
-        let entry = self.table.get_mut(slot).expect("found slot is live");
-        if entry.residency != Residency::Kept {
-            return false;
-        }
-        entry.residency = Residency::Resident;
         let entry = self.table.get(slot).expect("live");
         if Self::is_candidate(entry) {
             let len = self.block_of(entry).len;
             self.add_candidate(slot, len);
         }
         true
+    }
+
+    /// Moves `id` from residency `from` to `to` (leaving `Evicting` also
+    /// takes its bytes off the evicting total). `None`, and nothing changed,
+    /// for an unknown id or one not in `from`.
+    fn shift_residency(&mut self, id: &ObjectId, from: Residency, to: Residency) -> Option<Slot> {
+        let slot = self.table.find(id)?;
+        let entry = self.table.get_mut(slot).expect("found slot is live");
+        if entry.residency != from {
+            return None;
+        }
+        entry.residency = to;
+        if from == Residency::Evicting {
+            let len = self.block_of(self.table.get(slot).expect("live")).len;
+            self.evicting_bytes -= len;
+        }
+        Some(slot)
     }
 
     /// Removes an object and frees its memory (no references may remain;
