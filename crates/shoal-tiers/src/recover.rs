@@ -44,6 +44,9 @@ pub struct RecoveryReport {
     pub dropped: Vec<ObjectId>,
     /// Objects not yet in the backing tier (when there is one): re-queue them.
     pub to_drain: Vec<ObjectId>,
+    /// The records after recovery (what the manifest now holds), so the
+    /// caller need not read the manifest again to know what it serves.
+    pub records: Vec<(ObjectId, ObjectRecord)>,
 }
 
 impl TierEngine {
@@ -160,6 +163,7 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
         report.to_drain.sort();
     }
     report.objects = records.len() as u64;
+    report.records = records.into_iter().collect();
     report.adopted.sort();
     report.dropped.sort();
     info!(

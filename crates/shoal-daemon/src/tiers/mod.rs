@@ -104,9 +104,8 @@ impl Tiers {
         let started = Instant::now();
         let (engine, report) = config.open(owner).await?;
         let engine = Arc::new(engine);
-        let records = engine.records().await?;
         let mut index = Index::default();
-        for (id, record) in &records {
+        for (id, record) in &report.records {
             index.recovered(*id, record);
         }
         let mut levels = TierSet::EMPTY;
@@ -168,7 +167,7 @@ impl Tiers {
         let below: Rc<dyn Below> = tiers.clone();
         node.set_below(Rc::downgrade(&below));
         tracing::info!(
-            objects = records.len(),
+            objects = report.records.len(),
             adopted = report.adopted.len(),
             dropped = report.dropped.len(),
             swept = report.swept,
