@@ -42,6 +42,11 @@ pub struct TierArgs {
     /// on the burst buffer) or backing (in the backing store) [default: memory].
     #[arg(long, value_name = "LEVEL")]
     pub durability: Option<String>,
+    /// How many nice steps the write-behind drain's threads run below the
+    /// daemon: 0 runs it at the daemon's priority (faster durability under
+    /// load), higher values leave more of the CPU to puts and gets [default: 10].
+    #[arg(long, value_name = "0-19", value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub drain_nice: Option<i32>,
 }
 
 impl TierArgs {
@@ -74,6 +79,9 @@ impl TierArgs {
         config.manifest = self.tier_manifest.clone();
         if let Some(level) = self.durability.clone().or(node.durability) {
             config.durability = level.parse::<Durability>()?;
+        }
+        if let Some(nice) = self.drain_nice {
+            config.drain_nice = nice;
         }
         Ok(Some(config))
     }

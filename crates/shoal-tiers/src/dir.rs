@@ -22,13 +22,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::ObjectId;
 
 use crate::format::{checksum_mismatch, ObjectHeader, ObjectSizes, HEADER_LEN};
 use crate::identity::TierIdentity;
 use crate::range::{DestRange, SourceRange};
-use crate::tier::{Tier, TierUsage};
+use crate::tier::{PutItem, Tier, TierUsage};
 
 const MARKER: &str = "shoal-tier.id";
 const OBJECTS: &str = "objects";
@@ -43,6 +44,8 @@ const DIRECT_MIN: u64 = CHUNK as u64;
 /// Alignment of direct I/O offsets, lengths and buffers: the largest logical
 /// block size of the devices we run on.
 const DIRECT_ALIGN: usize = 4096;
+/// Images of a batch staged at once (each on a blocking thread).
+const STAGE_PARALLEL: usize = 4;
 
 /// A directory tier. Cheap to clone (shared state).
 #[derive(Clone)]
@@ -60,6 +63,36 @@ struct Inner {
     /// objects, which must not delay a restart); writes and deletes wait for
     /// it so their own accounting never mixes with a half-done count.
     counted: (Mutex<bool>, Condvar),
+    /// What the walk at open found, kept for recovery's first `sweep` and
+    /// `list` (a restart would otherwise list a million files three times).
+    found: (Mutex<Found>, Condvar),
+}
+
+/// The walk at open, in the background, and what it found.
+#[derive(Default)]
+struct Found {
+    /// `None` while the walk runs; its error, if it failed.
+    walked: Option<Result<()>>,
+    /// Ids of the images found, until the first `list` takes them.
+    ids: Option<Vec<ObjectId>>,
+    /// Names under `objects/` that are not ids, until the first `sweep`.
+    strays: Option<Vec<PathBuf>>,
+    /// Images placed (`true`) or removed since the walk began, in order,
+    /// while `ids` is kept: the first `list` applies them.
+    since: Vec<(ObjectId, bool)>,
+}
+
+/// Threads that walk the fan-out directories at open.
+const WALKERS: usize = 4;
+
+/// An image written to `tmp/` and not yet published (see `Inner::stage`).
+struct Staged {
+    id: ObjectId,
+    tmp: PathBuf,
+    file: File,
+    header: ObjectHeader,
+    /// Capacity it took.
+    stored: u64,
 }
 
 impl std::fmt::Debug for DirTier {
@@ -115,15 +148,42 @@ impl DirTier {
                 used: AtomicU64::new(0),
                 objects: AtomicU64::new(0),
                 counted: (Mutex::new(false), Condvar::new()),
+                found: (Mutex::new(Found::default()), Condvar::new()),
             }),
         };
-        // Listing errors surface here; the sizes are summed in the background.
-        let found = tier.inner.walk()?;
+        // The walk (and then the count of sizes) runs in the background,
+        // while recovery reads the manifest.
         let inner = tier.inner.clone();
-        let count = move || {
+        let walk = move || {
+            let walked = inner.walk();
+            let ids: Vec<ObjectId> = match walked {
+                Ok((ids, strays)) => {
+                    let mut found = inner.found.0.lock().unwrap_or_else(|e| e.into_inner());
+                    found.ids = Some(ids.clone());
+                    found.strays = Some(strays);
+                    found.walked = Some(Ok(()));
+                    ids
+                }
+                Err(err) => {
+                    inner
+                        .found
+                        .0
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .walked = Some(Err(err));
+                    Vec::new()
+                }
+            };
+            inner.found.1.notify_all();
+            // The count is a stat per image: let a starting daemon's own
+            // work go first (this thread's priority only; it ends here).
+            // SAFETY: plain system calls on this thread's own id.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+            }
             let (mut used, mut objects) = (0u64, 0u64);
-            for (_, path) in found {
-                if let Ok(meta) = fs::metadata(&path) {
+            for id in &ids {
+                if let Ok(meta) = fs::metadata(inner.path_of(id)) {
                     used += meta.len();
                     objects += 1;
                 }
@@ -135,10 +195,10 @@ impl DirTier {
             changed.notify_all();
         };
         if let Err(e) = std::thread::Builder::new()
-            .name("shoal-tier-count".into())
-            .spawn(count)
+            .name("shoal-tier-walk".into())
+            .spawn(walk)
         {
-            return Err(io_error(&format!("start counting {what}"), e));
+            return Err(io_error(&format!("start walking {what}"), e));
         }
         Ok(tier)
     }
@@ -175,24 +235,98 @@ impl Inner {
         self.root.join(OBJECTS).join(&hex[..2]).join(hex)
     }
 
-    /// Every (id, path) under `objects/` whose name is an id.
-    fn walk(&self) -> Result<Vec<(ObjectId, PathBuf)>> {
-        let mut out = Vec::new();
-        for fan in 0..=255u8 {
-            let dir = self.root.join(OBJECTS).join(format!("{fan:02x}"));
-            let entries = match fs::read_dir(&dir) {
-                Ok(entries) => entries,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(io_error(&format!("list {}", dir.display()), e)),
-            };
-            for entry in entries {
-                let entry = entry.map_err(|e| io_error(&format!("list {}", dir.display()), e))?;
-                if let Some(id) = id_in_fan(&entry.file_name(), fan) {
-                    out.push((id, entry.path()));
-                }
+    /// The ids of the images under `objects/`, and the paths there that are
+    /// no object's. The 256 fan-out directories are listed by a few threads.
+    fn walk(&self) -> Result<(Vec<ObjectId>, Vec<PathBuf>)> {
+        let parts: Vec<Result<(Vec<ObjectId>, Vec<PathBuf>)>> = std::thread::scope(|scope| {
+            let walkers: Vec<_> = (0..WALKERS)
+                .map(|first| {
+                    scope.spawn(move || {
+                        let (mut ids, mut strays) = (Vec::new(), Vec::new());
+                        for fan in (first..256).step_by(WALKERS) {
+                            self.walk_fan(fan as u8, &mut ids, &mut strays)?;
+                        }
+                        Ok((ids, strays))
+                    })
+                })
+                .collect();
+            walkers
+                .into_iter()
+                .map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        let (mut ids, mut strays) = (Vec::new(), Vec::new());
+        for part in parts {
+            let (i, s) = part?;
+            ids.extend(i);
+            strays.extend(s);
+        }
+        Ok((ids, strays))
+    }
+
+    fn walk_fan(&self, fan: u8, ids: &mut Vec<ObjectId>, strays: &mut Vec<PathBuf>) -> Result<()> {
+        let dir = self.root.join(OBJECTS).join(format!("{fan:02x}"));
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_error(&format!("list {}", dir.display()), e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| io_error(&format!("list {}", dir.display()), e))?;
+            match id_in_fan(&entry.file_name(), fan) {
+                Some(id) => ids.push(id),
+                None => strays.push(entry.path()),
             }
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// Waits for the walk at open; `Err` if it failed.
+    fn walked(&self) -> Result<std::sync::MutexGuard<'_, Found>> {
+        let (found, done) = &self.found;
+        let mut found = found.lock().unwrap_or_else(|e| e.into_inner());
+        while found.walked.is_none() {
+            found = done.wait(found).unwrap_or_else(|e| e.into_inner());
+        }
+        match &found.walked {
+            Some(Err(err)) => Err(err.clone()),
+            _ => Ok(found),
+        }
+    }
+
+    /// Notes an image placed or removed, for a `list` that has not run yet.
+    fn changed(&self, id: ObjectId, placed: bool) {
+        let mut found = self.found.0.lock().unwrap_or_else(|e| e.into_inner());
+        if found.walked.is_none() || found.ids.is_some() {
+            found.since.push((id, placed));
+        }
+    }
+
+    /// The ids of every image: the walk at open's (plus what changed since)
+    /// the first time, a new walk after.
+    fn list(&self) -> Result<Vec<ObjectId>> {
+        let kept = {
+            let mut found = self.walked()?;
+            found
+                .ids
+                .take()
+                .map(|ids| (ids, std::mem::take(&mut found.since)))
+        };
+        let Some((ids, since)) = kept else {
+            return Ok(self.walk()?.0);
+        };
+        if since.is_empty() {
+            return Ok(ids);
+        }
+        let mut set: std::collections::HashSet<ObjectId> = ids.into_iter().collect();
+        for (id, placed) in since {
+            if placed {
+                set.insert(id);
+            } else {
+                set.remove(&id);
+            }
+        }
+        Ok(set.into_iter().collect())
     }
 
     /// Blocks until the count of the images found at open is done.
@@ -230,6 +364,17 @@ impl Inner {
     }
 
     fn put(&self, id: ObjectId, sizes: ObjectSizes, src: SourceRange) -> Result<ObjectHeader> {
+        let staged = self.stage(id, sizes, src)?;
+        self.publish(vec![staged])
+            .pop()
+            .expect("one outcome per staged image")
+    }
+
+    /// First half of a put: takes the capacity and writes the image under
+    /// `tmp/`, checksumming as it goes, and starts its write-back. Nothing
+    /// is durable or visible yet; [`publish`](Self::publish) finishes it. On
+    /// error nothing is left (no temp file, no capacity taken).
+    fn stage(&self, id: ObjectId, sizes: ObjectSizes, src: SourceRange) -> Result<Staged> {
         if src.len() as u64 != sizes.payload_len() {
             return Err(ShoalError::invalid(format!(
                 "object {id}: source range of {} bytes for {} + {} bytes",
@@ -241,23 +386,25 @@ impl Inner {
         let stored = HEADER_LEN as u64 + sizes.payload_len();
         self.reserve(stored)?;
         let mut nonce = [0u8; 8];
-        getrandom::fill(&mut nonce).map_err(|e| ShoalError::io("random temp name", e))?;
+        if let Err(e) = getrandom::fill(&mut nonce) {
+            self.unreserve(stored);
+            return Err(ShoalError::io("random temp name", e));
+        }
         let tmp = self.root.join(TMP).join(format!(
             "{}.{:016x}",
             id.to_hex(),
             u64::from_le_bytes(nonce)
         ));
-        let result = self.write_image(id, sizes, &src, &tmp);
+        let written = write_image(id, sizes, &src, &tmp);
         drop(src); // the caller may reuse its memory from here on
-        match result {
-            Ok((header, replaced)) => {
-                if let Some(old) = replaced {
-                    self.unreserve(old);
-                } else {
-                    self.objects.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(header)
-            }
+        match written {
+            Ok((file, header)) => Ok(Staged {
+                id,
+                tmp,
+                file,
+                header,
+                stored,
+            }),
             Err(err) => {
                 let _ = fs::remove_file(&tmp);
                 self.unreserve(stored);
@@ -266,49 +413,82 @@ impl Inner {
         }
     }
 
-    /// Data fsync, rename, directory fsync. Returns the header and the size of
-    /// the image it replaced, if any.
-    fn write_image(
-        &self,
-        id: ObjectId,
-        sizes: ObjectSizes,
-        src: &SourceRange,
-        tmp: &Path,
-    ) -> Result<(ObjectHeader, Option<u64>)> {
-        let context = || format!("write {}", tmp.display());
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(tmp)
-            .map_err(|e| io_error(&context(), e))?;
-        // One pass over the source: checksum a chunk while it is in cache, write
-        // it, and put the header (which holds the checksum) in front at the end.
-        let mut crc = 0u32;
-        let mut offset = HEADER_LEN as u64;
-        for chunk in src.as_slice().chunks(CHUNK) {
-            crc = crc32c::crc32c_append(crc, chunk);
-            file.write_all_at(chunk, offset)
-                .map_err(|e| io_error(&context(), e))?;
-            offset += chunk.len() as u64;
-        }
-        let header = ObjectHeader {
-            id,
-            data_size: sizes.data_size,
-            meta_size: sizes.meta_size,
-            checksum: crc,
-        };
-        file.write_all_at(&header.encode(), 0)
-            .map_err(|e| io_error(&context(), e))?;
-        file.flush().map_err(|e| io_error(&context(), e))?;
-        file.sync_all()
-            .map_err(|e| io_error(&format!("fsync {}", tmp.display()), e))?;
-        drop(file);
-        let path = self.path_of(&id);
-        let replaced = fs::metadata(&path).ok().map(|m| m.len());
-        fs::rename(tmp, &path)
-            .map_err(|e| io_error(&format!("rename to {}", path.display()), e))?;
-        sync_dir(path.parent().expect("object paths have a parent"))?;
-        Ok((header, replaced))
+    /// Second half of a put, for a whole batch at once: fsync every image,
+    /// then rename each to its final name, then fsync each directory touched
+    /// once. Each image is still durable before its name is (the crash rule
+    /// of a single put), but a batch pays one wave of syncs instead of two
+    /// journal commits per image. Outcomes in the order given.
+    fn publish(&self, staged: Vec<Staged>) -> Vec<Result<ObjectHeader>> {
+        // The data of every image, on the device. Their write-back started
+        // when they were staged, so these mostly wait for I/O in flight.
+        let synced: Vec<Result<Staged>> = staged
+            .into_iter()
+            .map(|image| match image.file.sync_all() {
+                Ok(()) => Ok(image),
+                Err(e) => Err(self.discard(
+                    &image,
+                    io_error(&format!("fsync {}", image.tmp.display()), e),
+                )),
+            })
+            .collect();
+        // Names: a rename replaces an older image of the same id atomically.
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        let renamed: Vec<Result<(ObjectHeader, PathBuf)>> = synced
+            .into_iter()
+            .map(|image| {
+                let image = image?;
+                let path = self.path_of(&image.id);
+                let replaced = fs::metadata(&path).ok().map(|m| m.len());
+                if let Err(e) = fs::rename(&image.tmp, &path) {
+                    return Err(self.discard(
+                        &image,
+                        io_error(&format!("rename to {}", path.display()), e),
+                    ));
+                }
+                // From here the image is in place: account for it whatever
+                // the directory sync below says.
+                self.changed(image.id, true);
+                match replaced {
+                    Some(old) => self.unreserve(old),
+                    None => {
+                        self.objects.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let dir = path
+                    .parent()
+                    .expect("object paths have a parent")
+                    .to_path_buf();
+                if !dirs.contains(&dir) {
+                    dirs.push(dir.clone());
+                }
+                Ok((image.header, dir))
+            })
+            .collect();
+        // The renames, durable: one fsync per directory (the first commits
+        // the file system's journal for all of them; the rest find it done).
+        let failed: Vec<(PathBuf, ShoalError)> = dirs
+            .into_iter()
+            .filter_map(|dir| sync_dir(&dir).err().map(|err| (dir, err)))
+            .collect();
+        renamed
+            .into_iter()
+            .map(|outcome| {
+                let (header, dir) = outcome?;
+                match failed.iter().find(|(d, _)| *d == dir) {
+                    // In place but maybe not durable: the caller must not
+                    // count on it (recovery adopts it, or a retry replaces it).
+                    Some((_, err)) => Err(err.clone()),
+                    None => Ok(header),
+                }
+            })
+            .collect()
+    }
+
+    /// Drops a staged image that will not be published; returns `err`.
+    fn discard(&self, image: &Staged, err: ShoalError) -> ShoalError {
+        let _ = fs::remove_file(&image.tmp);
+        self.unreserve(image.stored);
+        err
     }
 
     /// Opens `id`'s image and checks its header against `id` (and its length
@@ -415,9 +595,11 @@ impl Inner {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(io_error(&format!("remove {}", path.display()), e)),
         }
-        sync_dir(path.parent().expect("object paths have a parent"))?;
+        // Gone from the directory: accounted for whatever the sync says.
+        self.changed(id, false);
         self.unreserve(len);
         self.objects.fetch_sub(1, Ordering::Relaxed);
+        sync_dir(path.parent().expect("object paths have a parent"))?;
         Ok(true)
     }
 
@@ -432,17 +614,13 @@ impl Inner {
             removed += 1;
         }
         // Names under objects/ that are not ids are nobody's objects.
-        for fan in 0..=255u8 {
-            let dir = self.root.join(OBJECTS).join(format!("{fan:02x}"));
-            for entry in
-                fs::read_dir(&dir).map_err(|e| io_error(&format!("list {}", dir.display()), e))?
-            {
-                let entry = entry.map_err(|e| io_error(&format!("list {}", dir.display()), e))?;
-                if id_in_fan(&entry.file_name(), fan).is_none() {
-                    remove_any(&entry.path())?;
-                    removed += 1;
-                }
-            }
+        let strays = match self.walked()?.strays.take() {
+            Some(strays) => strays,
+            None => self.walk()?.1,
+        };
+        for path in strays {
+            remove_any(&path)?;
+            removed += 1;
         }
         Ok(removed)
     }
@@ -471,6 +649,43 @@ impl Tier for DirTier {
         self.blocking(move |inner| inner.put(id, sizes, src)).await
     }
 
+    /// Images are staged a few at a time (checksum and copy into the page
+    /// cache are CPU work), then published together: one fsync wave, one
+    /// fsync per directory touched.
+    async fn put_batch(&self, items: Vec<PutItem>) -> Vec<Result<ObjectHeader>> {
+        let staged: Vec<Result<Staged>> = futures_util::stream::iter(items)
+            .map(|item| self.blocking(move |inner| inner.stage(item.id, item.sizes, item.src)))
+            .buffered(STAGE_PARALLEL)
+            .collect()
+            .await;
+        let (mut out, ready): (Vec<Option<Result<ObjectHeader>>>, Vec<Staged>) = {
+            let mut out = Vec::with_capacity(staged.len());
+            let mut ready = Vec::new();
+            for image in staged {
+                match image {
+                    Ok(image) => {
+                        out.push(None);
+                        ready.push(image);
+                    }
+                    Err(err) => out.push(Some(Err(err))),
+                }
+            }
+            (out, ready)
+        };
+        let published = match self.blocking(move |inner| Ok(inner.publish(ready))).await {
+            Ok(published) => published,
+            // The publishing task died (a panic): report it for each image.
+            Err(err) => vec![Err(err); out.iter().filter(|o| o.is_none()).count()],
+        };
+        let mut published = published.into_iter();
+        out.iter_mut()
+            .map(|slot| match slot.take() {
+                Some(done) => done,
+                None => published.next().expect("one outcome per staged image"),
+            })
+            .collect()
+    }
+
     async fn get(&self, id: ObjectId, dst: DestRange) -> (DestRange, Result<ObjectHeader>) {
         let inner = self.inner.clone();
         let task = tokio::task::spawn_blocking(move || {
@@ -494,13 +709,56 @@ impl Tier for DirTier {
     }
 
     async fn list(&self) -> Result<Vec<ObjectId>> {
-        self.blocking(|inner| Ok(inner.walk()?.into_iter().map(|(id, _)| id).collect()))
-            .await
+        self.blocking(|inner| inner.list()).await
     }
 
     async fn sweep(&self) -> Result<u64> {
         self.blocking(|inner| inner.sweep()).await
     }
+}
+
+/// Writes the image of `id` to `tmp` (a new file) in one pass over the
+/// source: checksum a chunk while it is in cache, write it, and put the
+/// header (which holds the checksum) in front at the end. Then starts the
+/// write-back of the whole file without waiting for it, so a batch's fsyncs
+/// find their data already on its way.
+fn write_image(
+    id: ObjectId,
+    sizes: ObjectSizes,
+    src: &SourceRange,
+    tmp: &Path,
+) -> Result<(File, ObjectHeader)> {
+    use std::os::fd::AsRawFd;
+
+    let context = || format!("write {}", tmp.display());
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(tmp)
+        .map_err(|e| io_error(&context(), e))?;
+    let mut crc = 0u32;
+    let mut offset = HEADER_LEN as u64;
+    for chunk in src.as_slice().chunks(CHUNK) {
+        crc = crc32c::crc32c_append(crc, chunk);
+        file.write_all_at(chunk, offset)
+            .map_err(|e| io_error(&context(), e))?;
+        offset += chunk.len() as u64;
+    }
+    let header = ObjectHeader {
+        id,
+        data_size: sizes.data_size,
+        meta_size: sizes.meta_size,
+        checksum: crc,
+    };
+    file.write_all_at(&header.encode(), 0)
+        .map_err(|e| io_error(&context(), e))?;
+    file.flush().map_err(|e| io_error(&context(), e))?;
+    // Neither nix nor rustix wraps sync_file_range. It only starts the
+    // write-back (a hint): the fsync in `publish` is what makes it durable,
+    // so a failure here changes nothing and is ignored.
+    // SAFETY: a plain system call on a file descriptor we own.
+    let _ = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+    Ok((file, header))
 }
 
 /// An I/O error with its context; a full medium is `StoreFull` (the caller

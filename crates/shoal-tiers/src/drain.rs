@@ -20,11 +20,11 @@ use shoal_core::ids::ObjectId;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::engine::{TierEngine, WriteInfo};
+use crate::engine::{TierEngine, WriteInfo, WriteItem};
 use crate::format::ObjectSizes;
 use crate::range::SourceRange;
 use crate::record::{ObjectRecord, TierLevel};
-use crate::retry::{with_backoff, Backoff};
+use crate::retry::{is_transient, with_backoff, Backoff};
 
 /// One unit of write-behind work.
 #[derive(Debug)]
@@ -262,21 +262,138 @@ async fn run(
         if rx.recv_many(&mut batch, config.batch.max(1)).await == 0 {
             return; // closed and empty
         }
-        futures_util::stream::iter(batch.drain(..))
-            .for_each_concurrent(config.parallel.max(1), |queued| {
-                let (engine, events, cancels, pending) = (&engine, &events, &cancels, &pending);
-                async move {
-                    let event = run_job(engine, config.backoff, queued, cancels).await;
-                    pending.fetch_sub(1, Ordering::AcqRel);
-                    let _ = events.send(event).await;
+        // In submission order, chunk by chunk: a run of writes from memory to
+        // one tier goes down as one group commit; other jobs (copies,
+        // cancelled writes) run a few at a time. A chunk starts when the one
+        // before it is done, so a copy never overtakes the write it copies.
+        let (engine, cancels) = (&engine, &cancels);
+        let finish: Finish<'_> = (&*pending, &events);
+        let mut jobs = batch.drain(..).peekable();
+        while let Some(first) = jobs.next() {
+            let group_of = |queued: &Queued| match &queued.job {
+                DrainJob::Write { level, .. }
+                    if !cancelled(cancels, queued.job.id(), queued.seq) =>
+                {
+                    Some(*level)
                 }
-            })
-            .await;
+                _ => None,
+            };
+            let level = group_of(&first);
+            let mut chunk = vec![first];
+            while let Some(next) = jobs.next_if(|next| group_of(next) == level) {
+                chunk.push(next);
+            }
+            if level.is_some() {
+                write_group(engine, config, chunk, cancels, finish).await;
+            } else {
+                let singles: Vec<_> = chunk
+                    .into_iter()
+                    .map(|queued| {
+                        run_and_report(engine, config.backoff, queued, cancels, finish, 0)
+                    })
+                    .collect();
+                at_most(config.parallel, singles).await;
+            }
+        }
         // With nothing queued, every job a cancellation was aimed at is done.
         if rx.is_empty() {
             cancels.lock().unwrap_or_else(|p| p.into_inner()).clear();
         }
     }
+}
+
+/// Where a finished job's outcome goes: the count of jobs pending, and the
+/// events channel.
+type Finish<'a> = (&'a AtomicUsize, &'a mpsc::Sender<DrainEvent>);
+
+async fn report(finish: Finish<'_>, event: DrainEvent) {
+    finish.0.fetch_sub(1, Ordering::AcqRel);
+    let _ = finish.1.send(event).await;
+}
+
+/// Writes a group of `Write` jobs to one tier as one batch and reports the
+/// outcome of each; jobs that failed with a transient error are retried one
+/// by one, with backoff.
+async fn write_group(
+    engine: &TierEngine,
+    config: DrainConfig,
+    group: Vec<Queued>,
+    cancels: &Cancels,
+    finish: Finish<'_>,
+) {
+    let level = group[0].job.target();
+    let items = group
+        .iter()
+        .map(|queued| match &queued.job {
+            DrainJob::Write {
+                id,
+                sizes,
+                src,
+                info,
+                ..
+            } => WriteItem {
+                id: *id,
+                sizes: *sizes,
+                src: src.clone(),
+                info: info.clone(),
+            },
+            DrainJob::Copy { .. } => unreachable!("groups hold writes only"),
+        })
+        .collect();
+    let results = engine.write_batch(level, items).await;
+    let mut retry = Vec::new();
+    for (queued, result) in group.into_iter().zip(results) {
+        match result {
+            Err(err) if is_transient(err.kind()) => retry.push(queued),
+            result => {
+                report(
+                    finish,
+                    DrainEvent {
+                        seq: queued.seq,
+                        id: queued.job.id(),
+                        target: level,
+                        result,
+                        attempts: 1,
+                    },
+                )
+                .await
+            }
+        }
+    }
+    let retries: Vec<_> = retry
+        .into_iter()
+        .map(|queued| run_and_report(engine, config.backoff, queued, cancels, finish, 1))
+        .collect();
+    at_most(config.parallel, retries).await;
+}
+
+/// Runs `futures`, at most `limit` at once. Why not `for_each_concurrent`:
+/// the worker must be `Send`, and rustc cannot prove that of a closure that
+/// returns borrowing futures held across an await (rust-lang/rust#102211);
+/// futures made beforehand carry no closure.
+async fn at_most<F: std::future::Future<Output = ()>>(limit: usize, futures: Vec<F>) {
+    let mut running = futures_util::stream::FuturesUnordered::new();
+    for future in futures {
+        if running.len() >= limit.max(1) {
+            running.next().await;
+        }
+        running.push(future);
+    }
+    while running.next().await.is_some() {}
+}
+
+/// Runs one job (after `attempts_before` failed attempts) and reports it.
+async fn run_and_report(
+    engine: &TierEngine,
+    backoff: Backoff,
+    queued: Queued,
+    cancels: &Cancels,
+    finish: Finish<'_>,
+    attempts_before: u32,
+) {
+    let mut event = run_job(engine, backoff, queued, cancels).await;
+    event.attempts += attempts_before;
+    report(finish, event).await;
 }
 
 fn cancelled(cancels: &Cancels, id: ObjectId, seq: u64) -> bool {

@@ -29,7 +29,7 @@ pub mod tier;
 
 pub use dir::DirTier;
 pub use drain::{DrainConfig, DrainEvent, DrainJob, Drainer, Refused};
-pub use engine::{EngineConfig, Restored, TierEngine, WriteInfo};
+pub use engine::{EngineConfig, Restored, TierEngine, WriteInfo, WriteItem};
 pub use faulty::{FaultTiming, FaultyTier};
 pub use format::{ObjectHeader, ObjectSizes};
 pub use identity::TierIdentity;
@@ -39,4 +39,4 @@ pub use record::{Durability, ObjectRecord, TierLevel, TierSet};
 pub use recover::RecoveryReport;
 pub use retry::{with_backoff, Backoff};
 pub use s3::{S3Config, S3Tier};
-pub use tier::{Tier, TierUsage};
+pub use tier::{PutItem, Tier, TierUsage};

@@ -113,30 +113,49 @@ impl Manifest {
         id: &ObjectId,
         f: impl FnOnce(Option<ObjectRecord>) -> Option<ObjectRecord>,
     ) -> Result<Option<ObjectRecord>> {
+        let mut f = Some(f);
+        let mut new = self.update_each(std::slice::from_ref(id), |_, old| {
+            (f.take().expect("called once per id"))(old)
+        })?;
+        Ok(new.pop().expect("one record per id"))
+    }
+
+    /// As [`update`](Self::update) for each of `ids` (distinct), in one
+    /// commit: `f(i, old)` gives the new record of `ids[i]`. A batch of
+    /// writes pays one commit (one fsync) instead of one each.
+    pub fn update_each(
+        &self,
+        ids: &[ObjectId],
+        mut f: impl FnMut(usize, Option<ObjectRecord>) -> Option<ObjectRecord>,
+    ) -> Result<Vec<Option<ObjectRecord>>> {
         let txn = self.write_txn()?;
         let new = {
             let mut table = txn
                 .open_table(OBJECTS)
                 .map_err(|e| self.error("open table", e))?;
-            let old = table
-                .get(id.as_bytes())
-                .map_err(|e| self.error("read", e))?
-                .map(|v| ObjectRecord::decode(v.value()))
-                .transpose()?;
-            let new = f(old);
-            match &new {
-                Some(record) => {
-                    table
-                        .insert(id.as_bytes(), record.encode().as_slice())
-                        .map_err(|e| self.error("write", e))?;
+            let mut out = Vec::with_capacity(ids.len());
+            for (i, id) in ids.iter().enumerate() {
+                let old = table
+                    .get(id.as_bytes())
+                    .map_err(|e| self.error("read", e))?
+                    .map(|v| ObjectRecord::decode(v.value()))
+                    .transpose()?;
+                let new = f(i, old);
+                match &new {
+                    Some(record) => {
+                        table
+                            .insert(id.as_bytes(), record.encode().as_slice())
+                            .map_err(|e| self.error("write", e))?;
+                    }
+                    None => {
+                        table
+                            .remove(id.as_bytes())
+                            .map_err(|e| self.error("remove", e))?;
+                    }
                 }
-                None => {
-                    table
-                        .remove(id.as_bytes())
-                        .map_err(|e| self.error("remove", e))?;
-                }
+                out.push(new);
             }
-            new
+            out
         };
         txn.commit().map_err(|e| self.error("commit", e))?;
         Ok(new)

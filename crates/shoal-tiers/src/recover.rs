@@ -14,7 +14,7 @@
 //!      and a record left with no copy is removed.
 //! 4. Everything not yet in the backing tier is returned for re-draining.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use shoal_core::error::{ErrorKind, Result};
 use shoal_core::ids::ObjectId;
@@ -60,12 +60,24 @@ impl TierEngine {
 }
 
 pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
+    let started = std::time::Instant::now();
     let mut report = RecoveryReport::default();
-    for (_, tier) in engine.configured() {
-        report.swept += tier.sweep().await?;
-    }
+    // The manifest is read while the tiers are swept (a directory tier is
+    // still walking itself then: the two overlap). Reading is safe before
+    // the sweep: the sweep touches no recorded image.
+    let sweep = async {
+        let mut swept = 0;
+        for (_, tier) in engine.configured() {
+            swept += tier.sweep().await?;
+        }
+        Ok::<_, shoal_core::error::ShoalError>(swept)
+    };
+    let (swept, read) =
+        futures_util::future::join(sweep, engine.manifest(|m| Ok((m.tombstones()?, m.all()?))))
+            .await;
+    report.swept = swept?;
+    let (tombstones, all) = read?;
 
-    let tombstones = engine.manifest(|m| m.tombstones()).await?;
     let mut cleared = Vec::new();
     for id in &tombstones {
         if engine.remove_files(*id).await {
@@ -76,22 +88,31 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
     engine.manifest(move |m| m.apply(&cleared)).await?;
     let tombstoned: HashSet<ObjectId> = tombstones.into_iter().collect();
 
-    let mut records: HashMap<ObjectId, ObjectRecord> =
-        engine.manifest(|m| m.all()).await?.into_iter().collect();
+    // Records in id order (as the manifest gives them), looked up by binary
+    // search: a million of them, and a hash map of them costs more than the
+    // compare itself.
+    let mut records: Vec<(ObjectId, ObjectRecord)> = all;
+    debug_assert!(records.windows(2).all(|w| w[0].0 < w[1].0));
     let mut changed: HashSet<ObjectId> = HashSet::new();
+    let mut adopted_new: Vec<(ObjectId, ObjectRecord)> = Vec::new();
     for (level, tier) in engine.configured() {
-        let listed: HashSet<ObjectId> = tier.list().await?.into_iter().collect();
+        let mut listed = tier.list().await?;
+        listed.sort_unstable();
         for &id in &listed {
             if tombstoned.contains(&id) {
                 // Its delete could not remove this file yet (error logged above).
                 continue;
             }
-            let known = records.get(&id).is_some_and(|r| r.tiers.contains(level));
+            let at = records.binary_search_by(|(r, _)| r.cmp(&id)).ok();
+            let known = at.is_some_and(|i| records[i].1.tiers.contains(level));
             if known {
                 continue;
             }
             let verified = tier.verify(id).await;
-            let adopt = match (&verified, records.get(&id)) {
+            let prior = at
+                .map(|i| &records[i].1)
+                .or_else(|| adopted_new.iter().find(|(a, _)| *a == id).map(|(_, r)| r));
+            let adopt = match (&verified, prior) {
                 (Ok(header), Some(record)) => {
                     header.checksum == record.checksum
                         && header.data_size == record.sizes.data_size
@@ -108,18 +129,31 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
             };
             if adopt {
                 let header = verified.expect("adopted images verified");
-                let record = records.entry(id).or_insert_with(|| ObjectRecord {
-                    sizes: ObjectSizes {
-                        data_size: header.data_size,
-                        meta_size: header.meta_size,
+                let record = match at {
+                    Some(i) => &mut records[i].1,
+                    None => match adopted_new.iter().position(|(a, _)| *a == id) {
+                        Some(i) => &mut adopted_new[i].1,
+                        None => {
+                            adopted_new.push((
+                                id,
+                                ObjectRecord {
+                                    sizes: ObjectSizes {
+                                        data_size: header.data_size,
+                                        meta_size: header.meta_size,
+                                    },
+                                    checksum: header.checksum,
+                                    tiers: Default::default(),
+                                    // Nothing was acknowledged for a file the
+                                    // manifest never saw.
+                                    durability: Durability::Memory,
+                                    sealed_at_ms: now_ms(),
+                                    name: None,
+                                },
+                            ));
+                            &mut adopted_new.last_mut().expect("just pushed").1
+                        }
                     },
-                    checksum: header.checksum,
-                    tiers: Default::default(),
-                    // Nothing was acknowledged for a file the manifest never saw.
-                    durability: Durability::Memory,
-                    sealed_at_ms: now_ms(),
-                    name: None,
-                });
+                };
                 record.tiers = record.tiers.with(level);
                 changed.insert(id);
                 report.adopted.push(id);
@@ -130,7 +164,7 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
             }
         }
         for (id, record) in records.iter_mut() {
-            if record.tiers.contains(level) && !listed.contains(id) {
+            if record.tiers.contains(level) && listed.binary_search(id).is_err() {
                 warn!("recovery: {level} copy of {id} is missing; forgotten");
                 record.tiers = record.tiers.without(level);
                 changed.insert(*id);
@@ -138,10 +172,20 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
             }
         }
     }
-
+    // Strays adopted with no record join the others, in id order again.
+    if !adopted_new.is_empty() {
+        records.extend(adopted_new);
+        records.sort_unstable_by_key(|(id, _)| *id);
+    }
+    let record_of = |id: &ObjectId| {
+        records
+            .binary_search_by(|(r, _)| r.cmp(id))
+            .map(|i| &records[i].1)
+            .expect("changed ids have records")
+    };
     let mut changes = Vec::with_capacity(changed.len());
     for id in changed {
-        let record = &records[&id];
+        let record = record_of(&id);
         if record.tiers.is_empty() {
             changes.push(Change::Remove(id));
             report.dropped.push(id);
@@ -149,8 +193,9 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
             changes.push(Change::Put(id, record.clone()));
         }
     }
-    for id in &report.dropped {
-        records.remove(id);
+    report.dropped.sort();
+    if !report.dropped.is_empty() {
+        records.retain(|(id, _)| report.dropped.binary_search(id).is_err());
     }
     engine.manifest(move |m| m.apply(&changes)).await?;
 
@@ -163,11 +208,11 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
         report.to_drain.sort();
     }
     report.objects = records.len() as u64;
-    report.records = records.into_iter().collect();
+    report.records = records;
     report.adopted.sort();
-    report.dropped.sort();
     info!(
-        "tiers recovered: {} objects, {} adopted, {} discarded, {} swept, {} deletes finished, {} to drain",
+        "tiers recovered in {:?}: {} objects, {} adopted, {} discarded, {} swept, {} deletes finished, {} to drain",
+        started.elapsed(),
         report.objects,
         report.adopted.len(),
         report.discarded,

@@ -9,6 +9,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use shoal_core::error::Result;
 use shoal_core::ids::ObjectId;
 
@@ -21,6 +22,17 @@ pub struct TierUsage {
     pub capacity: u64,
     pub used: u64,
     pub objects: u64,
+}
+
+/// Puts of a batch run at once by the default [`Tier::put_batch`].
+const PUT_BATCH_PARALLEL: usize = 4;
+
+/// One image of a [`Tier::put_batch`].
+#[derive(Debug)]
+pub struct PutItem {
+    pub id: ObjectId,
+    pub sizes: ObjectSizes,
+    pub src: SourceRange,
 }
 
 /// A storage tier below memory.
@@ -55,6 +67,19 @@ pub trait Tier: Send + Sync + fmt::Debug {
     /// Returns the header written, whose `checksum` the manifest records.
     async fn put(&self, id: ObjectId, sizes: ObjectSizes, src: SourceRange)
         -> Result<ObjectHeader>;
+
+    /// Stores several images (distinct ids), each with `put`'s contract, and
+    /// returns their outcomes in order. Backends that can make a batch
+    /// durable with one sync pass override this (the directory tier: one
+    /// fsync wave, one fsync per directory); the default runs the puts a few
+    /// at a time.
+    async fn put_batch(&self, items: Vec<PutItem>) -> Vec<Result<ObjectHeader>> {
+        futures_util::stream::iter(items)
+            .map(|item| self.put(item.id, item.sizes, item.src))
+            .buffered(PUT_BATCH_PARALLEL)
+            .collect()
+            .await
+    }
 
     /// Reads the payload of `id` into `dst`, whose length must be the object's
     /// payload length, verifying header and checksum. The range comes back

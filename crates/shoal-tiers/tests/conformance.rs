@@ -132,6 +132,37 @@ async fn sweep_removes_temp_files_and_foreign_names_and_reopen_counts_usage() {
     assert_eq!(reopened.sweep().await.unwrap(), 0);
 }
 
+/// The walk at open serves the first `list`: changes made before it (a
+/// recovery's deletes, a put) are in it, and later lists walk again.
+#[tokio::test]
+async fn the_first_list_after_open_sees_changes_made_since_the_walk() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tier");
+    let me = TierIdentity::new("c", 0);
+    let tier = DirTier::open(&root, &me, 1 << 30).unwrap();
+    let ids: Vec<ObjectId> = (0..300).map(|_| ObjectId::random()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        write(&tier, *id, &payload(10, i as u64), 0).await.unwrap();
+    }
+    let reopened = DirTier::open(&root, &me, 1 << 30).unwrap();
+    assert!(reopened.delete(ids[0]).await.unwrap());
+    let added = ObjectId::random();
+    write(&reopened, added, &payload(10, 0), 0).await.unwrap();
+    let mut want: Vec<ObjectId> = ids[1..].iter().copied().chain([added]).collect();
+    want.sort();
+    let mut listed = reopened.list().await.unwrap();
+    listed.sort();
+    assert_eq!(listed, want);
+    // Later lists walk again.
+    assert!(reopened.delete(ids[1]).await.unwrap());
+    let mut listed = reopened.list().await.unwrap();
+    listed.sort();
+    want.retain(|id| *id != ids[1]);
+    assert_eq!(listed, want);
+    reopened.wait_counted();
+    assert_eq!(reopened.usage().objects, 299);
+}
+
 /// Payloads of 4 MiB and more are restored with direct I/O through a bounce
 /// buffer (dir.rs): block boundaries, the unaligned tail and damage anywhere
 /// in a later block must come out as in the buffered path.

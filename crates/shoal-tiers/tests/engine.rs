@@ -14,6 +14,7 @@ use shoal_core::ids::ObjectId;
 use shoal_tiers::{
     DestRange, DirTier, Durability, EngineConfig, FaultTiming, FaultyTier, Manifest,
     RecoveryReport, SourceRange, Tier, TierEngine, TierIdentity, TierLevel, TierSet, WriteInfo,
+    WriteItem,
 };
 use tempfile::TempDir;
 
@@ -472,4 +473,87 @@ async fn a_manifest_of_another_node_is_refused() {
     drop(Manifest::open(&path, &TierIdentity::new("a", 1)).unwrap());
     let err = Manifest::open(&path, &TierIdentity::new("b", 1)).unwrap_err();
     assert!(err.message().contains("refusing"), "{err}");
+}
+
+#[tokio::test]
+async fn a_batch_write_keeps_each_objects_guarantees() {
+    let big = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = Node::open(dir, 8 * 4096 + big as u64 / 2).await;
+    let ids: Vec<ObjectId> = (0..5).map(|_| ObjectId::random()).collect();
+    // ids[1] twice (the second bytes win), ids[3] too big for the burst buffer.
+    let items: Vec<(ObjectId, Vec<u8>)> = vec![
+        (ids[0], payload(100, 0)),
+        (ids[1], payload(200, 1)),
+        (ids[2], payload(0, 2)),
+        (ids[3], payload(big, 3)),
+        (ids[1], payload(300, 4)),
+        (ids[4], payload(4000, 5)),
+    ];
+    let batch = items
+        .iter()
+        .map(|(id, bytes)| WriteItem {
+            id: *id,
+            sizes: sizes_of(bytes.len(), 0),
+            src: SourceRange::from_vec(bytes.clone()),
+            info: WriteInfo {
+                durability: Durability::Local,
+                ..WriteInfo::default()
+            },
+        })
+        .collect();
+    let outcomes = node.engine.write_batch(TierLevel::Burst, batch).await;
+    assert_eq!(outcomes.len(), items.len());
+    for (i, ((id, bytes), outcome)) in items.iter().zip(&outcomes).enumerate() {
+        if i == 3 {
+            assert_eq!(outcome.as_ref().unwrap_err().kind(), ErrorKind::StoreFull);
+            continue;
+        }
+        let record = outcome.as_ref().unwrap();
+        assert_eq!(record.checksum, crc32c::crc32c(bytes), "item {i}");
+        assert_eq!(
+            (record.tiers, record.durability),
+            (TierSet::of(TierLevel::Burst), Durability::Local)
+        );
+        let _ = id;
+    }
+    assert_eq!(
+        node.engine.record(ids[3]).await.unwrap(),
+        None,
+        "nothing recorded for the refused one"
+    );
+    for (id, bytes) in [&items[0], &items[2], &items[4], &items[5]] {
+        assert_eq!(
+            node.restore(*id, bytes.len()).await.unwrap(),
+            (TierLevel::Burst, bytes.clone())
+        );
+    }
+    // An injected I/O error fails its own item only; the others commit.
+    let (a, b) = (ObjectId::random(), ObjectId::random());
+    node.burst.fail_nth(1, FaultTiming::Before);
+    let outcomes = node
+        .engine
+        .write_batch(
+            TierLevel::Burst,
+            [a, b]
+                .iter()
+                .map(|id| WriteItem {
+                    id: *id,
+                    sizes: sizes_of(10, 0),
+                    src: SourceRange::from_vec(payload(10, 9)),
+                    info: WriteInfo::default(),
+                })
+                .collect(),
+        )
+        .await;
+    assert_eq!(outcomes[0].as_ref().unwrap_err().kind(), ErrorKind::Io);
+    assert!(outcomes[1].is_ok());
+    assert_eq!(node.tiers_of(a).await, None);
+    // All of it survives a crash; nothing needs adopting.
+    let (node, report) = node.restart().await;
+    assert!(report.adopted.is_empty(), "{report:?}");
+    for (id, bytes) in [&items[0], &items[2], &items[4], &items[5]] {
+        assert_eq!(node.restore(*id, bytes.len()).await.unwrap().1, *bytes);
+    }
+    assert_eq!(node.tiers_of(b).await, Some(TierSet::of(TierLevel::Burst)));
 }

@@ -12,6 +12,9 @@ use shoal_tiers::{
     TierEngine, TierIdentity,
 };
 
+/// The drain's default priority, in nice steps below the daemon's.
+pub const DEFAULT_DRAIN_NICE: i32 = 10;
+
 /// Where the backing store is.
 #[derive(Debug, Clone)]
 pub enum Backing {
@@ -33,6 +36,10 @@ pub struct TierConfig {
     /// The durability a seal gets when it names none.
     pub durability: Durability,
     pub drain: DrainConfig,
+    /// How many nice steps the drain's threads run below the daemon's
+    /// priority (0: at it): write-behind gets what foreground work leaves of
+    /// the CPU.
+    pub drain_nice: i32,
 }
 
 impl TierConfig {
@@ -43,6 +50,7 @@ impl TierConfig {
             manifest: None,
             durability: Durability::Memory,
             drain: DrainConfig::default(),
+            drain_nice: DEFAULT_DRAIN_NICE,
         }
     }
 

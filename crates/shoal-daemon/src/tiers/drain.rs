@@ -16,6 +16,12 @@ use crate::principals;
 use crate::tiers::index::Job;
 use crate::tiers::Tiers;
 
+/// Drain jobs pin at most 1/PIN_SHARE of the store's capacity, within
+/// [PIN_MIN, PIN_MAX].
+const PIN_SHARE: u64 = 8;
+const PIN_MIN: u64 = 8 << 20;
+const PIN_MAX: u64 = 256 << 20;
+
 impl Tiers {
     /// Feeds the queue of tier `level` from its backlog, waiting while the
     /// queue is full (back-pressure: ids wait, memory stays where it is).
@@ -26,6 +32,7 @@ impl Tiers {
                 self.bell[level as usize].notified().await;
                 continue;
             };
+            self.pin_room(id, level).await;
             let Some((job, pinned, generation)) = self.job_for(id, level) else {
                 continue;
             };
@@ -59,6 +66,34 @@ impl Tiers {
                     return;
                 }
             }
+        }
+    }
+
+    /// Waits until the memory that drain jobs pin leaves room for `id`'s,
+    /// if its job to `level` will read memory: the queue holds whole group
+    /// commits of small objects, but never pins more than a share of the
+    /// store (creates wait for pinned bytes) — one job always may.
+    async fn pin_room(&self, id: ObjectId, level: TierLevel) {
+        loop {
+            let bytes = {
+                let index = self.index.borrow();
+                match index.get(&id) {
+                    Some(t)
+                        if !(level == TierLevel::Backing && t.tiers.contains(TierLevel::Burst)) =>
+                    {
+                        t.sizes.payload_len()
+                    }
+                    _ => return,
+                }
+            };
+            let budget =
+                (self.node.read(|store| store.capacity()) / PIN_SHARE).clamp(PIN_MIN, PIN_MAX);
+            let pinned = self.pinned.get();
+            if pinned == 0 || pinned + bytes <= budget {
+                return;
+            }
+            // Single-threaded: no unpin can slip in before this waits.
+            self.unpinned.notified().await;
         }
     }
 
@@ -121,6 +156,7 @@ impl Tiers {
 
     fn unpin(&self, id: &ObjectId, bytes: u64) {
         self.pinned.set(self.pinned.get().saturating_sub(bytes));
+        self.unpinned.notify_waiters();
         if let Err(err) = self
             .node
             .mutate(|store| store.release(principals::TIERS, id))

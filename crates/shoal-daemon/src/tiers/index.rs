@@ -98,6 +98,11 @@ impl Index {
     }
 
     /// An object found in the manifest at start (on tiers only).
+    /// Room for `more` objects (a restart loads a million at once).
+    pub fn reserve(&mut self, more: usize) {
+        self.objects.reserve(more);
+    }
+
     pub fn recovered(&mut self, id: ObjectId, record: &ObjectRecord) {
         let generation = self.next_generation();
         self.objects.insert(

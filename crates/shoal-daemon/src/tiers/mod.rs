@@ -15,6 +15,7 @@
 //! The node reaches the tiers only through its `Below` and `NodeListener`
 //! traits; the operations call them directly.
 
+mod background;
 mod burst;
 mod config;
 mod drain;
@@ -71,6 +72,8 @@ pub struct Tiers {
     engine: Arc<TierEngine>,
     /// One queue per tier, nearest first (`None`: no such tier).
     drainers: [Option<Drainer>; 2],
+    /// Where the drain runs (dropped after the drainers: declared after them).
+    _background: background::Background,
     node: Rc<Node>,
     supervisor: Supervisor,
     default_durability: Durability,
@@ -90,6 +93,8 @@ pub struct Tiers {
     relieving: Cell<bool>,
     /// Bytes of memory pinned by drain jobs (queued or running).
     pinned: Cell<u64>,
+    /// Woken when drain jobs unpin memory.
+    unpinned: Notify,
 }
 
 impl Tiers {
@@ -105,22 +110,26 @@ impl Tiers {
         let (engine, report) = config.open(owner).await?;
         let engine = Arc::new(engine);
         let mut index = Index::default();
+        index.reserve(report.records.len());
         for (id, record) in &report.records {
             index.recovered(*id, record);
         }
         let mut levels = TierSet::EMPTY;
+        let background = background::Background::start(config.drain_nice)?;
         let drainers = TierLevel::ALL.map(|level| {
             engine.tier(level)?;
             levels = levels.with(level);
             let (drainer, worker, events) =
                 Drainer::new(engine.clone(), drain_config(config, level));
-            // Stopped with the daemon: jobs not finished then are found
-            // again by the next start's recovery (or were memory only).
+            // On the drain's runtime, at its priority. Stopped with the
+            // daemon: jobs not finished then are found again by the next
+            // start's recovery (or were memory only).
+            let mut worker = background.spawn(worker);
             let stop = supervisor.stopping();
-            supervisor.spawn("drain", async move {
+            supervisor.spawn_local("drain", async move {
                 tokio::select! {
-                    _ = worker => {}
-                    _ = stop => {}
+                    _ = &mut worker => {}
+                    _ = stop => worker.abort(),
                 }
             });
             Some((drainer, events))
@@ -135,6 +144,7 @@ impl Tiers {
         let tiers = Rc::new(Self {
             engine,
             drainers,
+            _background: background,
             node: node.clone(),
             supervisor: supervisor.clone(),
             default_durability: config.durability,
@@ -149,6 +159,7 @@ impl Tiers {
             spills: RefCell::default(),
             relieving: Cell::new(false),
             pinned: Cell::new(0),
+            unpinned: Notify::new(),
         });
         for rx in events {
             supervisor.spawn_local("drain events", tiers.clone().outcomes(rx));
@@ -527,14 +538,13 @@ impl Tiers {
 }
 
 /// The queue of one tier's drain. Jobs that write from memory pin it while
-/// queued, so the queue is short (a few jobs per writer): the backlog of
-/// ids in front of it waits for free, and a full store waits at most for a
-/// few writes to finish. Copies between tiers pin nothing and may queue more.
+/// queued; the feeder bounds the bytes pinned (`pin_room`), so the queue
+/// holds two batches (group commits) and the backlog of ids in front of it
+/// waits for free. Copies between tiers pin nothing and may queue more.
 fn drain_config(config: &TierConfig, level: TierLevel) -> shoal_tiers::DrainConfig {
     let mut drain = config.drain;
     if level == TierLevel::Burst {
-        drain.queue = drain.queue.min(2 * drain.parallel.max(1));
-        drain.batch = drain.batch.min(drain.parallel.max(1));
+        drain.queue = drain.queue.min(2 * drain.batch.max(1));
     }
     drain
 }

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::store::Victim;
 use shoal_core::ObjectId;
-use shoal_tiers::{ObjectRecord, ObjectSizes, SourceRange, TierLevel, WriteInfo};
+use shoal_tiers::{ObjectRecord, ObjectSizes, SourceRange, TierLevel, WriteInfo, WriteItem};
 
 use crate::tiers::Tiers;
 
@@ -32,35 +32,112 @@ impl Tiers {
                 if batch.is_empty() {
                     return;
                 }
-                futures_util::stream::iter(batch)
+                let retry = tiers.spill_batch(batch).await;
+                futures_util::stream::iter(retry)
                     .for_each_concurrent(SPILL_PARALLEL, |victim| tiers.spill(victim))
                     .await;
             }
         });
     }
 
+    /// Spills a batch of victims as group commits: the victims bound for
+    /// the same first tier go down in one `write_batch`. Returns the victims
+    /// whose write failed, for one-by-one spills (which make room on the
+    /// burst buffer, or fall through to the backing store).
+    async fn spill_batch(&self, victims: Vec<Victim>) -> Vec<Victim> {
+        let mut groups: [Vec<Victim>; 2] = Default::default();
+        for victim in victims {
+            let skip_burst = self
+                .index
+                .borrow()
+                .get(&victim.id)
+                .is_some_and(|t| t.skip_burst);
+            let level = if self.levels.contains(TierLevel::Burst) && !skip_burst {
+                TierLevel::Burst
+            } else {
+                TierLevel::Backing
+            };
+            groups[level as usize].push(victim);
+        }
+        let mut retry = Vec::new();
+        for (level, group) in TierLevel::ALL.into_iter().zip(groups) {
+            if group.is_empty() {
+                continue;
+            }
+            let items = group
+                .iter()
+                .map(|victim| {
+                    let (sizes, info) = self.spill_info(victim);
+                    WriteItem {
+                        id: victim.id,
+                        sizes,
+                        // SAFETY: as in `spill`: the victim is held until
+                        // `finish_spill` (or the retry) ends its eviction.
+                        src: unsafe { self.source(victim.location) },
+                        info,
+                    }
+                })
+                .collect();
+            let written = self.engine.write_batch(level, items).await;
+            for (victim, result) in group.into_iter().zip(written) {
+                match result {
+                    Ok(record) => self.finish_spill(victim, Ok(record)),
+                    Err(err) => {
+                        tracing::debug!(id = %victim.id, %level, %err, "batched spill failed; retrying alone");
+                        retry.push(victim);
+                    }
+                }
+            }
+        }
+        retry
+    }
+
+    /// The sizes of a victim and what its write records.
+    fn spill_info(&self, victim: &Victim) -> (ObjectSizes, WriteInfo) {
+        let durability = self
+            .index
+            .borrow()
+            .get(&victim.id)
+            .map_or(Default::default(), |t| t.durability);
+        (
+            ObjectSizes {
+                data_size: victim.location.data_size,
+                meta_size: victim.location.meta_size,
+            },
+            WriteInfo {
+                durability,
+                ..Default::default()
+            },
+        )
+    }
+
     async fn spill(&self, victim: Victim) {
+        let (sizes, info) = self.spill_info(&victim);
+        let skip_burst = self
+            .index
+            .borrow()
+            .get(&victim.id)
+            .is_some_and(|t| t.skip_burst);
+        // SAFETY: the victim is held (`Verdict::Hold`): its block stays
+        // allocated and unchanged until `finish_eviction`/`cancel_eviction`,
+        // both called by `finish_spill`, after the write returned (and so
+        // dropped its range) — or never, if the daemon stops first.
+        let src = unsafe { self.source(victim.location) };
+        let result = self
+            .write_down(victim.id, sizes, src, info, skip_burst)
+            .await;
+        self.finish_spill(victim, result);
+    }
+
+    /// Ends a victim's eviction after its spill: freed if a tier took it,
+    /// kept in memory (and out of eviction for a while) if none did.
+    fn finish_spill(&self, victim: Victim, result: Result<ObjectRecord>) {
         let id = victim.id;
         let sizes = ObjectSizes {
             data_size: victim.location.data_size,
             meta_size: victim.location.meta_size,
         };
-        let (durability, skip_burst) = {
-            let index = self.index.borrow();
-            index.get(&id).map_or((Default::default(), false), |t| {
-                (t.durability, t.skip_burst)
-            })
-        };
-        let info = WriteInfo {
-            durability,
-            ..Default::default()
-        };
-        // SAFETY: the victim is held (`Verdict::Hold`): its block stays
-        // allocated and unchanged until `finish_eviction`/`cancel_eviction`,
-        // both called below, after the write returned (and so dropped its
-        // range) — or never, if the daemon stops first.
-        let src = unsafe { self.source(victim.location) };
-        match self.write_down(id, sizes, src, info, skip_burst).await {
+        match result {
             Ok(record) => {
                 // (Deleted while spilling: the delete removes the copy.)
                 if let Some(t) = self.index.borrow_mut().get_mut(&id) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use shoal_core::error::ErrorKind;
 use shoal_core::ids::ObjectId;
 use shoal_tiers::format::HEADER_LEN;
-use shoal_tiers::{DestRange, SourceRange, Tier};
+use shoal_tiers::{DestRange, PutItem, SourceRange, Tier};
 
 use super::{payload, read, sizes_of, write, Damage, Harness};
 
@@ -22,6 +22,7 @@ pub async fn run(harness: &dyn Harness) {
     full_tier_is_store_full(harness).await;
     detects_damage(harness).await;
     concurrent_puts(harness).await;
+    batch_puts(harness).await;
 }
 
 async fn round_trips(harness: &dyn Harness) {
@@ -215,4 +216,85 @@ async fn concurrent_puts(harness: &dyn Harness) {
     }
     assert_eq!(tier.list().await.unwrap().len(), 16);
     assert_eq!(tier.usage().objects, 16);
+}
+
+/// A batch: each image with `put`'s contract, outcomes in order; one that
+/// does not fit fails alone and leaves nothing; a later batch replaces.
+async fn batch_puts(harness: &dyn Harness) {
+    let lens = [100usize, 0, (4 << 20) + 3, 1000];
+    let room: u64 = lens.iter().map(|&l| (HEADER_LEN + l) as u64).sum();
+    // Slack for the replacements below (a replacing image takes its room
+    // before the one it replaces gives its own back).
+    let capacity = room + 200;
+    let tier = harness.make(capacity).await;
+    // The third item of this batch is too big for what is left.
+    let ids: Vec<ObjectId> = (0..5).map(|_| ObjectId::random()).collect();
+    let mut bytes: Vec<Vec<u8>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| payload(l, i as u64))
+        .collect();
+    bytes.insert(2, payload(capacity as usize, 99));
+    let items = ids
+        .iter()
+        .zip(&bytes)
+        .map(|(&id, b)| PutItem {
+            id,
+            sizes: sizes_of(b.len(), 0),
+            src: SourceRange::from_vec(b.clone()),
+        })
+        .collect();
+    let outcomes = tier.put_batch(items).await;
+    assert_eq!(outcomes.len(), 5);
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == 2 {
+            let err = outcome.as_ref().unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::StoreFull, "{err}");
+            continue;
+        }
+        let header = outcome.as_ref().unwrap();
+        assert_eq!(
+            (header.id, header.checksum),
+            (ids[i], crc32c::crc32c(&bytes[i]))
+        );
+        assert_eq!(
+            read(tier.as_ref(), ids[i], bytes[i].len()).await.unwrap(),
+            bytes[i]
+        );
+    }
+    let mut listed = tier.list().await.unwrap();
+    listed.sort();
+    let mut want: Vec<ObjectId> = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 2)
+        .map(|(_, id)| *id)
+        .collect();
+    want.sort();
+    assert_eq!(listed, want, "the refused image left nothing");
+    assert_eq!((tier.usage().used, tier.usage().objects), (room, 4));
+
+    // A second batch replacing two of them (smaller) and adding none.
+    let again = [(ids[0], payload(10, 7)), (ids[4], payload(20, 8))];
+    let items = again
+        .iter()
+        .map(|(id, b)| PutItem {
+            id: *id,
+            sizes: sizes_of(b.len(), 0),
+            src: SourceRange::from_vec(b.clone()),
+        })
+        .collect();
+    for outcome in tier.put_batch(items).await {
+        outcome.unwrap();
+    }
+    for (id, b) in &again {
+        assert_eq!(&read(tier.as_ref(), *id, b.len()).await.unwrap(), b);
+    }
+    assert_eq!(tier.usage().objects, 4);
+    assert_eq!(
+        tier.usage().used,
+        room - (100 + 1000) as u64 + (10 + 20) as u64,
+        "replaced images give their space back"
+    );
+    assert!(tier.put_batch(Vec::new()).await.is_empty());
 }
