@@ -46,6 +46,8 @@ const DIRECT_MIN: u64 = CHUNK as u64;
 const DIRECT_ALIGN: usize = 4096;
 /// Images of a batch staged at once (each on a blocking thread).
 const STAGE_PARALLEL: usize = 4;
+/// Threads that fsync a batch's files (and directories) at once.
+const SYNC_THREADS: usize = 16;
 
 /// A directory tier. Cheap to clone (shared state).
 #[derive(Clone)]
@@ -466,9 +468,16 @@ impl Inner {
             .collect();
         // The renames, durable: one fsync per directory (the first commits
         // the file system's journal for all of them; the rest find it done).
+        let outcomes = in_parallel(&dirs, |dir| File::open(dir).and_then(|d| d.sync_all()));
         let failed: Vec<(PathBuf, ShoalError)> = dirs
             .into_iter()
-            .filter_map(|dir| sync_dir(&dir).err().map(|err| (dir, err)))
+            .zip(outcomes)
+            .filter_map(|(dir, synced)| {
+                synced.err().map(|e| {
+                    let err = io_error(&format!("fsync directory {}", dir.display()), e);
+                    (dir, err)
+                })
+            })
             .collect();
         renamed
             .into_iter()
@@ -715,6 +724,45 @@ impl Tier for DirTier {
     async fn sweep(&self) -> Result<u64> {
         self.blocking(|inner| inner.sweep()).await
     }
+}
+
+/// Runs `f` on every item, from up to `SYNC_THREADS` threads at once, and
+/// returns the outcomes in order. For fsyncs: the file system's journal
+/// commits one transaction (and flushes the device cache once) for all the
+/// fsyncs waiting on it, where one at a time would commit and flush each.
+fn in_parallel<T: Sync>(
+    items: &[T],
+    f: impl Fn(&T) -> io::Result<()> + Sync,
+) -> Vec<io::Result<()>> {
+    if items.len() <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let threads = items.len().min(SYNC_THREADS);
+    let mut out: Vec<Option<io::Result<()>>> = (0..items.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let f = &f;
+        let workers: Vec<_> = (0..threads)
+            .map(|first| {
+                scope.spawn(move || {
+                    (first..items.len())
+                        .step_by(threads)
+                        .map(|i| (i, f(&items[i])))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for worker in workers {
+            let done = worker
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            for (i, outcome) in done {
+                out[i] = Some(outcome);
+            }
+        }
+    });
+    out.into_iter()
+        .map(|o| o.expect("every item ran"))
+        .collect()
 }
 
 /// Writes the image of `id` to `tmp` (a new file) in one pass over the

@@ -32,13 +32,17 @@ async fn open(dir: &Path) -> (TierEngine, RecoveryReport) {
     let burst = DirTier::open(&dir.join("burst"), &me, 1 << 40).unwrap();
     let backing = DirTier::open(&dir.join("backing"), &me, 1 << 40).unwrap();
     let manifest = Manifest::open(&dir.join("manifest.redb"), &me).unwrap();
-    TierEngine::open(EngineConfig {
+    let opened = TierEngine::open(EngineConfig {
         manifest,
-        burst: Some(Arc::new(burst)),
-        backing: Some(Arc::new(backing)),
+        burst: Some(Arc::new(burst.clone())),
+        backing: Some(Arc::new(backing.clone())),
     })
     .await
-    .unwrap()
+    .unwrap();
+    // The checks compare usage, which is counted in the background.
+    burst.wait_counted();
+    backing.wait_counted();
+    opened
 }
 
 struct Rng(u64);

@@ -161,6 +161,9 @@ async fn objects_move_down_the_chain_and_come_back() {
     assert_eq!(report.objects, 1);
     assert!(report.adopted.is_empty() && report.to_drain.is_empty());
     assert_eq!(node.restore(id, bytes.len()).await.unwrap().1, bytes);
+    // Sizes are counted in the background after a restart.
+    node.burst_dir.wait_counted();
+    node.backing_dir.wait_counted();
     let usage = node.engine.usage();
     assert_eq!(usage[0].1.used, 0);
     assert_eq!(usage[1].1.objects, 1);

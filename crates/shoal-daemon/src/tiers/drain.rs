@@ -13,7 +13,7 @@ use shoal_tiers::{DrainEvent, DrainJob, ObjectSizes, TierLevel, WriteInfo};
 use tokio::sync::mpsc;
 
 use crate::principals;
-use crate::tiers::index::Job;
+use crate::tiers::index::{Job, Lane};
 use crate::tiers::Tiers;
 
 /// Drain jobs pin at most 1/PIN_SHARE of the store's capacity, within
@@ -25,22 +25,25 @@ const PIN_MAX: u64 = 256 << 20;
 impl Tiers {
     /// Feeds the queue of tier `level` from its backlog, waiting while the
     /// queue is full (back-pressure: ids wait, memory stays where it is).
-    pub(super) async fn feed(self: Rc<Self>, level: TierLevel) {
+    pub(super) async fn feed(self: Rc<Self>, lane: Lane, level: TierLevel) {
+        let (l, t) = (lane as usize, level as usize);
         loop {
-            let next = self.backlog[level as usize].borrow_mut().pop_front();
+            let next = self.backlog[l][t].borrow_mut().pop_front();
             let Some(id) = next else {
-                self.bell[level as usize].notified().await;
+                self.bell[l][t].notified().await;
                 continue;
             };
-            self.pin_room(id, level).await;
-            let Some((job, pinned, generation)) = self.job_for(id, level) else {
+            self.pin_room(lane, id, level).await;
+            let Some((job, pinned, generation)) = self.job_for(lane, id, level) else {
                 continue;
             };
             let sizes = self.sizes(&id).unwrap_or(ObjectSizes {
                 data_size: 0,
                 meta_size: 0,
             });
-            let drainer = self.drainer(level).expect("a feeder per configured tier");
+            let drainer = self
+                .drainer(lane, level)
+                .expect("a feeder per configured tier");
             // Recorded first: the outcome may arrive before `submit` returns
             // here (this is the drainer's only submitter, so the number is exact).
             let seq = drainer.next_seq();
@@ -48,6 +51,7 @@ impl Tiers {
                 seq,
                 Job {
                     id,
+                    lane,
                     generation,
                     target: level,
                     pinned,
@@ -59,9 +63,9 @@ impl Tiers {
                 Err(err) => {
                     // Only at shutdown: the drainer has stopped.
                     tracing::debug!(%id, %err, "drain submit");
-                    self.index.borrow_mut().finish_job(level, seq);
+                    self.index.borrow_mut().finish_job(lane, level, seq);
                     if pinned {
-                        self.unpin(&id, sizes.payload_len());
+                        self.unpin(lane, &id, sizes.payload_len());
                     }
                     return;
                 }
@@ -73,7 +77,8 @@ impl Tiers {
     /// if its job to `level` will read memory: the queue holds whole group
     /// commits of small objects, but never pins more than a share of the
     /// store (creates wait for pinned bytes) — one job always may.
-    async fn pin_room(&self, id: ObjectId, level: TierLevel) {
+    /// (Per lane: a background lane full of pins never holds up a seal.)
+    async fn pin_room(&self, lane: Lane, id: ObjectId, level: TierLevel) {
         loop {
             let bytes = {
                 let index = self.index.borrow();
@@ -88,7 +93,7 @@ impl Tiers {
             };
             let budget =
                 (self.node.read(|store| store.capacity()) / PIN_SHARE).clamp(PIN_MIN, PIN_MAX);
-            let pinned = self.pinned.get();
+            let pinned = self.pinned[lane as usize].get();
             if pinned == 0 || pinned + bytes <= budget {
                 return;
             }
@@ -98,7 +103,7 @@ impl Tiers {
     }
 
     /// The job that brings `id` to `level`, if it still needs one.
-    fn job_for(&self, id: ObjectId, level: TierLevel) -> Option<(DrainJob, bool, u64)> {
+    fn job_for(&self, lane: Lane, id: ObjectId, level: TierLevel) -> Option<(DrainJob, bool, u64)> {
         let (tiers, in_flight, skip_burst, durability, generation, sizes) = {
             let index = self.index.borrow();
             let t = index.get(&id)?;
@@ -130,7 +135,8 @@ impl Tiers {
             .node
             .mutate(|store| store.get(principals::TIERS, &id))?;
         debug_assert_eq!(location.size(), sizes.payload_len());
-        self.pinned.set(self.pinned.get() + location.size());
+        let pinned = &self.pinned[lane as usize];
+        pinned.set(pinned.get() + location.size());
         // SAFETY: the reference just taken keeps the block allocated, and a
         // sealed object is never written; it is released only when the
         // job's outcome arrives, after the engine dropped the range.
@@ -154,8 +160,9 @@ impl Tiers {
         ))
     }
 
-    fn unpin(&self, id: &ObjectId, bytes: u64) {
-        self.pinned.set(self.pinned.get().saturating_sub(bytes));
+    fn unpin(&self, lane: Lane, id: &ObjectId, bytes: u64) {
+        let pinned = &self.pinned[lane as usize];
+        pinned.set(pinned.get().saturating_sub(bytes));
         self.unpinned.notify_waiters();
         if let Err(err) = self
             .node
@@ -166,20 +173,27 @@ impl Tiers {
     }
 
     /// Applies the drain's outcomes as they arrive.
-    pub(super) async fn outcomes(self: Rc<Self>, mut events: mpsc::Receiver<DrainEvent>) {
+    pub(super) async fn outcomes(
+        self: Rc<Self>,
+        lane: Lane,
+        mut events: mpsc::Receiver<DrainEvent>,
+    ) {
         while let Some(event) = events.recv().await {
-            self.outcome(event);
+            self.outcome(lane, event);
         }
     }
 
-    fn outcome(self: &Rc<Self>, event: DrainEvent) {
-        let Some((job, current)) = self.index.borrow_mut().finish_job(event.target, event.seq)
+    fn outcome(self: &Rc<Self>, lane: Lane, event: DrainEvent) {
+        let Some((job, current)) =
+            self.index
+                .borrow_mut()
+                .finish_job(lane, event.target, event.seq)
         else {
             tracing::error!(id = %event.id, seq = event.seq, "outcome of an unknown drain job");
             return;
         };
         if job.pinned {
-            self.unpin(&job.id, job.bytes);
+            self.unpin(job.lane, &job.id, job.bytes);
         }
         if !current {
             return; // deleted since: its delete removes whatever was written

@@ -30,10 +30,25 @@ pub struct Tracked {
     pub skip_burst: bool,
 }
 
+/// Which of a tier's two queues a drain job is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Write-behind nobody waits for: runs below the daemon's priority.
+    Background = 0,
+    /// A seal, `wait_durable` or `stage_out` waits for it: at the daemon's
+    /// priority.
+    Urgent = 1,
+}
+
+impl Lane {
+    pub const ALL: [Lane; 2] = [Lane::Background, Lane::Urgent];
+}
+
 /// A drain job the node submitted.
 #[derive(Debug, Clone, Copy)]
 pub struct Job {
     pub id: ObjectId,
+    pub lane: Lane,
     pub generation: u64,
     pub target: TierLevel,
     /// The job reads memory pinned by a reference of the tiers principal,
@@ -46,8 +61,8 @@ pub struct Job {
 #[derive(Default)]
 pub struct Index {
     objects: HashMap<ObjectId, Tracked>,
-    /// By (target tier, the job's number in that tier's queue).
-    jobs: HashMap<(TierLevel, u64), Job>,
+    /// By (lane, target tier, the job's number in that queue).
+    jobs: HashMap<(Lane, TierLevel, u64), Job>,
     generations: u64,
     tick: u64,
 }
@@ -129,13 +144,13 @@ impl Index {
         if let Some(t) = self.objects.get_mut(&job.id) {
             t.in_flight[job.target as usize] = true;
         }
-        self.jobs.insert((job.target, seq), job);
+        self.jobs.insert((job.lane, job.target, seq), job);
     }
 
     /// The job of an outcome; `current` says whether it is for the object
     /// tracked now under its id (not one deleted since).
-    pub fn finish_job(&mut self, target: TierLevel, seq: u64) -> Option<(Job, bool)> {
-        let job = self.jobs.remove(&(target, seq))?;
+    pub fn finish_job(&mut self, lane: Lane, target: TierLevel, seq: u64) -> Option<(Job, bool)> {
+        let job = self.jobs.remove(&(lane, target, seq))?;
         let current = match self.objects.get_mut(&job.id) {
             Some(t) if t.generation == job.generation => {
                 t.in_flight[job.target as usize] = false;

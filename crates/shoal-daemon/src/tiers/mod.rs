@@ -45,7 +45,7 @@ pub use config::{Backing, TierConfig};
 
 use crate::node::{Below, Node};
 use crate::supervisor::Supervisor;
-use index::Index;
+use index::{Index, Lane};
 
 /// How long an object whose spill failed stays out of eviction before it
 /// may be tried again.
@@ -70,8 +70,9 @@ struct Counters {
 
 pub struct Tiers {
     engine: Arc<TierEngine>,
-    /// One queue per tier, nearest first (`None`: no such tier).
-    drainers: [Option<Drainer>; 2],
+    /// One queue per lane and tier, nearest tier first (`None`: no such
+    /// tier).
+    drainers: [[Option<Drainer>; 2]; 2],
     /// Where the drain runs (dropped after the drainers: declared after them).
     _background: background::Background,
     node: Rc<Node>,
@@ -81,9 +82,10 @@ pub struct Tiers {
     index: RefCell<Index>,
     /// Woken whenever an object's copies change or a write down fails.
     changed: Notify,
-    /// Ids waiting for a drain job, per target tier, and their feeders' bells.
-    backlog: [RefCell<VecDeque<ObjectId>>; 2],
-    bell: [Notify; 2],
+    /// Ids waiting for a drain job, per lane and target tier, and their
+    /// feeders' bells.
+    backlog: [[RefCell<VecDeque<ObjectId>>; 2]; 2],
+    bell: [[Notify; 2]; 2],
     restoring: RefCell<HashMap<ObjectId, RestoreOutcome>>,
     counters: RefCell<Counters>,
     /// Objects a failed spill left in memory, with when to readmit them.
@@ -91,8 +93,8 @@ pub struct Tiers {
     /// Spills waiting for the spill task.
     spills: RefCell<Vec<shoal_core::store::Victim>>,
     relieving: Cell<bool>,
-    /// Bytes of memory pinned by drain jobs (queued or running).
-    pinned: Cell<u64>,
+    /// Bytes of memory pinned by drain jobs (queued or running), per lane.
+    pinned: [Cell<u64>; 2],
     /// Woken when drain jobs unpin memory.
     unpinned: Notify,
 }
@@ -116,29 +118,41 @@ impl Tiers {
         }
         let mut levels = TierSet::EMPTY;
         let background = background::Background::start(config.drain_nice)?;
-        let drainers = TierLevel::ALL.map(|level| {
-            engine.tier(level)?;
-            levels = levels.with(level);
-            let (drainer, worker, events) =
-                Drainer::new(engine.clone(), drain_config(config, level));
-            // On the drain's runtime, at its priority. Stopped with the
-            // daemon: jobs not finished then are found again by the next
-            // start's recovery (or were memory only).
-            let mut worker = background.spawn(worker);
-            let stop = supervisor.stopping();
-            supervisor.spawn_local("drain", async move {
-                tokio::select! {
-                    _ = &mut worker => {}
-                    _ = stop => worker.abort(),
-                }
-            });
-            Some((drainer, events))
-        });
+        for level in TierLevel::ALL {
+            if engine.tier(level).is_some() {
+                levels = levels.with(level);
+            }
+        }
         let mut events = Vec::new();
-        let drainers = drainers.map(|d| {
-            d.map(|(drainer, rx)| {
-                events.push(rx);
-                drainer
+        let drainers = Lane::ALL.map(|lane| {
+            TierLevel::ALL.map(|level| {
+                engine.tier(level)?;
+                let (drainer, worker, rx) =
+                    Drainer::new(engine.clone(), drain_config(config, level));
+                events.push((lane, rx));
+                // Stopped with the daemon: jobs not finished then are found
+                // again by the next start's recovery (or were memory only).
+                let stop = supervisor.stopping();
+                match lane {
+                    // On the drain's runtime, at its lower priority.
+                    Lane::Background => {
+                        let mut worker = background.spawn(worker);
+                        supervisor.spawn_local("drain", async move {
+                            tokio::select! {
+                                _ = &mut worker => {}
+                                _ = stop => worker.abort(),
+                            }
+                        });
+                    }
+                    // On the store's runtime (its blocking pool): a client waits.
+                    Lane::Urgent => supervisor.spawn("drain (urgent)", async move {
+                        tokio::select! {
+                            _ = worker => {}
+                            _ = stop => {}
+                        }
+                    }),
+                }
+                Some(drainer)
             })
         });
         let tiers = Rc::new(Self {
@@ -158,15 +172,17 @@ impl Tiers {
             kept: RefCell::default(),
             spills: RefCell::default(),
             relieving: Cell::new(false),
-            pinned: Cell::new(0),
+            pinned: Default::default(),
             unpinned: Notify::new(),
         });
-        for rx in events {
-            supervisor.spawn_local("drain events", tiers.clone().outcomes(rx));
+        for (lane, rx) in events {
+            supervisor.spawn_local("drain events", tiers.clone().outcomes(lane, rx));
         }
-        for level in TierLevel::ALL {
-            if tiers.drainer(level).is_some() {
-                supervisor.spawn_local("drain feeder", tiers.clone().feed(level));
+        for lane in Lane::ALL {
+            for level in TierLevel::ALL {
+                if tiers.drainer(lane, level).is_some() {
+                    supervisor.spawn_local("drain feeder", tiers.clone().feed(lane, level));
+                }
             }
         }
         supervisor.spawn_local("readmit kept", tiers.clone().readmit_kept());
@@ -189,14 +205,14 @@ impl Tiers {
         Ok(tiers)
     }
 
-    fn drainer(&self, level: TierLevel) -> Option<&Drainer> {
-        self.drainers[level as usize].as_ref()
+    fn drainer(&self, lane: Lane, level: TierLevel) -> Option<&Drainer> {
+        self.drainers[lane as usize][level as usize].as_ref()
     }
 
     /// Bytes of memory drain jobs pin now: they come free as the jobs
     /// finish, so a create short of space waits for them.
     pub fn pinned_bytes(&self) -> u64 {
-        self.pinned.get()
+        self.pinned.iter().map(Cell::get).sum()
     }
 
     /// The durability a seal naming none gets.
@@ -229,24 +245,31 @@ impl Tiers {
         self.index.borrow().get(id).map(|t| !t.tiers.is_empty())
     }
 
-    /// Queues `id` for the drain of the nearest tier it lacks; `urgent`
-    /// puts it first (a seal waits for it).
+    /// Queues `id` for the drain of the nearest tier it lacks: in the
+    /// urgent lane when `urgent` (a seal waits for it) or when its copies do
+    /// not yet give the durability its seal asked for, else in the
+    /// background lane.
     fn queue(&self, id: ObjectId, urgent: bool) {
-        let level = {
+        let (level, lane) = {
             let index = self.index.borrow();
             let Some(t) = index.get(&id) else { return };
-            match self.next_level(t.tiers, t.skip_burst) {
-                Some(level) => level,
-                None => return,
-            }
+            let Some(level) = self.next_level(t.tiers, t.skip_burst) else {
+                return;
+            };
+            let awaited = urgent || !t.tiers.meets(t.durability);
+            (
+                level,
+                if awaited {
+                    Lane::Urgent
+                } else {
+                    Lane::Background
+                },
+            )
         };
-        let mut backlog = self.backlog[level as usize].borrow_mut();
-        if urgent {
-            backlog.push_front(id);
-        } else {
-            backlog.push_back(id);
-        }
-        self.bell[level as usize].notify_one();
+        self.backlog[lane as usize][level as usize]
+            .borrow_mut()
+            .push_back(id);
+        self.bell[lane as usize][level as usize].notify_one();
     }
 
     /// The nearest configured tier an object with copies on `tiers` lacks.
@@ -428,7 +451,7 @@ impl Tiers {
             return Ok(());
         }
         self.changed.notify_waiters();
-        for drainer in self.drainers.iter().flatten() {
+        for drainer in self.drainers.iter().flatten().flatten() {
             for id in &held {
                 drainer.cancel(*id);
             }
@@ -476,11 +499,13 @@ impl Tiers {
                 .drainers
                 .iter()
                 .flatten()
+                .flatten()
                 .map(|d| d.depth() as u64)
                 .sum::<u64>()
                 + self
                     .backlog
                     .iter()
+                    .flatten()
                     .map(|b| b.borrow().len() as u64)
                     .sum::<u64>(),
             drained_objects: counters.drained_objects,
