@@ -107,6 +107,17 @@ impl Tiers {
         let mut index = Index::default();
         for (id, record) in &report.records {
             index.recovered(*id, record);
+            if let Some(name) = &record.name {
+                node.names().borrow_mut().recovered(
+                    name.clone(),
+                    crate::names::Bound {
+                        id: *id,
+                        data_size: record.sizes.data_size,
+                        meta_size: record.sizes.meta_size,
+                        mtime_ms: record.sealed_at_ms,
+                    },
+                );
+            }
         }
         let mut levels = TierSet::EMPTY;
         let drainers = TierLevel::ALL.map(|level| {

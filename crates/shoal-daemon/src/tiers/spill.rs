@@ -53,6 +53,7 @@ impl Tiers {
         };
         let info = WriteInfo {
             durability,
+            name: self.node.name_of(&id),
             ..Default::default()
         };
         // SAFETY: the victim is held (`Verdict::Hold`): its block stays
