@@ -35,7 +35,7 @@ from shoal.errors import (
 
 if TYPE_CHECKING:
     from shoal.arrow import TableBuilder
-    from shoal.client import Buffer, Client, ObjectInfo, Subscription
+    from shoal.client import Buffer, Client, NameInfo, ObjectInfo, Subscription
 
 __version__ = _internal.__version__
 
@@ -45,6 +45,7 @@ _LAZY = {
     "Buffer": "shoal.client",
     "Client": "shoal.client",
     "ObjectInfo": "shoal.client",
+    "NameInfo": "shoal.client",
     "Subscription": "shoal.client",
     "TableBuilder": "shoal.arrow",
 }
@@ -115,6 +116,7 @@ __all__ = [
     "ObjectID",
     "ObjectInUse",
     "ObjectInfo",
+    "NameInfo",
     "ObjectNotFound",
     "ObjectNotSealed",
     "ObjectTooLarge",
