@@ -217,7 +217,7 @@ impl ShoalFs {
         if !w.dirty || w.unlinked {
             return Ok(());
         }
-        let (path, ino) = (w.path.clone(), w.ino);
+        let (path, ino, shared) = (w.path.clone(), w.ino, w.shared);
         let result = {
             let Some(Handle::Writer(w)) = self.handles.get(fh) else {
                 unreachable!("checked above")
@@ -231,8 +231,13 @@ impl ShoalFs {
                     w.dirty = false;
                 }
                 // The kernel's cache of this inode holds what was just
-                // written (write-through): a reader may keep it.
-                self.cached.insert(ino, id);
+                // written (write-through): a reader may keep it, unless
+                // another writer's bytes are in it too.
+                if shared {
+                    self.cached.remove(&ino);
+                } else {
+                    self.cached.insert(ino, id);
+                }
                 Ok(())
             }
             Err(err) => Err(self.fail(&err)),
@@ -260,9 +265,12 @@ impl ShoalFs {
                 Err(err) => return Err(self.fail(&err)),
             }
         };
-        Ok(self
-            .handles
-            .insert(Handle::Writer(Writer::new(path, ino, buf, truncate))))
+        let mut writer = Writer::new(path, ino, buf, truncate);
+        for other in self.handles.writers_mut().filter(|w| w.ino == ino) {
+            other.shared = true;
+            writer.shared = true;
+        }
+        Ok(self.handles.insert(Handle::Writer(writer)))
     }
 
     /// Opens the object bound to `path` for reading; `keep_cache` when it

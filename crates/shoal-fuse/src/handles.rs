@@ -55,6 +55,10 @@ pub struct Writer {
     pub dirty: bool,
     /// Its name was unlinked while open: closing it writes nothing.
     pub unlinked: bool,
+    /// Another writer had the same file open meanwhile: the kernel's page
+    /// cache of the file mixes both writers' bytes, so it must not be kept
+    /// for the version this one writes.
+    pub shared: bool,
 }
 
 impl Writer {
@@ -65,6 +69,7 @@ impl Writer {
             buf,
             dirty,
             unlinked: false,
+            shared: false,
         }
     }
 

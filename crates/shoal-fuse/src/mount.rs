@@ -157,6 +157,11 @@ impl Mounted {
         if let Some(watcher) = self.watcher.take() {
             let _ = watcher.join();
         }
+        if result.is_ok() && self.session.guard.is_finished() {
+            // Unmounted and served out: fuser's own unmount on drop would
+            // only fail (and log an error) on the detached mount point.
+            std::mem::forget(self.session);
+        }
         result
     }
 }
