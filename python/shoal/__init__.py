@@ -16,11 +16,11 @@ from shoal._ids import ObjectID
 from shoal.errors import (
     Disconnected,
     InvalidArgument,
+    NameTooLong,
     NodeUnavailable,
     NotOwner,
     ObjectAlreadySealed,
     ObjectCorrupt,
-    NameTooLong,
     ObjectExists,
     ObjectInUse,
     ObjectNotFound,
