@@ -192,10 +192,16 @@ fn durable_names_survive_a_restart() {
             .unwrap();
         c.put_named("keep/b", b"second", b"", Some(Durability::Local), 0)
             .unwrap();
+        // Renamed after it was written down: the record follows.
+        c.put_named("tmp/.c.XXXX", b"third", b"", Some(Durability::Local), 0)
+            .unwrap();
+        c.rename("tmp/.c.XXXX", "keep/c").unwrap();
     }
     let daemon = Daemon::start(dir.path());
     let mut c = daemon.client();
-    assert_eq!(names(&mut c, "keep"), ["keep/a", "keep/b"]);
+    assert_eq!(names(&mut c, "keep"), ["keep/a", "keep/b", "keep/c"]);
+    assert!(names(&mut c, "tmp").is_empty());
+    assert_eq!(read_named(&mut c, "keep/c").unwrap(), b"third");
     assert_eq!(read_named(&mut c, "keep/a").unwrap(), b"durable");
     assert_eq!(read_named(&mut c, "keep/b").unwrap(), b"second");
 }

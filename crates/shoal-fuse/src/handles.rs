@@ -81,10 +81,15 @@ impl Writer {
             .filter(|&end| end <= max)
             .ok_or(libc::EFBIG)?;
         let (offset, end) = (offset as usize, end as usize);
-        if end > self.buf.len() {
-            self.buf.resize(end, 0);
+        if offset > self.buf.len() {
+            self.buf.resize(offset, 0); // the gap reads as zeros
         }
-        self.buf[offset..end].copy_from_slice(data);
+        // Overwrite what is there, append the rest (no zero-fill first:
+        // sequential writes touch each byte once).
+        let inside = (self.buf.len() - offset).min(data.len());
+        self.buf[offset..offset + inside].copy_from_slice(&data[..inside]);
+        self.buf.extend_from_slice(&data[inside..]);
+        debug_assert!(self.buf.len() >= end);
         self.dirty = true;
         Ok(data.len())
     }

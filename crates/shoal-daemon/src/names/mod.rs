@@ -25,6 +25,15 @@ pub struct Bound {
     pub mtime_ms: u64,
 }
 
+/// What a rename changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Renamed {
+    /// Objects that have a new name.
+    pub moved: Vec<ObjectId>,
+    /// Objects whose names were taken over (the caller deletes them).
+    pub replaced: Vec<ObjectId>,
+}
+
 #[derive(Debug, Default)]
 pub struct NameIndex {
     by_name: BTreeMap<String, Bound>,
@@ -103,14 +112,14 @@ impl NameIndex {
     }
 
     /// Moves name `from` to `to`, or every name under directory `from` to
-    /// the same place under `to`. Returns the objects replaced at `to`.
+    /// the same place under `to`.
     /// Refused: nothing at `from` (`ObjectNotFound`), a file onto a
     /// directory or the reverse (`InvalidArgument`), a directory onto a
     /// non-empty one (`ObjectExists`), a directory into itself.
-    pub fn rename(&mut self, from: &str, to: &str) -> Result<Vec<ObjectId>> {
+    pub fn rename(&mut self, from: &str, to: &str) -> Result<Renamed> {
         if from == to {
             return if self.by_name.contains_key(from) || self.is_dir(from) {
-                Ok(Vec::new())
+                Ok(Renamed::default())
             } else {
                 Err(not_found(from))
             };
@@ -122,7 +131,10 @@ impl NameIndex {
                 )));
             }
             self.by_name.remove(from);
-            return Ok(self.bind(to.to_owned(), bound).into_iter().collect());
+            return Ok(Renamed {
+                moved: vec![bound.id],
+                replaced: self.bind(to.to_owned(), bound).into_iter().collect(),
+            });
         }
         if !self.is_dir(from) {
             return Err(not_found(from));
@@ -144,13 +156,14 @@ impl NameIndex {
             ));
         }
         let moved: Vec<(String, Bound)> = self.under(from).map(|(n, b)| (n.clone(), *b)).collect();
-        let mut replaced = Vec::new();
+        let mut renamed = Renamed::default();
         for (name, bound) in moved {
             self.by_name.remove(&name);
             let new_name = format!("{to}{}", &name[from.len()..]);
-            replaced.extend(self.bind(new_name, bound));
+            renamed.replaced.extend(self.bind(new_name, bound));
+            renamed.moved.push(bound.id);
         }
-        Ok(replaced)
+        Ok(renamed)
     }
 
     /// Removes a name; returns its object.
@@ -242,14 +255,19 @@ mod tests {
         index.bind("d/f".into(), f);
         index.bind("d/e/g".into(), g);
         index.bind("target".into(), old);
-        assert_eq!(index.rename("d", "n").unwrap(), vec![]);
+        let renamed = index.rename("d", "n").unwrap();
+        assert!(renamed.replaced.is_empty() && renamed.moved.len() == 2);
         assert_eq!(names(&index, "n"), ["n/e/g", "n/f"]);
         assert_eq!(index.name_of(&g.id), Some("n/e/g"));
         // A file onto a file replaces it.
-        assert_eq!(index.rename("n/f", "target").unwrap(), vec![old.id]);
+        let renamed = index.rename("n/f", "target").unwrap();
+        assert_eq!(
+            (renamed.moved, renamed.replaced),
+            (vec![f.id], vec![old.id])
+        );
         assert_eq!(index.resolve("target").unwrap().id, f.id);
         // Refusals.
-        let kind = |r: Result<Vec<ObjectId>>| r.unwrap_err().kind();
+        let kind = |r: Result<Renamed>| r.unwrap_err().kind();
         assert_eq!(kind(index.rename("nope", "x")), ErrorKind::ObjectNotFound);
         assert_eq!(
             kind(index.rename("target", "n")),

@@ -88,8 +88,13 @@ impl Ops {
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
         names::check(from)?;
         names::check(to)?;
-        let replaced = self.node.names().borrow_mut().rename(from, to)?;
-        self.delete_replaced(replaced).await;
+        let renamed = self.node.names().borrow_mut().rename(from, to)?;
+        self.delete_replaced(renamed.replaced).await;
+        if let Some(tiers) = &self.tiers {
+            // Answered once the records carry the new names: a restart
+            // finds the files where the rename put them.
+            tiers.renamed(&renamed.moved).await?;
+        }
         Ok(())
     }
 

@@ -414,6 +414,22 @@ impl Tiers {
         self.changed.notify_waiters();
     }
 
+    /// Names changed (a rename): the records of objects already written
+    /// down get the new names, so a restart finds them there.
+    pub async fn renamed(&self, ids: &[ObjectId]) -> Result<()> {
+        for id in ids {
+            if self
+                .index
+                .borrow()
+                .get(id)
+                .is_some_and(|t| !t.tiers.is_empty())
+            {
+                self.engine.set_name(*id, self.node.name_of(id)).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Deletes `ids` from every tier; returns once the deletes are committed
     /// (no crash brings them back). Ids held by no tier are skipped.
     pub async fn delete(&self, ids: &[ObjectId]) -> Result<()> {
