@@ -17,6 +17,7 @@ import sys
 import time
 
 import numpy as np
+
 import shoal
 
 
@@ -59,7 +60,8 @@ def main() -> None:
     bs, procs, size = (int(v) for v in sys.argv[4:7])
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(procs), ctx.Queue()
-    workers = [ctx.Process(target=worker, args=(socket, rw, pattern, bs, size, start, out)) for _ in range(procs)]
+    args = (socket, rw, pattern, bs, size, start, out)
+    workers = [ctx.Process(target=worker, args=args) for _ in range(procs)]
     for w in workers:
         w.start()
     results = [out.get(timeout=300) for _ in workers]
