@@ -2,7 +2,8 @@
 //! directories through std::fs, names shared with the client API,
 //! unmodified programs (cp, dd, rsync, fio), bad names, concurrent
 //! writers, mmap, a full store, a file too large, the daemon killed under a
-//! writer, and files closed at a durable level surviving a restart.
+//! writer, and files closed at a durable level (also renamed ones, as rsync
+//! leaves them) surviving a restart.
 //!
 //! Every test needs /dev/fuse and either root or fusermount3 (Debian's
 //! fuse3, installed by scripts/setup.sh); without them each says SKIPPED
@@ -507,6 +508,14 @@ fn files_closed_at_a_durable_level_survive_a_restart() {
         )
         .unwrap();
     }
+    // rsync writes each file under a temporary name, then renames it.
+    let src = f.dir.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("sub/r"), pattern(7, 70_000)).unwrap();
+    run(Command::new("rsync")
+        .arg("-a")
+        .arg(format!("{}/", src.display()))
+        .arg(format!("{}/", f.path("synced").display())));
     f.kill_daemon(); // kill -9: only what reached the burst buffer is left
     f.stop_mount();
     f.start_daemon(&args);
@@ -515,4 +524,8 @@ fn files_closed_at_a_durable_level_survive_a_restart() {
         let got = fs::read(f.path(&format!("keep/f{i}"))).unwrap();
         assert!(got == pattern(i, 100_000 * (i as usize + 1)), "keep/f{i}");
     }
+    run(Command::new("diff")
+        .arg("-r")
+        .arg(&src)
+        .arg(f.path("synced")));
 }
