@@ -217,14 +217,10 @@ impl ShoalFs {
         if !w.dirty || w.unlinked {
             return Ok(());
         }
-        let (path, ino, shared) = (w.path.clone(), w.ino, w.shared);
-        let result = {
-            let Some(Handle::Writer(w)) = self.handles.get(fh) else {
-                unreachable!("checked above")
-            };
-            self.client
-                .put_named(&path, &w.buf, b"", None, self.space_wait_ms)
-        };
+        let (ino, shared) = (w.ino, w.shared);
+        let result = self
+            .client
+            .put_named(&w.path, &w.buf, b"", None, self.space_wait_ms);
         match result {
             Ok(id) => {
                 if let Some(Handle::Writer(w)) = self.handles.get_mut(fh) {
