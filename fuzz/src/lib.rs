@@ -16,7 +16,8 @@
 use shoal_core::error::ErrorKind;
 use shoal_core::ids::ObjectId;
 use shoal_core::protocol::{
-    decode_request, CreateSpec, FrameHeader, Located, Notification, PeerRegion, Reply, Request,
+    decode_request, CreateSpec, FrameHeader, Located, NameEntry, Notification, PeerRegion, Reply,
+    Request,
     FRAME_HEADER_LEN, MAX_FRAME_LEN, PROTOCOL_VERSION, WAIT_FOREVER,
 };
 use shoal_core::store::{ObjectInfo, ObjectLocation, StoreStats};
@@ -236,6 +237,17 @@ pub fn sample_requests() -> Vec<Request> {
         Request::StageIn { ids: ids.clone() },
         Request::StageOut { ids: vec![ids[0]] },
         Request::Tiers,
+        Request::Name {
+            id: ids[0],
+            name: "runs/1/table.arrow".into(),
+        },
+        Request::Resolve { name: "a/b".into() },
+        Request::ListNames { prefix: "".into() },
+        Request::Rename {
+            from: "a".into(),
+            to: "b/c".into(),
+        },
+        Request::Unlink { name: "a/b".into() },
         Request::Abort { id: ids[1] },
         Request::Get {
             timeout_ms: WAIT_FOREVER,
@@ -350,6 +362,14 @@ pub fn sample_replies() -> Vec<Reply> {
             ],
         },
         Reply::Evicted { bytes: 64 },
+        Reply::Named(NameEntry {
+            name: "a/b".into(),
+            id: id(7),
+            data_size: 9,
+            meta_size: 0,
+            mtime_ms: 1,
+        }),
+        Reply::Names { entries: vec![] },
     ]
 }
 

@@ -16,6 +16,7 @@ from shoal._ids import ObjectID
 from shoal.errors import (
     Disconnected,
     InvalidArgument,
+    NameTooLong,
     NodeUnavailable,
     NotOwner,
     ObjectAlreadySealed,
@@ -34,7 +35,7 @@ from shoal.errors import (
 
 if TYPE_CHECKING:
     from shoal.arrow import TableBuilder
-    from shoal.client import Buffer, Client, ObjectInfo, Subscription
+    from shoal.client import Buffer, Client, NameInfo, ObjectInfo, Subscription
 
 __version__ = _internal.__version__
 
@@ -44,6 +45,7 @@ _LAZY = {
     "Buffer": "shoal.client",
     "Client": "shoal.client",
     "ObjectInfo": "shoal.client",
+    "NameInfo": "shoal.client",
     "Subscription": "shoal.client",
     "TableBuilder": "shoal.arrow",
 }
@@ -109,10 +111,12 @@ __all__ = [
     "NotOwner",
     "ObjectAlreadySealed",
     "ObjectCorrupt",
+    "NameTooLong",
     "ObjectExists",
     "ObjectID",
     "ObjectInUse",
     "ObjectInfo",
+    "NameInfo",
     "ObjectNotFound",
     "ObjectNotSealed",
     "ObjectTooLarge",

@@ -35,6 +35,27 @@ class ObjectInfo:
     tiers: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class NameInfo:
+    """One row of `Client.ls()`: a named object, as a file of the POSIX view."""
+
+    name: str
+    id: ObjectID
+    #: Bytes of data (the file's size).
+    size: int
+    metadata_size: int
+    #: When the name was bound to this object (its seal), seconds since the epoch.
+    mtime: float
+
+
+def _name_info(row: tuple[str, bytes, int, int, int]) -> NameInfo:
+    name, oid, size, meta, mtime_ms = row
+    return NameInfo(name, ObjectID(oid), size, meta, mtime_ms / 1000)
+
+
+#: An Arrow IPC *file* (not stream) starts with these bytes.
+_ARROW_FILE_MAGIC = b"ARROW1"
+
 #: Durability levels: when a seal is acknowledged (docs/tiers.md).
 DURABILITY_LEVELS = ("memory", "local", "backing")
 
@@ -215,15 +236,22 @@ class Client:
         timeout_ms: int = 0,
         node: int | None = None,
         durability: str | None = None,
+        name: str | None = None,
     ) -> ObjectID:
         """Stores a value: a pyarrow Table / RecordBatch / Array / ChunkedArray (Arrow IPC),
         a numpy array, bytes-like data, or any picklable object. Returns its id. In a cluster,
-        `node` stores it in that node's memory. `durability` as for `seal`."""
+        `node` stores it in that node's memory. `durability` as for `seal`.
+
+        With `name` (path-like: ``"runs/1/table.arrow"``) the object is also reachable by
+        `get_named` and appears as a file under `shoal mount`; a name already in use moves
+        to the new object at its seal and the old object is deleted."""
         oid = ObjectID.from_random() if oid is None else ObjectID(as_bytes(oid))
         size, metadata, write = _codec.encode(value)
         buffer = self._raw.create(oid.binary(), size, metadata, timeout_ms, node)
         try:
             write(buffer)
+            if name is not None:
+                self._raw.name(oid.binary(), name)
         except BaseException:
             self._raw.abort(oid.binary())
             raise
@@ -240,6 +268,46 @@ class Client:
             return _codec.decode(buffer, bytes(buffer.metadata()))
         buffers = self.get_buffers(oid, timeout_ms)
         return [None if b is None else _codec.decode(b, bytes(b.metadata())) for b in buffers]
+
+    def get_named(self, name: str, timeout_ms: int = 0) -> Any:
+        """The value stored under `name`, as a view of store memory (no copy).
+
+        Values `put` with a name come back as they were put. A file written through
+        `shoal mount` has no codec metadata: an Arrow IPC file comes back as a pyarrow.Table
+        over store memory, anything else as a pyarrow.Buffer. Raises ObjectNotFound."""
+        buffer = self.get_named_buffer(name, timeout_ms)
+        metadata = bytes(buffer.metadata())
+        if not metadata and bytes(memoryview(buffer)[: len(_ARROW_FILE_MAGIC)]) == _ARROW_FILE_MAGIC:
+            import pyarrow as pa
+
+            return pa.ipc.open_file(pa.py_buffer(buffer)).read_all()
+        return _codec.decode(buffer, metadata)
+
+    def get_named_buffer(self, name: str, timeout_ms: int = 0) -> Buffer:
+        """The raw buffer of the object stored under `name`; raises ObjectNotFound."""
+        # A rewrite may replace the object between the lookup and the get: look again.
+        for _ in range(8):
+            oid = self._raw.resolve(name)[1]
+            buffer = self._raw.get([oid], timeout_ms)[0]
+            if buffer is not None:
+                return buffer
+        raise ObjectNotFound(f"name {name!r} kept moving to new objects")
+
+    def stat(self, name: str) -> NameInfo:
+        """The object bound to `name` (raises ObjectNotFound)."""
+        return _name_info(self._raw.resolve(name))
+
+    def ls(self, prefix: str = "") -> list[NameInfo]:
+        """Every name under directory `prefix` ("" for all, recursively), sorted."""
+        return [_name_info(row) for row in self._raw.list_names(prefix.strip("/"))]
+
+    def rename(self, source: str, target: str) -> None:
+        """Moves a name, or every name under directory `source`, to `target`."""
+        self._raw.rename(source, target)
+
+    def unlink(self, name: str) -> None:
+        """Removes a name and deletes its object."""
+        self._raw.unlink(name)
 
     def create_table(
         self,

@@ -77,6 +77,10 @@ class ObjectCorrupt(ShoalError):
     """Every stored copy of the object failed its checksum (torn or damaged tier file)."""
 
 
+class NameTooLong(InvalidArgument):
+    """An object name with a component over 255 bytes or over 4096 bytes in all."""
+
+
 __all__ = [
     name for name, value in globals().items() if isinstance(value, type) and issubclass(value, Exception)
 ]

@@ -5,6 +5,7 @@
 mod args;
 mod bench;
 mod cluster;
+mod mount;
 mod node_process;
 pub use args::default_socket;
 use args::{size, SocketArg};
@@ -141,6 +142,11 @@ enum Command {
         #[arg(long, requires = "cluster", conflicts_with = "dir")]
         file: Option<PathBuf>,
     },
+    /// Mount the store as a file system (FUSE): names are files, name prefixes
+    /// directories. Runs in the foreground until stopped, unmounted, or the daemon goes.
+    Mount(mount::MountArgs),
+    /// Unmount a `shoal mount` (lazily: the mount point is free at once).
+    Umount { mountpoint: std::path::PathBuf },
     /// Bring objects into memory from the tiers below (IME's stage-in).
     StageIn(tiers::StageArgs),
     /// Write objects down to the lowest tier and free their memory.
@@ -335,6 +341,11 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
                     );
                 }
             }
+            Ok(())
+        }
+        Command::Mount(args) => mount::run(args),
+        Command::Umount { mountpoint } => {
+            shoal_fuse::unmount(&mountpoint)?;
             Ok(())
         }
         Command::StageIn(args) => tiers::stage(args, false),

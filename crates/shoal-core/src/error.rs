@@ -49,6 +49,9 @@ pub enum ErrorKind {
     /// A stored copy of the object failed its checksum (torn, truncated or
     /// bit-flipped tier file) and no intact copy was left to serve.
     ObjectCorrupt = 17,
+    /// A name (POSIX view) with a component over 255 bytes or over 4096
+    /// bytes in all; other bad names are `InvalidArgument`.
+    NameTooLong = 18,
 }
 
 impl ErrorKind {
@@ -76,6 +79,7 @@ impl ErrorKind {
             15 => NodeUnavailable,
             16 => PermissionDenied,
             17 => ObjectCorrupt,
+            18 => NameTooLong,
             _ => return None,
         })
     }
@@ -100,6 +104,7 @@ impl ErrorKind {
             NodeUnavailable => "NodeUnavailable",
             PermissionDenied => "PermissionDenied",
             ObjectCorrupt => "ObjectCorrupt",
+            NameTooLong => "NameTooLong",
         }
     }
 }

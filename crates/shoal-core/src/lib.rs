@@ -16,6 +16,7 @@ pub mod fast_path;
 pub mod fd_passing;
 pub mod ids;
 pub mod local_auth;
+pub mod names;
 pub mod object_table;
 pub mod protocol;
 pub mod region;

@@ -243,6 +243,17 @@ impl Connection {
                         .collect(),
                 },
             },
+            Request::Name { id, name } => ok_or_error(self.ops.name(id, name).await),
+            Request::Resolve { name } => self
+                .ops
+                .resolve(&name)
+                .map_or_else(|e| Reply::error(&e), Reply::Named),
+            Request::ListNames { prefix } => self
+                .ops
+                .list_names(&prefix)
+                .map_or_else(|e| Reply::error(&e), |entries| Reply::Names { entries }),
+            Request::Rename { from, to } => ok_or_error(self.ops.rename(&from, &to).await),
+            Request::Unlink { name } => ok_or_error(self.ops.unlink(&name).await),
             Request::Subscribe => {
                 let notifications = self.ops.node.subscribe();
                 Reply::Ok.encode(out);
@@ -334,6 +345,10 @@ impl Connection {
 }
 
 /// One status per id (the kinds; messages are logged here).
+fn ok_or_error(result: Result<()>) -> Reply {
+    result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
+}
+
 fn statuses(errors: Vec<Option<ShoalError>>) -> Reply {
     Reply::Statuses {
         errors: errors

@@ -29,6 +29,7 @@ pub mod cluster;
 pub mod config;
 mod connection;
 pub mod metrics;
+pub mod names;
 pub mod node;
 mod observe;
 mod ops;

@@ -35,6 +35,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// One `list()` row: (id, data_size, metadata_size, sealed, refs).
 type ListRow<'py> = (Bound<'py, PyBytes>, u64, u32, bool, u32, bool, u8);
+/// A name's row: (name, id, data_size, metadata_size, mtime_ms).
+type NameRow<'py> = (String, Bound<'py, PyBytes>, u64, u32, u64);
 /// One notification: (id, kind, data_size, metadata_size).
 type NotificationRow<'py> = (Bound<'py, PyBytes>, &'static str, u64, u32);
 
@@ -434,6 +436,52 @@ impl Client {
 
     fn contains(&self, py: Python<'_>, id: PyId) -> PyResult<bool> {
         py.detach(|| self.shared.with(|c| c.contains(id.0))).py()
+    }
+
+    /// Names an object: bound at its seal if still being written, at once
+    /// if sealed (the name's previous object is deleted).
+    fn name(&self, py: Python<'_>, id: PyId, name: &str) -> PyResult<()> {
+        py.detach(|| self.shared.with(|c| c.name(id.0, name))).py()
+    }
+
+    /// The object bound to `name`: a name row.
+    fn resolve<'py>(&self, py: Python<'py>, name: &str) -> PyResult<NameRow<'py>> {
+        let e = py.detach(|| self.shared.with(|c| c.resolve(name))).py()?;
+        Ok((
+            e.name,
+            PyBytes::new(py, &e.id.0),
+            e.data_size,
+            e.meta_size,
+            e.mtime_ms,
+        ))
+    }
+
+    /// Every name under directory `prefix` ("" for all), sorted: name rows.
+    fn list_names<'py>(&self, py: Python<'py>, prefix: &str) -> PyResult<Vec<NameRow<'py>>> {
+        let entries = py
+            .detach(|| self.shared.with(|c| c.list_names(prefix)))
+            .py()?;
+        Ok(entries
+            .into_iter()
+            .map(|e| {
+                (
+                    e.name,
+                    PyBytes::new(py, &e.id.0),
+                    e.data_size,
+                    e.meta_size,
+                    e.mtime_ms,
+                )
+            })
+            .collect())
+    }
+
+    fn rename(&self, py: Python<'_>, source: &str, target: &str) -> PyResult<()> {
+        py.detach(|| self.shared.with(|c| c.rename(source, target)))
+            .py()
+    }
+
+    fn unlink(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        py.detach(|| self.shared.with(|c| c.unlink(name))).py()
     }
 
     /// Every object: (id, data_size, metadata_size, sealed, refs).

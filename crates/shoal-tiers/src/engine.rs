@@ -170,6 +170,15 @@ impl TierEngine {
         self.manifest(move |m| m.get(&id)).await
     }
 
+    /// Sets the name `id`'s record carries (a rename in the POSIX view);
+    /// an id without a record is skipped.
+    pub async fn set_name(&self, id: ObjectId, name: Option<String>) -> Result<()> {
+        let _guard = self.locks.lock(id).await;
+        self.manifest(move |m| m.update(&id, |old| old.map(|r| ObjectRecord { name, ..r })))
+            .await
+            .map(drop)
+    }
+
     /// Every record (for `shoal ls`, for re-queueing after a restart).
     pub async fn records(&self) -> Result<Vec<(ObjectId, ObjectRecord)>> {
         self.manifest(|m| m.all()).await

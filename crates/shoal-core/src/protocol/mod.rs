@@ -32,7 +32,9 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// 5: tiers below memory: `Seal` carries a durability, `WaitDurable`,
 /// `StageIn`, `StageOut`, `Tiers`; `List` rows say whether the object is in
 /// memory and which tiers hold it.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: names (the POSIX view): `Name`, `Resolve`, `ListNames`, `Rename`,
+/// `Unlink`; error kind `NameTooLong`.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -114,6 +116,43 @@ pub enum Request {
     },
     /// The node's tiers, their use and the drain's progress.
     Tiers,
+    /// Gives object `id` the name `name`. On an object this client is still
+    /// writing, the name is bound when it is sealed (and goes with it to the
+    /// tiers); on a sealed object, at once. A name already bound moves to the
+    /// new object and the old one is deleted (readers holding it keep it).
+    Name {
+        id: ObjectId,
+        name: String,
+    },
+    /// The object a name is bound to: `Named`.
+    Resolve {
+        name: String,
+    },
+    /// Every name under directory `prefix` (`""`: all), sorted: `Names`.
+    ListNames {
+        prefix: String,
+    },
+    /// Moves a name, or every name under directory `from`, to `to`; a name
+    /// bound at `to` is replaced (its object deleted).
+    Rename {
+        from: String,
+        to: String,
+    },
+    /// Removes a name and deletes its object.
+    Unlink {
+        name: String,
+    },
+}
+
+/// An object's name and what a file listing shows of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameEntry {
+    pub name: String,
+    pub id: ObjectId,
+    pub data_size: u64,
+    pub meta_size: u32,
+    /// When the name was bound to this object (its seal), ms since the epoch.
+    pub mtime_ms: u64,
 }
 
 /// No durability named: the node's default (the `Seal` byte).
@@ -216,6 +255,10 @@ pub enum Reply {
     },
     Stats(StoreStats),
     Tiers(TierReport),
+    Named(NameEntry),
+    Names {
+        entries: Vec<NameEntry>,
+    },
     Notification(Notification),
     /// One status per id: `None` for success.
     Statuses {
@@ -279,6 +322,11 @@ mod op {
     pub const STAGE_IN: u16 = 0x10;
     pub const STAGE_OUT: u16 = 0x11;
     pub const TIERS: u16 = 0x12;
+    pub const NAME: u16 = 0x13;
+    pub const RESOLVE: u16 = 0x14;
+    pub const LIST_NAMES: u16 = 0x15;
+    pub const RENAME: u16 = 0x16;
+    pub const UNLINK: u16 = 0x17;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;
@@ -293,6 +341,8 @@ mod op {
     pub const EVICTED: u16 = 0x8A;
     pub const CLUSTER_REPLY: u16 = 0x8B;
     pub const TIERS_REPLY: u16 = 0x8C;
+    pub const NAMED: u16 = 0x8D;
+    pub const NAMES: u16 = 0x8E;
 }
 
 impl Request {
@@ -375,6 +425,26 @@ impl Request {
                 op::STAGE_OUT
             }
             Request::Tiers => op::TIERS,
+            Request::Name { id, name } => {
+                w.id(id).str(name);
+                op::NAME
+            }
+            Request::Resolve { name } => {
+                w.str(name);
+                op::RESOLVE
+            }
+            Request::ListNames { prefix } => {
+                w.str(prefix);
+                op::LIST_NAMES
+            }
+            Request::Rename { from, to } => {
+                w.str(from).str(to);
+                op::RENAME
+            }
+            Request::Unlink { name } => {
+                w.str(name);
+                op::UNLINK
+            }
         };
         w.finish(opcode);
     }
@@ -431,6 +501,17 @@ impl Request {
             op::STAGE_IN => Request::StageIn { ids: r.ids()? },
             op::STAGE_OUT => Request::StageOut { ids: r.ids()? },
             op::TIERS => Request::Tiers,
+            op::NAME => Request::Name {
+                id: r.id()?,
+                name: r.str()?,
+            },
+            op::RESOLVE => Request::Resolve { name: r.str()? },
+            op::LIST_NAMES => Request::ListNames { prefix: r.str()? },
+            op::RENAME => Request::Rename {
+                from: r.str()?,
+                to: r.str()?,
+            },
+            op::UNLINK => Request::Unlink { name: r.str()? },
             other => {
                 return Err(ShoalError::protocol(format!(
                     "unknown request opcode {other:#06x}"
@@ -555,6 +636,17 @@ impl Reply {
             Reply::Tiers(report) => {
                 report.encode(&mut w);
                 op::TIERS_REPLY
+            }
+            Reply::Named(entry) => {
+                encode_name_entry(&mut w, entry);
+                op::NAMED
+            }
+            Reply::Names { entries } => {
+                w.u32(entries.len() as u32);
+                for entry in entries {
+                    encode_name_entry(&mut w, entry);
+                }
+                op::NAMES
             }
             Reply::Notification(n) => {
                 match n {
@@ -711,6 +803,15 @@ impl Reply {
                 Reply::Stats(s)
             }
             op::TIERS_REPLY => Reply::Tiers(TierReport::decode(&mut r)?),
+            op::NAMED => Reply::Named(decode_name_entry(&mut r)?),
+            op::NAMES => {
+                let n = r.count(20 + 8 + 4 + 8 + 4)?;
+                let mut entries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    entries.push(decode_name_entry(&mut r)?);
+                }
+                Reply::Names { entries }
+            }
             op::NOTIFICATION => {
                 let kind = r.u8()?;
                 let id = r.id()?;
@@ -776,6 +877,24 @@ impl Reply {
         r.finish()?;
         Ok(reply)
     }
+}
+
+fn encode_name_entry(w: &mut Writer, e: &NameEntry) {
+    w.id(&e.id)
+        .u64(e.data_size)
+        .u32(e.meta_size)
+        .u64(e.mtime_ms)
+        .str(&e.name);
+}
+
+fn decode_name_entry(r: &mut Reader<'_>) -> Result<NameEntry> {
+    Ok(NameEntry {
+        id: r.id()?,
+        data_size: r.u64()?,
+        meta_size: r.u32()?,
+        mtime_ms: r.u64()?,
+        name: r.str()?,
+    })
 }
 
 fn durability(level: u8) -> Result<Durability> {

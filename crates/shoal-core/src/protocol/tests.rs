@@ -58,6 +58,19 @@ fn every_request_round_trips() {
         Request::StageIn { ids: ids.clone() },
         Request::StageOut { ids: vec![] },
         Request::Tiers,
+        Request::Name {
+            id: ids[0],
+            name: "runs/1/table.arrow".into(),
+        },
+        Request::Resolve {
+            name: "runs/1/table.arrow".into(),
+        },
+        Request::ListNames { prefix: "".into() },
+        Request::Rename {
+            from: "runs/1".into(),
+            to: "runs/2".into(),
+        },
+        Request::Unlink { name: "x".into() },
         Request::Abort { id: ids[1] },
         Request::Get {
             timeout_ms: WAIT_FOREVER,
@@ -176,6 +189,32 @@ fn every_reply_round_trips() {
         },
         Reply::Evicted { bytes: 7 },
         Reply::Tiers(TierReport::default()),
+        Reply::Named(NameEntry {
+            name: "a/b".into(),
+            id,
+            data_size: 1 << 35,
+            meta_size: 3,
+            mtime_ms: 1_790_000_000_000,
+        }),
+        Reply::Names { entries: vec![] },
+        Reply::Names {
+            entries: vec![
+                NameEntry {
+                    name: "a".into(),
+                    id,
+                    data_size: 0,
+                    meta_size: 0,
+                    mtime_ms: 0,
+                },
+                NameEntry {
+                    name: "é/ü".into(),
+                    id,
+                    data_size: 9,
+                    meta_size: 1,
+                    mtime_ms: 2,
+                },
+            ],
+        },
         Reply::Tiers(TierReport {
             default_durability: crate::durability::Durability::Local,
             queue_depth: 3,

@@ -34,6 +34,7 @@ pub use events::{NodeEvent, NodeListener};
 pub use subscribers::SUBSCRIBER_QUEUE;
 
 use crate::metrics::Metrics;
+use crate::names::NameIndex;
 use crate::principals::LocalIds;
 
 type Listeners = Rc<RefCell<Vec<Rc<dyn NodeListener>>>>;
@@ -63,6 +64,9 @@ pub struct Node {
     /// The tiers below memory, if any (weak: they hold the node).
     below: RefCell<Option<Weak<dyn Below>>>,
     metrics: Arc<Metrics>,
+    /// Object names (the POSIX view), kept beside the store so the tiers
+    /// write them into their records.
+    names: RefCell<NameIndex>,
 }
 
 /// Asks the listeners about each victim; any `Hold` keeps its memory.
@@ -111,7 +115,18 @@ impl Node {
             idle_since: Cell::new(Instant::now()),
             below: RefCell::new(None),
             metrics: Arc::default(),
+            names: RefCell::default(),
         })
+    }
+
+    /// The node's names; never borrowed across an await.
+    pub fn names(&self) -> &RefCell<NameIndex> {
+        &self.names
+    }
+
+    /// The name `id` has or gets at its seal, for the tiers' record.
+    pub fn name_of(&self, id: &ObjectId) -> Option<String> {
+        self.names.borrow().name_of(id).map(str::to_owned)
     }
 
     /// Installs the tiers below memory.

@@ -21,8 +21,9 @@ impl Ops {
         }
         self.node.mutate(|store| {
             for id in &here {
-                if let Err(err) = store.abort(client, id) {
-                    result = Err(err);
+                match store.abort(client, id) {
+                    Ok(()) => self.node.names().borrow_mut().forget(id),
+                    Err(err) => result = Err(err),
                 }
             }
         });

@@ -33,6 +33,12 @@ impl Ops {
                 })
                 .collect()
         });
+        {
+            let mut names = self.node.names().borrow_mut();
+            for (id, _) in ids.iter().zip(&errors).filter(|(_, e)| e.is_none()) {
+                names.forget(id);
+            }
+        }
         if let Some(tiers) = &self.tiers {
             // Answered only once the deletes are committed below: no crash
             // brings these objects back.

@@ -12,6 +12,7 @@ mod durable;
 mod evict;
 mod get;
 mod list;
+mod names;
 mod pull;
 mod release;
 mod restore;

@@ -44,6 +44,7 @@ impl Ops {
         }
         self.node
             .mutate(|store| store.seal(client, &here, release))?;
+        self.bind_sealed(&here).await;
         if let Some(tiers) = &self.tiers {
             tiers.sealed_with(&here, level);
         }

@@ -152,6 +152,7 @@ impl Tiers {
                 src,
                 info: WriteInfo {
                     durability,
+                    name: self.node.name_of(&id),
                     ..Default::default()
                 },
             },

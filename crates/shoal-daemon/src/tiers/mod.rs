@@ -115,6 +115,17 @@ impl Tiers {
         index.reserve(report.records.len());
         for (id, record) in &report.records {
             index.recovered(*id, record);
+            if let Some(name) = &record.name {
+                node.names().borrow_mut().recovered(
+                    name.clone(),
+                    crate::names::Bound {
+                        id: *id,
+                        data_size: record.sizes.data_size,
+                        meta_size: record.sizes.meta_size,
+                        mtime_ms: record.sealed_at_ms,
+                    },
+                );
+            }
         }
         let mut levels = TierSet::EMPTY;
         let background = background::Background::start(config.drain_nice)?;
@@ -435,6 +446,22 @@ impl Tiers {
     pub fn forget(&self, id: &ObjectId) {
         self.index.borrow_mut().remove(id);
         self.changed.notify_waiters();
+    }
+
+    /// Names changed (a rename): the records of objects already written
+    /// down get the new names, so a restart finds them there.
+    pub async fn renamed(&self, ids: &[ObjectId]) -> Result<()> {
+        for id in ids {
+            if self
+                .index
+                .borrow()
+                .get(id)
+                .is_some_and(|t| !t.tiers.is_empty())
+            {
+                self.engine.set_name(*id, self.node.name_of(id)).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Deletes `ids` from every tier; returns once the deletes are committed

@@ -106,6 +106,7 @@ impl Tiers {
             },
             WriteInfo {
                 durability,
+                name: self.node.name_of(&victim.id),
                 ..Default::default()
             },
         )

@@ -1,0 +1,531 @@
+//! `shoal mount` over a real daemon (both the `shoal` binary): files and
+//! directories through std::fs, names shared with the client API,
+//! unmodified programs (cp, dd, rsync, fio), bad names, concurrent
+//! writers, mmap, a full store, a file too large, the daemon killed under a
+//! writer, and files closed at a durable level (also renamed ones, as rsync
+//! leaves them) surviving a restart.
+//!
+//! Every test needs /dev/fuse and either root or fusermount3 (Debian's
+//! fuse3, installed by scripts/setup.sh); without them each says SKIPPED
+//! and why.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsRawFd, IntoRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use shoal_client::Client;
+
+const MIB: usize = 1024 * 1024;
+
+/// Why mounting cannot work here, if it cannot.
+fn fuse_missing() -> Option<String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Some("no /dev/fuse on this machine".into());
+    }
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let helper = Command::new("fusermount3")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    (!root && !helper)
+        .then(|| "not root and no fusermount3 (scripts/setup.sh installs fuse3)".into())
+}
+
+macro_rules! need_fuse {
+    ($test:literal) => {
+        if let Some(why) = fuse_missing() {
+            eprintln!("SKIPPED {}: {why}", $test);
+            return;
+        }
+    };
+}
+
+fn shoal() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_shoal"))
+}
+
+fn log(dir: &Path, name: &str) -> File {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(name))
+        .unwrap()
+}
+
+/// A daemon and a mount of it, both `shoal` processes, in a temp dir.
+struct Fixture {
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    mnt: PathBuf,
+    daemon: Option<Child>,
+    mount: Option<Child>,
+}
+
+impl Fixture {
+    fn new(serve_args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("shoal.sock");
+        let mnt = dir.path().join("mnt");
+        fs::create_dir(&mnt).unwrap();
+        let mut fixture = Self {
+            dir,
+            socket,
+            mnt,
+            daemon: None,
+            mount: None,
+        };
+        fixture.start_daemon(serve_args);
+        fixture.start_mount(&[]);
+        fixture
+    }
+
+    fn start_daemon(&mut self, serve_args: &[&str]) {
+        let child = shoal()
+            .args(["serve", "--no-prefault", "-s"])
+            .arg(&self.socket)
+            .args(serve_args)
+            .stdout(Stdio::null())
+            .stderr(log(self.dir.path(), "daemon.log"))
+            .spawn()
+            .unwrap();
+        self.daemon = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Client::connect(&self.socket).is_err() {
+            assert!(Instant::now() < deadline, "daemon did not come up");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn start_mount(&mut self, args: &[&str]) {
+        let child = shoal()
+            .arg("mount")
+            .arg("-s")
+            .arg(&self.socket)
+            .arg(&self.mnt)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log(self.dir.path(), "mount.log"))
+            .spawn()
+            .unwrap();
+        self.mount = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !mounted(&self.mnt) {
+            assert!(
+                Instant::now() < deadline,
+                "mount did not come up: {}",
+                fs::read_to_string(self.dir.path().join("mount.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket).unwrap()
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.mnt.join(name)
+    }
+
+    fn kill_daemon(&mut self) {
+        let mut daemon = self.daemon.take().unwrap();
+        daemon.kill().unwrap();
+        daemon.wait().unwrap();
+    }
+
+    /// Stops the mount (SIGTERM) and waits for it to leave.
+    fn stop_mount(&mut self) {
+        if let Some(mut mount) = self.mount.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(mount.id() as i32, libc::SIGTERM) };
+            let _ = mount.wait();
+        }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.stop_mount();
+        if mounted(&self.mnt) {
+            let _ = shoal().arg("umount").arg(&self.mnt).status();
+        }
+        if let Some(mut daemon) = self.daemon.take() {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+        }
+    }
+}
+
+/// Whether `path` is a mount point (in this process's mount table).
+fn mounted(path: &Path) -> bool {
+    let table = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = path.to_str().unwrap();
+    table
+        .lines()
+        .any(|l| l.split(' ').nth(4).is_some_and(|m| m == want))
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i * 31 + seed as usize * 7) % 251) as u8)
+        .collect()
+}
+
+fn read_named(client: &mut Client, name: &str) -> Vec<u8> {
+    let (entry, located) = client.get_named(name, 0).unwrap();
+    // SAFETY: referenced until the release below.
+    let bytes = unsafe { client.data(located.location) }.to_vec();
+    client.release(&[entry.id]).unwrap();
+    bytes
+}
+
+/// close(2) with its error (dropping a File ignores it).
+fn close(file: File) -> std::io::Result<()> {
+    // SAFETY: we own the descriptor and close it once.
+    if unsafe { libc::close(file.into_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn run(command: &mut Command) {
+    let output = command.output().unwrap_or_else(|e| {
+        panic!("{command:?}: {e} (scripts/setup.sh installs cp, dd, rsync and fio)")
+    });
+    assert!(
+        output.status.success(),
+        "{command:?}: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn files_and_directories_are_names_both_ways() {
+    need_fuse!("files_and_directories_are_names_both_ways");
+    let f = Fixture::new(&["-m", "64MiB"]);
+    let mut client = f.client();
+
+    // Written through the mount, gettable by name.
+    fs::create_dir_all(f.path("runs/1")).unwrap();
+    fs::write(f.path("runs/1/a.bin"), pattern(1, 300_000)).unwrap();
+    assert_eq!(read_named(&mut client, "runs/1/a.bin"), pattern(1, 300_000));
+    // Put by name, a file on the mount.
+    client
+        .put_named("runs/2/b.txt", b"from the API", b"", None, 0)
+        .unwrap();
+    assert_eq!(fs::read(f.path("runs/2/b.txt")).unwrap(), b"from the API");
+    let meta = fs::metadata(f.path("runs/1/a.bin")).unwrap();
+    assert_eq!(meta.len(), 300_000);
+    assert!(meta.is_file() && fs::metadata(f.path("runs")).unwrap().is_dir());
+    let age = std::time::SystemTime::now()
+        .duration_since(meta.modified().unwrap())
+        .unwrap();
+    assert!(age < Duration::from_secs(60), "mtime is the seal time");
+    let mut listing: Vec<String> = fs::read_dir(f.path("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    listing.sort();
+    assert_eq!(listing, ["1", "2"]);
+
+    // Random offsets and growth, read back before and after close.
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(f.path("runs/1/sparse"))
+        .unwrap();
+    file.seek(SeekFrom::Start(1000)).unwrap();
+    file.write_all(b"tail").unwrap();
+    file.seek(SeekFrom::Start(10)).unwrap();
+    file.write_all(b"head").unwrap();
+    file.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = Vec::new();
+    file.read_to_end(&mut back).unwrap();
+    assert_eq!(back.len(), 1004);
+    close(file).unwrap();
+    let stored = read_named(&mut client, "runs/1/sparse");
+    assert_eq!(
+        (&stored[10..14], &stored[1000..], stored[0]),
+        (&b"head"[..], &b"tail"[..], 0)
+    );
+    // Appending keeps what was there.
+    let mut file = OpenOptions::new()
+        .append(true)
+        .open(f.path("runs/1/sparse"))
+        .unwrap();
+    file.write_all(b"!").unwrap();
+    close(file).unwrap();
+    assert_eq!(fs::read(f.path("runs/1/sparse")).unwrap().len(), 1005);
+
+    // Renames of files and directories, unlink, rmdir.
+    fs::rename(f.path("runs/1"), f.path("old")).unwrap();
+    assert_eq!(read_named(&mut client, "old/a.bin"), pattern(1, 300_000));
+    assert!(client.resolve("runs/1/a.bin").is_err());
+    fs::rename(f.path("old/a.bin"), f.path("runs/2/b.txt")).unwrap();
+    assert_eq!(
+        fs::read(f.path("runs/2/b.txt")).unwrap(),
+        pattern(1, 300_000)
+    );
+    fs::remove_file(f.path("runs/2/b.txt")).unwrap();
+    assert!(client.resolve("runs/2/b.txt").is_err());
+    let err = fs::remove_dir(f.path("old")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTEMPTY));
+    fs::remove_file(f.path("old/sparse")).unwrap();
+    fs::remove_dir(f.path("old")).unwrap();
+    fs::create_dir(f.path("empty")).unwrap();
+    assert!(f.path("empty").is_dir());
+    fs::remove_dir(f.path("empty")).unwrap();
+    assert!(!f.path("empty").exists());
+    assert!(client.list_names("").unwrap().is_empty());
+}
+
+#[test]
+fn unmodified_programs_cp_dd_rsync_fio() {
+    need_fuse!("unmodified_programs_cp_dd_rsync_fio");
+    let f = Fixture::new(&["-m", "256MiB"]);
+    let src = f.dir.path().join("src");
+    fs::create_dir_all(src.join("deep/er")).unwrap();
+    for (i, size) in [1usize, 4096, 100_000, 3 * MIB].iter().enumerate() {
+        fs::write(src.join(format!("deep/er/f{i}")), pattern(i as u8, *size)).unwrap();
+    }
+    let big = src.join("big");
+    fs::write(&big, pattern(9, 20 * MIB + 17)).unwrap();
+
+    run(Command::new("cp").arg(&big).arg(f.path("big")));
+    assert_eq!(fs::read(f.path("big")).unwrap(), fs::read(&big).unwrap());
+    run(Command::new("dd")
+        .arg(format!("if={}", big.display()))
+        .arg(format!("of={}", f.path("dd.out").display()))
+        .args(["bs=1M", "conv=fsync", "status=none"]));
+    run(Command::new("cmp").arg(&big).arg(f.path("dd.out")));
+    run(Command::new("rsync")
+        .arg("-a")
+        .arg(format!("{}/", src.display()))
+        .arg(format!("{}/", f.path("tree").display())));
+    run(Command::new("diff").arg("-r").arg(&src).arg(f.path("tree")));
+    // fio writes with random offsets and verifies what it reads back.
+    run(Command::new("fio")
+        .args([
+            "--name=verify",
+            "--rw=randwrite",
+            "--bs=16k",
+            "--size=8m",
+            "--numjobs=2",
+            "--ioengine=psync",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ])
+        .arg(format!("--directory={}", f.path("").display())));
+    run(Command::new("fio")
+        .args([
+            "--name=seq",
+            "--rw=write",
+            "--bs=1m",
+            "--size=16m",
+            "--ioengine=psync",
+            "--end_fsync=1",
+        ])
+        .arg(format!("--directory={}", f.path("").display())));
+    let mut client = f.client();
+    assert_eq!(read_named(&mut client, "seq.0.0").len(), 16 * MIB);
+}
+
+#[test]
+fn bad_names_are_einval_or_enametoolong() {
+    need_fuse!("bad_names_are_einval_or_enametoolong");
+    let f = Fixture::new(&["-m", "16MiB"]);
+    let long = f.path(&"x".repeat(256));
+    let err = fs::write(&long, b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENAMETOOLONG), "{err}");
+    // Names are UTF-8: other bytes are refused.
+    let bad = f.mnt.join(std::ffi::OsStr::from_bytes(b"bad\xff"));
+    let err = fs::write(&bad, b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+    assert!(f.client().list_names("").unwrap().is_empty());
+}
+
+#[test]
+fn concurrent_writers_last_close_wins_and_never_mix() {
+    need_fuse!("concurrent_writers_last_close_wins_and_never_mix");
+    let f = Fixture::new(&["-m", "64MiB"]);
+    let open = || {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(f.path("shared"))
+            .unwrap()
+    };
+    for last in [0u8, 1] {
+        let (mut a, mut b) = (open(), open());
+        // Interleaved writes at the same offsets.
+        for chunk in 0..8 {
+            a.write_all(&pattern(10, 64 * 1024)[..]).unwrap();
+            b.write_all(&pattern(20, 48 * 1024)[..]).unwrap();
+            assert!(chunk < 8);
+        }
+        let (first, second) = if last == 0 { (b, a) } else { (a, b) };
+        close(first).unwrap();
+        close(second).unwrap();
+        let got = fs::read(f.path("shared")).unwrap();
+        let want: Vec<u8> = if last == 0 {
+            pattern(10, 64 * 1024).repeat(8)
+        } else {
+            pattern(20, 48 * 1024).repeat(8)
+        };
+        assert!(got == want, "last close {last}: a mixed or wrong file");
+        assert!(read_named(&mut f.client(), "shared") == want);
+    }
+}
+
+#[test]
+fn sealed_files_map_and_reread_from_the_page_cache() {
+    need_fuse!("sealed_files_map_and_reread_from_the_page_cache");
+    let f = Fixture::new(&["-m", "64MiB"]);
+    let bytes = pattern(3, 5 * MIB + 123);
+    f.client()
+        .put_named("mapped", &bytes, b"", None, 0)
+        .unwrap();
+    let file = File::open(f.path("mapped")).unwrap();
+    // SAFETY: a private read-only mapping of a file we keep open; unmapped below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes.len(),
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(ptr, libc::MAP_FAILED);
+    // SAFETY: mapped above, bytes.len() long.
+    let mapped = unsafe { std::slice::from_raw_parts(ptr as *const u8, bytes.len()) };
+    assert!(mapped == &bytes[..]);
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(ptr, bytes.len()) };
+    drop(file);
+    // Reread (kept cache) and after a rewrite (new bytes, not the cached ones).
+    assert!(fs::read(f.path("mapped")).unwrap() == bytes);
+    f.client()
+        .put_named("mapped", b"rewritten", b"", None, 0)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1100)); // the attribute TTL
+    assert_eq!(fs::read(f.path("mapped")).unwrap(), b"rewritten");
+}
+
+#[test]
+fn a_full_store_is_enospc_and_a_file_larger_than_memory_efbig() {
+    need_fuse!("a_full_store_is_enospc_and_a_file_larger_than_memory_efbig");
+    let mut f = Fixture::new(&["-m", "32MiB"]);
+    f.stop_mount();
+    f.start_mount(&["--space-wait-ms", "200"]);
+    fs::write(f.path("a"), pattern(1, 20 * MIB)).unwrap();
+    // Held open (referenced): it cannot be evicted for the next one.
+    let held = File::open(f.path("a")).unwrap();
+    let mut b = File::create(f.path("b")).unwrap();
+    b.write_all(&pattern(2, 20 * MIB)).unwrap();
+    let err = b.sync_all().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    let err = close(b).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    drop(held);
+    let mut c = File::create(f.path("c")).unwrap();
+    c.seek(SeekFrom::Start(40 * MIB as u64)).unwrap();
+    let err = c.write_all(b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EFBIG), "{err}");
+}
+
+#[test]
+fn the_daemon_killed_under_a_writer_is_eio_and_ends_the_mount() {
+    need_fuse!("the_daemon_killed_under_a_writer_is_eio_and_ends_the_mount");
+    let mut f = Fixture::new(&["-m", "64MiB"]);
+    let mut file = File::create(f.path("w")).unwrap();
+    file.write_all(&pattern(1, MIB)).unwrap();
+    f.kill_daemon();
+    let started = Instant::now();
+    let write = file
+        .write_all(&pattern(2, MIB))
+        .and_then(|()| file.sync_all());
+    let err = write.unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(file);
+    // The mount ends by itself, with a non-zero status saying why.
+    let mut mount = f.mount.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = mount.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the mount did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    assert!(!mounted(&f.mnt), "the mount point is free");
+    let log = fs::read_to_string(f.dir.path().join("mount.log")).unwrap();
+    assert!(log.contains("went away"), "{log}");
+}
+
+#[test]
+fn files_closed_at_a_durable_level_survive_a_restart() {
+    need_fuse!("files_closed_at_a_durable_level_survive_a_restart");
+    let tiers = |f: &Fixture| {
+        vec![
+            "-m".to_string(),
+            "64MiB".into(),
+            "--durability".into(),
+            "local".into(),
+            "--burst".into(),
+            f.dir.path().join("burst").display().to_string(),
+            "--backing".into(),
+            f.dir.path().join("backing").display().to_string(),
+        ]
+    };
+    let mut f = Fixture::new(&["-m", "8MiB"]);
+    f.stop_mount();
+    f.kill_daemon();
+    let args = tiers(&f);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    f.start_daemon(&args);
+    f.start_mount(&[]);
+    fs::create_dir(f.path("keep")).unwrap();
+    for i in 0..5u8 {
+        fs::write(
+            f.path(&format!("keep/f{i}")),
+            pattern(i, 100_000 * (i as usize + 1)),
+        )
+        .unwrap();
+    }
+    // rsync writes each file under a temporary name, then renames it.
+    let src = f.dir.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("sub/r"), pattern(7, 70_000)).unwrap();
+    run(Command::new("rsync")
+        .arg("-a")
+        .arg(format!("{}/", src.display()))
+        .arg(format!("{}/", f.path("synced").display())));
+    f.kill_daemon(); // kill -9: only what reached the burst buffer is left
+    f.stop_mount();
+    f.start_daemon(&args);
+    f.start_mount(&[]);
+    for i in 0..5u8 {
+        let got = fs::read(f.path(&format!("keep/f{i}"))).unwrap();
+        assert!(got == pattern(i, 100_000 * (i as usize + 1)), "keep/f{i}");
+    }
+    run(Command::new("diff")
+        .arg("-r")
+        .arg(&src)
+        .arg(f.path("synced")));
+}

@@ -1,0 +1,11 @@
+//! The POSIX view of a shoal store (`shoal mount`): names are files, name
+//! prefixes are directories, through kernel FUSE with the `fuser` crate.
+//! Design, semantics and limits: docs/posix.md.
+
+mod errno;
+mod fs;
+mod handles;
+mod inodes;
+mod mount;
+
+pub use mount::{mount, stop_on_signals, unmount, Ended, MountConfig, Mounted};
