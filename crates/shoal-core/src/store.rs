@@ -200,6 +200,24 @@ impl Store {
         self.allocator.line()
     }
 
+    /// Bytes allocated to objects (whatever the capacity; above it while
+    /// objects in use keep a shrunk store from fitting).
+    pub fn used(&self) -> u64 {
+        self.allocator.used()
+    }
+
+    /// Bytes no eviction can free: referenced or unsealed objects (and
+    /// victims on their way out are not counted: they leave).
+    pub fn pinned(&self) -> u64 {
+        self.pinned_bytes()
+    }
+
+    /// The region's free blocks, largest first: no object occupies them, so
+    /// their memory can be given back to the kernel.
+    pub fn free_ranges(&self) -> impl Iterator<Item = Block> + '_ {
+        self.allocator.free_ranges()
+    }
+
     pub fn register_client(&mut self, client: ClientId) {
         self.clients.entry(client).or_default();
     }

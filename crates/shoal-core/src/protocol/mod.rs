@@ -10,10 +10,12 @@
 //! and id arrays; a fixed layout decodes without allocation per field, is
 //! trivially fuzzed, and is described exactly in the protocol document.
 
+mod capacity_report;
 mod codec;
 mod frame;
 mod tier_report;
 
+pub use capacity_report::CapacityReport;
 pub use codec::{Reader, Writer};
 pub use frame::{FrameHeader, FRAME_HEADER_LEN, MAX_FRAME_LEN};
 pub use tier_report::{TierInfo, TierReport};
@@ -32,7 +34,8 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// 5: tiers below memory: `Seal` carries a durability, `WaitDurable`,
 /// `StageIn`, `StageOut`, `Tiers`; `List` rows say whether the object is in
 /// memory and which tiers hold it.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: `Capacity`, the elastic capacity controller's state and trace.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -114,6 +117,11 @@ pub enum Request {
     },
     /// The node's tiers, their use and the drain's progress.
     Tiers,
+    /// The elastic capacity controller's state; with `trace_since`, also
+    /// its trace points later than that time (since the daemon started).
+    Capacity {
+        trace_since: Option<std::time::Duration>,
+    },
 }
 
 /// No durability named: the node's default (the `Seal` byte).
@@ -180,7 +188,7 @@ pub enum Notification {
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
     Ok,
     Error {
@@ -216,6 +224,7 @@ pub enum Reply {
     },
     Stats(StoreStats),
     Tiers(TierReport),
+    Capacity(CapacityReport),
     Notification(Notification),
     /// One status per id: `None` for success.
     Statuses {
@@ -279,6 +288,7 @@ mod op {
     pub const STAGE_IN: u16 = 0x10;
     pub const STAGE_OUT: u16 = 0x11;
     pub const TIERS: u16 = 0x12;
+    pub const CAPACITY: u16 = 0x13;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;
@@ -293,6 +303,7 @@ mod op {
     pub const EVICTED: u16 = 0x8A;
     pub const CLUSTER_REPLY: u16 = 0x8B;
     pub const TIERS_REPLY: u16 = 0x8C;
+    pub const CAPACITY_REPLY: u16 = 0x8D;
 }
 
 impl Request {
@@ -375,6 +386,11 @@ impl Request {
                 op::STAGE_OUT
             }
             Request::Tiers => op::TIERS,
+            Request::Capacity { trace_since } => {
+                // -1: no trace wanted.
+                w.i64(trace_since.map_or(-1, |t| t.as_micros() as i64));
+                op::CAPACITY
+            }
         };
         w.finish(opcode);
     }
@@ -431,6 +447,19 @@ impl Request {
             op::STAGE_IN => Request::StageIn { ids: r.ids()? },
             op::STAGE_OUT => Request::StageOut { ids: r.ids()? },
             op::TIERS => Request::Tiers,
+            op::CAPACITY => Request::Capacity {
+                trace_since: match r.i64()? {
+                    -1 => None,
+                    micros if micros >= 0 => {
+                        Some(std::time::Duration::from_micros(micros as u64))
+                    }
+                    other => {
+                        return Err(ShoalError::protocol(format!(
+                            "invalid trace time {other}"
+                        )))
+                    }
+                },
+            },
             other => {
                 return Err(ShoalError::protocol(format!(
                     "unknown request opcode {other:#06x}"
@@ -555,6 +584,10 @@ impl Reply {
             Reply::Tiers(report) => {
                 report.encode(&mut w);
                 op::TIERS_REPLY
+            }
+            Reply::Capacity(report) => {
+                report.encode(&mut w);
+                op::CAPACITY_REPLY
             }
             Reply::Notification(n) => {
                 match n {
@@ -711,6 +744,7 @@ impl Reply {
                 Reply::Stats(s)
             }
             op::TIERS_REPLY => Reply::Tiers(TierReport::decode(&mut r)?),
+            op::CAPACITY_REPLY => Reply::Capacity(CapacityReport::decode(&mut r)?),
             op::NOTIFICATION => {
                 let kind = r.u8()?;
                 let id = r.id()?;
