@@ -450,13 +450,9 @@ impl Request {
             op::CAPACITY => Request::Capacity {
                 trace_since: match r.i64()? {
                     -1 => None,
-                    micros if micros >= 0 => {
-                        Some(std::time::Duration::from_micros(micros as u64))
-                    }
+                    micros if micros >= 0 => Some(std::time::Duration::from_micros(micros as u64)),
                     other => {
-                        return Err(ShoalError::protocol(format!(
-                            "invalid trace time {other}"
-                        )))
+                        return Err(ShoalError::protocol(format!("invalid trace time {other}")))
                     }
                 },
             },
