@@ -136,9 +136,10 @@ pub fn print_report(c: &CapacityReport) {
         |s| format!("stalled {:.1}%", 100.0 * s),
     );
     println!(
-        "  {} steps every {:?}, {} given back to the kernel, {} in use, {stall}",
+        "  {} steps every {:?}, region holds {}, {} given back to the kernel, {} in use, {stall}",
         c.steps,
         c.interval,
+        format_size(c.resident),
         format_size(c.released_bytes),
         format_size(c.pinned)
     );
@@ -146,7 +147,7 @@ pub fn print_report(c: &CapacityReport) {
 
 pub fn report_json(c: &CapacityReport) -> String {
     format!(
-        "{{\"mode\":{:?},\"enabled\":{},\"source\":{:?},\"interval_ms\":{},\"threshold\":{},\"gain\":{},\"min_capacity\":{},\"max_capacity\":{},\"target\":{},\"capacity\":{},\"used\":{},\"pinned\":{},\"over_target\":{},\"ratio\":{},\"node_used\":{},\"node_total\":{},\"last_step\":{},\"stall_share\":{},\"steps\":{},\"released_bytes\":{}}}",
+        "{{\"mode\":{:?},\"enabled\":{},\"source\":{:?},\"interval_ms\":{},\"threshold\":{},\"gain\":{},\"min_capacity\":{},\"max_capacity\":{},\"target\":{},\"capacity\":{},\"used\":{},\"pinned\":{},\"resident\":{},\"over_target\":{},\"ratio\":{},\"node_used\":{},\"node_total\":{},\"last_step\":{},\"stall_share\":{},\"steps\":{},\"released_bytes\":{}}}",
         mode(c),
         c.enabled,
         c.source,
@@ -159,6 +160,7 @@ pub fn report_json(c: &CapacityReport) -> String {
         c.capacity,
         c.used,
         c.pinned,
+        c.resident,
         c.over_target,
         c.utilisation,
         c.node_used,

@@ -28,6 +28,8 @@ pub struct CapacityReport {
     /// Bytes allocated to objects, and of them the ones no eviction can free.
     pub used: u64,
     pub pinned: u64,
+    /// Bytes of memory the region holds now (its allocated pages).
+    pub resident: u64,
     /// Objects in use alone exceed the target: creates are refused.
     pub over_target: bool,
     /// r_i, v_i and M of the last sample.
@@ -84,6 +86,7 @@ impl CapacityReport {
             self.capacity,
             self.used,
             self.pinned,
+            self.resident,
         ] {
             w.u64(v);
         }
@@ -122,6 +125,7 @@ impl CapacityReport {
             capacity: r.u64()?,
             used: r.u64()?,
             pinned: r.u64()?,
+            resident: r.u64()?,
             over_target: r.bool()?,
             utilisation: f64(r)?,
             node_used: r.u64()?,

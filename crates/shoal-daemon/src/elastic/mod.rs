@@ -77,22 +77,20 @@ impl Elastic {
         supervisor: &Supervisor,
     ) -> Result<Rc<Self>> {
         let mut controller_config = config.controller.clone();
-        // The capacity cannot exceed the mapped memory.
-        let region = node.read(|s| s.stats().region_size);
+        // The store's configured capacity (at most the mapped memory) is
+        // the ceiling of U_max.
+        let ceiling = node.read(|s| s.capacity());
         controller_config.max_capacity = Some(
             controller_config
                 .max_capacity
-                .map_or(region, |cap| cap.min(region)),
+                .map_or(ceiling, |cap| cap.min(ceiling)),
         );
-        controller_config.min_capacity = controller_config.min_capacity.min(region);
+        controller_config.min_capacity = controller_config.min_capacity.min(ceiling);
         let sampler = Sampler::new(&config.source)?;
         let usage = sampler.usage()?;
         sampler.pressure()?;
-        // The paper starts at U_max; the store's static capacity is the
-        // operator's ceiling on it.
-        let initial = controller_config
-            .max_capacity_for(usage.total())
-            .min(node.read(|s| s.capacity()));
+        // The paper starts at U_max.
+        let initial = controller_config.max_capacity_for(usage.total());
         let controller = Controller::new(controller_config, initial)?;
         let interval = controller.config().interval;
         node.set_capacity(initial);
@@ -290,6 +288,7 @@ impl Elastic {
             capacity,
             used,
             pinned,
+            resident: self.node.region().resident_bytes().unwrap_or(0),
             over_target: self.over_target.get(),
             steps: self.steps.get(),
             released_bytes: self.released.get(),

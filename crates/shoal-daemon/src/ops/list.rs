@@ -48,6 +48,7 @@ impl Ops {
                 capacity: s.capacity(),
                 used: s.used(),
                 pinned: s.pinned(),
+                resident: self.node.region().resident_bytes().unwrap_or(0),
                 ..Default::default()
             }),
         }
