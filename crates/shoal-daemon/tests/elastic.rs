@@ -11,7 +11,9 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -78,11 +80,21 @@ impl Drop for Daemon {
 }
 
 fn elastic_daemon(dir: &Path, capacity: u64, elastic: ElasticConfig) -> Daemon {
+    elastic_daemon_with(dir, capacity, elastic, true)
+}
+
+fn elastic_daemon_with(
+    dir: &Path,
+    capacity: u64,
+    elastic: ElasticConfig,
+    prefault: bool,
+) -> Daemon {
     let mut config = DaemonConfig::new(dir.join("shoal.sock"), capacity);
     let mut tiers = TierConfig::new();
     tiers.burst = Some((dir.join("burst"), 16 * capacity));
     config.tiers = Some(tiers);
     config.elastic = Some(elastic);
+    config.prefault = prefault;
     Daemon::start(config)
 }
 
@@ -240,4 +252,206 @@ fn without_elastic_the_capacity_is_static_and_the_report_says_so() {
     let report = client.capacity(Some(Duration::ZERO)).unwrap();
     assert!(!report.enabled && report.steps == 0 && report.trace.is_empty());
     assert_eq!((report.capacity, report.target), (8 * MIB, 8 * MIB));
+}
+
+/// The helper process of `a_real_burst_…`: reads commands on stdin,
+/// `grow MIB` (allocate and touch that much more), `free` (give it all
+/// back); answers each with a line once done. Does nothing unless started
+/// by that test (it is ignored, so only `--ignored` runs it).
+#[test]
+#[ignore = "the helper process of a_real_burst_…, started by it"]
+fn burst_helper() {
+    if std::env::var_os("SHOAL_BURST_HELPER").is_none() {
+        return;
+    }
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let stdout = std::io::stdout();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        match line.split_once(' ') {
+            // A non-zero fill writes every page: resident at once.
+            Some(("grow", mib)) => held.push(vec![1u8; mib.parse::<usize>().unwrap() << 20]),
+            None if line == "free" => held = Vec::new(),
+            _ => panic!("unknown command {line:?}"),
+        }
+        let resident: usize = held.iter().map(Vec::len).sum();
+        writeln!(stdout.lock(), "held {resident}").unwrap();
+    }
+}
+
+struct Burst {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Burst {
+    fn start() -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "burst_helper",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("SHOAL_BURST_HELPER", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Sends a command and waits until the helper did it.
+    fn command(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").unwrap();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "the helper died (OOM-killed?) at {command:?}"
+            );
+            // libtest may print "test burst_helper ... " before it on the same line.
+            if line.contains("held ") {
+                return;
+            }
+        }
+    }
+
+    fn finish(mut self) {
+        drop(self.stdin);
+        let status = self.child.wait().unwrap();
+        assert!(
+            status.success(),
+            "the helper failed: {status} (OOM-killed?)"
+        );
+    }
+}
+
+/// MemTotal and MemAvailable of the host.
+fn host_memory() -> Option<(u64, u64)> {
+    let info = shoal_core::capacity::read_meminfo(Path::new("/proc/meminfo")).ok()?;
+    Some((info.total, info.available))
+}
+
+#[test]
+fn a_real_burst_beside_a_filled_store_shrinks_it_and_it_grows_back() {
+    const STORE: u64 = 2 * GIB;
+    const FILL: u64 = 1536 * MIB;
+    const OBJECT: u64 = 64 * MIB;
+    const STEP: u64 = 512 * MIB;
+    const HEADROOM: u64 = 512 * MIB;
+    // Other processes of the machine move memory too: what the store
+    // cannot be blamed for.
+    const NOISE: u64 = 384 * MIB;
+    let Some((total, available)) = host_memory() else {
+        eprintln!("skipped: no /proc/meminfo here");
+        return;
+    };
+    if available < 8 * GIB {
+        eprintln!(
+            "skipped: the burst needs 8 GiB available, this machine has {} MiB",
+            available / MIB
+        );
+        return;
+    }
+    // r_0 puts the threshold HEADROOM above the node with the store full:
+    // the first 512 MiB step fits, the next three push the store out.
+    let used_before = total - available;
+    let threshold = (used_before + FILL + HEADROOM) as f64 / total as f64;
+    let dir = tempfile::tempdir().unwrap();
+    let mut elastic = ElasticConfig::default();
+    elastic.controller.threshold = threshold;
+    elastic.controller.max_fraction = 1.0;
+    elastic.source = SourceChoice::Host;
+    let daemon = elastic_daemon_with(dir.path(), STORE, elastic, false);
+    let mut client = daemon.client();
+
+    // Clean objects (durable on the burst buffer): a shrink drops them at once.
+    let ids: Vec<ObjectId> = (0..FILL / OBJECT).map(|_| ObjectId::random()).collect();
+    for id in &ids {
+        let at = client.create(*id, OBJECT, 0, 0).unwrap();
+        client
+            .write(at, &pattern(id, OBJECT as usize), b"")
+            .unwrap();
+        client
+            .seal_durable(&[*id], true, Some(Durability::Local))
+            .unwrap();
+    }
+    let filled = client.capacity(None).unwrap();
+    assert_eq!((filled.target, filled.used), (STORE, FILL), "{filled:#?}");
+
+    // MemAvailable, sampled every 5 ms through the burst.
+    let stop = Arc::new(AtomicBool::new(false));
+    let lowest = Arc::new(AtomicU64::new(u64::MAX));
+    let sampler = {
+        let (stop, lowest) = (stop.clone(), lowest.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some((_, available)) = host_memory() {
+                    lowest.fetch_min(available, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let floor = total as f64 * (1.0 - threshold);
+    let mut burst = Burst::start();
+    let mut reactions = Vec::new();
+    for step in 1..=4u64 {
+        burst.command(&format!("grow {}", STEP / MIB));
+        // Above the threshold by (step − 1) steps: the store gives that back.
+        let expected = STORE.min(FILL + HEADROOM).saturating_sub((step - 1) * STEP);
+        let (report, reaction) = wait_for(
+            &mut client,
+            Duration::from_secs(5),
+            &format!("the store shrunk for burst step {step}"),
+            |r| r.target <= expected + NOISE && r.resident <= r.target.max(r.used) + 4 * MIB,
+        );
+        eprintln!(
+            "step {step}: target {} MiB, resident {} MiB, r = {:.4} after {reaction:?}",
+            report.target / MIB,
+            report.resident / MIB,
+            report.utilisation
+        );
+        reactions.push(reaction);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Hold: the node stays near the threshold, the store small.
+    std::thread::sleep(Duration::from_secs(1));
+    let held = client.capacity(None).unwrap();
+    assert!(held.target <= HEADROOM + NOISE, "{held:#?}");
+    burst.command("free");
+    let (grown, regrowth) = wait_for(
+        &mut client,
+        Duration::from_secs(10),
+        "the store grown back",
+        |r| r.target == STORE,
+    );
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    burst.finish();
+    let lowest = lowest.load(Ordering::Relaxed);
+    eprintln!(
+        "reactions {reactions:?}, regrowth {regrowth:?}; lowest MemAvailable {} MiB, threshold {} MiB; {grown:#?}",
+        lowest / MIB,
+        floor as u64 / MIB
+    );
+    assert!(
+        lowest as f64 >= floor - (STEP + NOISE) as f64,
+        "MemAvailable fell to {} MiB, more than a step below the threshold's {} MiB",
+        lowest / MIB,
+        floor as u64 / MIB
+    );
+    for id in &ids {
+        assert_eq!(read(&mut client, *id), pattern(id, OBJECT as usize), "{id}");
+    }
 }
