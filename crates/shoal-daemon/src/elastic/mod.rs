@@ -143,7 +143,7 @@ impl Elastic {
             Err(err) => {
                 let n = self.read_errors.get();
                 self.read_errors.set(n + 1);
-                if n % READ_ERROR_LOG_EVERY == 0 {
+                if n.is_multiple_of(READ_ERROR_LOG_EVERY) {
                     tracing::warn!(%err, failures = n + 1, "capacity controller cannot read the node's memory; capacity unchanged");
                 }
                 return;
