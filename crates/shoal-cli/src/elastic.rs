@@ -147,7 +147,7 @@ pub fn print_report(c: &CapacityReport) {
 
 pub fn report_json(c: &CapacityReport) -> String {
     format!(
-        "{{\"mode\":{:?},\"enabled\":{},\"source\":{:?},\"interval_ms\":{},\"threshold\":{},\"gain\":{},\"min_capacity\":{},\"max_capacity\":{},\"target\":{},\"capacity\":{},\"used\":{},\"pinned\":{},\"resident\":{},\"over_target\":{},\"ratio\":{},\"node_used\":{},\"node_total\":{},\"last_step\":{},\"stall_share\":{},\"steps\":{},\"released_bytes\":{}}}",
+        "{{\"mode\":{:?},\"enabled\":{},\"source\":{:?},\"interval_ms\":{},\"threshold\":{},\"gain\":{},\"min_capacity\":{},\"max_capacity\":{},\"target\":{},\"capacity\":{},\"used\":{},\"pinned\":{},\"resident\":{},\"over_target\":{},\"ratio\":{},\"node_used\":{},\"node_total\":{},\"last_step\":{},\"stall_share\":{},\"steps\":{},\"released_bytes\":{},\"cpu_seconds\":{}}}",
         mode(c),
         c.enabled,
         c.source,
@@ -168,7 +168,8 @@ pub fn report_json(c: &CapacityReport) -> String {
         c.last_step,
         c.stall_share.map_or("null".to_owned(), |s| s.to_string()),
         c.steps,
-        c.released_bytes
+        c.released_bytes,
+        c.cpu_seconds
     )
 }
 

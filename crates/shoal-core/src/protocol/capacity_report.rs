@@ -44,6 +44,8 @@ pub struct CapacityReport {
     /// Steps taken, bytes given back to the kernel, since the daemon started.
     pub steps: u64,
     pub released_bytes: u64,
+    /// CPU time the controller spent, in seconds.
+    pub cpu_seconds: f64,
     /// Trace points after the time asked for, oldest first (empty unless asked).
     pub trace: Vec<TracePoint>,
 }
@@ -98,7 +100,8 @@ impl CapacityReport {
             .u64(stall_to_wire(self.stall_share))
             .u8(psi_to_wire(self.psi_action))
             .u64(self.steps)
-            .u64(self.released_bytes);
+            .u64(self.released_bytes)
+            .u64(self.cpu_seconds.to_bits());
         w.u32(self.trace.len() as u32);
         for p in &self.trace {
             w.u64(p.time.as_micros() as u64)
@@ -135,6 +138,7 @@ impl CapacityReport {
             psi_action: psi_from_wire(r.u8()?)?,
             steps: r.u64()?,
             released_bytes: r.u64()?,
+            cpu_seconds: f64(r)?,
             trace: Vec::new(),
         };
         let n = r.count(POINT_LEN)?;

@@ -292,6 +292,7 @@ impl Elastic {
             over_target: self.over_target.get(),
             steps: self.steps.get(),
             released_bytes: self.released.get(),
+            cpu_seconds: self.node.metrics().controller.cpu_seconds.get(),
             ..Default::default()
         };
         if let Some(last) = controller.last_state() {
