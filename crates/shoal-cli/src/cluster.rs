@@ -168,6 +168,7 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
                 region: PathBuf::from(format!("/dev/shm/shoal-{uid}-{}-n{i}", args.name)),
                 region_size: args.capacity,
                 access: modes[i as usize % modes.len()],
+                elastic: None,
                 tiers: if args.no_tiers {
                     NodeTiers::default()
                 } else {

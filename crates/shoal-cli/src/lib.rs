@@ -5,6 +5,7 @@
 mod args;
 mod bench;
 mod cluster;
+mod elastic;
 mod mount;
 mod node_process;
 pub use args::default_socket;
@@ -112,6 +113,8 @@ enum Command {
         metrics_addr: Option<std::net::SocketAddr>,
         #[command(flatten)]
         tiers: Box<tiers::TierArgs>,
+        #[command(flatten)]
+        elastic: Box<elastic::ElasticArgs>,
     },
     /// Start, stop or inspect a cluster of daemons.
     #[command(subcommand)]
@@ -123,6 +126,10 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Print the capacity controller's trace instead (CSV: one row per
+        /// control step, the last 30 minutes).
+        #[arg(long)]
+        trace: bool,
     },
     /// List objects (of one daemon, or with --cluster of every node).
     Ls {
@@ -226,6 +233,7 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
             node,
             allow_uids,
             tiers,
+            elastic,
             metrics_addr,
         } => {
             let explicit = capacity;
@@ -234,10 +242,12 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
                 DaemonConfig::new(socket.path(), region_size.unwrap_or(capacity).max(capacity));
             config.capacity = Some(capacity);
             let mut node_tiers = None;
+            let mut node_elastic = None;
             if let (Some(file), Some(node)) = (cluster, node) {
                 let topology = shoal_cluster::Topology::load(&file)?.sorted();
                 let me = topology.node(node)?.clone();
                 node_tiers = Some(me.tiers.clone());
+                node_elastic = me.elastic.clone();
                 if socket.socket.is_none() {
                     config.socket = me.socket.clone();
                 }
@@ -260,20 +270,31 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
             config.stop_on_signals = true;
             config.allowed_uids = allow_uids;
             config.tiers = tiers.config(node_tiers.as_ref())?;
+            config.elastic = elastic.config(node_elastic.as_ref())?;
             if metrics_addr.is_some() {
                 config.metrics = metrics_addr;
             }
             shoal_daemon::serve_blocking(config, Shutdown::new())?;
             Ok(())
         }
-        Command::Stat { socket, json } => {
+        Command::Stat {
+            socket,
+            json,
+            trace,
+        } => {
             let mut client = Client::connect(socket.path())?;
+            if trace {
+                let report = client.capacity(Some(Duration::ZERO))?;
+                elastic::print_trace(&report);
+                return Ok(());
+            }
             let s = client.stats()?;
             let t = client.tiers()?;
+            let c = client.capacity(None)?;
             if json {
                 println!(
-                    "{{\"capacity\":{},\"region_size\":{},\"used\":{},\"objects\":{},\"sealed\":{},\"referenced\":{},\"evictable\":{},\"clients\":{},\"evictions\":{},\"evicted_bytes\":{},\"line_size\":{},\"policy\":\"{}\",\"tiers\":{}}}",
-                    s.capacity, s.region_size, s.used, s.objects, s.sealed, s.referenced, s.evictable, s.clients.saturating_sub(1), s.evictions, s.evicted_bytes, s.line_size, s.policy, tiers::report_json(&t)
+                    "{{\"capacity\":{},\"region_size\":{},\"used\":{},\"objects\":{},\"sealed\":{},\"referenced\":{},\"evictable\":{},\"clients\":{},\"evictions\":{},\"evicted_bytes\":{},\"line_size\":{},\"policy\":\"{}\",\"tiers\":{},\"controller\":{}}}",
+                    s.capacity, s.region_size, s.used, s.objects, s.sealed, s.referenced, s.evictable, s.clients.saturating_sub(1), s.evictions, s.evicted_bytes, s.line_size, s.policy, tiers::report_json(&t), elastic::report_json(&c)
                 );
             } else {
                 let pct = if s.capacity > 0 {
@@ -299,6 +320,7 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
                     format_size(s.evicted_bytes)
                 );
                 println!("line size   {} B, policy {}", s.line_size, s.policy);
+                elastic::print_report(&c);
                 tiers::print_report(&t);
             }
             Ok(())

@@ -863,6 +863,18 @@ impl Client {
         }
     }
 
+    /// The elastic capacity controller's state; with `trace_since`, also
+    /// its trace points later than that (time since the daemon started).
+    pub fn capacity(
+        &mut self,
+        trace_since: Option<Duration>,
+    ) -> Result<shoal_core::protocol::CapacityReport> {
+        match self.channel.call(&Request::Capacity { trace_since })? {
+            Reply::Capacity(report) => Ok(report),
+            other => Err(unexpected(other)),
+        }
+    }
+
     pub fn abort(&mut self, id: ObjectId) -> Result<()> {
         self.flush_written(&[id]);
         expect_ok(self.channel.call(&Request::Abort { id })?)

@@ -69,6 +69,7 @@ impl TestCluster {
                     region: PathBuf::from(format!("/dev/shm/shoal-test-{tag}-{i}")),
                     region_size: REGION_SIZE,
                     access: Access::Mapped,
+                    elastic: None,
                     tiers: Default::default(),
                     metrics: None,
                 })

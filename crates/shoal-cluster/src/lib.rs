@@ -24,4 +24,4 @@ pub mod proto {
 }
 
 pub use directory::{home_of, Directory, DirectoryEntry};
-pub use topology::{Access, Node, NodeTiers, Topology};
+pub use topology::{Access, Node, NodeElastic, NodeTiers, Topology};

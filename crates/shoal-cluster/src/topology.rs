@@ -21,6 +21,10 @@
 //! region = "/dev/shm/shoal-demo-n0"
 //! region_size = "256MiB"
 //! access = "mapped"             # how other nodes reach this region: mapped | network
+//!
+//! [node.elastic]                # optional: the store's capacity follows free memory
+//! threshold = 0.95              # r_0; also interval_ms, gain, min_capacity,
+//!                               # max_fraction, source, pressure_file, psi
 //! ```
 
 use std::collections::HashSet;
@@ -65,7 +69,7 @@ impl std::str::FromStr for Access {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Node {
     pub id: u32,
     pub rpc: SocketAddr,
@@ -79,6 +83,30 @@ pub struct Node {
     pub metrics: Option<SocketAddr>,
     /// The node's tiers below memory (all optional: none = memory only).
     pub tiers: NodeTiers,
+    /// The elastic capacity controller (`[node.elastic]`); `None`: a static store.
+    pub elastic: Option<NodeElastic>,
+}
+
+/// A node's `[node.elastic]` table: each setting optional (the daemon's
+/// defaults are DynIMS' parameters), `shoal serve` flags override each.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeElastic {
+    /// false turns the controller off (a table kept for later).
+    pub enabled: bool,
+    pub interval_ms: Option<u64>,
+    /// r_0.
+    pub threshold: Option<f64>,
+    /// λ.
+    pub gain: Option<f64>,
+    /// U_min in bytes.
+    pub min_capacity: Option<u64>,
+    /// α: U_max = α·M.
+    pub max_fraction: Option<f64>,
+    /// auto | host | cgroup:DIR | meminfo:FILE.
+    pub source: Option<String>,
+    pub pressure_file: Option<PathBuf>,
+    /// Whether the pressure-stall guard acts.
+    pub psi: Option<bool>,
 }
 
 /// A node's tier chain as its cluster file gives it (`shoal serve` flags
@@ -95,7 +123,7 @@ pub struct NodeTiers {
     pub durability: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Topology {
     pub name: String,
     pub token: String,
@@ -155,6 +183,26 @@ struct NodeRepr {
     backing_capacity: Option<SizeRepr>,
     durability: Option<String>,
     metrics: Option<String>,
+    elastic: Option<ElasticRepr>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ElasticRepr {
+    #[serde(default = "enabled")]
+    enabled: bool,
+    interval_ms: Option<u64>,
+    threshold: Option<f64>,
+    gain: Option<f64>,
+    min_capacity: Option<SizeRepr>,
+    max_fraction: Option<f64>,
+    source: Option<String>,
+    pressure_file: Option<PathBuf>,
+    psi: Option<bool>,
+}
+
+fn enabled() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -237,6 +285,20 @@ impl Topology {
                     ShoalError::invalid(format!("node {}: {what} address {text:?}: {e}", n.id))
                 })
             };
+            let elastic = match n.elastic {
+                Some(e) => Some(NodeElastic {
+                    enabled: e.enabled,
+                    interval_ms: e.interval_ms,
+                    threshold: e.threshold,
+                    gain: e.gain,
+                    min_capacity: e.min_capacity.map(size).transpose()?,
+                    max_fraction: e.max_fraction,
+                    source: e.source,
+                    pressure_file: e.pressure_file,
+                    psi: e.psi,
+                }),
+                None => None,
+            };
             let rpc = address("rpc", &n.rpc)?;
             let data = match &n.data {
                 Some(text) => address("data", text)?,
@@ -263,6 +325,7 @@ impl Topology {
                 access: n.access.parse()?,
                 tiers,
                 metrics,
+                elastic,
             });
         }
         let topology = Topology {
@@ -399,6 +462,29 @@ impl Topology {
             if let Some(metrics) = n.metrics {
                 let _ = writeln!(out, "metrics = \"{metrics}\"");
             }
+            if let Some(e) = &n.elastic {
+                // A sub-table: after every key of the node.
+                let _ = writeln!(out, "\n[node.elastic]\nenabled = {}", e.enabled);
+                let numbers = [
+                    ("interval_ms", e.interval_ms.map(|v| v.to_string())),
+                    ("threshold", e.threshold.map(|v| format!("{v:?}"))),
+                    ("gain", e.gain.map(|v| format!("{v:?}"))),
+                    ("min_capacity", e.min_capacity.map(|v| v.to_string())),
+                    ("max_fraction", e.max_fraction.map(|v| format!("{v:?}"))),
+                    ("psi", e.psi.map(|v| v.to_string())),
+                ];
+                for (key, value) in numbers {
+                    if let Some(value) = value {
+                        let _ = writeln!(out, "{key} = {value}");
+                    }
+                }
+                if let Some(source) = &e.source {
+                    let _ = writeln!(out, "source = {source:?}");
+                }
+                if let Some(path) = &e.pressure_file {
+                    let _ = writeln!(out, "pressure_file = {:?}", path.display().to_string());
+                }
+            }
         }
         out
     }
@@ -427,6 +513,12 @@ burst_capacity = "2GiB"
 backing = "s3://bucket/demo/n1"
 durability = "local"
 metrics = "127.0.0.1:9100"
+
+[node.elastic]
+threshold = 0.9
+min_capacity = "16MiB"
+source = "meminfo:/tmp/fake-meminfo"
+psi = false
 
 [[node]]
 id = 0
@@ -458,6 +550,13 @@ region_size = 1048576
             t.node(1).unwrap().metrics,
             Some("127.0.0.1:9100".parse().unwrap())
         );
+        let elastic = t.node(1).unwrap().elastic.clone().unwrap();
+        assert!(elastic.enabled);
+        assert_eq!(elastic.threshold, Some(0.9));
+        assert_eq!(elastic.min_capacity, Some(16 << 20));
+        assert_eq!(elastic.source.as_deref(), Some("meminfo:/tmp/fake-meminfo"));
+        assert_eq!((elastic.psi, elastic.gain), (Some(false), None));
+        assert_eq!(t.node(0).unwrap().elastic, None);
         let again = Topology::parse(&t.to_toml(), None).unwrap();
         assert_eq!(again, t);
         assert!(t.node(2).is_err());

@@ -139,6 +139,15 @@ impl Allocator {
     pub fn free_blocks(&self) -> usize {
         self.by_offset.len()
     }
+
+    /// The free blocks, largest first (ties: lowest address first): where
+    /// memory may be given back to the kernel, most at a time first.
+    pub fn free_ranges(&self) -> impl Iterator<Item = Block> + '_ {
+        self.by_size
+            .iter()
+            .rev()
+            .map(|&(len, offset)| Block { offset, len })
+    }
 }
 
 #[cfg(test)]
@@ -175,6 +184,19 @@ mod tests {
         assert_eq!(a.allocate(128).unwrap().offset, blocks[4].offset);
         assert_eq!(a.allocate(64).unwrap().offset, blocks[1].offset);
         assert!(a.allocate(64).is_none());
+    }
+
+    #[test]
+    fn free_ranges_are_the_free_blocks_largest_first() {
+        let mut a = Allocator::new(64 * 10, 64);
+        let blocks: Vec<_> = (0..10).map(|_| a.allocate(64).unwrap()).collect();
+        assert_eq!(a.free_ranges().count(), 0);
+        a.free(blocks[1]);
+        a.free(blocks[4]);
+        a.free(blocks[5]);
+        a.free(blocks[9]);
+        let ranges: Vec<(u64, u64)> = a.free_ranges().map(|b| (b.offset, b.len)).collect();
+        assert_eq!(ranges, vec![(256, 128), (576, 64), (64, 64)]);
     }
 
     #[test]

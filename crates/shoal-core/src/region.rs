@@ -162,9 +162,17 @@ impl Region {
     /// in chunks so a background caller can be interrupted between them.
     /// Returns how many bytes were populated.
     pub fn prefault(&self, chunk: usize, keep_going: impl Fn() -> bool) -> u64 {
+        self.prefault_up_to(chunk, || if keep_going() { u64::MAX } else { 0 })
+    }
+
+    /// Faults in the region from its start, chunk by chunk, while the chunk
+    /// begins below `limit()` (asked before each chunk: an elastic store
+    /// populates only up to its current capacity, and the allocator fills
+    /// the region from its start). Returns how many bytes were populated.
+    pub fn prefault_up_to(&self, chunk: usize, limit: impl Fn() -> u64) -> u64 {
         let len = self.map.len();
         let mut done = 0;
-        while done < len && keep_going() {
+        while done < len && (done as u64) < limit() {
             let n = chunk.min(len - done);
             // SAFETY: the range lies inside our own live mapping.
             unsafe { populate(self.base().add(done), n, true) };
@@ -173,12 +181,13 @@ impl Region {
         done as u64
     }
 
-    /// [`prefault`](Self::prefault) from a thread that only runs when no
-    /// other thread wants its core (SCHED_IDLE), in chunks of
+    /// [`prefault_up_to`](Self::prefault_up_to) from a thread that only runs
+    /// when no other thread wants its core (SCHED_IDLE), in chunks of
     /// [`POPULATE_CHUNK`] (a populate holds the process's memory map lock,
     /// which the daemon's own allocations may need), so faulting the region
     /// in does not delay requests: the calling thread keeps that policy.
-    pub fn prefault_in_background(&self, keep_going: impl Fn() -> bool) -> u64 {
+    /// `limit()` = 0 stops it.
+    pub fn prefault_in_background(&self, limit: impl Fn() -> u64) -> u64 {
         let chunk = POPULATE_CHUNK as usize;
         // SAFETY: sched_setscheduler on the calling thread (0) with a valid
         // param struct; failure only leaves the priority as it was.
@@ -186,7 +195,7 @@ impl Region {
             let param = libc::sched_param { sched_priority: 0 };
             libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
         }
-        self.prefault(chunk, keep_going)
+        self.prefault_up_to(chunk, limit)
     }
 
     /// Gives the memory behind `[offset, offset + len)` back to the kernel:
@@ -664,6 +673,21 @@ mod tests {
         let dir = tempfile::tempdir_in("/dev/shm").ok()?;
         let region = Region::create(&dir.path().join("region"), len).unwrap();
         Some((dir, region))
+    }
+
+    #[test]
+    fn prefault_stops_at_the_limit_it_is_given() {
+        let Some((_dir, region)) = shm_region(8 << 20) else {
+            eprintln!("skipped: no /dev/shm here");
+            return;
+        };
+        // A limit inside a chunk populates that chunk whole, nothing after.
+        let done = region.prefault_up_to(2 << 20, || (3 << 20) + 1);
+        assert_eq!(done, 4 << 20);
+        assert_eq!(region.resident_bytes().unwrap(), 4 << 20);
+        assert_eq!(region.prefault_up_to(2 << 20, || 0), 0, "0 stops at once");
+        assert_eq!(region.prefault(2 << 20, || true), 8 << 20);
+        assert_eq!(region.resident_bytes().unwrap(), 8 << 20);
     }
 
     #[test]

@@ -131,6 +131,10 @@ pub struct Store {
     policy: Box<dyn EvictionPolicy>,
     clients: HashMap<ClientId, ClientState>,
     capacity: u64,
+    /// The largest capacity the store has had: an object above it is too
+    /// large, one below it only waits for room (a shrunk elastic store
+    /// grows back).
+    ceiling: u64,
     evictions: u64,
     evicted_bytes: u64,
     /// Bytes of the policy's candidates (kept as they come and go, so a
@@ -159,6 +163,7 @@ impl Store {
             table: ObjectTable::new(),
             // Never more than the allocator can hand out (whole lines).
             capacity: capacity.min(allocator.size()),
+            ceiling: capacity.min(allocator.size()),
             allocator,
             policy,
             clients: HashMap::new(),
@@ -188,6 +193,7 @@ impl Store {
         let capacity = capacity.min(self.allocator.size());
         self.space_changed |= capacity > self.capacity;
         self.capacity = capacity;
+        self.ceiling = self.ceiling.max(capacity);
         let excess = self
             .allocator
             .used()
@@ -198,6 +204,24 @@ impl Store {
 
     pub fn line_size(&self) -> u64 {
         self.allocator.line()
+    }
+
+    /// Bytes allocated to objects (whatever the capacity; above it while
+    /// objects in use keep a shrunk store from fitting).
+    pub fn used(&self) -> u64 {
+        self.allocator.used()
+    }
+
+    /// Bytes no eviction can free: referenced or unsealed objects (and
+    /// victims on their way out are not counted: they leave).
+    pub fn pinned(&self) -> u64 {
+        self.pinned_bytes()
+    }
+
+    /// The region's free blocks, largest first: no object occupies them, so
+    /// their memory can be given back to the kernel.
+    pub fn free_ranges(&self) -> impl Iterator<Item = Block> + '_ {
+        self.allocator.free_ranges()
     }
 
     pub fn register_client(&mut self, client: ClientId) {
@@ -244,13 +268,13 @@ impl Store {
         let len = self
             .allocator
             .block_len(total)
-            .filter(|&len| len <= self.capacity)
+            .filter(|&len| len <= self.ceiling)
             .ok_or_else(|| {
                 ShoalError::new(
                     ErrorKind::ObjectTooLarge,
                     format!(
                         "object {id} needs {total} bytes but the store's capacity is {} bytes",
-                        self.capacity
+                        self.ceiling
                     ),
                 )
             })?;
@@ -1107,6 +1131,30 @@ mod tests {
         assert!(s.list().iter().all(|o| o.refs == 0 && o.sealed));
         // Both are now evictable, like any unreferenced sealed object.
         assert_eq!(s.evict(128), 128);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn a_shrunk_store_is_full_not_too_small_for_what_fit_before() {
+        let mut s = store(4096);
+        s.create(1, id(1), 1000, 0).unwrap();
+        assert_eq!(s.pinned(), 1024);
+        s.set_capacity(512);
+        // Above the capacity now, but it fit before: wait for room.
+        let err = s.create(1, id(2), 2048, 0).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::StoreFull);
+        let err = s.create(1, id(3), 4097, 0).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ObjectTooLarge);
+        let free: Vec<Block> = s.free_ranges().collect();
+        assert_eq!(
+            free,
+            vec![Block {
+                offset: 1024,
+                len: 3072
+            }]
+        );
+        s.set_capacity(4096);
+        s.create(1, id(2), 2048, 0).unwrap();
         s.check_invariants();
     }
 

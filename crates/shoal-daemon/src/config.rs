@@ -35,6 +35,10 @@ pub struct DaemonConfig {
     pub allowed_uids: Vec<u32>,
     /// The tiers below memory (`None`: memory only; evicted objects are gone).
     pub tiers: Option<crate::tiers::TierConfig>,
+    /// The elastic capacity controller (`shoal serve --elastic`): the store's
+    /// capacity follows the node's free memory, with `capacity` as its
+    /// ceiling. `None`: the capacity stays as configured.
+    pub elastic: Option<crate::elastic::ElasticConfig>,
     /// Serve `/metrics` and the status page here (`shoal serve
     /// --metrics-addr`); `None`: no HTTP listener (metrics still counted).
     pub metrics: Option<std::net::SocketAddr>,
@@ -55,6 +59,7 @@ impl DaemonConfig {
             cluster: None,
             allowed_uids: Vec::new(),
             tiers: None,
+            elastic: None,
             metrics: None,
         }
     }

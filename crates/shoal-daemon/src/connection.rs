@@ -213,6 +213,9 @@ impl Connection {
             },
             Request::Stats => Reply::Stats(self.ops.stats()),
             Request::Tiers => Reply::Tiers(self.ops.tier_report()),
+            Request::Capacity { trace_since } => {
+                Reply::Capacity(self.ops.capacity_report(trace_since))
+            }
             Request::WaitDurable {
                 level,
                 timeout_ms,

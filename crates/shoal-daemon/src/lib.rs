@@ -10,6 +10,8 @@
 //! - [`tiers`]: the tiers below memory (drain, spill, burst pressure), a
 //!   listener of the node and what lies `Below` it;
 //! - [`cluster`]: this daemon as a node of a cluster, a listener of its node;
+//! - [`elastic`]: the capacity controller, which resizes the node's store
+//!   (taking the cluster's idle loans back first);
 //! - `ops`: the operations (create, get, seal, abort, release, delete,
 //!   evict), shared by local clients and peers;
 //! - `connection` (local clients) and `peer_service` (other nodes), which
@@ -28,6 +30,7 @@ mod accept;
 pub mod cluster;
 pub mod config;
 mod connection;
+pub mod elastic;
 pub mod metrics;
 pub mod names;
 pub mod node;

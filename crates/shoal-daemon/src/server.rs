@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,7 @@ use crate::accept::AcceptBackoff;
 use crate::cluster::{Cluster, ClusterListener};
 use crate::config::DaemonConfig;
 use crate::connection;
+use crate::elastic::Elastic;
 use crate::node::Node;
 use crate::ops::Ops;
 use crate::peer_service;
@@ -169,7 +170,26 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         }
         None => None,
     };
-    let ops = Ops::new(node.clone(), cluster, tiers, supervisor.clone());
+    // After the tiers: a shrink's victims go down a tier from its first step.
+    let elastic = match &config.elastic {
+        Some(elastic_config) => {
+            match Elastic::start(elastic_config, node.clone(), cluster.clone(), &supervisor) {
+                Ok(elastic) => Some(elastic),
+                Err(err) => {
+                    supervisor.shutdown().await;
+                    return Err(err);
+                }
+            }
+        }
+        None => None,
+    };
+    let ops = Ops::new(
+        node.clone(),
+        cluster,
+        tiers,
+        elastic.clone(),
+        supervisor.clone(),
+    );
 
     // A stale socket file from a daemon that died: we hold the lock, so it is ours to replace.
     let _ = std::fs::remove_file(&config.socket);
@@ -192,9 +212,14 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         observed => observed.map(drop),
     };
     let prefault_stop = Arc::new(AtomicBool::new(false));
+    // An elastic store populates its region only up to its current target.
+    let prefault_limit = elastic.as_ref().map_or_else(
+        || Arc::new(AtomicU64::new(u64::MAX)),
+        |e| e.prefault_limit(),
+    );
     let prefault = config
         .prefault
-        .then(|| spawn_prefault(node.region(), prefault_stop.clone()));
+        .then(|| spawn_prefault(node.region(), prefault_stop.clone(), prefault_limit));
     if started.is_ok() {
         if config.stop_on_signals {
             watch_signals(&supervisor, &shutdown)?;
@@ -279,13 +304,23 @@ async fn serve_clients(
 }
 
 /// Faults the region in from a helper thread so the socket is ready at once.
-fn spawn_prefault(region: &Arc<Region>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+fn spawn_prefault(
+    region: &Arc<Region>,
+    stop: Arc<AtomicBool>,
+    limit: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<()> {
     let region = region.clone();
     std::thread::Builder::new()
         .name("shoal-prefault".into())
         .spawn(move || {
             let started = Instant::now();
-            let done = region.prefault_in_background(|| !stop.load(Ordering::Relaxed));
+            let done = region.prefault_in_background(|| {
+                if stop.load(Ordering::Relaxed) {
+                    0
+                } else {
+                    limit.load(Ordering::Relaxed)
+                }
+            });
             tracing::debug!(bytes = done, elapsed = ?started.elapsed(), "region prefaulted");
         })
         .expect("spawn the prefault thread")

@@ -61,6 +61,7 @@ impl NodeZero {
                     region: PathBuf::from(format!("/dev/shm/shoal-peer-calls-{tag}-{i}")),
                     region_size: REGION_SIZE,
                     access: Access::Mapped,
+                    elastic: None,
                     tiers: Default::default(),
                     metrics: None,
                 })

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use super::cgroup::{own_cgroup_dir, CgroupMemory};
 use super::meminfo::{read_meminfo, HOST_MEMINFO};
+use super::percpu::{read_percpu_free_bytes, HOST_ZONEINFO};
 use super::pressure::{read_pressure, Pressure, HOST_PRESSURE};
 use super::usage::MemoryUsage;
 use crate::error::Result;
@@ -50,7 +51,11 @@ impl MemorySource {
     pub fn read_usage(&self) -> Result<MemoryUsage> {
         let host = read_meminfo(Path::new(HOST_MEMINFO))?;
         let Self::Cgroup(dir) = self else {
-            return Ok(host.usage());
+            // Pages free on the per-CPU lists are free (percpu.rs); a
+            // cgroup is uncharged at once, so only the host needs this.
+            let usage = host.usage();
+            let percpu = read_percpu_free_bytes(Path::new(HOST_ZONEINFO));
+            return MemoryUsage::new(usage.used().saturating_sub(percpu), usage.total());
         };
         let cgroup = CgroupMemory::read(dir)?;
         Ok(match cgroup.usage() {

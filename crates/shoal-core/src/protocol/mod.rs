@@ -10,10 +10,12 @@
 //! and id arrays; a fixed layout decodes without allocation per field, is
 //! trivially fuzzed, and is described exactly in the protocol document.
 
+mod capacity_report;
 mod codec;
 mod frame;
 mod tier_report;
 
+pub use capacity_report::CapacityReport;
 pub use codec::{Reader, Writer};
 pub use frame::{FrameHeader, FRAME_HEADER_LEN, MAX_FRAME_LEN};
 pub use tier_report::{TierInfo, TierReport};
@@ -33,7 +35,8 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// `StageIn`, `StageOut`, `Tiers`; `List` rows say whether the object is in
 /// memory and which tiers hold it.
 /// 6: names (the POSIX view): `Name`, `Resolve`, `ListNames`, `Rename`,
-/// `Unlink`; error kind `NameTooLong`.
+/// `Unlink`; error kind `NameTooLong`. `Capacity`: the elastic capacity
+/// controller's state and trace.
 pub const PROTOCOL_VERSION: u32 = 6;
 
 /// A timeout meaning "wait forever".
@@ -116,6 +119,11 @@ pub enum Request {
     },
     /// The node's tiers, their use and the drain's progress.
     Tiers,
+    /// The elastic capacity controller's state; with `trace_since`, also
+    /// its trace points later than that time (since the daemon started).
+    Capacity {
+        trace_since: Option<std::time::Duration>,
+    },
     /// Gives object `id` the name `name`. On an object this client is still
     /// writing, the name is bound when it is sealed (and goes with it to the
     /// tiers); on a sealed object, at once. A name already bound moves to the
@@ -219,7 +227,7 @@ pub enum Notification {
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
     Ok,
     Error {
@@ -259,6 +267,7 @@ pub enum Reply {
     Names {
         entries: Vec<NameEntry>,
     },
+    Capacity(CapacityReport),
     Notification(Notification),
     /// One status per id: `None` for success.
     Statuses {
@@ -327,6 +336,7 @@ mod op {
     pub const LIST_NAMES: u16 = 0x15;
     pub const RENAME: u16 = 0x16;
     pub const UNLINK: u16 = 0x17;
+    pub const CAPACITY: u16 = 0x18;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;
@@ -343,6 +353,7 @@ mod op {
     pub const TIERS_REPLY: u16 = 0x8C;
     pub const NAMED: u16 = 0x8D;
     pub const NAMES: u16 = 0x8E;
+    pub const CAPACITY_REPLY: u16 = 0x8F;
 }
 
 impl Request {
@@ -445,6 +456,11 @@ impl Request {
                 w.str(name);
                 op::UNLINK
             }
+            Request::Capacity { trace_since } => {
+                // -1: no trace wanted.
+                w.i64(trace_since.map_or(-1, |t| t.as_micros() as i64));
+                op::CAPACITY
+            }
         };
         w.finish(opcode);
     }
@@ -512,6 +528,15 @@ impl Request {
                 to: r.str()?,
             },
             op::UNLINK => Request::Unlink { name: r.str()? },
+            op::CAPACITY => Request::Capacity {
+                trace_since: match r.i64()? {
+                    -1 => None,
+                    micros if micros >= 0 => Some(std::time::Duration::from_micros(micros as u64)),
+                    other => {
+                        return Err(ShoalError::protocol(format!("invalid trace time {other}")))
+                    }
+                },
+            },
             other => {
                 return Err(ShoalError::protocol(format!(
                     "unknown request opcode {other:#06x}"
@@ -647,6 +672,10 @@ impl Reply {
                     encode_name_entry(&mut w, entry);
                 }
                 op::NAMES
+            }
+            Reply::Capacity(report) => {
+                report.encode(&mut w);
+                op::CAPACITY_REPLY
             }
             Reply::Notification(n) => {
                 match n {
@@ -812,6 +841,7 @@ impl Reply {
                 }
                 Reply::Names { entries }
             }
+            op::CAPACITY_REPLY => Reply::Capacity(CapacityReport::decode(&mut r)?),
             op::NOTIFICATION => {
                 let kind = r.u8()?;
                 let id = r.id()?;

@@ -117,6 +117,86 @@ pub struct TierGauges {
     pub failures: Counter,
 }
 
+/// The elastic capacity controller (set at every step; zero while it is off).
+#[derive(Default)]
+pub struct ControllerGauges {
+    pub target_bytes: Gauge,
+    pub ratio: Gauge<f64, AtomicU64>,
+    pub node_used_bytes: Gauge,
+    pub node_total_bytes: Gauge,
+    pub step_bytes: Gauge,
+    pub pinned_bytes: Gauge,
+    pub over_target: Gauge,
+    pub stall_ratio: Gauge<f64, AtomicU64>,
+    pub steps: Counter,
+    pub released_bytes: Counter,
+    pub cpu_seconds: Counter<f64, AtomicU64>,
+}
+
+impl ControllerGauges {
+    fn register(&self, registry: &mut Registry) {
+        for (name, help, gauge) in [
+            (
+                "shoal_capacity_target_bytes",
+                "The elastic capacity controller's target u_i for the store",
+                &self.target_bytes,
+            ),
+            (
+                "shoal_controller_node_used_bytes",
+                "The node's memory in use v_i at the last control step",
+                &self.node_used_bytes,
+            ),
+            (
+                "shoal_controller_node_total_bytes",
+                "The node's memory M at the last control step",
+                &self.node_total_bytes,
+            ),
+            (
+                "shoal_controller_step_bytes",
+                "The last control step's change of the target (negative: shrink)",
+                &self.step_bytes,
+            ),
+            (
+                "shoal_controller_pinned_bytes",
+                "Bytes of objects in use (referenced or unsealed), which no shrink can evict",
+                &self.pinned_bytes,
+            ),
+            (
+                "shoal_controller_over_target",
+                "1 while objects in use alone exceed the capacity target (creates are refused)",
+                &self.over_target,
+            ),
+        ] {
+            registry.register(name, help, gauge.clone());
+        }
+        registry.register(
+            "shoal_controller_ratio",
+            "The node's memory utilisation r_i = v_i / M at the last control step",
+            self.ratio.clone(),
+        );
+        registry.register(
+            "shoal_controller_stall_ratio",
+            "Share of the last control interval some task stalled on memory (PSI)",
+            self.stall_ratio.clone(),
+        );
+        registry.register(
+            "shoal_controller_steps",
+            "Control steps taken",
+            self.steps.clone(),
+        );
+        registry.register(
+            "shoal_released_bytes",
+            "Bytes of the region's free ranges given back to the kernel",
+            self.released_bytes.clone(),
+        );
+        registry.register(
+            "shoal_controller_cpu_seconds",
+            "CPU time the capacity controller spent on the daemon's thread",
+            self.cpu_seconds.clone(),
+        );
+    }
+}
+
 type PeerMethod = [(&'static str, String); 2];
 
 /// Calls to other nodes, per peer and method.
@@ -149,6 +229,7 @@ pub struct Metrics {
     pub store: StoreGauges,
     pub events: EventCounters,
     pub tiers: TierGauges,
+    pub controller: ControllerGauges,
     /// Capacity and usage over the last minutes, for the status page.
     pub history: Mutex<History>,
     pub info: NodeInfo,
@@ -324,6 +405,8 @@ impl Metrics {
         ] {
             registry.register(name, help, counter.clone());
         }
+        let controller = ControllerGauges::default();
+        controller.register(&mut registry);
         let start_time = Gauge::<f64, AtomicU64>::default();
         start_time.set(unix_now());
         registry.register(
@@ -363,6 +446,7 @@ impl Metrics {
             store,
             events,
             tiers,
+            controller,
             history: Mutex::default(),
             info,
             started: Instant::now(),

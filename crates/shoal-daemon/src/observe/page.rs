@@ -83,6 +83,7 @@ pub fn render(metrics: &Metrics, peers: &[PeerFigures]) -> String {
                 format_size(metrics.events.sealed_bytes.get())
             ),
         ),
+        ("capacity controller", controller(metrics)),
         ("up for", format!("{:.0} s", metrics.uptime_seconds())),
     ] {
         let _ = write!(
@@ -98,6 +99,27 @@ pub fn render(metrics: &Metrics, peers: &[PeerFigures]) -> String {
         "<p>Read-only. Metrics for Prometheus at <a href=\"/metrics\">/metrics</a>.</p></body></html>",
     );
     page
+}
+
+/// The elastic capacity controller in one line ("off" for a static store);
+/// the chart's capacity line is what it sets.
+fn controller(metrics: &Metrics) -> String {
+    let c = &metrics.controller;
+    if c.steps.get() == 0 {
+        return "off".into();
+    }
+    let over = if c.over_target.get() != 0 {
+        "; objects in use exceed it, creates refused"
+    } else {
+        ""
+    };
+    format!(
+        "target {}, node memory {} of {} used (r = {:.3}){over}",
+        format_size(c.target_bytes.get().max(0) as u64),
+        format_size(c.node_used_bytes.get().max(0) as u64),
+        format_size(c.node_total_bytes.get().max(0) as u64),
+        c.ratio.get()
+    )
 }
 
 /// Count and mean latency per operation, read back from the exposition.

@@ -104,7 +104,7 @@ impl Ops {
                 deadline
             };
             if Instant::now() >= wait_until {
-                return Err(err);
+                return Err(self.explain_full(err));
             }
             tokio::select! {
                 _ = space => {}
@@ -114,6 +114,16 @@ impl Ops {
                     "client left while waiting for space",
                 )),
             }
+        }
+    }
+
+    /// A `StoreFull` says so when the capacity controller is the reason.
+    fn explain_full(&self, err: ShoalError) -> ShoalError {
+        match self.elastic.as_ref().and_then(|e| e.refusal()) {
+            Some(reason) => {
+                ShoalError::new(ErrorKind::StoreFull, format!("{}; {reason}", err.message()))
+            }
+            None => err,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! What a node holds, in memory and below: `contains`, `list`, `tiers`.
 
-use shoal_core::protocol::TierReport;
+use shoal_core::protocol::{CapacityReport, TierReport};
 use shoal_core::store::{ObjectInfo, StoreStats};
 use shoal_core::ObjectId;
 
@@ -39,6 +39,21 @@ impl Ops {
     }
 
     /// The tiers below memory (an empty report when there are none).
+    /// The capacity controller's state (a static store: its capacity and use).
+    pub fn capacity_report(&self, trace_since: Option<std::time::Duration>) -> CapacityReport {
+        match &self.elastic {
+            Some(elastic) => elastic.report(trace_since),
+            None => self.node.read(|s| CapacityReport {
+                target: s.capacity(),
+                capacity: s.capacity(),
+                used: s.used(),
+                pinned: s.pinned(),
+                resident: self.node.region().resident_bytes().unwrap_or(0),
+                ..Default::default()
+            }),
+        }
+    }
+
     pub fn tier_report(&self) -> TierReport {
         self.tiers
             .as_ref()

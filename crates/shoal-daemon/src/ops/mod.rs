@@ -21,6 +21,7 @@ mod seal;
 use std::rc::{Rc, Weak};
 
 use crate::cluster::Cluster;
+use crate::elastic::Elastic;
 use crate::node::Node;
 use crate::supervisor::Supervisor;
 use crate::tiers::Tiers;
@@ -31,6 +32,8 @@ pub struct Ops {
     pub cluster: Option<Rc<Cluster>>,
     /// The tiers below memory (`None`: memory only, objects evicted are gone).
     pub tiers: Option<Rc<Tiers>>,
+    /// The elastic capacity controller (`None`: a static capacity).
+    pub elastic: Option<Rc<Elastic>>,
     pub supervisor: Supervisor,
     /// Itself, for tasks that outlive a request (restores).
     me: Weak<Ops>,
@@ -41,12 +44,14 @@ impl Ops {
         node: Rc<Node>,
         cluster: Option<Rc<Cluster>>,
         tiers: Option<Rc<Tiers>>,
+        elastic: Option<Rc<Elastic>>,
         supervisor: Supervisor,
     ) -> Rc<Self> {
         Rc::new_cyclic(|me| Self {
             node,
             cluster,
             tiers,
+            elastic,
             supervisor,
             me: me.clone(),
         })

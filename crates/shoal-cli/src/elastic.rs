@@ -1,0 +1,286 @@
+//! The elastic capacity controller on the command line (`shoal serve
+//! --elastic …`), merged over a cluster node's `[node.elastic]` table.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use shoal_cluster::NodeElastic;
+use shoal_core::capacity::PsiAction;
+use shoal_core::protocol::CapacityReport;
+use shoal_core::units::format_size;
+use shoal_daemon::elastic::{ElasticConfig, SourceChoice};
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ElasticArgs {
+    /// Let the store's capacity follow the node's free memory (DynIMS
+    /// feedback control); --capacity becomes its ceiling. Without it (and
+    /// without [node.elastic] in a cluster file) the capacity is static.
+    #[arg(long)]
+    pub elastic: bool,
+    /// Control interval T in milliseconds [default: 100].
+    #[arg(long, value_name = "MS")]
+    pub elastic_interval_ms: Option<u64>,
+    /// Node memory utilisation r_0 to hold, in (0, 1) [default: 0.95].
+    #[arg(long, value_name = "R0")]
+    pub elastic_threshold: Option<f64>,
+    /// Gain λ of the control law, in (0, 2) [default: 0.5].
+    #[arg(long, value_name = "LAMBDA")]
+    pub elastic_gain: Option<f64>,
+    /// The capacity never shrinks below this (U_min) [default: 0].
+    #[arg(long, value_parser = crate::args::size, value_name = "SIZE")]
+    pub elastic_min: Option<u64>,
+    /// U_max = this share α of the node's memory, in (0, 1] [default: 0.48,
+    /// the paper's 60 of 125 GB]; --capacity caps it too.
+    #[arg(long, value_name = "ALPHA")]
+    pub elastic_max_fraction: Option<f64>,
+    /// Where the node's memory use is read: auto (the daemon's cgroup v2 if
+    /// memory-limited, else the host), host, cgroup:DIR, or meminfo:FILE (a
+    /// file in /proc/meminfo's format, for tests and benchmarks) [default: auto].
+    #[arg(long, value_name = "SOURCE")]
+    pub elastic_source: Option<String>,
+    /// With meminfo:FILE, a file in /proc/pressure/memory's format.
+    #[arg(long, value_name = "FILE")]
+    pub elastic_pressure_file: Option<PathBuf>,
+    /// Do not let memory pressure (PSI) hold growth back or boost shrinks.
+    #[arg(long)]
+    pub elastic_no_psi: bool,
+}
+
+impl ElasticArgs {
+    /// The controller's configuration: these flags over the node's table;
+    /// `None` when the controller is off.
+    pub fn config(&self, node: Option<&NodeElastic>) -> Result<Option<ElasticConfig>> {
+        let node = node.cloned().unwrap_or_default();
+        let tuned = self.elastic_interval_ms.is_some()
+            || self.elastic_threshold.is_some()
+            || self.elastic_gain.is_some()
+            || self.elastic_min.is_some()
+            || self.elastic_max_fraction.is_some()
+            || self.elastic_source.is_some()
+            || self.elastic_pressure_file.is_some()
+            || self.elastic_no_psi;
+        if !self.elastic && !node.enabled {
+            if tuned {
+                bail!(
+                    "--elastic-* settings need --elastic (or [node.elastic] in the cluster file)"
+                );
+            }
+            return Ok(None);
+        }
+        let mut config = ElasticConfig::default();
+        let c = &mut config.controller;
+        if let Some(ms) = self.elastic_interval_ms.or(node.interval_ms) {
+            c.interval = Duration::from_millis(ms);
+        }
+        if let Some(r0) = self.elastic_threshold.or(node.threshold) {
+            c.threshold = r0;
+        }
+        if let Some(gain) = self.elastic_gain.or(node.gain) {
+            c.gain = gain;
+        }
+        if let Some(min) = self.elastic_min.or(node.min_capacity) {
+            c.min_capacity = min;
+        }
+        if let Some(alpha) = self.elastic_max_fraction.or(node.max_fraction) {
+            c.max_fraction = alpha;
+        }
+        if self.elastic_no_psi || node.psi == Some(false) {
+            c.psi.enabled = false;
+        }
+        c.validate()?;
+        let pressure = self.elastic_pressure_file.clone().or(node.pressure_file);
+        let source = self.elastic_source.clone().or(node.source);
+        config.source = parse_source(source.as_deref().unwrap_or("auto"), pressure)?;
+        Ok(Some(config))
+    }
+}
+
+/// What the controller is doing, in a few words.
+pub fn mode(c: &CapacityReport) -> &'static str {
+    match (c.enabled, c.over_target, c.psi_action) {
+        (false, ..) => "static",
+        (true, true, _) => "elastic, objects in use exceed the target (creates refused)",
+        (true, false, PsiAction::Boost) => "elastic, memory pressure: shrinking faster",
+        (true, false, PsiAction::HoldGrowth) => "elastic, memory pressure: not growing",
+        (true, false, PsiAction::None) => "elastic",
+    }
+}
+
+/// `shoal stat`'s controller lines.
+pub fn print_report(c: &CapacityReport) {
+    println!("controller  {}", mode(c));
+    if !c.enabled {
+        return;
+    }
+    let step = if c.last_step < 0 { "-" } else { "+" };
+    println!(
+        "  target {} (capacity {}, last step {step}{}), bounds [{}, {}]",
+        format_size(c.target),
+        format_size(c.capacity),
+        format_size(c.last_step.unsigned_abs()),
+        format_size(c.min_capacity),
+        format_size(c.max_capacity)
+    );
+    println!(
+        "  node memory {} of {} used: r = {:.3} (r0 {}, gain {}), source {}",
+        format_size(c.node_used),
+        format_size(c.node_total),
+        c.utilisation,
+        c.threshold,
+        c.gain,
+        c.source
+    );
+    let stall = c.stall_share.map_or_else(
+        || "no PSI".to_owned(),
+        |s| format!("stalled {:.1}%", 100.0 * s),
+    );
+    println!(
+        "  {} steps every {:?}, region holds {}, {} given back to the kernel, {} in use, {stall}",
+        c.steps,
+        c.interval,
+        format_size(c.resident),
+        format_size(c.released_bytes),
+        format_size(c.pinned)
+    );
+}
+
+pub fn report_json(c: &CapacityReport) -> String {
+    format!(
+        "{{\"mode\":{:?},\"enabled\":{},\"source\":{:?},\"interval_ms\":{},\"threshold\":{},\"gain\":{},\"min_capacity\":{},\"max_capacity\":{},\"target\":{},\"capacity\":{},\"used\":{},\"pinned\":{},\"resident\":{},\"over_target\":{},\"ratio\":{},\"node_used\":{},\"node_total\":{},\"last_step\":{},\"stall_share\":{},\"steps\":{},\"released_bytes\":{},\"cpu_seconds\":{}}}",
+        mode(c),
+        c.enabled,
+        c.source,
+        c.interval.as_millis(),
+        c.threshold,
+        c.gain,
+        c.min_capacity,
+        c.max_capacity,
+        c.target,
+        c.capacity,
+        c.used,
+        c.pinned,
+        c.resident,
+        c.over_target,
+        c.utilisation,
+        c.node_used,
+        c.node_total,
+        c.last_step,
+        c.stall_share.map_or("null".to_owned(), |s| s.to_string()),
+        c.steps,
+        c.released_bytes,
+        c.cpu_seconds
+    )
+}
+
+/// The capacity-over-time trace as CSV (`shoal stat --trace`).
+pub fn print_trace(c: &CapacityReport) {
+    println!("time_s,target,capacity,store_used,node_used,node_total,ratio");
+    for p in &c.trace {
+        println!(
+            "{:.3},{},{},{},{},{},{:.5}",
+            p.time.as_secs_f64(),
+            p.target,
+            p.capacity,
+            p.store_used,
+            p.node_used,
+            p.node_total,
+            p.utilisation
+        );
+    }
+}
+
+fn parse_source(text: &str, pressure: Option<PathBuf>) -> Result<SourceChoice> {
+    let choice = match text.split_once(':') {
+        None if text == "auto" => SourceChoice::Detect,
+        None if text == "host" => SourceChoice::Host,
+        Some(("cgroup", dir)) if !dir.is_empty() => SourceChoice::Cgroup(dir.into()),
+        Some(("meminfo", file)) if !file.is_empty() => {
+            return Ok(SourceChoice::Files {
+                meminfo: file.into(),
+                pressure,
+            })
+        }
+        _ => bail!("memory source {text:?} is none of auto, host, cgroup:DIR, meminfo:FILE"),
+    };
+    if pressure.is_some() {
+        bail!("a pressure file goes with a meminfo:FILE source only");
+    }
+    Ok(choice)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_unless_asked_and_flags_override_the_file() {
+        let none = ElasticArgs::default();
+        assert_eq!(none.config(None).unwrap(), None);
+        let tuned_only = ElasticArgs {
+            elastic_gain: Some(0.3),
+            ..Default::default()
+        };
+        assert!(tuned_only.config(None).is_err(), "tuning without --elastic");
+
+        let file = NodeElastic {
+            enabled: true,
+            threshold: Some(0.9),
+            gain: Some(0.4),
+            source: Some("host".into()),
+            ..Default::default()
+        };
+        let from_file = none.config(Some(&file)).unwrap().unwrap();
+        assert_eq!(from_file.controller.threshold, 0.9);
+        assert_eq!(from_file.controller.gain, 0.4);
+        assert_eq!(from_file.source, SourceChoice::Host);
+        let flags = ElasticArgs {
+            elastic_gain: Some(0.7),
+            elastic_source: Some("meminfo:/tmp/m".into()),
+            elastic_pressure_file: Some("/tmp/p".into()),
+            elastic_no_psi: true,
+            ..Default::default()
+        };
+        let merged = flags.config(Some(&file)).unwrap().unwrap();
+        assert_eq!(
+            (merged.controller.threshold, merged.controller.gain),
+            (0.9, 0.7)
+        );
+        assert!(!merged.controller.psi.enabled);
+        assert_eq!(
+            merged.source,
+            SourceChoice::Files {
+                meminfo: "/tmp/m".into(),
+                pressure: Some("/tmp/p".into())
+            }
+        );
+        let off = NodeElastic {
+            enabled: false,
+            ..file
+        };
+        assert_eq!(none.config(Some(&off)).unwrap(), None);
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        for bad in [
+            ElasticArgs {
+                elastic: true,
+                elastic_threshold: Some(1.5),
+                ..Default::default()
+            },
+            ElasticArgs {
+                elastic: true,
+                elastic_source: Some("swap".into()),
+                ..Default::default()
+            },
+            ElasticArgs {
+                elastic: true,
+                elastic_pressure_file: Some("/tmp/p".into()),
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.config(None).is_err(), "{bad:?}");
+        }
+    }
+}
