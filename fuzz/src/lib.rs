@@ -17,8 +17,7 @@ use shoal_core::error::ErrorKind;
 use shoal_core::ids::ObjectId;
 use shoal_core::protocol::{
     decode_request, CreateSpec, FrameHeader, Located, NameEntry, Notification, PeerRegion, Reply,
-    Request,
-    FRAME_HEADER_LEN, MAX_FRAME_LEN, PROTOCOL_VERSION, WAIT_FOREVER,
+    Request, FRAME_HEADER_LEN, MAX_FRAME_LEN, PROTOCOL_VERSION, WAIT_FOREVER,
 };
 use shoal_core::store::{ObjectInfo, ObjectLocation, StoreStats};
 

@@ -5,7 +5,7 @@
 //! update the index, release the pins, and queue the next tier down.
 
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use shoal_core::error::ErrorKind;
 use shoal_core::ObjectId;
@@ -15,6 +15,11 @@ use tokio::sync::mpsc;
 use crate::principals;
 use crate::tiers::index::{Job, Lane};
 use crate::tiers::Tiers;
+
+/// Puts this recent make write-behind wait (`yield_to_puts`)...
+const QUIET: Duration = Duration::from_millis(50);
+/// ...for at most this long at a time.
+const YIELD_MAX: Duration = Duration::from_secs(2);
 
 /// Drain jobs pin at most 1/PIN_SHARE of the store's capacity, within
 /// [PIN_MIN, PIN_MAX].
@@ -33,6 +38,9 @@ impl Tiers {
                 self.bell[l][t].notified().await;
                 continue;
             };
+            if lane == Lane::Background {
+                self.yield_to_puts().await;
+            }
             self.pin_room(lane, id, level).await;
             let Some((job, pinned, generation)) = self.job_for(lane, id, level) else {
                 continue;
@@ -70,6 +78,28 @@ impl Tiers {
                     return;
                 }
             }
+        }
+    }
+
+    /// Write-behind yields to a burst of puts: while objects were sealed in
+    /// the last `QUIET`, a background job waits — at most `YIELD_MAX` at a
+    /// time, and not at all once the store is more than half full (then
+    /// eviction needs clean objects more than the puts need the machine).
+    /// Why: the drain's copies and checksums compete with the puts for the
+    /// memory bandwidth and caches, which a lower CPU priority does not
+    /// share out.
+    async fn yield_to_puts(&self) {
+        let started = Instant::now();
+        loop {
+            let since = self.last_seal.get().elapsed();
+            if since >= QUIET || started.elapsed() >= YIELD_MAX {
+                return;
+            }
+            let (used, capacity) = self.node.read(|store| (store.used(), store.capacity()));
+            if used.saturating_mul(2) > capacity {
+                return;
+            }
+            tokio::time::sleep(QUIET - since).await;
         }
     }
 

@@ -47,6 +47,7 @@ impl NodeListener for TierListener {
                 );
                 index.touch(&id);
             }
+            tiers.last_seal.set(std::time::Instant::now());
             tiers.queue(id, false);
         }
         // Deletes reach the tiers through `ops::delete`, which waits for

@@ -97,6 +97,8 @@ pub struct Tiers {
     pinned: [Cell<u64>; 2],
     /// Woken when drain jobs unpin memory.
     unpinned: Notify,
+    /// When an object was last sealed here (write-behind yields to puts).
+    last_seal: Cell<Instant>,
 }
 
 impl Tiers {
@@ -185,6 +187,7 @@ impl Tiers {
             relieving: Cell::new(false),
             pinned: Default::default(),
             unpinned: Notify::new(),
+            last_seal: Cell::new(Instant::now()),
         });
         for (lane, rx) in events {
             supervisor.spawn_local("drain events", tiers.clone().outcomes(lane, rx));
