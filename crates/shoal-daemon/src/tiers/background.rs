@@ -26,10 +26,14 @@ pub struct Background {
 
 impl Background {
     pub fn start(nice: i32) -> Result<Self> {
+        // Relative to the caller's (the daemon's) priority, set as one
+        // absolute value on every thread: threads the runtime starts from
+        // its own (already lowered) threads must not be lowered twice.
+        let nice = (own_priority() + nice.max(0)).min(19);
         let runtime = Builder::new_current_thread()
             .enable_all()
             .thread_name("shoal-drain-io")
-            .on_thread_start(move || lower_priority(nice))
+            .on_thread_start(move || set_priority(nice))
             .build()
             .map_err(|e| ShoalError::io("start the drain runtime", e))?;
         let handle = runtime.handle().clone();
@@ -37,7 +41,7 @@ impl Background {
         let thread = std::thread::Builder::new()
             .name("shoal-drain".into())
             .spawn(move || {
-                lower_priority(nice);
+                set_priority(nice);
                 runtime.block_on(async {
                     let _ = stopped.await;
                 });
@@ -72,20 +76,21 @@ impl Drop for Background {
     }
 }
 
-/// Lowers the calling thread's priority by `nice` steps below the one it
-/// has (Linux sets it per thread; 19 is the lowest). Best effort: a failure
-/// leaves the thread at the daemon's.
-fn lower_priority(nice: i32) {
-    if nice <= 0 {
+/// The calling thread's nice value.
+fn own_priority() -> i32 {
+    // SAFETY: a plain system call on this thread's own id. It may return -1
+    // as a value (a nice of -1); errors cannot happen for our own id.
+    unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+}
+
+/// Sets the calling thread's nice value (Linux sets it per thread). Best
+/// effort: a failure leaves the thread at the daemon's priority.
+fn set_priority(nice: i32) {
+    if nice <= own_priority() {
         return;
     }
-    // SAFETY: plain system calls on this thread's own id. getpriority may
-    // return -1 as a value; the new value is clamped either way.
-    let rc = unsafe {
-        let tid = libc::gettid() as libc::id_t;
-        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-        libc::setpriority(libc::PRIO_PROCESS, tid, (now + nice).min(19))
-    };
+    // SAFETY: a plain system call on this thread's own id.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
     if rc != 0 {
         tracing::debug!(nice, err = %std::io::Error::last_os_error(), "drain priority not lowered");
     }
