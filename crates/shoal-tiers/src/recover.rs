@@ -14,7 +14,7 @@
 //!      and a record left with no copy is removed.
 //! 4. Everything not yet in the backing tier is returned for re-draining.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use shoal_core::error::{ErrorKind, Result};
 use shoal_core::ids::ObjectId;
@@ -94,7 +94,7 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
     let mut records: Vec<(ObjectId, ObjectRecord)> = all;
     debug_assert!(records.windows(2).all(|w| w[0].0 < w[1].0));
     let mut changed: HashSet<ObjectId> = HashSet::new();
-    let mut adopted_new: Vec<(ObjectId, ObjectRecord)> = Vec::new();
+    let mut adopted_new: HashMap<ObjectId, ObjectRecord> = HashMap::new();
     for (level, tier) in engine.configured() {
         let mut listed = tier.list().await?;
         listed.sort_unstable();
@@ -109,9 +109,7 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
                 continue;
             }
             let verified = tier.verify(id).await;
-            let prior = at
-                .map(|i| &records[i].1)
-                .or_else(|| adopted_new.iter().find(|(a, _)| *a == id).map(|(_, r)| r));
+            let prior = at.map(|i| &records[i].1).or_else(|| adopted_new.get(&id));
             let adopt = match (&verified, prior) {
                 (Ok(header), Some(record)) => {
                     header.checksum == record.checksum
@@ -131,28 +129,19 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
                 let header = verified.expect("adopted images verified");
                 let record = match at {
                     Some(i) => &mut records[i].1,
-                    None => match adopted_new.iter().position(|(a, _)| *a == id) {
-                        Some(i) => &mut adopted_new[i].1,
-                        None => {
-                            adopted_new.push((
-                                id,
-                                ObjectRecord {
-                                    sizes: ObjectSizes {
-                                        data_size: header.data_size,
-                                        meta_size: header.meta_size,
-                                    },
-                                    checksum: header.checksum,
-                                    tiers: Default::default(),
-                                    // Nothing was acknowledged for a file the
-                                    // manifest never saw.
-                                    durability: Durability::Memory,
-                                    sealed_at_ms: now_ms(),
-                                    name: None,
-                                },
-                            ));
-                            &mut adopted_new.last_mut().expect("just pushed").1
-                        }
-                    },
+                    None => adopted_new.entry(id).or_insert_with(|| ObjectRecord {
+                        sizes: ObjectSizes {
+                            data_size: header.data_size,
+                            meta_size: header.meta_size,
+                        },
+                        checksum: header.checksum,
+                        tiers: Default::default(),
+                        // Nothing was acknowledged for a file the manifest
+                        // never saw.
+                        durability: Durability::Memory,
+                        sealed_at_ms: now_ms(),
+                        name: None,
+                    }),
                 };
                 record.tiers = record.tiers.with(level);
                 changed.insert(id);

@@ -10,7 +10,9 @@ use futures_util::StreamExt;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::store::Victim;
 use shoal_core::ObjectId;
-use shoal_tiers::{ObjectRecord, ObjectSizes, SourceRange, TierLevel, WriteInfo, WriteItem};
+use shoal_tiers::{
+    ObjectRecord, ObjectSizes, SourceRange, TierLevel, TierSet, WriteInfo, WriteItem,
+};
 
 use crate::tiers::Tiers;
 
@@ -46,20 +48,14 @@ impl Tiers {
     /// burst buffer, or fall through to the backing store).
     async fn spill_batch(&self, victims: Vec<Victim>) -> Vec<Victim> {
         let mut groups: [Vec<Victim>; 2] = Default::default();
-        for victim in victims {
-            let skip_burst = self
-                .index
-                .borrow()
-                .get(&victim.id)
-                .is_some_and(|t| t.skip_burst);
-            let level = if self.levels.contains(TierLevel::Burst) && !skip_burst {
-                TierLevel::Burst
-            } else {
-                TierLevel::Backing
-            };
-            groups[level as usize].push(victim);
-        }
         let mut retry = Vec::new();
+        for victim in victims {
+            // The nearest tier that may take it, as the drain picks it.
+            match self.next_level(TierSet::EMPTY, self.spill_info(&victim).2) {
+                Some(level) => groups[level as usize].push(victim),
+                None => retry.push(victim), // `spill` reports why
+            }
+        }
         for (level, group) in TierLevel::ALL.into_iter().zip(groups) {
             if group.is_empty() {
                 continue;
@@ -67,7 +63,7 @@ impl Tiers {
             let items = group
                 .iter()
                 .map(|victim| {
-                    let (sizes, info) = self.spill_info(victim);
+                    let (sizes, info, _) = self.spill_info(victim);
                     WriteItem {
                         id: victim.id,
                         sizes,
@@ -92,13 +88,16 @@ impl Tiers {
         retry
     }
 
-    /// The sizes of a victim and what its write records.
-    fn spill_info(&self, victim: &Victim) -> (ObjectSizes, WriteInfo) {
-        let durability = self
+    /// The sizes of a victim, what its write records, and whether it skips
+    /// the burst buffer (which was full for it).
+    fn spill_info(&self, victim: &Victim) -> (ObjectSizes, WriteInfo, bool) {
+        let (durability, skip_burst) = self
             .index
             .borrow()
             .get(&victim.id)
-            .map_or(Default::default(), |t| t.durability);
+            .map_or((Default::default(), false), |t| {
+                (t.durability, t.skip_burst)
+            });
         (
             ObjectSizes {
                 data_size: victim.location.data_size,
@@ -109,16 +108,12 @@ impl Tiers {
                 name: self.node.name_of(&victim.id),
                 ..Default::default()
             },
+            skip_burst,
         )
     }
 
     async fn spill(&self, victim: Victim) {
-        let (sizes, info) = self.spill_info(&victim);
-        let skip_burst = self
-            .index
-            .borrow()
-            .get(&victim.id)
-            .is_some_and(|t| t.skip_burst);
+        let (sizes, info, skip_burst) = self.spill_info(&victim);
         // SAFETY: the victim is held (`Verdict::Hold`): its block stays
         // allocated and unchanged until `finish_eviction`/`cancel_eviction`,
         // both called by `finish_spill`, after the write returned (and so
@@ -134,10 +129,6 @@ impl Tiers {
     /// kept in memory (and out of eviction for a while) if none did.
     fn finish_spill(&self, victim: Victim, result: Result<ObjectRecord>) {
         let id = victim.id;
-        let sizes = ObjectSizes {
-            data_size: victim.location.data_size,
-            meta_size: victim.location.meta_size,
-        };
         match result {
             Ok(record) => {
                 // (Deleted while spilling: the delete removes the copy.)
@@ -145,7 +136,7 @@ impl Tiers {
                     t.tiers = record.tiers;
                     t.failure = None;
                 }
-                self.counters.borrow_mut().spilled_bytes += sizes.payload_len();
+                self.counters.borrow_mut().spilled_bytes += victim.location.size();
                 self.changed.notify_waiters();
                 self.node.finish_eviction(&id);
                 // A copy on the burst buffer only goes on to the backing store.
