@@ -160,12 +160,13 @@ fn verify(socket: &Path, ledger: &Ledger) {
     }
 }
 
+/// Files holding images on a directory tier: one per large object under
+/// `objects/`, plus the segments small ones are packed into.
 fn tier_files(root: &Path) -> usize {
-    let Ok(fans) = std::fs::read_dir(root.join("objects")) else {
-        return 0;
-    };
-    fans.map(|f| std::fs::read_dir(f.unwrap().path()).unwrap().count())
-        .sum()
+    let count = |dir: std::path::PathBuf| std::fs::read_dir(dir).map_or(0, |d| d.count());
+    let fans = std::fs::read_dir(root.join("objects"))
+        .map_or(0, |fans| fans.map(|fan| count(fan.unwrap().path())).sum());
+    fans + count(root.join("segments"))
 }
 
 #[test]

@@ -113,13 +113,13 @@ fn read(client: &mut Client, id: ObjectId) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Files holding images on a directory tier: one per large object under
+/// `objects/`, plus the segments small ones are packed into.
 fn tier_files(root: &Path) -> usize {
-    let objects = root.join("objects");
-    let Ok(fans) = std::fs::read_dir(&objects) else {
-        return 0;
-    };
-    fans.map(|fan| std::fs::read_dir(fan.unwrap().path()).unwrap().count())
-        .sum()
+    let count = |dir: std::path::PathBuf| std::fs::read_dir(dir).map_or(0, |d| d.count());
+    let fans = std::fs::read_dir(root.join("objects"))
+        .map_or(0, |fans| fans.map(|fan| count(fan.unwrap().path())).sum());
+    fans + count(root.join("segments"))
 }
 
 #[test]
@@ -313,13 +313,21 @@ fn a_corrupt_copy_is_never_served_and_the_next_copy_is() {
         .unwrap()[0]
         .is_ok());
     assert!(client.stage_out(&[both]).unwrap()[0].is_ok());
+    // Flips a bit 100 bytes before the end of the image of `id` (50,000
+    // bytes of payload after a 64-byte header), in its segment.
     let flip = |root: &Path, id: &ObjectId| {
-        let hex = id.to_hex();
-        let path = root.join("objects").join(&hex[..2]).join(&hex);
-        let mut bytes = std::fs::read(&path).unwrap();
-        let at = bytes.len() - 100;
-        bytes[at] ^= 0x40;
-        std::fs::write(&path, bytes).unwrap();
+        for seg in std::fs::read_dir(root.join("segments")).unwrap() {
+            let path = seg.unwrap().path();
+            let mut bytes = std::fs::read(&path).unwrap();
+            // The header holds the id at bytes 12..32 (before the index does).
+            if let Some(at) = bytes.windows(20).position(|w| w == id.as_bytes()) {
+                let end = at - 12 + 64 + 50_000;
+                bytes[end - 100] ^= 0x40;
+                std::fs::write(&path, bytes).unwrap();
+                return;
+            }
+        }
+        panic!("no image of {id} under {}", root.display());
     };
     // The burst copy is damaged: the backing copy is served.
     flip(&dir.path().join("burst"), &both);

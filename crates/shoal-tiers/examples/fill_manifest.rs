@@ -1,11 +1,11 @@
 //! Fills a burst-buffer directory that a daemon already initialised (its
-//! `shoal-tier.id` marker and `manifest.redb` exist) with COUNT tiny objects:
-//! one valid image per object under `objects/xx/` and one manifest record
-//! each, committed in large batches. For the restart benchmark of issue 10
-//! (bench/tiers.py): putting a million objects through a daemon, one fsync'ed
-//! spill each, would take hours; the files and records written here are the
-//! same ones a spill leaves, without the per-object fsyncs (the benchmark
-//! syncs the file system once before restarting).
+//! `shoal-tier.id` marker and `manifest.redb` exist, the daemon stopped) with
+//! COUNT tiny objects, the way spills leave them: put through the directory
+//! tier in batches (so they are packed into segment files, one fsync per
+//! batch) and one manifest record each, committed per batch. For the restart
+//! benchmark of issue 10 (bench/tiers.py): putting a million objects through
+//! a daemon would take minutes of protocol round trips that the benchmark
+//! does not measure; the files and records written here are the same.
 //!
 //! `cargo run --release -p shoal-tiers --example fill_manifest -- BURST_DIR COUNT`
 //! prints the id of the last object it wrote.
@@ -14,11 +14,13 @@ use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use shoal_core::ids::ObjectId;
-use shoal_tiers::format::ObjectHeader;
 use shoal_tiers::manifest::Change;
-use shoal_tiers::{Durability, Manifest, ObjectRecord, ObjectSizes, TierIdentity, TierSet};
+use shoal_tiers::{
+    DirTier, Durability, Manifest, ObjectRecord, ObjectSizes, PutItem, SourceRange, Tier,
+    TierIdentity, TierLevel, TierSet,
+};
 
-/// Records per manifest transaction.
+/// Objects per put batch and manifest transaction.
 const BATCH: usize = 50_000;
 
 fn main() -> anyhow::Result<()> {
@@ -32,7 +34,9 @@ fn main() -> anyhow::Result<()> {
         &marker.display().to_string(),
     )?;
     let manifest = Manifest::open(&dir.join("manifest.redb"), &owner)?;
-    let payload = *b"shoal-1m";
+    let tier = DirTier::open(&dir, &owner, u64::MAX)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let payload = b"shoal-1m".to_vec();
     let checksum = crc32c::crc32c(&payload);
     let sealed_at_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
     let sizes = ObjectSizes {
@@ -41,40 +45,41 @@ fn main() -> anyhow::Result<()> {
     };
     let started = Instant::now();
     let mut last = None;
-    let mut changes = Vec::with_capacity(BATCH);
-    for done in 0..count {
-        let id = ObjectId::random();
-        last = Some(id);
-        let header = ObjectHeader {
-            id,
-            data_size: sizes.data_size,
-            meta_size: 0,
-            checksum,
-        };
-        let mut image = header.encode().to_vec();
-        image.extend_from_slice(&payload);
-        let hex = id.to_hex();
-        std::fs::write(dir.join("objects").join(&hex[..2]).join(&hex), &image)?;
-        changes.push(Change::Put(
-            id,
-            ObjectRecord {
+    let mut done = 0;
+    while done < count {
+        let n = BATCH.min(count - done);
+        let ids: Vec<ObjectId> = (0..n).map(|_| ObjectId::random()).collect();
+        let items = ids
+            .iter()
+            .map(|&id| PutItem {
+                id,
                 sizes,
-                checksum,
-                tiers: TierSet::EMPTY.with(shoal_tiers::TierLevel::Burst),
-                durability: Durability::Local,
-                sealed_at_ms,
-                name: None,
-            },
-        ));
-        if changes.len() == BATCH || done + 1 == count {
-            manifest.apply(&changes)?;
-            changes.clear();
-            eprintln!(
-                "{} objects in {:.1} s",
-                done + 1,
-                started.elapsed().as_secs_f64()
-            );
+                src: SourceRange::from_vec(payload.clone()),
+            })
+            .collect();
+        for put in runtime.block_on(tier.put_batch(items)) {
+            put?;
         }
+        let changes: Vec<Change> = ids
+            .iter()
+            .map(|&id| {
+                Change::Put(
+                    id,
+                    ObjectRecord {
+                        sizes,
+                        checksum,
+                        tiers: TierSet::EMPTY.with(TierLevel::Burst),
+                        durability: Durability::Local,
+                        sealed_at_ms,
+                        name: None,
+                    },
+                )
+            })
+            .collect();
+        manifest.apply(&changes)?;
+        done += n;
+        last = ids.last().copied();
+        eprintln!("{done} objects in {:.1} s", started.elapsed().as_secs_f64());
     }
     // One of the objects, for the benchmark's `contains` probe.
     if let Some(id) = last {

@@ -98,7 +98,7 @@ impl Default for DrainConfig {
     fn default() -> Self {
         Self {
             queue: 1024,
-            batch: 32,
+            batch: 128,
             parallel: 4,
             backoff: Backoff::default(),
         }

@@ -8,7 +8,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use common::{damaged, payload, write, Damage, Harness};
+use common::{payload, write, Damage, Harness};
 use shoal_core::error::ErrorKind;
 use shoal_core::ids::ObjectId;
 use shoal_tiers::{DirTier, FaultyTier, Tier, TierIdentity};
@@ -51,9 +51,7 @@ impl Harness for Dirs {
     }
 
     async fn damage(&self, tier: &Arc<dyn Tier>, id: ObjectId, damage: Damage) {
-        let path = self.dir_of(tier).object_path(&id);
-        let image = std::fs::read(&path).unwrap();
-        std::fs::write(&path, damaged(image, damage)).unwrap();
+        common::damage_dir_image(&self.dir_of(tier), &id, damage);
     }
 }
 
@@ -190,9 +188,7 @@ async fn large_objects_restore_through_direct_io_and_damage_is_caught() {
                 continue;
             }
             Some(damage) => {
-                let path = tier.object_path(&id);
-                let image = std::fs::read(&path).unwrap();
-                std::fs::write(&path, damaged(image, damage)).unwrap();
+                common::damage_dir_image(&tier, &id, damage);
                 common::read(&tier, id, len).await
             }
         };

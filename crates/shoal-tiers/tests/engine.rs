@@ -8,7 +8,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{damaged, payload, sizes_of, Damage};
+use common::{payload, sizes_of, Damage};
 use shoal_core::error::ErrorKind;
 use shoal_core::ids::ObjectId;
 use shoal_tiers::{
@@ -103,17 +103,30 @@ impl Node {
         self.engine.record(id).await.unwrap().map(|r| r.tiers)
     }
 
-    fn file(&self, level: TierLevel, id: ObjectId) -> PathBuf {
+    fn dir(&self, level: TierLevel) -> &DirTier {
         match level {
-            TierLevel::Burst => self.burst_dir.object_path(&id),
-            TierLevel::Backing => self.backing_dir.object_path(&id),
+            TierLevel::Burst => &self.burst_dir,
+            TierLevel::Backing => &self.backing_dir,
         }
     }
 
+    /// Whether `level` holds an image of `id`.
+    fn has(&self, level: TierLevel, id: ObjectId) -> bool {
+        self.dir(level).image_location(&id).is_some()
+    }
+
+    /// The path a file image of `id` would have (for planting strays).
+    fn file_path(&self, level: TierLevel, id: ObjectId) -> PathBuf {
+        let hex = id.to_hex();
+        self.dir(level)
+            .root()
+            .join("objects")
+            .join(&hex[..2])
+            .join(hex)
+    }
+
     fn damage(&self, level: TierLevel, id: ObjectId, damage: Damage) {
-        let path = self.file(level, id);
-        let image = std::fs::read(&path).unwrap();
-        std::fs::write(&path, damaged(image, damage)).unwrap();
+        common::damage_dir_image(self.dir(level), &id, damage);
     }
 }
 
@@ -145,7 +158,7 @@ async fn objects_move_down_the_chain_and_come_back() {
         (TierLevel::Burst, bytes.clone())
     );
     node.engine.evict(id, TierLevel::Burst).await.unwrap();
-    assert!(!node.file(TierLevel::Burst, id).exists());
+    assert!(!node.has(TierLevel::Burst, id));
     assert_eq!(
         node.restore(id, bytes.len()).await.unwrap(),
         (TierLevel::Backing, bytes.clone())
@@ -212,7 +225,7 @@ async fn an_injected_error_leaves_the_object_where_it_was() {
         node.tiers_of(id).await,
         Some(TierSet::of(TierLevel::Backing))
     );
-    assert!(node.file(TierLevel::Burst, id).exists());
+    assert!(node.has(TierLevel::Burst, id));
     let (node, report) = node.restart().await;
     assert_eq!(report.adopted, vec![id]);
     assert_eq!(node.tiers_of(id).await, Some(both()));
@@ -287,10 +300,7 @@ async fn corrupt_copies_are_detected_skipped_and_removed() {
         assert_eq!(restored.corrupt, vec![TierLevel::Burst]);
         assert_eq!(restored.record.tiers, TierSet::of(TierLevel::Backing));
         assert_eq!(buffer.take().unwrap(), bytes, "never the torn bytes");
-        assert!(
-            !node.file(TierLevel::Burst, id).exists(),
-            "the corrupt file is gone"
-        );
+        assert!(!node.has(TierLevel::Burst, id), "the corrupt file is gone");
 
         // Now the only copy is damaged: a clear ObjectCorrupt, then gone.
         node.damage(TierLevel::Backing, id, damage);
@@ -315,11 +325,8 @@ async fn deletes_are_final_even_when_a_tier_is_down_or_the_node_crashes() {
     node.backing.set_unreachable(true);
     assert!(node.engine.delete(id).await.unwrap());
     assert_eq!(node.tiers_of(id).await, None);
-    assert!(!node.file(TierLevel::Burst, id).exists());
-    assert!(
-        node.file(TierLevel::Backing, id).exists(),
-        "kept by the outage"
-    );
+    assert!(!node.has(TierLevel::Burst, id));
+    assert!(node.has(TierLevel::Backing, id), "kept by the outage");
     assert_eq!(node.engine.finish_deletes().await.unwrap(), 0);
 
     // Crash now: the tombstone makes recovery remove the file, not adopt it.
@@ -327,7 +334,7 @@ async fn deletes_are_final_even_when_a_tier_is_down_or_the_node_crashes() {
     let (node, report) = node.restart().await;
     assert_eq!(report.deletes_finished, 1);
     assert!(report.adopted.is_empty());
-    assert!(!node.file(TierLevel::Backing, id).exists());
+    assert!(!node.has(TierLevel::Backing, id));
     assert_eq!(node.tiers_of(id).await, None);
     assert!(!node.engine.delete(id).await.unwrap(), "already gone");
     for (_, usage) in node.engine.usage() {
@@ -352,7 +359,7 @@ async fn a_delete_during_a_drain_waits_for_it_and_nothing_comes_back() {
         // Whichever ran first, the delete ran last: nothing is left.
         if deleted {
             assert_eq!(node.tiers_of(id).await, None);
-            assert!(!node.file(TierLevel::Burst, id).exists());
+            assert!(!node.has(TierLevel::Burst, id));
         } else {
             // The delete overtook the write's first poll: the write is newer.
             node.engine.delete(id).await.unwrap();
@@ -410,14 +417,19 @@ async fn recovery_after_a_crash_at_each_step_of_the_write_order() {
 
     // Garbage with an id's name but no valid image (a stray no write made).
     let garbage = ObjectId::random();
-    std::fs::write(node.file(TierLevel::Backing, garbage), b"not an image").unwrap();
+    std::fs::write(node.file_path(TierLevel::Backing, garbage), b"not an image").unwrap();
 
     // A recorded copy whose file vanished (an operator's rm).
     let vanished = ObjectId::random();
     node.write(vanished, TierLevel::Burst, &payload(100, 8))
         .await
         .unwrap();
-    std::fs::remove_file(node.file(TierLevel::Burst, vanished)).unwrap();
+    // (Written alone, it is alone in its segment: removing the file is the rm.)
+    let (file, _, _) = node
+        .dir(TierLevel::Burst)
+        .image_location(&vanished)
+        .unwrap();
+    std::fs::remove_file(file).unwrap();
 
     // Objects only in the burst buffer must be re-queued for the drain.
     let undrained = ObjectId::random();
@@ -440,7 +452,7 @@ async fn recovery_after_a_crash_at_each_step_of_the_write_order() {
 
     assert_eq!(node.tiers_of(torn).await, None);
     assert_eq!(node.tiers_of(garbage).await, None);
-    assert!(!node.file(TierLevel::Backing, garbage).exists());
+    assert!(!node.has(TierLevel::Backing, garbage));
     let adopted_record = node.engine.record(renamed).await.unwrap().unwrap();
     assert_eq!(
         adopted_record.durability,

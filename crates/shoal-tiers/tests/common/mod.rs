@@ -71,6 +71,29 @@ pub trait Harness: Send + Sync {
     async fn damage(&self, tier: &Arc<dyn Tier>, id: ObjectId, damage: Damage);
 }
 
+/// Applies `damage` to the image of `id` on a directory tier, in place
+/// (a packed image is damaged inside its segment; truncating it cuts the
+/// segment there).
+pub fn damage_dir_image(tier: &shoal_tiers::DirTier, id: &ObjectId, damage: Damage) {
+    use std::os::unix::fs::FileExt;
+    let (path, offset, _) = tier.image_location(id).expect("the image exists");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    match damage {
+        Damage::Truncate(n) => file.set_len(offset + n).unwrap(),
+        Damage::FlipBit(bit) => {
+            let at = offset + bit / 8;
+            let mut byte = [0u8];
+            file.read_exact_at(&mut byte, at).unwrap();
+            byte[0] ^= 1 << (bit % 8);
+            file.write_all_at(&byte, at).unwrap();
+        }
+    }
+}
+
 /// Applies `damage` to an image's bytes.
 pub fn damaged(mut image: Vec<u8>, damage: Damage) -> Vec<u8> {
     match damage {

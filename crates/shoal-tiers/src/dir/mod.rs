@@ -6,13 +6,19 @@
 //! <root>/objects/<xx>/<id>    one image per object (format.rs); xx = the id's
 //!                             first byte in hex, so no directory holds more
 //!                             than 1/256 of the objects
+//! <root>/segments/<seq>.seg   small objects packed together (segments.rs)
 //! <root>/tmp/<id>.<nonce>     images being written; garbage after a crash
 //! ```
 //!
-//! Write order of a `put`: write the image to `tmp/`, fsync it, rename it to
-//! `objects/xx/<id>`, fsync `objects/xx`. A crash before the rename leaves
-//! only garbage in `tmp/` (swept at start); after the directory fsync the
-//! image survives. Blocking file I/O runs on tokio's blocking pool.
+//! Objects of at most `PACK_MAX` bytes are packed into segments, a batch at a
+//! time (segments.rs has their layout and rules); larger ones get a file
+//! each. Write order of a file image: write it to `tmp/`, fsync it, rename
+//! it to `objects/xx/<id>`, fsync `objects/xx`. A crash before the rename
+//! leaves only garbage in `tmp/` (swept at start); after the directory fsync
+//! the image survives. Blocking file I/O runs on tokio's blocking pool.
+
+mod direct;
+mod segments;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -30,6 +36,9 @@ use crate::format::{checksum_mismatch, ObjectHeader, ObjectSizes, HEADER_LEN};
 use crate::identity::TierIdentity;
 use crate::range::{DestRange, SourceRange};
 use crate::tier::{PutItem, Tier, TierUsage};
+
+use direct::{open_direct, read_payload_direct};
+use segments::{Segments, StagedSegment, PACK_MAX, SEGMENTS};
 
 const MARKER: &str = "shoal-tier.id";
 const OBJECTS: &str = "objects";
@@ -68,6 +77,8 @@ struct Inner {
     /// What the walk at open found, kept for recovery's first `sweep` and
     /// `list` (a restart would otherwise list a million files three times).
     found: (Mutex<Found>, Condvar),
+    /// The packed images (loaded by the walk at open).
+    segments: Segments,
 }
 
 /// The walk at open, in the background, and what it found.
@@ -77,8 +88,11 @@ struct Found {
     walked: Option<Result<()>>,
     /// Ids of the images found, until the first `list` takes them.
     ids: Option<Vec<ObjectId>>,
-    /// Names under `objects/` that are not ids, until the first `sweep`.
+    /// Names under `objects/` that are not ids, and segment files to remove,
+    /// until the first `sweep`.
     strays: Option<Vec<PathBuf>>,
+    /// Packed copies that newer ones supersede, to mark dead at the sweep.
+    superseded: Vec<(u64, ObjectId)>,
     /// Images placed (`true`) or removed since the walk began, in order,
     /// while `ids` is kept: the first `list` applies them.
     since: Vec<(ObjectId, bool)>,
@@ -86,6 +100,36 @@ struct Found {
 
 /// Threads that walk the fan-out directories at open.
 const WALKERS: usize = 4;
+
+/// A segment staged: outcomes of the items it refused, and the segment.
+type SegmentStage = (Vec<Option<ShoalError>>, Option<StagedSegment>);
+
+/// A file or directory to fsync in a publish wave.
+enum Syncable<'a> {
+    File(&'a File),
+    Dir(&'a Path),
+}
+
+impl Syncable<'_> {
+    fn sync(&self) -> io::Result<()> {
+        match self {
+            Self::File(file) => file.sync_all(),
+            Self::Dir(dir) => File::open(dir).and_then(|d| d.sync_all()),
+        }
+    }
+}
+
+/// What the walk at open found.
+struct AtOpen {
+    /// Ids of the file images.
+    files: Vec<ObjectId>,
+    /// Ids of the live packed images.
+    packed_ids: Vec<ObjectId>,
+    /// Bytes of the segment files, and the packed images.
+    packed: (u64, u64),
+    strays: Vec<PathBuf>,
+    superseded: Vec<(u64, ObjectId)>,
+}
 
 /// An image written to `tmp/` and not yet published (see `Inner::stage`).
 struct Staged {
@@ -133,7 +177,7 @@ impl DirTier {
             }
             Err(e) => return Err(io_error(&format!("read {}", marker.display()), e)),
         }
-        for dir in [root.join(TMP), root.join(OBJECTS)] {
+        for dir in [root.join(TMP), root.join(OBJECTS), root.join(SEGMENTS)] {
             fs::create_dir_all(&dir)
                 .map_err(|e| io_error(&format!("create {}", dir.display()), e))?;
         }
@@ -151,20 +195,30 @@ impl DirTier {
                 objects: AtomicU64::new(0),
                 counted: (Mutex::new(false), Condvar::new()),
                 found: (Mutex::new(Found::default()), Condvar::new()),
+                segments: Segments::new(root),
             }),
         };
         // The walk (and then the count of sizes) runs in the background,
         // while recovery reads the manifest.
         let inner = tier.inner.clone();
         let walk = move || {
-            let walked = inner.walk();
-            let ids: Vec<ObjectId> = match walked {
-                Ok((ids, strays)) => {
+            let walked = inner.walk_at_open();
+            let (ids, packed) = match walked {
+                Ok(AtOpen {
+                    files,
+                    packed_ids,
+                    packed,
+                    strays,
+                    superseded,
+                }) => {
                     let mut found = inner.found.0.lock().unwrap_or_else(|e| e.into_inner());
-                    found.ids = Some(ids.clone());
+                    let mut all = files.clone();
+                    all.extend(packed_ids);
+                    found.ids = Some(all);
                     found.strays = Some(strays);
+                    found.superseded = superseded;
                     found.walked = Some(Ok(()));
-                    ids
+                    (files, packed)
                 }
                 Err(err) => {
                     inner
@@ -173,7 +227,7 @@ impl DirTier {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .walked = Some(Err(err));
-                    Vec::new()
+                    (Vec::new(), (0, 0))
                 }
             };
             inner.found.1.notify_all();
@@ -183,7 +237,7 @@ impl DirTier {
             unsafe {
                 libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
             }
-            let (mut used, mut objects) = (0u64, 0u64);
+            let (mut used, mut objects) = packed;
             for id in &ids {
                 if let Ok(meta) = fs::metadata(inner.path_of(id)) {
                     used += meta.len();
@@ -215,9 +269,18 @@ impl DirTier {
         self.inner.wait_counted();
     }
 
-    /// Where the image of `id` lives (for tests that damage files on purpose).
-    pub fn object_path(&self, id: &ObjectId) -> PathBuf {
-        self.inner.path_of(id)
+    /// Where the image of `id` lives: the file, the offset of the image in
+    /// it, and its length (for tests that damage images on purpose).
+    pub fn image_location(&self, id: &ObjectId) -> Option<(PathBuf, u64, u64)> {
+        if self.inner.walked().is_err() {
+            return None;
+        }
+        if let Some((_, slot, path)) = self.inner.segments.find(id) {
+            return Some((path, slot.offset, slot.stored));
+        }
+        let path = self.inner.path_of(id);
+        let len = fs::metadata(&path).ok()?.len();
+        Some((path, 0, len))
     }
 
     async fn blocking<T: Send + 'static>(
@@ -283,6 +346,29 @@ impl Inner {
         Ok(())
     }
 
+    /// The walk at open: the file images, then the segments (a file image
+    /// wins over packed copies of the same id).
+    fn walk_at_open(&self) -> Result<AtOpen> {
+        let (files, mut strays) = self.walk()?;
+        let loaded = self.segments.load()?;
+        strays.extend(loaded.strays);
+        let mut superseded = loaded.superseded;
+        for id in &files {
+            if let Some(slot) = self.segments.supersede(id) {
+                superseded.push((slot.seq, *id));
+            }
+        }
+        let packed_ids = self.segments.ids();
+        let packed = (loaded.bytes, packed_ids.len() as u64);
+        Ok(AtOpen {
+            files,
+            packed_ids,
+            packed,
+            strays,
+            superseded,
+        })
+    }
+
     /// Waits for the walk at open; `Err` if it failed.
     fn walked(&self) -> Result<std::sync::MutexGuard<'_, Found>> {
         let (found, done) = &self.found;
@@ -315,7 +401,9 @@ impl Inner {
                 .map(|ids| (ids, std::mem::take(&mut found.since)))
         };
         let Some((ids, since)) = kept else {
-            return Ok(self.walk()?.0);
+            let mut ids = self.walk()?.0;
+            ids.extend(self.segments.ids());
+            return Ok(ids);
         };
         if since.is_empty() {
             return Ok(ids);
@@ -365,13 +453,6 @@ impl Inner {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
     }
 
-    fn put(&self, id: ObjectId, sizes: ObjectSizes, src: SourceRange) -> Result<ObjectHeader> {
-        let staged = self.stage(id, sizes, src)?;
-        self.publish(vec![staged])
-            .pop()
-            .expect("one outcome per staged image")
-    }
-
     /// First half of a put: takes the capacity and writes the image under
     /// `tmp/`, checksumming as it goes, and starts its write-back. Nothing
     /// is durable or visible yet; [`publish`](Self::publish) finishes it. On
@@ -415,17 +496,33 @@ impl Inner {
         }
     }
 
-    /// Second half of a put, for a whole batch at once: fsync every image,
-    /// then rename each to its final name, then fsync each directory touched
-    /// once. Each image is still durable before its name is (the crash rule
-    /// of a single put), but a batch pays one wave of syncs instead of two
-    /// journal commits per image. Outcomes in the order given.
-    fn publish(&self, staged: Vec<Staged>) -> Vec<Result<ObjectHeader>> {
-        // The data of every image, on the device. Their write-back started
-        // when they were staged, so these mostly wait for I/O in flight.
-        let synced: Vec<Result<Staged>> = staged
+    /// Second half of a put, for a whole batch at once: one wave of fsyncs
+    /// (from several threads, so the file system commits its journal once
+    /// for all) makes every file image and every segment durable, and the
+    /// segments' directory entries with them; then the file images are
+    /// renamed to their final names and each directory touched fsync'ed
+    /// once. Each file image is still durable before its name is (the crash
+    /// rule of a single put). Outcomes in the order given.
+    fn publish(
+        &self,
+        files: Vec<Staged>,
+        segments: Vec<StagedSegment>,
+    ) -> (Vec<Result<ObjectHeader>>, Vec<Vec<Result<ObjectHeader>>>) {
+        // Their write-back started when they were staged, so these mostly
+        // wait for I/O in flight.
+        let segments_dir = self.segments.dir().to_path_buf();
+        let mut targets: Vec<Syncable<'_>> =
+            files.iter().map(|f| Syncable::File(&f.file)).collect();
+        targets.extend(segments.iter().map(|s| Syncable::File(s.file())));
+        if !segments.is_empty() {
+            targets.push(Syncable::Dir(&segments_dir));
+        }
+        let mut outcomes = in_parallel(&targets, Syncable::sync).into_iter();
+        drop(targets);
+        let synced: Vec<Result<Staged>> = files
             .into_iter()
-            .map(|image| match image.file.sync_all() {
+            .zip(outcomes.by_ref())
+            .map(|(image, synced)| match synced {
                 Ok(()) => Ok(image),
                 Err(e) => Err(self.discard(
                     &image,
@@ -433,6 +530,30 @@ impl Inner {
                 )),
             })
             .collect();
+        let segment_syncs: Vec<io::Result<()>> = outcomes.by_ref().take(segments.len()).collect();
+        let dir_synced = match outcomes.next() {
+            Some(Err(e)) => Err(io_error(
+                &format!("fsync directory {}", segments_dir.display()),
+                e,
+            )),
+            _ => Ok(()),
+        };
+        let installed = segments
+            .into_iter()
+            .zip(segment_syncs)
+            .map(|(segment, synced)| {
+                let synced = synced
+                    .map_err(|e| io_error("fsync a segment", e))
+                    .and(dir_synced.clone());
+                self.install_segment(segment, synced)
+            })
+            .collect();
+        (self.name(synced), installed)
+    }
+
+    /// Renames synced file images to their final names and fsyncs each
+    /// directory touched once.
+    fn name(&self, synced: Vec<Result<Staged>>) -> Vec<Result<ObjectHeader>> {
         // Names: a rename replaces an older image of the same id atomically.
         let mut dirs: Vec<PathBuf> = Vec::new();
         let renamed: Vec<Result<(ObjectHeader, PathBuf)>> = synced
@@ -487,10 +608,21 @@ impl Inner {
                     // In place but maybe not durable: the caller must not
                     // count on it (recovery adopts it, or a retry replaces it).
                     Some((_, err)) => Err(err.clone()),
-                    None => Ok(header),
+                    None => self.drop_packed_copy(&header.id).map(|()| header),
                 }
             })
             .collect()
+    }
+
+    /// A file image of `id` is in place: a packed copy of it (written by a
+    /// build with another threshold) is replaced, i.e. marked dead.
+    fn drop_packed_copy(&self, id: &ObjectId) -> Result<()> {
+        if self.delete_packed(id)?.is_some() {
+            // `delete_packed` counted the object gone; the file image is it.
+            self.changed(*id, true);
+            self.objects.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Drops a staged image that will not be published; returns `err`.
@@ -542,6 +674,10 @@ impl Inner {
     }
 
     fn get(&self, id: ObjectId, dst: &mut DestRange) -> Result<ObjectHeader> {
+        drop(self.walked()?);
+        if let Some(header) = self.get_packed(&id, dst.as_mut_slice())? {
+            return Ok(header);
+        }
         let (mut file, header, what) = self.open_image(&id)?;
         if header.payload_len() != dst.len() as u64 {
             return Err(ShoalError::invalid(format!(
@@ -575,6 +711,10 @@ impl Inner {
     }
 
     fn verify(&self, id: ObjectId) -> Result<ObjectHeader> {
+        drop(self.walked()?);
+        if let Some(header) = self.verify_packed(&id)? {
+            return Ok(header);
+        }
         let (mut file, header, what) = self.open_image(&id)?;
         let mut buf = vec![0u8; CHUNK.min(header.payload_len() as usize)];
         let (mut left, mut crc) = (header.payload_len(), 0u32);
@@ -593,15 +733,16 @@ impl Inner {
 
     fn delete(&self, id: ObjectId) -> Result<bool> {
         self.wait_counted();
+        let packed = self.delete_packed(&id)?.is_some();
         let path = self.path_of(&id);
         let len = match fs::metadata(&path) {
             Ok(meta) => meta.len(),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(packed),
             Err(e) => return Err(io_error(&format!("stat {}", path.display()), e)),
         };
         match fs::remove_file(&path) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(packed),
             Err(e) => return Err(io_error(&format!("remove {}", path.display()), e)),
         }
         // Gone from the directory: accounted for whatever the sync says.
@@ -622,15 +763,34 @@ impl Inner {
             remove_any(&entry.path())?;
             removed += 1;
         }
-        // Names under objects/ that are not ids are nobody's objects.
-        let strays = match self.walked()?.strays.take() {
+        // Names under objects/ that are not ids are nobody's objects;
+        // unfinished or emptied segments are nobody's either.
+        let (strays, superseded) = {
+            let mut found = self.walked()?;
+            let superseded = std::mem::take(&mut found.superseded);
+            (found.strays.take(), superseded)
+        };
+        let strays = match strays {
             Some(strays) => strays,
             None => self.walk()?.1,
         };
-        for path in strays {
+        // A `.dead` file goes only once the removal of its segment is
+        // durable: a dead record must never outlive the segment it kills.
+        let (deads, others): (Vec<PathBuf>, Vec<PathBuf>) = strays
+            .into_iter()
+            .partition(|p| p.extension().is_some_and(|e| e == "dead"));
+        for path in others {
             remove_any(&path)?;
             removed += 1;
         }
+        if !deads.is_empty() {
+            sync_dir(self.segments.dir())?;
+        }
+        for path in deads {
+            remove_any(&path)?;
+            removed += 1;
+        }
+        removed += self.bury_superseded(superseded)?;
         Ok(removed)
     }
 }
@@ -655,43 +815,98 @@ impl Tier for DirTier {
         sizes: ObjectSizes,
         src: SourceRange,
     ) -> Result<ObjectHeader> {
-        self.blocking(move |inner| inner.put(id, sizes, src)).await
+        self.put_batch(vec![PutItem { id, sizes, src }])
+            .await
+            .pop()
+            .expect("one outcome per item")
     }
 
-    /// Images are staged a few at a time (checksum and copy into the page
-    /// cache are CPU work), then published together: one fsync wave, one
-    /// fsync per directory touched.
+    /// Small images are packed into segments, large ones staged as files,
+    /// a few at a time (checksum and copy into the page cache are CPU work);
+    /// then all are published together: one fsync wave, one fsync per
+    /// directory touched.
     async fn put_batch(&self, items: Vec<PutItem>) -> Vec<Result<ObjectHeader>> {
-        let staged: Vec<Result<Staged>> = futures_util::stream::iter(items)
-            .map(|item| self.blocking(move |inner| inner.stage(item.id, item.sizes, item.src)))
+        let n = items.len();
+        let (packed, files): (Vec<_>, Vec<_>) = items
+            .into_iter()
+            .enumerate()
+            .partition(|(_, item)| item.sizes.payload_len() <= PACK_MAX);
+        let mut out: Vec<Option<Result<ObjectHeader>>> = (0..n).map(|_| None).collect();
+        let file_slots: Vec<usize> = files.iter().map(|(i, _)| *i).collect();
+        let staged_files: Vec<Result<Staged>> = futures_util::stream::iter(files)
+            .map(|(_, item)| self.blocking(move |inner| inner.stage(item.id, item.sizes, item.src)))
             .buffered(STAGE_PARALLEL)
             .collect()
             .await;
-        let (mut out, ready): (Vec<Option<Result<ObjectHeader>>>, Vec<Staged>) = {
-            let mut out = Vec::with_capacity(staged.len());
-            let mut ready = Vec::new();
-            for image in staged {
-                match image {
-                    Ok(image) => {
-                        out.push(None);
-                        ready.push(image);
+        let staged_segments: Vec<(Vec<usize>, Result<SegmentStage>)> =
+            futures_util::stream::iter(segments::plan(packed))
+                .map(|group| {
+                    let (slots, items): (Vec<usize>, Vec<PutItem>) = group.into_iter().unzip();
+                    let staged = self.blocking(move |inner| Ok(inner.stage_segment(items)));
+                    async move { (slots, staged.await) }
+                })
+                .buffered(STAGE_PARALLEL)
+                .collect()
+                .await;
+        // What goes on to be published, and where its outcomes go.
+        let mut ready_files = Vec::new();
+        let mut ready_file_slots = Vec::new();
+        for (slot, staged) in file_slots.into_iter().zip(staged_files) {
+            match staged {
+                Ok(image) => {
+                    ready_files.push(image);
+                    ready_file_slots.push(slot);
+                }
+                Err(err) => out[slot] = Some(Err(err)),
+            }
+        }
+        let mut ready_segments = Vec::new();
+        let mut ready_segment_slots = Vec::new();
+        for (slots, staged) in staged_segments {
+            match staged {
+                Ok((refused, segment)) => {
+                    let mut kept = Vec::new();
+                    for (slot, refused) in slots.into_iter().zip(refused) {
+                        match refused {
+                            Some(err) => out[slot] = Some(Err(err)),
+                            None => kept.push(slot),
+                        }
                     }
-                    Err(err) => out.push(Some(Err(err))),
+                    if let Some(segment) = segment {
+                        ready_segments.push(segment);
+                        ready_segment_slots.push(kept);
+                    }
+                }
+                Err(err) => {
+                    for slot in slots {
+                        out[slot] = Some(Err(err.clone()));
+                    }
                 }
             }
-            (out, ready)
-        };
-        let published = match self.blocking(move |inner| Ok(inner.publish(ready))).await {
-            Ok(published) => published,
+        }
+        let published = self
+            .blocking(move |inner| Ok(inner.publish(ready_files, ready_segments)))
+            .await;
+        match published {
+            Ok((files, segments)) => {
+                for (slot, outcome) in ready_file_slots.into_iter().zip(files) {
+                    out[slot] = Some(outcome);
+                }
+                for (slots, outcomes) in ready_segment_slots.into_iter().zip(segments) {
+                    for (slot, outcome) in slots.into_iter().zip(outcomes) {
+                        out[slot] = Some(outcome);
+                    }
+                }
+            }
             // The publishing task died (a panic): report it for each image.
-            Err(err) => vec![Err(err); out.iter().filter(|o| o.is_none()).count()],
-        };
-        let mut published = published.into_iter();
-        out.iter_mut()
-            .map(|slot| match slot.take() {
-                Some(done) => done,
-                None => published.next().expect("one outcome per staged image"),
-            })
+            Err(err) => {
+                for slot in out.iter_mut().filter(|o| o.is_none()) {
+                    *slot = Some(Err(err.clone()));
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.expect("one outcome per item"))
             .collect()
     }
 
@@ -825,101 +1040,6 @@ fn id_in_fan(name: &std::ffi::OsStr, fan: u8) -> Option<ObjectId> {
     name.to_str()
         .and_then(ObjectId::from_hex)
         .filter(|id| id.as_bytes()[0] == fan)
-}
-
-/// `path` opened for direct I/O (O_DIRECT), or `None` where the file system
-/// refuses it (tmpfs, some FUSE): the caller reads through the page cache.
-fn open_direct(path: &Path) -> Option<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .ok()
-}
-
-/// Reads the payload of an image (`dst.len()` bytes at offset `HEADER_LEN`)
-/// from `file`, opened with O_DIRECT, into `dst`; returns its CRC-32C.
-///
-/// Why: a buffered restore reads through the page cache (a copy, and
-/// readahead windows that keep the device below its sequential limit); a
-/// direct read of large aligned blocks runs at the device's limit. The
-/// payload starts at byte 64, so blocks go to an aligned bounce buffer and
-/// are copied out, which is cheap beside the device. One thread reads block
-/// k + 1 while this one copies and checksums block k, so the copy and the
-/// checksum hide behind the device.
-fn read_payload_direct(file: &File, dst: &mut [u8]) -> io::Result<u32> {
-    use std::sync::mpsc;
-
-    let end = HEADER_LEN as u64 + dst.len() as u64;
-    let blocks = end.div_ceil(CHUNK as u64);
-    let (full_tx, full_rx) = mpsc::sync_channel::<io::Result<(Vec<u8>, usize, usize)>>(1);
-    let (free_tx, free_rx) = mpsc::sync_channel::<Vec<u8>>(2);
-    for _ in 0..2 {
-        free_tx
-            .send(vec![0u8; CHUNK + DIRECT_ALIGN])
-            .expect("the receiver is alive");
-    }
-    // `move`: this side's ends of the channels drop when it returns, so a
-    // reader blocked on them stops and the scope's join cannot hang.
-    std::thread::scope(move |scope| {
-        scope.spawn(move || {
-            for block in 0..blocks {
-                let Ok(mut buf) = free_rx.recv() else { return };
-                let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
-                let offset = block * CHUNK as u64;
-                let want = (end - offset).min(CHUNK as u64) as usize;
-                let read = read_direct(file, &mut buf[start..start + CHUNK], offset, want);
-                let failed = read.is_err();
-                if full_tx.send(read.map(|n| (buf, start, n))).is_err() || failed {
-                    return;
-                }
-            }
-        });
-        let mut crc = 0u32;
-        for block in 0..blocks {
-            let (buf, start, got) = full_rx
-                .recv()
-                .map_err(|_| io::Error::other("the direct reader stopped"))??;
-            let offset = block * CHUNK as u64;
-            // The part of this block inside the payload.
-            let from = (HEADER_LEN as u64).saturating_sub(offset) as usize;
-            let to = ((end - offset) as usize).min(got);
-            if to < ((end - offset) as usize).min(CHUNK) {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "image shorter than its header says",
-                ));
-            }
-            let bytes = &buf[start + from..start + to];
-            let at = (offset + from as u64 - HEADER_LEN as u64) as usize;
-            dst[at..at + bytes.len()].copy_from_slice(bytes);
-            crc = crc32c::crc32c_append(crc, bytes);
-            // The reader may have finished (last block): a closed channel is fine.
-            let _ = free_tx.send(buf);
-        }
-        Ok(crc)
-    })
-}
-
-/// One direct read of `buf` (aligned, a whole number of blocks) at `offset`,
-/// retried on short reads until `want` bytes or the end of the file.
-fn read_direct(file: &File, buf: &mut [u8], offset: u64, want: usize) -> io::Result<usize> {
-    let mut got = 0;
-    while got < want {
-        // Direct reads must start on a block boundary: after a short read
-        // that is not one, the file ended.
-        if got % DIRECT_ALIGN != 0 {
-            break;
-        }
-        match file.read_at(&mut buf[got..], offset + got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
 }
 
 /// Reads until `buf` is full or the file ends; returns the bytes read.

@@ -1,0 +1,1141 @@
+//! Small objects packed into segment files.
+//!
+//! Why: one file per object costs a create, a rename and a share of a
+//! journal commit each; at 64 KiB that held a spill to ~0.6× the disk's
+//! sequential write limit. A segment holds a batch's small images back to
+//! back and is made durable with one fsync, so small objects spill as one
+//! sequential write.
+//!
+//! ```text
+//! <root>/segments/<seq>.seg    images, back to back from offset 0, then an
+//!                              index and a trailer; written once, never changed
+//! <root>/segments/<seq>.dead   that segment's images deleted since (appended)
+//! ```
+//! `<seq>` is 16 hex digits, increasing: a higher one was written later.
+//!
+//! Segment layout (integers little-endian):
+//! ```text
+//! images   each: 64-byte header (format.rs) + payload
+//! index    per image 40 bytes: id (20) | offset u64 | stored u64 | payload crc32c u32
+//! trailer  32 bytes: magic "SHOALSEG" | version u32 | images u32 | index offset u64
+//!          | crc32c of the index u32 | crc32c of trailer bytes 0..28 u32
+//! ```
+//! A dead record is 24 bytes: id (20) | crc32c of the id (4).
+//!
+//! Rules (docs/tiers.md, "Segments"):
+//! - A segment is written under its final name and published by one fsync
+//!   of the file and of the directory (together); a put returns after both.
+//!   At open its index says where its images are; a segment without a valid
+//!   trailer (a crash while it was written) or with a damaged index is read
+//!   by walking its images' headers instead. Images found that way that the
+//!   manifest does not know are verified in full by recovery and adopted or
+//!   removed, like files it has no record of; a segment holding none is
+//!   removed.
+//! - Which copy of an id counts: a file image (`objects/`) over any packed
+//!   one; else the newest segment that holds the id decides, live or dead.
+//!   Older live copies (a crash during a replace or a compaction) are marked
+//!   dead when the tier is swept at open.
+//! - A delete appends a dead record to the segment's `.dead` file and
+//!   fdatasyncs it before it returns; a put that replaces an id marks the
+//!   old copy dead the same way before it returns.
+//! - Space comes back when a segment holds no live image (its file is
+//!   removed) or when its live bytes fall under half its length: then the
+//!   live images are copied into a new segment (compaction) and the old one
+//!   removed. While a segment is compacted, deletes and replaces of its
+//!   images wait, so the copy is exactly its live images.
+//! - `.seg` is removed (and the directory synced) before `.dead`: a dead
+//!   record never outlives the segment it kills.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::ids::{ObjectId, ID_LEN};
+use tracing::{info, warn};
+
+use crate::format::{checksum_mismatch, ObjectHeader, HEADER_LEN};
+use crate::tier::PutItem;
+
+use super::{in_parallel, io_error, Inner, CHUNK};
+
+pub(super) const SEGMENTS: &str = "segments";
+/// Objects whose payload is at most this many bytes are packed.
+pub(super) const PACK_MAX: u64 = 1 << 20;
+/// Bytes of images per segment at most: a larger batch writes several,
+/// staged from several threads at once and synced in one wave.
+const SEGMENT_MAX: u64 = 8 << 20;
+const MAGIC: [u8; 8] = *b"SHOALSEG";
+const VERSION: u32 = 1;
+const INDEX_ENTRY: usize = 40;
+const TRAILER: usize = 32;
+const DEAD_RECORD: usize = 24;
+
+/// Where a packed image lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Slot {
+    pub seq: u64,
+    /// Offset of the image (its header) in the segment.
+    pub offset: u64,
+    /// Bytes of the image, header included.
+    pub stored: u64,
+}
+
+struct Segment {
+    file: Arc<File>,
+    /// Bytes of its images, live or dead: the capacity it takes (the index
+    /// and trailer are bookkeeping, like a file's inode, and not counted).
+    len: u64,
+    /// Every id written into it, live or not.
+    members: Vec<ObjectId>,
+    /// Live images and their bytes.
+    images: u64,
+    live: u64,
+    /// Deletes and replaces of its images in flight.
+    busy: u32,
+    compacting: bool,
+    /// Its `.dead` file, once opened.
+    dead: Option<Arc<File>>,
+}
+
+/// The packed images of a tier: an index id → slot, and the segments.
+pub(super) struct Segments {
+    dir: PathBuf,
+    state: Mutex<State>,
+    /// Signalled when a compaction ends.
+    settled: Condvar,
+    next_seq: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    index: HashMap<ObjectId, Slot>,
+    segments: BTreeMap<u64, Segment>,
+}
+
+/// What loading the segments at open found.
+#[derive(Default)]
+pub(super) struct Loaded {
+    /// Live packed ids.
+    pub ids: Vec<ObjectId>,
+    /// Bytes of the segment files kept, and their live images.
+    pub bytes: u64,
+    pub images: u64,
+    /// Files to remove at the sweep: unfinished or emptied segments, `.dead`
+    /// files without a segment, names that are neither.
+    pub strays: Vec<PathBuf>,
+    /// Live copies that a newer one supersedes: marked dead at the sweep.
+    pub superseded: Vec<(u64, ObjectId)>,
+}
+
+/// A segment written and not yet published.
+pub(super) struct StagedSegment {
+    seq: u64,
+    file: File,
+    len: u64,
+    /// Per image: its header and where it is.
+    images: Vec<(ObjectHeader, Slot)>,
+}
+
+impl StagedSegment {
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+impl Segments {
+    pub fn new(root: &Path) -> Self {
+        Self {
+            dir: root.join(SEGMENTS),
+            state: Mutex::new(State::default()),
+            settled: Condvar::new(),
+            next_seq: AtomicU64::new(0),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn path(&self, seq: u64, ext: &str) -> PathBuf {
+        self.dir.join(format!("{seq:016x}.{ext}"))
+    }
+
+    /// Where `id`'s packed image is, with the segment to read it from.
+    pub fn find(&self, id: &ObjectId) -> Option<(Arc<File>, Slot, PathBuf)> {
+        let state = self.lock();
+        let slot = *state.index.get(id)?;
+        let file = state.segments.get(&slot.seq)?.file.clone();
+        Some((file, slot, self.path(slot.seq, "seg")))
+    }
+
+    /// Ids of the live packed images.
+    pub fn ids(&self) -> Vec<ObjectId> {
+        self.lock().index.keys().copied().collect()
+    }
+
+    /// Reads every segment and dead file (at open, before any other use).
+    pub fn load(&self) -> Result<Loaded> {
+        let mut loaded = Loaded::default();
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(loaded),
+            Err(e) => return Err(io_error(&format!("list {}", self.dir.display()), e)),
+        };
+        let (mut segs, mut deads) = (BTreeMap::new(), BTreeMap::new());
+        let mut max_seq = None;
+        for entry in entries {
+            let entry = entry.map_err(|e| io_error(&format!("list {}", self.dir.display()), e))?;
+            let name = entry.file_name();
+            let parsed = name.to_str().and_then(|name| {
+                let (seq, ext) = name.split_once('.')?;
+                (seq.len() == 16)
+                    .then(|| u64::from_str_radix(seq, 16).ok())
+                    .flatten()
+                    .map(|seq| (seq, ext.to_owned()))
+            });
+            match parsed {
+                Some((seq, ext)) if ext == "seg" || ext == "dead" => {
+                    max_seq = max_seq.max(Some(seq));
+                    if ext == "seg" {
+                        segs.insert(seq, entry.path());
+                    } else {
+                        deads.insert(seq, entry.path());
+                    }
+                }
+                _ => loaded.strays.push(entry.path()),
+            }
+        }
+        self.next_seq
+            .store(max_seq.map_or(0, |s| s + 1), Ordering::Release);
+        let mut state = self.lock();
+        for (seq, path) in segs {
+            let Some((file, images)) = read_segment(&path)? else {
+                loaded.strays.push(path);
+                continue;
+            };
+            let dead = match deads.remove(&seq) {
+                Some(dead_path) => read_dead(&dead_path)?,
+                None => HashSet::new(),
+            };
+            let mut members = Vec::with_capacity(images.len());
+            let len = images.iter().map(|(_, slot)| slot.stored).sum();
+            for (id, slot) in images {
+                members.push(id);
+                let slot = Slot { seq, ..slot };
+                // Segments come in increasing order: this copy is the newest.
+                let older = if dead.contains(&id) {
+                    state.index.remove(&id)
+                } else {
+                    state.index.insert(id, slot)
+                };
+                if let Some(older) = older {
+                    loaded.superseded.push((older.seq, id));
+                }
+            }
+            state.segments.insert(
+                seq,
+                Segment {
+                    file: Arc::new(file),
+                    len,
+                    members,
+                    images: 0,
+                    live: 0,
+                    busy: 0,
+                    compacting: false,
+                    dead: None,
+                },
+            );
+        }
+        // `.dead` files whose segment is gone.
+        loaded.strays.extend(deads.into_values());
+        let State { index, segments } = &mut *state;
+        for slot in index.values() {
+            let seg = segments.get_mut(&slot.seq).expect("indexed segments exist");
+            seg.images += 1;
+            seg.live += slot.stored;
+        }
+        let empty: Vec<u64> = segments
+            .iter()
+            .filter(|(_, seg)| seg.images == 0)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in empty {
+            segments.remove(&seq);
+            loaded.strays.push(self.path(seq, "seg"));
+            loaded.strays.push(self.path(seq, "dead"));
+        }
+        loaded
+            .superseded
+            .retain(|(seq, _)| segments.contains_key(seq));
+        loaded.ids = index.keys().copied().collect();
+        loaded.bytes = segments.values().map(|s| s.len).sum();
+        loaded.images = index.len() as u64;
+        Ok(loaded)
+    }
+
+    /// Forgets the packed copy of `id` because a file image of it exists
+    /// (at open: a file image wins). Returns the copy to mark dead.
+    pub fn supersede(&self, id: &ObjectId) -> Option<Slot> {
+        let mut state = self.lock();
+        let slot = state.index.remove(id)?;
+        let seg = state.segments.get_mut(&slot.seq)?;
+        seg.images -= 1;
+        seg.live -= slot.stored;
+        Some(slot)
+    }
+
+    fn take_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::AcqRel)
+    }
+
+    /// Appends dead records for `ids` to segment `seq`'s `.dead` file and
+    /// makes them durable. The segment must be kept (`busy`) by the caller.
+    fn write_dead(&self, seq: u64, file: &File, ids: &[ObjectId]) -> Result<()> {
+        let mut records = Vec::with_capacity(ids.len() * DEAD_RECORD);
+        for id in ids {
+            records.extend_from_slice(id.as_bytes());
+            records.extend_from_slice(&crc32c::crc32c(id.as_bytes()).to_le_bytes());
+        }
+        let what = || self.path(seq, "dead").display().to_string();
+        // O_APPEND: concurrent appends of whole records do not interleave.
+        let mut append: &File = file;
+        io::Write::write_all(&mut append, &records)
+            .and_then(|()| file.sync_data())
+            .map_err(|e| io_error(&format!("write {}", what()), e))
+    }
+
+    /// The `.dead` file of segment `seq`, opened (and created durably) on
+    /// first use. Called with the state locked: creating it is rare.
+    fn dead_file(&self, state: &mut State, seq: u64) -> Result<Arc<File>> {
+        let seg = state
+            .segments
+            .get_mut(&seq)
+            .expect("the caller holds the segment");
+        if let Some(file) = &seg.dead {
+            return Ok(file.clone());
+        }
+        let path = self.path(seq, "dead");
+        let existed = path.exists();
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(|e| io_error(&format!("open {}", path.display()), e))?;
+        if !existed {
+            super::sync_dir(&self.dir)?;
+        }
+        let file = Arc::new(file);
+        seg.dead = Some(file.clone());
+        Ok(file)
+    }
+}
+
+/// A segment's images, or `None` if it holds none. Its index says where
+/// they are; without a valid trailer (a crash while it was written) or over
+/// a damaged index they are found by walking their headers: complete images
+/// are kept for recovery to verify and adopt, like files it has no record of.
+#[allow(clippy::type_complexity)]
+fn read_segment(path: &Path) -> Result<Option<(File, Vec<(ObjectId, Slot)>)>> {
+    let what = path.display().to_string();
+    let file = File::open(path).map_err(|e| io_error(&format!("open {what}"), e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| io_error(&format!("stat {what}"), e))?
+        .len();
+    let mut trailer = [0u8; TRAILER];
+    let valid = len >= TRAILER as u64
+        && file
+            .read_exact_at(&mut trailer, len - TRAILER as u64)
+            .is_ok()
+        && trailer[0..8] == MAGIC
+        && crc32c::crc32c(&trailer[..28]) == le32(&trailer[28..32]);
+    let images = if valid {
+        let version = le32(&trailer[8..12]);
+        if version != VERSION {
+            return Err(ShoalError::new(
+                ErrorKind::VersionMismatch,
+                format!("{what}: segment format version {version}, this build reads {VERSION}"),
+            ));
+        }
+        let indexed = read_index(&file, len, &trailer, &what)?;
+        if indexed.is_none() {
+            warn!("{what}: damaged segment index; finding the images by their headers");
+        }
+        indexed
+    } else {
+        None
+    };
+    let images = match images {
+        Some(images) => images,
+        None => {
+            let end = if valid { len - TRAILER as u64 } else { len };
+            let found = walk_headers(&file, end, &what)?;
+            if !valid {
+                info!(
+                    "{what}: unfinished segment (no trailer): {} complete images in it",
+                    found.len()
+                );
+            }
+            found
+        }
+    };
+    Ok((!images.is_empty()).then_some((file, images)))
+}
+
+/// The images a valid trailer's index lists, or `None` if the index is
+/// damaged.
+fn read_index(
+    file: &File,
+    len: u64,
+    trailer: &[u8; TRAILER],
+    what: &str,
+) -> Result<Option<Vec<(ObjectId, Slot)>>> {
+    let count = u64::from(le32(&trailer[12..16]));
+    let index_at = le64(&trailer[16..24]);
+    let index_len = count * INDEX_ENTRY as u64;
+    if index_at.checked_add(index_len) != Some(len - TRAILER as u64) {
+        return Ok(None);
+    }
+    let mut index = vec![0u8; index_len as usize];
+    file.read_exact_at(&mut index, index_at)
+        .map_err(|e| io_error(&format!("read {what}"), e))?;
+    if crc32c::crc32c(&index) != le32(&trailer[24..28]) {
+        return Ok(None);
+    }
+    Ok(Some(
+        index
+            .chunks_exact(INDEX_ENTRY)
+            .map(|e| {
+                let id = ObjectId::from_slice(&e[..ID_LEN]).expect("20 bytes");
+                let slot = Slot {
+                    seq: 0,
+                    offset: le64(&e[20..28]),
+                    stored: le64(&e[28..36]),
+                };
+                (id, slot)
+            })
+            .filter(|(_, slot)| {
+                slot.offset
+                    .checked_add(slot.stored)
+                    .is_some_and(|end| end <= index_at)
+            })
+            .collect(),
+    ))
+}
+
+/// The images of a segment found by reading header after header from the
+/// start, until one does not check out.
+fn walk_headers(file: &File, end: u64, what: &str) -> Result<Vec<(ObjectId, Slot)>> {
+    let mut out = Vec::new();
+    let mut offset = 0u64;
+    let mut head = [0u8; HEADER_LEN];
+    while offset + HEADER_LEN as u64 <= end {
+        if file.read_exact_at(&mut head, offset).is_err() {
+            break;
+        }
+        let Ok(header) = ObjectHeader::decode(&head, what) else {
+            break;
+        };
+        let stored = header.stored_len();
+        if offset.checked_add(stored).is_none_or(|e| e > end) {
+            break;
+        }
+        out.push((
+            header.id,
+            Slot {
+                seq: 0,
+                offset,
+                stored,
+            },
+        ));
+        offset += stored;
+    }
+    Ok(out)
+}
+
+/// The ids a `.dead` file names (a torn last record is ignored: its delete
+/// had not returned).
+fn read_dead(path: &Path) -> Result<HashSet<ObjectId>> {
+    let bytes = fs::read(path).map_err(|e| io_error(&format!("read {}", path.display()), e))?;
+    Ok(bytes
+        .chunks_exact(DEAD_RECORD)
+        .filter(|r| crc32c::crc32c(&r[..ID_LEN]) == le32(&r[ID_LEN..]))
+        .map(|r| ObjectId::from_slice(&r[..ID_LEN]).expect("20 bytes"))
+        .collect())
+}
+
+fn le32(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b.try_into().expect("4 bytes"))
+}
+
+fn le64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b.try_into().expect("8 bytes"))
+}
+
+/// Splits the packed items of a batch into segments of at most
+/// `SEGMENT_MAX` bytes of images (an item is never split).
+pub(super) fn plan(items: Vec<(usize, PutItem)>) -> Vec<Vec<(usize, PutItem)>> {
+    let mut groups: Vec<Vec<(usize, PutItem)>> = Vec::new();
+    let mut bytes = 0u64;
+    for item in items {
+        let stored = item.1.sizes.stored_len();
+        match groups.last_mut() {
+            Some(group) if bytes + stored <= SEGMENT_MAX => {
+                group.push(item);
+                bytes += stored;
+            }
+            _ => {
+                groups.push(vec![item]);
+                bytes = stored;
+            }
+        }
+    }
+    groups
+}
+
+impl Inner {
+    /// Writes a segment of `items` under its final name, checksumming as it
+    /// goes, and starts its write-back; nothing of it counts until it is
+    /// published. Items whose capacity is refused or whose source is the
+    /// wrong length fail alone; an I/O error fails them all. Outcomes per
+    /// item: `None` for the ones in the segment.
+    pub(super) fn stage_segment(
+        &self,
+        items: Vec<PutItem>,
+    ) -> (Vec<Option<ShoalError>>, Option<StagedSegment>) {
+        let mut outcomes: Vec<Option<ShoalError>> = Vec::with_capacity(items.len());
+        let mut kept = Vec::with_capacity(items.len());
+        let mut reserved = 0u64;
+        for item in items {
+            let stored = item.sizes.stored_len();
+            let refused = if item.src.len() as u64 != item.sizes.payload_len() {
+                Some(ShoalError::invalid(format!(
+                    "object {}: source range of {} bytes for {} + {} bytes",
+                    item.id,
+                    item.src.len(),
+                    item.sizes.data_size,
+                    item.sizes.meta_size
+                )))
+            } else {
+                self.reserve(stored).err()
+            };
+            if refused.is_none() {
+                reserved += stored;
+                kept.push(item);
+            }
+            outcomes.push(refused);
+        }
+        if kept.is_empty() {
+            return (outcomes, None);
+        }
+        let fail_all = |outcomes: &mut Vec<Option<ShoalError>>, err: ShoalError| {
+            for slot in outcomes.iter_mut().filter(|o| o.is_none()) {
+                *slot = Some(err.clone());
+            }
+        };
+        let seq = self.segments.take_seq();
+        let path = self.segments.path(seq, "seg");
+        match write_segment(&path, &kept) {
+            Ok((file, images)) => {
+                drop(kept); // the caller may reuse the sources' memory from here on
+                let staged = StagedSegment {
+                    seq,
+                    file,
+                    len: reserved,
+                    images: images
+                        .into_iter()
+                        .map(|(header, slot)| (header, Slot { seq, ..slot }))
+                        .collect(),
+                };
+                debug_assert_eq!(
+                    staged.len,
+                    staged.images.iter().map(|(_, s)| s.stored).sum::<u64>()
+                );
+                (outcomes, Some(staged))
+            }
+            Err(err) => {
+                let _ = fs::remove_file(&path);
+                self.unreserve(reserved);
+                fail_all(&mut outcomes, err);
+                (outcomes, None)
+            }
+        }
+    }
+
+    /// Makes a staged segment count, after its file and the segments
+    /// directory were synced (`synced` says how that went): its images go
+    /// into the index, and copies they replace are marked dead. Outcomes in
+    /// the segment's order.
+    pub(super) fn install_segment(
+        &self,
+        staged: StagedSegment,
+        synced: Result<()>,
+    ) -> Vec<Result<ObjectHeader>> {
+        let n = staged.images.len();
+        if let Err(err) = synced {
+            let _ = fs::remove_file(self.segments.path(staged.seq, "seg"));
+            self.unreserve(staged.len);
+            return vec![Err(err); n];
+        }
+        let mut replaced: BTreeMap<u64, Vec<(ObjectId, Slot)>> = BTreeMap::new();
+        let mut files = Vec::new();
+        {
+            let mut state = self.segments.lock();
+            // Replacing an image of a segment being compacted waits for it.
+            while staged.images.iter().any(|(h, _)| {
+                state
+                    .index
+                    .get(&h.id)
+                    .and_then(|old| state.segments.get(&old.seq))
+                    .is_some_and(|seg| seg.compacting)
+            }) {
+                state = self
+                    .segments
+                    .settled
+                    .wait(state)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            state.segments.insert(
+                staged.seq,
+                Segment {
+                    file: Arc::new(staged.file),
+                    len: staged.len,
+                    members: staged.images.iter().map(|(h, _)| h.id).collect(),
+                    images: n as u64,
+                    live: staged.images.iter().map(|(_, s)| s.stored).sum(),
+                    busy: 0,
+                    compacting: false,
+                    dead: None,
+                },
+            );
+            for (header, slot) in &staged.images {
+                match state.index.insert(header.id, *slot) {
+                    Some(old) => {
+                        if let Some(seg) = state.segments.get_mut(&old.seq) {
+                            if !replaced.contains_key(&old.seq) {
+                                seg.busy += 1;
+                            }
+                            replaced.entry(old.seq).or_default().push((header.id, old));
+                        }
+                    }
+                    None => {
+                        self.objects.fetch_add(1, Ordering::Relaxed);
+                        files.push(header.id);
+                    }
+                }
+                self.changed(header.id, true);
+            }
+        }
+        let mut failed: HashMap<ObjectId, ShoalError> = HashMap::new();
+        for (seq, ids) in replaced {
+            if let Err(err) = self.retire(seq, &ids, false) {
+                for (id, _) in ids {
+                    failed.insert(id, err.clone());
+                }
+            }
+        }
+        // A file image of the same id (written before packing, or by a
+        // build with another threshold) is replaced too.
+        for id in files {
+            let path = self.path_of(&id);
+            if let Ok(meta) = fs::metadata(&path) {
+                let removed = fs::remove_file(&path)
+                    .map_err(|e| io_error(&format!("remove {}", path.display()), e))
+                    .and_then(|()| super::sync_dir(path.parent().expect("a parent")));
+                match removed {
+                    Ok(()) => {
+                        self.unreserve(meta.len());
+                        self.objects.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    Err(err) => {
+                        failed.insert(id, err);
+                    }
+                }
+            }
+        }
+        staged
+            .images
+            .into_iter()
+            .map(|(header, _)| match failed.remove(&header.id) {
+                Some(err) => Err(err),
+                None => Ok(header),
+            })
+            .collect()
+    }
+
+    /// Marks copies in segment `seq` dead durably (they are out of the index
+    /// already, and the caller counted the segment `busy` once), then
+    /// accounts for them: an emptied segment is removed, a thinned one
+    /// compacted. If the mark fails and `reinstate`, the copies go back into
+    /// the index (they are still live on disk).
+    fn retire(&self, seq: u64, ids: &[(ObjectId, Slot)], reinstate: bool) -> Result<()> {
+        let file = {
+            let mut state = self.segments.lock();
+            self.segments.dead_file(&mut state, seq)
+        };
+        let names: Vec<ObjectId> = ids.iter().map(|(id, _)| *id).collect();
+        let written = file.and_then(|file| self.segments.write_dead(seq, &file, &names));
+        let mut state = self.segments.lock();
+        let seg = state
+            .segments
+            .get_mut(&seq)
+            .expect("a busy segment is kept");
+        seg.busy -= 1;
+        if let Err(err) = written {
+            if reinstate {
+                for (id, slot) in ids {
+                    state.index.insert(*id, *slot);
+                }
+            }
+            return Err(err);
+        }
+        seg.images -= ids.len() as u64;
+        seg.live -= ids.iter().map(|(_, slot)| slot.stored).sum::<u64>();
+        let next = self.after_change(&mut state, seq);
+        drop(state);
+        self.tidy(next);
+        Ok(())
+    }
+
+    /// What a segment needs after its live images changed, with the state
+    /// locked: nothing, removal (no live image), or compaction (live bytes
+    /// under half its length, and nothing else in flight on it).
+    fn after_change(&self, state: &mut State, seq: u64) -> Tidy {
+        let Some(seg) = state.segments.get_mut(&seq) else {
+            return Tidy::Nothing;
+        };
+        if seg.busy > 0 || seg.compacting {
+            return Tidy::Nothing;
+        }
+        if seg.images == 0 {
+            let seg = state.segments.remove(&seq).expect("just found");
+            return Tidy::Remove(seq, seg.len);
+        }
+        if seg.live * 2 < seg.len {
+            seg.compacting = true;
+            let live: Vec<(ObjectId, Slot)> = seg
+                .members
+                .iter()
+                .filter_map(|id| {
+                    state
+                        .index
+                        .get(id)
+                        .filter(|slot| slot.seq == seq)
+                        .map(|slot| (*id, *slot))
+                })
+                .collect();
+            let file = state.segments[&seq].file.clone();
+            return Tidy::Compact(seq, file, live);
+        }
+        Tidy::Nothing
+    }
+
+    fn tidy(&self, tidy: Tidy) {
+        match tidy {
+            Tidy::Nothing => {}
+            Tidy::Remove(seq, len) => {
+                if let Err(err) = self.remove_segment(seq) {
+                    warn!("segment {seq:016x}: not removed: {err}");
+                }
+                self.unreserve(len);
+            }
+            Tidy::Compact(seq, file, live) => {
+                if let Err(err) = self.compact(seq, &file, live) {
+                    warn!("segment {seq:016x}: not compacted: {err}");
+                    let mut state = self.segments.lock();
+                    if let Some(seg) = state.segments.get_mut(&seq) {
+                        seg.compacting = false;
+                    }
+                    drop(state);
+                    self.segments.settled.notify_all();
+                }
+            }
+        }
+    }
+
+    /// Removes a segment's files: `.seg` first, made durable, then `.dead`.
+    fn remove_segment(&self, seq: u64) -> Result<()> {
+        let seg = self.segments.path(seq, "seg");
+        match fs::remove_file(&seg) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(io_error(&format!("remove {}", seg.display()), e))
+            }
+            _ => {}
+        }
+        super::sync_dir(self.segments.dir())?;
+        let dead = self.segments.path(seq, "dead");
+        match fs::remove_file(&dead) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(io_error(&format!("remove {}", dead.display()), e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Copies the live images of segment `seq` into a new segment, points
+    /// the index at it and removes the old one. Deletes and replaces of
+    /// those images wait meanwhile (`compacting`).
+    fn compact(&self, seq: u64, old: &File, live: Vec<(ObjectId, Slot)>) -> Result<()> {
+        // Not refused when the tier is full: a compaction is what gives room
+        // back. It overshoots by less than half the old segment, briefly.
+        let bytes: u64 = live.iter().map(|(_, s)| s.stored).sum();
+        self.wait_counted();
+        self.used.fetch_add(bytes, Ordering::AcqRel);
+        let new = self.segments.take_seq();
+        let path = self.segments.path(new, "seg");
+        let written = copy_segment(old, &path, &live).and_then(|file| {
+            let outcomes = in_parallel(&[0, 1], |which| match which {
+                0 => file.sync_all(),
+                _ => File::open(self.segments.dir()).and_then(|d| d.sync_all()),
+            });
+            outcomes
+                .into_iter()
+                .collect::<io::Result<Vec<()>>>()
+                .map_err(|e| io_error(&format!("fsync {}", path.display()), e))
+                .map(|_| file)
+        });
+        let file = match written {
+            Ok(file) => file,
+            Err(err) => {
+                let _ = fs::remove_file(&path);
+                self.unreserve(bytes);
+                return Err(err);
+            }
+        };
+        let old_len = {
+            let mut state = self.segments.lock();
+            let mut offset = 0;
+            let mut members = Vec::with_capacity(live.len());
+            let mut live_bytes = 0;
+            for (id, slot) in &live {
+                let moved = Slot {
+                    seq: new,
+                    offset,
+                    stored: slot.stored,
+                };
+                let previous = state.index.insert(*id, moved);
+                debug_assert_eq!(previous, Some(*slot), "compacted images do not change");
+                offset += slot.stored;
+                live_bytes += slot.stored;
+                members.push(*id);
+            }
+            state.segments.insert(
+                new,
+                Segment {
+                    file: Arc::new(file),
+                    len: bytes,
+                    members,
+                    images: live.len() as u64,
+                    live: live_bytes,
+                    busy: 0,
+                    compacting: false,
+                    dead: None,
+                },
+            );
+            state.segments.remove(&seq).map_or(0, |s| s.len)
+        };
+        self.segments.settled.notify_all();
+        self.unreserve(old_len);
+        info!(
+            "segment {seq:016x}: {} live images ({} bytes) compacted into {new:016x}, {} bytes back",
+            live.len(),
+            bytes,
+            old_len.saturating_sub(bytes)
+        );
+        self.remove_segment(seq)
+    }
+
+    /// Reads `id`'s packed image into `dst` (payload only), checking header
+    /// and checksum. `Ok(None)`: not packed here.
+    pub(super) fn get_packed(&self, id: &ObjectId, dst: &mut [u8]) -> Result<Option<ObjectHeader>> {
+        let Some((file, slot, path)) = self.segments.find(id) else {
+            return Ok(None);
+        };
+        let what = format!("{} at {}", path.display(), slot.offset);
+        let header = read_header(&file, slot, id, &what)?;
+        if header.payload_len() != dst.len() as u64 {
+            return Err(ShoalError::invalid(format!(
+                "object {id}: destination of {} bytes for a {}-byte object",
+                dst.len(),
+                header.payload_len()
+            )));
+        }
+        let mut crc = 0u32;
+        let mut at = slot.offset + HEADER_LEN as u64;
+        for chunk in dst.chunks_mut(CHUNK) {
+            read_payload(&file, chunk, at, &what)?;
+            crc = crc32c::crc32c_append(crc, chunk);
+            at += chunk.len() as u64;
+        }
+        if crc != header.checksum {
+            return Err(checksum_mismatch(&what, header.checksum, crc));
+        }
+        Ok(Some(header))
+    }
+
+    /// `get_packed` without keeping the payload.
+    pub(super) fn verify_packed(&self, id: &ObjectId) -> Result<Option<ObjectHeader>> {
+        let Some((_, slot, _)) = self.segments.find(id) else {
+            return Ok(None);
+        };
+        let mut buf = vec![0u8; (slot.stored as usize).saturating_sub(HEADER_LEN)];
+        self.get_packed(id, &mut buf)
+    }
+
+    /// Deletes `id`'s packed image durably. `Ok(None)`: not packed here;
+    /// else the bytes of the image.
+    pub(super) fn delete_packed(&self, id: &ObjectId) -> Result<Option<u64>> {
+        let slot = {
+            let mut state = self.segments.lock();
+            loop {
+                let Some(slot) = state.index.get(id).copied() else {
+                    return Ok(None);
+                };
+                if state.segments.get(&slot.seq).is_some_and(|s| s.compacting) {
+                    state = self
+                        .segments
+                        .settled
+                        .wait(state)
+                        .unwrap_or_else(|e| e.into_inner());
+                    continue;
+                }
+                state.index.remove(id);
+                state
+                    .segments
+                    .get_mut(&slot.seq)
+                    .expect("indexed segments exist")
+                    .busy += 1;
+                break slot;
+            }
+        };
+        // On failure the image is still live on disk: it stays served, so a
+        // retried delete finds it again.
+        self.retire(slot.seq, &[(*id, slot)], true)?;
+        self.changed(*id, false);
+        self.objects.fetch_sub(1, Ordering::Relaxed);
+        Ok(Some(slot.stored))
+    }
+
+    /// Marks the copies a newer one superseded dead (the sweep at open).
+    pub(super) fn bury_superseded(&self, superseded: Vec<(u64, ObjectId)>) -> Result<u64> {
+        let mut by_seg: BTreeMap<u64, Vec<ObjectId>> = BTreeMap::new();
+        for (seq, id) in superseded {
+            by_seg.entry(seq).or_default().push(id);
+        }
+        let mut n = 0;
+        for (seq, ids) in by_seg {
+            let file = {
+                let mut state = self.segments.lock();
+                if !state.segments.contains_key(&seq) {
+                    continue;
+                }
+                self.segments.dead_file(&mut state, seq)?
+            };
+            self.segments.write_dead(seq, &file, &ids)?;
+            n += ids.len() as u64;
+            let next = {
+                let mut state = self.segments.lock();
+                self.after_change(&mut state, seq)
+            };
+            self.tidy(next);
+        }
+        Ok(n)
+    }
+}
+
+enum Tidy {
+    Nothing,
+    Remove(u64, u64),
+    Compact(u64, Arc<File>, Vec<(ObjectId, Slot)>),
+}
+
+fn read_header(file: &File, slot: Slot, id: &ObjectId, what: &str) -> Result<ObjectHeader> {
+    let mut head = [0u8; HEADER_LEN];
+    read_payload(file, &mut head, slot.offset, what)?;
+    let header = ObjectHeader::decode(&head, what)?;
+    if header.id != *id {
+        return Err(ShoalError::new(
+            ErrorKind::ObjectCorrupt,
+            format!("{what}: holds object {} instead", header.id),
+        ));
+    }
+    if header.stored_len() != slot.stored {
+        return Err(ShoalError::new(
+            ErrorKind::ObjectCorrupt,
+            format!(
+                "{what}: {} bytes in the index, the header says {}",
+                slot.stored,
+                header.stored_len()
+            ),
+        ));
+    }
+    Ok(header)
+}
+
+/// Reads `buf.len()` bytes at `at`; a segment that ends first is corrupt.
+fn read_payload(file: &File, buf: &mut [u8], at: u64, what: &str) -> Result<()> {
+    file.read_exact_at(buf, at).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            ShoalError::new(ErrorKind::ObjectCorrupt, format!("{what}: truncated image"))
+        } else {
+            io_error(&format!("read {what}"), e)
+        }
+    })
+}
+
+/// A new segment file at `path`, opened to read too: the segment is served
+/// from this handle once published.
+fn create_segment_file(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| io_error(&format!("write {}", path.display()), e))
+}
+
+/// Writes `items`' images, the index and the trailer to a new file at
+/// `path`, then starts its write-back.
+fn write_segment(path: &Path, items: &[PutItem]) -> Result<(File, Vec<(ObjectHeader, Slot)>)> {
+    let context = || format!("write {}", path.display());
+    let file = create_segment_file(path)?;
+    let mut images = Vec::with_capacity(items.len());
+    let mut offset = 0u64;
+    let mut flushed = 0u64;
+    for item in items {
+        let mut crc = 0u32;
+        let mut at = offset + HEADER_LEN as u64;
+        for chunk in item.src.as_slice().chunks(CHUNK) {
+            crc = crc32c::crc32c_append(crc, chunk);
+            file.write_all_at(chunk, at)
+                .map_err(|e| io_error(&context(), e))?;
+            at += chunk.len() as u64;
+        }
+        let header = ObjectHeader {
+            id: item.id,
+            data_size: item.sizes.data_size,
+            meta_size: item.sizes.meta_size,
+            checksum: crc,
+        };
+        file.write_all_at(&header.encode(), offset)
+            .map_err(|e| io_error(&context(), e))?;
+        let stored = header.stored_len();
+        images.push((
+            header,
+            Slot {
+                seq: 0,
+                offset,
+                stored,
+            },
+        ));
+        offset += stored;
+        // Start the write-back of what is written so far, so the device
+        // works while the rest is staged.
+        if offset - flushed >= CHUNK as u64 {
+            start_write_back(&file, flushed, offset - flushed);
+            flushed = offset;
+        }
+    }
+    finish_segment(&file, offset, &images, &context)?;
+    Ok((file, images))
+}
+
+/// Copies the images `live` of segment `old` into a new file at `path`,
+/// back to back, with index and trailer. Bytes are copied as they are (a
+/// damaged image stays damaged, and is reported when read).
+fn copy_segment(old: &File, path: &Path, live: &[(ObjectId, Slot)]) -> Result<File> {
+    let context = || format!("write {}", path.display());
+    let file = create_segment_file(path)?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut images = Vec::with_capacity(live.len());
+    let mut offset = 0u64;
+    for (id, slot) in live {
+        let mut done = 0u64;
+        let mut head = [0u8; HEADER_LEN];
+        old.read_exact_at(&mut head, slot.offset)
+            .map_err(|e| io_error(&format!("compaction read of {id}"), e))?;
+        // The index keeps the header's checksum; a damaged header stays
+        // damaged (copied as it is) and is reported when read.
+        let checksum = ObjectHeader::decode(&head, &context()).map_or(0, |h| h.checksum);
+        while done < slot.stored {
+            let n = (slot.stored - done).min(CHUNK as u64) as usize;
+            old.read_exact_at(&mut buf[..n], slot.offset + done)
+                .map_err(|e| io_error(&format!("compaction read of {id}"), e))?;
+            file.write_all_at(&buf[..n], offset + done)
+                .map_err(|e| io_error(&context(), e))?;
+            done += n as u64;
+        }
+        images.push((
+            ObjectHeader {
+                id: *id,
+                data_size: slot.stored - HEADER_LEN as u64,
+                meta_size: 0,
+                checksum,
+            },
+            Slot {
+                seq: 0,
+                offset,
+                stored: slot.stored,
+            },
+        ));
+        offset += slot.stored;
+    }
+    finish_segment(&file, offset, &images, &context)?;
+    Ok(file)
+}
+
+/// Appends the index and the trailer at `offset`, then starts write-back.
+fn finish_segment(
+    file: &File,
+    offset: u64,
+    images: &[(ObjectHeader, Slot)],
+    context: &dyn Fn() -> String,
+) -> Result<()> {
+    let mut index = Vec::with_capacity(images.len() * INDEX_ENTRY);
+    for (header, slot) in images {
+        index.extend_from_slice(header.id.as_bytes());
+        index.extend_from_slice(&slot.offset.to_le_bytes());
+        index.extend_from_slice(&slot.stored.to_le_bytes());
+        index.extend_from_slice(&header.checksum.to_le_bytes());
+    }
+    let count = u32::try_from(images.len())
+        .map_err(|_| ShoalError::invalid("more than 2^32 images in one segment"))?;
+    let mut trailer = [0u8; TRAILER];
+    trailer[0..8].copy_from_slice(&MAGIC);
+    trailer[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    trailer[12..16].copy_from_slice(&count.to_le_bytes());
+    trailer[16..24].copy_from_slice(&offset.to_le_bytes());
+    trailer[24..28].copy_from_slice(&crc32c::crc32c(&index).to_le_bytes());
+    let crc = crc32c::crc32c(&trailer[..28]);
+    trailer[28..32].copy_from_slice(&crc.to_le_bytes());
+    index.extend_from_slice(&trailer);
+    file.write_all_at(&index, offset)
+        .map_err(|e| io_error(&context(), e))?;
+    start_write_back(file, 0, 0);
+    Ok(())
+}
+
+/// Starts the write-back of `len` bytes at `offset` (0: to the end) without
+/// waiting: only a hint (see `write_image`), the fsync at publish is what
+/// makes the segment durable, so a failure here changes nothing.
+fn start_write_back(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain system call on a file descriptor we own.
+    let _ = unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+}
