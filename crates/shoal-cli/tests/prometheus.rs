@@ -287,6 +287,27 @@ fn prometheus_scrapes_a_cluster_and_its_rates_match_the_workload() {
             .len(),
         6
     );
+    // Every peer method is timed, not only heartbeats: node 1 acquired each
+    // object it read from node 0 once, and none of those calls failed.
+    assert_eq!(
+        prometheus.one(
+            &format!(
+                "shoal_peer_rpc_duration_seconds_count{{method=\"acquire\",peer=\"0\",{}}}",
+                node(1)
+            ),
+            None
+        ),
+        puts as f64
+    );
+    assert!(prometheus
+        .query(
+            &format!(
+                "shoal_peer_rpc_errors_total{{method=\"acquire\",{}}} > 0",
+                node(1)
+            ),
+            None
+        )
+        .is_empty());
     let heartbeat = prometheus.one(
         "histogram_quantile(0.5, sum by (le) (rate(shoal_peer_rpc_duration_seconds_bucket{method=\"heartbeat\"}[10s])))",
         None,

@@ -13,6 +13,7 @@ use std::rc::Rc;
 
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 #[derive(Clone, Default)]
 pub struct Supervisor {
@@ -62,6 +63,8 @@ impl Supervisor {
         }
         let live = self.enter(name);
         let stop = self.stop.clone();
+        // A task started while answering a request keeps that request's span.
+        let task = task.in_current_span();
         self.tracker.spawn_local(async move {
             let _live = live;
             tokio::select! {
@@ -80,7 +83,7 @@ impl Supervisor {
         }
         let live = self.enter(name);
         // Counted on this thread: the count is not Send, the task may be.
-        let done = self.tracker.spawn(task);
+        let done = self.tracker.spawn(task.in_current_span());
         self.tracker.spawn_local(async move {
             let _live = live;
             let _ = done.await;

@@ -53,7 +53,7 @@ impl Cluster {
                 };
                 let answered = self
                     .peers
-                    .call(home, Reach::FailFast, |mut p| async move {
+                    .call(home, Reach::FailFast, "cached", |mut p| async move {
                         p.cached(request).await
                     })
                     .await;
@@ -93,11 +93,9 @@ impl Cluster {
                 let request = Ids { ids: pack(&ids) };
                 let outcome = self
                     .peers
-                    .call(
-                        node,
-                        Reach::Try,
-                        |mut p| async move { p.drop(request).await },
-                    )
+                    .call(node, Reach::Try, "drop", |mut p| async move {
+                        p.drop(request).await
+                    })
                     .await;
                 if let Err(err) = outcome {
                     tracing::debug!(node, %err, "drop of copies failed");

@@ -88,7 +88,7 @@ impl Cluster {
                 };
                 let outcome = self
                     .peers
-                    .call(owner, Reach::Try, |mut p| async move {
+                    .call(owner, Reach::Try, "release", |mut p| async move {
                         p.release(request).await
                     })
                     .await;

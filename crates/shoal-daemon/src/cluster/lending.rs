@@ -71,7 +71,7 @@ impl Cluster {
             };
             let answer = self
                 .peers
-                .call(node, Reach::FailFast, |mut p| async move {
+                .call(node, Reach::FailFast, "revoke", |mut p| async move {
                     p.revoke(request).await
                 })
                 .await;
@@ -95,7 +95,7 @@ impl Cluster {
         let calls = nodes.into_iter().map(|node| async move {
             let answer = self
                 .peers
-                .call(node, Reach::FailFast, |mut p| async move {
+                .call(node, Reach::FailFast, "give_back", |mut p| async move {
                     p.give_back(Empty {}).await
                 })
                 .await;

@@ -1,12 +1,13 @@
 //! The other nodes as this node calls them: one gRPC client each, what we
 //! know of their liveness, and the one choke point every peer call goes
 //! through ([`PeerSet::call`]): reachability, the timeout, status → error
-//! mapping, and the fan-out of ids grouped by node. Per-RPC metrics and
-//! per-node credentials hook in here.
+//! mapping, the per-peer, per-method latency and error metrics, and the
+//! fan-out of ids grouped by node. Per-node credentials hook in here.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_cluster::auth::Credentials;
@@ -17,6 +18,9 @@ use shoal_core::ObjectId;
 use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
+use tracing::Instrument;
+
+use crate::metrics::Metrics;
 
 /// How long one peer call may take before the peer counts as unavailable.
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
@@ -43,6 +47,29 @@ pub struct PeerSet {
     /// there (and every reference we hold there) ran at least until then
     /// plus a lease.
     answered: RefCell<Vec<Option<Instant>>>,
+    metrics: Arc<Metrics>,
+}
+
+/// Records one peer call when it ends: answered (ok or not), or abandoned
+/// before its answer (a caller's timeout, e.g. a heartbeat's), which counts
+/// as an error.
+struct TimedCall<'a> {
+    metrics: &'a Metrics,
+    node: u32,
+    method: &'static str,
+    started: std::time::Instant,
+    ok: Option<bool>,
+}
+
+impl Drop for TimedCall<'_> {
+    fn drop(&mut self) {
+        self.metrics.peer_calls.observe(
+            self.node,
+            self.method,
+            self.started.elapsed(),
+            self.ok.unwrap_or(false),
+        );
+    }
 }
 
 pub fn status_error(node: u32, status: tonic::Status) -> ShoalError {
@@ -92,7 +119,7 @@ pub enum Reach {
 }
 
 impl PeerSet {
-    pub fn new(topology: &Topology, me: u32) -> Result<Self> {
+    pub fn new(topology: &Topology, me: u32, metrics: Arc<Metrics>) -> Result<Self> {
         let credentials = Credentials::new(&topology.token, me)?;
         let mut rpcs = Vec::with_capacity(topology.len());
         for node in &topology.nodes {
@@ -127,6 +154,7 @@ impl PeerSet {
             seen: RefCell::new(vec![PeerSeen::default(); n]),
             alive: RefCell::new(vec![None; n]),
             answered: RefCell::new(vec![None; n]),
+            metrics,
         })
     }
 
@@ -160,10 +188,14 @@ impl PeerSet {
 
     /// One call to `node`: `request` gets a client and sends; a refused or
     /// failed call comes back as a typed error naming the node.
+    /// `method` names the call in the metrics (`shoal_peer_rpc_*`) and in
+    /// its span. A call refused before it is sent (the peer is known down)
+    /// is not timed: nothing went over the wire.
     pub async fn call<T, Fut>(
         &self,
         node: u32,
         reach: Reach,
+        method: &'static str,
         request: impl FnOnce(PeerRpc) -> Fut,
     ) -> Result<T>
     where
@@ -173,10 +205,21 @@ impl PeerSet {
             Reach::FailFast => self.reachable(node)?,
             Reach::Try => self.rpc(node)?,
         };
-        request(rpc)
+        let mut timed = TimedCall {
+            metrics: &self.metrics,
+            node,
+            method,
+            started: std::time::Instant::now(),
+            ok: None,
+        };
+        let span = tracing::debug_span!("peer_call", peer = node, method);
+        let answer = request(rpc)
+            .instrument(span)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| status_error(node, status))
+            .map_err(|status| status_error(node, status));
+        timed.ok = Some(answer.is_ok());
+        answer
     }
 
     // -- liveness ---------------------------------------------------------

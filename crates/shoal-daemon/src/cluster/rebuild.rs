@@ -232,11 +232,9 @@ impl Cluster {
             };
             let codes = self
                 .peers
-                .call(
-                    node,
-                    Reach::Try,
-                    |mut p| async move { p.restore(request).await },
-                )
+                .call(node, Reach::Try, "restore", |mut p| async move {
+                    p.restore(request).await
+                })
                 .await?
                 .codes;
             if codes.len() != ids.len() {
@@ -260,7 +258,7 @@ impl Cluster {
         if !gone.is_empty() {
             let request = Ids { ids: pack(&gone) };
             self.peers
-                .call(node, Reach::Try, |mut p| async move {
+                .call(node, Reach::Try, "unregister", |mut p| async move {
                     p.unregister(request).await
                 })
                 .await?;
@@ -273,11 +271,9 @@ impl Cluster {
                 locations,
             };
             self.peers
-                .call(
-                    node,
-                    Reach::Try,
-                    |mut p| async move { p.publish(request).await },
-                )
+                .call(node, Reach::Try, "publish", |mut p| async move {
+                    p.publish(request).await
+                })
                 .await?;
         }
         if !self.current(node, incarnation) {
@@ -285,7 +281,7 @@ impl Cluster {
         }
         let request = RestoredRequest { incarnation };
         self.peers
-            .call(node, Reach::Try, |mut p| async move {
+            .call(node, Reach::Try, "restored", |mut p| async move {
                 p.restored(request).await
             })
             .await?;

@@ -36,7 +36,7 @@ impl Cluster {
                         incarnation: self.incarnation,
                     };
                     self.peers
-                        .call(*home, Reach::FailFast, |mut p| async move {
+                        .call(*home, Reach::FailFast, "register", |mut p| async move {
                             p.register(request).await
                         })
                         .await?
@@ -102,7 +102,7 @@ impl Cluster {
                 let request = Ids { ids: pack(&group) };
                 let outcome = self
                     .peers
-                    .call(home, Reach::FailFast, |mut p| async move {
+                    .call(home, Reach::FailFast, "unregister", |mut p| async move {
                         p.unregister(request).await
                     })
                     .await;
@@ -126,7 +126,7 @@ impl Cluster {
         let request = Ids { ids: pack(&ids) };
         let outcome = self
             .peers
-            .call(home, Reach::Try, |mut p| async move {
+            .call(home, Reach::Try, "unregister", |mut p| async move {
                 p.unregister(request).await
             })
             .await;
@@ -161,11 +161,9 @@ impl Cluster {
                     locations: locs.iter().map(to_proto).collect(),
                 };
                 self.peers
-                    .call(
-                        home,
-                        Reach::Try,
-                        |mut p| async move { p.publish(request).await },
-                    )
+                    .call(home, Reach::Try, "publish", |mut p| async move {
+                        p.publish(request).await
+                    })
                     .await
                     .map(|_| ())
             }

@@ -49,7 +49,7 @@ impl Cluster {
         request.set_timeout(RPC_TIMEOUT + Duration::from_millis(u64::from(timeout_ms)));
         let answer = self
             .peers
-            .call(node, Reach::FailFast, |mut p| async move {
+            .call(node, Reach::FailFast, "allocate", |mut p| async move {
                 p.allocate(request).await
             })
             .await;
@@ -100,11 +100,9 @@ impl Cluster {
         let request = Ids { ids: pack(ids) };
         let outcome = self
             .peers
-            .call(
-                node,
-                Reach::Try,
-                |mut p| async move { p.abort(request).await },
-            )
+            .call(node, Reach::Try, "abort", |mut p| async move {
+                p.abort(request).await
+            })
             .await?;
         outcome_error(node, outcome)
     }
@@ -134,11 +132,9 @@ impl Cluster {
                 };
                 let outcome = self
                     .peers
-                    .call(
-                        node,
-                        Reach::Try,
-                        |mut p| async move { p.seal(request).await },
-                    )
+                    .call(node, Reach::Try, "seal", |mut p| async move {
+                        p.seal(request).await
+                    })
                     .await?;
                 outcome_error(node, outcome)?;
             } else {

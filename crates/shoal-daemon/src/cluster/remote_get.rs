@@ -241,7 +241,7 @@ impl Cluster {
                 } else {
                     let request = Ids { ids: pack(&group) };
                     self.peers
-                        .call(home, Reach::FailFast, |mut p| async move {
+                        .call(home, Reach::FailFast, "lookup", |mut p| async move {
                             p.lookup(request).await
                         })
                         .await
@@ -279,7 +279,7 @@ impl Cluster {
             revokes,
         } = self
             .peers
-            .call(owner, Reach::FailFast, |mut p| async move {
+            .call(owner, Reach::FailFast, "acquire", |mut p| async move {
                 p.acquire(request).await
             })
             .await?;
@@ -324,7 +324,7 @@ impl Cluster {
             };
             let reply = self
                 .peers
-                .call(owner, Reach::FailFast, |mut p| async move {
+                .call(owner, Reach::FailFast, "delete", |mut p| async move {
                     p.delete(request).await
                 })
                 .await;

@@ -153,7 +153,7 @@ impl Cluster {
     ) -> Result<Self> {
         let topology = config.topology.clone().sorted();
         topology.node(config.node)?;
-        let peers = PeerSet::new(&topology, config.node)?;
+        let peers = PeerSet::new(&topology, config.node, node.metrics().clone())?;
         let rebuild = Rebuild::new(topology.len(), config.node, topology.lease);
         let linger = topology.linger;
         Ok(Self {

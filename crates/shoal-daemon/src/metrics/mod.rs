@@ -420,7 +420,7 @@ impl Metrics {
         };
         registry.register(
             "shoal_peer_rpc_duration_seconds",
-            "Time of calls to other nodes, per peer and method (heartbeat today)",
+            "Time of calls to other nodes, per peer and method (every gRPC method this node calls)",
             peer_calls.duration.clone(),
         );
         registry.register(

@@ -118,3 +118,39 @@ pub enum PeerCall {
         reply: oneshot::Sender<ListReply>,
     },
 }
+
+impl PeerCall {
+    /// A debug-level span for answering this call: the method, the calling
+    /// node where the call names it, the first object id and how many.
+    pub fn span(&self) -> tracing::Span {
+        use PeerCall as C;
+        let (method, from, ids): (&str, Option<u32>, &[ObjectId]) = match self {
+            C::Heartbeat { from, .. } => ("heartbeat", Some(*from), &[]),
+            C::Register { ids, owner, .. } => ("register", Some(*owner), ids),
+            C::Unregister { ids, owner } => ("unregister", Some(*owner), ids),
+            C::Publish { ids, owner, .. } => ("publish", Some(*owner), ids),
+            C::Lookup { ids, .. } => ("lookup", None, ids),
+            C::Restore { from, pending, .. } => ("restore", Some(*from), pending),
+            C::Restored { from, .. } => ("restored", Some(*from), &[]),
+            C::Acquire { ids, from, .. } => ("acquire", Some(*from), ids),
+            C::Release { ids, from } => ("release", Some(*from), ids),
+            C::Delete { ids, .. } => ("delete", None, ids),
+            C::Revoke { ids, from, .. } => ("revoke", Some(*from), ids),
+            C::GiveBack { from, .. } => ("give_back", Some(*from), &[]),
+            C::Allocate { from, .. } => ("allocate", Some(*from), &[]),
+            C::Seal { ids, from, .. } => ("seal", Some(*from), ids),
+            C::Abort { ids, from, .. } => ("abort", Some(*from), ids),
+            C::Cached { ids, from, .. } => ("cached", Some(*from), ids),
+            C::Drop { ids } => ("drop", None, ids),
+            C::Status { .. } => ("status", None, &[]),
+            C::List { .. } => ("list", None, &[]),
+        };
+        tracing::debug_span!(
+            "peer_request",
+            method,
+            from,
+            id = ids.first().map(tracing::field::display),
+            objects = ids.len()
+        )
+    }
+}

@@ -53,6 +53,8 @@ pub async fn start(ops: &Rc<Ops>) -> Result<()> {
     let answering = ops.clone();
     ops.supervisor.spawn_local("peer calls", async move {
         while let Some(call) = incoming.recv().await {
+            // The tasks `answer` starts for calls that wait carry it too.
+            let _span = call.span().entered();
             answer::answer(&answering, call);
         }
     });
