@@ -38,7 +38,7 @@ use fuser::{
     ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use libc::c_int;
-use shoal_client::{Client, NameEntry};
+use shoal_client::{Client, Located, NameEntry};
 use shoal_core::error::ShoalError;
 use shoal_core::names;
 use shoal_core::ObjectId;
@@ -89,10 +89,17 @@ pub struct ShoalFs {
     alive: Arc<AtomicBool>,
     uid: u32,
     gid: u32,
+    /// Ask the kernel for its write-back cache (`MountConfig::writeback_cache`).
+    writeback_cache: bool,
 }
 
 impl ShoalFs {
-    pub fn new(client: Client, space_wait_ms: u32, alive: Arc<AtomicBool>) -> Self {
+    pub fn new(
+        client: Client,
+        space_wait_ms: u32,
+        alive: Arc<AtomicBool>,
+        writeback_cache: bool,
+    ) -> Self {
         let max_file = client.info().capacity;
         Self {
             client: Mutex::new(client),
@@ -104,6 +111,7 @@ impl ShoalFs {
             uid: unsafe { libc::getuid() },
             // SAFETY: as above.
             gid: unsafe { libc::getgid() },
+            writeback_cache,
         }
     }
 
@@ -182,8 +190,7 @@ impl ShoalFs {
         if !w.dirty || w.unlinked {
             return Ok(());
         }
-        let put = lock(&self.client).put_named(&w.path, &w.buf, b"", None, self.space_wait_ms);
-        let id = put.map_err(|e| self.fail(&e))?;
+        let id = self.put(&w.path, &w.buf).map_err(|e| self.fail(&e))?;
         w.dirty = false;
         let (ino, shared) = (w.ino, w.shared);
         drop(w);
@@ -197,6 +204,38 @@ impl ShoalFs {
             st.cached.insert(ino, id);
         }
         Ok(())
+    }
+
+    /// `Client::put_named` with the copy outside the client's lock: the
+    /// create and the name + seal are calls to the daemon, the copy (the
+    /// whole file, at memory bandwidth) is ours alone, so closes of several
+    /// files copy in parallel while other operations use the client.
+    fn put(&self, name: &str, bytes: &[u8]) -> Result<ObjectId, ShoalError> {
+        let id = ObjectId::random();
+        let dst = {
+            let mut client = lock(&self.client);
+            let location = client.create(id, bytes.len() as u64, 0, self.space_wait_ms)?;
+            let node = client.node();
+            match client.located_ptr_mut(Located::local(node, location)) {
+                Ok(dst) => dst as usize,
+                Err(err) => {
+                    let _ = client.abort(id);
+                    return Err(err);
+                }
+            }
+        };
+        // SAFETY: the object was created above by this client with
+        // `bytes.len()` data bytes at `dst` in our mapping; nobody else
+        // reads or writes it until it is sealed below.
+        unsafe { shoal_core::copy::copy_to_shared(dst as *mut u8, bytes) };
+        let mut client = lock(&self.client);
+        if let Err(err) = client.name(id, name) {
+            let _ = client.abort(id);
+            return Err(err);
+        }
+        // The seal waits for the node's default durability.
+        client.seal_durable(&[id], true, None)?;
+        Ok(id)
     }
 
     fn release_object(&self, id: ObjectId) {
@@ -303,7 +342,16 @@ impl<'a> Op<'a> {
         Ok(self.fs.attr(ino, &node))
     }
 
-    /// Opens `path` for writing: its current bytes unless truncated.
+    /// Whether a handle open for writing on this mount has inode `ino`.
+    fn writing(&self, ino: u64) -> bool {
+        self.st.handles.writers().any(|w| {
+            let w = lock(w);
+            w.ino == ino && w.writable
+        })
+    }
+
+    /// Opens `path` for writing: its current bytes unless truncated (with
+    /// the write-back cache, EBUSY while another handle writes it).
     fn open_writer_handle(&mut self, path: String, ino: u64, truncate: bool) -> Result<u64, c_int> {
         let buf = if truncate {
             Vec::new()
@@ -330,6 +378,11 @@ impl<'a> Op<'a> {
             }
         };
         let mut writer = Writer::new(path, ino, buf, truncate);
+        if self.fs.writeback_cache && self.writing(ino) {
+            // The kernel writes cached pages back through any handle open
+            // for writing on the inode: two writers' bytes would mix.
+            return Err(libc::EBUSY);
+        }
         for other in self.st.handles.writers() {
             let mut other = lock(other);
             if other.ino == ino {
@@ -491,6 +544,13 @@ impl Filesystem for ShoalFs {
         let _ = config.set_max_write(BLOCK);
         let _ = config.set_max_readahead(BLOCK);
         let _ = config.add_capabilities(InitFlags::FUSE_BIG_WRITES);
+        if self.writeback_cache
+            && config
+                .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
+                .is_err()
+        {
+            tracing::warn!("this kernel has no FUSE write-back cache: writes go through");
+        }
         Ok(())
     }
 
@@ -664,7 +724,8 @@ impl Filesystem for ShoalFs {
             if flags.acc_mode() == OpenAccMode::O_RDONLY {
                 if let Some((_, Some(buf))) = op.open_writer(&path, true) {
                     // Written here and not closed yet: read what it holds.
-                    let writer = Writer::new(path, ino.0, buf, false);
+                    let mut writer = Writer::new(path, ino.0, buf, false);
+                    writer.writable = false;
                     let fh = op.st.handles.insert(Handle::Writer(Mutex::new(writer)));
                     return Ok((fh, FopenFlags::empty()));
                 }

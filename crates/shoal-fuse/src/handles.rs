@@ -60,6 +60,8 @@ pub struct Writer {
     /// cache of the file mixes both writers' bytes, so it must not be kept
     /// for the version this one writes.
     pub shared: bool,
+    /// False for a read-only open's copy of a buffer still being written.
+    pub writable: bool,
 }
 
 impl Writer {
@@ -71,6 +73,7 @@ impl Writer {
             dirty,
             unlinked: false,
             shared: false,
+            writable: true,
         }
     }
 

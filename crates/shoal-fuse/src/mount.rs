@@ -37,6 +37,9 @@ pub struct MountConfig {
     /// Session threads, each reading requests from its own clone of the
     /// /dev/fuse descriptor (so several programs' I/O runs at once).
     pub threads: usize,
+    /// The kernel's write-back cache: writes land in the page cache and
+    /// reach the mount in large batches (docs/posix.md, its rules).
+    pub writeback_cache: bool,
 }
 
 impl MountConfig {
@@ -48,6 +51,7 @@ impl MountConfig {
             space_wait_ms: 10_000,
             watch_interval: Duration::from_millis(250),
             threads: default_threads(),
+            writeback_cache: false,
         }
     }
 }
@@ -91,7 +95,12 @@ pub fn mount(config: &MountConfig) -> Result<Mounted> {
     let client = Client::connect(&config.socket)?;
     let mut watcher_client = Client::connect(&config.socket)?;
     let alive = Arc::new(AtomicBool::new(true));
-    let fs = ShoalFs::new(client, config.space_wait_ms, alive.clone());
+    let fs = ShoalFs::new(
+        client,
+        config.space_wait_ms,
+        alive.clone(),
+        config.writeback_cache,
+    );
     let options = vec![
         MountOption::FSName("shoal".into()),
         MountOption::Subtype("shoal".into()),
