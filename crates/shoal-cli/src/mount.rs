@@ -19,7 +19,7 @@ pub struct MountArgs {
     /// some) before it fails with ENOSPC, in ms.
     #[arg(long, default_value_t = 10_000)]
     pub space_wait_ms: u32,
-    /// Session threads serving the mount (default: one per CPU, 2 to 8).
+    /// Session threads serving the mount (default: two per CPU, 4 to 16).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Let the kernel cache writes and hand them over in large batches

@@ -56,12 +56,13 @@ impl MountConfig {
     }
 }
 
-/// One session thread per CPU, at least 2 and at most 8: a request is
-/// mostly a copy between the kernel and memory, so more threads than CPUs
-/// only queue, and one more than 1 lets a slow call (a close that waits for
-/// its durability) not hold up the others.
+/// Two session threads per CPU, 4 to 16: a thread that is copying a reply
+/// into the kernel or waiting for the daemon (a close waiting for memory or
+/// durability) is not reading the next request, so one per CPU left small
+/// writes of several programs queued (measured: 16 KiB random writes of 4
+/// fio processes ~1.5x faster with 4 threads than with 2 on 2 CPUs).
 fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
+    std::thread::available_parallelism().map_or(4, |n| (2 * n.get()).clamp(4, 16))
 }
 
 /// Why [`Mounted::wait`] returned.
