@@ -607,4 +607,19 @@ fn the_writeback_cache_keeps_versions_whole_and_refuses_a_second_writer() {
     close(file).unwrap();
     assert!(read_named(&mut f.client(), "wb") == want);
     assert!(fs::read(f.path("wb")).unwrap() == want);
+    // Past the store's capacity: the page cache takes the write, the close
+    // fails (the write-back is refused), and no byte of it is stored (the
+    // file itself was created, as on any file system).
+    let mut big = File::create(f.path("big")).unwrap();
+    big.seek(SeekFrom::Start(80 * MIB as u64)).unwrap();
+    let written = big.write_all(b"x");
+    let closed = close(big);
+    let err = written.and(closed).unwrap_err();
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EIO | libc::EFBIG)),
+        "{err}"
+    );
+    if let Ok(entry) = f.client().resolve("big") {
+        assert_eq!(entry.data_size, 0, "the refused write was stored");
+    }
 }
