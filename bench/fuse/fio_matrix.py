@@ -327,6 +327,7 @@ def report(res: dict, png: str) -> str:
         f"Run {res['started']}, {res['size_per_proc'] >> 20} MiB per process, best of "
         f"{res.get('repeat', 1)} fio runs per cell, load {res['load_before']} before / "
         f"{res['load_after']} after (2 shared cores).",
+        *([res["note"]] if res.get("note") else []),
         "",
         "## The issue's targets",
         "",
@@ -414,6 +415,7 @@ def main() -> None:
     p.add_argument("--targets", default=",".join(TARGETS))
     p.add_argument("--quick", action="store_true", help="blocks 16K and 1M, 1 and 4 processes")
     p.add_argument("--report-only", action="store_true", help="redo the report from OUT's .json")
+    p.add_argument("--note", help="what else ran on the machine meanwhile (kept in the .json and the report)")
     p.add_argument("--repeat", type=int, default=2, help="fio runs per cell (the best is kept)")
     p.add_argument("--drain-seconds", type=float, default=3, help="the drain case's fio runtime (0: skip)")
     p.add_argument("--backlog", type=int, default=512 << 20, help="bytes put before the drain case")
@@ -423,11 +425,10 @@ def main() -> None:
         sys.exit("fio is missing: scripts/setup.sh installs it")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if args.report_only:
-        res = json.loads(out.with_suffix(".json").read_text())
-    else:
-        res = run(args)
-        out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    res = json.loads(out.with_suffix(".json").read_text()) if args.report_only else run(args)
+    if args.note:
+        res["note"] = args.note
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     png = str(out.with_suffix(".png"))
     plot(res, png)
     out.write_text(report(res, png))
