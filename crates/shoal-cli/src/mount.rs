@@ -19,12 +19,23 @@ pub struct MountArgs {
     /// some) before it fails with ENOSPC, in ms.
     #[arg(long, default_value_t = 10_000)]
     pub space_wait_ms: u32,
+    /// Session threads serving the mount (default: two per CPU, 4 to 16).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Let the kernel cache writes and hand them over in large batches
+    /// (faster small writes; rules in docs/posix.md).
+    #[arg(long)]
+    pub writeback_cache: bool,
 }
 
 pub fn run(args: MountArgs) -> Result<()> {
     let mut config = MountConfig::new(args.socket.path(), &args.mountpoint);
     config.allow_other = args.allow_other;
     config.space_wait_ms = args.space_wait_ms;
+    config.writeback_cache = args.writeback_cache;
+    if let Some(threads) = args.threads {
+        config.threads = threads;
+    }
     let stop = shoal_fuse::stop_on_signals();
     let mounted = shoal_fuse::mount(&config)
         .with_context(|| format!("mount {}", args.mountpoint.display()))?;

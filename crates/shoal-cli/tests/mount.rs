@@ -529,3 +529,97 @@ fn files_closed_at_a_durable_level_survive_a_restart() {
         .arg(&src)
         .arg(f.path("synced")));
 }
+
+#[test]
+fn a_close_waiting_for_memory_does_not_hold_up_reads_of_other_files() {
+    need_fuse!("a_close_waiting_for_memory_does_not_hold_up_reads_of_other_files");
+    let mut f = Fixture::new(&["-m", "32MiB"]);
+    f.stop_mount();
+    f.start_mount(&["--space-wait-ms", "3000", "--threads", "2"]);
+    // Put through the API: the mount's page cache has never seen it, so the
+    // read below has to reach the mount.
+    let held_bytes = pattern(1, 20 * MIB);
+    f.client()
+        .put_named("held", &held_bytes, b"", None, 0)
+        .unwrap();
+    // Held open (referenced): it cannot be evicted for the next file.
+    let mut held = File::open(f.path("held")).unwrap();
+    let mut b = File::create(f.path("b")).unwrap();
+    b.write_all(&pattern(2, 20 * MIB)).unwrap();
+    // This close waits for memory on one session thread...
+    let closing = std::thread::spawn(move || {
+        let started = Instant::now();
+        (close(b), started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // ...while another one serves the reads.
+    let started = Instant::now();
+    let mut first = vec![0; 4 * MIB];
+    held.read_exact(&mut first).unwrap();
+    let read_took = started.elapsed();
+    let (closed, close_took) = closing.join().unwrap();
+    let err = closed.unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert!(close_took >= Duration::from_millis(2500), "{close_took:?}");
+    assert!(first == held_bytes[..4 * MIB]);
+    assert!(
+        read_took < Duration::from_millis(1500),
+        "a read waited {read_took:?} behind a close"
+    );
+}
+
+#[test]
+fn the_writeback_cache_keeps_versions_whole_and_refuses_a_second_writer() {
+    need_fuse!("the_writeback_cache_keeps_versions_whole_and_refuses_a_second_writer");
+    let mut f = Fixture::new(&["-m", "64MiB"]);
+    f.stop_mount();
+    f.start_mount(&["--writeback-cache"]);
+    // 16 KiB blocks in a scattered order, as fio's random writes.
+    let block = 16 * 1024;
+    let blocks = 256;
+    let mut want = vec![0u8; block * blocks];
+    let mut file = File::create(f.path("wb")).unwrap();
+    for i in 0..blocks {
+        let at = (i * 97) % blocks;
+        let bytes = pattern(at as u8, block);
+        want[at * block..(at + 1) * block].copy_from_slice(&bytes);
+        file.seek(SeekFrom::Start((at * block) as u64)).unwrap();
+        file.write_all(&bytes).unwrap();
+    }
+    // A second writer of the same file on this mount: the kernel's cache
+    // would mix the two, so it is refused while the first is open.
+    let second = OpenOptions::new().write(true).open(f.path("wb"));
+    assert_eq!(
+        second.unwrap_err().raw_os_error(),
+        Some(libc::EBUSY),
+        "second writer"
+    );
+    // Nothing is a version before the close.
+    assert!(f.client().resolve("wb").is_err());
+    close(file).unwrap();
+    assert!(read_named(&mut f.client(), "wb") == want);
+    // Unaligned writes into the existing file: the kernel reads the rest of
+    // each page through the handle open for writing.
+    let mut file = OpenOptions::new().write(true).open(f.path("wb")).unwrap();
+    file.seek(SeekFrom::Start(5000)).unwrap();
+    file.write_all(b"unaligned").unwrap();
+    want[5000..5009].copy_from_slice(b"unaligned");
+    close(file).unwrap();
+    assert!(read_named(&mut f.client(), "wb") == want);
+    assert!(fs::read(f.path("wb")).unwrap() == want);
+    // Past the store's capacity: the page cache takes the write, the close
+    // fails (the write-back is refused), and no byte of it is stored (the
+    // file itself was created, as on any file system).
+    let mut big = File::create(f.path("big")).unwrap();
+    big.seek(SeekFrom::Start(80 * MIB as u64)).unwrap();
+    let written = big.write_all(b"x");
+    let closed = close(big);
+    let err = written.and(closed).unwrap_err();
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EIO | libc::EFBIG)),
+        "{err}"
+    );
+    if let Ok(entry) = f.client().resolve("big") {
+        assert_eq!(entry.data_size, 0, "the refused write was stored");
+    }
+}

@@ -11,28 +11,40 @@
 //! - open for writing / create: a private buffer (handles.rs), written as a
 //!   new object under the name at flush (close), fsync and release.
 //!
+//! Concurrency: fuser runs several session threads (`mount.rs`), each
+//! reading requests from its own clone of the /dev/fuse descriptor. The
+//! names, inodes and the table of open files are one lock (`State`), held
+//! for a whole metadata operation so those stay ordered as before; reads
+//! and writes only look their handle up under it and then work on the
+//! handle alone (a sealed object needs no lock, a writer's buffer has its
+//! own), so I/O on different files, and reads of one file, run in parallel.
+//! Lock order: `state` → a writer → `client`; a commit takes a writer and
+//! then the client without `state`, so it never waits for a metadata
+//! operation that waits for it.
+//!
 //! Once the daemon is gone every operation answers EIO at once; the mount
 //! itself is ended by `mount.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    consts, FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
-    FUSE_ROOT_ID,
+    BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use libc::c_int;
-use shoal_client::{Client, NameEntry};
+use shoal_client::{Client, Located, NameEntry};
 use shoal_core::error::ShoalError;
 use shoal_core::names;
 use shoal_core::ObjectId;
 
 use crate::errno::{daemon_gone, errno};
-use crate::handles::{slice_at, Handle, Handles, Sealed, Writer};
+use crate::handles::{lock, slice_at, Handle, Handles, Sealed, Writer};
 use crate::inodes::Inodes;
 
 /// How long the kernel may trust an answer about a name. Short: other
@@ -47,8 +59,14 @@ enum Node {
     Dir,
 }
 
-pub struct ShoalFs {
-    client: Client,
+/// Replies with `errno`.
+fn errno_of(e: c_int) -> Errno {
+    Errno::from_i32(e)
+}
+
+/// The mount's view of names, inodes and open files, under one lock.
+#[derive(Default)]
+struct State {
     inodes: Inodes,
     handles: Handles,
     /// Directories made here by mkdir: a name prefix exists only while a
@@ -56,6 +74,11 @@ pub struct ShoalFs {
     dirs: BTreeSet<String>,
     /// Per inode, the object its page cache was filled from.
     cached: HashMap<u64, ObjectId>,
+}
+
+pub struct ShoalFs {
+    client: Mutex<Client>,
+    state: Mutex<State>,
     /// Largest file: the store's capacity (an object larger than memory
     /// can never be created). Beyond: EFBIG.
     max_file: u64,
@@ -66,17 +89,21 @@ pub struct ShoalFs {
     alive: Arc<AtomicBool>,
     uid: u32,
     gid: u32,
+    /// Ask the kernel for its write-back cache (`MountConfig::writeback_cache`).
+    writeback_cache: bool,
 }
 
 impl ShoalFs {
-    pub fn new(client: Client, space_wait_ms: u32, alive: Arc<AtomicBool>) -> Self {
+    pub fn new(
+        client: Client,
+        space_wait_ms: u32,
+        alive: Arc<AtomicBool>,
+        writeback_cache: bool,
+    ) -> Self {
         let max_file = client.info().capacity;
         Self {
-            client,
-            inodes: Inodes::default(),
-            handles: Handles::default(),
-            dirs: BTreeSet::new(),
-            cached: HashMap::new(),
+            client: Mutex::new(client),
+            state: Mutex::new(State::default()),
             max_file,
             space_wait_ms,
             alive,
@@ -84,6 +111,7 @@ impl ShoalFs {
             uid: unsafe { libc::getuid() },
             // SAFETY: as above.
             gid: unsafe { libc::getgid() },
+            writeback_cache,
         }
     }
 
@@ -106,76 +134,22 @@ impl ShoalFs {
         }
     }
 
-    fn path_of(&self, ino: u64) -> Result<String, c_int> {
-        self.inodes.path(ino).map(str::to_owned).ok_or(libc::ENOENT)
+    fn handle(&self, fh: FileHandle) -> Option<Arc<Handle>> {
+        lock(&self.state).handles.get(fh.0)
     }
 
-    /// The path of `name` in directory `parent`, checked as a name.
-    fn child(&self, parent: u64, name: &OsStr) -> Result<String, c_int> {
-        let dir = self.path_of(parent)?;
-        let name = name.to_str().ok_or(libc::EINVAL)?;
-        let path = if dir.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{dir}/{name}")
-        };
-        names::check(&path).map_err(|e| errno(&e))?;
-        Ok(path)
-    }
-
-    /// The newest buffer written here for `path`, if a writer has it open.
-    fn open_writer(&self, path: &str) -> Option<&Writer> {
-        self.handles
-            .writers()
-            .filter(|w| w.path == path && !w.unlinked)
-            .max_by_key(|w| w.dirty)
-    }
-
-    fn resolve(&mut self, path: &str) -> Result<Option<NameEntry>, c_int> {
-        match self.client.resolve(path) {
+    fn resolve(&self, path: &str) -> Result<Option<NameEntry>, c_int> {
+        let resolved = lock(&self.client).resolve(path);
+        match resolved {
             Ok(entry) => Ok(Some(entry)),
             Err(err) if errno(&err) == libc::ENOENT && !daemon_gone(&err) => Ok(None),
             Err(err) => Err(self.fail(&err)),
         }
     }
 
-    fn list(&mut self, dir: &str) -> Result<Vec<NameEntry>, c_int> {
-        self.client.list_names(dir).map_err(|e| self.fail(&e))
-    }
-
-    fn is_dir(&mut self, path: &str) -> Result<bool, c_int> {
-        if path.is_empty() || self.dirs.contains(path) {
-            return Ok(true);
-        }
-        let made_under = self
-            .dirs
-            .range(format!("{path}/")..)
-            .next()
-            .is_some_and(|d| names::is_under(d, path));
-        Ok(made_under || !self.list(path)?.is_empty())
-    }
-
-    fn node(&mut self, path: &str) -> Result<Node, c_int> {
-        self.check_alive()?;
-        if let Some(w) = self.open_writer(path) {
-            return Ok(Node::File {
-                size: w.buf.len() as u64,
-                mtime: SystemTime::now(),
-            });
-        }
-        if !path.is_empty() {
-            if let Some(entry) = self.resolve(path)? {
-                return Ok(Node::File {
-                    size: entry.data_size,
-                    mtime: UNIX_EPOCH + Duration::from_millis(entry.mtime_ms),
-                });
-            }
-        }
-        if self.is_dir(path)? {
-            Ok(Node::Dir)
-        } else {
-            Err(libc::ENOENT)
-        }
+    fn list(&self, dir: &str) -> Result<Vec<NameEntry>, c_int> {
+        let listed = lock(&self.client).list_names(dir);
+        listed.map_err(|e| self.fail(&e))
     }
 
     fn attr(&self, ino: u64, node: &Node) -> FileAttr {
@@ -184,7 +158,7 @@ impl ShoalFs {
             Node::Dir => (FileType::Directory, 0, SystemTime::now(), 0o755, 2),
         };
         FileAttr {
-            ino,
+            ino: INodeNo(ino),
             size,
             blocks: size.div_ceil(512),
             atime: mtime,
@@ -202,106 +176,267 @@ impl ShoalFs {
         }
     }
 
-    fn stat(&mut self, path: &str) -> Result<FileAttr, c_int> {
-        let node = self.node(path)?;
-        let ino = self.inodes.ino(path);
-        Ok(self.attr(ino, &node))
-    }
-
-    /// Writes a writer's buffer as the name's new version.
-    fn commit(&mut self, fh: u64) -> Result<(), c_int> {
+    /// Writes a writer's buffer as the name's new version. Holds only the
+    /// writer (and the client while it puts): other files go on meanwhile.
+    fn commit(&self, fh: FileHandle) -> Result<(), c_int> {
         self.check_alive()?;
-        let Some(Handle::Writer(w)) = self.handles.get(fh) else {
+        let Some(handle) = self.handle(fh) else {
             return Ok(());
         };
+        let Handle::Writer(writer) = handle.as_ref() else {
+            return Ok(());
+        };
+        let mut w = lock(writer);
         if !w.dirty || w.unlinked {
             return Ok(());
         }
+        let id = self.put(&w.path, &w.buf).map_err(|e| self.fail(&e))?;
+        w.dirty = false;
         let (ino, shared) = (w.ino, w.shared);
-        let result = self
-            .client
-            .put_named(&w.path, &w.buf, b"", None, self.space_wait_ms);
-        match result {
-            Ok(id) => {
-                if let Some(Handle::Writer(w)) = self.handles.get_mut(fh) {
-                    w.dirty = false;
+        drop(w);
+        // The kernel's cache of this inode holds what was just written
+        // (write-through): a reader may keep it, unless another writer's
+        // bytes are in it too.
+        let mut st = lock(&self.state);
+        if shared {
+            st.cached.remove(&ino);
+        } else {
+            st.cached.insert(ino, id);
+        }
+        Ok(())
+    }
+
+    /// `Client::put_named` with the copy outside the client's lock: the
+    /// create and the name + seal are calls to the daemon, the copy (the
+    /// whole file, at memory bandwidth) is ours alone, so closes of several
+    /// files copy in parallel while other operations use the client.
+    fn put(&self, name: &str, bytes: &[u8]) -> Result<ObjectId, ShoalError> {
+        let id = ObjectId::random();
+        let dst = {
+            let mut client = lock(&self.client);
+            let location = client.create(id, bytes.len() as u64, 0, self.space_wait_ms)?;
+            let node = client.node();
+            match client.located_ptr_mut(Located::local(node, location)) {
+                Ok(dst) => dst as usize,
+                Err(err) => {
+                    let _ = client.abort(id);
+                    return Err(err);
                 }
-                // The kernel's cache of this inode holds what was just
-                // written (write-through): a reader may keep it, unless
-                // another writer's bytes are in it too.
-                if shared {
-                    self.cached.remove(&ino);
-                } else {
-                    self.cached.insert(ino, id);
-                }
-                Ok(())
             }
-            Err(err) => Err(self.fail(&err)),
+        };
+        // SAFETY: the object was created above by this client with
+        // `bytes.len()` data bytes at `dst` in our mapping; nobody else
+        // reads or writes it until it is sealed below.
+        unsafe { shoal_core::copy::copy_to_shared(dst as *mut u8, bytes) };
+        let mut client = lock(&self.client);
+        if let Err(err) = client.name(id, name) {
+            let _ = client.abort(id);
+            return Err(err);
+        }
+        // The seal waits for the node's default durability.
+        client.seal_durable(&[id], true, None)?;
+        Ok(id)
+    }
+
+    fn release_object(&self, id: ObjectId) {
+        if self.alive.load(Ordering::SeqCst) {
+            let released = lock(&self.client).release(&[id]);
+            if let Err(err) = released {
+                self.fail(&err);
+            }
+        }
+    }
+}
+
+/// A metadata operation: the state locked for its whole length.
+struct Op<'a> {
+    fs: &'a ShoalFs,
+    st: std::sync::MutexGuard<'a, State>,
+}
+
+impl<'a> Op<'a> {
+    fn new(fs: &'a ShoalFs) -> Self {
+        Self {
+            fs,
+            st: lock(&fs.state),
         }
     }
 
-    /// Opens `path` for writing: its current bytes unless truncated.
+    fn path_of(&self, ino: INodeNo) -> Result<String, c_int> {
+        self.st
+            .inodes
+            .path(ino.0)
+            .map(str::to_owned)
+            .ok_or(libc::ENOENT)
+    }
+
+    /// The path of `name` in directory `parent`, checked as a name.
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<String, c_int> {
+        let dir = self.path_of(parent)?;
+        let name = name.to_str().ok_or(libc::EINVAL)?;
+        let path = if dir.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{dir}/{name}")
+        };
+        names::check(&path).map_err(|e| errno(&e))?;
+        Ok(path)
+    }
+
+    /// The newest buffer written here for `path`, if a writer has it open:
+    /// (its bytes' length, or a copy of them with `copy`).
+    fn open_writer(&self, path: &str, copy: bool) -> Option<(u64, Option<Vec<u8>>)> {
+        let mut best: Option<(bool, u64, Option<Vec<u8>>)> = None;
+        for writer in self.st.handles.writers() {
+            let w = lock(writer);
+            if w.path != path || w.unlinked {
+                continue;
+            }
+            if best.as_ref().is_none_or(|(dirty, ..)| w.dirty && !dirty) {
+                let bytes = copy.then(|| w.buf.clone());
+                best = Some((w.dirty, w.buf.len() as u64, bytes));
+            }
+        }
+        best.map(|(_, len, bytes)| (len, bytes))
+    }
+
+    fn is_dir(&self, path: &str) -> Result<bool, c_int> {
+        if path.is_empty() || self.st.dirs.contains(path) {
+            return Ok(true);
+        }
+        let made_under = self
+            .st
+            .dirs
+            .range(format!("{path}/")..)
+            .next()
+            .is_some_and(|d| names::is_under(d, path));
+        Ok(made_under || !self.fs.list(path)?.is_empty())
+    }
+
+    fn node(&self, path: &str) -> Result<Node, c_int> {
+        self.fs.check_alive()?;
+        if let Some((size, _)) = self.open_writer(path, false) {
+            return Ok(Node::File {
+                size,
+                mtime: SystemTime::now(),
+            });
+        }
+        if !path.is_empty() {
+            if let Some(entry) = self.fs.resolve(path)? {
+                return Ok(Node::File {
+                    size: entry.data_size,
+                    mtime: UNIX_EPOCH + Duration::from_millis(entry.mtime_ms),
+                });
+            }
+        }
+        if self.is_dir(path)? {
+            Ok(Node::Dir)
+        } else {
+            Err(libc::ENOENT)
+        }
+    }
+
+    fn stat(&mut self, path: &str) -> Result<FileAttr, c_int> {
+        let node = self.node(path)?;
+        let ino = self.st.inodes.ino(path);
+        Ok(self.fs.attr(ino, &node))
+    }
+
+    /// Whether a handle open for writing on this mount has inode `ino`.
+    fn writing(&self, ino: u64) -> bool {
+        self.st.handles.writers().any(|w| {
+            let w = lock(w);
+            w.ino == ino && w.writable
+        })
+    }
+
+    /// Opens `path` for writing: its current bytes unless truncated (with
+    /// the write-back cache, EBUSY while another handle writes it).
     fn open_writer_handle(&mut self, path: String, ino: u64, truncate: bool) -> Result<u64, c_int> {
         let buf = if truncate {
             Vec::new()
-        } else if let Some(w) = self.open_writer(&path) {
-            w.buf.clone()
+        } else if let Some((_, Some(bytes))) = self.open_writer(&path, true) {
+            bytes
         } else {
-            match self.client.get_named(&path, 0) {
+            let mut client = lock(&self.fs.client);
+            match client.get_named(&path, 0) {
                 Ok((entry, located)) => {
-                    let bytes = self.client.located_ptr(located).map(|ptr| {
+                    let bytes = client.located_ptr(located).map(|ptr| {
                         // SAFETY: referenced (the get) until the release below.
                         unsafe { std::slice::from_raw_parts(ptr, entry.data_size as usize) }
                             .to_vec()
                     });
-                    let _ = self.client.release(&[entry.id]);
-                    bytes.map_err(|e| self.fail(&e))?
+                    let _ = client.release(&[entry.id]);
+                    drop(client);
+                    bytes.map_err(|e| self.fs.fail(&e))?
                 }
                 Err(err) if errno(&err) == libc::ENOENT && !daemon_gone(&err) => Vec::new(),
-                Err(err) => return Err(self.fail(&err)),
+                Err(err) => {
+                    drop(client);
+                    return Err(self.fs.fail(&err));
+                }
             }
         };
         let mut writer = Writer::new(path, ino, buf, truncate);
-        for other in self.handles.writers_mut().filter(|w| w.ino == ino) {
-            other.shared = true;
-            writer.shared = true;
+        if self.fs.writeback_cache && self.writing(ino) {
+            // The kernel writes cached pages back through any handle open
+            // for writing on the inode: two writers' bytes would mix.
+            return Err(libc::EBUSY);
         }
-        Ok(self.handles.insert(Handle::Writer(writer)))
+        for other in self.st.handles.writers() {
+            let mut other = lock(other);
+            if other.ino == ino {
+                other.shared = true;
+                writer.shared = true;
+            }
+        }
+        Ok(self.st.handles.insert(Handle::Writer(Mutex::new(writer))))
     }
 
     /// Opens the object bound to `path` for reading; `keep_cache` when it
     /// is the one the inode's page cache holds.
     fn open_reader(&mut self, path: &str, ino: u64) -> Result<(u64, bool), c_int> {
-        let (entry, located) = self.client.get_named(path, 0).map_err(|e| self.fail(&e))?;
-        let ptr = match self.client.located_ptr(located) {
-            Ok(ptr) => ptr,
+        let mut client = lock(&self.fs.client);
+        let (entry, located) = match client.get_named(path, 0) {
+            Ok(got) => got,
             Err(err) => {
-                let _ = self.client.release(&[entry.id]);
-                return Err(self.fail(&err));
+                drop(client);
+                return Err(self.fs.fail(&err));
             }
         };
+        let ptr = match client.located_ptr(located) {
+            Ok(ptr) => ptr,
+            Err(err) => {
+                let _ = client.release(&[entry.id]);
+                drop(client);
+                return Err(self.fs.fail(&err));
+            }
+        };
+        drop(client);
         // SAFETY: `ptr` is the object's data in our mapping, referenced by
         // the get above until the handle's release.
         let sealed = unsafe { Sealed::new(entry.id, ptr, entry.data_size as usize) };
-        let keep = self.cached.insert(ino, entry.id) == Some(entry.id);
-        Ok((self.handles.insert(Handle::Reader(sealed)), keep))
+        let keep = self.st.cached.insert(ino, entry.id) == Some(entry.id);
+        Ok((self.st.handles.insert(Handle::Reader(sealed)), keep))
     }
 
-    fn truncate_path(&mut self, path: &str, ino: u64, size: u64) -> Result<(), c_int> {
+    fn truncate_path(mut self, path: &str, ino: u64, size: u64) -> Result<(), c_int> {
         let fh = self.open_writer_handle(path.to_owned(), ino, false)?;
-        let max = self.max_file;
-        let resized = match self.handles.get_mut(fh) {
-            Some(Handle::Writer(w)) => w.truncate(size, max),
-            _ => unreachable!("just opened a writer"),
+        let max = self.fs.max_file;
+        let resized = match self.st.handles.get(fh).as_deref() {
+            Some(Handle::Writer(w)) => lock(w).truncate(size, max),
+            _ => Err(libc::EBADF),
         };
-        let result = resized.and_then(|()| self.commit(fh));
-        self.handles.remove(fh);
+        // The commit takes the writer and the client, not the state.
+        drop(self.st);
+        let result = resized.and_then(|()| self.fs.commit(FileHandle(fh)));
+        lock(&self.fs.state).handles.remove(fh);
         result
     }
 
-    fn rename_paths(&mut self, from: &str, to: &str, flags: u32) -> Result<(), c_int> {
-        self.check_alive()?;
-        if flags & libc::RENAME_EXCHANGE != 0 {
+    fn rename_paths(&mut self, from: &str, to: &str, flags: RenameFlags) -> Result<(), c_int> {
+        self.fs.check_alive()?;
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             return Err(libc::EINVAL);
         }
         let source = self.node(from)?;
@@ -310,13 +445,13 @@ impl ShoalFs {
             Err(libc::ENOENT) => None,
             Err(e) => return Err(e),
         };
-        if flags & libc::RENAME_NOREPLACE != 0 && target.is_some() {
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) && target.is_some() {
             return Err(libc::EEXIST);
         }
         match (&source, &target) {
             (Node::File { .. }, Some(Node::Dir)) => return Err(libc::EISDIR),
             (Node::Dir, Some(Node::File { .. })) => return Err(libc::ENOTDIR),
-            (Node::Dir, Some(Node::Dir)) if !self.list(to)?.is_empty() => {
+            (Node::Dir, Some(Node::Dir)) if !self.fs.list(to)?.is_empty() => {
                 return Err(libc::ENOTEMPTY)
             }
             _ => {}
@@ -325,38 +460,41 @@ impl ShoalFs {
             return Err(libc::EINVAL);
         }
         let stored = match source {
-            Node::File { .. } => self.resolve(from)?.is_some(),
-            Node::Dir => !self.list(from)?.is_empty(),
+            Node::File { .. } => self.fs.resolve(from)?.is_some(),
+            Node::Dir => !self.fs.list(from)?.is_empty(),
         };
         if stored {
-            self.client.rename(from, to).map_err(|e| self.fail(&e))?;
+            let renamed = lock(&self.fs.client).rename(from, to);
+            renamed.map_err(|e| self.fs.fail(&e))?;
         }
         // Directories made here, writers and inode numbers follow.
         let made: Vec<String> = self
+            .st
             .dirs
             .iter()
             .filter(|d| d.as_str() == from || names::is_under(d, from))
             .cloned()
             .collect();
         for d in made {
-            self.dirs.remove(&d);
-            self.dirs.insert(format!("{to}{}", &d[from.len()..]));
+            self.st.dirs.remove(&d);
+            self.st.dirs.insert(format!("{to}{}", &d[from.len()..]));
         }
-        self.dirs.remove(to);
+        self.st.dirs.remove(to);
         if matches!(source, Node::Dir) {
-            self.dirs.insert(to.to_owned());
+            self.st.dirs.insert(to.to_owned());
         }
-        for w in self.handles.writers_mut() {
+        for writer in self.st.handles.writers() {
+            let mut w = lock(writer);
             if w.path == from || names::is_under(&w.path, from) {
                 w.path = format!("{to}{}", &w.path[from.len()..]);
             }
         }
-        self.inodes.rename(from, to);
+        self.st.inodes.rename(from, to);
         Ok(())
     }
 
     /// The entries of directory `dir`: (name, kind), sorted.
-    fn children(&mut self, dir: &str) -> Result<BTreeMap<String, FileType>, c_int> {
+    fn children(&self, dir: &str) -> Result<BTreeMap<String, FileType>, c_int> {
         let mut out = BTreeMap::new();
         let strip = |p: &str| -> Option<String> {
             if dir.is_empty() {
@@ -378,19 +516,22 @@ impl ShoalFs {
                 out.entry(rest).or_insert(kind);
             }
         };
-        for entry in self.list(dir)? {
+        for entry in self.fs.list(dir)? {
             if let Some(rest) = strip(&entry.name) {
                 add(rest, true);
             }
         }
-        for d in &self.dirs {
+        for d in &self.st.dirs {
             if let Some(rest) = strip(d) {
                 add(rest, false);
             }
         }
-        for w in self.handles.writers().filter(|w| !w.unlinked) {
-            if let Some(rest) = strip(&w.path) {
-                add(rest, true);
+        for writer in self.st.handles.writers() {
+            let w = lock(writer);
+            if !w.unlinked {
+                if let Some(rest) = strip(&w.path) {
+                    add(rest, true);
+                }
             }
         }
         Ok(out)
@@ -398,32 +539,41 @@ impl ShoalFs {
 }
 
 impl Filesystem for ShoalFs {
-    fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), c_int> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Large writes and read-ahead: a 1 MiB block is one request.
         let _ = config.set_max_write(BLOCK);
         let _ = config.set_max_readahead(BLOCK);
-        let _ = config.add_capabilities(consts::FUSE_BIG_WRITES);
+        let _ = config.add_capabilities(InitFlags::FUSE_BIG_WRITES);
+        if self.writeback_cache
+            && config
+                .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
+                .is_err()
+        {
+            tracing::warn!("this kernel has no FUSE write-back cache: writes go through");
+        }
         Ok(())
     }
 
-    fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
-        match self.child(parent, name).and_then(|p| self.stat(&p)) {
-            Ok(attr) => reply.entry(&TTL, &attr, 0),
-            Err(e) => reply.error(e),
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let mut op = Op::new(self);
+        match op.child(parent, name).and_then(|p| op.stat(&p)) {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
-    fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
-        match self.path_of(ino).and_then(|p| self.stat(&p)) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let mut op = Op::new(self);
+        match op.path_of(ino).and_then(|p| op.stat(&p)) {
             Ok(attr) => reply.attr(&TTL, &attr),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
     fn setattr(
-        &mut self,
-        _req: &Request<'_>,
-        ino: u64,
+        &self,
+        _req: &Request,
+        ino: INodeNo,
         _mode: Option<u32>,
         _uid: Option<u32>,
         _gid: Option<u32>,
@@ -431,82 +581,90 @@ impl Filesystem for ShoalFs {
         _atime: Option<TimeOrNow>,
         _mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        fh: Option<u64>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
-        _flags: Option<u32>,
+        _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
         let result = (|| {
             self.check_alive()?;
-            let path = self.path_of(ino)?;
+            let op = Op::new(self);
+            let path = op.path_of(ino)?;
             if let Some(size) = size {
                 let max = self.max_file;
-                let writer =
-                    fh.filter(|fh| matches!(self.handles.get(*fh), Some(Handle::Writer(_))));
-                match writer {
-                    Some(fh) => match self.handles.get_mut(fh) {
-                        Some(Handle::Writer(w)) => w.truncate(size, max)?,
-                        _ => unreachable!("filtered to writers"),
-                    },
-                    None => {
+                let writer = fh
+                    .and_then(|fh| op.st.handles.get(fh.0))
+                    .filter(|h| matches!(h.as_ref(), Handle::Writer(_)));
+                match writer.as_deref() {
+                    Some(Handle::Writer(w)) => lock(w).truncate(size, max)?,
+                    _ => {
                         // A truncate by path while writers have it open
                         // resizes what they will write.
                         let mut resized = false;
-                        for w in self.handles.writers_mut() {
+                        for writer in op.st.handles.writers() {
+                            let mut w = lock(writer);
                             if w.path == path && !w.unlinked {
                                 w.truncate(size, max)?;
                                 resized = true;
                             }
                         }
                         if !resized {
-                            self.truncate_path(&path, ino, size)?;
+                            op.truncate_path(&path, ino.0, size)?;
+                            return Op::new(self).stat(&path);
                         }
                     }
                 }
             }
-            self.stat(&path)
+            let mut op = op;
+            op.stat(&path)
         })();
         match result {
             Ok(attr) => reply.attr(&TTL, &attr),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
     fn mkdir(
-        &mut self,
-        _req: &Request<'_>,
-        parent: u64,
+        &self,
+        _req: &Request,
+        parent: INodeNo,
         name: &OsStr,
         _mode: u32,
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let result = self.child(parent, name).and_then(|path| {
-            match self.node(&path) {
+        let mut op = Op::new(self);
+        let result = op.child(parent, name).and_then(|path| {
+            match op.node(&path) {
                 Ok(_) => return Err(libc::EEXIST),
                 Err(libc::ENOENT) => {}
                 Err(e) => return Err(e),
             }
-            self.dirs.insert(path.clone());
-            self.stat(&path)
+            op.st.dirs.insert(path.clone());
+            op.stat(&path)
         });
         match result {
-            Ok(attr) => reply.entry(&TTL, &attr, 0),
-            Err(e) => reply.error(e),
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
-    fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        let result = self.child(parent, name).and_then(|path| {
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let op = Op::new(self);
+        let result = op.child(parent, name).and_then(|path| {
             self.check_alive()?;
             let mut open = false;
-            for w in self.handles.writers_mut().filter(|w| w.path == path) {
-                w.unlinked = true;
-                open = true;
+            for writer in op.st.handles.writers() {
+                let mut w = lock(writer);
+                if w.path == path {
+                    w.unlinked = true;
+                    open = true;
+                }
             }
-            match self.client.unlink(&path) {
+            let unlinked = lock(&self.client).unlink(&path);
+            match unlinked {
                 Ok(()) => Ok(()),
                 Err(err) if open && errno(&err) == libc::ENOENT => Ok(()),
                 Err(err) => Err(self.fail(&err)),
@@ -514,81 +672,88 @@ impl Filesystem for ShoalFs {
         });
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
-    fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        let result = self.child(parent, name).and_then(|path| {
-            match self.node(&path)? {
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let mut op = Op::new(self);
+        let result = op.child(parent, name).and_then(|path| {
+            match op.node(&path)? {
                 Node::File { .. } => return Err(libc::ENOTDIR),
                 Node::Dir => {}
             }
-            if !self.children(&path)?.is_empty() {
+            if !op.children(&path)?.is_empty() {
                 return Err(libc::ENOTEMPTY);
             }
-            self.dirs.remove(&path);
+            op.st.dirs.remove(&path);
             Ok(())
         });
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
     fn rename(
-        &mut self,
-        _req: &Request<'_>,
-        parent: u64,
+        &self,
+        _req: &Request,
+        parent: INodeNo,
         name: &OsStr,
-        newparent: u64,
+        newparent: INodeNo,
         newname: &OsStr,
-        flags: u32,
+        flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let result = self.child(parent, name).and_then(|from| {
-            let to = self.child(newparent, newname)?;
-            self.rename_paths(&from, &to, flags)
+        let mut op = Op::new(self);
+        let result = op.child(parent, name).and_then(|from| {
+            let to = op.child(newparent, newname)?;
+            op.rename_paths(&from, &to, flags)
         });
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
-    fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let result = (|| {
             self.check_alive()?;
-            let path = self.path_of(ino)?;
-            if flags & libc::O_ACCMODE == libc::O_RDONLY {
-                if let Some(w) = self.open_writer(&path) {
+            let mut op = Op::new(self);
+            let path = op.path_of(ino)?;
+            if flags.acc_mode() == OpenAccMode::O_RDONLY {
+                if let Some((_, Some(buf))) = op.open_writer(&path, true) {
                     // Written here and not closed yet: read what it holds.
-                    let buf = w.buf.clone();
-                    let fh = self
-                        .handles
-                        .insert(Handle::Writer(Writer::new(path, ino, buf, false)));
-                    return Ok((fh, 0));
+                    let mut writer = Writer::new(path, ino.0, buf, false);
+                    writer.writable = false;
+                    let fh = op.st.handles.insert(Handle::Writer(Mutex::new(writer)));
+                    return Ok((fh, FopenFlags::empty()));
                 }
-                let (fh, keep) = self.open_reader(&path, ino)?;
-                Ok((fh, if keep { consts::FOPEN_KEEP_CACHE } else { 0 }))
+                let (fh, keep) = op.open_reader(&path, ino.0)?;
+                let flags = if keep {
+                    FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                };
+                Ok((fh, flags))
             } else {
-                if matches!(self.node(&path)?, Node::Dir) {
+                if matches!(op.node(&path)?, Node::Dir) {
                     return Err(libc::EISDIR);
                 }
-                let fh = self.open_writer_handle(path, ino, flags & libc::O_TRUNC != 0)?;
-                Ok((fh, 0))
+                let fh = op.open_writer_handle(path, ino.0, flags.0 & libc::O_TRUNC != 0)?;
+                Ok((fh, FopenFlags::empty()))
             }
         })();
         match result {
-            Ok((fh, open_flags)) => reply.opened(fh, open_flags),
-            Err(e) => reply.error(e),
+            Ok((fh, open_flags)) => reply.opened(FileHandle(fh), open_flags),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
     fn create(
-        &mut self,
-        _req: &Request<'_>,
-        parent: u64,
+        &self,
+        _req: &Request,
+        parent: INodeNo,
         name: &OsStr,
         _mode: u32,
         _umask: u32,
@@ -597,145 +762,154 @@ impl Filesystem for ShoalFs {
     ) {
         let result = (|| {
             self.check_alive()?;
-            let path = self.child(parent, name)?;
-            let existing = match self.node(&path) {
+            let mut op = Op::new(self);
+            let path = op.child(parent, name)?;
+            let existing = match op.node(&path) {
                 Ok(Node::Dir) => return Err(libc::EISDIR),
                 Ok(Node::File { .. }) if flags & libc::O_EXCL != 0 => return Err(libc::EEXIST),
                 Ok(Node::File { .. }) => true,
                 Err(libc::ENOENT) => false,
                 Err(e) => return Err(e),
             };
-            let ino = self.inodes.ino(&path);
+            let ino = op.st.inodes.ino(&path);
             // A new file is dirty from the start: closing it empty still
             // makes it exist.
             let truncate = !existing || flags & libc::O_TRUNC != 0;
-            let fh = self.open_writer_handle(path.clone(), ino, truncate)?;
-            let attr = self.stat(&path)?;
+            let fh = op.open_writer_handle(path.clone(), ino, truncate)?;
+            let attr = op.stat(&path)?;
             Ok((attr, fh))
         })();
         match result {
-            Ok((attr, fh)) => reply.created(&TTL, &attr, 0, fh, 0),
-            Err(e) => reply.error(e),
+            Ok((attr, fh)) => reply.created(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
     fn read(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
-        offset: i64,
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
         size: u32,
-        _flags: i32,
-        _lock_owner: Option<u64>,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
         if let Err(e) = self.check_alive() {
-            return reply.error(e);
+            return reply.error(errno_of(e));
         }
-        match self.handles.get(fh) {
+        match self.handle(fh).as_deref() {
             Some(Handle::Reader(sealed)) => reply.data(slice_at(sealed.bytes(), offset, size)),
-            Some(Handle::Writer(w)) => reply.data(slice_at(&w.buf, offset, size)),
-            None => reply.error(libc::EBADF),
+            Some(Handle::Writer(w)) => reply.data(slice_at(&lock(w).buf, offset, size)),
+            None => reply.error(Errno::EBADF),
         }
     }
 
     fn write(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
-        offset: i64,
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
         data: &[u8],
-        _write_flags: u32,
-        _flags: i32,
-        _lock_owner: Option<u64>,
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         if let Err(e) = self.check_alive() {
-            return reply.error(e);
+            return reply.error(errno_of(e));
         }
-        let max = self.max_file;
-        match self.handles.get_mut(fh) {
-            Some(Handle::Writer(w)) if offset >= 0 => match w.write(offset as u64, data, max) {
+        match self.handle(fh).as_deref() {
+            Some(Handle::Writer(w)) => match lock(w).write(offset, data, self.max_file) {
                 Ok(n) => reply.written(n as u32),
-                Err(e) => reply.error(e),
+                Err(e) => reply.error(errno_of(e)),
             },
-            Some(Handle::Writer(_)) => reply.error(libc::EINVAL),
-            _ => reply.error(libc::EBADF),
+            _ => reply.error(Errno::EBADF),
         }
     }
 
-    fn flush(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _owner: u64, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         // close(2) hears this one: a full store is its ENOSPC.
         match self.commit(fh) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
     fn fsync(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
         // The seal waits for the node's default durability.
         match self.commit(fh) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
     fn release(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
-        _flags: i32,
-        _lock_owner: Option<u64>,
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         // Writes after the last flush (a shared mmap written back late).
         let result = self.commit(fh);
-        match self.handles.remove(fh) {
-            Some(Handle::Reader(sealed)) if self.alive.load(Ordering::SeqCst) => {
-                if let Err(err) = self.client.release(&[sealed.id]) {
-                    self.fail(&err);
-                }
-            }
-            _ => {}
+        let removed = lock(&self.state).handles.remove(fh.0);
+        if let Some(Handle::Reader(sealed)) = removed.as_deref() {
+            self.release_object(sealed.id);
         }
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
     fn readdir(
-        &mut self,
-        _req: &Request<'_>,
-        ino: u64,
-        _fh: u64,
-        offset: i64,
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
         mut reply: ReplyDirectory,
     ) {
         let result = (|| {
             self.check_alive()?;
-            let dir = self.path_of(ino)?;
-            if !matches!(self.node(&dir)?, Node::Dir) {
+            let mut op = Op::new(self);
+            let dir = op.path_of(ino)?;
+            if !matches!(op.node(&dir)?, Node::Dir) {
                 return Err(libc::ENOTDIR);
             }
-            let children = self.children(&dir)?;
+            let children = op.children(&dir)?;
             let parent = match dir.rsplit_once('/') {
-                Some((up, _)) => self.inodes.ino(up),
-                None => FUSE_ROOT_ID,
+                Some((up, _)) => op.st.inodes.ino(up),
+                None => INodeNo::ROOT.0,
             };
             let mut entries = vec![
-                (ino, FileType::Directory, ".".to_owned()),
+                (ino.0, FileType::Directory, ".".to_owned()),
                 (parent, FileType::Directory, "..".to_owned()),
             ];
             for (name, kind) in children {
@@ -744,29 +918,30 @@ impl Filesystem for ShoalFs {
                 } else {
                     format!("{dir}/{name}")
                 };
-                entries.push((self.inodes.ino(&path), kind, name));
+                entries.push((op.st.inodes.ino(&path), kind, name));
             }
             Ok(entries)
         })();
         match result {
             Ok(entries) => {
-                for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize)
-                {
-                    if reply.add(ino, i as i64 + 1, kind, name) {
+                let skip = usize::try_from(offset).unwrap_or(usize::MAX);
+                for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(skip) {
+                    if reply.add(INodeNo(ino), i as u64 + 1, kind, name) {
                         break;
                     }
                 }
                 reply.ok();
             }
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(errno_of(e)),
         }
     }
 
-    fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         if let Err(e) = self.check_alive() {
-            return reply.error(e);
+            return reply.error(errno_of(e));
         }
-        match self.client.stats() {
+        let stats = lock(&self.client).stats();
+        match stats {
             Ok(s) => {
                 let frsize = 4096u64;
                 let blocks = s.capacity / frsize;
@@ -782,7 +957,7 @@ impl Filesystem for ShoalFs {
                     frsize as u32,
                 );
             }
-            Err(err) => reply.error(self.fail(&err)),
+            Err(err) => reply.error(errno_of(self.fail(&err))),
         }
     }
 }

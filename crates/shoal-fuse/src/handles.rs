@@ -14,6 +14,7 @@
 //! memory bandwidth.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use libc::c_int;
 use shoal_core::ObjectId;
@@ -21,8 +22,8 @@ use shoal_core::ObjectId;
 /// A sealed object's bytes in this process's mapping of the region.
 pub struct Sealed {
     pub id: ObjectId,
-    /// Address in the client's mapping (kept as an integer so the file
-    /// system can move to the session thread).
+    /// Address in the client's mapping (kept as an integer so the handle
+    /// can be shared by the session threads).
     address: usize,
     len: usize,
 }
@@ -59,6 +60,8 @@ pub struct Writer {
     /// cache of the file mixes both writers' bytes, so it must not be kept
     /// for the version this one writes.
     pub shared: bool,
+    /// False for a read-only open's copy of a buffer still being written.
+    pub writable: bool,
 }
 
 impl Writer {
@@ -70,6 +73,7 @@ impl Writer {
             dirty,
             unlinked: false,
             shared: false,
+            writable: true,
         }
     }
 
@@ -104,52 +108,53 @@ impl Writer {
     }
 }
 
+/// An open file. Handles are shared (`Arc`) so that reads and writes of
+/// different files, and reads of one sealed file, run on several session
+/// threads at once; a writer's buffer has its own lock.
 pub enum Handle {
     Reader(Sealed),
-    Writer(Writer),
+    Writer(Mutex<Writer>),
+}
+
+/// Locks `m`. A thread that panicked while holding it left a buffer that is
+/// still a valid (if partial) file, so the poison is ignored rather than
+/// taking the whole mount down.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Reads `size` bytes at `offset` of `bytes` (short at the end).
-pub fn slice_at(bytes: &[u8], offset: i64, size: u32) -> &[u8] {
-    let start = (offset.max(0) as usize).min(bytes.len());
+pub fn slice_at(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
     let end = start.saturating_add(size as usize).min(bytes.len());
     &bytes[start..end]
 }
 
 #[derive(Default)]
 pub struct Handles {
-    open: HashMap<u64, Handle>,
+    open: HashMap<u64, Arc<Handle>>,
     next: u64,
 }
 
 impl Handles {
     pub fn insert(&mut self, handle: Handle) -> u64 {
         self.next += 1;
-        self.open.insert(self.next, handle);
+        self.open.insert(self.next, Arc::new(handle));
         self.next
     }
 
-    pub fn get(&self, fh: u64) -> Option<&Handle> {
-        self.open.get(&fh)
+    pub fn get(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.open.get(&fh).cloned()
     }
 
-    pub fn get_mut(&mut self, fh: u64) -> Option<&mut Handle> {
-        self.open.get_mut(&fh)
-    }
-
-    pub fn remove(&mut self, fh: u64) -> Option<Handle> {
+    pub fn remove(&mut self, fh: u64) -> Option<Arc<Handle>> {
         self.open.remove(&fh)
     }
 
-    pub fn writers(&self) -> impl Iterator<Item = &Writer> {
-        self.open.values().filter_map(|h| match h {
-            Handle::Writer(w) => Some(w),
-            Handle::Reader(_) => None,
-        })
-    }
-
-    pub fn writers_mut(&mut self) -> impl Iterator<Item = &mut Writer> {
-        self.open.values_mut().filter_map(|h| match h {
+    pub fn writers(&self) -> impl Iterator<Item = &Mutex<Writer>> {
+        self.open.values().filter_map(|h| match h.as_ref() {
             Handle::Writer(w) => Some(w),
             Handle::Reader(_) => None,
         })

@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 
-use fuser::FUSE_ROOT_ID;
+use fuser::INodeNo;
+
+const FUSE_ROOT_ID: u64 = INodeNo::ROOT.0;
 
 pub struct Inodes {
     by_path: HashMap<String, u64>,

@@ -1,6 +1,6 @@
 //! Mounting and unmounting, and ending the mount when its daemon goes.
 //!
-//! The session runs on fuser's background thread. A watcher thread asks
+//! The session runs on fuser's background threads (`MountConfig::threads`). A watcher thread asks
 //! the daemon for its stats every `watch_interval` on a connection of its
 //! own; when that fails (or any operation on the mount sees the daemon
 //! gone) every operation answers EIO at once and [`Mounted::wait`]
@@ -34,6 +34,12 @@ pub struct MountConfig {
     pub space_wait_ms: u32,
     /// How often the watcher checks that the daemon is there.
     pub watch_interval: Duration,
+    /// Session threads, each reading requests from its own clone of the
+    /// /dev/fuse descriptor (so several programs' I/O runs at once).
+    pub threads: usize,
+    /// The kernel's write-back cache: writes land in the page cache and
+    /// reach the mount in large batches (docs/posix.md, its rules).
+    pub writeback_cache: bool,
 }
 
 impl MountConfig {
@@ -44,8 +50,19 @@ impl MountConfig {
             allow_other: false,
             space_wait_ms: 10_000,
             watch_interval: Duration::from_millis(250),
+            threads: default_threads(),
+            writeback_cache: false,
         }
     }
+}
+
+/// Two session threads per CPU, 4 to 16: a thread that is copying a reply
+/// into the kernel or waiting for the daemon (a close waiting for memory or
+/// durability) is not reading the next request, so one per CPU left small
+/// writes of several programs queued (measured: 16 KiB random writes of 4
+/// fio processes ~1.5x faster with 4 threads than with 2 on 2 CPUs).
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| (2 * n.get()).clamp(4, 16))
 }
 
 /// Why [`Mounted::wait`] returned.
@@ -79,8 +96,13 @@ pub fn mount(config: &MountConfig) -> Result<Mounted> {
     let client = Client::connect(&config.socket)?;
     let mut watcher_client = Client::connect(&config.socket)?;
     let alive = Arc::new(AtomicBool::new(true));
-    let fs = ShoalFs::new(client, config.space_wait_ms, alive.clone());
-    let mut options = vec![
+    let fs = ShoalFs::new(
+        client,
+        config.space_wait_ms,
+        alive.clone(),
+        config.writeback_cache,
+    );
+    let options = vec![
         MountOption::FSName("shoal".into()),
         MountOption::Subtype("shoal".into()),
         MountOption::DefaultPermissions,
@@ -88,10 +110,14 @@ pub fn mount(config: &MountConfig) -> Result<Mounted> {
         MountOption::NoDev,
         MountOption::NoSuid,
     ];
+    let mut fuse_config = fuser::Config::default();
+    fuse_config.mount_options = options;
+    fuse_config.n_threads = Some(config.threads.max(1));
+    fuse_config.clone_fd = true;
     if config.allow_other {
-        options.push(MountOption::AllowOther);
+        fuse_config.acl = fuser::SessionACL::All;
     }
-    let session = fuser::spawn_mount2(fs, &config.mountpoint, &options)
+    let session = fuser::spawn_mount(fs, &config.mountpoint, &fuse_config)
         .map_err(|e| ShoalError::io(&format!("mount {} (FUSE)", config.mountpoint.display()), e))?;
     let stop_watching = Arc::new(AtomicBool::new(false));
     let watcher = {
