@@ -181,10 +181,13 @@ pub fn run(args: BenchArgs, self_command: Vec<String>) -> Result<()> {
         "read GiB/s",
         "faults"
     );
-    for (count, size) in TABLE_ONE {
-        if args.max_size.is_some_and(|m| size as u64 > m) {
-            continue;
-        }
+    let workloads: Vec<(usize, usize)> = TABLE_ONE
+        .into_iter()
+        .filter(|&(_, size)| args.max_size.is_none_or(|m| size as u64 <= m))
+        .collect();
+    // Rows are printed above the bar (suspended), so a terminal shows both.
+    let progress = crate::progress::bar((workloads.len() * args.reps) as u64, "bench repetitions");
+    for (count, size) in workloads {
         let mut reader = Command::new(&self_command[0])
             .args(&self_command[1..])
             .args(["bench-reader", "--socket"])
@@ -235,6 +238,7 @@ pub fn run(args: BenchArgs, self_command: Vec<String>) -> Result<()> {
             for result in client.delete(&ids)? {
                 result?;
             }
+            progress.inc(1);
         }
         drop(to_reader);
         let _ = reader.wait();
@@ -243,16 +247,19 @@ pub fn run(args: BenchArgs, self_command: Vec<String>) -> Result<()> {
         let (get_min, _) = stats(samples.iter().map(|s| s.get.as_secs_f64()).collect());
         let (read_min, _) = stats(samples.iter().map(|s| s.read.as_secs_f64()).collect());
         let faults = samples.iter().map(|s| s.faults).min().unwrap_or(0);
-        println!(
-            "{count:>6} {size:>11} | {:>10.3}ms {:>10.2}µs {:>9.2} | {:>10.3}ms {:>10.3}µs | {:>10.2} {faults:>7}",
-            put_min * 1e3,
-            put_min * 1e6 / count as f64,
-            bytes / put_min / (1u64 << 30) as f64,
-            get_min * 1e3,
-            get_min * 1e6 / count as f64,
-            bytes / read_min / (1u64 << 30) as f64,
-        );
+        progress.suspend(|| {
+            println!(
+                "{count:>6} {size:>11} | {:>10.3}ms {:>10.2}µs {:>9.2} | {:>10.3}ms {:>10.3}µs | {:>10.2} {faults:>7}",
+                put_min * 1e3,
+                put_min * 1e6 / count as f64,
+                bytes / put_min / (1u64 << 30) as f64,
+                get_min * 1e3,
+                get_min * 1e6 / count as f64,
+                bytes / read_min / (1u64 << 30) as f64,
+            )
+        });
     }
+    progress.finish_and_clear();
     drop(client);
     if let Some((shutdown, handle)) = daemon {
         shutdown.trigger();

@@ -10,6 +10,7 @@ mod mount;
 mod node_process;
 pub use args::default_socket;
 use args::{size, SocketArg};
+mod objects;
 mod progress;
 mod tiers;
 mod top;
@@ -149,6 +150,10 @@ enum Command {
         #[arg(long, requires = "cluster", conflicts_with = "dir")]
         file: Option<PathBuf>,
     },
+    /// Put a file's bytes into the store as one object; prints its id.
+    Put(objects::PutArgs),
+    /// Write one object's data to a file or standard output.
+    Get(objects::GetArgs),
     /// Mount the store as a file system (FUSE): names are files, name prefixes
     /// directories. Runs in the foreground until stopped, unmounted, or the daemon goes.
     Mount(mount::MountArgs),
@@ -211,7 +216,10 @@ pub fn run(args: Vec<String>, self_command: Vec<String>) -> i32 {
 fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) -> Result<()> {
     if matches!(
         command,
-        Command::Ls { .. } | Command::Stat { .. } | Command::Cluster(ClusterCommand::Status(_))
+        Command::Ls { .. }
+            | Command::Stat { .. }
+            | Command::Get(_)
+            | Command::Cluster(ClusterCommand::Status(_))
     ) {
         // Listings end quietly when their reader does (`shoal ls | head`),
         // like any Unix tool. Not for `serve`: a daemon must survive clients
@@ -373,6 +381,8 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
         Command::StageIn(args) => tiers::stage(args, false),
         Command::StageOut(args) => tiers::stage(args, true),
         Command::Top(args) => top::run(args),
+        Command::Put(args) => objects::put(args),
+        Command::Get(args) => objects::get(args),
         Command::Bench(args) => bench::run(args, self_command),
         Command::BenchReader(args) => bench::reader(args),
     }
