@@ -1,7 +1,8 @@
 //! `shoal top`: a live terminal view of a cluster's nodes (or of single
 //! daemons), read from their `/metrics` once a second: memory, objects,
-//! clients, operations and bytes sealed per second, and each node's usage
-//! over the last minutes as a sparkline. `q`, Esc or Ctrl-C quits.
+//! clients, operations and bytes sealed per second, the busiest clients and
+//! the largest objects (from their `/top`), and each node's usage over the
+//! last minutes as a sparkline. `q`, Esc or Ctrl-C quits.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -16,7 +17,8 @@ use ratatui::widgets::{Block, Paragraph, Row, Sparkline, Table};
 use ratatui::Frame;
 use shoal_core::units::format_size;
 use shoal_daemon::metrics::exposition::Sample;
-use shoal_daemon::metrics::scrape::scrape;
+use shoal_daemon::metrics::scrape::{fetch, scrape};
+use shoal_daemon::metrics::top::{TopView, ROWS};
 
 /// Refreshes a second; usage kept for this many of them (5 minutes).
 const REFRESH: Duration = Duration::from_secs(1);
@@ -43,6 +45,8 @@ struct Watched {
     address: Option<SocketAddr>,
     figures: Option<Figures>,
     previous: Option<(Instant, f64, f64)>,
+    /// Its busiest clients and largest objects, as last read.
+    top: Option<TopView>,
     ops_per_second: f64,
     sealed_per_second: f64,
     used: VecDeque<u64>,
@@ -132,14 +136,21 @@ pub fn run(args: TopArgs) -> Result<()> {
             let now = Instant::now();
             let read = runtime.block_on(futures_util::future::join_all(nodes.iter().map(
                 |n| async move {
-                    match n.address {
-                        Some(address) => scrape(address, SCRAPE_TIMEOUT).await,
-                        None => None,
-                    }
+                    let Some(address) = n.address else {
+                        return (None, None);
+                    };
+                    let (samples, top) = futures_util::future::join(
+                        scrape(address, SCRAPE_TIMEOUT),
+                        fetch(address, "/top", SCRAPE_TIMEOUT),
+                    )
+                    .await;
+                    let top = top.and_then(|json| TopView::from_json(&json));
+                    (samples, top)
                 },
             )));
-            for (node, samples) in nodes.iter_mut().zip(read) {
+            for (node, (samples, top)) in nodes.iter_mut().zip(read) {
                 node.update(samples, now);
+                node.top = top;
             }
             terminal.draw(|frame| draw(frame, &title, &nodes))?;
             // Keys until the next refresh is due.
@@ -169,6 +180,7 @@ fn watched(name: String, address: Option<SocketAddr>) -> Watched {
         address,
         figures: None,
         previous: None,
+        top: None,
         ops_per_second: 0.0,
         sealed_per_second: 0.0,
         used: VecDeque::with_capacity(KEPT),
@@ -192,6 +204,7 @@ fn draw(frame: &mut Frame, title: &str, nodes: &[Watched]) {
         [
             Constraint::Length(1),
             Constraint::Length(nodes.len() as u16 + 3),
+            Constraint::Length(ROWS as u16 + 3),
         ]
         .into_iter()
         .chain(nodes.iter().map(|_| Constraint::Length(3)))
@@ -248,8 +261,9 @@ fn draw(frame: &mut Frame, title: &str, nodes: &[Watched]) {
         )
         .block(Block::bordered().title(" nodes "));
     frame.render_widget(table, areas[1]);
+    draw_top(frame, areas[2], nodes);
     for (i, n) in nodes.iter().enumerate() {
-        let area = areas[2 + i];
+        let area = areas[3 + i];
         // The newest samples that fit, right-aligned.
         let width = area.width.saturating_sub(2) as usize;
         let data: Vec<u64> = n.used.iter().rev().take(width).rev().copied().collect();
@@ -264,4 +278,74 @@ fn draw(frame: &mut Frame, title: &str, nodes: &[Watched]) {
             .style(Style::default().fg(Color::Green));
         frame.render_widget(sparkline, area);
     }
+}
+
+/// The busiest clients and the largest objects of all nodes, side by side.
+fn draw_top(frame: &mut Frame, area: ratatui::layout::Rect, nodes: &[Watched]) {
+    let [left, right] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let mut clients: Vec<(&str, &shoal_daemon::metrics::top::ClientRow)> = nodes
+        .iter()
+        .filter_map(|n| n.top.as_ref().map(|t| (n, t)))
+        .flat_map(|(n, t)| t.clients.iter().map(move |c| (n.name.as_str(), c)))
+        .collect();
+    clients.sort_by(|a, b| {
+        b.1.requests_per_second
+            .total_cmp(&a.1.requests_per_second)
+            .then(b.1.requests.cmp(&a.1.requests))
+    });
+    let rows = clients.iter().take(ROWS).map(|(node, c)| {
+        Row::new(vec![
+            node.to_string(),
+            c.pid.to_string(),
+            format!("{:.0}", c.requests_per_second),
+            format!("{:.0}", c.objects_per_second),
+            c.requests.to_string(),
+            format!("{:.0}s", c.connected_seconds),
+        ])
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(10),
+            Constraint::Length(8),
+            Constraint::Length(7),
+            Constraint::Length(7),
+            Constraint::Length(9),
+            Constraint::Length(7),
+        ],
+    )
+    .header(Row::new(vec!["NODE", "PID", "REQ/S", "OBJ/S", "REQUESTS", "UP"]).style(bold))
+    .block(Block::bordered().title(" busiest clients "));
+    frame.render_widget(table, left);
+
+    let mut objects: Vec<(&str, &shoal_daemon::metrics::top::ObjectRow)> = nodes
+        .iter()
+        .filter_map(|n| n.top.as_ref().map(|t| (n, t)))
+        .flat_map(|(n, t)| t.largest.iter().map(move |o| (n.name.as_str(), o)))
+        .collect();
+    objects.sort_by_key(|o| std::cmp::Reverse(o.1.bytes));
+    let rows = objects.iter().take(ROWS).map(|(node, o)| {
+        Row::new(vec![
+            node.to_string(),
+            o.id.chars().take(16).collect::<String>(),
+            format_size(o.bytes),
+            if o.sealed { "sealed" } else { "writing" }.to_owned(),
+            o.refs.to_string(),
+        ])
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(10),
+            Constraint::Length(17),
+            Constraint::Length(11),
+            Constraint::Length(8),
+            Constraint::Length(5),
+        ],
+    )
+    .header(Row::new(vec!["NODE", "ID", "SIZE", "STATE", "REFS"]).style(bold))
+    .block(Block::bordered().title(" largest objects "));
+    frame.render_widget(table, right);
 }

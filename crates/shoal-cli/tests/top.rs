@@ -51,6 +51,20 @@ fn row(screen: &str, node: u32) -> Option<Vec<String>> {
     Some(words)
 }
 
+/// Whether some line of the screen holds `words` in a row (box borders
+/// count as spaces: the two lists share their lines).
+fn has_words(screen: &str, words: &[&str]) -> bool {
+    screen.lines().any(|line| {
+        let line = line.replace('│', " ");
+        let all: Vec<&str> = line.split_whitespace().collect();
+        all.windows(words.len()).any(|w| {
+            w.iter()
+                .zip(words)
+                .all(|(have, want)| *want == "*" || have == want)
+        })
+    })
+}
+
 fn wait_for_screen(tmux: &Tmux, what: &str, mut done: impl FnMut(&str) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -120,6 +134,16 @@ fn top_shows_the_clusters_figures_live_and_quits_on_q() {
     });
     wait_for_screen(&tmux, "node 1's operations per second", |s| {
         row(s, 1).is_some_and(|r| r.get(9).and_then(|o| o.parse::<f64>().ok()).unwrap_or(0.0) > 0.0)
+    });
+    // The workload's client (this process) is among the busiest, working.
+    let pid = std::process::id().to_string();
+    wait_for_screen(&tmux, "this process among the busiest clients", |s| {
+        s.contains("busiest clients") && has_words(s, &["node", "1", &pid])
+    });
+    // Its 1 MiB objects are the largest, sealed, with no reference left.
+    wait_for_screen(&tmux, "node 1's objects among the largest", |s| {
+        s.contains("largest objects")
+            && has_words(s, &["node", "1", "*", "1.00", "MiB", "sealed", "0"])
     });
     let (_client, puts) = workload.join().unwrap();
     let used = format!("{puts}.00");

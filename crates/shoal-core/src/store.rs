@@ -887,18 +887,25 @@ impl Store {
         self.table
             .iter()
             .filter(|(_, e)| !e.delete_pending)
-            .map(|(_, e)| ObjectInfo {
-                id: e.id,
-                location: ObjectLocation {
-                    offset: e.offset,
-                    data_size: e.data_size,
-                    meta_size: e.meta_size,
-                },
-                sealed: e.state == ObjectState::Sealed,
-                refs: e.refs,
-                resident: true,
-                tiers: 0,
-            })
+            .map(|(_, e)| object_info(e))
+            .collect()
+    }
+
+    /// The `n` largest objects in memory (data + metadata), largest first:
+    /// one pass over the table keeping a heap of `n`, for an operator's view.
+    pub fn largest(&self, n: usize) -> Vec<ObjectInfo> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        let mut heap: BinaryHeap<Reverse<(u64, Slot)>> = BinaryHeap::with_capacity(n + 1);
+        for (slot, e) in self.table.iter().filter(|(_, e)| !e.delete_pending) {
+            heap.push(Reverse((e.data_size + u64::from(e.meta_size), slot)));
+            if heap.len() > n {
+                heap.pop();
+            }
+        }
+        heap.into_sorted_vec()
+            .into_iter()
+            .filter_map(|Reverse((_, slot))| self.table.get(slot).map(object_info))
             .collect()
     }
 
@@ -994,6 +1001,22 @@ impl Store {
     }
 }
 
+/// How a listing shows an object in memory.
+fn object_info(e: &Entry) -> ObjectInfo {
+    ObjectInfo {
+        id: e.id,
+        location: ObjectLocation {
+            offset: e.offset,
+            data_size: e.data_size,
+            meta_size: e.meta_size,
+        },
+        sealed: e.state == ObjectState::Sealed,
+        refs: e.refs,
+        resident: true,
+        tiers: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1027,6 +1050,27 @@ mod tests {
         let events = s.take_events();
         assert_eq!(events.len(), 2);
         s.check_invariants();
+    }
+
+    #[test]
+    fn largest_lists_the_biggest_objects_biggest_first_and_skips_deleted_ones() {
+        let mut s = store(1 << 20);
+        for (n, size) in [(1u8, 300u64), (2, 100), (3, 5000), (4, 700), (5, 4000)] {
+            s.create(1, id(n), size, 0).unwrap();
+        }
+        s.seal(1, &[id(1), id(2), id(3), id(4)], true).unwrap();
+        let sizes = |s: &Store, n| -> Vec<(u8, u64)> {
+            s.largest(n)
+                .iter()
+                .map(|o| (o.id.0[0], o.location.data_size))
+                .collect()
+        };
+        // Unsealed objects count too (they hold memory).
+        assert_eq!(sizes(&s, 3), [(3, 5000), (5, 4000), (4, 700)]);
+        assert_eq!(sizes(&s, 10).len(), 5);
+        assert!(s.largest(0).is_empty());
+        s.delete(&id(3)).unwrap();
+        assert_eq!(sizes(&s, 2), [(5, 4000), (4, 700)]);
     }
 
     #[test]

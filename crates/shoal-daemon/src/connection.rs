@@ -23,6 +23,7 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+use crate::node::ClientActivity;
 use crate::ops::Ops;
 
 const READ_CHUNK: usize = 64 * 1024;
@@ -33,6 +34,7 @@ pub async fn serve(ops: Rc<Ops>, stream: UnixStream) {
         ops: ops.clone(),
         stream,
         client,
+        activity: ops.node.client_activity(client),
         welcomed: false,
     };
     match connection
@@ -49,13 +51,8 @@ pub async fn serve(ops: Rc<Ops>, stream: UnixStream) {
     ops.node.client_gone(client);
 }
 
-/// A debug-level span per request with its operation and (first) object
-/// id, so every line logged while serving it names them; nothing at all
-/// unless debug logging is on.
-fn request_span(request: &Request) -> tracing::Span {
-    if !tracing::enabled!(tracing::Level::DEBUG) {
-        return tracing::Span::none();
-    }
+/// A request's operation, first object id and how many objects it names.
+fn summary(request: &Request) -> (&'static str, Option<shoal_core::ObjectId>, usize) {
     let first = |ids: &[shoal_core::ObjectId]| (ids.first().copied(), ids.len());
     let (op, (id, objects)) = match request {
         Request::Create { objects, .. } | Request::CreateOn { objects, .. } => {
@@ -69,6 +66,20 @@ fn request_span(request: &Request) -> tracing::Span {
         Request::Contains { id } => ("contains", (Some(*id), 1)),
         _ => ("other", (None, 0)),
     };
+    (op, id, objects)
+}
+
+/// A debug-level span per request with its operation and (first) object
+/// id, so every line logged while serving it names them; nothing at all
+/// unless debug logging is on.
+fn request_span(
+    op: &'static str,
+    id: Option<shoal_core::ObjectId>,
+    objects: usize,
+) -> tracing::Span {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return tracing::Span::none();
+    }
     tracing::debug_span!("request", op, id = id.map(tracing::field::display), objects)
 }
 
@@ -76,6 +87,7 @@ struct Connection {
     ops: Rc<Ops>,
     stream: UnixStream,
     client: u32,
+    activity: Rc<ClientActivity>,
     welcomed: bool,
 }
 
@@ -104,7 +116,9 @@ impl Connection {
                     }
                 };
                 consumed += used;
-                let span = request_span(&request);
+                let (op, id, objects) = summary(&request);
+                self.activity.count(objects);
+                let span = request_span(op, id, objects);
                 next = match self.handle(request, &mut output).instrument(span).await {
                     Ok(next) => next,
                     Err(err) => {
@@ -163,6 +177,7 @@ impl Connection {
                     return Ok(Next::Continue);
                 }
                 self.welcomed = true;
+                self.activity.hello(pid);
                 tracing::debug!(client = self.client, pid, "client connected");
                 self.send_welcome(out).await?;
                 return Ok(Next::Continue);

@@ -12,6 +12,7 @@
 pub mod exposition;
 mod history;
 pub mod scrape;
+pub mod top;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -232,6 +233,8 @@ pub struct Metrics {
     pub controller: ControllerGauges,
     /// Capacity and usage over the last minutes, for the status page.
     pub history: Mutex<History>,
+    /// The busiest clients and largest objects (`/top`).
+    pub top: top::Top,
     pub info: NodeInfo,
     started: Instant,
 }
@@ -448,6 +451,7 @@ impl Metrics {
             tiers,
             controller,
             history: Mutex::default(),
+            top: top::Top::default(),
             info,
             started: Instant::now(),
         }

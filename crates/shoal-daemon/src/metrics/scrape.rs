@@ -1,5 +1,5 @@
 //! Reads another daemon's `/metrics` (the status page's cluster table,
-//! `shoal top`).
+//! `shoal top`) and `/top` (`shoal top`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -12,19 +12,26 @@ use hyper_util::rt::TokioIo;
 
 use crate::metrics::exposition::{self, Sample};
 
-/// Largest `/metrics` read.
+/// Largest body read.
 const BODY_LIMIT: usize = 4 << 20;
 
 /// The samples `address` serves at `/metrics`, read within `timeout`;
 /// `None` if it does not answer in time, or not with metrics.
 pub async fn scrape(address: SocketAddr, timeout: Duration) -> Option<Vec<Sample>> {
+    let text = fetch(address, "/metrics", timeout).await?;
+    Some(exposition::parse(&text))
+}
+
+/// The body `address` serves at `path` (GET), read within `timeout`;
+/// `None` if it does not answer in time, or not with 200 and UTF-8.
+pub async fn fetch(address: SocketAddr, path: &str, timeout: Duration) -> Option<String> {
     let fetch = async {
         let stream = tokio::net::TcpStream::connect(address).await.ok()?;
         let (mut sender, connection) =
             hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
                 .await
                 .ok()?;
-        let request = Request::get("/metrics")
+        let request = Request::get(path)
             .header(HOST, address.to_string())
             .body(Empty::new())
             .ok()?;
@@ -42,8 +49,7 @@ pub async fn scrape(address: SocketAddr, timeout: Duration) -> Option<Vec<Sample
             body = exchange => body?,
             _ = connection => return None,
         };
-        let text = String::from_utf8(body.to_bytes().to_vec()).ok()?;
-        Some(exposition::parse(&text))
+        String::from_utf8(body.to_bytes().to_vec()).ok()
     };
     tokio::time::timeout(timeout, fetch).await.ok().flatten()
 }

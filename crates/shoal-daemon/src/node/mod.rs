@@ -11,6 +11,7 @@
 //! Single-threaded: the daemon's runtime is current-thread, so `RefCell`
 //! suffices, and a borrow of the store is never held across an await.
 
+mod activity;
 mod below;
 mod events;
 mod subscribers;
@@ -29,6 +30,7 @@ use shoal_core::store::{EvictionGate, Store, StoreEvent, Verdict, Victim};
 use shoal_core::ObjectId;
 use tokio::sync::{mpsc, Notify};
 
+pub use activity::ClientActivity;
 pub use below::Below;
 pub use events::{NodeEvent, NodeListener};
 pub use subscribers::SUBSCRIBER_QUEUE;
@@ -60,6 +62,7 @@ pub struct Node {
     telling: Cell<bool>,
     client_ids: RefCell<LocalIds>,
     connected: Cell<usize>,
+    activity: activity::Activity,
     idle_since: Cell<Instant>,
     /// The tiers below memory, if any (weak: they hold the node).
     below: RefCell<Option<Weak<dyn Below>>>,
@@ -112,6 +115,7 @@ impl Node {
             telling: Cell::new(false),
             client_ids: RefCell::default(),
             connected: Cell::new(0),
+            activity: activity::Activity::default(),
             idle_since: Cell::new(Instant::now()),
             below: RefCell::new(None),
             metrics: Arc::default(),
@@ -205,11 +209,22 @@ impl Node {
         id
     }
 
+    /// A connected client's activity counts, kept until it disconnects.
+    pub fn client_activity(&self, client: ClientId) -> Rc<ClientActivity> {
+        self.activity.start(client)
+    }
+
+    /// The `n` busiest connected clients since the last call, `seconds` ago.
+    pub fn busiest_clients(&self, n: usize, seconds: f64) -> Vec<crate::metrics::top::ClientRow> {
+        self.activity.busiest(n, seconds)
+    }
+
     /// A local client disconnected: its references go, what it was writing
     /// is aborted, and listeners hear of it.
     pub fn client_gone(&self, client: ClientId) {
         self.store.borrow_mut().disconnect(client);
         self.connected.set(self.connected.get() - 1);
+        self.activity.end(client);
         if self.connected.get() == 0 {
             self.idle_since.set(Instant::now());
         }

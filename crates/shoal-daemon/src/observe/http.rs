@@ -201,6 +201,13 @@ async fn answer(
     }
     match request.uri().path() {
         "/metrics" => reply(StatusCode::OK, OPENMETRICS, metrics.encode()),
+        "/top" => reply(
+            StatusCode::OK,
+            "application/json",
+            metrics
+                .top
+                .read((crate::metrics::unix_now() * 1000.0) as u64),
+        ),
         "/" => {
             let figures = join_all(peers.iter().map(|&(node, address)| async move {
                 let samples = match address {
@@ -219,7 +226,7 @@ async fn answer(
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
-            "not found: /metrics or /\n".into(),
+            "not found: /metrics, /top or /\n".into(),
         ),
     }
 }

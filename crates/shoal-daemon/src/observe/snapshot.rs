@@ -3,8 +3,9 @@
 //! since into its counters: a scrape reads them there, never the store.
 
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::metrics::top::{self, ObjectRow, TopView};
 use crate::metrics::{unix_now, Metrics, Sample};
 use crate::observe::listener::MetricsListener;
 use crate::ops::Ops;
@@ -14,12 +15,40 @@ const EVERY: Duration = Duration::from_secs(1);
 pub async fn publish(ops: Rc<Ops>, counted: Rc<MetricsListener>) {
     let mut ticker = tokio::time::interval(EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = Instant::now();
     loop {
         ticker.tick().await;
         let metrics = ops.node.metrics();
         counted.publish(&metrics.events);
         take(&ops, metrics);
+        take_top(&ops, metrics, last.elapsed().as_secs_f64());
+        last = Instant::now();
     }
+}
+
+/// The busiest clients over the last `seconds`, and while someone reads
+/// `/top`, the largest objects.
+fn take_top(ops: &Ops, metrics: &Metrics, seconds: f64) {
+    let at = unix_now();
+    let largest = if metrics.top.wanted((at * 1000.0) as u64) {
+        ops.node
+            .read(|store| store.largest(top::ROWS))
+            .into_iter()
+            .map(|o| ObjectRow {
+                id: o.id.to_hex(),
+                bytes: o.location.data_size + u64::from(o.location.meta_size),
+                sealed: o.sealed,
+                refs: o.refs,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    metrics.top.publish(TopView {
+        at,
+        clients: ops.node.busiest_clients(top::ROWS, seconds),
+        largest,
+    });
 }
 
 fn take(ops: &Ops, metrics: &Metrics) {
