@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::format::HEADER_LEN;
 
-use super::{CHUNK, DIRECT_ALIGN};
+use super::io::{CHUNK, DIRECT_ALIGN};
 
 /// `path` opened for direct I/O (O_DIRECT), or `None` where the file system
 /// refuses it (tmpfs, some FUSE): the caller reads through the page cache.

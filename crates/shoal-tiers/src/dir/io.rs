@@ -1,0 +1,75 @@
+//! File-system helpers of a directory tier: error mapping, directory
+//! fsyncs, and fsyncs in parallel.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+
+/// Bytes checksummed and written per system call: large enough for
+/// sequential-write speed, small enough that the checksum pass reads bytes
+/// still in cache.
+pub(super) const CHUNK: usize = 4 << 20;
+/// Alignment of direct I/O offsets, lengths and buffers: the largest logical
+/// block size of the devices we run on.
+pub(super) const DIRECT_ALIGN: usize = 4096;
+/// Threads that fsync a batch's files (and directories) at once.
+const SYNC_THREADS: usize = 16;
+
+/// Runs `f` on every item, from up to `SYNC_THREADS` threads at once, and
+/// returns the outcomes in order. For fsyncs: the file system's journal
+/// commits one transaction (and flushes the device cache once) for all the
+/// fsyncs waiting on it, where one at a time would commit and flush each.
+pub(super) fn in_parallel<T: Sync>(
+    items: &[T],
+    f: impl Fn(&T) -> io::Result<()> + Sync,
+) -> Vec<io::Result<()>> {
+    if items.len() <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let threads = items.len().min(SYNC_THREADS);
+    let mut out: Vec<Option<io::Result<()>>> = (0..items.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let f = &f;
+        let workers: Vec<_> = (0..threads)
+            .map(|first| {
+                scope.spawn(move || {
+                    (first..items.len())
+                        .step_by(threads)
+                        .map(|i| (i, f(&items[i])))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for worker in workers {
+            let done = worker
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            for (i, outcome) in done {
+                out[i] = Some(outcome);
+            }
+        }
+    });
+    out.into_iter()
+        .map(|o| o.expect("every item ran"))
+        .collect()
+}
+
+/// An I/O error with its context; a full medium is `StoreFull` (the caller
+/// must not retry it as a transient fault).
+pub(crate) fn io_error(context: &str, err: io::Error) -> ShoalError {
+    match err.kind() {
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => {
+            ShoalError::new(ErrorKind::StoreFull, format!("{context}: {err}"))
+        }
+        _ => ShoalError::io(context, err),
+    }
+}
+
+/// Makes the directory entries of `dir` (renames, creates, removals) durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error(&format!("fsync directory {}", dir.display()), e))
+}
