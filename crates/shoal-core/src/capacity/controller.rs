@@ -107,8 +107,11 @@ impl Controller {
             .as_ref()
             .map(|p| stall_share(self.pressure_mark, sample.time, p));
         let psi_action = c.psi.action(stall);
+        let shrink_gain = c.shrink_gain.unwrap_or(c.gain);
         let step = if law_step < 0.0 && psi_action == PsiAction::Boost {
-            law_step * c.psi.boost_gain / c.gain
+            law_step * c.psi.boost_gain.max(shrink_gain) / c.gain
+        } else if law_step < 0.0 {
+            law_step * shrink_gain / c.gain
         } else if law_step > 0.0 && psi_action != PsiAction::None {
             0.0
         } else {
@@ -228,6 +231,44 @@ mod tests {
         // Approach from above, never below the threshold (no overshoot).
         assert!(states[10..].iter().all(|s| s.step <= 0));
         assert!(states[29].target as f64 + 12.0 * GIB as f64 >= r0_m - MIB as f64);
+    }
+
+    #[test]
+    fn a_shrink_gain_of_one_removes_the_excess_in_one_step_and_growth_keeps_lambda() {
+        let node = Node {
+            total: 24 * GIB,
+            data: 20 * GIB,
+        };
+        let cfg = ControllerConfig {
+            shrink_gain: Some(1.0),
+            ..config()
+        };
+        let u_max = cfg.max_capacity_for(node.total);
+        let mut ctl = Controller::new(cfg, u_max).unwrap();
+        // The burst of the test above, gone again at step 20.
+        let states = node.run(&mut ctl, 40, |i| match i {
+            10..20 => 12 * GIB,
+            _ => 4 * GIB,
+        });
+        let r0_m = 0.95 * node.total as f64;
+        let excess = |s: &ControllerState| 12.0 * GIB as f64 + s.target as f64 - r0_m;
+        // One step: from 0.72 GiB over to ~23 MiB under (λ·v/(r_0·M) =
+        // 23.52 / 22.8 ≈ 1.03: a 3 % overshoot).
+        assert!(excess(&states[10]).abs() <= 0.72 * 0.04 * GIB as f64);
+        // Then λ's growth takes the overshoot back from below: no ringing.
+        let after: Vec<f64> = states[10..20].iter().map(excess).collect();
+        assert!(after
+            .iter()
+            .all(|&e| (-0.72 * 0.04 * GIB as f64..=0.0).contains(&e)));
+        assert!(after.windows(2).all(|w| w[1] >= w[0]), "{after:?}");
+        // Growth after the burst: λ = 0.5, monotone, no overshoot past U_max.
+        let growth = &states[20..];
+        assert!(growth.iter().all(|s| s.step >= 0 && s.target <= u_max));
+        assert!(growth[1].step < growth[0].step || growth[0].target == u_max);
+        // The same burst with the paper's single gain needs four steps.
+        let mut paper = Controller::new(config(), u_max).unwrap();
+        let slow = node.run(&mut paper, 12, |i| if i < 10 { 4 * GIB } else { 12 * GIB });
+        assert!(excess(&slow[10]) > 0.3 * GIB as f64);
     }
 
     #[test]
