@@ -373,6 +373,7 @@ def run_config(args, name, capacity, with_burst, elastic, ids, burst_dir, work, 
     )
     result = {"name": name, "capacity": capacity, "with_burst": with_burst, "elastic": elastic}
     result["node_used_at_start"] = used
+    result["load_at_start"] = loadavg()
     result["threshold_bytes"] = threshold
     events_path = os.path.join(work, f"{name}.events")
     compute = None
@@ -424,6 +425,7 @@ def run_config(args, name, capacity, with_burst, elastic, ids, burst_dir, work, 
             passes.append({"s": took, "hit": hit, "t_end": time.time() - t0})
             log(f"{name}: pass {i}: {took:.2f} s, hit ratio {hit:.2f}")
         run_end = time.time()
+        result["load_at_end"] = loadavg()
         controller_after = daemon.controller()
         if compute is not None:
             if compute.poll() is not None:
@@ -471,6 +473,12 @@ def read_events(path):
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def loadavg():
+    """The 1-minute load average (other engineers' builds and benchmarks share the 2 cores)."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 def oom_kills():
@@ -580,15 +588,18 @@ def targets(d, small, upper, results, args):
         f"| shrink reaction ≤ {TARGET_REACTION_MS:.0f} ms p99 (from the node crossing the threshold) | "
         f"p50 {p50_cross:.0f} ms, p99 {p99_cross:.0f} ms ({len(rx['from_cross_ms'])} shrinks) | "
         f"{mark(p99_cross <= TARGET_REACTION_MS)} |",
+        f"| shrink reaction ≤ {TARGET_REACTION_MS:.0f} ms p99 "
+        "(from the start of the compute job's growth step) | "
+        f"p50 {p50_start:.0f} ms, p99 {p99_start:.0f} ms | {mark(p99_start <= TARGET_REACTION_MS)} |",
         f"| controller ≤ {TARGET_CPU} % of one core | quiet {cq['share_pct']:.3f} % "
         f"({cq['per_step_us']:.0f} µs/step); over the run, shrinks and hole punching included, "
         f"{cr['share_pct']:.3f} % ({cr['per_step_us']:.0f} µs/step) | "
         f"{mark(cq['share_pct'] <= TARGET_CPU)} quiet, "
         f"{mark(cr['share_pct'] <= TARGET_CPU)} with shrinks |",
         "",
-        f"Shrink reaction from the start of the compute job's growth step (it populates 1 GiB "
-        f"in 64 MiB pieces): p50 {p50_start:.0f} ms, p99 {p99_start:.0f} ms; from the end of "
-        f"its populating: p50 {pct_or_nan(rx['from_touched_ms'], 0.5):.0f} ms, "
+        f"The compute job populates each 1 GiB step in 64 MiB pieces; the node is back at the "
+        "threshold only once that stops. From the end of its populating: "
+        f"p50 {pct_or_nan(rx['from_touched_ms'], 0.5):.0f} ms, "
         f"p99 {pct_or_nan(rx['from_touched_ms'], 0.99):.0f} ms. Growth steps: "
         f"{rx['grows']}, {rx['crossed']} crossed the threshold, {rx['not_back']} not back within 10 s.",
         f"The controller gave {d['released_bytes'] / GiB:.1f} GiB of pages back to the kernel.",
@@ -611,17 +622,17 @@ def report(results, args, path):
         f"after a cold pass (not counted); mini-batch stride {args.stride}.",
         "",
         "| configuration | pass (mean) | pass (median) | hit ratio | max over the node budget | "
-        "experiment's peak | compute steps stopped at the floor |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "experiment's peak | compute steps stopped at the floor | load (1 min) start → end |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if "skipped" in r:
-            lines.append(f"| {r['name']} | skipped: {r['skipped']} | | | | | |")
+            lines.append(f"| {r['name']} | skipped: {r['skipped']} | | | | | | |")
             continue
         lines.append(
             f"| {r['name']} | {r['pass_s']:.2f} s | {r['pass_median_s']:.2f} s | {r['hit']:.2f} | "
             f"{max(0, r['max_over_threshold']) / GiB:.2f} GiB | {r['max_experiment_bytes'] / GiB:.2f} GiB | "
-            f"{r['reactions']['floor_stops']} |"
+            f"{r['reactions']['floor_stops']} | {r['load_at_start']:.1f} → {r['load_at_end']:.1f} |"
         )
     lines.append("")
     small, upper = by.get("static-small"), by.get("static-large")
@@ -676,6 +687,9 @@ def main():
     p.add_argument("--stride", type=int, default=64, help="assign every STRIDE-th point (mini-batch)")
     p.add_argument("--warm", type=int, default=0, help="passes not counted")
     p.add_argument("--configs", default="static-small,static-large,static-large+burst,dynamic,dynamic-fast")
+    p.add_argument(
+        "--from-json", help="rewrite the report and the PNG from an elastic.json of an earlier run"
+    )
     p.add_argument("--compute-job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--events", help=argparse.SUPPRESS)
     p.add_argument("--threshold-bytes", type=int, default=0, help=argparse.SUPPRESS)
@@ -683,6 +697,15 @@ def main():
     args_global = args
     if args.compute_job:
         compute_job(args)
+        return
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        for key, value in saved["args"].items():
+            if key not in ("out", "from_json"):
+                setattr(args, key, value)
+        plot(saved["results"], os.path.join(os.path.dirname(os.path.abspath(args.out)), "elastic.png"))
+        report(saved["results"], args, args.out)
         return
     import shoal
 
