@@ -31,6 +31,11 @@ pub struct ElasticArgs {
     /// measured excess in one step (growth keeps λ).
     #[arg(long, value_name = "GAIN")]
     pub elastic_shrink_gain: Option<f64>,
+    /// Apply the law to the use expected at the next step (v plus the
+    /// last step's rise of the memory outside the store), so a burst that
+    /// keeps growing is met as it grows; best with --elastic-shrink-gain 1.
+    #[arg(long)]
+    pub elastic_feed_forward: bool,
     /// The capacity never shrinks below this (U_min) [default: 0].
     #[arg(long, value_parser = crate::args::size, value_name = "SIZE")]
     pub elastic_min: Option<u64>,
@@ -65,6 +70,7 @@ impl ElasticArgs {
             || self.elastic_threshold.is_some()
             || self.elastic_gain.is_some()
             || self.elastic_shrink_gain.is_some()
+            || self.elastic_feed_forward
             || self.elastic_min.is_some()
             || self.elastic_max_fraction.is_some()
             || self.elastic_source.is_some()
@@ -92,6 +98,9 @@ impl ElasticArgs {
         }
         if let Some(gain) = self.elastic_shrink_gain.or(node.shrink_gain) {
             c.shrink_gain = Some(gain);
+        }
+        if self.elastic_feed_forward || node.feed_forward == Some(true) {
+            c.feed_forward = true;
         }
         if let Some(min) = self.elastic_min.or(node.min_capacity) {
             c.min_capacity = min;
@@ -245,6 +254,7 @@ mod tests {
             source: Some("host".into()),
             prefetch: Some(64 << 20),
             shrink_gain: Some(1.0),
+            feed_forward: Some(true),
             ..Default::default()
         };
         let from_file = none.config(Some(&file)).unwrap().unwrap();
@@ -253,6 +263,18 @@ mod tests {
         assert_eq!(from_file.source, SourceChoice::Host);
         assert_eq!(from_file.prefetch, 64 << 20);
         assert_eq!(from_file.controller.shrink_gain, Some(1.0));
+        assert!(from_file.controller.feed_forward);
+        assert!(
+            !ElasticArgs {
+                elastic: true,
+                ..Default::default()
+            }
+            .config(None)
+            .unwrap()
+            .unwrap()
+            .controller
+            .feed_forward
+        );
         let flags = ElasticArgs {
             elastic_gain: Some(0.7),
             elastic_source: Some("meminfo:/tmp/m".into()),

@@ -25,7 +25,7 @@
 //! [node.elastic]                # optional: the store's capacity follows free memory
 //! threshold = 0.95              # r_0; also interval_ms, gain, min_capacity,
 //!                               # max_fraction, source, pressure_file, psi,
-//!                               # shrink_gain, prefetch (bytes; 0 = off)
+//!                               # shrink_gain, feed_forward, prefetch (bytes; 0 = off)
 //! ```
 
 use std::collections::HashSet;
@@ -101,6 +101,8 @@ pub struct NodeElastic {
     pub gain: Option<f64>,
     /// λ for shrinks only.
     pub shrink_gain: Option<f64>,
+    /// The law applied to the next step's expected use.
+    pub feed_forward: Option<bool>,
     /// U_min in bytes.
     pub min_capacity: Option<u64>,
     /// α: U_max = α·M.
@@ -201,6 +203,7 @@ struct ElasticRepr {
     threshold: Option<f64>,
     gain: Option<f64>,
     shrink_gain: Option<f64>,
+    feed_forward: Option<bool>,
     min_capacity: Option<SizeRepr>,
     max_fraction: Option<f64>,
     source: Option<String>,
@@ -300,6 +303,7 @@ impl Topology {
                     threshold: e.threshold,
                     gain: e.gain,
                     shrink_gain: e.shrink_gain,
+                    feed_forward: e.feed_forward,
                     min_capacity: e.min_capacity.map(size).transpose()?,
                     max_fraction: e.max_fraction,
                     source: e.source,
@@ -480,6 +484,7 @@ impl Topology {
                     ("threshold", e.threshold.map(|v| format!("{v:?}"))),
                     ("gain", e.gain.map(|v| format!("{v:?}"))),
                     ("shrink_gain", e.shrink_gain.map(|v| format!("{v:?}"))),
+                    ("feed_forward", e.feed_forward.map(|v| v.to_string())),
                     ("min_capacity", e.min_capacity.map(|v| v.to_string())),
                     ("max_fraction", e.max_fraction.map(|v| format!("{v:?}"))),
                     ("psi", e.psi.map(|v| v.to_string())),
@@ -533,6 +538,7 @@ source = "meminfo:/tmp/fake-meminfo"
 psi = false
 prefetch = "256MiB"
 shrink_gain = 1.0
+feed_forward = true
 
 [[node]]
 id = 0
@@ -572,6 +578,7 @@ region_size = 1048576
         assert_eq!((elastic.psi, elastic.gain), (Some(false), None));
         assert_eq!(elastic.prefetch, Some(256 << 20));
         assert_eq!(elastic.shrink_gain, Some(1.0));
+        assert_eq!(elastic.feed_forward, Some(true));
         assert_eq!(t.node(0).unwrap().elastic, None);
         let again = Topology::parse(&t.to_toml(), None).unwrap();
         assert_eq!(again, t);

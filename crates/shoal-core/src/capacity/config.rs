@@ -23,6 +23,13 @@ pub struct ControllerConfig {
     /// cache for a few steps; shrinking too slowly costs the node swap or
     /// the OOM killer, hence the asymmetry (bench/results/elastic.md).
     pub shrink_gain: Option<f64>,
+    /// Apply the law to the use expected at the next step: v_i plus the
+    /// rise of the memory outside the store since the last step (a rise
+    /// only; a fall is never anticipated). A burst that grows for several
+    /// steps then meets a shrink of its own size each step instead of one
+    /// that trails it by a step; with a shrink gain of 1 the node stays at
+    /// the threshold while the burst grows. Default off (the paper's law).
+    pub feed_forward: bool,
     /// U_min in bytes: the capacity never goes below it. Default 0.
     pub min_capacity: u64,
     /// α in (0, 1]: U_max = α·M. Default 0.48, the paper's 60 GB of 125 GB
@@ -49,6 +56,7 @@ impl Default for ControllerConfig {
             threshold: 0.95,
             gain: 0.5,
             shrink_gain: None,
+            feed_forward: false,
             min_capacity: 0,
             max_fraction: 60.0 / 125.0,
             max_capacity: None,

@@ -64,6 +64,8 @@ pub struct Controller {
     config: ControllerConfig,
     target: u64,
     pressure_mark: Option<PressureMark>,
+    /// v − the store's resident bytes at the last step (for feed-forward).
+    last_outside: Option<u64>,
     last: Option<ControllerState>,
 }
 
@@ -76,6 +78,7 @@ impl Controller {
             config,
             target: initial_target,
             pressure_mark: None,
+            last_outside: None,
             last: None,
         })
     }
@@ -100,7 +103,12 @@ impl Controller {
         let (used, total) = (sample.usage.used(), sample.usage.total());
         let min = c.min_capacity;
         let max = c.max_capacity_for(total);
-        let law_step = dynims_step(used, total, c.threshold, c.gain);
+        let outside = used.saturating_sub(sample.store_resident);
+        let rising = match (c.feed_forward, self.last_outside) {
+            (true, Some(last)) => outside.saturating_sub(last),
+            _ => 0,
+        };
+        let law_step = dynims_step(used.saturating_add(rising), total, c.threshold, c.gain);
 
         let stall = sample
             .pressure
@@ -138,6 +146,7 @@ impl Controller {
             psi_action,
         };
         self.target = next;
+        self.last_outside = Some(outside);
         self.pressure_mark = sample.pressure.map(|p| PressureMark {
             time: sample.time,
             some_total_us: p.some.total_us,
@@ -269,6 +278,69 @@ mod tests {
         let mut paper = Controller::new(config(), u_max).unwrap();
         let slow = node.run(&mut paper, 12, |i| if i < 10 { 4 * GIB } else { 12 * GIB });
         assert!(excess(&slow[10]) > 0.3 * GIB as f64);
+    }
+
+    #[test]
+    fn feed_forward_holds_a_growing_burst_at_the_threshold_where_the_law_trails_it() {
+        let node = Node {
+            total: 24 * GIB,
+            data: 20 * GIB,
+        };
+        // Outside the store: 8 GiB, then from step 10 a burst rising
+        // 256 MiB a step for 30 steps (to 15.5 GiB), then held.
+        let other = |i: u32| 8 * GIB + u64::from(i.clamp(10, 40) - 10) * 256 * MIB;
+        let r0_m = 0.95 * (24 * GIB) as f64;
+        // Excess over the threshold at each sample: what the store's
+        // target of the step before left, plus the burst's use now.
+        let excesses = |cfg: ControllerConfig| {
+            let u_max = cfg.max_capacity_for(node.total);
+            let mut ctl = Controller::new(cfg, u_max).unwrap();
+            let states = node.run(&mut ctl, 60, other);
+            (0..60u32)
+                .map(|i| {
+                    let before = i
+                        .checked_sub(1)
+                        .map_or(u_max, |j| states[j as usize].target);
+                    (other(i) + before.min(node.data)) as f64 - r0_m
+                })
+                .collect::<Vec<f64>>()
+        };
+        let fast = ControllerConfig {
+            shrink_gain: Some(1.0),
+            ..config()
+        };
+        let trailing = excesses(fast.clone());
+        let ahead = excesses(ControllerConfig {
+            feed_forward: true,
+            ..fast
+        });
+        // The burst crosses the threshold at step 24 (8 + 11.52 GiB
+        // + 14 × 256 MiB > 22.8 GiB); from the step after to its end:
+        let growing = 25..38;
+        // without feed-forward the node is a step's rise (≈ 256 MiB) over,
+        let over = |e: &[f64]| e[growing.clone()].iter().cloned().fold(f64::MIN, f64::max);
+        assert!(
+            trailing[growing.clone()]
+                .iter()
+                .all(|&e| e > 200.0 * MIB as f64),
+            "{trailing:?}"
+        );
+        // with it, within 32 MiB of the threshold (the law's 3 % overshoot
+        // of a step's rise, below it),
+        assert!(over(&ahead) <= 32.0 * MIB as f64, "{ahead:?}");
+        assert!(
+            ahead[growing.clone()]
+                .iter()
+                .all(|&e| e >= -32.0 * MIB as f64),
+            "{ahead:?}"
+        );
+        // and once the burst stops, the one step it anticipated in vain
+        // is given back by λ's growth: no further shrink, back to ≤ 0 excess.
+        assert!(
+            ahead[41] < 0.0 && ahead[41] >= -300.0 * MIB as f64,
+            "{ahead:?}"
+        );
+        assert!(ahead[45..].iter().all(|&e| e <= 0.0 && e > ahead[41]));
     }
 
     #[test]
