@@ -27,6 +27,15 @@ pub struct ElasticArgs {
     /// Gain λ of the control law, in (0, 2) [default: 0.5].
     #[arg(long, value_name = "LAMBDA")]
     pub elastic_gain: Option<f64>,
+    /// Gain for shrinks only, in (0, 2) [default: λ]; 1 removes the
+    /// measured excess in one step (growth keeps λ).
+    #[arg(long, value_name = "GAIN")]
+    pub elastic_shrink_gain: Option<f64>,
+    /// Apply the law to the use expected at the next step (v plus the
+    /// last step's rise of the memory outside the store), so a burst that
+    /// keeps growing is met as it grows; best with --elastic-shrink-gain 1.
+    #[arg(long)]
+    pub elastic_feed_forward: bool,
     /// The capacity never shrinks below this (U_min) [default: 0].
     #[arg(long, value_parser = crate::args::size, value_name = "SIZE")]
     pub elastic_min: Option<u64>,
@@ -45,6 +54,11 @@ pub struct ElasticArgs {
     /// Do not let memory pressure (PSI) hold growth back or boost shrinks.
     #[arg(long)]
     pub elastic_no_psi: bool,
+    /// Prefetch on growth: remember up to SIZE of the objects a shrink
+    /// evicted (the hottest last) and restore them in the background,
+    /// into free room only, when the store grows again [default: 0, off].
+    #[arg(long, value_parser = crate::args::size, value_name = "SIZE")]
+    pub elastic_prefetch: Option<u64>,
 }
 
 impl ElasticArgs {
@@ -55,11 +69,14 @@ impl ElasticArgs {
         let tuned = self.elastic_interval_ms.is_some()
             || self.elastic_threshold.is_some()
             || self.elastic_gain.is_some()
+            || self.elastic_shrink_gain.is_some()
+            || self.elastic_feed_forward
             || self.elastic_min.is_some()
             || self.elastic_max_fraction.is_some()
             || self.elastic_source.is_some()
             || self.elastic_pressure_file.is_some()
-            || self.elastic_no_psi;
+            || self.elastic_no_psi
+            || self.elastic_prefetch.is_some();
         if !self.elastic && !node.enabled {
             if tuned {
                 bail!(
@@ -79,6 +96,12 @@ impl ElasticArgs {
         if let Some(gain) = self.elastic_gain.or(node.gain) {
             c.gain = gain;
         }
+        if let Some(gain) = self.elastic_shrink_gain.or(node.shrink_gain) {
+            c.shrink_gain = Some(gain);
+        }
+        if self.elastic_feed_forward || node.feed_forward == Some(true) {
+            c.feed_forward = true;
+        }
         if let Some(min) = self.elastic_min.or(node.min_capacity) {
             c.min_capacity = min;
         }
@@ -89,6 +112,7 @@ impl ElasticArgs {
             c.psi.enabled = false;
         }
         c.validate()?;
+        config.prefetch = self.elastic_prefetch.or(node.prefetch).unwrap_or(0);
         let pressure = self.elastic_pressure_file.clone().or(node.pressure_file);
         let source = self.elastic_source.clone().or(node.source);
         config.source = parse_source(source.as_deref().unwrap_or("auto"), pressure)?;
@@ -228,17 +252,35 @@ mod tests {
             threshold: Some(0.9),
             gain: Some(0.4),
             source: Some("host".into()),
+            prefetch: Some(64 << 20),
+            shrink_gain: Some(1.0),
+            feed_forward: Some(true),
             ..Default::default()
         };
         let from_file = none.config(Some(&file)).unwrap().unwrap();
         assert_eq!(from_file.controller.threshold, 0.9);
         assert_eq!(from_file.controller.gain, 0.4);
         assert_eq!(from_file.source, SourceChoice::Host);
+        assert_eq!(from_file.prefetch, 64 << 20);
+        assert_eq!(from_file.controller.shrink_gain, Some(1.0));
+        assert!(from_file.controller.feed_forward);
+        assert!(
+            !ElasticArgs {
+                elastic: true,
+                ..Default::default()
+            }
+            .config(None)
+            .unwrap()
+            .unwrap()
+            .controller
+            .feed_forward
+        );
         let flags = ElasticArgs {
             elastic_gain: Some(0.7),
             elastic_source: Some("meminfo:/tmp/m".into()),
             elastic_pressure_file: Some("/tmp/p".into()),
             elastic_no_psi: true,
+            elastic_prefetch: Some(0),
             ..Default::default()
         };
         let merged = flags.config(Some(&file)).unwrap().unwrap();
@@ -247,6 +289,10 @@ mod tests {
             (0.9, 0.7)
         );
         assert!(!merged.controller.psi.enabled);
+        assert_eq!(
+            merged.prefetch, 0,
+            "--elastic-prefetch 0 turns the file's off"
+        );
         assert_eq!(
             merged.source,
             SourceChoice::Files {

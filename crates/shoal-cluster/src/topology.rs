@@ -24,7 +24,8 @@
 //!
 //! [node.elastic]                # optional: the store's capacity follows free memory
 //! threshold = 0.95              # r_0; also interval_ms, gain, min_capacity,
-//!                               # max_fraction, source, pressure_file, psi
+//!                               # max_fraction, source, pressure_file, psi,
+//!                               # shrink_gain, feed_forward, prefetch (bytes; 0 = off)
 //! ```
 
 use std::collections::HashSet;
@@ -98,6 +99,10 @@ pub struct NodeElastic {
     pub threshold: Option<f64>,
     /// λ.
     pub gain: Option<f64>,
+    /// λ for shrinks only.
+    pub shrink_gain: Option<f64>,
+    /// The law applied to the next step's expected use.
+    pub feed_forward: Option<bool>,
     /// U_min in bytes.
     pub min_capacity: Option<u64>,
     /// α: U_max = α·M.
@@ -107,6 +112,9 @@ pub struct NodeElastic {
     pub pressure_file: Option<PathBuf>,
     /// Whether the pressure-stall guard acts.
     pub psi: Option<bool>,
+    /// Prefetch on growth: bytes of a shrink's victims restored when the
+    /// store grows again (0 or absent: off).
+    pub prefetch: Option<u64>,
 }
 
 /// A node's tier chain as its cluster file gives it (`shoal serve` flags
@@ -194,11 +202,14 @@ struct ElasticRepr {
     interval_ms: Option<u64>,
     threshold: Option<f64>,
     gain: Option<f64>,
+    shrink_gain: Option<f64>,
+    feed_forward: Option<bool>,
     min_capacity: Option<SizeRepr>,
     max_fraction: Option<f64>,
     source: Option<String>,
     pressure_file: Option<PathBuf>,
     psi: Option<bool>,
+    prefetch: Option<SizeRepr>,
 }
 
 fn enabled() -> bool {
@@ -291,11 +302,14 @@ impl Topology {
                     interval_ms: e.interval_ms,
                     threshold: e.threshold,
                     gain: e.gain,
+                    shrink_gain: e.shrink_gain,
+                    feed_forward: e.feed_forward,
                     min_capacity: e.min_capacity.map(size).transpose()?,
                     max_fraction: e.max_fraction,
                     source: e.source,
                     pressure_file: e.pressure_file,
                     psi: e.psi,
+                    prefetch: e.prefetch.map(size).transpose()?,
                 }),
                 None => None,
             };
@@ -469,9 +483,12 @@ impl Topology {
                     ("interval_ms", e.interval_ms.map(|v| v.to_string())),
                     ("threshold", e.threshold.map(|v| format!("{v:?}"))),
                     ("gain", e.gain.map(|v| format!("{v:?}"))),
+                    ("shrink_gain", e.shrink_gain.map(|v| format!("{v:?}"))),
+                    ("feed_forward", e.feed_forward.map(|v| v.to_string())),
                     ("min_capacity", e.min_capacity.map(|v| v.to_string())),
                     ("max_fraction", e.max_fraction.map(|v| format!("{v:?}"))),
                     ("psi", e.psi.map(|v| v.to_string())),
+                    ("prefetch", e.prefetch.map(|v| v.to_string())),
                 ];
                 for (key, value) in numbers {
                     if let Some(value) = value {
@@ -519,6 +536,9 @@ threshold = 0.9
 min_capacity = "16MiB"
 source = "meminfo:/tmp/fake-meminfo"
 psi = false
+prefetch = "256MiB"
+shrink_gain = 1.0
+feed_forward = true
 
 [[node]]
 id = 0
@@ -556,6 +576,9 @@ region_size = 1048576
         assert_eq!(elastic.min_capacity, Some(16 << 20));
         assert_eq!(elastic.source.as_deref(), Some("meminfo:/tmp/fake-meminfo"));
         assert_eq!((elastic.psi, elastic.gain), (Some(false), None));
+        assert_eq!(elastic.prefetch, Some(256 << 20));
+        assert_eq!(elastic.shrink_gain, Some(1.0));
+        assert_eq!(elastic.feed_forward, Some(true));
         assert_eq!(t.node(0).unwrap().elastic, None);
         let again = Topology::parse(&t.to_toml(), None).unwrap();
         assert_eq!(again, t);

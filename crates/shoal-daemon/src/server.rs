@@ -190,6 +190,9 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         elastic.clone(),
         supervisor.clone(),
     );
+    if let Some(elastic) = &elastic {
+        elastic.attach(&ops);
+    }
 
     // A stale socket file from a daemon that died: we hold the lock, so it is ours to replace.
     let _ = std::fs::remove_file(&config.socket);

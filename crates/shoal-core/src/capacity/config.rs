@@ -16,6 +16,20 @@ pub struct ControllerConfig {
     pub threshold: f64,
     /// λ in (0, 2): the law's gain. Default 0.5 (monotone convergence, see law.rs).
     pub gain: f64,
+    /// λ for shrinks only, in (0, 2); `None`: λ (the paper's one gain).
+    /// At 1 a shrink removes the measured excess in one step (the excess
+    /// factor 1 − λ·v/(r_0·M) is ≈ 0: a few % overshoot, no ringing), while
+    /// growth keeps λ's slow, monotone approach. Shrinking too far costs
+    /// cache for a few steps; shrinking too slowly costs the node swap or
+    /// the OOM killer, hence the asymmetry (bench/results/elastic.md).
+    pub shrink_gain: Option<f64>,
+    /// Apply the law to the use expected at the next step: v_i plus the
+    /// rise of the memory outside the store since the last step (a rise
+    /// only; a fall is never anticipated). A burst that grows for several
+    /// steps then meets a shrink of its own size each step instead of one
+    /// that trails it by a step; with a shrink gain of 1 the node stays at
+    /// the threshold while the burst grows. Default off (the paper's law).
+    pub feed_forward: bool,
     /// U_min in bytes: the capacity never goes below it. Default 0.
     pub min_capacity: u64,
     /// α in (0, 1]: U_max = α·M. Default 0.48, the paper's 60 GB of 125 GB
@@ -41,6 +55,8 @@ impl Default for ControllerConfig {
             interval: Duration::from_millis(100),
             threshold: 0.95,
             gain: 0.5,
+            shrink_gain: None,
+            feed_forward: false,
             min_capacity: 0,
             max_fraction: 60.0 / 125.0,
             max_capacity: None,
@@ -67,6 +83,13 @@ impl ControllerConfig {
                 "controller gain λ must be in (0, 2) (at 2 and above the capacity oscillates), not {}",
                 self.gain
             )));
+        }
+        if let Some(gain) = self.shrink_gain {
+            if !(gain > 0.0 && gain < 2.0) {
+                return Err(ShoalError::invalid(format!(
+                    "controller shrink gain must be in (0, 2), not {gain}"
+                )));
+            }
         }
         if !(self.max_fraction > 0.0 && self.max_fraction <= 1.0) {
             return Err(ShoalError::invalid(format!(
@@ -139,6 +162,10 @@ mod tests {
             },
             ControllerConfig {
                 gain: 0.0,
+                ..ok.clone()
+            },
+            ControllerConfig {
+                shrink_gain: Some(2.0),
                 ..ok.clone()
             },
             ControllerConfig {

@@ -64,6 +64,8 @@ pub struct Controller {
     config: ControllerConfig,
     target: u64,
     pressure_mark: Option<PressureMark>,
+    /// v − the store's resident bytes at the last step (for feed-forward).
+    last_outside: Option<u64>,
     last: Option<ControllerState>,
 }
 
@@ -76,6 +78,7 @@ impl Controller {
             config,
             target: initial_target,
             pressure_mark: None,
+            last_outside: None,
             last: None,
         })
     }
@@ -100,15 +103,23 @@ impl Controller {
         let (used, total) = (sample.usage.used(), sample.usage.total());
         let min = c.min_capacity;
         let max = c.max_capacity_for(total);
-        let law_step = dynims_step(used, total, c.threshold, c.gain);
+        let outside = used.saturating_sub(sample.store_resident);
+        let rising = match (c.feed_forward, self.last_outside) {
+            (true, Some(last)) => outside.saturating_sub(last),
+            _ => 0,
+        };
+        let law_step = dynims_step(used.saturating_add(rising), total, c.threshold, c.gain);
 
         let stall = sample
             .pressure
             .as_ref()
             .map(|p| stall_share(self.pressure_mark, sample.time, p));
         let psi_action = c.psi.action(stall);
+        let shrink_gain = c.shrink_gain.unwrap_or(c.gain);
         let step = if law_step < 0.0 && psi_action == PsiAction::Boost {
-            law_step * c.psi.boost_gain / c.gain
+            law_step * c.psi.boost_gain.max(shrink_gain) / c.gain
+        } else if law_step < 0.0 {
+            law_step * shrink_gain / c.gain
         } else if law_step > 0.0 && psi_action != PsiAction::None {
             0.0
         } else {
@@ -135,6 +146,7 @@ impl Controller {
             psi_action,
         };
         self.target = next;
+        self.last_outside = Some(outside);
         self.pressure_mark = sample.pressure.map(|p| PressureMark {
             time: sample.time,
             some_total_us: p.some.total_us,
@@ -228,6 +240,107 @@ mod tests {
         // Approach from above, never below the threshold (no overshoot).
         assert!(states[10..].iter().all(|s| s.step <= 0));
         assert!(states[29].target as f64 + 12.0 * GIB as f64 >= r0_m - MIB as f64);
+    }
+
+    #[test]
+    fn a_shrink_gain_of_one_removes_the_excess_in_one_step_and_growth_keeps_lambda() {
+        let node = Node {
+            total: 24 * GIB,
+            data: 20 * GIB,
+        };
+        let cfg = ControllerConfig {
+            shrink_gain: Some(1.0),
+            ..config()
+        };
+        let u_max = cfg.max_capacity_for(node.total);
+        let mut ctl = Controller::new(cfg, u_max).unwrap();
+        // The burst of the test above, gone again at step 20.
+        let states = node.run(&mut ctl, 40, |i| match i {
+            10..20 => 12 * GIB,
+            _ => 4 * GIB,
+        });
+        let r0_m = 0.95 * node.total as f64;
+        let excess = |s: &ControllerState| 12.0 * GIB as f64 + s.target as f64 - r0_m;
+        // One step: from 0.72 GiB over to ~23 MiB under (λ·v/(r_0·M) =
+        // 23.52 / 22.8 ≈ 1.03: a 3 % overshoot).
+        assert!(excess(&states[10]).abs() <= 0.72 * 0.04 * GIB as f64);
+        // Then λ's growth takes the overshoot back from below: no ringing.
+        let after: Vec<f64> = states[10..20].iter().map(excess).collect();
+        assert!(after
+            .iter()
+            .all(|&e| (-0.72 * 0.04 * GIB as f64..=0.0).contains(&e)));
+        assert!(after.windows(2).all(|w| w[1] >= w[0]), "{after:?}");
+        // Growth after the burst: λ = 0.5, monotone, no overshoot past U_max.
+        let growth = &states[20..];
+        assert!(growth.iter().all(|s| s.step >= 0 && s.target <= u_max));
+        assert!(growth[1].step < growth[0].step || growth[0].target == u_max);
+        // The same burst with the paper's single gain needs four steps.
+        let mut paper = Controller::new(config(), u_max).unwrap();
+        let slow = node.run(&mut paper, 12, |i| if i < 10 { 4 * GIB } else { 12 * GIB });
+        assert!(excess(&slow[10]) > 0.3 * GIB as f64);
+    }
+
+    #[test]
+    fn feed_forward_holds_a_growing_burst_at_the_threshold_where_the_law_trails_it() {
+        let node = Node {
+            total: 24 * GIB,
+            data: 20 * GIB,
+        };
+        // Outside the store: 8 GiB, then from step 10 a burst rising
+        // 256 MiB a step for 30 steps (to 15.5 GiB), then held.
+        let other = |i: u32| 8 * GIB + u64::from(i.clamp(10, 40) - 10) * 256 * MIB;
+        let r0_m = 0.95 * (24 * GIB) as f64;
+        // Excess over the threshold at each sample: what the store's
+        // target of the step before left, plus the burst's use now.
+        let excesses = |cfg: ControllerConfig| {
+            let u_max = cfg.max_capacity_for(node.total);
+            let mut ctl = Controller::new(cfg, u_max).unwrap();
+            let states = node.run(&mut ctl, 60, other);
+            (0..60u32)
+                .map(|i| {
+                    let before = i
+                        .checked_sub(1)
+                        .map_or(u_max, |j| states[j as usize].target);
+                    (other(i) + before.min(node.data)) as f64 - r0_m
+                })
+                .collect::<Vec<f64>>()
+        };
+        let fast = ControllerConfig {
+            shrink_gain: Some(1.0),
+            ..config()
+        };
+        let trailing = excesses(fast.clone());
+        let ahead = excesses(ControllerConfig {
+            feed_forward: true,
+            ..fast
+        });
+        // The burst crosses the threshold at step 24 (8 + 11.52 GiB
+        // + 14 × 256 MiB > 22.8 GiB); from the step after to its end:
+        let growing = 25..38;
+        // without feed-forward the node is a step's rise (≈ 256 MiB) over,
+        let over = |e: &[f64]| e[growing.clone()].iter().cloned().fold(f64::MIN, f64::max);
+        assert!(
+            trailing[growing.clone()]
+                .iter()
+                .all(|&e| e > 200.0 * MIB as f64),
+            "{trailing:?}"
+        );
+        // with it, within 32 MiB of the threshold (the law's 3 % overshoot
+        // of a step's rise, below it),
+        assert!(over(&ahead) <= 32.0 * MIB as f64, "{ahead:?}");
+        assert!(
+            ahead[growing.clone()]
+                .iter()
+                .all(|&e| e >= -32.0 * MIB as f64),
+            "{ahead:?}"
+        );
+        // and once the burst stops, the one step it anticipated in vain
+        // is given back by λ's growth: no further shrink, back to ≤ 0 excess.
+        assert!(
+            ahead[41] < 0.0 && ahead[41] >= -300.0 * MIB as f64,
+            "{ahead:?}"
+        );
+        assert!(ahead[45..].iter().all(|&e| e <= 0.0 && e > ahead[41]));
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub struct ElasticConfig {
     /// Steps the capacity-over-time trace keeps (default 18,000: 30 min at
     /// T = 100 ms, 1 MiB).
     pub trace_points: NonZeroUsize,
+    /// Prefetch on growth: bytes of a shrink's newest victims remembered
+    /// and restored when the store grows again (0: off, the default).
+    pub prefetch: u64,
 }
 
 impl Default for ElasticConfig {
@@ -41,6 +44,7 @@ impl Default for ElasticConfig {
             controller: ControllerConfig::default(),
             source: SourceChoice::Detect,
             trace_points: NonZeroUsize::new(18_000).expect("non-zero"),
+            prefetch: 0,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! - `config.rs`: what a daemon is configured with;
 //! - `sampler.rs`: where v_i, M and the pressure are read;
 //! - `release.rs`: hole punching over the region's free ranges;
+//! - `prefetch.rs`: a shrink's victims brought back when it grows again;
 //! - this file: the loop, its state, and what it shows (`shoal stat`,
 //!   metrics, the trace).
 //!
@@ -20,11 +21,12 @@
 //! the reason) instead of pushing the node into swap.
 
 mod config;
+mod prefetch;
 mod release;
 mod sampler;
 
 use std::cell::{Cell, RefCell};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,10 +36,12 @@ use shoal_core::error::Result;
 use shoal_core::protocol::CapacityReport;
 
 pub use config::{ElasticConfig, SourceChoice};
+use prefetch::Prefetch;
 use sampler::Sampler;
 
 use crate::cluster::Cluster;
 use crate::node::Node;
+use crate::ops::Ops;
 use crate::supervisor::Supervisor;
 
 /// Memory the region may hold above the target before pages are punched:
@@ -64,6 +68,11 @@ pub struct Elastic {
     /// The region's resident bytes after a pass that could not reach its
     /// budget (objects in use, partial pages): no new pass until it grows.
     futile_at: Cell<Option<u64>>,
+    /// `None`: prefetch on growth is off.
+    prefetch: Option<Rc<Prefetch>>,
+    /// What prefetches restore through; set once the daemon's operations
+    /// exist (they are made after the controller).
+    ops: RefCell<Weak<Ops>>,
 }
 
 impl Elastic {
@@ -104,6 +113,10 @@ impl Elastic {
             node_total = usage.total(),
             "elastic capacity controller running"
         );
+        let prefetch = (config.prefetch > 0).then(|| Rc::new(Prefetch::new(config.prefetch)));
+        if let Some(prefetch) = &prefetch {
+            node.listen(prefetch.clone());
+        }
         let elastic = Rc::new(Self {
             node,
             cluster,
@@ -117,6 +130,8 @@ impl Elastic {
             released: Cell::new(0),
             read_errors: Cell::new(0),
             futile_at: Cell::new(None),
+            prefetch,
+            ops: RefCell::new(Weak::new()),
         });
         let looping = elastic.clone();
         supervisor.spawn_local("elastic capacity", async move {
@@ -128,6 +143,11 @@ impl Elastic {
             }
         });
         Ok(elastic)
+    }
+
+    /// The daemon's operations, for prefetch restores.
+    pub fn attach(&self, ops: &Rc<Ops>) {
+        *self.ops.borrow_mut() = Rc::downgrade(ops);
     }
 
     /// The bound the prefault thread populates the region up to.
@@ -182,9 +202,20 @@ impl Elastic {
     /// records what happened.
     fn apply(&self, sample: &MemorySample, state: &ControllerState) {
         let target = state.target;
-        self.node.set_capacity(target);
+        let before = self.node.read(|s| s.capacity());
+        match &self.prefetch {
+            Some(prefetch) if target < before => {
+                prefetch.recording(|| self.node.set_capacity(target));
+            }
+            _ => {
+                self.node.set_capacity(target);
+            }
+        }
         self.prefault_limit.store(target, Ordering::Relaxed);
         let (capacity, used, pinned) = self.node.read(|s| (s.capacity(), s.used(), s.pinned()));
+        if capacity > before {
+            self.prefetch_into(capacity.saturating_sub(used));
+        }
         self.note_over_target(pinned, target);
         self.give_back(target.max(used));
         self.steps.set(self.steps.get() + 1);
@@ -201,6 +232,44 @@ impl Elastic {
         gauges.over_target.set(self.over_target.get() as i64);
         gauges.stall_ratio.set(state.stall_share.unwrap_or(0.0));
         gauges.steps.inc();
+    }
+
+    /// After a growth: restores, in the background, the newest of the
+    /// shrinks' victims that fit `room` (no-op when prefetch is off).
+    fn prefetch_into(&self, room: u64) {
+        let (Some(prefetch), Some(ops)) = (&self.prefetch, self.ops.borrow().upgrade()) else {
+            return;
+        };
+        let victims = prefetch.take_fitting(room);
+        if victims.is_empty() {
+            return;
+        }
+        tracing::debug!(
+            objects = victims.len(),
+            room,
+            "prefetching a shrink's victims"
+        );
+        let task_ops = ops.clone();
+        ops.supervisor.spawn_local("prefetch", async move {
+            for (id, bytes) in victims {
+                // Only into free room: a prefetch never evicts (the store
+                // may have shrunk again, or creates taken the room).
+                let room = task_ops
+                    .node
+                    .read(|s| s.capacity().saturating_sub(s.used()));
+                if bytes > room {
+                    break;
+                }
+                match task_ops.restore(id).await {
+                    Ok(true) => {
+                        task_ops.node.metrics().controller.prefetched.inc();
+                    }
+                    // In memory already, or deleted meanwhile.
+                    Ok(false) => {}
+                    Err(err) => tracing::debug!(%id, %err, "prefetch restore failed"),
+                }
+            }
+        });
     }
 
     /// Logs when objects in use alone start or stop exceeding the target.

@@ -10,7 +10,10 @@ use crate::node::Node;
 /// What one pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pass {
-    /// Bytes of whole pages in the ranges punched (some may have been holes already).
+    /// Bytes the region held less after the pass: the memory given back.
+    /// (Not the punched ranges' length: the largest free range is usually
+    /// the region's never-used tail, a hole already; counting it made the
+    /// experiment report 298 GiB "given back" in 75 s.)
     pub released: u64,
     /// The region's allocated bytes after the pass.
     pub resident: u64,
@@ -33,8 +36,10 @@ pub fn release_above(node: &Node, budget: u64) -> Result<Pass> {
     }
     let ranges: Vec<_> = node.read(|store| store.free_ranges().collect());
     for range in ranges {
-        released += region.release_pages(range.offset, range.len)?;
-        resident = region.resident_bytes()?;
+        region.release_pages(range.offset, range.len)?;
+        let after = region.resident_bytes()?;
+        released += resident.saturating_sub(after);
+        resident = after;
         if resident <= budget {
             break;
         }

@@ -131,6 +131,7 @@ pub struct ControllerGauges {
     pub stall_ratio: Gauge<f64, AtomicU64>,
     pub steps: Counter,
     pub released_bytes: Counter,
+    pub prefetched: Counter,
     pub cpu_seconds: Counter<f64, AtomicU64>,
 }
 
@@ -189,6 +190,11 @@ impl ControllerGauges {
             "shoal_released_bytes",
             "Bytes of the region's free ranges given back to the kernel",
             self.released_bytes.clone(),
+        );
+        registry.register(
+            "shoal_prefetched_objects",
+            "Objects a shrink evicted that the controller restored when the store grew again",
+            self.prefetched.clone(),
         );
         registry.register(
             "shoal_controller_cpu_seconds",
