@@ -228,6 +228,14 @@ impl Store {
         self.clients.entry(client).or_default();
     }
 
+    /// Whether `client` holds nothing here: no reference and no object it is
+    /// still writing (closing its connection would change nothing).
+    pub fn client_holds_nothing(&self, client: ClientId) -> bool {
+        self.clients
+            .get(&client)
+            .is_none_or(|c| c.refs.is_empty() && c.creating.is_empty())
+    }
+
     /// Whether `client` is known (connected, or a reserved principal).
     pub fn has_client(&self, client: ClientId) -> bool {
         self.clients.contains_key(&client)

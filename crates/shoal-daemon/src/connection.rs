@@ -16,14 +16,15 @@ use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fd_passing::send_with_fd;
 use shoal_core::protocol::{
-    decode_request, CreateSpec, Notification, PeerRegion, Reply, Request, PROTOCOL_VERSION,
+    decode_request, CreateSpec, FrameHeader, Notification, PeerRegion, Reply, Request,
+    FRAME_HEADER_LEN, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use crate::node::ClientActivity;
+use crate::node::{ClientActivity, Reservation, SMALL_FRAME};
 use crate::ops::Ops;
 
 const READ_CHUNK: usize = 64 * 1024;
@@ -102,6 +103,8 @@ impl Connection {
     async fn run(&mut self) -> Result<()> {
         let mut input: Vec<u8> = Vec::with_capacity(READ_CHUNK);
         let mut output: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+        // The input budget held while a large frame is being buffered.
+        let mut large: Option<Reservation> = None;
         loop {
             let mut consumed = 0;
             let mut next = Next::Continue;
@@ -136,16 +139,44 @@ impl Connection {
                 }
             }
             input.drain(..consumed);
+            if consumed > 0 {
+                // The large frame it was held for is decoded.
+                large = None;
+                if input.capacity() > 4 * READ_CHUNK && input.len() <= READ_CHUNK {
+                    // Give a large frame's buffer back, not keep it for the
+                    // connection's life.
+                    input.shrink_to(READ_CHUNK);
+                }
+            }
             if !output.is_empty() {
                 self.stream.write_all(&output).await?;
                 output.clear();
             }
             if let Next::Subscribe(notifications) = next {
+                self.activity.subscribed();
                 return self.stream_notifications(notifications).await;
+            }
+            if large.is_none() {
+                if let Some(header) = FrameHeader::parse(&input)? {
+                    let frame = FRAME_HEADER_LEN as u64 + u64::from(header.len);
+                    if frame > SMALL_FRAME {
+                        large = Some(self.ops.node.input_budget().reserve(frame)?);
+                    }
+                }
             }
             input.reserve(READ_CHUNK);
             keep_polling();
-            if self.stream.read_buf(&mut input).await? == 0 {
+            let read = tokio::select! {
+                read = self.stream.read_buf(&mut input) => read?,
+                () = self.activity.shed(), if input.is_empty() => {
+                    return Err(ShoalError::new(
+                        ErrorKind::Disconnected,
+                        "closed: the daemon ran out of file descriptors and this connection \
+                         was the one idle the longest, holding nothing",
+                    ));
+                }
+            };
+            if read == 0 {
                 if !input.is_empty() {
                     return Err(ShoalError::protocol(format!(
                         "connection closed inside a frame ({} bytes pending)",

@@ -266,6 +266,10 @@ fn watch_signals(supervisor: &Supervisor, shutdown: &Shutdown) -> Result<()> {
     Ok(())
 }
 
+/// A connection idle this long, holding nothing, may be closed when the
+/// daemon runs out of file descriptors.
+const SHED_IDLE_AFTER: Duration = Duration::from_secs(2);
+
 /// Accepts local clients until shutdown (or the idle exit).
 async fn serve_clients(
     ops: &Rc<Ops>,
@@ -290,7 +294,16 @@ async fn serve_clients(
                     }
                     ops.supervisor.spawn_local("client", connection::serve(ops.clone(), stream));
                 }
-                Err(err) => backoff.failed(err).await,
+                Err(err) => {
+                    if matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                        // Make room: the connection idle the longest that
+                        // holds nothing closes (the backoff's sleep lets it).
+                        if let Some(client) = ops.node.shed_idle_client(SHED_IDLE_AFTER) {
+                            tracing::warn!(client, "out of file descriptors: closing the longest-idle client connection");
+                        }
+                    }
+                    backoff.failed(err).await
+                }
             },
             _ = shutdown.wait() => return,
             _ = ticker.tick() => {

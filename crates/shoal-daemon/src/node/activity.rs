@@ -1,12 +1,16 @@
 //! What each connected local client does: its requests and the objects
 //! they name, counted in plain cells by its connection (no atomics, no
 //! lookup per request), read once a second by the metrics snapshot for the
-//! busiest-clients view (`/top`, `shoal top`).
+//! busiest-clients view (`/top`, `shoal top`); and when it last asked for
+//! anything, so a daemon out of file descriptors can close the connection
+//! idle the longest (one holding nothing: shedding it changes nothing).
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 use shoal_core::object_table::ClientId;
 
@@ -22,6 +26,12 @@ pub struct ClientActivity {
     objects: Cell<u64>,
     /// The counts at the last [`Activity::busiest`].
     seen: Cell<(u64, u64)>,
+    /// When it last sent a request.
+    last: Cell<Instant>,
+    /// It streams notifications: never idle in that sense.
+    subscribed: Cell<bool>,
+    /// Woken when its connection is to be closed (shed).
+    shed: Notify,
 }
 
 impl ClientActivity {
@@ -33,6 +43,17 @@ impl ClientActivity {
     pub fn count(&self, objects: usize) {
         self.requests.set(self.requests.get() + 1);
         self.objects.set(self.objects.get() + objects as u64);
+        self.last.set(Instant::now());
+    }
+
+    pub fn subscribed(&self) {
+        self.subscribed.set(true);
+    }
+
+    /// Resolves when the daemon sheds this connection (only while it waits
+    /// for a request: a shed wakes current waiters, it leaves no permit).
+    pub async fn shed(&self) {
+        self.shed.notified().await;
     }
 }
 
@@ -51,6 +72,9 @@ impl Activity {
             requests: Cell::new(0),
             objects: Cell::new(0),
             seen: Cell::new((0, 0)),
+            last: Cell::new(Instant::now()),
+            subscribed: Cell::new(false),
+            shed: Notify::new(),
         });
         self.clients.borrow_mut().insert(client, activity.clone());
         activity
@@ -58,6 +82,24 @@ impl Activity {
 
     pub fn end(&self, client: ClientId) {
         self.clients.borrow_mut().remove(&client);
+    }
+
+    /// Wakes the connection of the client idle the longest, at least
+    /// `min_idle`, that is not subscribed and for which `holds_nothing`;
+    /// returns its id.
+    pub fn shed_longest_idle(
+        &self,
+        min_idle: Duration,
+        holds_nothing: impl Fn(ClientId) -> bool,
+    ) -> Option<ClientId> {
+        let clients = self.clients.borrow();
+        let chosen = clients
+            .values()
+            .filter(|a| !a.subscribed.get() && a.last.get().elapsed() >= min_idle)
+            .filter(|a| holds_nothing(a.client))
+            .min_by_key(|a| a.last.get())?;
+        chosen.shed.notify_waiters();
+        Some(chosen.client)
     }
 
     /// The `n` clients with the most requests since the last call, `seconds`
@@ -121,5 +163,34 @@ mod tests {
         assert_eq!(activity.busiest(1, 1.0).len(), 1);
         activity.end(2);
         assert_eq!(activity.busiest(5, 1.0).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_longest_idle_client_holding_nothing_is_shed_never_a_subscriber() {
+        let activity = Activity::default();
+        let oldest = activity.start(1);
+        let holder = activity.start(2);
+        let subscriber = activity.start(3);
+        subscriber.subscribed();
+        std::thread::sleep(Duration::from_millis(30));
+        let fresh = activity.start(4);
+        let idle = Duration::from_millis(20);
+        // Client 2 holds something: client 1 is the one, and its waiter wakes.
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let waiting = {
+                    let oldest = oldest.clone();
+                    tokio::task::spawn_local(async move { oldest.shed().await })
+                };
+                tokio::task::yield_now().await;
+                assert_eq!(activity.shed_longest_idle(idle, |c| c != 2), Some(1));
+                waiting.await.unwrap();
+            })
+            .await;
+        // Once 1 has gone: 2 still holds, 3 subscribes, 4 is too fresh.
+        activity.end(1);
+        assert_eq!(activity.shed_longest_idle(idle, |c| c != 2), None);
+        drop((holder, fresh));
     }
 }

@@ -14,6 +14,7 @@
 mod activity;
 mod below;
 mod events;
+mod input_budget;
 mod subscribers;
 
 use std::cell::{Cell, RefCell};
@@ -33,6 +34,7 @@ use tokio::sync::{mpsc, Notify};
 pub use activity::ClientActivity;
 pub use below::Below;
 pub use events::{NodeEvent, NodeListener};
+pub use input_budget::{InputBudget, Reservation, SMALL_FRAME};
 pub use subscribers::SUBSCRIBER_QUEUE;
 
 use crate::metrics::Metrics;
@@ -63,6 +65,8 @@ pub struct Node {
     client_ids: RefCell<LocalIds>,
     connected: Cell<usize>,
     activity: activity::Activity,
+    /// Bytes local connections may buffer for large incomplete requests.
+    input_budget: Rc<InputBudget>,
     idle_since: Cell<Instant>,
     /// The tiers below memory, if any (weak: they hold the node).
     below: RefCell<Option<Weak<dyn Below>>>,
@@ -116,6 +120,7 @@ impl Node {
             client_ids: RefCell::default(),
             connected: Cell::new(0),
             activity: activity::Activity::default(),
+            input_budget: Rc::default(),
             idle_since: Cell::new(Instant::now()),
             below: RefCell::new(None),
             metrics: Arc::default(),
@@ -212,6 +217,19 @@ impl Node {
     /// A connected client's activity counts, kept until it disconnects.
     pub fn client_activity(&self, client: ClientId) -> Rc<ClientActivity> {
         self.activity.start(client)
+    }
+
+    pub fn input_budget(&self) -> &Rc<InputBudget> {
+        &self.input_budget
+    }
+
+    /// Closes the connection of the local client idle the longest (at least
+    /// `min_idle`) that holds no reference and writes no object, for a
+    /// daemon out of file descriptors; returns which.
+    pub fn shed_idle_client(&self, min_idle: std::time::Duration) -> Option<ClientId> {
+        let store = self.store.borrow();
+        self.activity
+            .shed_longest_idle(min_idle, |client| store.client_holds_nothing(client))
     }
 
     /// The `n` busiest connected clients since the last call, `seconds` ago.
