@@ -205,3 +205,48 @@ fn durable_names_survive_a_restart() {
     assert_eq!(read_named(&mut c, "keep/a").unwrap(), b"durable");
     assert_eq!(read_named(&mut c, "keep/b").unwrap(), b"second");
 }
+
+#[test]
+fn renames_racing_the_drain_reach_the_records() {
+    // Objects sealed at `memory` are written down by the drain in the
+    // background (after puts pause for 50 ms); each is renamed a varying
+    // while after its put, so some renames land while its job runs (a
+    // job made with the old name). After a restart every record must
+    // carry the new name.
+    const N: usize = 24;
+    let dir = tempfile::tempdir().unwrap();
+    let payload = vec![5u8; 8 * MIB as usize];
+    {
+        let daemon = Daemon::start(dir.path());
+        let mut c = daemon.client();
+        let mut ids = Vec::new();
+        for i in 0..N {
+            let id = c
+                .put_named(
+                    &format!("tmp/{i}"),
+                    &payload,
+                    b"",
+                    Some(Durability::Memory),
+                    5_000,
+                )
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(40 + (i as u64 * 7) % 60));
+            c.rename(&format!("tmp/{i}"), &format!("done/{i}")).unwrap();
+            ids.push(id);
+        }
+        for outcome in c.wait_durable(&ids, Durability::Backing, 60_000).unwrap() {
+            outcome.unwrap();
+        }
+        // Let any record fix-up commit before the daemon stops.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let daemon = Daemon::start(dir.path());
+    let mut c = daemon.client();
+    assert!(
+        names(&mut c, "tmp").is_empty(),
+        "{:?}",
+        names(&mut c, "tmp")
+    );
+    assert_eq!(names(&mut c, "done").len(), N);
+    assert!(read_named(&mut c, "done/7").unwrap() == payload);
+}

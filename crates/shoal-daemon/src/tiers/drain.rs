@@ -240,6 +240,17 @@ impl Tiers {
                     t.failure = None;
                     was_dirty
                 };
+                // Renamed while the job ran (`renamed` skips objects with
+                // no copy yet): the record holds the name the job was made
+                // with. The name is read again when the fix runs.
+                if record.name != self.node.name_of(&id) {
+                    let (engine, node) = (self.engine.clone(), self.node.clone());
+                    self.supervisor.spawn_local("record a rename", async move {
+                        if let Err(err) = engine.set_name(id, node.name_of(&id)).await {
+                            tracing::warn!(%id, %err, "the record keeps its old name");
+                        }
+                    });
+                }
                 {
                     let mut counters = self.counters.borrow_mut();
                     counters.drained_objects += 1;
