@@ -191,7 +191,8 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         supervisor.clone(),
     );
     if let Some(elastic) = &elastic {
-        elastic.attach(&ops);
+        let restorer: std::rc::Weak<dyn crate::elastic::Restorer> = Rc::downgrade(&ops) as _;
+        elastic.attach(restorer);
     }
 
     // A stale socket file from a daemon that died: we hold the lock, so it is ours to replace.

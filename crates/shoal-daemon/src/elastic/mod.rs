@@ -37,11 +37,11 @@ use shoal_core::protocol::CapacityReport;
 
 pub use config::{ElasticConfig, SourceChoice};
 use prefetch::Prefetch;
+pub use prefetch::Restorer;
 use sampler::Sampler;
 
 use crate::cluster::Cluster;
 use crate::node::Node;
-use crate::ops::Ops;
 use crate::supervisor::Supervisor;
 
 /// Memory the region may hold above the target before pages are punched:
@@ -72,7 +72,8 @@ pub struct Elastic {
     prefetch: Option<Rc<Prefetch>>,
     /// What prefetches restore through; set once the daemon's operations
     /// exist (they are made after the controller).
-    ops: RefCell<Weak<Ops>>,
+    restorer: RefCell<Option<Weak<dyn Restorer>>>,
+    supervisor: Supervisor,
 }
 
 impl Elastic {
@@ -131,7 +132,8 @@ impl Elastic {
             read_errors: Cell::new(0),
             futile_at: Cell::new(None),
             prefetch,
-            ops: RefCell::new(Weak::new()),
+            restorer: RefCell::new(None),
+            supervisor: supervisor.clone(),
         });
         let looping = elastic.clone();
         supervisor.spawn_local("elastic capacity", async move {
@@ -146,8 +148,8 @@ impl Elastic {
     }
 
     /// The daemon's operations, for prefetch restores.
-    pub fn attach(&self, ops: &Rc<Ops>) {
-        *self.ops.borrow_mut() = Rc::downgrade(ops);
+    pub fn attach(&self, restorer: Weak<dyn Restorer>) {
+        *self.restorer.borrow_mut() = Some(restorer);
     }
 
     /// The bound the prefault thread populates the region up to.
@@ -237,7 +239,8 @@ impl Elastic {
     /// After a growth: restores, in the background, the newest of the
     /// shrinks' victims that fit `room` (no-op when prefetch is off).
     fn prefetch_into(&self, room: u64) {
-        let (Some(prefetch), Some(ops)) = (&self.prefetch, self.ops.borrow().upgrade()) else {
+        let restorer = self.restorer.borrow().as_ref().and_then(Weak::upgrade);
+        let (Some(prefetch), Some(restorer)) = (&self.prefetch, restorer) else {
             return;
         };
         let victims = prefetch.take_fitting(room);
@@ -249,20 +252,18 @@ impl Elastic {
             room,
             "prefetching a shrink's victims"
         );
-        let task_ops = ops.clone();
-        ops.supervisor.spawn_local("prefetch", async move {
+        let node = self.node.clone();
+        self.supervisor.spawn_local("prefetch", async move {
             for (id, bytes) in victims {
                 // Only into free room: a prefetch never evicts (the store
                 // may have shrunk again, or creates taken the room).
-                let room = task_ops
-                    .node
-                    .read(|s| s.capacity().saturating_sub(s.used()));
+                let room = node.read(|s| s.capacity().saturating_sub(s.used()));
                 if bytes > room {
                     break;
                 }
-                match task_ops.restore(id).await {
+                match restorer.restore_object(id).await {
                     Ok(true) => {
-                        task_ops.node.metrics().controller.prefetched.inc();
+                        node.metrics().controller.prefetched.inc();
                     }
                     // In memory already, or deleted meanwhile.
                     Ok(false) => {}

@@ -13,11 +13,23 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 
+use shoal_core::error::Result;
 use shoal_core::store::{Verdict, Victim};
 use shoal_core::ObjectId;
 
 use crate::node::{NodeEvent, NodeListener};
+
+/// What prefetches restore through: the daemon's operations implement it
+/// (`ops/restore.rs`). A trait, because the controller sits below the
+/// operations in the daemon's layers and must not import them.
+pub trait Restorer {
+    /// Restores `id` from the tiers into memory: `Ok(true)` if it did,
+    /// `Ok(false)` if there was nothing to do (in memory, or gone).
+    fn restore_object(&self, id: ObjectId) -> Pin<Box<dyn Future<Output = Result<bool>> + '_>>;
+}
 
 pub struct Prefetch {
     /// Bytes of victims remembered (and brought back per growth) at most.

@@ -9,11 +9,21 @@ use std::future::pending;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ObjectId;
 
+use crate::elastic::Restorer;
 use crate::ops::Ops;
 use crate::principals;
 
 /// How long a restore waits for memory (others leaving it) before failing.
 const RESTORE_WAIT_MS: u32 = 30_000;
+
+impl Restorer for Ops {
+    fn restore_object(
+        &self,
+        id: ObjectId,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool>> + '_>> {
+        Box::pin(self.restore(id))
+    }
+}
 
 impl Ops {
     /// Brings `id` into memory if a tier holds it and memory does not.
