@@ -215,6 +215,8 @@ class Daemon:
         shrink_gain=None,
         feed_forward=False,
         region_size=None,
+        policy="lru",
+        prefetch=None,
     ):
         self.socket = os.path.join(work, f"{name}.sock")
         self.region = f"/dev/shm/shoal-mixed-{os.getpid()}-{name}"
@@ -232,6 +234,8 @@ class Daemon:
             burst,
             "--durability",
             "local",
+            "--policy",
+            policy,
         ]
         if region_size:
             cmd += ["--region-size", str(region_size)]
@@ -249,6 +253,8 @@ class Daemon:
                 cmd += ["--elastic-shrink-gain", str(shrink_gain)]
             if feed_forward:
                 cmd += ["--elastic-feed-forward"]
+            if prefetch:
+                cmd += ["--elastic-prefetch", prefetch]
         self.binary = binary
         self.log = open(os.path.join(work, f"{name}.log"), "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -415,8 +421,12 @@ def run_config(
         elastic_threshold=r0 if elastic else None,
         shrink_gain=shrink_gain,
         feed_forward=feed_forward,
+        policy=args.policy,
+        prefetch=args.elastic_prefetch if elastic else None,
     )
     result = {"name": name, "capacity": capacity, "with_burst": with_burst, "elastic": elastic}
+    result["policy"] = args.policy
+    result["prefetch"] = args.elastic_prefetch if elastic else None
     result["node_used_at_start"] = used
     result["load_at_start"] = loadavg()
     result["threshold_bytes"] = threshold
@@ -666,7 +676,8 @@ def report(results, args, path):
         f"hold {args.hold_s} s, down 2 GiB per {args.phase_s} s, idle {args.idle_s} s, repeated;",
         f"node budget {args.budget_gib} GiB above the machine's use at each configuration's start",
         f"(the controller's r_0); passes for {args.duration_s:.0f} s after a cold pass (not counted);",
-        f"mini-batch stride {args.stride}.",
+        f"mini-batch stride {args.stride}; eviction policy {getattr(args, 'policy', 'lru')}, "
+        f"prefetch on growth {getattr(args, 'elastic_prefetch', None) or 'off'}.",
         "",
         "| configuration | pass (mean) | pass (median) | hit ratio | max over the node budget | "
         "experiment's peak | compute steps stopped at the floor | load (1 min) start → end |",
@@ -707,9 +718,50 @@ def report(results, args, path):
         if "passes" in r:
             cells = ", ".join(f"{p['s']:.2f}/{p['hit']:.2f}" for p in r["passes"])
             lines.append(f"- {r['name']}: cold {r['cold_pass_s']:.2f} s; {cells}")
-    lines += ["", "Memory over time: elastic.png (raw samples: elastic.json).", ""]
+    png, raw = (os.path.basename(x) for x in beside(path))
+    lines += ["", f"Memory over time: {png} (raw samples: {raw}).", ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
+
+
+def compare(paths):
+    """A policy comparison table (markdown) over the elastic.json of several runs. The first
+    run's static-small and static-large are the baseline (the LRU run) and the upper bound;
+    a configuration is also set against the static-small of its own run, when it has one
+    (the same policy: a scan-resistant policy helps a static small store as well)."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            saved = json.load(f)
+        runs.append((os.path.basename(path), saved["args"], saved["results"]))
+    first = {r["name"]: r for r in runs[0][2]}
+    small, upper = first["static-small"], first["static-large"]
+    lines = [
+        "| configuration | policy | prefetch | pass (mean) | pass (median) | hit ratio | "
+        f"× static-small ({runs[0][1].get('policy', 'lru')}) | × static-small (same policy) | "
+        "over the upper bound | load (1 min) start → end | run |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for source, run_args, results in runs:
+        own = {r["name"]: r for r in results}.get("static-small")
+        for r in results:
+            if "passes" not in r:
+                continue
+            policy = r.get("policy", run_args.get("policy", "lru"))
+            same = f"{own['pass_s'] / r['pass_s']:.2f}×" if own and "pass_s" in own else "–"
+            lines.append(
+                f"| {r['name']} | {policy} | {r.get('prefetch') or 'off'} | {r['pass_s']:.2f} s | "
+                f"{r['pass_median_s']:.2f} s | {r['hit']:.2f} | {small['pass_s'] / r['pass_s']:.2f}× | "
+                f"{same} | {r['pass_s'] / upper['pass_s'] - 1:+.1%} | "
+                f"{r['load_at_start']:.1f} → {r['load_at_end']:.1f} | {source} |"
+            )
+    return "\n".join(lines)
+
+
+def beside(out):
+    """The PNG and the raw JSON written next to the report: elastic.md -> elastic.png, elastic.json."""
+    stem = os.path.splitext(os.path.abspath(out))[0]
+    return stem + ".png", stem + ".json"
 
 
 args_global = None
@@ -738,6 +790,23 @@ def main():
         default="static-small,static-large,static-large+burst,dynamic,dynamic-fast,dynamic-ahead",
     )
     p.add_argument(
+        "--policy",
+        default="lru",
+        choices=["lru", "lfu", "lrfu"],
+        help="eviction policy of every daemon started (shoal serve --policy)",
+    )
+    p.add_argument(
+        "--elastic-prefetch",
+        metavar="SIZE",
+        help="prefetch on growth in the dynamic configurations (--elastic-prefetch; default off)",
+    )
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="JSON",
+        help="print a policy comparison table over several runs' JSON (the first: the baseline)",
+    )
+    p.add_argument(
         "--from-json", help="rewrite the report and the PNG from an elastic.json of an earlier run"
     )
     p.add_argument("--compute-job", action="store_true", help=argparse.SUPPRESS)
@@ -748,13 +817,16 @@ def main():
     if args.compute_job:
         compute_job(args)
         return
+    if args.compare:
+        print(compare(args.compare))
+        return
     if args.from_json:
         with open(args.from_json) as f:
             saved = json.load(f)
         for key, value in saved["args"].items():
             if key not in ("out", "from_json"):
                 setattr(args, key, value)
-        plot(saved["results"], os.path.join(os.path.dirname(os.path.abspath(args.out)), "elastic.png"))
+        plot(saved["results"], beside(args.out)[0])
         report(saved["results"], args, args.out)
         return
     import shoal
@@ -768,7 +840,7 @@ def main():
         if available - (args.large_gib + 1) * GiB < args.floor_gib * GiB:
             raise SystemExit(f"MemAvailable {available / GiB:.1f} GiB: not enough to load the data")
         log(f"loading {n} tables onto the burst buffer ({work})")
-        loader = Daemon(args.shoal, work, "load", int(args.large_gib * GiB), burst)
+        loader = Daemon(args.shoal, work, "load", int(args.large_gib * GiB), burst, policy=args.policy)
         try:
             ids = load(shoal.Client(loader.socket), n)
         finally:
@@ -791,11 +863,11 @@ def main():
             if "passes" in r:
                 summarise(r)
             results.append(r)
-        out_dir = os.path.dirname(os.path.abspath(args.out))
-        with open(os.path.join(out_dir, "elastic.json"), "w") as f:
+        png, raw = beside(args.out)
+        with open(raw, "w") as f:
             json.dump({"args": {k: v for k, v in vars(args).items()}, "results": results}, f)
         try:
-            plot(results, os.path.join(out_dir, "elastic.png"))
+            plot(results, png)
         except ImportError as e:
             log(f"no plot: {e}; pip install matplotlib")
         report(results, args, args.out)
