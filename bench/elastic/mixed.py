@@ -1,6 +1,8 @@
 """Elastic capacity (issue 11): DynIMS' mixed-workload experiment (seed 003), scaled to this machine.
 
     python bench/elastic/mixed.py --out bench/results/elastic.md
+    python bench/elastic/mixed.py --policy lfu --configs static-small,dynamic --out bench/results/el-lfu.md
+    python bench/elastic/mixed.py --compare bench/results/elastic.json bench/results/el-lfu.json
 
 Two jobs share the node, as HPCC and Spark k-means do in the paper:
 
