@@ -6,7 +6,8 @@ One run, one directory (--dir, default a fresh one under bench/.tiers-run, on
 the file system the repository is on), every writer and reader on it:
   disk     dd with O_DIRECT (oflag=direct conv=fsync, then iflag=direct), the
            block size = the object size rounded up to 4 KiB: the device's own
-           sequential write and read limits at that size;
+           sequential write and read limits at that size (one dd run right
+           before each shoal run of that size, so both see the same device);
   shoal    a daemon with --burst DIR/burst: put N objects (memory durability),
            then `stage_out` (spill: the images are written, fsync'ed and
            renamed, memory freed) and `stage_in` (restore) of all of them,
@@ -78,15 +79,10 @@ def count_for(size, total):
 
 # Runs per size of dd and of shoal's spill and restore (the best is reported, every run is
 # in the JSON): one run of 512 MiB takes a fraction of a second, and a shared machine's
-# disk varies by 2x between such runs.
-REPEAT = 3
-
-
-def dd_rates(directory, size, total):
-    """O_DIRECT sequential write and read of `total` bytes in blocks of `size` (rounded up
-    to 4 KiB), bytes/s of each: the best of REPEAT runs, as for shoal."""
-    runs = [dd_once(directory, size, total) for _ in range(REPEAT)]
-    return [max(r[0] for r in runs), max(r[1] for r in runs)]
+# virtual disk varies by up to 2x between such runs (fio here: 1.1-2.8 GiB/s for the same
+# 4 MiB direct reads a second apart). So the runs are interleaved: each shoal run follows
+# a dd run of the same size, and both see the same phases of the device.
+REPEAT = 5
 
 
 def dd_once(directory, size, total):
@@ -170,8 +166,9 @@ def shoal_spill_restore(directory, total):
         for size in SIZES:
             payload = memoryview(np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)).cast("B")
             count = count_for(size, total)
-            spills, restores = [], []
+            spills, restores, disk = [], [], []
             for _ in range(REPEAT):
+                disk.append(dd_once(directory, size, total))
                 ids = put_many(client, payload, count)
                 start = time.perf_counter()
                 client.stage_out(ids)
@@ -187,7 +184,14 @@ def shoal_spill_restore(directory, total):
                 "restore": max(restores),
                 "spills": spills,
                 "restores": restores,
+                # dd's (write, read) in the same rounds, just before each shoal run.
+                "disk": [max(r[0] for r in disk), max(r[1] for r in disk)],
+                "disk_runs": disk,
             }
+            log(
+                f"disk {LABELS[size]}: write {mibs(out[size]['disk'][0])} "
+                f"read {mibs(out[size]['disk'][1])} MiB/s"
+            )
             log(
                 f"shoal {LABELS[size]}: spill {mibs(out[size]['spill'])} MiB/s, "
                 f"restore {mibs(out[size]['restore'])} MiB/s"
@@ -375,7 +379,8 @@ def report(args, res):
         f"({res['fs']}); load average before {res['load_before']}, after {res['load_after']} "
         "(2 cores shared with other engineers' builds). "
         f"{args.total_mib} MiB per size; dd and shoal's spill and restore: the best of "
-        f"{args.repeat} runs per size (every run in tiers.json), Ray: one run; commit "
+        f"{args.repeat} runs per size, each shoal run right after a dd run of its size "
+        "(every run in tiers.json), Ray: one run; commit "
         f"{res['commit']}. `python bench/tiers.py` (see its docstring for how each number is measured).",
         "",
         "## Spill and restore throughput (MiB/s), beside the disk (O_DIRECT dd) and Ray",
@@ -511,13 +516,8 @@ def main():
         ).stdout.strip(),
     }
     try:
-        res["disk"] = {size: dd_rates(directory, size, total) for size in SIZES}
-        for size in SIZES:
-            log(
-                f"disk {LABELS[size]}: write {mibs(res['disk'][size][0])} "
-                f"read {mibs(res['disk'][size][1])} MiB/s"
-            )
         res["shoal"] = shoal_spill_restore(directory, total)
+        res["disk"] = {size: res["shoal"][size]["disk"] for size in SIZES}
         res["ray"] = run_ray(directory, total)
         for size in SIZES:
             log(f"ray {LABELS[size]}: {res['ray'][size]}")

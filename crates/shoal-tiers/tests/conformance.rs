@@ -161,19 +161,27 @@ async fn the_first_list_after_open_sees_changes_made_since_the_walk() {
     assert_eq!(reopened.usage().objects, 299);
 }
 
-/// Payloads of 4 MiB and more are restored with direct I/O through a bounce
-/// buffer (dir.rs): block boundaries, the unaligned tail and damage anywhere
-/// in a later block must come out as in the buffered path.
+/// File images are restored with direct I/O through a bounce buffer
+/// (dir/direct.rs): payloads of 4 MiB and more in 4 MiB blocks, smaller ones
+/// in one read. Block boundaries, the unaligned tail and damage anywhere
+/// must come out as in the buffered path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_objects_restore_through_direct_io_and_damage_is_caught() {
     let dir = tempfile::tempdir().unwrap();
     let tier = DirTier::open(&dir.path().join("t"), &TierIdentity::new("c", 0), 1 << 30).unwrap();
-    let len = (9 << 20) + 5; // three 4 MiB blocks, the last one short and unaligned
+    // Three 4 MiB blocks, the last one short and unaligned; one direct read.
+    for len in [(9 << 20) + 5, (2 << 20) + 5] {
+        check_direct_restores(&tier, len).await;
+    }
+}
+
+async fn check_direct_restores(tier: &DirTier, len: usize) {
     let image_len = (shoal_tiers::format::HEADER_LEN + len) as u64;
     for (i, damage) in [
         None,
-        Some(Damage::FlipBit((4 << 20) * 8 + 3)), // first byte of the second block
-        Some(Damage::FlipBit(image_len * 8 - 1)), // last payload bit
+        Some(Damage::FlipBit((1 << 20) * 8 + 3)), // inside, off any block edge
+        Some(Damage::FlipBit((4 << 20).min(image_len - 1) * 8 + 3)), // the second block's first byte
+        Some(Damage::FlipBit(image_len * 8 - 1)),                    // last payload bit
         Some(Damage::Truncate(image_len - 4096)),
     ]
     .into_iter()
@@ -181,18 +189,22 @@ async fn large_objects_restore_through_direct_io_and_damage_is_caught() {
     {
         let id = ObjectId::random();
         let bytes = payload(len, i as u64);
-        write(&tier, id, &bytes, 3).await.unwrap();
+        write(tier, id, &bytes, 3).await.unwrap();
         let got = match damage {
             None => {
-                assert_eq!(common::read(&tier, id, len).await.unwrap(), bytes);
+                assert_eq!(common::read(tier, id, len).await.unwrap(), bytes);
                 continue;
             }
             Some(damage) => {
-                common::damage_dir_image(&tier, &id, damage);
-                common::read(&tier, id, len).await
+                common::damage_dir_image(tier, &id, damage);
+                common::read(tier, id, len).await
             }
         };
         let err = got.unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::ObjectCorrupt, "{damage:?}: {err}");
+        assert_eq!(
+            err.kind(),
+            ErrorKind::ObjectCorrupt,
+            "{len} bytes, {damage:?}: {err}"
+        );
     }
 }

@@ -78,6 +78,7 @@ impl Ops {
     async fn restore_now(&self, id: ObjectId) -> Result<()> {
         let tiers = self.tiers.as_ref().expect("restores need tiers");
         let sizes = tiers.sizes(&id).ok_or_else(|| ShoalError::not_found(&id))?;
+        let _in_flight = tiers.restore_permit(sizes.payload_len()).await;
         let location = self
             .allocate(
                 principals::TIERS,

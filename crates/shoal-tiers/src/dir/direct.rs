@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::format::HEADER_LEN;
 
-use super::io::{CHUNK, DIRECT_ALIGN};
+use super::io::{copy_checksummed, CHUNK, DIRECT_ALIGN};
 
 /// `path` opened for direct I/O (O_DIRECT), or `None` where the file system
 /// refuses it (tmpfs, some FUSE): the caller reads through the page cache.
@@ -35,12 +35,10 @@ pub(super) fn read_payload_direct(file: &File, dst: &mut [u8]) -> io::Result<u32
 
     let end = HEADER_LEN as u64 + dst.len() as u64;
     let blocks = end.div_ceil(CHUNK as u64);
-    let (full_tx, full_rx) = mpsc::sync_channel::<io::Result<(Vec<u8>, usize, usize)>>(1);
-    let (free_tx, free_rx) = mpsc::sync_channel::<Vec<u8>>(2);
+    let (full_tx, full_rx) = mpsc::sync_channel::<io::Result<(Bounce, usize, usize)>>(1);
+    let (free_tx, free_rx) = mpsc::sync_channel::<Bounce>(2);
     for _ in 0..2 {
-        free_tx
-            .send(vec![0u8; CHUNK + DIRECT_ALIGN])
-            .expect("the receiver is alive");
+        free_tx.send(Bounce::take()).expect("the receiver is alive");
     }
     // `move`: this side's ends of the channels drop when it returns, so a
     // reader blocked on them stops and the scope's join cannot hang.
@@ -48,10 +46,10 @@ pub(super) fn read_payload_direct(file: &File, dst: &mut [u8]) -> io::Result<u32
         scope.spawn(move || {
             for block in 0..blocks {
                 let Ok(mut buf) = free_rx.recv() else { return };
-                let start = buf.as_ptr().align_offset(DIRECT_ALIGN);
+                let start = buf.0.as_ptr().align_offset(DIRECT_ALIGN);
                 let offset = block * CHUNK as u64;
                 let want = (end - offset).min(CHUNK as u64) as usize;
-                let read = read_direct(file, &mut buf[start..start + CHUNK], offset, want);
+                let read = read_direct(file, &mut buf.0[start..start + CHUNK], offset, want);
                 let failed = read.is_err();
                 if full_tx.send(read.map(|n| (buf, start, n))).is_err() || failed {
                     return;
@@ -73,15 +71,41 @@ pub(super) fn read_payload_direct(file: &File, dst: &mut [u8]) -> io::Result<u32
                     "image shorter than its header says",
                 ));
             }
-            let bytes = &buf[start + from..start + to];
+            let bytes = &buf.0[start + from..start + to];
             let at = (offset + from as u64 - HEADER_LEN as u64) as usize;
-            dst[at..at + bytes.len()].copy_from_slice(bytes);
-            crc = crc32c::crc32c_append(crc, bytes);
+            crc = copy_checksummed(&mut dst[at..at + bytes.len()], bytes, crc);
             // The reader may have finished (last block): a closed channel is fine.
             let _ = free_tx.send(buf);
         }
         Ok(crc)
     })
+}
+
+/// A bounce buffer of a block reader: `CHUNK` bytes at an aligned offset.
+/// Taken from a small pool and given back on drop (wherever the channels
+/// leave it): a fresh one per restore cost a 4 MiB memset and its page
+/// faults, a quarter of the CPU of restoring 16 MiB objects here.
+struct Bounce(Vec<u8>);
+
+/// Bounce buffers kept for the next restores: two per block reader, for
+/// the four 16 MiB restores the daemon's restore budget lets run at once.
+const BOUNCE_POOL: usize = 8;
+static BOUNCES: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+
+impl Bounce {
+    fn take() -> Self {
+        let kept = BOUNCES.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        Self(kept.unwrap_or_else(|| vec![0u8; CHUNK + DIRECT_ALIGN]))
+    }
+}
+
+impl Drop for Bounce {
+    fn drop(&mut self) {
+        let mut pool = BOUNCES.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < BOUNCE_POOL {
+            pool.push(std::mem::take(&mut self.0));
+        }
+    }
 }
 
 /// One direct read of `buf` (aligned, a whole number of blocks) at `offset`,
@@ -102,4 +126,66 @@ fn read_direct(file: &File, buf: &mut [u8], offset: u64, want: usize) -> io::Res
         }
     }
     Ok(got)
+}
+
+/// `file` opened again for direct I/O through `/proc/self/fd`: the same
+/// inode even if its path was renamed or removed since (a segment being
+/// compacted), without changing the flags of the shared descriptor (its
+/// other readers read at unaligned offsets). `None` where that fails (no
+/// /proc, a file system without O_DIRECT): read through the page cache.
+pub(super) fn reopen_direct(file: &File) -> Option<File> {
+    use std::os::fd::AsRawFd;
+    open_direct(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd())))
+}
+
+thread_local! {
+    /// Each blocking thread's bounce buffer for [`read_range_direct`], kept
+    /// between reads: a fresh one would cost a page fault per 4 KiB of every
+    /// read. At most [`RANGE_DIRECT_MAX`] bytes (plus alignment) per thread.
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The largest range [`read_range_direct`] reads: packed images, and file
+/// images below `CHUNK` (larger ones are read in `CHUNK` blocks).
+pub(super) const RANGE_DIRECT_MAX: usize = CHUNK + HEADER_LEN;
+
+/// Reads bytes `at..at + len` of `direct` (opened with O_DIRECT) in one
+/// direct read of the aligned blocks around them, and hands them to `f`.
+/// Fewer bytes than `len` (the file ends first) are an `UnexpectedEof`.
+///
+/// Why: restoring packed images of ~1 MiB through the page cache ran at
+/// ~0.7× the device's direct-read limit here (readahead windows, a copy into
+/// the cache and one out of it); one aligned direct read per image and one
+/// copy out of the bounce buffer keeps up with the device.
+pub(super) fn read_range_direct<R>(
+    direct: &File,
+    at: u64,
+    len: usize,
+    f: impl FnOnce(&[u8]) -> R,
+) -> io::Result<R> {
+    assert!(
+        len <= RANGE_DIRECT_MAX,
+        "direct range reads are for packed images"
+    );
+    let align = DIRECT_ALIGN as u64;
+    let first = at / align * align;
+    let end = (at + len as u64).div_ceil(align) * align;
+    let span = (end - first) as usize;
+    BOUNCE.with_borrow_mut(|bounce| {
+        if bounce.len() < span + DIRECT_ALIGN {
+            bounce.resize(span + DIRECT_ALIGN, 0);
+        }
+        let start = bounce.as_ptr().align_offset(DIRECT_ALIGN);
+        let buf = &mut bounce[start..start + span];
+        let want = (at - first) as usize + len;
+        let got = read_direct(direct, buf, first, want)?;
+        if got < want {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the file ends inside the range",
+            ));
+        }
+        let from = (at - first) as usize;
+        Ok(f(&buf[from..from + len]))
+    })
 }

@@ -510,7 +510,18 @@ pub(super) fn read_header(
 ) -> Result<ObjectHeader> {
     let mut head = [0u8; HEADER_LEN];
     read_payload(file, &mut head, slot.offset, what)?;
-    let header = ObjectHeader::decode(&head, what)?;
+    check_header(&head, slot, id, what)
+}
+
+/// The header at the start of `image` (a packed image read whole), checked
+/// against the index's `slot` for `id`.
+pub(super) fn check_header(
+    image: &[u8],
+    slot: Slot,
+    id: &ObjectId,
+    what: &str,
+) -> Result<ObjectHeader> {
+    let header = ObjectHeader::decode(&image[..HEADER_LEN], what)?;
     if header.id != *id {
         return Err(ShoalError::new(
             ErrorKind::ObjectCorrupt,

@@ -20,19 +20,23 @@ use crate::identity::TierIdentity;
 use crate::range::{DestRange, SourceRange};
 use crate::tier::{PutItem, Tier, TierUsage};
 
-use super::direct::{open_direct, read_payload_direct};
-use super::io::{in_parallel, io_error, sync_dir, CHUNK};
+use super::direct::{read_payload_direct, read_range_direct, reopen_direct, RANGE_DIRECT_MAX};
+use super::io::{copy_checksummed, in_parallel, io_error, sync_dir, CHUNK, READ_SLICE};
 use super::segments::{
-    copy_segment, read_header, read_payload, write_segment, Segment, Segments, Slot, StagedSegment,
-    State, PACK_MAX, SEGMENTS,
+    check_header, copy_segment, read_header, read_payload, write_segment, Segment, Segments, Slot,
+    StagedSegment, State, PACK_MAX, SEGMENTS,
 };
 
 const MARKER: &str = "shoal-tier.id";
 const OBJECTS: &str = "objects";
 const TMP: &str = "tmp";
-/// Payloads at least this large are restored with direct I/O (below: one
-/// buffered read is cheaper than a reader thread).
+/// Payloads at least this large are restored with direct I/O and a reader
+/// thread (below: one direct read of the whole image is cheaper).
 const DIRECT_MIN: u64 = CHUNK as u64;
+/// Images (packed or not) at least this large are restored with direct
+/// I/O where the file system has it (below: buffered reads, whose readahead
+/// also brings the next small images of a segment in).
+const PACKED_DIRECT_MIN: u64 = 256 << 10;
 /// Images of a batch staged at once (each on a blocking thread).
 const STAGE_PARALLEL: usize = 4;
 
@@ -664,17 +668,25 @@ impl Inner {
                 header.payload_len()
             )));
         }
-        let direct = if header.payload_len() >= DIRECT_MIN {
-            open_direct(&self.path_of(&id))
-        } else {
-            None
-        };
+        let len = header.payload_len();
+        // Large images: direct reads of 4 MiB blocks with a reader thread;
+        // medium ones: one direct read; small ones (or no O_DIRECT here):
+        // buffered reads.
+        let direct = (len >= PACKED_DIRECT_MIN)
+            .then(|| reopen_direct(&file))
+            .flatten();
         let crc = match direct {
-            Some(direct) => read_payload_direct(&direct, dst.as_mut_slice())
-                .map_err(|e| io_error(&format!("read {what}"), e))?,
+            Some(direct) if len >= DIRECT_MIN => {
+                read_payload_direct(&direct, dst.as_mut_slice())
+                    .map_err(|e| io_error(&format!("read {what}"), e))?
+            }
+            Some(direct) => read_range_direct(&direct, HEADER_LEN as u64, len as usize, |src| {
+                copy_checksummed(dst.as_mut_slice(), src, 0)
+            })
+            .map_err(|e| io_error(&format!("read {what}"), e))?,
             None => {
                 let mut crc = 0u32;
-                for chunk in dst.as_mut_slice().chunks_mut(CHUNK) {
+                for chunk in dst.as_mut_slice().chunks_mut(READ_SLICE) {
                     file.read_exact(chunk)
                         .map_err(|e| io_error(&format!("read {what}"), e))?;
                     crc = crc32c::crc32c_append(crc, chunk);
@@ -1376,6 +1388,13 @@ impl Inner {
             return Ok(None);
         };
         let what = format!("{} at {}", path.display(), slot.offset);
+        // A slot larger than any packed image (a damaged index) takes the
+        // buffered path, whose header check reports it.
+        if (PACKED_DIRECT_MIN..=RANGE_DIRECT_MAX as u64).contains(&slot.stored) {
+            if let Some(direct) = reopen_direct(&file) {
+                return get_packed_direct(&direct, slot, id, dst, &what).map(Some);
+            }
+        }
         let header = read_header(&file, slot, id, &what)?;
         if header.payload_len() != dst.len() as u64 {
             return Err(ShoalError::invalid(format!(
@@ -1386,7 +1405,7 @@ impl Inner {
         }
         let mut crc = 0u32;
         let mut at = slot.offset + HEADER_LEN as u64;
-        for chunk in dst.chunks_mut(CHUNK) {
+        for chunk in dst.chunks_mut(READ_SLICE) {
             read_payload(&file, chunk, at, &what)?;
             crc = crc32c::crc32c_append(crc, chunk);
             at += chunk.len() as u64;
@@ -1471,4 +1490,39 @@ enum Tidy {
     Nothing,
     Remove(u64, u64),
     Compact(u64, Arc<File>, Vec<(ObjectId, Slot)>),
+}
+
+/// `get_packed` of an image read whole with one direct read from `direct`
+/// (the segment opened with O_DIRECT): header checked, payload copied into
+/// `dst` and checksummed.
+fn get_packed_direct(
+    direct: &File,
+    slot: Slot,
+    id: &ObjectId,
+    dst: &mut [u8],
+    what: &str,
+) -> Result<ObjectHeader> {
+    let read = read_range_direct(direct, slot.offset, slot.stored as usize, |image| {
+        let header = check_header(image, slot, id, what)?;
+        if header.payload_len() != dst.len() as u64 {
+            return Err(ShoalError::invalid(format!(
+                "object {id}: destination of {} bytes for a {}-byte object",
+                dst.len(),
+                header.payload_len()
+            )));
+        }
+        let crc = copy_checksummed(dst, &image[HEADER_LEN..], 0);
+        if crc != header.checksum {
+            return Err(checksum_mismatch(what, header.checksum, crc));
+        }
+        Ok(header)
+    });
+    match read {
+        Ok(checked) => checked,
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(ShoalError::new(
+            ErrorKind::ObjectCorrupt,
+            format!("{what}: truncated image"),
+        )),
+        Err(e) => Err(io_error(&format!("read {what}"), e)),
+    }
 }
