@@ -2,8 +2,9 @@
 //! directories through std::fs, names shared with the client API,
 //! unmodified programs (cp, dd, rsync, fio), bad names, concurrent
 //! writers, mmap, a full store, a file too large, the daemon killed under a
-//! writer, and files closed at a durable level (also renamed ones, as rsync
-//! leaves them) surviving a restart.
+//! writer, files closed at a durable level (also renamed ones, as rsync
+//! leaves them) surviving a restart, and a mount on one node of a cluster
+//! serving every node's names.
 //!
 //! Every test needs /dev/fuse and either root or fusermount3 (Debian's
 //! fuse3, installed by scripts/setup.sh); without them each says SKIPPED
@@ -16,6 +17,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod support;
 
 use shoal_client::Client;
 
@@ -621,5 +624,82 @@ fn the_writeback_cache_keeps_versions_whole_and_refuses_a_second_writer() {
     );
     if let Ok(entry) = f.client().resolve("big") {
         assert_eq!(entry.data_size, 0, "the refused write was stored");
+    }
+}
+
+/// The bytes bound to `name`, from whichever node holds them.
+fn read_named_anywhere(client: &mut Client, name: &str) -> Vec<u8> {
+    let (entry, found) = client.get_named(name, 5_000).unwrap();
+    let ptr = client.located_ptr(found).unwrap();
+    // SAFETY: referenced by the get until the release below; the range was
+    // bounds-checked on receipt.
+    let bytes =
+        unsafe { std::slice::from_raw_parts(ptr, found.location.data_size as usize) }.to_vec();
+    client.release(&[entry.id]).unwrap();
+    bytes
+}
+
+#[test]
+fn a_mount_on_one_node_serves_the_whole_clusters_names() {
+    need_fuse!("a_mount_on_one_node_serves_the_whole_clusters_names");
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = support::Cluster::up(&dir.path().join("cluster"), 2, "mount-cluster");
+    let mut node0 = Client::connect(cluster.socket(0)).unwrap();
+    let on_node0 = pattern(3, 3 * MIB + 17);
+    node0
+        .put_named("shared/from0.bin", &on_node0, b"", None, 0)
+        .unwrap();
+
+    // Node 1's mount shows and reads node 0's file.
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let mut mount = shoal()
+        .arg("mount")
+        .arg("-s")
+        .arg(cluster.socket(1))
+        .arg(&mnt)
+        .stdout(Stdio::null())
+        .stderr(log(dir.path(), "mount.log"))
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !mounted(&mnt) {
+        assert!(Instant::now() < deadline, "mount did not come up");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let listed: Vec<String> = fs::read_dir(mnt.join("shared"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(listed, ["from0.bin"]);
+    assert_eq!(fs::read(mnt.join("shared/from0.bin")).unwrap(), on_node0);
+
+    // A file written through node 1's mount is node 0's to read by name;
+    // rewriting node 0's file through the mount replaces it everywhere.
+    let on_node1 = pattern(5, MIB + 3);
+    fs::write(mnt.join("shared/from1.bin"), &on_node1).unwrap();
+    assert_eq!(
+        read_named_anywhere(&mut node0, "shared/from1.bin"),
+        on_node1
+    );
+    let rewritten = pattern(9, 2 * MIB);
+    fs::write(mnt.join("shared/from0.bin"), &rewritten).unwrap();
+    assert_eq!(
+        read_named_anywhere(&mut node0, "shared/from0.bin"),
+        rewritten
+    );
+    let names: Vec<String> = node0
+        .list_names("shared")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, ["shared/from0.bin", "shared/from1.bin"]);
+
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(mount.id() as i32, libc::SIGTERM) };
+    let _ = mount.wait();
+    if mounted(&mnt) {
+        let _ = shoal().arg("umount").arg(&mnt).status();
     }
 }

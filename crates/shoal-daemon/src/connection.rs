@@ -296,10 +296,12 @@ impl Connection {
             Request::Resolve { name } => self
                 .ops
                 .resolve(&name)
+                .await
                 .map_or_else(|e| Reply::error(&e), Reply::Named),
             Request::ListNames { prefix } => self
                 .ops
                 .list_names(&prefix)
+                .await
                 .map_or_else(|e| Reply::error(&e), |entries| Reply::Names { entries }),
             Request::Rename { from, to } => ok_or_error(self.ops.rename(&from, &to).await),
             Request::Unlink { name } => ok_or_error(self.ops.unlink(&name).await),

@@ -25,7 +25,8 @@
 //! then one file per concern, each an `impl Cluster`: `directory` (as a
 //! home), `registry` (claiming and publishing ids), `remote_get`,
 //! `holding` and `loans` (as a holder), `lending` (as an owner),
-//! `remote_alloc`, `copies`, `leases`, `rebuild`, `bulk`; `listener` is how
+//! `remote_alloc`, `copies`, `leases`, `rebuild`, `bulk`, `names` (the
+//! namespace as the union of the nodes' names); `listener` is how
 //! the cluster hears its node.
 
 mod bulk;
@@ -36,6 +37,7 @@ mod leases;
 mod lending;
 mod listener;
 mod loans;
+pub mod names;
 pub mod peers;
 mod rebuild;
 mod registry;

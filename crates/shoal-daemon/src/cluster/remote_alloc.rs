@@ -14,7 +14,7 @@ use shoal_core::ObjectId;
 use crate::cluster::peers::{pairs_by_node, Reach, RPC_TIMEOUT};
 use crate::cluster::state::Cluster;
 
-fn outcome_error(node: u32, outcome: Outcome) -> Result<()> {
+pub(super) fn outcome_error(node: u32, outcome: Outcome) -> Result<()> {
     if outcome.code == 0 {
         return Ok(());
     }

@@ -6,7 +6,8 @@ use std::rc::Rc;
 
 use shoal_cluster::ids::{push_location, LOCATION_RECORD};
 use shoal_cluster::proto::{
-    AcquireReply, AllocateReply, ListReply, NodeStatus, ObjectRow, Outcome, Statuses,
+    AcquireReply, AllocateReply, ListReply, NameRow, NamesReply, NodeStatus, ObjectRow, Outcome,
+    Statuses,
 };
 use shoal_core::error::{ErrorKind, Result};
 
@@ -249,6 +250,52 @@ pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
                 })
                 .collect();
             let _ = reply.send(ListReply { objects });
+        }
+        PeerCall::Names {
+            prefix,
+            exact,
+            reply,
+        } => {
+            // A malformed name from a peer: an empty answer (it has no
+            // such name here either).
+            let entries = ops
+                .names_here(&prefix, exact)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| NameRow {
+                    name: e.name,
+                    id: e.id.0.to_vec(),
+                    data_size: e.data_size,
+                    meta_size: e.meta_size,
+                    mtime_ms: e.mtime_ms,
+                })
+                .collect();
+            let _ = reply.send(NamesReply { entries });
+        }
+        PeerCall::UnlinkName {
+            name,
+            older_than_ms,
+            reply,
+            ..
+        } => {
+            let ops = ops.clone();
+            ops.supervisor
+                .clone()
+                .spawn_local("peer unlink name", async move {
+                    let result = ops.unlink_here(&name, older_than_ms).await;
+                    let _ = reply.send(outcome(result));
+                });
+        }
+        PeerCall::RenameName {
+            from, to, reply, ..
+        } => {
+            let ops = ops.clone();
+            ops.supervisor
+                .clone()
+                .spawn_local("peer rename name", async move {
+                    let result = ops.rename_here(&from, &to).await;
+                    let _ = reply.send(outcome(result));
+                });
         }
     }
 }

@@ -3,8 +3,8 @@
 //! answer, and `answer.rs` answers it from the node.
 
 use shoal_cluster::proto::{
-    AcquireReply, AllocateReply, HeartbeatReply, ListReply, LookupReply, NodeStatus, Outcome,
-    Statuses,
+    AcquireReply, AllocateReply, HeartbeatReply, ListReply, LookupReply, NamesReply, NodeStatus,
+    Outcome, Statuses,
 };
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
@@ -117,6 +117,24 @@ pub enum PeerCall {
     List {
         reply: oneshot::Sender<ListReply>,
     },
+    /// This node's own names (the cluster's namespace is their union).
+    Names {
+        prefix: String,
+        exact: bool,
+        reply: oneshot::Sender<NamesReply>,
+    },
+    UnlinkName {
+        name: String,
+        older_than_ms: u64,
+        from: u32,
+        reply: oneshot::Sender<Outcome>,
+    },
+    RenameName {
+        from: String,
+        to: String,
+        from_node: u32,
+        reply: oneshot::Sender<Outcome>,
+    },
 }
 
 impl PeerCall {
@@ -144,6 +162,9 @@ impl PeerCall {
             C::Drop { ids } => ("drop", None, ids),
             C::Status { .. } => ("status", None, &[]),
             C::List { .. } => ("list", None, &[]),
+            C::Names { .. } => ("names", None, &[]),
+            C::UnlinkName { from, .. } => ("unlink_name", Some(*from), &[]),
+            C::RenameName { from_node, .. } => ("rename_name", Some(*from_node), &[]),
         };
         tracing::debug_span!(
             "peer_request",

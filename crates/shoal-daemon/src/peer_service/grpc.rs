@@ -7,9 +7,9 @@ use shoal_cluster::ids::{pack, unpack};
 use shoal_cluster::proto::peer_server::Peer;
 use shoal_cluster::proto::{
     AcquireReply, AcquireRequest, AllocateReply, AllocateRequest, CachedRequest, Empty,
-    HeartbeatReply, HeartbeatRequest, Ids, ListReply, LookupReply, NodeStatus, Outcome,
-    PublishRequest, RegisterRequest, RestoreRequest, RestoredRequest, RevokeRequest, SealRequest,
-    Statuses,
+    HeartbeatReply, HeartbeatRequest, Ids, ListReply, LookupReply, NamesReply, NamesRequest,
+    NodeStatus, Outcome, PublishRequest, RegisterRequest, RenameNameRequest, RestoreRequest,
+    RestoredRequest, RevokeRequest, SealRequest, Statuses, UnlinkNameRequest,
 };
 use shoal_core::store::ObjectLocation;
 use tokio::sync::{mpsc, oneshot};
@@ -306,5 +306,51 @@ impl Peer for PeerService {
         self.ask(|reply| PeerCall::List { reply })
             .await
             .map(Response::new)
+    }
+
+    async fn names(&self, request: Request<NamesRequest>) -> Result<Response<NamesReply>, Status> {
+        let NamesRequest { prefix, exact } = request.into_inner();
+        self.ask(|reply| PeerCall::Names {
+            prefix,
+            exact,
+            reply,
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn unlink_name(
+        &self,
+        request: Request<UnlinkNameRequest>,
+    ) -> Result<Response<Outcome>, Status> {
+        let from = verified_peer(&request)?;
+        let UnlinkNameRequest {
+            name,
+            older_than_ms,
+        } = request.into_inner();
+        self.ask(|reply| PeerCall::UnlinkName {
+            name,
+            older_than_ms,
+            from,
+            reply,
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn rename_name(
+        &self,
+        request: Request<RenameNameRequest>,
+    ) -> Result<Response<Outcome>, Status> {
+        let from_node = verified_peer(&request)?;
+        let RenameNameRequest { from, to } = request.into_inner();
+        self.ask(|reply| PeerCall::RenameName {
+            from,
+            to,
+            from_node,
+            reply,
+        })
+        .await
+        .map(Response::new)
     }
 }
