@@ -21,7 +21,11 @@ mod config;
 mod drain;
 mod index;
 mod listener;
+mod restore_budget;
 mod spill;
+
+use restore_budget::RestoreBudget;
+pub use restore_budget::RestorePermit;
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -52,16 +56,6 @@ use index::{Index, Lane};
 const KEPT_RETRY: Duration = Duration::from_secs(5);
 /// Drain rate window.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
-/// Bytes of restores in flight at once (reads issued, memory allocated), in
-/// units of [`RESTORE_UNIT`]. Why bound them: a `stage_in` of many objects
-/// would otherwise allocate memory for all of them before the first read
-/// completes and queue one blocking read per object (hundreds of threads, a
-/// device queue of ~100 on this machine's disk for no more throughput);
-/// 64 MiB keeps a fast device busy (16 MiB restores: 4 at once, each with
-/// its own reader) while later restores wait without holding memory.
-const RESTORE_IN_FLIGHT: u64 = 64 << 20;
-const RESTORE_UNIT: u64 = 64 << 10;
-
 /// A restore in flight: its outcome, once known.
 pub type RestoreOutcome = watch::Receiver<Option<std::result::Result<(), ShoalError>>>;
 
@@ -96,8 +90,8 @@ pub struct Tiers {
     backlog: [[RefCell<VecDeque<ObjectId>>; 2]; 2],
     bell: [[Notify; 2]; 2],
     restoring: RefCell<HashMap<ObjectId, RestoreOutcome>>,
-    /// Units of [`RESTORE_IN_FLIGHT`] free for restores to start.
-    restore_budget: tokio::sync::Semaphore,
+    /// What restores may run at once.
+    restore_budget: RestoreBudget,
     counters: RefCell<Counters>,
     /// Objects a failed spill left in memory, with when to readmit them.
     kept: RefCell<VecDeque<(Instant, ObjectId)>>,
@@ -192,9 +186,7 @@ impl Tiers {
             backlog: Default::default(),
             bell: Default::default(),
             restoring: RefCell::default(),
-            restore_budget: tokio::sync::Semaphore::new(
-                (RESTORE_IN_FLIGHT / RESTORE_UNIT) as usize,
-            ),
+            restore_budget: RestoreBudget::default(),
             counters: RefCell::default(),
             kept: RefCell::default(),
             spills: RefCell::default(),
@@ -428,14 +420,8 @@ impl Tiers {
 
     /// Waits until a restore of `bytes` may start; it runs while the permit
     /// lives. An object larger than the whole budget takes all of it.
-    pub async fn restore_permit(&self, bytes: u64) -> tokio::sync::SemaphorePermit<'_> {
-        let units = bytes
-            .div_ceil(RESTORE_UNIT)
-            .clamp(1, RESTORE_IN_FLIGHT / RESTORE_UNIT);
-        self.restore_budget
-            .acquire_many(units as u32)
-            .await
-            .expect("the restore budget is never closed")
+    pub async fn restore_permit(&self, bytes: u64) -> RestorePermit<'_> {
+        self.restore_budget.permit(bytes).await
     }
 
     pub fn restore_done(&self, id: &ObjectId) {

@@ -138,11 +138,46 @@ pub(super) fn reopen_direct(file: &File) -> Option<File> {
     open_direct(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd())))
 }
 
-thread_local! {
-    /// Each blocking thread's bounce buffer for [`read_range_direct`], kept
-    /// between reads: a fresh one would cost a page fault per 4 KiB of every
-    /// read. At most [`RANGE_DIRECT_MAX`] bytes (plus alignment) per thread.
-    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+/// Aligned buffers for [`read_range_direct`], shared by every thread and
+/// kept between reads: a fresh one costs a page fault per 4 KiB of every
+/// read. Why shared and not one per thread: a stage_in of many small images
+/// leaves hundreds of idle blocking threads behind (517 after 8,192 64 KiB
+/// restores here), and a buffer of up to 4 MiB kept by each of them would
+/// hold up to 2 GiB of the daemon's heap. At most [`RANGE_POOL_BYTES`] kept.
+static RANGE_BOUNCES: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+const RANGE_POOL_BYTES: usize = 32 << 20;
+
+/// A range bounce buffer of at least `len` bytes (plus alignment), from the
+/// pool when one is big enough; given back on drop.
+struct RangeBounce(Vec<u8>);
+
+impl RangeBounce {
+    fn take(len: usize) -> Self {
+        let need = len + DIRECT_ALIGN;
+        let mut pool = RANGE_BOUNCES.lock().unwrap_or_else(|e| e.into_inner());
+        // The smallest kept buffer that fits, so 4 MiB ones stay for 4 MiB reads.
+        let fit = (0..pool.len())
+            .filter(|&i| pool[i].len() >= need)
+            .min_by_key(|&i| pool[i].len());
+        match fit {
+            Some(i) => Self(pool.swap_remove(i)),
+            None => {
+                drop(pool);
+                // Rounded up to 256 KiB so near sizes share buffers.
+                Self(vec![0u8; need.next_multiple_of(256 << 10)])
+            }
+        }
+    }
+}
+
+impl Drop for RangeBounce {
+    fn drop(&mut self) {
+        let mut pool = RANGE_BOUNCES.lock().unwrap_or_else(|e| e.into_inner());
+        let kept: usize = pool.iter().map(Vec::len).sum();
+        if kept + self.0.len() <= RANGE_POOL_BYTES {
+            pool.push(std::mem::take(&mut self.0));
+        }
+    }
 }
 
 /// The largest range [`read_range_direct`] reads: packed images, and file
@@ -171,21 +206,17 @@ pub(super) fn read_range_direct<R>(
     let first = at / align * align;
     let end = (at + len as u64).div_ceil(align) * align;
     let span = (end - first) as usize;
-    BOUNCE.with_borrow_mut(|bounce| {
-        if bounce.len() < span + DIRECT_ALIGN {
-            bounce.resize(span + DIRECT_ALIGN, 0);
-        }
-        let start = bounce.as_ptr().align_offset(DIRECT_ALIGN);
-        let buf = &mut bounce[start..start + span];
-        let want = (at - first) as usize + len;
-        let got = read_direct(direct, buf, first, want)?;
-        if got < want {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the file ends inside the range",
-            ));
-        }
-        let from = (at - first) as usize;
-        Ok(f(&buf[from..from + len]))
-    })
+    let mut bounce = RangeBounce::take(span);
+    let start = bounce.0.as_ptr().align_offset(DIRECT_ALIGN);
+    let buf = &mut bounce.0[start..start + span];
+    let want = (at - first) as usize + len;
+    let got = read_direct(direct, buf, first, want)?;
+    if got < want {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the file ends inside the range",
+        ));
+    }
+    let from = (at - first) as usize;
+    Ok(f(&buf[from..from + len]))
 }
