@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _shoal_testing import Daemon, in_region
+from _shoal_testing import Daemon, in_region, wait_for
 
 import shoal
 
@@ -96,6 +96,41 @@ def test_names_put_get_ls_stat_rename_unlink(store: Daemon) -> None:
     with pytest.raises(shoal.ObjectNotFound):
         client.get_named("done/raw")
     assert not client.contains(newer)
+
+
+def test_names_are_one_namespace_across_a_clusters_nodes(mapped_cluster) -> None:
+    """A name bound on one node is read, listed, replaced, renamed and unlinked from the
+    others; a named Arrow table put on node 0 is read on node 1 in node 0's memory."""
+    c0, c1, c2 = (mapped_cluster.client(i) for i in range(3))
+    table = pa.table({"x": np.arange(50_000, dtype=np.int64)})
+    oid = c0.put(table, name="runs/t")
+    c2.put(b"from node 2", name="runs/raw")
+    got = c1.get_named("runs/t")
+    assert got.equals(table)
+    address = got["x"].chunk(0).buffers()[1].address
+    assert not in_region(c1, address), "node 1 copied the table into its own memory"
+    assert c1.stats()["objects"] == 0
+    del got
+    for client in (c0, c1, c2):
+        assert [r.name for r in client.ls("runs")] == ["runs/raw", "runs/t"]
+    assert c1.stat("runs/t").id == oid
+    # A newer object under the name, on another node: every node reads the newer one.
+    newer = c2.put(b"second", name="runs/t")
+    for client in (c0, c1, c2):
+        assert bytes(client.get_named("runs/t")) == b"second"
+        assert [r.name for r in client.ls("runs")] == ["runs/raw", "runs/t"]
+    assert wait_for(lambda: not c0.contains(oid)), "the superseded object stays"
+    # A directory rename from node 1 moves names held by nodes 0 and 2 alike.
+    c0.put(b"zero", name="runs/zero")
+    c1.rename("runs", "done")
+    for client in (c0, c1, c2):
+        assert [r.name for r in client.ls()] == ["done/raw", "done/t", "done/zero"]
+    assert c0.stat("done/t").id == newer
+    c0.unlink("done/raw")
+    for client in (c0, c1, c2):
+        with pytest.raises(shoal.ObjectNotFound):
+            client.get_named("done/raw")
+    assert [r.name for r in c2.ls()] == ["done/t", "done/zero"]
 
 
 def test_bad_names_raise_typed_errors_and_store_nothing(store: Daemon) -> None:
