@@ -7,6 +7,7 @@ use std::path::Path;
 
 use crate::format::HEADER_LEN;
 
+use super::bounce::Bounce;
 use super::io::{copy_checksummed, CHUNK, DIRECT_ALIGN};
 
 /// `path` opened for direct I/O (O_DIRECT), or `None` where the file system
@@ -26,7 +27,8 @@ pub(super) fn open_direct(path: &Path) -> Option<File> {
 /// Why: a buffered restore reads through the page cache (a copy, and
 /// readahead windows that keep the device below its sequential limit); a
 /// direct read of large aligned blocks runs at the device's limit. The
-/// payload starts at byte 64, so blocks go to an aligned bounce buffer and
+/// payload starts at byte 64, so blocks go to a bounce buffer (`bounce.rs`:
+/// huge pages, so each block is one device request) and
 /// are copied out, which is cheap beside the device. One thread reads block
 /// k + 1 while this one copies and checksums block k, so the copy and the
 /// checksum hide behind the device.
@@ -35,10 +37,12 @@ pub(super) fn read_payload_direct(file: &File, dst: &mut [u8]) -> io::Result<u32
 
     let end = HEADER_LEN as u64 + dst.len() as u64;
     let blocks = end.div_ceil(CHUNK as u64);
-    let (full_tx, full_rx) = mpsc::sync_channel::<io::Result<(Bounce, usize, usize)>>(1);
+    let (full_tx, full_rx) = mpsc::sync_channel::<io::Result<(Bounce, usize)>>(1);
     let (free_tx, free_rx) = mpsc::sync_channel::<Bounce>(2);
     for _ in 0..2 {
-        free_tx.send(Bounce::take()).expect("the receiver is alive");
+        free_tx
+            .send(Bounce::take(CHUNK)?)
+            .expect("the receiver is alive");
     }
     // `move`: this side's ends of the channels drop when it returns, so a
     // reader blocked on them stops and the scope's join cannot hang.
@@ -46,19 +50,18 @@ pub(super) fn read_payload_direct(file: &File, dst: &mut [u8]) -> io::Result<u32
         scope.spawn(move || {
             for block in 0..blocks {
                 let Ok(mut buf) = free_rx.recv() else { return };
-                let start = buf.0.as_ptr().align_offset(DIRECT_ALIGN);
                 let offset = block * CHUNK as u64;
                 let want = (end - offset).min(CHUNK as u64) as usize;
-                let read = read_direct(file, &mut buf.0[start..start + CHUNK], offset, want);
+                let read = read_direct(file, &mut buf.as_mut_slice()[..CHUNK], offset, want);
                 let failed = read.is_err();
-                if full_tx.send(read.map(|n| (buf, start, n))).is_err() || failed {
+                if full_tx.send(read.map(|n| (buf, n))).is_err() || failed {
                     return;
                 }
             }
         });
         let mut crc = 0u32;
         for block in 0..blocks {
-            let (buf, start, got) = full_rx
+            let (buf, got) = full_rx
                 .recv()
                 .map_err(|_| io::Error::other("the direct reader stopped"))??;
             let offset = block * CHUNK as u64;
@@ -71,7 +74,7 @@ pub(super) fn read_payload_direct(file: &File, dst: &mut [u8]) -> io::Result<u32
                     "image shorter than its header says",
                 ));
             }
-            let bytes = &buf.0[start + from..start + to];
+            let bytes = &buf.as_slice()[from..to];
             let at = (offset + from as u64 - HEADER_LEN as u64) as usize;
             crc = copy_checksummed(&mut dst[at..at + bytes.len()], bytes, crc);
             // The reader may have finished (last block): a closed channel is fine.
@@ -79,33 +82,6 @@ pub(super) fn read_payload_direct(file: &File, dst: &mut [u8]) -> io::Result<u32
         }
         Ok(crc)
     })
-}
-
-/// A bounce buffer of a block reader: `CHUNK` bytes at an aligned offset.
-/// Taken from a small pool and given back on drop (wherever the channels
-/// leave it): a fresh one per restore cost a 4 MiB memset and its page
-/// faults, a quarter of the CPU of restoring 16 MiB objects here.
-struct Bounce(Vec<u8>);
-
-/// Bounce buffers kept for the next restores: two per block reader, for
-/// the four 16 MiB restores the daemon's restore budget lets run at once.
-const BOUNCE_POOL: usize = 8;
-static BOUNCES: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
-
-impl Bounce {
-    fn take() -> Self {
-        let kept = BOUNCES.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        Self(kept.unwrap_or_else(|| vec![0u8; CHUNK + DIRECT_ALIGN]))
-    }
-}
-
-impl Drop for Bounce {
-    fn drop(&mut self) {
-        let mut pool = BOUNCES.lock().unwrap_or_else(|e| e.into_inner());
-        if pool.len() < BOUNCE_POOL {
-            pool.push(std::mem::take(&mut self.0));
-        }
-    }
 }
 
 /// One direct read of `buf` (aligned, a whole number of blocks) at `offset`,
@@ -138,48 +114,6 @@ pub(super) fn reopen_direct(file: &File) -> Option<File> {
     open_direct(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd())))
 }
 
-/// Aligned buffers for [`read_range_direct`], shared by every thread and
-/// kept between reads: a fresh one costs a page fault per 4 KiB of every
-/// read. Why shared and not one per thread: a stage_in of many small images
-/// leaves hundreds of idle blocking threads behind (517 after 8,192 64 KiB
-/// restores here), and a buffer of up to 4 MiB kept by each of them would
-/// hold up to 2 GiB of the daemon's heap. At most [`RANGE_POOL_BYTES`] kept.
-static RANGE_BOUNCES: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
-const RANGE_POOL_BYTES: usize = 32 << 20;
-
-/// A range bounce buffer of at least `len` bytes (plus alignment), from the
-/// pool when one is big enough; given back on drop.
-struct RangeBounce(Vec<u8>);
-
-impl RangeBounce {
-    fn take(len: usize) -> Self {
-        let need = len + DIRECT_ALIGN;
-        let mut pool = RANGE_BOUNCES.lock().unwrap_or_else(|e| e.into_inner());
-        // The smallest kept buffer that fits, so 4 MiB ones stay for 4 MiB reads.
-        let fit = (0..pool.len())
-            .filter(|&i| pool[i].len() >= need)
-            .min_by_key(|&i| pool[i].len());
-        match fit {
-            Some(i) => Self(pool.swap_remove(i)),
-            None => {
-                drop(pool);
-                // Rounded up to 256 KiB so near sizes share buffers.
-                Self(vec![0u8; need.next_multiple_of(256 << 10)])
-            }
-        }
-    }
-}
-
-impl Drop for RangeBounce {
-    fn drop(&mut self) {
-        let mut pool = RANGE_BOUNCES.lock().unwrap_or_else(|e| e.into_inner());
-        let kept: usize = pool.iter().map(Vec::len).sum();
-        if kept + self.0.len() <= RANGE_POOL_BYTES {
-            pool.push(std::mem::take(&mut self.0));
-        }
-    }
-}
-
 /// The largest range [`read_range_direct`] reads: packed images, and file
 /// images below `CHUNK` (larger ones are read in `CHUNK` blocks).
 pub(super) const RANGE_DIRECT_MAX: usize = CHUNK + HEADER_LEN;
@@ -206,9 +140,8 @@ pub(super) fn read_range_direct<R>(
     let first = at / align * align;
     let end = (at + len as u64).div_ceil(align) * align;
     let span = (end - first) as usize;
-    let mut bounce = RangeBounce::take(span);
-    let start = bounce.0.as_ptr().align_offset(DIRECT_ALIGN);
-    let buf = &mut bounce.0[start..start + span];
+    let mut bounce = Bounce::take(span)?;
+    let buf = &mut bounce.as_mut_slice()[..span];
     let want = (at - first) as usize + len;
     let got = read_direct(direct, buf, first, want)?;
     if got < want {

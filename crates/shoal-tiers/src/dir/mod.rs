@@ -19,9 +19,11 @@
 //!
 //! Modules: `tier` (the `DirTier`: file images, packed puts, reads, deletes
 //! and compaction, the walk at open), `segments` (the segment files' layout
-//! and state), `direct` (O_DIRECT restores), `io` (error mapping and fsync
+//! and state), `direct` (O_DIRECT restores), `bounce` (their huge-page
+//! buffers), `io` (error mapping and fsync
 //! helpers). Children never import this module or each other in a circle.
 
+mod bounce;
 mod direct;
 mod io;
 mod segments;
