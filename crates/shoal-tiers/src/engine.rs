@@ -24,7 +24,7 @@ use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::ObjectId;
 use tracing::warn;
 
-use crate::format::ObjectSizes;
+use crate::format::{check_destination, ObjectSizes};
 use crate::locks::IdLocks;
 use crate::manifest::{Change, Manifest};
 use crate::range::{DestRange, SourceRange};
@@ -426,13 +426,7 @@ impl TierEngine {
     pub async fn restore(&self, id: ObjectId, dst: DestRange) -> Result<Restored> {
         let _guard = self.locks.lock(id).await;
         let record = self.need_record(id).await?;
-        if dst.len() as u64 != record.sizes.payload_len() {
-            return Err(ShoalError::invalid(format!(
-                "object {id}: destination of {} bytes for a {}-byte object",
-                dst.len(),
-                record.sizes.payload_len()
-            )));
-        }
+        check_destination(&id, dst.len() as u64, record.sizes.payload_len())?;
         let mut dst = dst;
         let mut corrupt = Vec::new();
         let mut last_error = None;

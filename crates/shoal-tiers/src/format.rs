@@ -125,6 +125,17 @@ impl ObjectSizes {
     }
 }
 
+/// Refuses a restore of object `id` (a payload of `payload_len` bytes) into
+/// a destination of `dst_len` bytes.
+pub fn check_destination(id: &ObjectId, dst_len: u64, payload_len: u64) -> Result<()> {
+    if dst_len == payload_len {
+        return Ok(());
+    }
+    Err(ShoalError::invalid(format!(
+        "object {id}: destination of {dst_len} bytes for a {payload_len}-byte object"
+    )))
+}
+
 /// The error for a payload whose checksum does not match its header.
 pub fn checksum_mismatch(what: &str, expected: u32, found: u32) -> ShoalError {
     ShoalError::new(

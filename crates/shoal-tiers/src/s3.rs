@@ -28,7 +28,7 @@ use object_store::{BackoffConfig, ClientOptions, ObjectStore, PutPayload, RetryC
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::ObjectId;
 
-use crate::format::{checksum_mismatch, ObjectHeader, ObjectSizes, HEADER_LEN};
+use crate::format::{check_destination, checksum_mismatch, ObjectHeader, ObjectSizes, HEADER_LEN};
 use crate::identity::TierIdentity;
 use crate::range::{DestRange, SourceRange};
 use crate::tier::{Tier, TierUsage};
@@ -287,11 +287,8 @@ impl Inner {
                 }
                 let decoded = ObjectHeader::decode(&head, &what)?;
                 check_header(&decoded, id, size, &what)?;
-                if let Some(len) = expect_len.filter(|&len| len != decoded.payload_len()) {
-                    return Err(ShoalError::invalid(format!(
-                        "object {id}: destination of {len} bytes for a {}-byte object",
-                        decoded.payload_len()
-                    )));
+                if let Some(len) = expect_len {
+                    check_destination(id, len, decoded.payload_len())?;
                 }
                 header = Some(decoded);
             }

@@ -24,16 +24,12 @@ pub fn newer(a: &NameEntry, b: &NameEntry) -> bool {
 }
 
 impl Cluster {
-    fn other_nodes(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..self.topology.len() as u32).filter(move |n| *n != self.me)
-    }
-
     /// The names bound at every other node that answers: `prefix` itself
     /// (`exact`) or every name under it; with the node that binds each.
     /// Nodes that are down are skipped (their names are out of sight
     /// until they return).
     pub async fn peer_names(&self, prefix: &str, exact: bool) -> Vec<(u32, NameEntry)> {
-        let calls = self.other_nodes().map(|node| {
+        let calls = self.others().map(|node| {
             let request = NamesRequest {
                 prefix: prefix.to_owned(),
                 exact,
@@ -79,7 +75,7 @@ impl Cluster {
     /// named before `older_than_ms` ([`UNLINK_ANY`]: whatever it is bound
     /// to). Whether any node unlinked it.
     pub async fn unlink_name_at_peers(&self, name: &str, older_than_ms: u64) -> bool {
-        let calls = self.other_nodes().map(|node| {
+        let calls = self.others().map(|node| {
             let request = UnlinkNameRequest {
                 name: name.to_owned(),
                 older_than_ms,
@@ -123,7 +119,7 @@ impl Cluster {
     /// it binds under it). Whether any node held names under it.
     pub async fn rename_dir_at_peers(&self, from: &str, to: &str) -> Result<bool> {
         let calls = self
-            .other_nodes()
+            .others()
             .map(|node| async move { self.rename_name_at(node, from, to).await });
         let mut any = false;
         for outcome in join_all(calls).await {

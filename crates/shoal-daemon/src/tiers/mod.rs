@@ -56,6 +56,7 @@ use index::{Index, Lane};
 const KEPT_RETRY: Duration = Duration::from_secs(5);
 /// Drain rate window.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
+
 /// A restore in flight: its outcome, once known.
 pub type RestoreOutcome = watch::Receiver<Option<std::result::Result<(), ShoalError>>>;
 

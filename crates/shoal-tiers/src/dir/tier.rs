@@ -15,7 +15,7 @@ use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::ObjectId;
 use tracing::{info, warn};
 
-use crate::format::{checksum_mismatch, ObjectHeader, ObjectSizes, HEADER_LEN};
+use crate::format::{check_destination, checksum_mismatch, ObjectHeader, ObjectSizes, HEADER_LEN};
 use crate::identity::TierIdentity;
 use crate::range::{DestRange, SourceRange};
 use crate::tier::{PutItem, Tier, TierUsage};
@@ -661,13 +661,7 @@ impl Inner {
             return Ok(header);
         }
         let (mut file, header, what) = self.open_image(&id)?;
-        if header.payload_len() != dst.len() as u64 {
-            return Err(ShoalError::invalid(format!(
-                "object {id}: destination of {} bytes for a {}-byte object",
-                dst.len(),
-                header.payload_len()
-            )));
-        }
+        check_destination(&id, dst.len() as u64, header.payload_len())?;
         let len = header.payload_len();
         // Large images: direct reads of 4 MiB blocks with a reader thread;
         // medium ones: one direct read; small ones (or no O_DIRECT here):
@@ -1396,13 +1390,7 @@ impl Inner {
             }
         }
         let header = read_header(&file, slot, id, &what)?;
-        if header.payload_len() != dst.len() as u64 {
-            return Err(ShoalError::invalid(format!(
-                "object {id}: destination of {} bytes for a {}-byte object",
-                dst.len(),
-                header.payload_len()
-            )));
-        }
+        check_destination(id, dst.len() as u64, header.payload_len())?;
         let mut crc = 0u32;
         let mut at = slot.offset + HEADER_LEN as u64;
         for chunk in dst.chunks_mut(READ_SLICE) {
@@ -1504,13 +1492,7 @@ fn get_packed_direct(
 ) -> Result<ObjectHeader> {
     let read = read_range_direct(direct, slot.offset, slot.stored as usize, |image| {
         let header = check_header(image, slot, id, what)?;
-        if header.payload_len() != dst.len() as u64 {
-            return Err(ShoalError::invalid(format!(
-                "object {id}: destination of {} bytes for a {}-byte object",
-                dst.len(),
-                header.payload_len()
-            )));
-        }
+        check_destination(id, dst.len() as u64, header.payload_len())?;
         let crc = copy_checksummed(dst, &image[HEADER_LEN..], 0);
         if crc != header.checksum {
             return Err(checksum_mismatch(what, header.checksum, crc));
