@@ -8,6 +8,8 @@
 //! memory is exactly what the test says; the second makes a real burst in
 //! a helper process against the host's /proc/meminfo.
 
+mod support;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -36,13 +38,7 @@ struct Daemon {
 
 impl Daemon {
     fn start(config: DaemonConfig) -> Self {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
-                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-            )
-            .with_test_writer()
-            .try_init();
+        support::init_logs();
         let socket = config.socket.clone();
         let shutdown = Shutdown::new();
         let thread = {

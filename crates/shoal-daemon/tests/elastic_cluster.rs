@@ -7,20 +7,17 @@
 //! the shrunk owner stays gettable from node 1 with its exact bytes
 //! (restored from the owner's burst buffer).
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use shoal_client::{Client, Durability};
-use shoal_cluster::{Access, Node, Topology};
-use shoal_core::coherence::CoherenceMode;
-use shoal_core::error::Result;
 use shoal_core::protocol::CapacityReport;
 use shoal_core::ObjectId;
 use shoal_daemon::elastic::{ElasticConfig, SourceChoice};
 use shoal_daemon::tiers::TierConfig;
-use shoal_daemon::{ClusterConfig, DaemonConfig, Shutdown};
+use support::TestCluster;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -30,118 +27,39 @@ const REGION_SIZE: u64 = 64 * MIB;
 const FLOOR: u64 = 8 * MIB;
 const OBJECT: usize = MIB as usize - 64;
 
-struct TestCluster {
-    sockets: Vec<PathBuf>,
-    meminfo: PathBuf,
-    shutdown: Shutdown,
-    threads: Vec<JoinHandle<Result<()>>>,
-    _dir: tempfile::TempDir,
-}
-
-impl TestCluster {
-    /// Two nodes; node 0 is elastic with a burst buffer, node 1 static.
-    fn start() -> Self {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
-                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-            )
-            .with_test_writer()
-            .try_init();
-        let dir = tempfile::tempdir().unwrap();
-        let meminfo = dir.path().join("meminfo");
-        write_meminfo(&meminfo, GIB, 300 * MIB);
-        let ports: Vec<u16> = {
-            let held: Vec<_> = (0..4)
-                .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
-                .collect();
-            held.iter()
-                .map(|l| l.local_addr().unwrap().port())
-                .collect()
-        };
-        let tag = format!("{}-{}", std::process::id(), ports[0]);
-        let topology = Topology {
-            name: "elastic-cluster".into(),
-            token: "elastic-cluster-token".into(),
-            coherence: CoherenceMode::Coherent,
-            simulate_caches: false,
-            heartbeat: Duration::from_millis(100),
-            lease: Duration::from_secs(5),
-            // Long: node 1's loans stay idle (not given back on their own)
-            // until the owner's shrink asks for them.
-            linger: Duration::from_secs(120),
-            nodes: (0..2u32)
-                .map(|i| Node {
-                    id: i,
-                    rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
-                    data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
-                    socket: dir.path().join(format!("n{i}.sock")),
-                    region: PathBuf::from(format!("/dev/shm/shoal-elastic-cluster-{tag}-{i}")),
-                    region_size: REGION_SIZE,
-                    access: Access::Mapped,
-                    elastic: None,
-                    tiers: Default::default(),
-                    metrics: None,
-                })
-                .collect(),
-        };
-        let shutdown = Shutdown::new();
-        let threads = (0..2u32)
-            .map(|node| {
-                let mut config =
-                    DaemonConfig::new(&topology.nodes[node as usize].socket, REGION_SIZE);
-                config.prefault = false;
-                if node == 0 {
-                    let mut tiers = TierConfig::new();
-                    tiers.burst = Some((dir.path().join("burst0"), 16 * REGION_SIZE));
-                    config.tiers = Some(tiers);
-                    let mut elastic = ElasticConfig::default();
-                    elastic.controller.interval = Duration::from_millis(20);
-                    elastic.controller.max_fraction = 1.0;
-                    elastic.controller.min_capacity = FLOOR;
-                    elastic.source = SourceChoice::Files {
-                        meminfo: meminfo.clone(),
-                        pressure: None,
-                    };
-                    config.elastic = Some(elastic);
-                }
-                config.cluster = Some(ClusterConfig {
-                    topology: topology.clone(),
-                    node,
-                });
-                let shutdown = shutdown.clone();
-                std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
-            })
-            .collect();
-        let sockets: Vec<PathBuf> = topology.nodes.iter().map(|n| n.socket.clone()).collect();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for socket in &sockets {
-            while Client::connect(socket).is_err() {
-                assert!(Instant::now() < deadline, "node did not start");
-                std::thread::sleep(Duration::from_millis(5));
+/// Two nodes; node 0 is elastic with a burst buffer, node 1 static. The
+/// meminfo node 0's controller reads is the returned file.
+fn start() -> (TestCluster, PathBuf) {
+    support::init_logs();
+    // Long linger: node 1's loans stay idle (not given back on their own)
+    // until the owner's shrink asks for them.
+    let cluster = TestCluster::start(
+        "elastic-cluster",
+        2,
+        REGION_SIZE,
+        Duration::from_secs(120),
+        |node, config, dir| {
+            if node != 0 {
+                return;
             }
-        }
-        Self {
-            sockets,
-            meminfo,
-            shutdown,
-            threads,
-            _dir: dir,
-        }
-    }
-
-    fn client(&self, node: usize) -> Client {
-        Client::connect(&self.sockets[node]).unwrap()
-    }
-}
-
-impl Drop for TestCluster {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-        for thread in self.threads.drain(..) {
-            let _ = thread.join();
-        }
-    }
+            let meminfo = dir.join("meminfo");
+            write_meminfo(&meminfo, GIB, 300 * MIB);
+            let mut tiers = TierConfig::new();
+            tiers.burst = Some((dir.join("burst0"), 16 * REGION_SIZE));
+            config.tiers = Some(tiers);
+            let mut elastic = ElasticConfig::default();
+            elastic.controller.interval = Duration::from_millis(20);
+            elastic.controller.max_fraction = 1.0;
+            elastic.controller.min_capacity = FLOOR;
+            elastic.source = SourceChoice::Files {
+                meminfo,
+                pressure: None,
+            };
+            config.elastic = Some(elastic);
+        },
+    );
+    let meminfo = cluster.dir.path().join("meminfo");
+    (cluster, meminfo)
 }
 
 /// A /proc/meminfo of `total` bytes with `used` in use, written aside and
@@ -212,7 +130,7 @@ fn wait_for(
 
 #[test]
 fn a_shrinking_owner_takes_idle_loans_back_keeps_objects_in_use_and_peers_still_get_everything() {
-    let cluster = TestCluster::start();
+    let (cluster, meminfo) = start();
     let (mut owner, mut peer) = (cluster.client(0), cluster.client(1));
     let (calm, _) = wait_for(&mut owner, Duration::from_secs(5), "steps", |r| {
         r.steps >= 3
@@ -252,7 +170,7 @@ fn a_shrinking_owner_takes_idle_loans_back_keeps_objects_in_use_and_peers_still_
     }
 
     // The node's memory jumps to 99 %: the owner shrinks to its floor.
-    write_meminfo(&cluster.meminfo, GIB, GIB * 99 / 100);
+    write_meminfo(&meminfo, GIB, GIB * 99 / 100);
     let (shrunk, reaction) = wait_for(
         &mut owner,
         Duration::from_secs(10),
@@ -290,7 +208,7 @@ fn a_shrinking_owner_takes_idle_loans_back_keeps_objects_in_use_and_peers_still_
     assert!(during.target == FLOOR && during.used <= FLOOR, "{during:?}");
 
     // The burst ends: the owner grows back and everything still reads.
-    write_meminfo(&cluster.meminfo, GIB, 300 * MIB);
+    write_meminfo(&meminfo, GIB, 300 * MIB);
     wait_for(
         &mut owner,
         Duration::from_secs(5),

@@ -6,106 +6,27 @@
 //! replaces the old binding (newest wins at once, the old object is then
 //! deleted where it lives); bad requests change nothing.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::thread::JoinHandle;
+mod support;
+
 use std::time::{Duration, Instant};
 
 use shoal_client::Client;
-use shoal_cluster::{Access, Node, Topology};
-use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result};
 use shoal_core::ObjectId;
-use shoal_daemon::{ClusterConfig, DaemonConfig, Shutdown};
+use support::TestCluster;
 
 const MIB: u64 = 1 << 20;
 const REGION_SIZE: u64 = 32 * MIB;
 const NODES: u32 = 3;
 
-struct TestCluster {
-    sockets: Vec<PathBuf>,
-    shutdown: Shutdown,
-    threads: Vec<JoinHandle<Result<()>>>,
-    _dir: tempfile::TempDir,
-}
-
-impl TestCluster {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let ports: Vec<u16> = {
-            let held: Vec<_> = (0..2 * NODES)
-                .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
-                .collect();
-            held.iter()
-                .map(|l| l.local_addr().unwrap().port())
-                .collect()
-        };
-        let tag = format!("{}-{}", std::process::id(), ports[0]);
-        let topology = Topology {
-            name: "names-cluster".into(),
-            token: "names-cluster-token".into(),
-            coherence: CoherenceMode::Coherent,
-            simulate_caches: false,
-            heartbeat: Duration::from_millis(100),
-            lease: Duration::from_secs(5),
-            linger: Duration::from_millis(0),
-            nodes: (0..NODES)
-                .map(|i| Node {
-                    id: i,
-                    rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
-                    data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
-                    socket: dir.path().join(format!("n{i}.sock")),
-                    region: PathBuf::from(format!("/dev/shm/shoal-names-cluster-{tag}-{i}")),
-                    region_size: REGION_SIZE,
-                    access: Access::Mapped,
-                    elastic: None,
-                    tiers: Default::default(),
-                    metrics: None,
-                })
-                .collect(),
-        };
-        let shutdown = Shutdown::new();
-        let threads = (0..NODES)
-            .map(|node| {
-                let mut config =
-                    DaemonConfig::new(&topology.nodes[node as usize].socket, REGION_SIZE);
-                config.prefault = false;
-                config.cluster = Some(ClusterConfig {
-                    topology: topology.clone(),
-                    node,
-                });
-                let shutdown = shutdown.clone();
-                std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
-            })
-            .collect();
-        let sockets: Vec<PathBuf> = topology.nodes.iter().map(|n| n.socket.clone()).collect();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for socket in &sockets {
-            while Client::connect(socket).is_err() {
-                assert!(Instant::now() < deadline, "node did not start");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-        Self {
-            sockets,
-            shutdown,
-            threads,
-            _dir: dir,
-        }
-    }
-
-    fn client(&self, node: usize) -> Client {
-        Client::connect(&self.sockets[node]).unwrap()
-    }
-}
-
-impl Drop for TestCluster {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-        for thread in self.threads.drain(..) {
-            let _ = thread.join();
-        }
-    }
+fn start() -> TestCluster {
+    TestCluster::start(
+        "names-cluster",
+        NODES,
+        REGION_SIZE,
+        Duration::ZERO,
+        |_, _, _| {},
+    )
 }
 
 /// The bytes bound to `name`, read by `client` (in place, from whichever
@@ -140,7 +61,7 @@ fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 
 #[test]
 fn every_node_sees_reads_renames_and_unlinks_every_nodes_names() {
-    let cluster = TestCluster::start();
+    let cluster = start();
     let mut c: Vec<Client> = (0..NODES as usize).map(|n| cluster.client(n)).collect();
 
     // Files of one directory put through three nodes.

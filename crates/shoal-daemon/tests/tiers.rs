@@ -4,6 +4,8 @@
 //! full tiers are typed errors that lose nothing, and a tier of another
 //! node is refused at start.
 
+mod support;
+
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
@@ -49,14 +51,7 @@ impl Daemon {
     }
 
     fn try_start(config: DaemonConfig) -> Result<Self> {
-        // SHOAL_LOG=debug shows what the daemons do.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
-                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-            )
-            .with_test_writer()
-            .try_init();
+        support::init_logs();
         let socket = config.socket.clone();
         let shutdown = Shutdown::new();
         let thread = {
