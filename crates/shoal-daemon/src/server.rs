@@ -141,6 +141,12 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     }
     let node = Node::new(store, region, config.prefault);
     let supervisor = Supervisor::new();
+    // Before anything is announced: a SIGTERM sent the moment the daemon says
+    // it serves must stop it cleanly, not kill it (the trigger is remembered
+    // until serve_clients looks).
+    if config.stop_on_signals {
+        watch_signals(&supervisor, &shutdown)?;
+    }
     let cluster = match &config.cluster {
         Some(c) => {
             let cluster = Rc::new(Cluster::new(
@@ -225,9 +231,6 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         .prefault
         .then(|| spawn_prefault(node.region(), prefault_stop.clone(), prefault_limit));
     if started.is_ok() {
-        if config.stop_on_signals {
-            watch_signals(&supervisor, &shutdown)?;
-        }
         serve_clients(&ops, listener, &config, &shutdown).await;
     }
     supervisor.shutdown().await;
