@@ -21,6 +21,11 @@ pub struct ElasticArgs {
     /// Control interval T in milliseconds [default: 100].
     #[arg(long, value_name = "MS")]
     pub elastic_interval_ms: Option<u64>,
+    /// Interval in milliseconds while a burst is met (the node over r_0, or
+    /// the memory outside the store rising, by more than 0.25 % of M);
+    /// 0 keeps every step T apart, as the paper does [default: 20].
+    #[arg(long, value_name = "MS")]
+    pub elastic_urgent_interval_ms: Option<u64>,
     /// Node memory utilisation r_0 to hold, in (0, 1) [default: 0.95].
     #[arg(long, value_name = "R0")]
     pub elastic_threshold: Option<f64>,
@@ -67,6 +72,7 @@ impl ElasticArgs {
     pub fn config(&self, node: Option<&NodeElastic>) -> Result<Option<ElasticConfig>> {
         let node = node.cloned().unwrap_or_default();
         let tuned = self.elastic_interval_ms.is_some()
+            || self.elastic_urgent_interval_ms.is_some()
             || self.elastic_threshold.is_some()
             || self.elastic_gain.is_some()
             || self.elastic_shrink_gain.is_some()
@@ -89,6 +95,12 @@ impl ElasticArgs {
         let c = &mut config.controller;
         if let Some(ms) = self.elastic_interval_ms.or(node.interval_ms) {
             c.interval = Duration::from_millis(ms);
+        }
+        match self.elastic_urgent_interval_ms.or(node.urgent_interval_ms) {
+            Some(0) => c.urgent_interval = None,
+            Some(ms) => c.urgent_interval = Some(Duration::from_millis(ms)),
+            // A T set below the default urgent interval keeps every step T apart.
+            None => c.urgent_interval = c.urgent_interval.filter(|u| *u <= c.interval),
         }
         if let Some(r0) = self.elastic_threshold.or(node.threshold) {
             c.threshold = r0;
@@ -160,9 +172,10 @@ pub fn print_report(c: &CapacityReport) {
         |s| format!("stalled {:.1}%", 100.0 * s),
     );
     println!(
-        "  {} steps every {:?}, region holds {}, {} given back to the kernel, {} in use, {stall}",
+        "  {} steps every {:?} ({} urgent), region holds {}, {} given back to the kernel, {} in use, {stall}",
         c.steps,
         c.interval,
+        c.urgent_steps,
         format_size(c.resident),
         format_size(c.released_bytes),
         format_size(c.pinned)
@@ -171,7 +184,7 @@ pub fn print_report(c: &CapacityReport) {
 
 pub fn report_json(c: &CapacityReport) -> String {
     format!(
-        "{{\"mode\":{:?},\"enabled\":{},\"source\":{:?},\"interval_ms\":{},\"threshold\":{},\"gain\":{},\"min_capacity\":{},\"max_capacity\":{},\"target\":{},\"capacity\":{},\"used\":{},\"pinned\":{},\"resident\":{},\"over_target\":{},\"ratio\":{},\"node_used\":{},\"node_total\":{},\"last_step\":{},\"stall_share\":{},\"steps\":{},\"released_bytes\":{},\"cpu_seconds\":{}}}",
+        "{{\"mode\":{:?},\"enabled\":{},\"source\":{:?},\"interval_ms\":{},\"threshold\":{},\"gain\":{},\"min_capacity\":{},\"max_capacity\":{},\"target\":{},\"capacity\":{},\"used\":{},\"pinned\":{},\"resident\":{},\"over_target\":{},\"ratio\":{},\"node_used\":{},\"node_total\":{},\"last_step\":{},\"stall_share\":{},\"steps\":{},\"released_bytes\":{},\"cpu_seconds\":{},\"release_cpu_seconds\":{},\"urgent_steps\":{}}}",
         mode(c),
         c.enabled,
         c.source,
@@ -193,7 +206,9 @@ pub fn report_json(c: &CapacityReport) -> String {
         c.stall_share.map_or("null".to_owned(), |s| s.to_string()),
         c.steps,
         c.released_bytes,
-        c.cpu_seconds
+        c.cpu_seconds,
+        c.release_cpu_seconds,
+        c.urgent_steps
     )
 }
 
@@ -300,6 +315,39 @@ mod tests {
                 pressure: Some("/tmp/p".into())
             }
         );
+        // The urgent interval: 20 ms by default, the file's, the flag's,
+        // 0 for none; a T below 20 ms keeps every step T apart.
+        let on = ElasticArgs {
+            elastic: true,
+            ..Default::default()
+        };
+        let urgent = |args: &ElasticArgs, file: Option<&NodeElastic>| {
+            args.config(file)
+                .unwrap()
+                .unwrap()
+                .controller
+                .urgent_interval
+        };
+        assert_eq!(urgent(&on, None), Some(Duration::from_millis(20)));
+        let file_urgent = NodeElastic {
+            enabled: true,
+            urgent_interval_ms: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(
+            urgent(&on, Some(&file_urgent)),
+            Some(Duration::from_millis(5))
+        );
+        let flag_off = ElasticArgs {
+            elastic_urgent_interval_ms: Some(0),
+            ..on.clone()
+        };
+        assert_eq!(urgent(&flag_off, Some(&file_urgent)), None);
+        let fast_t = ElasticArgs {
+            elastic_interval_ms: Some(10),
+            ..on.clone()
+        };
+        assert_eq!(urgent(&fast_t, None), None);
         let off = NodeElastic {
             enabled: false,
             ..file
@@ -310,6 +358,11 @@ mod tests {
     #[test]
     fn bad_settings_are_refused() {
         for bad in [
+            ElasticArgs {
+                elastic: true,
+                elastic_urgent_interval_ms: Some(500),
+                ..Default::default()
+            },
             ElasticArgs {
                 elastic: true,
                 elastic_threshold: Some(1.5),

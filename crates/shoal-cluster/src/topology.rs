@@ -23,7 +23,7 @@
 //! access = "mapped"             # how other nodes reach this region: mapped | network
 //!
 //! [node.elastic]                # optional: the store's capacity follows free memory
-//! threshold = 0.95              # r_0; also interval_ms, gain, min_capacity,
+//! threshold = 0.95              # r_0; also interval_ms, urgent_interval_ms, gain, min_capacity,
 //!                               # max_fraction, source, pressure_file, psi,
 //!                               # shrink_gain, feed_forward, prefetch (bytes; 0 = off)
 //! ```
@@ -95,6 +95,8 @@ pub struct NodeElastic {
     /// false turns the controller off (a table kept for later).
     pub enabled: bool,
     pub interval_ms: Option<u64>,
+    /// The interval while a burst is met; 0: every step T apart.
+    pub urgent_interval_ms: Option<u64>,
     /// r_0.
     pub threshold: Option<f64>,
     /// λ.
@@ -200,6 +202,7 @@ struct ElasticRepr {
     #[serde(default = "enabled")]
     enabled: bool,
     interval_ms: Option<u64>,
+    urgent_interval_ms: Option<u64>,
     threshold: Option<f64>,
     gain: Option<f64>,
     shrink_gain: Option<f64>,
@@ -300,6 +303,7 @@ impl Topology {
                 Some(e) => Some(NodeElastic {
                     enabled: e.enabled,
                     interval_ms: e.interval_ms,
+                    urgent_interval_ms: e.urgent_interval_ms,
                     threshold: e.threshold,
                     gain: e.gain,
                     shrink_gain: e.shrink_gain,
@@ -481,6 +485,10 @@ impl Topology {
                 let _ = writeln!(out, "\n[node.elastic]\nenabled = {}", e.enabled);
                 let numbers = [
                     ("interval_ms", e.interval_ms.map(|v| v.to_string())),
+                    (
+                        "urgent_interval_ms",
+                        e.urgent_interval_ms.map(|v| v.to_string()),
+                    ),
                     ("threshold", e.threshold.map(|v| format!("{v:?}"))),
                     ("gain", e.gain.map(|v| format!("{v:?}"))),
                     ("shrink_gain", e.shrink_gain.map(|v| format!("{v:?}"))),
@@ -539,6 +547,7 @@ psi = false
 prefetch = "256MiB"
 shrink_gain = 1.0
 feed_forward = true
+urgent_interval_ms = 10
 
 [[node]]
 id = 0
@@ -579,6 +588,7 @@ region_size = 1048576
         assert_eq!(elastic.prefetch, Some(256 << 20));
         assert_eq!(elastic.shrink_gain, Some(1.0));
         assert_eq!(elastic.feed_forward, Some(true));
+        assert_eq!(elastic.urgent_interval_ms, Some(10));
         assert_eq!(t.node(0).unwrap().elastic, None);
         let again = Topology::parse(&t.to_toml(), None).unwrap();
         assert_eq!(again, t);

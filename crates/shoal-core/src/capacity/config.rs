@@ -7,11 +7,27 @@ use std::time::Duration;
 use super::guard::PsiGuardConfig;
 use crate::error::{Result, ShoalError};
 
+/// The share of M by which the node must be over r_0, or the memory outside
+/// the store must have risen since the last step, for the next step to come
+/// after the urgent interval: 0.25 % (60 MiB of 24 GiB). Smaller than any
+/// burst worth meeting early, larger than the noise of a node at its
+/// threshold (MemAvailable moves by a few MiB between steps).
+pub const URGENT_MARGIN: f64 = 0.0025;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ControllerConfig {
     /// T: time between control steps. Default 100 ms. The controller itself
     /// has no clock; the daemon's loop uses this.
     pub interval: Duration,
+    /// T while the node is over its threshold (by more than
+    /// [`URGENT_MARGIN`] of M) or the memory outside the store rose by
+    /// that much since the last step: a burst is met every few tens of ms
+    /// instead of every T, while a quiet node is sampled every T. Each step
+    /// applies its shrink before the next sample (evictions and page
+    /// release are synchronous), so the law's convergence per step, and its
+    /// stability for λ in (0, 2), do not depend on the interval. `None`:
+    /// every step is T apart (the paper). Default 20 ms.
+    pub urgent_interval: Option<Duration>,
     /// r_0 in (0, 1): the node utilisation to hold. Default 0.95.
     pub threshold: f64,
     /// λ in (0, 2): the law's gain. Default 0.5 (monotone convergence, see law.rs).
@@ -53,6 +69,7 @@ impl Default for ControllerConfig {
     fn default() -> Self {
         Self {
             interval: Duration::from_millis(100),
+            urgent_interval: Some(Duration::from_millis(20)),
             threshold: 0.95,
             gain: 0.5,
             shrink_gain: None,
@@ -71,6 +88,14 @@ impl ControllerConfig {
     pub fn validate(&self) -> Result<()> {
         if self.interval.is_zero() {
             return Err(ShoalError::invalid("controller interval must be positive"));
+        }
+        if let Some(urgent) = self.urgent_interval {
+            if urgent.is_zero() || urgent > self.interval {
+                return Err(ShoalError::invalid(format!(
+                    "controller urgent interval must be positive and at most the interval T ({:?}), not {urgent:?}",
+                    self.interval
+                )));
+            }
         }
         if !(self.threshold > 0.0 && self.threshold < 1.0) {
             return Err(ShoalError::invalid(format!(
@@ -150,6 +175,14 @@ mod tests {
         for bad in [
             ControllerConfig {
                 interval: Duration::ZERO,
+                ..ok.clone()
+            },
+            ControllerConfig {
+                urgent_interval: Some(Duration::ZERO),
+                ..ok.clone()
+            },
+            ControllerConfig {
+                urgent_interval: Some(Duration::from_millis(200)),
                 ..ok.clone()
             },
             ControllerConfig {

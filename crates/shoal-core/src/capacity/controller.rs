@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::config::ControllerConfig;
+use super::config::{ControllerConfig, URGENT_MARGIN};
 use super::guard::{stall_share, PressureMark, PsiAction};
 use super::law::{dynims_step, next_capacity};
 use super::pressure::Pressure;
@@ -50,6 +50,10 @@ pub struct ControllerState {
     pub stall_share: Option<f64>,
     /// What the PSI guard decided.
     pub psi_action: PsiAction,
+    /// The node is over r_0 by more than the urgent margin, or the memory
+    /// outside the store rose by more than it since the last step: the next
+    /// step comes after the urgent interval (config.rs).
+    pub urgent: bool,
 }
 
 impl ControllerState {
@@ -97,6 +101,15 @@ impl Controller {
         self.last.as_ref()
     }
 
+    /// How long until the next step: the urgent interval after a step that
+    /// found the node over its threshold or a burst rising, else T.
+    pub fn next_interval(&self) -> Duration {
+        match (self.config.urgent_interval, &self.last) {
+            (Some(urgent), Some(last)) if last.urgent => urgent,
+            _ => self.config.interval,
+        }
+    }
+
     /// One control step. Never fails: every input has an answer.
     pub fn step(&mut self, sample: &MemorySample) -> ControllerState {
         let c = &self.config;
@@ -104,11 +117,13 @@ impl Controller {
         let min = c.min_capacity;
         let max = c.max_capacity_for(total);
         let outside = used.saturating_sub(sample.store_resident);
-        let rising = match (c.feed_forward, self.last_outside) {
-            (true, Some(last)) => outside.saturating_sub(last),
-            _ => 0,
-        };
+        let rise = self
+            .last_outside
+            .map_or(0, |last| outside.saturating_sub(last));
+        let rising = if c.feed_forward { rise } else { 0 };
         let law_step = dynims_step(used.saturating_add(rising), total, c.threshold, c.gain);
+        let margin = URGENT_MARGIN * total as f64;
+        let urgent = used as f64 > c.threshold * total as f64 + margin || rise as f64 > margin;
 
         let stall = sample
             .pressure
@@ -144,6 +159,7 @@ impl Controller {
             max_capacity: max,
             stall_share: stall,
             psi_action,
+            urgent,
         };
         self.target = next;
         self.last_outside = Some(outside);
@@ -621,6 +637,94 @@ mod tests {
         assert_eq!(s.previous_target, GIB);
         assert_eq!(ctl.target(), s.target);
         assert_eq!(s.target as i64 - GIB as i64, s.step);
+    }
+
+    /// A node in continuous time (1 ms resolution): 12 GiB used outside a
+    /// store holding all of its 10 GiB of data (0.8 GiB under r_0·M), then
+    /// a burst rising `rate` bytes per ms for `length` ms from 3 s on; the
+    /// controller steps when its own `next_interval` says. Returns the ms
+    /// from the node crossing r_0 until a step after the crossing has it
+    /// back within 32 MiB of r_0 (while the burst may still grow).
+    fn reaction_ms(cfg: ControllerConfig, rate: u64, length: u64) -> u64 {
+        let (total, data, start) = (24 * GIB, 10 * GIB, 3_000);
+        let r0_m = 0.95 * total as f64;
+        let outside = |t: u64| 12 * GIB + rate * (t.clamp(start, start + length) - start);
+        let mut ctl = Controller::new(cfg.clone(), cfg.max_capacity_for(total)).unwrap();
+        let (mut next_step, mut crossed, mut reacted) = (0, None, false);
+        for t in 0..(start + length + 2_000) {
+            if t == next_step {
+                let resident = ctl.target().min(data);
+                ctl.step(&MemorySample {
+                    time: Duration::from_millis(t),
+                    usage: MemoryUsage::new(outside(t) + resident, total).unwrap(),
+                    store_resident: resident,
+                    pressure: None,
+                });
+                next_step = t + ctl.next_interval().as_millis() as u64;
+                reacted = crossed.is_some();
+            }
+            // After this ms' step (a shrink applies before the next sample).
+            let used = (outside(t) + ctl.target().min(data)) as f64;
+            match crossed {
+                None if used > r0_m => crossed = Some(t),
+                Some(c) if reacted && used <= r0_m + (32 * MIB) as f64 => return t - c,
+                _ => {}
+            }
+        }
+        panic!("never back at the threshold ({cfg:?})");
+    }
+
+    #[test]
+    fn a_burst_is_met_at_the_urgent_interval_and_a_quiet_node_sampled_every_t() {
+        // This machine's fastest burst: 2.5 MiB/ms (1 GiB populated in
+        // ~0.4 s), here 2 GiB of it: it crosses r_0 a third of the way up.
+        let (rate, length) = (5 * MIB / 2, 800);
+        let paper = ControllerConfig {
+            urgent_interval: None,
+            ..config()
+        };
+        let urgent = config();
+        let slow = reaction_ms(paper.clone(), rate, length);
+        let fast = reaction_ms(urgent.clone(), rate, length);
+        // Every T, λ = 0.5 trails a burst rising 250 MiB a step: the node is
+        // back only after the burst stopped growing.
+        assert!(slow > 300, "every T: {slow} ms");
+        // At the urgent interval the same law keeps up while it grows.
+        assert!(fast <= 40, "urgent: {fast} ms (every T: {slow} ms)");
+        // With a shrink gain of 1 and feed-forward: within two urgent steps.
+        let ahead = reaction_ms(
+            ControllerConfig {
+                shrink_gain: Some(1.0),
+                feed_forward: true,
+                ..urgent
+            },
+            rate,
+            length,
+        );
+        assert!(ahead <= 40, "ahead: {ahead} ms");
+        // Quiet or slowly changing: every T. A node over r_0 by more than
+        // the margin, or rising by more than it: the urgent interval.
+        let total = 24 * GIB;
+        let mut ctl = Controller::new(config(), 4 * GIB).unwrap();
+        assert_eq!(ctl.next_interval(), T);
+        let at = |used: f64| (used * total as f64) as u64;
+        ctl.step(&sample(0, at(0.90), total, 4 * GIB));
+        assert_eq!(ctl.next_interval(), T);
+        ctl.step(&sample(1, at(0.90) + 32 * MIB, total, 4 * GIB));
+        assert_eq!(ctl.next_interval(), T, "32 MiB is under the margin");
+        ctl.step(&sample(2, at(0.90) + 128 * MIB, total, 4 * GIB));
+        assert_eq!(ctl.next_interval(), Duration::from_millis(20));
+        ctl.step(&sample(3, at(0.951), total, 4 * GIB));
+        assert_eq!(ctl.next_interval(), Duration::from_millis(20), "rose");
+        ctl.step(&sample(4, at(0.951), total, 4 * GIB));
+        assert_eq!(ctl.next_interval(), T, "at r_0, within the margin");
+        ctl.step(&sample(5, at(0.96), total, 4 * GIB));
+        assert_eq!(ctl.next_interval(), Duration::from_millis(20));
+        // A rise of the store's own bytes (restores) is not a burst.
+        let mut ctl = Controller::new(config(), 8 * GIB).unwrap();
+        ctl.step(&sample(0, at(0.5), total, 2 * GIB));
+        ctl.step(&sample(1, at(0.5) + GIB, total, 3 * GIB));
+        assert_eq!(ctl.next_interval(), T);
     }
 
     #[test]

@@ -44,8 +44,12 @@ pub struct CapacityReport {
     /// Steps taken, bytes given back to the kernel, since the daemon started.
     pub steps: u64,
     pub released_bytes: u64,
-    /// CPU time the controller spent, in seconds.
+    /// CPU time the controller spent, in seconds, and of it the part spent
+    /// carrying shrinks out: evicting (down a tier) and giving pages back.
     pub cpu_seconds: f64,
+    pub release_cpu_seconds: f64,
+    /// Steps after which the next came at the urgent interval.
+    pub urgent_steps: u64,
     /// Trace points after the time asked for, oldest first (empty unless asked).
     pub trace: Vec<TracePoint>,
 }
@@ -101,7 +105,9 @@ impl CapacityReport {
             .u8(psi_to_wire(self.psi_action))
             .u64(self.steps)
             .u64(self.released_bytes)
-            .u64(self.cpu_seconds.to_bits());
+            .u64(self.cpu_seconds.to_bits())
+            .u64(self.release_cpu_seconds.to_bits())
+            .u64(self.urgent_steps);
         w.u32(self.trace.len() as u32);
         for p in &self.trace {
             w.u64(p.time.as_micros() as u64)
@@ -139,6 +145,8 @@ impl CapacityReport {
             steps: r.u64()?,
             released_bytes: r.u64()?,
             cpu_seconds: f64(r)?,
+            release_cpu_seconds: f64(r)?,
+            urgent_steps: r.u64()?,
             trace: Vec::new(),
         };
         let n = r.count(POINT_LEN)?;

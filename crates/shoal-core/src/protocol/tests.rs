@@ -236,6 +236,9 @@ fn every_reply_round_trips() {
             stall_share: Some(0.02),
             psi_action: crate::capacity::PsiAction::HoldGrowth,
             steps: 12,
+            cpu_seconds: 0.25,
+            release_cpu_seconds: 0.125,
+            urgent_steps: 7,
             trace: vec![crate::capacity::TracePoint {
                 time: std::time::Duration::from_millis(100),
                 target: 5,

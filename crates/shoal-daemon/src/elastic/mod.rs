@@ -107,6 +107,7 @@ impl Elastic {
         tracing::info!(
             source = %sampler.describe(),
             interval = ?interval,
+            urgent_interval = ?controller.config().urgent_interval,
             threshold = controller.config().threshold,
             gain = controller.config().gain,
             initial,
@@ -137,11 +138,15 @@ impl Elastic {
         });
         let looping = elastic.clone();
         supervisor.spawn_local("elastic capacity", async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Every T, or every urgent interval while a burst is met
+            // (Controller::next_interval); steps start at a fixed cadence, so
+            // a step's own cost does not stretch the interval.
+            let mut due = tokio::time::Instant::now();
             loop {
-                ticker.tick().await;
+                tokio::time::sleep_until(due).await;
                 looping.step().await;
+                let next = looping.controller.borrow().next_interval();
+                due = (due + next).max(tokio::time::Instant::now());
             }
         });
         Ok(elastic)
@@ -205,6 +210,9 @@ impl Elastic {
     fn apply(&self, sample: &MemorySample, state: &ControllerState) {
         let target = state.target;
         let before = self.node.read(|s| s.capacity());
+        // Carrying a shrink out (evicting, giving pages back) is counted
+        // apart from the law's own cost.
+        let evicting = thread_cpu_time();
         match &self.prefetch {
             Some(prefetch) if target < before => {
                 prefetch.recording(|| self.node.set_capacity(target));
@@ -213,13 +221,16 @@ impl Elastic {
                 self.node.set_capacity(target);
             }
         }
+        let mut release_cpu = thread_cpu_time().saturating_sub(evicting);
         self.prefault_limit.store(target, Ordering::Relaxed);
         let (capacity, used, pinned) = self.node.read(|s| (s.capacity(), s.used(), s.pinned()));
         if capacity > before {
             self.prefetch_into(capacity.saturating_sub(used));
         }
         self.note_over_target(pinned, target);
+        let giving = thread_cpu_time();
         self.give_back(target.max(used));
+        release_cpu += thread_cpu_time().saturating_sub(giving);
         self.steps.set(self.steps.get() + 1);
         self.trace
             .borrow_mut()
@@ -234,6 +245,10 @@ impl Elastic {
         gauges.over_target.set(self.over_target.get() as i64);
         gauges.stall_ratio.set(state.stall_share.unwrap_or(0.0));
         gauges.steps.inc();
+        gauges.release_cpu_seconds.inc_by(release_cpu.as_secs_f64());
+        if state.urgent {
+            gauges.urgent_steps.inc();
+        }
     }
 
     /// After a growth: restores, in the background, the newest of the
@@ -363,6 +378,8 @@ impl Elastic {
             steps: self.steps.get(),
             released_bytes: self.released.get(),
             cpu_seconds: self.node.metrics().controller.cpu_seconds.get(),
+            release_cpu_seconds: self.node.metrics().controller.release_cpu_seconds.get(),
+            urgent_steps: self.node.metrics().controller.urgent_steps.get(),
             ..Default::default()
         };
         if let Some(last) = controller.last_state() {

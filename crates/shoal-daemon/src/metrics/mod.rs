@@ -130,9 +130,11 @@ pub struct ControllerGauges {
     pub over_target: Gauge,
     pub stall_ratio: Gauge<f64, AtomicU64>,
     pub steps: Counter,
+    pub urgent_steps: Counter,
     pub released_bytes: Counter,
     pub prefetched: Counter,
     pub cpu_seconds: Counter<f64, AtomicU64>,
+    pub release_cpu_seconds: Counter<f64, AtomicU64>,
 }
 
 impl ControllerGauges {
@@ -187,6 +189,11 @@ impl ControllerGauges {
             self.steps.clone(),
         );
         registry.register(
+            "shoal_controller_urgent_steps",
+            "Control steps after which the next came at the urgent interval (a burst met)",
+            self.urgent_steps.clone(),
+        );
+        registry.register(
             "shoal_released_bytes",
             "Bytes of the region's free ranges given back to the kernel",
             self.released_bytes.clone(),
@@ -200,6 +207,11 @@ impl ControllerGauges {
             "shoal_controller_cpu_seconds",
             "CPU time the capacity controller spent on the daemon's thread",
             self.cpu_seconds.clone(),
+        );
+        registry.register(
+            "shoal_controller_release_cpu_seconds",
+            "Of the controller's CPU time, the part spent carrying shrinks out (evictions, hole punching)",
+            self.release_cpu_seconds.clone(),
         );
     }
 }

@@ -36,9 +36,7 @@ impl Tiers {
             }
             match self.engine.evict(id, TierLevel::Burst).await {
                 Ok(record) => {
-                    if let Some(t) = self.index.borrow_mut().get_mut(&id) {
-                        t.tiers = record.tiers;
-                    }
+                    self.index.borrow_mut().set_tiers(&id, record.tiers);
                     freed += len;
                     to_free = to_free.saturating_sub(len);
                 }

@@ -114,7 +114,8 @@ impl Tiers {
                 let index = self.index.borrow();
                 match index.get(&id) {
                     Some(t)
-                        if !(level == TierLevel::Backing && t.tiers.contains(TierLevel::Burst)) =>
+                        if !(level == TierLevel::Backing
+                            && t.tiers().contains(TierLevel::Burst)) =>
                     {
                         t.sizes.payload_len()
                     }
@@ -138,7 +139,7 @@ impl Tiers {
             let index = self.index.borrow();
             let t = index.get(&id)?;
             (
-                t.tiers,
+                t.tiers(),
                 t.in_flight[level as usize],
                 t.skip_burst,
                 t.durability,
@@ -235,9 +236,9 @@ impl Tiers {
                 let newly_clean = {
                     let mut index = self.index.borrow_mut();
                     let t = index.get_mut(&id).expect("current");
-                    let was_dirty = t.tiers.is_empty();
-                    t.tiers = record.tiers;
+                    let was_dirty = t.tiers().is_empty();
                     t.failure = None;
+                    index.set_tiers(&id, record.tiers);
                     was_dirty
                 };
                 // Renamed while the job ran (`renamed` skips objects with

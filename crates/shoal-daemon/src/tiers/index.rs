@@ -13,7 +13,9 @@ use shoal_tiers::{ObjectRecord, ObjectSizes, TierLevel, TierSet};
 pub struct Tracked {
     pub sizes: ObjectSizes,
     /// Tiers with a complete, durable copy (empty: dirty, memory only).
-    pub tiers: TierSet,
+    /// Private: changed through [`Index::set_tiers`], which keeps the count
+    /// of durable objects.
+    tiers: TierSet,
     /// The durability its seal asked for (the highest asked).
     pub durability: Durability,
     /// Tells this object apart from an earlier one of the same id (deleted
@@ -58,9 +60,20 @@ pub struct Job {
     pub bytes: u64,
 }
 
+impl Tracked {
+    /// Tiers with a complete, durable copy (empty: dirty, memory only).
+    pub fn tiers(&self) -> TierSet {
+        self.tiers
+    }
+}
+
 #[derive(Default)]
 pub struct Index {
     objects: HashMap<ObjectId, Tracked>,
+    /// Objects with a copy on some tier, kept with every change of a
+    /// `Tracked::tiers` (the metrics read it every second: no walk over a
+    /// million objects).
+    durable: u64,
     /// By (lane, target tier, the job's number in that queue).
     jobs: HashMap<(Lane, TierLevel, u64), Job>,
     generations: u64,
@@ -78,6 +91,26 @@ impl Index {
 
     pub fn iter(&self) -> impl Iterator<Item = (&ObjectId, &Tracked)> {
         self.objects.iter()
+    }
+
+    /// Objects with a copy on some tier.
+    pub fn durable(&self) -> u64 {
+        self.durable
+    }
+
+    /// Records the tiers holding `id`'s copies (from a record the engine
+    /// returned); false if `id` is not tracked (deleted meanwhile).
+    pub fn set_tiers(&mut self, id: &ObjectId, tiers: TierSet) -> bool {
+        let Some(t) = self.objects.get_mut(id) else {
+            return false;
+        };
+        match (t.tiers.is_empty(), tiers.is_empty()) {
+            (true, false) => self.durable += 1,
+            (false, true) => self.durable -= 1,
+            _ => {}
+        }
+        t.tiers = tiers;
+        true
     }
 
     fn next_generation(&mut self) -> u64 {
@@ -120,6 +153,10 @@ impl Index {
 
     pub fn recovered(&mut self, id: ObjectId, record: &ObjectRecord) {
         let generation = self.next_generation();
+        self.remove(&id);
+        if !record.tiers.is_empty() {
+            self.durable += 1;
+        }
         self.objects.insert(
             id,
             Tracked {
@@ -137,7 +174,11 @@ impl Index {
 
     /// Forgets `id` (deleted, or lost). Its jobs' outcomes are then ignored.
     pub fn remove(&mut self, id: &ObjectId) -> Option<Tracked> {
-        self.objects.remove(id)
+        let removed = self.objects.remove(id)?;
+        if !removed.tiers.is_empty() {
+            self.durable -= 1;
+        }
+        Some(removed)
     }
 
     pub fn add_job(&mut self, seq: u64, job: Job) {
@@ -173,5 +214,77 @@ impl Index {
             .collect();
         found.sort_unstable_by_key(|(used, _, _)| *used);
         found.into_iter().map(|(_, id, len)| (id, len)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> ObjectId {
+        ObjectId([n; 20])
+    }
+
+    fn sizes() -> ObjectSizes {
+        ObjectSizes {
+            data_size: 10,
+            meta_size: 0,
+        }
+    }
+
+    #[test]
+    fn the_durable_count_follows_every_change_of_an_objects_tiers() {
+        let burst = TierSet::of(TierLevel::Burst);
+        let both = burst.with(TierLevel::Backing);
+        let mut index = Index::default();
+        index.sealed(id(1), sizes());
+        index.sealed(id(2), sizes());
+        assert_eq!(index.durable(), 0, "dirty objects are not durable");
+        assert!(index.set_tiers(&id(1), burst));
+        assert!(index.set_tiers(&id(1), both));
+        assert_eq!(index.durable(), 1, "a second tier is the same object");
+        assert!(index.set_tiers(&id(2), burst));
+        assert_eq!(index.durable(), 2);
+        assert!(index.set_tiers(&id(2), TierSet::EMPTY));
+        assert_eq!(index.durable(), 1, "evicted from its last tier");
+        assert!(
+            !index.set_tiers(&id(9), burst),
+            "unknown ids change nothing"
+        );
+        assert_eq!(index.durable(), 1);
+        // Sealed again (a restore) keeps what is known.
+        index.sealed(id(1), sizes());
+        assert_eq!(index.durable(), 1);
+        let record = ObjectRecord {
+            sizes: sizes(),
+            checksum: 0,
+            tiers: both,
+            durability: Durability::Local,
+            sealed_at_ms: 0,
+            name: None,
+        };
+        index.recovered(id(3), &record);
+        index.recovered(id(3), &record);
+        assert_eq!(index.durable(), 2, "recovered twice counts once");
+        index.recovered(
+            id(1),
+            &ObjectRecord {
+                tiers: TierSet::EMPTY,
+                ..record.clone()
+            },
+        );
+        assert_eq!(index.durable(), 1, "replaced by a record with no copy");
+        assert!(index.remove(&id(3)).is_some());
+        assert!(index.remove(&id(2)).is_some());
+        assert!(index.remove(&id(3)).is_none());
+        assert_eq!(index.durable(), 0);
+        assert_eq!(
+            index.durable(),
+            index
+                .objects
+                .values()
+                .filter(|t| !t.tiers.is_empty())
+                .count() as u64
+        );
     }
 }

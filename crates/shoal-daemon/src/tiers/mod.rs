@@ -253,7 +253,7 @@ impl Tiers {
 
     /// The tiers holding a copy of `id` (as `ObjectInfo::tiers` bits).
     pub fn tier_bits(&self, id: &ObjectId) -> u8 {
-        self.index.borrow().get(id).map_or(0, |t| t.tiers.bits())
+        self.index.borrow().get(id).map_or(0, |t| t.tiers().bits())
     }
 
     /// The sizes of an object held below.
@@ -263,7 +263,7 @@ impl Tiers {
 
     /// Whether `id` has a copy below already (evicting it writes nothing).
     fn is_clean(&self, id: &ObjectId) -> Option<bool> {
-        self.index.borrow().get(id).map(|t| !t.tiers.is_empty())
+        self.index.borrow().get(id).map(|t| !t.tiers().is_empty())
     }
 
     /// Queues `id` for the drain of the nearest tier it lacks: in the
@@ -274,10 +274,10 @@ impl Tiers {
         let (level, lane) = {
             let index = self.index.borrow();
             let Some(t) = index.get(&id) else { return };
-            let Some(level) = self.next_level(t.tiers, t.skip_burst) else {
+            let Some(level) = self.next_level(t.tiers(), t.skip_burst) else {
                 return;
             };
-            let awaited = urgent || !t.tiers.meets(t.durability);
+            let awaited = urgent || !t.tiers().meets(t.durability);
             (
                 level,
                 if awaited {
@@ -383,7 +383,7 @@ impl Tiers {
             let unsealed = self.node.read(|s| s.is_unsealed(id));
             return (!unsealed).then(|| Some(ShoalError::not_found(id)));
         };
-        if t.tiers.meets(level) {
+        if t.tiers().meets(level) {
             return Some(None);
         }
         match &t.failure {
@@ -448,9 +448,7 @@ impl Tiers {
         };
         let restored = self.engine.restore(id, dst).await?;
         let mut index = self.index.borrow_mut();
-        if let Some(t) = index.get_mut(&id) {
-            t.tiers = restored.record.tiers;
-        }
+        index.set_tiers(&id, restored.record.tiers);
         index.touch(&id);
         let mut counters = self.counters.borrow_mut();
         counters.restores += 1;
@@ -472,7 +470,7 @@ impl Tiers {
                 .index
                 .borrow()
                 .get(id)
-                .is_some_and(|t| !t.tiers.is_empty())
+                .is_some_and(|t| !t.tiers().is_empty())
             {
                 self.engine.set_name(*id, self.node.name_of(id)).await?;
             }
@@ -557,7 +555,7 @@ impl Tiers {
             spilled_bytes: counters.spilled_bytes,
             restores: counters.restores,
             restored_bytes: counters.restored_bytes,
-            durable_objects: index.iter().filter(|(_, t)| !t.tiers.is_empty()).count() as u64,
+            durable_objects: index.durable(),
             failures: counters.failures,
             tiers: self
                 .engine
