@@ -22,7 +22,7 @@ pub struct ElasticArgs {
     #[arg(long, value_name = "MS")]
     pub elastic_interval_ms: Option<u64>,
     /// Interval in milliseconds while a burst is met (the node over r_0, or
-    /// the memory outside the store rising, by more than 0.25 % of M);
+    /// the memory outside the store rising, by more than 0.1 % of M);
     /// 0 keeps every step T apart, as the paper does [default: 20].
     #[arg(long, value_name = "MS")]
     pub elastic_urgent_interval_ms: Option<u64>,

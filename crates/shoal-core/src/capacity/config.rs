@@ -9,10 +9,13 @@ use crate::error::{Result, ShoalError};
 
 /// The share of M by which the node must be over r_0, or the memory outside
 /// the store must have risen since the last step, for the next step to come
-/// after the urgent interval: 0.25 % (60 MiB of 24 GiB). Smaller than any
-/// burst worth meeting early, larger than the noise of a node at its
-/// threshold (MemAvailable moves by a few MiB between steps).
-pub const URGENT_MARGIN: f64 = 0.0025;
+/// after the urgent interval: 0.1 % (24 MiB of 24 GiB). Smaller than any
+/// burst worth meeting early; a node at its threshold moves by about as
+/// much between steps (a restore landing, pages freed), so a quiet node
+/// at r_0 takes an urgent step now and then, at ~100 µs each. At 0.25 % a
+/// node 40 MiB over (a restore had just landed) waited a whole T while a
+/// burst began, which met it 390 MiB over (bench/results/elastic.md).
+pub const URGENT_MARGIN: f64 = 0.001;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ControllerConfig {
