@@ -44,7 +44,8 @@ pub struct ControllerConfig {
     pub shrink_gain: Option<f64>,
     /// Apply the law to the use expected at the next step: v_i plus the
     /// rise of the memory outside the store since the last step (a rise
-    /// only; a fall is never anticipated). A burst that grows for several
+    /// over [`URGENT_MARGIN`] of M only: smaller ones are a node's noise at
+    /// its threshold; a fall is never anticipated). A burst that grows for several
     /// steps then meets a shrink of its own size each step instead of one
     /// that trails it by a step; with a shrink gain of 1 the node stays at
     /// the threshold while the burst grows. Default off (the paper's law).

@@ -120,9 +120,16 @@ impl Controller {
         let rise = self
             .last_outside
             .map_or(0, |last| outside.saturating_sub(last));
-        let rising = if c.feed_forward { rise } else { 0 };
-        let law_step = dynims_step(used.saturating_add(rising), total, c.threshold, c.gain);
         let margin = URGENT_MARGIN * total as f64;
+        // Feed-forward anticipates bursts, not noise: a rise within the
+        // urgent margin (what a node at its threshold moves between steps)
+        // is not carried into the next step.
+        let rising = if c.feed_forward && rise as f64 > margin {
+            rise
+        } else {
+            0
+        };
+        let law_step = dynims_step(used.saturating_add(rising), total, c.threshold, c.gain);
         let urgent = used as f64 > c.threshold * total as f64 + margin || rise as f64 > margin;
 
         let stall = sample
@@ -727,6 +734,26 @@ mod tests {
         ctl.step(&sample(0, at(0.5), total, 2 * GIB));
         ctl.step(&sample(1, at(0.5) + GIB, total, 3 * GIB));
         assert_eq!(ctl.next_interval(), T);
+    }
+
+    #[test]
+    fn feed_forward_leaves_rises_within_the_urgent_margin_alone() {
+        let total = 24 * GIB;
+        let cfg = |feed_forward| ControllerConfig {
+            feed_forward,
+            ..config()
+        };
+        let over = (0.96 * total as f64) as u64;
+        // A node over r_0 whose outside memory rose by 16 MiB (noise, under
+        // the 24 MiB margin): the same shrink with and without feed-forward.
+        let steps = |feed_forward, rise| {
+            let mut ctl = Controller::new(cfg(feed_forward), 8 * GIB).unwrap();
+            ctl.step(&sample(0, over, total, 8 * GIB));
+            ctl.step(&sample(1, over + rise, total, 8 * GIB)).step
+        };
+        assert_eq!(steps(true, 16 * MIB), steps(false, 16 * MIB));
+        // A rise of 256 MiB (a burst): anticipated, a larger shrink.
+        assert!(steps(true, 256 * MIB) < steps(false, 256 * MIB) - (64 * MIB) as i64);
     }
 
     #[test]
