@@ -1,18 +1,19 @@
 //! A real cluster node (node 0 of two) and this test acting as node 1 over
 //! the peer RPC: what node 0 does with the references a caller takes.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+mod support;
+
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use shoal_client::Client;
 use shoal_cluster::auth::Credentials;
+use shoal_cluster::home_of;
 use shoal_cluster::ids::pack;
 use shoal_cluster::proto::peer_client::PeerClient;
 use shoal_cluster::proto::{AcquireRequest, AllocateRequest, HeartbeatRequest};
-use shoal_cluster::{home_of, Access, Node, Topology};
-use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::Result;
 use shoal_core::ObjectId;
 use shoal_daemon::{ClusterConfig, DaemonConfig, Shutdown};
@@ -34,39 +35,16 @@ struct NodeZero {
 impl NodeZero {
     fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let ports: Vec<u16> = {
-            let held: Vec<_> = (0..4)
-                .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
-                .collect();
-            held.iter()
-                .map(|l| l.local_addr().unwrap().port())
-                .collect()
-        };
-        let tag = format!("{}-{}", std::process::id(), ports[0]);
-        let topology = Topology {
-            name: "peer-calls".into(),
-            token: TOKEN.into(),
-            coherence: CoherenceMode::Coherent,
-            simulate_caches: false,
-            heartbeat: Duration::from_millis(100),
-            // Long: nothing here may expire during a test.
-            lease: Duration::from_secs(30),
-            linger: Duration::from_millis(1000),
-            nodes: (0..2u32)
-                .map(|i| Node {
-                    id: i,
-                    rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
-                    data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
-                    socket: dir.path().join(format!("n{i}.sock")),
-                    region: PathBuf::from(format!("/dev/shm/shoal-peer-calls-{tag}-{i}")),
-                    region_size: REGION_SIZE,
-                    access: Access::Mapped,
-                    elastic: None,
-                    tiers: Default::default(),
-                    metrics: None,
-                })
-                .collect(),
-        };
+        let mut topology = support::loopback_topology(
+            "peer-calls",
+            2,
+            REGION_SIZE,
+            Duration::from_millis(1000),
+            dir.path(),
+        );
+        // Long: nothing here may expire during a test.
+        topology.lease = Duration::from_secs(30);
+        assert_eq!(topology.token, TOKEN);
         let socket = topology.nodes[0].socket.clone();
         let rpc = topology.nodes[0].rpc;
         let mut config = DaemonConfig::new(&socket, REGION_SIZE);
@@ -77,11 +55,7 @@ impl NodeZero {
             let shutdown = shutdown.clone();
             std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Client::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "node did not start");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        support::wait_serving(&socket, Instant::now() + Duration::from_secs(10));
         Self {
             socket,
             rpc,

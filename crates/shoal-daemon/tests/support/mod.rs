@@ -28,6 +28,60 @@ pub fn init_logs() {
         .try_init();
 }
 
+/// A topology of `nodes` coherent mapped nodes of `region_size` bytes on
+/// free loopback ports, sockets in `dir`, regions in /dev/shm named after
+/// the cluster's `name`; heartbeats every 100 ms, leases of 5 s, loans
+/// lingering for `linger`.
+pub fn loopback_topology(
+    name: &str,
+    nodes: u32,
+    region_size: u64,
+    linger: Duration,
+    dir: &Path,
+) -> Topology {
+    let ports: Vec<u16> = {
+        // Held together so no two nodes are given the same free port.
+        let held: Vec<_> = (0..2 * nodes)
+            .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
+            .collect();
+        held.iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect()
+    };
+    let tag = format!("{}-{}", std::process::id(), ports[0]);
+    Topology {
+        name: name.into(),
+        token: format!("{name}-token"),
+        coherence: CoherenceMode::Coherent,
+        simulate_caches: false,
+        heartbeat: Duration::from_millis(100),
+        lease: Duration::from_secs(5),
+        linger,
+        nodes: (0..nodes)
+            .map(|i| Node {
+                id: i,
+                rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
+                data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
+                socket: dir.join(format!("n{i}.sock")),
+                region: PathBuf::from(format!("/dev/shm/shoal-{name}-{tag}-{i}")),
+                region_size,
+                access: Access::Mapped,
+                elastic: None,
+                tiers: Default::default(),
+                metrics: None,
+            })
+            .collect(),
+    }
+}
+
+/// Waits until a daemon answers on `socket`; fails the test at `deadline`.
+pub fn wait_serving(socket: &Path, deadline: Instant) {
+    while Client::connect(socket).is_err() {
+        assert!(Instant::now() < deadline, "daemon did not start");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 pub struct TestCluster {
     pub sockets: Vec<PathBuf>,
     shutdown: Shutdown,
@@ -49,39 +103,7 @@ impl TestCluster {
         configure: impl Fn(u32, &mut DaemonConfig, &Path),
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let ports: Vec<u16> = {
-            // Held together so no two nodes are given the same free port.
-            let held: Vec<_> = (0..2 * nodes)
-                .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
-                .collect();
-            held.iter()
-                .map(|l| l.local_addr().unwrap().port())
-                .collect()
-        };
-        let tag = format!("{}-{}", std::process::id(), ports[0]);
-        let topology = Topology {
-            name: name.into(),
-            token: format!("{name}-token"),
-            coherence: CoherenceMode::Coherent,
-            simulate_caches: false,
-            heartbeat: Duration::from_millis(100),
-            lease: Duration::from_secs(5),
-            linger,
-            nodes: (0..nodes)
-                .map(|i| Node {
-                    id: i,
-                    rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
-                    data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
-                    socket: dir.path().join(format!("n{i}.sock")),
-                    region: PathBuf::from(format!("/dev/shm/shoal-{name}-{tag}-{i}")),
-                    region_size,
-                    access: Access::Mapped,
-                    elastic: None,
-                    tiers: Default::default(),
-                    metrics: None,
-                })
-                .collect(),
-        };
+        let topology = loopback_topology(name, nodes, region_size, linger, dir.path());
         let shutdown = Shutdown::new();
         let threads = (0..nodes)
             .map(|node| {
@@ -100,10 +122,7 @@ impl TestCluster {
         let sockets: Vec<PathBuf> = topology.nodes.iter().map(|n| n.socket.clone()).collect();
         let deadline = Instant::now() + Duration::from_secs(20);
         for socket in &sockets {
-            while Client::connect(socket).is_err() {
-                assert!(Instant::now() < deadline, "node did not start");
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            wait_serving(socket, deadline);
         }
         Self {
             sockets,
