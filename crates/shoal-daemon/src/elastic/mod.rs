@@ -362,6 +362,7 @@ impl Elastic {
         let controller = self.controller.borrow();
         let config = controller.config();
         let (capacity, used, pinned) = self.node.read(|s| (s.capacity(), s.used(), s.pinned()));
+        let gauges = &self.node.metrics().controller;
         let mut report = CapacityReport {
             enabled: true,
             source: self.sampler.describe(),
@@ -377,9 +378,9 @@ impl Elastic {
             over_target: self.over_target.get(),
             steps: self.steps.get(),
             released_bytes: self.released.get(),
-            cpu_seconds: self.node.metrics().controller.cpu_seconds.get(),
-            release_cpu_seconds: self.node.metrics().controller.release_cpu_seconds.get(),
-            urgent_steps: self.node.metrics().controller.urgent_steps.get(),
+            cpu_seconds: gauges.cpu_seconds.get(),
+            release_cpu_seconds: gauges.release_cpu_seconds.get(),
+            urgent_steps: gauges.urgent_steps.get(),
             ..Default::default()
         };
         if let Some(last) = controller.last_state() {

@@ -235,10 +235,8 @@ impl Tiers {
             Ok(record) => {
                 let newly_clean = {
                     let mut index = self.index.borrow_mut();
-                    let t = index.get_mut(&id).expect("current");
-                    let was_dirty = t.tiers().is_empty();
-                    t.failure = None;
-                    index.set_tiers(&id, record.tiers);
+                    let was_dirty = index.get(&id).expect("current").tiers().is_empty();
+                    index.set_tiers(&id, record.tiers).expect("current").failure = None;
                     was_dirty
                 };
                 // Renamed while the job ran (`renamed` skips objects with

@@ -99,18 +99,17 @@ impl Index {
     }
 
     /// Records the tiers holding `id`'s copies (from a record the engine
-    /// returned); false if `id` is not tracked (deleted meanwhile).
-    pub fn set_tiers(&mut self, id: &ObjectId, tiers: TierSet) -> bool {
-        let Some(t) = self.objects.get_mut(id) else {
-            return false;
-        };
+    /// returned); the object, or `None` if it is not tracked (deleted
+    /// meanwhile).
+    pub fn set_tiers(&mut self, id: &ObjectId, tiers: TierSet) -> Option<&mut Tracked> {
+        let t = self.objects.get_mut(id)?;
         match (t.tiers.is_empty(), tiers.is_empty()) {
             (true, false) => self.durable += 1,
             (false, true) => self.durable -= 1,
             _ => {}
         }
         t.tiers = tiers;
-        true
+        Some(t)
     }
 
     fn next_generation(&mut self) -> u64 {
@@ -240,15 +239,15 @@ mod tests {
         index.sealed(id(1), sizes());
         index.sealed(id(2), sizes());
         assert_eq!(index.durable(), 0, "dirty objects are not durable");
-        assert!(index.set_tiers(&id(1), burst));
-        assert!(index.set_tiers(&id(1), both));
+        assert!(index.set_tiers(&id(1), burst).is_some());
+        assert!(index.set_tiers(&id(1), both).is_some());
         assert_eq!(index.durable(), 1, "a second tier is the same object");
-        assert!(index.set_tiers(&id(2), burst));
+        assert!(index.set_tiers(&id(2), burst).is_some());
         assert_eq!(index.durable(), 2);
-        assert!(index.set_tiers(&id(2), TierSet::EMPTY));
+        assert!(index.set_tiers(&id(2), TierSet::EMPTY).is_some());
         assert_eq!(index.durable(), 1, "evicted from its last tier");
         assert!(
-            !index.set_tiers(&id(9), burst),
+            index.set_tiers(&id(9), burst).is_none(),
             "unknown ids change nothing"
         );
         assert_eq!(index.durable(), 1);

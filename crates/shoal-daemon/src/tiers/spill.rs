@@ -132,11 +132,9 @@ impl Tiers {
         match result {
             Ok(record) => {
                 // (Deleted while spilling: the delete removes the copy.)
-                let mut index = self.index.borrow_mut();
-                if index.set_tiers(&id, record.tiers) {
-                    index.get_mut(&id).expect("tracked").failure = None;
+                if let Some(t) = self.index.borrow_mut().set_tiers(&id, record.tiers) {
+                    t.failure = None;
                 }
-                drop(index);
                 self.counters.borrow_mut().spilled_bytes += victim.location.size();
                 self.changed.notify_waiters();
                 self.node.finish_eviction(&id);
