@@ -445,12 +445,12 @@ def run_config(
         shrink_gain=shrink_gain,
         feed_forward=feed_forward,
         policy=args.policy,
-        prefetch=args.elastic_prefetch if elastic else None,
+        prefetch=prefetch_size(args) if elastic else None,
         urgent_ms=args.urgent_interval_ms if elastic else None,
     )
     result = {"name": name, "capacity": capacity, "with_burst": with_burst, "elastic": elastic}
     result["policy"] = args.policy
-    result["prefetch"] = args.elastic_prefetch if elastic else None
+    result["prefetch"] = prefetch_size(args) if elastic else None
     result["node_used_at_start"] = used
     result["load_at_start"] = loadavg()
     result["threshold_bytes"] = threshold
@@ -752,7 +752,7 @@ def report(results, args, path):
         f"node budget {args.budget_gib} GiB above the machine's use at each configuration's start",
         f"(the controller's r_0); passes for {args.duration_s:.0f} s after a cold pass (not counted);",
         f"mini-batch stride {args.stride}; eviction policy {getattr(args, 'policy', 'lru')}, "
-        f"prefetch on growth {getattr(args, 'elastic_prefetch', None) or 'off'}, "
+        f"prefetch on growth {prefetch_size(args) or 'off'}, "
         f"urgent interval {urgent_interval(args)}.",
         "",
         "| configuration | pass (mean) | pass (median) | hit ratio | max over the node budget | "
@@ -872,6 +872,12 @@ def beside(out):
 args_global = None
 
 
+def prefetch_size(args):
+    """The dynamic configurations' --elastic-prefetch, or None when off."""
+    size = getattr(args, "elastic_prefetch", None)
+    return None if size in (None, "", "0", "off") else size
+
+
 def main():
     global args_global
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -912,7 +918,9 @@ def main():
     p.add_argument(
         "--elastic-prefetch",
         metavar="SIZE",
-        help="prefetch on growth in the dynamic configurations (--elastic-prefetch; default off)",
+        default="4GiB",
+        help="prefetch on growth in the dynamic configurations (--elastic-prefetch; "
+        "default 4GiB, more than the data; 0: off)",
     )
     p.add_argument(
         "--urgent-interval-ms",

@@ -59,9 +59,10 @@ pub struct ElasticArgs {
     /// Do not let memory pressure (PSI) hold growth back or boost shrinks.
     #[arg(long)]
     pub elastic_no_psi: bool,
-    /// Prefetch on growth: remember up to SIZE of the objects a shrink
-    /// evicted (the hottest last) and restore them in the background,
-    /// into free room only, when the store grows again [default: 0, off].
+    /// Prefetch on growth: what leaves memory while the store is shrunk is
+    /// restored in the background when it grows again, in the order it is
+    /// predicted to be read, into free room only, at most SIZE per shrink
+    /// [default: 0, off].
     #[arg(long, value_parser = crate::args::size, value_name = "SIZE")]
     pub elastic_prefetch: Option<u64>,
 }

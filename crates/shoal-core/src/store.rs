@@ -22,7 +22,9 @@ use crate::allocator::{Allocator, Block};
 use crate::error::{ErrorKind, Result, ShoalError};
 use crate::eviction::EvictionPolicy;
 use crate::ids::ObjectId;
-use crate::object_table::{ClientId, Entry, ObjectState, ObjectTable, Residency, Slot};
+use crate::object_table::{
+    Access, ClientId, Entry, ObjectState, ObjectTable, PackedAccess, Residency, Slot, CLOCK_MASK,
+};
 
 /// Where an object lives and how big it is: what a client needs to map it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +83,8 @@ pub enum StoreEvent {
 pub struct Victim {
     pub id: ObjectId,
     pub location: ObjectLocation,
+    /// Its reads on the store's access clock (see [`Store::access_clock`]).
+    pub access: Access,
 }
 
 /// The gate's answer for one victim.
@@ -137,6 +141,8 @@ pub struct Store {
     ceiling: u64,
     evictions: u64,
     evicted_bytes: u64,
+    /// Ticks once per get: the time base of [`Access`].
+    access_clock: u64,
     /// Bytes of the policy's candidates (kept as they come and go, so a
     /// short create never walks the table).
     evictable_bytes: u64,
@@ -169,6 +175,7 @@ impl Store {
             clients: HashMap::new(),
             evictions: 0,
             evicted_bytes: 0,
+            access_clock: 0,
             evictable_bytes: 0,
             evicting_bytes: 0,
             gate: None,
@@ -200,6 +207,12 @@ impl Store {
             .saturating_sub(self.evicting_bytes)
             .saturating_sub(self.capacity);
         self.evict(excess)
+    }
+
+    /// The clock objects' reads are timed on: the number of gets so far,
+    /// modulo 2^40 as [`Access`] keeps it.
+    pub fn access_clock(&self) -> u64 {
+        self.access_clock & CLOCK_MASK
     }
 
     pub fn line_size(&self) -> u64 {
@@ -312,6 +325,7 @@ impl Store {
             state: ObjectState::Created,
             delete_pending: false,
             residency: Residency::Resident,
+            access: PackedAccess::default(),
         });
         let state = self.client(client);
         state.creating.insert(slot);
@@ -461,6 +475,7 @@ impl Store {
                     data_size: entry.data_size,
                     meta_size: entry.meta_size,
                 },
+                access: entry.access.get(),
             };
             (victim, self.block_of(entry).len)
         };
@@ -676,6 +691,23 @@ impl Store {
         client: ClientId,
         id: &ObjectId,
     ) -> Option<(ObjectLocation, ClientId)> {
+        self.take_reference(client, id, true)
+    }
+
+    /// A reference for the daemon's own copy of the bytes (a drain writing
+    /// them to a tier): like [`get`](Self::get), but no read of the object,
+    /// so its access history ([`Access`]) stays the clients'.
+    pub fn get_for_copy(&mut self, client: ClientId, id: &ObjectId) -> Option<ObjectLocation> {
+        self.take_reference(client, id, false)
+            .map(|(location, _)| location)
+    }
+
+    fn take_reference(
+        &mut self,
+        client: ClientId,
+        id: &ObjectId,
+        read: bool,
+    ) -> Option<(ObjectLocation, ClientId)> {
         let slot = self.table.find(id)?;
         let entry = self.table.get_mut(slot).expect("found slot is live");
         if !entry.is_visible() {
@@ -683,6 +715,10 @@ impl Store {
         }
         let was_candidate = Self::is_candidate(entry);
         entry.refs += 1;
+        if read {
+            self.access_clock += 1;
+            entry.access.record(self.access_clock);
+        }
         let location = ObjectLocation {
             offset: entry.offset,
             data_size: entry.data_size,
@@ -1288,6 +1324,58 @@ mod tests {
         let victims = std::rc::Rc::default();
         s.set_eviction_gate(Box::new(HoldAll(std::rc::Rc::clone(&victims))));
         (s, victims)
+    }
+
+    #[test]
+    fn a_victim_carries_its_reads_on_the_access_clock() {
+        let (mut s, victims) = held_store(64 * 3);
+        for n in 0..3 {
+            s.create(1, id(n), 64, 0).unwrap();
+            s.seal(1, &[id(n)], true).unwrap();
+        }
+        // Each get ticks the clock: id 0 is read at 1 and 4, id 1 at 2, id 2
+        // at 3 (the creator's own reference is no read).
+        for n in [0, 1, 2, 0] {
+            s.get(2, &id(n)).unwrap();
+            s.release(2, &id(n)).unwrap();
+        }
+        // A copy taken by the daemon (a drain) is no read.
+        s.get_for_copy(3, &id(1)).unwrap();
+        s.release(3, &id(1)).unwrap();
+        s.set_capacity(0);
+        let seen: Vec<(u8, Access)> = victims
+            .borrow()
+            .iter()
+            .map(|v| (v.id.0[0], v.access))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (
+                    2,
+                    Access {
+                        last: 3,
+                        interval: 0
+                    }
+                ),
+                (
+                    0,
+                    Access {
+                        last: 4,
+                        interval: 3
+                    }
+                ),
+                // Last in LRU order (the copy released it last), its reads
+                // unchanged.
+                (
+                    1,
+                    Access {
+                        last: 2,
+                        interval: 0
+                    }
+                ),
+            ]
+        );
     }
 
     #[test]

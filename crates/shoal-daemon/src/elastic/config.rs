@@ -33,8 +33,9 @@ pub struct ElasticConfig {
     /// Steps the capacity-over-time trace keeps (default 18,000: 30 min at
     /// T = 100 ms, 1 MiB).
     pub trace_points: NonZeroUsize,
-    /// Prefetch on growth: bytes of a shrink's newest victims remembered
-    /// and restored when the store grows again (0: off, the default).
+    /// Prefetch on growth: bytes of what left memory while the store was
+    /// shrunk restored, per shrink, when it grows again (0: off, the
+    /// default; `prefetch.rs`).
     pub prefetch: u64,
 }
 

@@ -70,6 +70,9 @@ pub struct Elastic {
     futile_at: Cell<Option<u64>>,
     /// `None`: prefetch on growth is off.
     prefetch: Option<Rc<Prefetch>>,
+    /// U_max: below it the store is shrunk, and prefetch remembers what
+    /// leaves memory.
+    full_capacity: u64,
     /// What prefetches restore through; set once the daemon's operations
     /// exist (they are made after the controller).
     restorer: RefCell<Option<Weak<dyn Restorer>>>,
@@ -133,6 +136,7 @@ impl Elastic {
             read_errors: Cell::new(0),
             futile_at: Cell::new(None),
             prefetch,
+            full_capacity: initial,
             restorer: RefCell::new(None),
             supervisor: supervisor.clone(),
         });
@@ -213,19 +217,20 @@ impl Elastic {
         // Carrying a shrink out (evicting, giving pages back) is counted
         // apart from the law's own cost.
         let evicting = thread_cpu_time();
-        match &self.prefetch {
-            Some(prefetch) if target < before => {
-                prefetch.recording(|| self.node.set_capacity(target));
-            }
-            _ => {
-                self.node.set_capacity(target);
-            }
+        if let Some(prefetch) = &self.prefetch {
+            // What leaves memory while the store is below its full size
+            // (this shrink's victims, and those of the creates and
+            // restores squeezed into it until it grows back) is what a
+            // growth brings back.
+            prefetch.set_recording(target < self.full_capacity);
+            prefetch.set_shrinking(target < before);
         }
+        self.node.set_capacity(target);
         let mut release_cpu = thread_cpu_time().saturating_sub(evicting);
         self.prefault_limit.store(target, Ordering::Relaxed);
         let (capacity, used, pinned) = self.node.read(|s| (s.capacity(), s.used(), s.pinned()));
-        if capacity > before {
-            self.prefetch_into(capacity.saturating_sub(used));
+        if capacity >= before {
+            self.refill(capacity.saturating_sub(used));
         }
         self.note_over_target(pinned, target);
         let giving = thread_cpu_time();
@@ -251,40 +256,57 @@ impl Elastic {
         }
     }
 
-    /// After a growth: restores, in the background, the newest of the
-    /// shrinks' victims that fit `room` (no-op when prefetch is off).
-    fn prefetch_into(&self, room: u64) {
+    /// At a step that did not shrink the store, with `room` free in it:
+    /// starts the refill loop if victims of a shrink wait and may fit (a
+    /// no-op when prefetch is off). The loop restores them in the order
+    /// they are predicted to be read, each only if it fits the room free
+    /// just then, and ends when none is left, the next one does not fit,
+    /// or the store shrinks.
+    fn refill(&self, room: u64) {
         let restorer = self.restorer.borrow().as_ref().and_then(Weak::upgrade);
         let (Some(prefetch), Some(restorer)) = (&self.prefetch, restorer) else {
             return;
         };
-        let victims = prefetch.take_fitting(room);
-        if victims.is_empty() {
+        if !prefetch.start_refill(room) {
             return;
         }
-        tracing::debug!(
-            objects = victims.len(),
-            room,
-            "prefetching a shrink's victims"
-        );
         let node = self.node.clone();
+        let prefetch = prefetch.clone();
         self.supervisor.spawn_local("prefetch", async move {
-            for (id, bytes) in victims {
-                // Only into free room: a prefetch never evicts (the store
-                // may have shrunk again, or creates taken the room).
-                let room = node.read(|s| s.capacity().saturating_sub(s.used()));
-                if bytes > room {
-                    break;
+            let free = |node: &Node| node.read(|s| s.capacity().saturating_sub(s.used()));
+            let blocked_at = 'refill: loop {
+                let batch = node.read(|s| {
+                    let room = s.capacity().saturating_sub(s.used());
+                    prefetch.take_batch(room, s.access_clock(), |id| s.contains(id))
+                });
+                if batch.is_empty() {
+                    let room = free(&node);
+                    break (prefetch.pending() > 0).then_some(room);
                 }
-                match restorer.restore_object(id).await {
-                    Ok(true) => {
-                        node.metrics().controller.prefetched.inc();
+                for (n, &(id, bytes)) in batch.iter().enumerate() {
+                    // Only into free room: a prefetch never evicts (the
+                    // data job's restores and creates take room too).
+                    let room = free(&node);
+                    let shrinking = prefetch.shrinking();
+                    if shrinking || bytes > room {
+                        for (id, _) in &batch[n..] {
+                            prefetch.put_back(id);
+                        }
+                        // Stopped by a shrink, the next growth starts
+                        // again whatever its room.
+                        break 'refill (!shrinking).then_some(room);
                     }
-                    // In memory already, or deleted meanwhile.
-                    Ok(false) => {}
-                    Err(err) => tracing::debug!(%id, %err, "prefetch restore failed"),
+                    match restorer.restore_object(id).await {
+                        Ok(true) => {
+                            node.metrics().controller.prefetched.inc();
+                        }
+                        // In memory already, or deleted meanwhile.
+                        Ok(false) => {}
+                        Err(err) => tracing::debug!(%id, %err, "prefetch restore failed"),
+                    }
                 }
-            }
+            };
+            prefetch.refill_done(blocked_at);
         });
     }
 

@@ -164,7 +164,7 @@ impl Tiers {
         // From memory: pinned so it is neither evicted nor freed meanwhile.
         let location = self
             .node
-            .mutate(|store| store.get(principals::TIERS, &id))?;
+            .mutate(|store| store.get_for_copy(principals::TIERS, &id))?;
         debug_assert_eq!(location.size(), sizes.payload_len());
         let pinned = &self.pinned[lane as usize];
         pinned.set(pinned.get() + location.size());
