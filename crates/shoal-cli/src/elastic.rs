@@ -61,8 +61,8 @@ pub struct ElasticArgs {
     pub elastic_no_psi: bool,
     /// Prefetch on growth: what leaves memory while the store is shrunk is
     /// restored in the background when it grows again, in the order it is
-    /// predicted to be read, into free room only, at most SIZE per shrink
-    /// [default: 0, off].
+    /// predicted to be read, into free room only, at most SIZE each time
+    /// the store shrinks from its full size [default: 0, off].
     #[arg(long, value_parser = crate::args::size, value_name = "SIZE")]
     pub elastic_prefetch: Option<u64>,
 }

@@ -876,6 +876,16 @@ impl Store {
         Ok(len)
     }
 
+    /// Where a visible object's bytes stand: `None` if it is not visible
+    /// (unknown, unsealed, deleted, or gone from memory).
+    pub fn residency(&self, id: &ObjectId) -> Option<Residency> {
+        self.table
+            .find(id)
+            .and_then(|s| self.table.get(s))
+            .filter(|e| e.is_visible())
+            .map(|e| e.residency)
+    }
+
     pub fn contains(&self, id: &ObjectId) -> bool {
         self.table
             .find(id)
@@ -1395,6 +1405,8 @@ mod tests {
             "still visible while its bytes are copied"
         );
         assert_eq!(s.evicting_bytes(), 64);
+        assert_eq!(s.residency(&id(0)), Some(Residency::Evicting));
+        assert_eq!(s.residency(&id(1)), Some(Residency::Resident));
         assert!(!s
             .take_events()
             .iter()
@@ -1405,6 +1417,7 @@ mod tests {
         assert_eq!(victims.borrow().len(), 1);
         assert!(s.finish_eviction(&id(0)));
         assert!(!s.contains(&id(0)));
+        assert_eq!(s.residency(&id(0)), None);
         assert!(s.take_space_changed());
         assert_eq!(
             s.take_events(),

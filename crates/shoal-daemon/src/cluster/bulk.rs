@@ -142,8 +142,9 @@ impl Cluster {
                     location.size()
                 )));
             }
-            // Visible (just located), so this takes the pin.
-            store.get(principals::SEND, &id);
+            // Visible (just located), so this takes the pin. A copy, not a
+            // read: the peer's Acquire was the read.
+            store.get_for_copy(principals::SEND, &id);
             Ok(location)
         })
     }

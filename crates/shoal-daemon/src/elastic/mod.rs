@@ -36,8 +36,8 @@ use shoal_core::error::Result;
 use shoal_core::protocol::CapacityReport;
 
 pub use config::{ElasticConfig, SourceChoice};
-use prefetch::Prefetch;
 pub use prefetch::Restorer;
+use prefetch::{InMemory, Prefetch};
 use sampler::Sampler;
 
 use crate::cluster::Cluster;
@@ -70,9 +70,6 @@ pub struct Elastic {
     futile_at: Cell<Option<u64>>,
     /// `None`: prefetch on growth is off.
     prefetch: Option<Rc<Prefetch>>,
-    /// U_max: below it the store is shrunk, and prefetch remembers what
-    /// leaves memory.
-    full_capacity: u64,
     /// What prefetches restore through; set once the daemon's operations
     /// exist (they are made after the controller).
     restorer: RefCell<Option<Weak<dyn Restorer>>>,
@@ -136,7 +133,6 @@ impl Elastic {
             read_errors: Cell::new(0),
             futile_at: Cell::new(None),
             prefetch,
-            full_capacity: initial,
             restorer: RefCell::new(None),
             supervisor: supervisor.clone(),
         });
@@ -222,7 +218,14 @@ impl Elastic {
             // (this shrink's victims, and those of the creates and
             // restores squeezed into it until it grows back) is what a
             // growth brings back.
-            prefetch.set_recording(target < self.full_capacity);
+            // U_max of this step: it follows the node's total memory (a
+            // cgroup limit may move).
+            let full = self
+                .controller
+                .borrow()
+                .config()
+                .max_capacity_for(sample.usage.total());
+            prefetch.set_recording(target < full);
             prefetch.set_shrinking(target < before);
         }
         self.node.set_capacity(target);
@@ -277,7 +280,7 @@ impl Elastic {
             let blocked_at = 'refill: loop {
                 let batch = node.read(|s| {
                     let room = s.capacity().saturating_sub(s.used());
-                    prefetch.take_batch(room, s.access_clock(), |id| s.contains(id))
+                    prefetch.take_batch(room, s.access_clock(), |id| InMemory::of(s.residency(id)))
                 });
                 if batch.is_empty() {
                     let room = free(&node);
@@ -300,9 +303,13 @@ impl Elastic {
                         Ok(true) => {
                             node.metrics().controller.prefetched.inc();
                         }
-                        // In memory already, or deleted meanwhile.
-                        Ok(false) => {}
-                        Err(err) => tracing::debug!(%id, %err, "prefetch restore failed"),
+                        // In memory already, deleted meanwhile, or in no
+                        // tier (a cluster's network copy): no bytes spent.
+                        Ok(false) => prefetch.refund(bytes),
+                        Err(err) => {
+                            prefetch.refund(bytes);
+                            tracing::debug!(%id, %err, "prefetch restore failed");
+                        }
                     }
                 }
             };

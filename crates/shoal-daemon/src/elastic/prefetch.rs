@@ -29,7 +29,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use shoal_core::error::Result;
-use shoal_core::object_table::Access;
+use shoal_core::object_table::{Access, Residency};
 use shoal_core::store::{Verdict, Victim};
 use shoal_core::ObjectId;
 
@@ -73,6 +73,28 @@ impl Remembered {
             (0, due.saturating_sub(now))
         } else {
             (1, u64::MAX - last)
+        }
+    }
+}
+
+/// Where a remembered victim is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InMemory {
+    /// Not in memory: to bring back.
+    No,
+    /// Back (a get restored it): nothing to bring.
+    Yes,
+    /// Still leaving (a tier copying it out): not yet, not forgotten.
+    Leaving,
+}
+
+impl InMemory {
+    /// From the store's view of a visible object.
+    pub fn of(residency: Option<Residency>) -> Self {
+        match residency {
+            None => InMemory::No,
+            Some(Residency::Evicting) => InMemory::Leaving,
+            Some(Residency::Resident | Residency::Kept) => InMemory::Yes,
         }
     }
 }
@@ -140,6 +162,7 @@ impl Prefetch {
         if self.refilling.get()
             || self.shrinking.get()
             || self.pending.get() == 0
+            || self.spent.get() >= self.budget
             || self.blocked_at.get().is_some_and(|at| room <= at)
         {
             return false;
@@ -154,6 +177,12 @@ impl Prefetch {
     pub fn refill_done(&self, blocked_at: Option<u64>) {
         self.refilling.set(false);
         self.blocked_at.set(blocked_at);
+    }
+
+    /// A taken victim whose restore brought nothing back (in memory
+    /// already, gone, or failed): its bytes back in the budget.
+    pub fn refund(&self, bytes: u64) {
+        self.spent.set(self.spent.get().saturating_sub(bytes));
     }
 
     /// A victim taken but not restored (no room by the time its turn came,
@@ -183,13 +212,13 @@ impl Prefetch {
         &self,
         room: u64,
         now: u64,
-        resident: impl Fn(&ObjectId) -> bool,
+        in_memory: impl Fn(&ObjectId) -> InMemory,
     ) -> Vec<(ObjectId, u64)> {
-        self.take(room, now, resident, BATCH)
+        self.take(room, now, in_memory, BATCH)
     }
 
-    /// The remembered victims to bring back now: not `resident` (those
-    /// are no longer pending), in the order they are predicted to be read
+    /// The remembered victims to bring back now: not in memory (those back
+    /// already are no longer pending; those still leaving wait), in the order they are predicted to be read
     /// from `now` (the store's access clock), at most `most`, while their
     /// bytes fit `room` and what is left of the budget. They are marked
     /// taken (a restore that fails is not retried at the next growth).
@@ -197,19 +226,21 @@ impl Prefetch {
         &self,
         room: u64,
         now: u64,
-        resident: impl Fn(&ObjectId) -> bool,
+        in_memory: impl Fn(&ObjectId) -> InMemory,
         most: usize,
     ) -> Vec<(ObjectId, u64)> {
         let mut room = room.min(self.budget.saturating_sub(self.spent.get()));
         let mut victims = self.victims.borrow_mut();
         let mut pending: Vec<(ObjectId, Remembered)> = Vec::new();
         for (id, r) in victims.iter_mut().filter(|(_, r)| r.pending) {
-            if resident(id) {
-                // Back already (a get restored it): nothing to bring.
-                r.pending = false;
-                self.pending.set(self.pending.get() - 1);
-            } else {
-                pending.push((*id, *r));
+            match in_memory(id) {
+                InMemory::No => pending.push((*id, *r)),
+                InMemory::Yes => {
+                    r.pending = false;
+                    self.pending.set(self.pending.get() - 1);
+                }
+                // Its memory is freed when its spill ends: a later turn.
+                InMemory::Leaving => {}
             }
         }
         pending.sort_by_key(|(id, r)| (r.order(now), id.0));
@@ -276,9 +307,9 @@ impl Prefetch {
         &self,
         room: u64,
         now: u64,
-        resident: impl Fn(&ObjectId) -> bool,
+        in_memory: impl Fn(&ObjectId) -> InMemory,
     ) -> Vec<(ObjectId, u64)> {
-        self.take(room, now, resident, usize::MAX)
+        self.take(room, now, in_memory, usize::MAX)
     }
 
     #[cfg(test)]
@@ -340,7 +371,15 @@ mod tests {
             .collect()
     }
 
-    const NOTHING_RESIDENT: fn(&ObjectId) -> bool = |_| false;
+    fn back_if(id: &ObjectId, n: u32) -> InMemory {
+        if *id == oid(n) {
+            InMemory::Yes
+        } else {
+            InMemory::No
+        }
+    }
+
+    const NOTHING_RESIDENT: fn(&ObjectId) -> InMemory = |_| InMemory::No;
 
     #[test]
     fn remembers_only_while_recording_within_the_budget_and_the_room() {
@@ -403,7 +442,7 @@ mod tests {
         prefetch.on_evicting(&victim(3, 1, clock + 1, 0));
         prefetch.on_evicting(&victim(4, 1, clock + 2, 0));
         assert_eq!(
-            numbers(prefetch.take_all(1 << 20, clock + 2, |id| *id == oid(3))),
+            numbers(prefetch.take_all(1 << 20, clock + 2, |id| back_if(id, 3))),
             [4]
         );
     }
@@ -426,6 +465,27 @@ mod tests {
             numbers(prefetch.take_all(1 << 20, 100, NOTHING_RESIDENT)),
             [2, 1, 3]
         );
+    }
+
+    #[test]
+    fn a_restore_that_brings_nothing_back_costs_no_budget_and_a_spent_budget_starts_no_loop() {
+        let prefetch = Prefetch::new(20);
+        prefetch.set_recording(true);
+        for n in 0..4 {
+            prefetch.on_evicting(&victim(n, 10, n as u64 + 1, 0));
+        }
+        assert_eq!(
+            numbers(prefetch.take_batch(100, 5, NOTHING_RESIDENT)),
+            [3, 2]
+        );
+        assert!(!prefetch.start_refill(100), "the budget is spent");
+        // The second was in no tier (restore answered Ok(false)): refunded.
+        prefetch.refund(10);
+        assert!(prefetch.start_refill(100));
+        assert_eq!(numbers(prefetch.take_batch(100, 5, NOTHING_RESIDENT)), [1]);
+        // Put back: pending again and refunded, so it fits the budget again.
+        prefetch.put_back(&oid(1));
+        assert_eq!(numbers(prefetch.take_batch(100, 5, NOTHING_RESIDENT)), [1]);
     }
 
     #[test]
@@ -458,9 +518,16 @@ mod tests {
         );
         prefetch.refill_done(None);
         assert!(!prefetch.start_refill(100), "nothing left");
+        // A victim still leaving (a spill copying it out) waits, pending.
+        prefetch.on_evicting(&victim(8, 10, 8, 0));
+        assert!(prefetch
+            .take_batch(100, 9, |_| InMemory::Leaving)
+            .is_empty());
+        assert_eq!(prefetch.pending(), 1);
+        assert_eq!(numbers(prefetch.take_batch(100, 9, NOTHING_RESIDENT)), [8]);
         // A victim back in memory by a get is no longer pending.
         prefetch.on_evicting(&victim(7, 10, 9, 0));
-        assert!(prefetch.take_batch(100, 9, |id| *id == oid(7)).is_empty());
+        assert!(prefetch.take_batch(100, 9, |id| back_if(id, 7)).is_empty());
         assert_eq!(prefetch.pending(), 0);
     }
 
