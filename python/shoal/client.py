@@ -165,6 +165,25 @@ class Client:
         the drain's progress (queue_depth, drain_rate, spilled_bytes, restores, ...)."""
         return self._raw.tiers()
 
+    def controller(self, trace_since: float | None = None) -> dict[str, Any]:
+        """The elastic capacity controller's state (`shoal serve --elastic`): its target and
+        the store's capacity, the node's memory (node_used of node_total, ratio against
+        threshold r_0), the last step, steps taken, bytes given back to the kernel and its CPU.
+        `enabled` is False for a static store. With `trace_since` (seconds of the daemon's
+        life; 0 for all it keeps), also "trace": a pyarrow.Table of the capacity over time
+        (time_s, target, capacity, store_used, node_used, node_total, ratio)."""
+        state = self._raw.controller(trace_since)
+        rows = state.pop("trace")
+        if trace_since is not None:
+            import pyarrow as pa
+
+            sizes = ("target", "capacity", "store_used", "node_used", "node_total")
+            fields = [("time_s", pa.float64()), *((n, pa.uint64()) for n in sizes), ("ratio", pa.float64())]
+            state["trace"] = pa.table(
+                {name: pa.array([row[i] for row in rows], type=t) for i, (name, t) in enumerate(fields)}
+            )
+        return state
+
     def abort(self, oid: IdLike) -> None:
         """Drops an object this client created and has not sealed."""
         self._raw.abort(as_bytes(oid))

@@ -15,6 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use shoal_client::shared::SharedClient;
 use shoal_client::{Client as RustClient, Located, StoreInfo, Subscription as RustSubscription};
+use shoal_core::capacity::PsiAction;
 use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::protocol::{CreateSpec, Notification};
@@ -307,6 +308,79 @@ impl Client {
             levels.set_item(tier.level_name(), row)?;
         }
         d.set_item("tiers", levels)?;
+        Ok(d)
+    }
+
+    /// The elastic capacity controller's state, and its capacity-over-time
+    /// trace after `trace_since` seconds of the daemon's life (none when
+    /// `None`) as rows (time_s, target, capacity, store_used, node_used,
+    /// node_total, ratio).
+    #[pyo3(signature = (trace_since=None))]
+    fn controller<'py>(
+        &self,
+        py: Python<'py>,
+        trace_since: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let since = trace_since
+            .map(|s| {
+                std::time::Duration::try_from_secs_f64(s).map_err(|_| {
+                    ShoalError::new(
+                        ErrorKind::InvalidArgument,
+                        format!("trace_since must be seconds >= 0, not {s}"),
+                    )
+                })
+            })
+            .transpose()
+            .py()?;
+        let c = py.detach(|| self.shared.with(|c| c.capacity(since))).py()?;
+        let d = PyDict::new(py);
+        d.set_item("enabled", c.enabled)?;
+        d.set_item("source", &c.source)?;
+        d.set_item("interval_s", c.interval.as_secs_f64())?;
+        d.set_item("threshold", c.threshold)?;
+        d.set_item("gain", c.gain)?;
+        d.set_item("min_capacity", c.min_capacity)?;
+        d.set_item("max_capacity", c.max_capacity)?;
+        d.set_item("target", c.target)?;
+        d.set_item("capacity", c.capacity)?;
+        d.set_item("used", c.used)?;
+        d.set_item("pinned", c.pinned)?;
+        d.set_item("resident", c.resident)?;
+        d.set_item("over_target", c.over_target)?;
+        d.set_item("ratio", c.utilisation)?;
+        d.set_item("node_used", c.node_used)?;
+        d.set_item("node_total", c.node_total)?;
+        d.set_item("last_step", c.last_step)?;
+        d.set_item("stall_share", c.stall_share)?;
+        d.set_item(
+            "psi_action",
+            match c.psi_action {
+                PsiAction::None => "none",
+                PsiAction::HoldGrowth => "hold_growth",
+                PsiAction::Boost => "boost",
+            },
+        )?;
+        d.set_item("steps", c.steps)?;
+        d.set_item("urgent_steps", c.urgent_steps)?;
+        d.set_item("released_bytes", c.released_bytes)?;
+        d.set_item("cpu_seconds", c.cpu_seconds)?;
+        d.set_item("release_cpu_seconds", c.release_cpu_seconds)?;
+        let rows: Vec<(f64, u64, u64, u64, u64, u64, f64)> = c
+            .trace
+            .iter()
+            .map(|p| {
+                (
+                    p.time.as_secs_f64(),
+                    p.target,
+                    p.capacity,
+                    p.store_used,
+                    p.node_used,
+                    p.node_total,
+                    p.utilisation,
+                )
+            })
+            .collect();
+        d.set_item("trace", rows)?;
         Ok(d)
     }
 
