@@ -940,7 +940,7 @@ def main():
     p.add_argument(
         "--policy",
         default="lru",
-        choices=["lru", "lfu", "lrfu"],
+        choices=["lru", "lfu", "lrfu", "forecast"],
         help="eviction policy of every daemon started (shoal serve --policy)",
     )
     p.add_argument(

@@ -86,7 +86,7 @@ enum Command {
         /// Object alignment and padding in bytes (64, or 128 for POWER9 fabrics).
         #[arg(long, default_value_t = 64)]
         line_size: u64,
-        /// Eviction policy: lru, lfu or lrfu.
+        /// Eviction policy: lru, lfu, lrfu or forecast (the farthest predicted read first: iterative jobs).
         #[arg(long, default_value = "lru")]
         policy: String,
         /// Do not fault the region in at start.

@@ -14,6 +14,7 @@ pub mod error;
 pub mod eviction;
 pub mod fast_path;
 pub mod fd_passing;
+pub mod ghost_reads;
 pub mod ids;
 pub mod local_auth;
 pub mod names;

@@ -20,10 +20,11 @@ type HashSet<T> = foldhash::HashSet<T>;
 
 use crate::allocator::{Allocator, Block};
 use crate::error::{ErrorKind, Result, ShoalError};
-use crate::eviction::EvictionPolicy;
+use crate::eviction::{EvictionPolicy, Reads};
+use crate::ghost_reads::{GhostReads, DEFAULT_GHOSTS};
 use crate::ids::ObjectId;
 use crate::object_table::{
-    Access, ClientId, Entry, ObjectState, ObjectTable, PackedAccess, Residency, Slot, CLOCK_MASK,
+    Access, ClientId, Entry, ObjectState, ObjectTable, Residency, Slot, CLOCK_MASK,
 };
 
 /// Where an object lives and how big it is: what a client needs to map it.
@@ -143,6 +144,9 @@ pub struct Store {
     evicted_bytes: u64,
     /// Ticks once per get: the time base of [`Access`].
     access_clock: u64,
+    /// The read history of objects evicted from memory, given back to the
+    /// entry that restores them.
+    ghosts: GhostReads,
     /// Bytes of the policy's candidates (kept as they come and go, so a
     /// short create never walks the table).
     evictable_bytes: u64,
@@ -176,6 +180,7 @@ impl Store {
             evictions: 0,
             evicted_bytes: 0,
             access_clock: 0,
+            ghosts: GhostReads::new(DEFAULT_GHOSTS),
             evictable_bytes: 0,
             evicting_bytes: 0,
             gate: None,
@@ -325,7 +330,8 @@ impl Store {
             state: ObjectState::Created,
             delete_pending: false,
             residency: Residency::Resident,
-            access: PackedAccess::default(),
+            // A restore brings back the history its object left with.
+            access: self.ghosts.take(&id).unwrap_or_default(),
         });
         let state = self.client(client);
         state.creating.insert(slot);
@@ -444,7 +450,14 @@ impl Store {
 
     /// `slot`, whose block is `len` bytes, becomes an eviction candidate.
     fn add_candidate(&mut self, slot: Slot, len: u64) {
-        self.policy.insert(slot);
+        let access = self.table.get(slot).expect("candidate is live").access;
+        self.policy.insert_with_reads(
+            slot,
+            Reads {
+                access: access.get(),
+                now: self.access_clock(),
+            },
+        );
         self.evictable_bytes += len;
         self.space_changed = true;
     }
@@ -581,6 +594,8 @@ impl Store {
         self.space_changed = true;
         // A pending delete was announced when it was requested.
         if entry.state == ObjectState::Sealed && !entry.delete_pending {
+            // Evicted: it lives on below, and so does its read history.
+            self.ghosts.remember(entry.id, entry.access);
             self.events.push(StoreEvent::Removed {
                 id: entry.id,
                 deleted: false,
@@ -783,6 +798,9 @@ impl Store {
     /// is freed when its last reference is released (one being evicted,
     /// when its holder finishes).
     pub fn delete(&mut self, id: &ObjectId) -> Result<()> {
+        // Gone for good, in memory or not: a future object under this id
+        // starts without history.
+        self.ghosts.forget(id);
         let slot = self
             .table
             .find(id)
@@ -987,7 +1005,10 @@ impl Store {
     /// Daemon heap bytes spent on bookkeeping (table, policy, allocator), for
     /// the per-object overhead measurement.
     pub fn bookkeeping_bytes(&self) -> usize {
-        self.table.heap_bytes() + self.table.slot_bound() * 8 + self.allocator.free_blocks() * 96
+        self.table.heap_bytes()
+            + self.table.slot_bound() * 8
+            + self.allocator.free_blocks() * 96
+            + self.ghosts.heap_bytes()
     }
 
     /// Checks the invariants tying table, allocator and policy together.
@@ -1385,6 +1406,36 @@ mod tests {
                     }
                 ),
             ]
+        );
+    }
+
+    #[test]
+    fn a_restored_object_takes_back_the_reads_it_left_with() {
+        let (mut s, victims) = held_store(64);
+        s.create(1, id(0), 64, 0).unwrap();
+        s.seal(1, &[id(0)], true).unwrap();
+        for _ in 0..2 {
+            s.get(2, &id(0)).unwrap(); // reads at 1 and 2
+            s.release(2, &id(0)).unwrap();
+        }
+        s.set_capacity(0);
+        assert!(s.finish_eviction(&id(0)), "the holder copied it out");
+        assert!(!s.contains(&id(0)));
+        s.set_capacity(64);
+        // Restored (created again under its id): a read at 3 measures the
+        // interval from its last read before the eviction.
+        s.create(1, id(0), 64, 0).unwrap();
+        s.seal(1, &[id(0)], true).unwrap();
+        s.get(2, &id(0)).unwrap();
+        s.release(2, &id(0)).unwrap();
+        s.set_capacity(0);
+        let last = victims.borrow().last().copied().expect("evicted again");
+        assert_eq!(
+            last.access,
+            Access {
+                last: 3,
+                interval: 1
+            }
         );
     }
 

@@ -3,11 +3,13 @@
 //! The store tells the policy when an object becomes a candidate (sealed and
 //! unreferenced), when it stops being one (referenced again, deleted) and when
 //! it is accessed; the policy only orders candidates. One policy per file,
-//! all held to the same contract by `conformance.rs`: LRU, LFU and LRFU
-//! (Alluxio's choice for tiers).
+//! all held to the same contract by `conformance.rs`: LRU, LFU, LRFU
+//! (Alluxio's choice for tiers) and Forecast (the farthest predicted read
+//! first, for iterative jobs).
 
 #[cfg(test)]
 mod conformance;
+mod forecast;
 mod frequency;
 mod lfu;
 mod lrfu;
@@ -15,21 +17,23 @@ mod lru;
 mod policy;
 mod slot_heap;
 
+pub use forecast::Forecast;
 pub use lfu::Lfu;
 pub use lrfu::{Lrfu, LrfuParams};
 pub use lru::Lru;
-pub use policy::EvictionPolicy;
+pub use policy::{EvictionPolicy, Reads};
 
 /// The names [`by_name`] knows.
-pub const POLICY_NAMES: [&str; 3] = ["lru", "lfu", "lrfu"];
+pub const POLICY_NAMES: [&str; 4] = ["lru", "lfu", "lrfu", "forecast"];
 
-/// Builds a policy by name (`lru`, `lfu`, `lrfu`; any case), with its
+/// Builds a policy by name (`lru`, `lfu`, `lrfu`, `forecast`; any case), with its
 /// default parameters.
 pub fn by_name(name: &str) -> Option<Box<dyn EvictionPolicy>> {
     match name.to_ascii_lowercase().as_str() {
         "lru" => Some(Box::new(Lru::default())),
         "lfu" => Some(Box::new(Lfu::default())),
         "lrfu" => Some(Box::new(Lrfu::default())),
+        "forecast" => Some(Box::new(Forecast::default())),
         _ => None,
     }
 }

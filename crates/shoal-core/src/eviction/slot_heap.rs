@@ -41,6 +41,11 @@ impl<K: Ord + Copy> SlotHeap<K> {
         self.entries.first().map(|&(_, slot)| slot)
     }
 
+    /// The smallest key and its slot.
+    pub(super) fn min_entry(&self) -> Option<(K, Slot)> {
+        self.entries.first().copied()
+    }
+
     /// Adds `slot` with `key`, or re-keys it if present.
     pub(super) fn upsert(&mut self, slot: Slot, key: K) {
         if let Some(i) = self.index_of(slot) {
