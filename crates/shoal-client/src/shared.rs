@@ -77,6 +77,11 @@ impl ReleaseQueue {
             {
                 let mut ids = lock(&self.ids);
                 while ids.is_empty() && !self.closed.load(Ordering::Acquire) {
+                    // Disarmed before sleeping, under the queue's lock: a drop
+                    // after this wakes us. (Left armed — when a flush took the
+                    // ids a drop had armed it for — the next drops would wait
+                    // for the client's next call.)
+                    self.armed.store(false, Ordering::Release);
                     ids = self
                         .queued
                         .wait(ids)
