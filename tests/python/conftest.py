@@ -111,12 +111,7 @@ def spawn() -> Iterator[Callable[..., Child]]:
 
 
 # Library bugs these tests expose, open in NOTES.md; strict, so a fix must remove the entry.
-KNOWN_BUGS: dict[str, str] = {
-    "test_partition.py::test_no_memory_is_reused_under_a_node_cut_off_past_its_lease": (
-        "no fencing: a node cut off past its lease keeps reading and writing memory its owner "
-        "reclaimed, and its late releases drop newer references (NOTES.md)"
-    ),
-}
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -303,9 +303,28 @@ def test_cluster_up_creates_its_directory_and_logs_owner_only(tmp_path, umask_02
         assert _mode(directory) == 0o700
         assert _mode(directory / "n0.log") == 0o600
         assert _mode(directory / "cluster.toml") == 0o600
+        # Per-node identities (issue 15 item 8): a private key per node, its
+        # public half in the cluster file.
+        assert _mode(directory / "n0.key") == 0o600
+        assert "public_key = " in (directory / "cluster.toml").read_text()
+        status = shoal_command("cluster", "status", "--dir", str(directory), "--json")
+        assert status.returncode == 0 and '"up"' in status.stdout, status.stderr + status.stdout
     finally:
         down = shoal_command("cluster", "down", "--dir", str(directory))
         assert down.returncode == 0, down.stderr
+    assert not (directory / "n0.key").exists(), "cluster down removes the node keys"
+
+
+def test_cluster_keygen_writes_a_private_key_and_prints_its_public_half(tmp_path):
+    key = tmp_path / "node.key"
+    made = shoal_command("cluster", "keygen", "--out", str(key))
+    assert made.returncode == 0, made.stderr
+    assert _mode(key) == 0o600
+    assert len(key.read_text().strip()) == 64
+    line = made.stdout.splitlines()[0]
+    assert line.startswith('public_key = "') and len(line) == len('public_key = ""') + 64, line
+    again = shoal_command("cluster", "keygen", "--out", str(key))
+    assert again.returncode != 0, "an existing key is never overwritten"
 
 
 # --- 5. cluster down signals only its own nodes ------------------------------------

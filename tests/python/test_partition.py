@@ -405,15 +405,17 @@ def test_a_partitioned_node_is_cut_off_then_rejoins(netns_cluster):
     got, _ = timed(lambda: c[2].get_buffers(on[0][4:], timeout_ms=0))
     assert found(got) == 0
 
-    # (c) After the lease each side reclaims the other's references: node 0 may now free
-    # objects node 2's clients still map (no fencing; see docs/cluster.md).
-    wait_for(lambda: object_refs(c[0], lent) == 0 and object_refs(c[2], on[2][0]) == 0, timeout=2 * LEASE)
+    # (c) After the lease each side fences the other (docs/cluster.md, "Fencing"): what
+    # the other held is quarantined, not freed, since its clients may still map it.
     for node, lost in ((0, 2), (1, 2), (2, 0), (2, 1)):
-        delay = logged_at(cluster.log(node), f"node {lost} held: its lease expired") - cut_at
-        assert LEASE - 0.5 < delay < LEASE + 1, f"node {node} reclaimed {delay:.1f} s after the cut"
+        fenced = f"fenced node {lost} (its lease expired)"
+        wait_for(lambda node=node, fenced=fenced: fenced in cluster.log(node), timeout=2 * LEASE)
+        delay = logged_at(cluster.log(node), fenced) - cut_at
+        assert LEASE - 0.5 < delay < LEASE + 1, f"node {node} fenced {delay:.1f} s after the cut"
+    assert object_refs(c[0], lent) == 1 and object_refs(c[2], on[2][0]) == 1, "quarantined"
     used = c[0].stats()["used"]
-    c[0].delete(lent)  # freed at once: nothing references it any more
-    assert c[0].stats()["used"] < used
+    c[0].delete(lent)  # node 2's clients may still read it: kept until node 2 confirms
+    assert c[0].stats()["used"] == used
 
     # A get without a timeout waits through the partition and returns once it heals.
     waiting_client = cluster.client(0)
@@ -440,8 +442,17 @@ def test_a_partitioned_node_is_cut_off_then_rejoins(netns_cluster):
             client.put(b"after")
     assert cluster.status_from(0) == {0: "up", 1: "up", 2: "up"}
     for node in (0, 1):
-        assert "peer is up node=2" in cluster.log(node).split("released the references node 2")[-1]
+        assert "peer is up node=2" in cluster.log(node).split("fenced node 2")[-1]
+    # Once their clients let go, both sides confirm their fences and the quarantines go.
     del held_by_0, held_by_2
+    gc.collect()
+    for node, lost in ((0, 2), (2, 0)):
+        freed = f"freed what node {lost} held in quarantine: it confirmed its fence"
+        wait_for(
+            lambda node=node, freed=freed: freed in cluster.log(node),
+            timeout=5,
+            message=f"node {node} freeing node {lost}'s quarantine",
+        )
 
 
 def test_ids_freed_during_a_partition_can_be_created_again_after_it(netns_cluster):
@@ -484,11 +495,11 @@ def _claims(client: shoal.Client, ids: list) -> bool:
 
 
 def test_no_memory_is_reused_under_a_node_cut_off_past_its_lease(netns_cluster):
-    """What fencing would guarantee, and shoal does not yet (a strict xfail, see conftest):
-    the lease lets an owner reclaim what a cut-off node holds, but that node's clients keep
-    their mappings and are not told. A reader keeps reading memory its owner reused, a
-    writer keeps writing memory its owner gave to another object, and a late release after
-    the heal drops a reference taken since."""
+    """Fencing (docs/cluster.md): an owner fences a node cut off past its lease, and keeps what
+    that node held quarantined until it confirms. A reader on the cut-off node keeps reading
+    the bytes it got (never memory reused for another object), a writer's late writes land in
+    its own quarantined block (never in another object), and a release sent from before the
+    fence never drops a reference taken after the heal."""
     cluster = netns_cluster
     c0, c2, other2 = cluster.client(0), cluster.client(2), cluster.client(2)
     size = 4096
@@ -496,7 +507,13 @@ def test_no_memory_is_reused_under_a_node_cut_off_past_its_lease(netns_cluster):
     held = c2.get_buffers([read, again])  # a reader on node 2 of node 0's memory
     writing = c0.create(OID.from_random(), size, node=2)  # a writer on node 0 in node 2's memory
     cluster.network.isolate(2)
-    wait_for(lambda: object_refs(c0, read) == 0 and c2.stats()["objects"] == 0, timeout=3 * LEASE)
+    wait_for(
+        lambda: (
+            "fenced node 2 (its lease expired)" in cluster.log(0)
+            and "fenced node 0 (its lease expired)" in cluster.log(2)
+        ),
+        timeout=3 * LEASE,
+    )
     c0.delete(read)
     c0.put(b"n" * size, homed_at(0))  # best fit: the block `read` had
     replacement = c2.put(b"s" * size, homed_at(2))  # best fit: the aborted allocation's block
@@ -514,3 +531,8 @@ def test_no_memory_is_reused_under_a_node_cut_off_past_its_lease(netns_cluster):
     violations["a stale release dropped a newer reference"] = object_refs(c0, again) == 0
     del taken, writing
     assert not any(violations.values()), violations
+    wait_for(
+        lambda: "freed what node 2 held in quarantine: it confirmed its fence" in cluster.log(0),
+        timeout=5,
+        message="node 2 confirmed its fence once its reader let go",
+    )

@@ -4,7 +4,10 @@
 //! own socket, /dev/shm region and peer RPC port, described by a cluster file
 //! it writes (the same format `shoal serve --cluster FILE --node N` reads on
 //! real multi-host clusters). `status` and `ls --cluster` ask every node over
-//! the peer RPC with the cluster's token, so they work on real clusters too.
+//! the peer RPC as a node of the cluster (with the key of the first node
+//! whose key file is readable here), so they work on real clusters too.
+//! `up` gives every node a key pair of its own (`nK.key`, owner-only; the
+//! public keys go into the cluster file), so no node can speak as another.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -12,10 +15,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use shoal_cluster::auth::Credentials;
+use shoal_cluster::auth::{Credentials, PeerIdentity};
+use shoal_cluster::node_keys::NodeKey;
 use shoal_cluster::proto::peer_client::PeerClient;
 use shoal_cluster::proto::Empty;
-use shoal_cluster::{Access, Node, NodeTiers, Topology};
+use shoal_cluster::{Access, Node, NodeIdentity, NodeTiers, Topology};
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::units::{format_size, parse_size};
 
@@ -82,6 +86,25 @@ pub struct DirArgs {
     pub json: bool,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct KeygenArgs {
+    /// Where to write the private key (must not exist yet); the node's
+    /// `key_file` in the cluster file.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn keygen(args: KeygenArgs) -> Result<()> {
+    let key = NodeKey::generate()?;
+    key.save(&args.out)?;
+    println!(
+        "public_key = \"{}\"\nkey_file = {:?}",
+        shoal_cluster::node_keys::to_hex(&key.public()),
+        args.out.display().to_string()
+    );
+    Ok(())
+}
+
 pub fn default_dir() -> PathBuf {
     crate::args::default_socket()
         .parent()
@@ -102,6 +125,28 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
         .iter()
         .map(|l| l.local_addr().map(|a| a.port()))
         .collect::<std::io::Result<_>>()?)
+}
+
+/// A new key pair per node, its private half in `dir/nK.key` (0600; a key
+/// left by an earlier cluster in this directory is replaced).
+fn node_identities(dir: &Path, nodes: u32) -> Result<Vec<NodeIdentity>> {
+    (0..nodes)
+        .map(|i| {
+            let key_file = dir.join(format!("n{i}.key"));
+            match std::fs::remove_file(&key_file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("remove {}", key_file.display()))
+                }
+                _ => {}
+            }
+            let key = NodeKey::generate()?;
+            key.save(&key_file)?;
+            Ok(NodeIdentity {
+                public_key: key.public(),
+                key_file,
+            })
+        })
+        .collect()
 }
 
 fn random_token() -> String {
@@ -138,6 +183,7 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
     args.durability
         .parse::<shoal_core::durability::Durability>()?;
     let uid = unsafe { libc::getuid() };
+    let identities = node_identities(&dir, args.nodes)?;
     // Ports picked free are released before the daemons bind them, so another
     // process may take one meanwhile: then the cluster is started again on
     // fresh ports. Fixed ports (--base-port) are tried once.
@@ -188,6 +234,7 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
                 metrics: (!args.no_metrics).then(|| {
                     SocketAddr::from((Ipv4Addr::LOCALHOST, ports[(2 * args.nodes + i) as usize]))
                 }),
+                identity: Some(identities[i as usize].clone()),
             })
             .collect();
         let topology = Topology {
@@ -198,6 +245,7 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
             heartbeat: Duration::from_millis(200),
             lease: Duration::from_millis(2000),
             linger: Duration::from_millis(args.linger_ms),
+            quarantine: None,
             nodes,
         };
         let bar = crate::progress::bar(
@@ -219,10 +267,11 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
     // Up means ready: every node's directory rebuilt (its peers told it
     // what they hold), so creates anywhere succeed at once.
     let bar = crate::progress::bar(topology.len() as u64, "nodes rebuilding their directories");
+    let identity = speaking_as(&topology)?;
     let ready = block_on(async {
         for node in &topology.nodes {
             loop {
-                let rebuilding = match connect(&topology, node).await {
+                let rebuilding = match connect(&identity, node).await {
                     Ok(mut rpc) => rpc
                         .status(Empty {})
                         .await
@@ -430,6 +479,9 @@ pub fn down(args: DirArgs) -> Result<()> {
     if let Some(t) = &topology {
         for n in &t.nodes {
             let _ = std::fs::remove_file(&n.region);
+            if let Some(identity) = &n.identity {
+                let _ = std::fs::remove_file(&identity.key_file);
+            }
         }
     }
     let _ = std::fs::remove_file(&file);
@@ -458,9 +510,14 @@ type Rpc = PeerClient<
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Credentials>,
 >;
 
-async fn connect(topology: &Topology, node: &Node) -> Result<Rpc> {
-    // The CLI speaks as node 0 (any member id passes the token check).
-    let credentials = Credentials::new(&topology.token, 0)?;
+/// The command line speaks to peers as a node whose key it can read here
+/// (node 0 with a shared token); without one it stops with the reason.
+fn speaking_as(topology: &Topology) -> Result<PeerIdentity> {
+    Ok(PeerIdentity::for_command_line(topology)?)
+}
+
+async fn connect(identity: &PeerIdentity, node: &Node) -> Result<Rpc> {
+    let credentials = identity.credentials(node.id)?;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.rpc))?
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(2))
@@ -471,10 +528,11 @@ async fn connect(topology: &Topology, node: &Node) -> Result<Rpc> {
 
 pub fn status(args: DirArgs) -> Result<()> {
     let topology = load(&args)?;
+    let identity = speaking_as(&topology)?;
     let rows = block_on(async {
         let mut rows = Vec::new();
         for node in &topology.nodes {
-            let status = match connect(&topology, node).await {
+            let status = match connect(&identity, node).await {
                 Ok(mut rpc) => rpc.status(Empty {}).await.map(|r| r.into_inner()).ok(),
                 Err(_) => None,
             };
@@ -527,10 +585,11 @@ pub fn status(args: DirArgs) -> Result<()> {
 
 pub fn ls(args: DirArgs) -> Result<()> {
     let topology = load(&args)?;
+    let identity = speaking_as(&topology)?;
     let rows = block_on(async {
         let mut rows = Vec::new();
         for node in &topology.nodes {
-            let listed = match connect(&topology, node).await {
+            let listed = match connect(&identity, node).await {
                 Ok(mut rpc) => rpc.list(Empty {}).await.map(|r| r.into_inner().objects),
                 Err(err) => Err(tonic::Status::unavailable(err.to_string())),
             };

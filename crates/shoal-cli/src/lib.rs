@@ -180,6 +180,9 @@ enum ClusterCommand {
     Down(cluster::DirArgs),
     /// Nodes, access modes, liveness and memory per node.
     Status(cluster::DirArgs),
+    /// Make a node's key pair for a hand-written cluster file: writes the
+    /// private key (0600) and prints the `public_key` line for its [[node]].
+    Keygen(cluster::KeygenArgs),
 }
 
 /// Runs the CLI with `args` (argv[0] first). `self_command` is how to start
@@ -346,6 +349,7 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
         }
         Command::Cluster(ClusterCommand::Down(args)) => cluster::down(args),
         Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args),
+        Command::Cluster(ClusterCommand::Keygen(args)) => cluster::keygen(args),
         Command::Ls { socket, json, .. } => {
             let mut client = Client::connect(socket.path())?;
             let mut objects = client.list()?;

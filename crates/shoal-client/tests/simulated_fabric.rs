@@ -60,6 +60,7 @@ impl TestCluster {
             heartbeat: Duration::from_millis(100),
             lease: Duration::from_millis(1000),
             linger: Duration::from_millis(1000),
+            quarantine: None,
             nodes: (0..nodes)
                 .map(|i| Node {
                     id: i,
@@ -72,6 +73,7 @@ impl TestCluster {
                     elastic: None,
                     tiers: Default::default(),
                     metrics: None,
+                    identity: None,
                 })
                 .collect(),
         };

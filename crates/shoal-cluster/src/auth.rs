@@ -1,30 +1,48 @@
-//! Every peer call carries the cluster token and the caller's node id as
-//! gRPC metadata; the server refuses (and logs) calls with a wrong or missing
-//! token before any handler runs.
+//! Every peer call carries the caller's node id and a credential as gRPC
+//! metadata; the server refuses (and logs) calls whose credential is not the
+//! one the claimed node must present before any handler runs. The bulk data
+//! channel's request header carries the same pair.
+//!
+//! Two modes ([`PeerIdentity`]):
+//! - **per-node identities** (every node of the cluster file has a
+//!   `public_key`; `shoal cluster up` makes them): the credential of a call
+//!   from i to j is derived from i's and j's keys (`node_keys`), so no member
+//!   can speak as another;
+//! - **shared token** (older cluster files): the credential is the cluster
+//!   token, the same for every member, so any member can claim any node id.
 
 use std::sync::Arc;
 
+use shoal_core::error::{Result, ShoalError};
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
+
+use crate::node_keys::NodeKey;
+use crate::topology::Topology;
 
 pub const TOKEN_HEADER: &str = "x-shoal-token";
 pub const NODE_HEADER: &str = "x-shoal-node";
 
 /// Who a calling peer is, checked the same way on the gRPC channel (the
 /// token and node headers) and on the bulk data channel (its request
-/// header): the one place where a peer's claim becomes a node id. Per-node
-/// credentials replace the shared token here.
+/// header): the one place where a peer's claim becomes a node id. Also
+/// what this node presents when it calls a peer.
 #[derive(Clone)]
 pub struct PeerIdentity {
-    token: Arc<[u8]>,
-    nodes: u32,
+    me: u32,
+    /// What a call claiming to come from node i must carry, by i.
+    incoming: Arc<[Box<[u8]>]>,
+    /// What this node's calls to node j carry, by j.
+    outgoing: Arc<[AsciiMetadataValue]>,
+    per_node: bool,
 }
 
 /// Why a peer's claim was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     MissingToken,
+    /// The credential is not the one the claimed node must present.
     WrongToken,
     /// No node id, or not a number.
     NoNode,
@@ -34,8 +52,11 @@ pub enum Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::MissingToken => write!(f, "missing cluster token"),
-            Self::WrongToken => write!(f, "wrong cluster token"),
+            Self::MissingToken => write!(f, "missing cluster credential"),
+            Self::WrongToken => write!(
+                f,
+                "wrong credential for the claimed node (cluster token or node key)"
+            ),
             Self::NoNode => write!(f, "missing or bad {NODE_HEADER}"),
             Self::NotAMember(node) => write!(f, "node {node} is not a member of this cluster"),
         }
@@ -58,26 +79,138 @@ impl From<Refusal> for Status {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VerifiedPeer(pub u32);
 
+fn ascii(text: &str) -> Result<AsciiMetadataValue> {
+    AsciiMetadataValue::try_from(text)
+        .map_err(|_| ShoalError::invalid("the cluster token must be printable ASCII"))
+}
+
 impl PeerIdentity {
-    pub fn new(token: &str, nodes: u32) -> Self {
-        Self {
-            token: token.as_bytes().into(),
-            nodes,
+    /// Shared-token mode for node `me` of `nodes`: every member presents
+    /// `token`, so the node id a caller claims is not proven.
+    pub fn shared(token: &str, nodes: u32, me: u32) -> Result<Self> {
+        let value = ascii(token)?;
+        Ok(Self {
+            me,
+            incoming: (0..nodes).map(|_| token.as_bytes().into()).collect(),
+            outgoing: (0..nodes).map(|_| value.clone()).collect(),
+            per_node: false,
+        })
+    }
+
+    /// Node `me` of `topology`: with per-node identities, its private key is
+    /// read from its `key_file` (and must match its `public_key`).
+    pub fn for_node(topology: &Topology, me: u32) -> Result<Self> {
+        match &topology.node(me)?.identity {
+            Some(identity) => Self::with_key(topology, me, &NodeKey::load(&identity.key_file)?),
+            None => Self::shared(&topology.token, topology.len() as u32, me),
         }
+    }
+
+    /// Node `me` of a cluster with per-node identities, holding `key`.
+    pub fn with_key(topology: &Topology, me: u32, key: &NodeKey) -> Result<Self> {
+        let mine = topology.node(me)?;
+        let public = |node: &crate::topology::Node| {
+            node.identity
+                .as_ref()
+                .map(|i| i.public_key)
+                .ok_or_else(|| ShoalError::invalid(format!("node {} has no public_key", node.id)))
+        };
+        if public(mine)? != key.public() {
+            return Err(ShoalError::new(
+                shoal_core::error::ErrorKind::PermissionDenied,
+                format!(
+                    "the key given for node {me} is not node {me}'s: its public key differs from the cluster file's"
+                ),
+            ));
+        }
+        let mut incoming = Vec::with_capacity(topology.len());
+        let mut outgoing = Vec::with_capacity(topology.len());
+        for (i, node) in topology.nodes.iter().enumerate() {
+            if node.id as usize != i {
+                return Err(ShoalError::invalid(
+                    "the cluster's nodes must be sorted by id",
+                ));
+            }
+            let peer = public(node)?;
+            let credential =
+                |from, to| key.credential(&peer, &topology.name, &topology.token, from, to);
+            incoming.push(credential(node.id, me)?.into_bytes().into_boxed_slice());
+            outgoing.push(ascii(&credential(me, node.id)?)?);
+        }
+        Ok(Self {
+            me,
+            incoming: incoming.into(),
+            outgoing: outgoing.into(),
+            per_node: true,
+        })
+    }
+
+    /// For the command line, which speaks as a node: the first node whose
+    /// key file can be read here (node 0 with the shared token).
+    pub fn for_command_line(topology: &Topology) -> Result<Self> {
+        if !topology.has_identities() {
+            return Self::shared(&topology.token, topology.len() as u32, 0);
+        }
+        let mut last = None;
+        for node in &topology.nodes {
+            match Self::for_node(topology, node.id) {
+                Ok(identity) => return Ok(identity),
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(ShoalError::new(
+            shoal_core::error::ErrorKind::PermissionDenied,
+            format!(
+                "no node's key file can be read here (the command line speaks to peers as a node): {}",
+                last.map_or_else(String::new, |e| e.to_string())
+            ),
+        ))
+    }
+
+    /// This node.
+    pub fn me(&self) -> u32 {
+        self.me
+    }
+
+    /// Whether callers prove their node id (per-node identities).
+    pub fn per_node(&self) -> bool {
+        self.per_node
     }
 
     /// A caller offering `token` and claiming to be node `claimed`.
     pub fn verify(&self, token: Option<&[u8]>, claimed: Option<u32>) -> Result<u32, Refusal> {
-        match token {
-            None => return Err(Refusal::MissingToken),
-            Some(t) if !same(t, &self.token) => return Err(Refusal::WrongToken),
-            Some(_) => {}
+        let token = token.ok_or(Refusal::MissingToken)?;
+        let node = claimed.ok_or(Refusal::NoNode)?;
+        let expected = self
+            .incoming
+            .get(node as usize)
+            .ok_or(Refusal::NotAMember(node))?;
+        if same(token, expected) {
+            Ok(node)
+        } else {
+            Err(Refusal::WrongToken)
         }
-        match claimed {
-            None => Err(Refusal::NoNode),
-            Some(node) if node >= self.nodes => Err(Refusal::NotAMember(node)),
-            Some(node) => Ok(node),
-        }
+    }
+
+    /// The credential this node presents to node `to` (bulk channel).
+    pub fn token_for(&self, to: u32) -> Result<&[u8]> {
+        self.outgoing
+            .get(to as usize)
+            .map(|v| v.as_bytes())
+            .ok_or_else(|| ShoalError::invalid(format!("node {to} is not a member")))
+    }
+
+    /// The gRPC interceptor for this node's calls to node `to`.
+    pub fn credentials(&self, to: u32) -> Result<Credentials> {
+        let token = self
+            .outgoing
+            .get(to as usize)
+            .cloned()
+            .ok_or_else(|| ShoalError::invalid(format!("node {to} is not a member")))?;
+        Ok(Credentials {
+            token,
+            node: AsciiMetadataValue::from(self.me),
+        })
     }
 }
 
@@ -147,12 +280,11 @@ pub struct Credentials {
 }
 
 impl Credentials {
-    pub fn new(token: &str, node: u32) -> Result<Self, shoal_core::ShoalError> {
-        let token = AsciiMetadataValue::try_from(token).map_err(|_| {
-            shoal_core::ShoalError::invalid("the cluster token must be printable ASCII")
-        })?;
+    /// Shared-token credentials claiming node `node` (per-node identities:
+    /// [`PeerIdentity::credentials`]).
+    pub fn new(token: &str, node: u32) -> Result<Self> {
         Ok(Self {
-            token,
+            token: ascii(token)?,
             node: AsciiMetadataValue::from(node),
         })
     }
@@ -190,7 +322,7 @@ mod tests {
 
     #[test]
     fn only_the_right_token_from_a_member_passes() {
-        let mut check = TokenCheck::new(PeerIdentity::new("secret", 3));
+        let mut check = TokenCheck::new(PeerIdentity::shared("secret", 3, 0).unwrap());
         assert!(call(&mut check, Some("secret"), Some("2")).is_ok());
         let code = |r: Result<(), Status>| r.unwrap_err().code();
         assert_eq!(
@@ -220,9 +352,96 @@ mod tests {
         let mut creds = Credentials::new("tok", 1).unwrap();
         let request = creds.call(Request::new(())).unwrap();
         assert_eq!(caller_node(request.metadata()).unwrap(), 1);
-        assert!(TokenCheck::new(PeerIdentity::new("tok", 2))
+        assert!(TokenCheck::new(PeerIdentity::shared("tok", 2, 0).unwrap())
             .call(request)
             .is_ok());
         assert!(Credentials::new("bad\ntoken", 0).is_err());
+    }
+
+    /// A three-node cluster file with per-node identities, its keys in `dir`.
+    fn cluster_with_keys(dir: &std::path::Path) -> (Topology, Vec<NodeKey>) {
+        use std::fmt::Write;
+        let keys: Vec<NodeKey> = (0..3).map(|_| NodeKey::generate().unwrap()).collect();
+        let mut text = String::from("[cluster]\nname = \"k\"\ntoken = \"tok\"\n");
+        for (i, key) in keys.iter().enumerate() {
+            let path = dir.join(format!("n{i}.key"));
+            key.save(&path).unwrap();
+            let _ = write!(
+                text,
+                "\n[[node]]\nid = {i}\nrpc = \"127.0.0.1:{}\"\nsocket = \"/tmp/k{i}.sock\"\n\
+                 region = \"/dev/shm/k{i}\"\nregion_size = 1024\npublic_key = \"{}\"\n\
+                 key_file = \"n{i}.key\"\n",
+                7000 + 2 * i,
+                crate::node_keys::to_hex(&key.public())
+            );
+        }
+        (Topology::parse(&text, Some(dir)).unwrap().sorted(), keys)
+    }
+
+    #[test]
+    fn with_node_keys_a_member_cannot_speak_as_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let (topology, keys) = cluster_with_keys(dir.path());
+        let nodes: Vec<PeerIdentity> = (0..3)
+            .map(|i| PeerIdentity::for_node(&topology, i).unwrap())
+            .collect();
+        assert!(nodes.iter().all(PeerIdentity::per_node));
+        let zero = &nodes[0];
+        // Node 1 to node 0, as itself: accepted as node 1.
+        assert_eq!(
+            zero.verify(Some(nodes[1].token_for(0).unwrap()), Some(1)),
+            Ok(1)
+        );
+        // Node 2's own credential to node 0, claiming to be node 1.
+        assert_eq!(
+            zero.verify(Some(nodes[2].token_for(0).unwrap()), Some(1)),
+            Err(Refusal::WrongToken)
+        );
+        // Node 1's credential to node 2, replayed by node 2 to node 0.
+        assert_eq!(
+            zero.verify(Some(nodes[1].token_for(2).unwrap()), Some(1)),
+            Err(Refusal::WrongToken)
+        );
+        // The cluster token alone no longer admits anyone.
+        assert_eq!(zero.verify(Some(b"tok"), Some(1)), Err(Refusal::WrongToken));
+        // Through the gRPC interceptors too.
+        let mut check = TokenCheck::new(zero.clone());
+        let request = nodes[2]
+            .credentials(0)
+            .unwrap()
+            .call(Request::new(()))
+            .unwrap();
+        assert_eq!(caller_node(request.metadata()).unwrap(), 2);
+        assert!(check.call(request).is_ok());
+        let mut forged = nodes[2]
+            .credentials(0)
+            .unwrap()
+            .call(Request::new(()))
+            .unwrap();
+        forged
+            .metadata_mut()
+            .insert(NODE_HEADER, "1".parse().unwrap());
+        assert_eq!(
+            check.call(forged).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        // A node's key must be the one the cluster file names for it.
+        let err = PeerIdentity::with_key(&topology, 0, &keys[1])
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), shoal_core::error::ErrorKind::PermissionDenied);
+        // The command line speaks as the first node whose key it can read.
+        assert_eq!(PeerIdentity::for_command_line(&topology).unwrap().me(), 0);
+        std::fs::remove_file(dir.path().join("n0.key")).unwrap();
+        assert_eq!(PeerIdentity::for_command_line(&topology).unwrap().me(), 1);
+    }
+
+    #[test]
+    fn with_the_shared_token_any_member_may_claim_any_id() {
+        // The documented weakness of older cluster files.
+        let zero = PeerIdentity::shared("tok", 3, 0).unwrap();
+        assert!(!zero.per_node());
+        let two = PeerIdentity::shared("tok", 3, 2).unwrap();
+        assert_eq!(zero.verify(Some(two.token_for(0).unwrap()), Some(1)), Ok(1));
     }
 }

@@ -5,7 +5,9 @@
 //!   owners and locations (ids are unique cluster-wide).
 //! - [`proto`]: the peer RPC messages and gRPC service (tonic), generated from
 //!   `proto/shoal/peer/v1/peer.proto`.
-//! - [`auth`]: the shared-token check on every peer call.
+//! - [`auth`]: the check on every peer call (per-node credentials, or the
+//!   shared token of older cluster files).
+//! - [`node_keys`]: per-node key pairs and the credentials derived from them.
 //! - [`bulk`]: the TCP data channel network-mode pulls read object bytes from.
 //! - [`ids`]: packing ids into the RPC's byte fields.
 //! - [`rebuild`]: rebuilding a (re)started home's directory from its peers.
@@ -14,6 +16,7 @@ pub mod auth;
 pub mod bulk;
 pub mod directory;
 pub mod ids;
+pub mod node_keys;
 pub mod rebuild;
 pub mod topology;
 
@@ -24,4 +27,4 @@ pub mod proto {
 }
 
 pub use directory::{home_of, Directory, DirectoryEntry};
-pub use topology::{Access, Node, NodeElastic, NodeTiers, Topology};
+pub use topology::{Access, Node, NodeElastic, NodeIdentity, NodeTiers, Topology};

@@ -12,6 +12,8 @@
 //! heartbeat_ms = 200
 //! lease_ms = 2000
 //! linger_ms = 1000              # keep a released remote reference this long (0: off)
+//! quarantine_ms = 0             # free a fenced node's memory after this long (0: only
+//!                               # when it confirms or restarts; docs/cluster.md "Fencing")
 //!
 //! [[node]]
 //! id = 0
@@ -21,6 +23,8 @@
 //! region = "/dev/shm/shoal-demo-n0"
 //! region_size = "256MiB"
 //! access = "mapped"             # how other nodes reach this region: mapped | network
+//! public_key = "64 hex digits"  # optional, on every node or none: per-node identities
+//! key_file = "/etc/shoal/node.key"  # this node's private key (where it runs)
 //!
 //! [node.elastic]                # optional: the store's capacity follows free memory
 //! threshold = 0.95              # r_0; also interval_ms, urgent_interval_ms, gain, min_capacity,
@@ -86,6 +90,19 @@ pub struct Node {
     pub tiers: NodeTiers,
     /// The elastic capacity controller (`[node.elastic]`); `None`: a static store.
     pub elastic: Option<NodeElastic>,
+    /// The node's own identity (`public_key`, `key_file`); `None`: the
+    /// cluster authenticates with its shared token only.
+    pub identity: Option<NodeIdentity>,
+}
+
+/// A node's public key and where the node keeps its private key
+/// (`node_keys`). On every node of a cluster or on none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeIdentity {
+    pub public_key: [u8; 32],
+    /// Read only by the node itself (and by the command line where it
+    /// speaks as that node); relative paths are from the cluster file.
+    pub key_file: PathBuf,
 }
 
 /// A node's `[node.elastic]` table: each setting optional (the daemon's
@@ -148,6 +165,9 @@ pub struct Topology {
     /// its clients released it (a loan), so a repeated get needs no round
     /// trip. Zero: every remote reference is returned on release.
     pub linger: Duration,
+    /// How long an owner keeps what a fenced node held quarantined before
+    /// freeing it unconfirmed; `None`: until the node confirms or restarts.
+    pub quarantine: Option<Duration>,
     pub nodes: Vec<Node>,
 }
 
@@ -174,6 +194,8 @@ struct ClusterRepr {
     lease_ms: u64,
     #[serde(default = "default_linger")]
     linger_ms: u64,
+    #[serde(default)]
+    quarantine_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -194,6 +216,8 @@ struct NodeRepr {
     durability: Option<String>,
     metrics: Option<String>,
     elastic: Option<ElasticRepr>,
+    public_key: Option<String>,
+    key_file: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -333,6 +357,27 @@ impl Topology {
                 .as_deref()
                 .map(|text| address("metrics", text))
                 .transpose()?;
+            let identity = match (n.public_key, n.key_file) {
+                (None, None) => None,
+                (Some(hex), Some(key_file)) => Some(NodeIdentity {
+                    public_key: crate::node_keys::from_hex(&hex).ok_or_else(|| {
+                        ShoalError::invalid(format!(
+                            "node {}: public_key is not 64 hex digits",
+                            n.id
+                        ))
+                    })?,
+                    key_file: match base {
+                        Some(b) if key_file.is_relative() => b.join(key_file),
+                        _ => key_file,
+                    },
+                }),
+                _ => {
+                    return Err(ShoalError::invalid(format!(
+                        "node {}: public_key and key_file go together",
+                        n.id
+                    )))
+                }
+            };
             nodes.push(Node {
                 id: n.id,
                 rpc,
@@ -344,6 +389,7 @@ impl Topology {
                 tiers,
                 metrics,
                 elastic,
+                identity,
             });
         }
         let topology = Topology {
@@ -354,6 +400,8 @@ impl Topology {
             heartbeat: Duration::from_millis(file.cluster.heartbeat_ms),
             lease: Duration::from_millis(file.cluster.lease_ms),
             linger: Duration::from_millis(file.cluster.linger_ms),
+            quarantine: (file.cluster.quarantine_ms > 0)
+                .then(|| Duration::from_millis(file.cluster.quarantine_ms)),
             nodes,
         };
         topology.validate()?;
@@ -397,6 +445,12 @@ impl Topology {
                 }
             }
         }
+        let with_identity = self.nodes.iter().filter(|n| n.identity.is_some()).count();
+        if with_identity != 0 && with_identity != self.nodes.len() {
+            return Err(ShoalError::invalid(
+                "public_key is on some nodes but not all: per-node identities need every node's",
+            ));
+        }
         if self.simulate_caches && self.coherence != CoherenceMode::Noncoherent {
             return Err(ShoalError::invalid(
                 "simulate_caches emulates a non-coherent fabric: it needs coherence = \"noncoherent\"",
@@ -428,6 +482,12 @@ impl Topology {
         self.nodes.is_empty()
     }
 
+    /// Whether nodes authenticate with their own keys (every node has a
+    /// `public_key`), not the shared token alone.
+    pub fn has_identities(&self) -> bool {
+        !self.nodes.is_empty() && self.nodes.iter().all(|n| n.identity.is_some())
+    }
+
     /// Nodes sorted by id (the file may list them in any order).
     pub fn sorted(mut self) -> Self {
         self.nodes.sort_by_key(|n| n.id);
@@ -449,6 +509,9 @@ impl Topology {
             self.lease.as_millis(),
             self.linger.as_millis()
         );
+        if let Some(quarantine) = self.quarantine {
+            let _ = writeln!(out, "quarantine_ms = {}", quarantine.as_millis());
+        }
         for n in &self.nodes {
             let _ = writeln!(
                 out,
@@ -479,6 +542,14 @@ impl Topology {
             }
             if let Some(metrics) = n.metrics {
                 let _ = writeln!(out, "metrics = \"{metrics}\"");
+            }
+            if let Some(identity) = &n.identity {
+                let _ = writeln!(
+                    out,
+                    "public_key = \"{}\"\nkey_file = {:?}",
+                    crate::node_keys::to_hex(&identity.public_key),
+                    identity.key_file.display().to_string()
+                );
             }
             if let Some(e) = &n.elastic {
                 // A sub-table: after every key of the node.
@@ -524,6 +595,7 @@ mod tests {
 name = "demo"
 token = "t0ken"
 coherence = "noncoherent"
+quarantine_ms = 30000
 
 [[node]]
 id = 1
@@ -572,6 +644,7 @@ region_size = 1048576
         );
         assert_eq!(t.node(0).unwrap().tiers, NodeTiers::default());
         assert_eq!(t.heartbeat, Duration::from_millis(200));
+        assert_eq!(t.quarantine, Some(Duration::from_secs(30)));
         assert_eq!(t.node(0).unwrap().data, "127.0.0.1:7701".parse().unwrap());
         assert_eq!(t.node(1).unwrap().data, "127.0.0.1:7720".parse().unwrap());
         assert_eq!(t.node(0).unwrap().metrics, None);
@@ -657,5 +730,55 @@ region_size = 1048576
         let text = FILE.replace("token = \"t0ken\"", "token_file = \"token\"");
         let t = Topology::parse(&text, Some(dir.path())).unwrap();
         assert_eq!(t.token, "from-file");
+    }
+
+    #[test]
+    fn identities_are_on_every_node_or_none() {
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        let with = |n1: &str, n0: &str| {
+            FILE.replace(
+                "metrics = \"127.0.0.1:9100\"",
+                &format!("metrics = \"127.0.0.1:9100\"\n{n1}"),
+            )
+            .replace(
+                "region_size = 1048576",
+                &format!("region_size = 1048576\n{n0}"),
+            )
+        };
+        let both = with(
+            &format!("public_key = \"{a}\"\nkey_file = \"n1.key\""),
+            &format!("public_key = \"{b}\"\nkey_file = \"/etc/shoal/n0.key\""),
+        );
+        let t = Topology::parse(&both, Some(Path::new("/srv/demo")))
+            .unwrap()
+            .sorted();
+        assert!(t.has_identities());
+        let one = t.node(1).unwrap().identity.clone().unwrap();
+        assert_eq!(one.public_key, [0xaa; 32]);
+        assert_eq!(one.key_file, Path::new("/srv/demo/n1.key"));
+        assert_eq!(
+            t.node(0).unwrap().identity.as_ref().unwrap().key_file,
+            Path::new("/etc/shoal/n0.key")
+        );
+        assert_eq!(Topology::parse(&t.to_toml(), None).unwrap().sorted(), t);
+        assert!(!Topology::parse(FILE, None).unwrap().has_identities());
+        for (text, why) in [
+            (
+                with(&format!("public_key = \"{a}\"\nkey_file = \"k\""), ""),
+                "some nodes but not all",
+            ),
+            (with(&format!("public_key = \"{a}\""), ""), "go together"),
+            (
+                with(
+                    "public_key = \"xyz\"\nkey_file = \"k\"",
+                    &format!("public_key = \"{b}\"\nkey_file = \"k0\""),
+                ),
+                "64 hex digits",
+            ),
+        ] {
+            let err = Topology::parse(&text, None).unwrap_err().to_string();
+            assert!(err.contains(why), "{why}: {err}");
+        }
     }
 }

@@ -955,6 +955,37 @@ impl Store {
         }
     }
 
+    /// Moves every reference and unsealed object of `from` to `to`, which
+    /// keeps what it already holds: the memory stays as it is, held by a
+    /// principal `from` cannot act as (a cluster owner fencing a peer cut off
+    /// past its lease). `from` is left registered and holding nothing; its
+    /// unsealed objects can no longer be sealed by it. Returns the number of
+    /// sealed objects it referenced and of unsealed objects moved.
+    pub fn transfer_client(&mut self, from: ClientId, to: ClientId) -> (usize, usize) {
+        let Some(state) = self.clients.insert(from, ClientState::default()) else {
+            self.clients.remove(&from);
+            return (0, 0);
+        };
+        let sealed = state
+            .refs
+            .keys()
+            .filter(|slot| !state.creating.contains(slot))
+            .count();
+        let moved = (sealed, state.creating.len());
+        for slot in &state.creating {
+            self.table
+                .get_mut(*slot)
+                .expect("unsealed slot is live")
+                .creator = to;
+        }
+        let target = self.client(to);
+        for (slot, count) in state.refs {
+            *target.refs.entry(slot).or_default() += count;
+        }
+        target.creating.extend(state.creating);
+        moved
+    }
+
     pub fn list(&self) -> Vec<ObjectInfo> {
         self.table
             .iter()
@@ -1407,6 +1438,38 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn a_transferred_client_s_memory_stays_held_and_its_writes_cannot_be_sealed() {
+        let mut s = Store::new(1024, 1024, 64, Box::new(Lru::default()));
+        s.create(1, id(1), 64, 0).unwrap();
+        s.seal(1, &[id(1)], true).unwrap();
+        s.get(7, &id(1)).unwrap(); // the peer reads it
+        s.get(7, &id(1)).unwrap();
+        let writing = s.create(7, id(2), 64, 0).unwrap().offset; // and writes another
+        s.get(9, &id(1)).unwrap(); // the fence principal held it already
+        let held = [s.location(&id(1)).unwrap().offset, writing];
+        assert_eq!(s.transfer_client(7, 9), (1, 1));
+        s.check_invariants();
+        assert!(s.client_holds_nothing(7));
+        assert_eq!(
+            s.seal(7, &[id(2)], true).unwrap_err().kind(),
+            ErrorKind::NotOwner
+        );
+        assert!(s.release(7, &id(1)).is_err(), "the peer holds nothing now");
+        // Nothing is freed or evictable: a delete waits for the holder.
+        s.delete(&id(1)).unwrap();
+        assert_eq!(s.evict(1024), 0);
+        let new = s.create(1, id(3), 64, 0).unwrap().offset;
+        assert!(!held.contains(&new), "a held block was reused");
+        // Releasing the fence principal frees both.
+        s.disconnect(9);
+        s.check_invariants();
+        assert!(!s.contains(&id(1)));
+        assert!(!s.contains(&id(2)));
+        assert_eq!(s.transfer_client(42, 9), (0, 0));
+        assert!(!s.has_client(42));
     }
 
     #[test]

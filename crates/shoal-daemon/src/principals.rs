@@ -6,11 +6,15 @@
 //!   copies being pulled, objects pinned while sent, the tiers; later the
 //!   POSIX view);
 //! - `PEER_BASE + node`: each other node of the cluster (its references
-//!   here, its remote allocations).
+//!   here, its remote allocations);
+//! - `FENCED_BASE + node`: what a node cut off past its lease held here,
+//!   in quarantine until it confirms (`cluster/fencing.rs`).
 
 use shoal_core::object_table::ClientId;
 
 const PEER_BASE: ClientId = 0xF000_0000;
+/// Nodes are numbered below 2^27; fence principals follow the peers'.
+const FENCED_BASE: ClientId = 0xF800_0000;
 const RESERVED_BASE: ClientId = PEER_BASE - 16;
 
 /// Owns network-mode copies while they are pulled.
@@ -26,12 +30,20 @@ pub fn peer(node: u32) -> ClientId {
     PEER_BASE + node
 }
 
-/// The node a peer principal stands for.
-pub fn node_of(client: ClientId) -> Option<u32> {
-    client.checked_sub(PEER_BASE)
+/// The store client holding what node `node` held here when it was fenced.
+pub fn fenced(node: u32) -> ClientId {
+    FENCED_BASE + node
 }
 
-/// Whether `client` is another node (its clients wrote what it created).
+/// The node a peer principal stands for.
+pub fn node_of(client: ClientId) -> Option<u32> {
+    client
+        .checked_sub(PEER_BASE)
+        .filter(|_| client < FENCED_BASE)
+}
+
+/// Whether `client` is another node, or stands for one that was fenced
+/// (its clients wrote what it created).
 pub fn is_peer(client: ClientId) -> bool {
     client >= PEER_BASE
 }
@@ -71,6 +83,8 @@ mod tests {
         const { assert!(COPY != SEND && SEND != TIERS && COPY != TIERS) };
         assert_eq!(node_of(peer(3)), Some(3));
         assert_eq!(node_of(SEND), None);
+        assert_eq!(node_of(fenced(3)), None);
+        assert!(fenced(3) != peer(3) && is_peer(fenced(3)));
         let mut ids = LocalIds {
             next: RESERVED_BASE - 2,
         };

@@ -3,86 +3,26 @@
 
 mod support;
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use shoal_client::Client;
 use shoal_cluster::auth::Credentials;
 use shoal_cluster::home_of;
 use shoal_cluster::ids::pack;
-use shoal_cluster::proto::peer_client::PeerClient;
-use shoal_cluster::proto::{AcquireRequest, AllocateRequest, HeartbeatRequest};
-use shoal_core::error::Result;
+use shoal_cluster::proto::{
+    AcquireRequest, AllocateRequest, HeartbeatRequest, ReleaseRequest, SealRequest,
+};
 use shoal_core::ObjectId;
-use shoal_daemon::{ClusterConfig, DaemonConfig, Shutdown};
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
+use support::{LoneNode, PeerRpc};
 
 const REGION_SIZE: u64 = 8 << 20;
 const TOKEN: &str = "peer-calls-token";
 
-/// Node 0 of a two-node cluster; node 1's addresses have no one behind them.
-struct NodeZero {
-    socket: PathBuf,
-    rpc: SocketAddr,
-    shutdown: Shutdown,
-    thread: Option<JoinHandle<Result<()>>>,
-    _dir: tempfile::TempDir,
-}
-
-impl NodeZero {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let mut topology = support::loopback_topology(
-            "peer-calls",
-            2,
-            REGION_SIZE,
-            Duration::from_millis(1000),
-            dir.path(),
-        );
-        // Long: nothing here may expire during a test.
-        topology.lease = Duration::from_secs(30);
-        assert_eq!(topology.token, TOKEN);
-        let socket = topology.nodes[0].socket.clone();
-        let rpc = topology.nodes[0].rpc;
-        let mut config = DaemonConfig::new(&socket, REGION_SIZE);
-        config.prefault = false;
-        config.cluster = Some(ClusterConfig { topology, node: 0 });
-        let shutdown = Shutdown::new();
-        let thread = {
-            let shutdown = shutdown.clone();
-            std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
-        };
-        support::wait_serving(&socket, Instant::now() + Duration::from_secs(10));
-        Self {
-            socket,
-            rpc,
-            shutdown,
-            thread: Some(thread),
-            _dir: dir,
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).unwrap()
-    }
-
-    /// Node 0's references on `id` (its own clients' and its peers').
-    fn refs(&self, id: ObjectId) -> Option<u32> {
-        let objects = self.client().list().unwrap();
-        objects.iter().find(|o| o.id == id).map(|o| o.refs)
-    }
-}
-
-impl Drop for NodeZero {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-        if let Some(thread) = self.thread.take() {
-            thread.join().unwrap().unwrap();
-        }
-    }
+/// Node 0 of two; node 1 is this test.
+fn node_zero() -> LoneNode {
+    // Long leases: nothing may expire during these tests.
+    let node = LoneNode::start("peer-calls", 2, REGION_SIZE, false, Duration::from_secs(30));
+    assert_eq!(node.topology.token, TOKEN);
+    node
 }
 
 /// An id whose home is node 0 (node 1 cannot answer its Register).
@@ -99,30 +39,20 @@ fn heartbeat(incarnation: u64) -> HeartbeatRequest {
     HeartbeatRequest {
         node: 1,
         incarnation,
+        ..Default::default()
     }
 }
 
-/// Runs `calls` as node 1 against `node` (a current-thread runtime of its own).
+/// Runs `calls` as node 1 against `node`.
 fn as_node_1<F: std::future::Future<Output = ()>>(
-    node: &NodeZero,
-    calls: impl FnOnce(PeerClient<InterceptedService<Channel, Credentials>>) -> F,
+    node: &LoneNode,
+    calls: impl FnOnce(PeerRpc) -> F,
 ) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.rpc))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        calls(PeerClient::with_interceptor(
-            channel,
-            Credentials::new(TOKEN, 1).unwrap(),
-        ))
-        .await
-    });
+    support::with_peer(
+        node.topology.nodes[0].rpc,
+        Credentials::new(TOKEN, 1).unwrap(),
+        calls,
+    )
 }
 
 // Node 1 has never sent node 0 a heartbeat when it first takes references
@@ -134,7 +64,7 @@ fn as_node_1<F: std::future::Future<Output = ()>>(
 fn references_acquired_before_any_heartbeat_go_when_the_caller_restarts() {
     // (Without the incarnation in Acquire, node 0 took 222 for a first
     // contact and kept the references until they were released.)
-    let node = NodeZero::start();
+    let node = node_zero();
     let id = homed_at_zero();
     // Creates wait until node 0's directory is ready (node 1 never answers).
     node.client().put(id, b"sealed at node 0", b"").unwrap();
@@ -155,7 +85,7 @@ fn references_acquired_before_any_heartbeat_go_when_the_caller_restarts() {
 
 #[test]
 fn objects_allocated_before_any_heartbeat_go_when_the_caller_restarts() {
-    let node = NodeZero::start();
+    let node = node_zero();
     let id = homed_at_zero();
     node.client().put(homed_at_zero(), b"ready", b"").unwrap();
     let n = &node;
@@ -173,4 +103,121 @@ fn objects_allocated_before_any_heartbeat_go_when_the_caller_restarts() {
         peer.heartbeat(heartbeat(222)).await.unwrap();
         assert_eq!(n.refs(id), None, "the unsealed allocation was aborted");
     });
+}
+
+// Fencing (issue 15 item 9, docs/cluster.md "Fencing"): node 1 falls silent
+// past its lease while its clients still map an object of node 0's and
+// write one node 0 allocated for them.
+
+#[test]
+fn a_peer_cut_off_past_its_lease_is_fenced_its_memory_quarantined_not_reused() {
+    let lease = Duration::from_millis(500);
+    let node = LoneNode::start("peer-fence", 2, REGION_SIZE, false, lease);
+    assert_eq!(node.topology.token, "peer-fence-token");
+    let (read, again, writing) = (homed_at_zero(), homed_at_zero(), homed_at_zero());
+    node.client().put(read, &[b'r'; 4096], b"").unwrap();
+    node.client().put(again, b"again", b"").unwrap();
+    let n = &node;
+    let (rpc, token) = (node.topology.nodes[0].rpc, node.topology.token.clone());
+    let as_node_1 = || Credentials::new(&token, 1).unwrap();
+    let granted = support::with_peer(rpc, as_node_1(), |mut peer| async move {
+        peer.heartbeat(heartbeat(111)).await.unwrap();
+        let reply = peer
+            .acquire(acquire(&[read, again]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.fence_epoch, 0);
+        let allocated = peer.allocate(allocate(writing)).await.unwrap().into_inner();
+        assert_eq!(
+            (allocated.code, allocated.fence_epoch),
+            (0, 0),
+            "{}",
+            allocated.message
+        );
+        reply
+    });
+    let at = shoal_cluster::ids::locations(&granted.entries, 2).unwrap();
+    let read_at = at[0].unwrap().offset;
+    assert_eq!((n.refs(read), n.refs(again)), (Some(1), Some(1)));
+
+    // Silent past its lease: fenced. What it held stays held (quarantine).
+    std::thread::sleep(lease * 3);
+    assert_eq!(
+        (n.refs(read), n.refs(again)),
+        (Some(1), Some(1)),
+        "not freed"
+    );
+    node.client().delete(&[read]).unwrap();
+    // Best fit would give a new object of that size the block `read` had.
+    let new = node.client().create(homed_at_zero(), 4096, 0, 0).unwrap();
+    assert_ne!(new.offset, read_at, "the fenced reader's block was reused");
+
+    support::with_peer(rpc, as_node_1(), |mut peer| async move {
+        // Back: every answer tells it it was fenced.
+        peer.heartbeat(heartbeat(111)).await.unwrap();
+        let reply = peer.acquire(acquire(&[again])).await.unwrap().into_inner();
+        assert_eq!(reply.fence_epoch, 1);
+        // Its late seal of the quarantined allocation is refused.
+        let sealed = peer
+            .seal(SealRequest {
+                ids: pack(&[writing]),
+                release: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_ne!(sealed.code, 0, "a fenced allocation was sealed");
+        // A release sent before it heard of the fence changes nothing ...
+        peer.release(release(again, 0)).await.unwrap();
+    });
+    assert_eq!(
+        n.refs(again),
+        Some(2),
+        "the quarantined one and the new one"
+    );
+    support::with_peer(rpc, as_node_1(), |mut peer| async move {
+        // ... one under the new epoch drops the new reference.
+        peer.release(release(again, 1)).await.unwrap();
+        // It confirms: the quarantine is freed.
+        peer.heartbeat(HeartbeatRequest {
+            fence_confirmed: 1,
+            ..heartbeat(111)
+        })
+        .await
+        .unwrap();
+    });
+    assert_eq!(n.refs(again), Some(0));
+    assert!(
+        node.client()
+            .list()
+            .unwrap()
+            .iter()
+            .all(|o| o.id != read && o.id != writing),
+        "the quarantined objects were freed"
+    );
+}
+
+fn acquire(ids: &[ObjectId]) -> AcquireRequest {
+    AcquireRequest {
+        ids: pack(ids),
+        incarnation: 111,
+    }
+}
+
+fn allocate(id: ObjectId) -> AllocateRequest {
+    AllocateRequest {
+        ids: pack(&[id]),
+        data_sizes: vec![4096],
+        meta_sizes: vec![0],
+        timeout_ms: 0,
+        incarnation: 111,
+    }
+}
+
+fn release(id: ObjectId, fence_epoch: u64) -> ReleaseRequest {
+    ReleaseRequest {
+        ids: pack(&[id]),
+        fence_epoch,
+    }
 }

@@ -161,6 +161,7 @@ impl Cluster {
     ) -> Result<()> {
         self.peers.reachable(owner)?; // a peer known to be down fails at once
         let address = self.topology.node(owner)?.data;
+        let token = self.identity.token_for(owner)?;
         let parts = parts.clamp(1, 8).min(len.max(1));
         let step = len.div_ceil(parts);
         let dst = dst as usize;
@@ -170,7 +171,7 @@ impl Cluster {
         let calls = ranges.map(|(start, end)| {
             let request = Request {
                 from: self.me,
-                token: self.topology.token.as_bytes().to_vec(),
+                token: token.to_vec(),
                 id,
                 offset: start,
                 len: end - start,

@@ -77,14 +77,17 @@ impl Cluster {
 
 impl Cluster {
     /// Sends releases to owners (one call per owner). A release that fails
-    /// is reclaimed by the owner's lease on our references.
+    /// is reclaimed by the owner's lease on our references (fenced there).
     pub async fn release(&self, refs: Vec<(u32, ObjectId)>) {
         use crate::cluster::peers::{join_all, pairs_by_node, Reach};
         let calls = pairs_by_node(refs)
             .into_iter()
             .map(|(owner, ids)| async move {
-                let request = shoal_cluster::proto::Ids {
+                let request = shoal_cluster::proto::ReleaseRequest {
                     ids: shoal_cluster::ids::pack(&ids),
+                    // Under the epoch this node knows: one the owner fenced
+                    // since is ignored there (`fencing.rs`).
+                    fence_epoch: self.fence_heard_from(owner),
                 };
                 let outcome = self
                     .peers

@@ -28,6 +28,8 @@ impl Cluster {
         let request = HeartbeatRequest {
             node: self.me,
             incarnation: self.incarnation,
+            fence_epoch: self.fence_epoch_for(node),
+            fence_confirmed: self.fence_confirmed_to(node),
         };
         let call = self
             .peers
@@ -71,8 +73,11 @@ impl Cluster {
                 });
             }
             for node in self.peers.expired_leases() {
-                self.reclaim_references_of(node, "its lease expired");
+                // Not freed: its clients may still map what it held.
+                self.fence(node);
             }
+            self.confirm_fences();
+            self.expire_quarantines();
             self.forget_loans_of_silent_owners();
             let expired = self.expired_loans();
             self.release_later(expired);
@@ -99,6 +104,7 @@ impl Cluster {
         }
         if self.peers.heard_from(from, incarnation) {
             self.reclaim_references_of(from, "it restarted");
+            self.release_quarantine(from, "it restarted");
         }
         self.heard(from, incarnation);
     }

@@ -68,8 +68,17 @@ pub(crate) struct Grant {
 struct Hold {
     /// Uses of this id's loan.
     lent: u32,
-    /// Owners of the direct references (usually none or one).
-    direct: Vec<u32>,
+    /// The direct references (usually none or one).
+    direct: Vec<Direct>,
+}
+
+/// A reference of one client at an owner, returned on its release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Direct {
+    owner: u32,
+    /// The owner fenced this node since it was taken (`fencing.rs`): the
+    /// owner holds it in quarantine, so it is never released there.
+    fenced: bool,
 }
 
 /// Idle loans a node keeps at most (beyond it, the longest idle go first).
@@ -165,13 +174,24 @@ impl Loans {
     /// `client` holds a reference at `owner` that is returned on its release
     /// (its remote creations, network-mode gets).
     pub fn direct(&mut self, client: ClientId, id: ObjectId, owner: u32) {
+        self.push_direct(client, id, owner, false);
+    }
+
+    /// `client` holds a reference at `owner` that `owner` fenced already
+    /// (granted before the fence, answered after this node heard of it):
+    /// counted until the client lets go, never released.
+    pub fn direct_fenced(&mut self, client: ClientId, id: ObjectId, owner: u32) {
+        self.push_direct(client, id, owner, true);
+    }
+
+    fn push_direct(&mut self, client: ClientId, id: ObjectId, owner: u32, fenced: bool) {
         self.holds
             .entry(client)
             .or_default()
             .entry(id)
             .or_default()
             .direct
-            .push(owner);
+            .push(Direct { owner, fenced });
     }
 
     /// Whether `client` holds a reference to `id` on another node.
@@ -208,8 +228,10 @@ impl Loans {
                 not_held(id);
                 continue;
             };
-            if let Some(owner) = hold.direct.pop() {
-                out.push((owner, *id));
+            if let Some(direct) = hold.direct.pop() {
+                if !direct.fenced {
+                    out.push((direct.owner, *id));
+                }
             } else {
                 hold.lent -= 1;
                 unused.push(*id);
@@ -232,7 +254,12 @@ impl Loans {
         let now = Instant::now();
         let mut out = Vec::new();
         for (id, hold) in self.holds.remove(&client).unwrap_or_default() {
-            out.extend(hold.direct.into_iter().map(|owner| (owner, id)));
+            out.extend(
+                hold.direct
+                    .into_iter()
+                    .filter(|d| !d.fenced)
+                    .map(|d| (d.owner, id)),
+            );
             for _ in 0..hold.lent {
                 out.extend(self.unuse(id, now));
             }
@@ -274,6 +301,55 @@ impl Loans {
             loan.users > 0
         });
         lost
+    }
+
+    /// `owner` fenced this node (`fencing.rs`): it holds every reference this
+    /// node had there in quarantine. Loans serve no new get and are never
+    /// returned; direct references are not released. Returns how many
+    /// references that is (loans in use or idle, and direct ones).
+    pub fn fence(&mut self, owner: u32) -> usize {
+        let mut fenced = 0;
+        self.loans.retain(|_, loan| {
+            if loan.owner != owner {
+                return true;
+            }
+            fenced += 1;
+            loan.revoked = true;
+            loan.lost = true;
+            loan.users > 0
+        });
+        for held in self.holds.values_mut() {
+            for hold in held.values_mut() {
+                for d in hold
+                    .direct
+                    .iter_mut()
+                    .filter(|d| d.owner == owner && !d.fenced)
+                {
+                    d.fenced = true;
+                    fenced += 1;
+                }
+            }
+        }
+        fenced
+    }
+
+    /// How many references at `owner` this node's clients still hold that
+    /// are fenced or lost (loans in use, direct references): the owner's
+    /// quarantine may be freed only at zero.
+    pub fn fenced_held(&self, owner: u32) -> usize {
+        let lent = self
+            .loans
+            .values()
+            .filter(|l| l.owner == owner && l.lost && l.users > 0)
+            .count();
+        let direct = self
+            .holds
+            .values()
+            .flat_map(|held| held.values())
+            .flat_map(|hold| hold.direct.iter())
+            .filter(|d| d.owner == owner && d.fenced)
+            .count();
+        lent + direct
     }
 
     /// `owner` deleted `ids` (its revoke number `number`): their loans serve
@@ -357,7 +433,7 @@ impl Loans {
         for held in self.holds.values_mut() {
             held.retain(|id, hold| {
                 let before = hold.direct.len();
-                hold.direct.retain(|&o| o != owner);
+                hold.direct.retain(|d| d.owner != owner);
                 forgotten += before - hold.direct.len();
                 if lent_gone.contains(id) {
                     forgotten += hold.lent as usize;
@@ -534,6 +610,36 @@ mod tests {
         off.acquired(1, id(1), grant(2, 7, 0), true);
         assert_eq!(off.len(), 0);
         assert_eq!(off.release(1, &[id(1)]), vec![(2, id(1))]);
+    }
+
+    #[test]
+    fn fenced_references_are_never_released_and_counted_until_let_go() {
+        let mut l = loans();
+        l.acquired(1, id(1), grant(2, 7, 0), true); // a loan in use
+        l.acquired(1, id(2), grant(2, 7, 0), true);
+        assert!(l.release(1, &[id(2)]).is_empty()); // an idle loan
+        l.direct(3, id(3), 2); // a remote creation
+        l.direct(3, id(4), 5); // at another owner
+        assert_eq!(l.fence(2), 3);
+        assert_eq!(l.fenced_held(2), 2, "the loan in use and the creation");
+        assert_eq!(l.fenced_held(5), 0);
+        assert!(l.borrow(4, &[id(1)], |_| true)[0].is_none(), "no new get");
+        assert!(l.release(1, &[id(1)]).is_empty());
+        assert!(l.release(3, &[id(3)]).is_empty());
+        assert_eq!(l.fenced_held(2), 0);
+        assert_eq!(
+            l.release(3, &[id(4)]),
+            vec![(5, id(4))],
+            "other owners as before"
+        );
+        // A grant that crossed the fence: counted, never released.
+        l.direct_fenced(6, id(1), 2);
+        assert_eq!(l.fenced_held(2), 1);
+        assert!(l.drop_client(6).is_empty());
+        assert_eq!(l.fenced_held(2), 0);
+        // After the fence, new references are released as usual.
+        l.acquired(1, id(1), grant(2, 7, 0), false);
+        assert_eq!(l.release(1, &[id(1)]), vec![(2, id(1))]);
     }
 
     #[test]

@@ -25,13 +25,16 @@
 //! then one file per concern, each an `impl Cluster`: `directory` (as a
 //! home), `registry` (claiming and publishing ids), `remote_get`,
 //! `holding` and `loans` (as a holder), `lending` (as an owner),
-//! `remote_alloc`, `copies`, `leases`, `rebuild`, `bulk`, `names` (the
+//! `remote_alloc`, `copies`, `leases`, `fencing` (a peer cut off past its
+//! lease), `rebuild`, `bulk`, `names` (the
 //! namespace as the union of the nodes' names); `listener` is how
 //! the cluster hears its node.
 
 mod bulk;
 mod copies;
 mod directory;
+mod fence_epochs;
+mod fencing;
 mod holding;
 mod leases;
 mod lending;

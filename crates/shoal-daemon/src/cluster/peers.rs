@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shoal_cluster::auth::Credentials;
+use shoal_cluster::auth::{Credentials, PeerIdentity};
 use shoal_cluster::proto::peer_client::PeerClient;
 use shoal_cluster::Topology;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
@@ -119,8 +119,12 @@ pub enum Reach {
 }
 
 impl PeerSet {
-    pub fn new(topology: &Topology, me: u32, metrics: Arc<Metrics>) -> Result<Self> {
-        let credentials = Credentials::new(&topology.token, me)?;
+    pub fn new(
+        topology: &Topology,
+        identity: &PeerIdentity,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self> {
+        let me = identity.me();
         let mut rpcs = Vec::with_capacity(topology.len());
         for node in &topology.nodes {
             if node.id == me {
@@ -141,7 +145,7 @@ impl PeerSet {
                 .keep_alive_while_idle(true);
             let channel = endpoint.connect_lazy();
             rpcs.push(Some(
-                PeerClient::with_interceptor(channel, credentials.clone())
+                PeerClient::with_interceptor(channel, identity.credentials(node.id)?)
                     .max_decoding_message_size(64 << 20)
                     .max_encoding_message_size(64 << 20),
             ));

@@ -99,6 +99,7 @@ impl Cluster {
         let (entries, stale) = self.directory.borrow_mut().forget_owner(node);
         self.owners.borrow_mut().retain(|_, owner| *owner != node);
         let references = self.loans.borrow_mut().forget_owner(node);
+        self.forget_fences_of(node);
         tracing::warn!(
             node,
             entries,

@@ -23,6 +23,9 @@ struct Granted {
     revokes: u64,
     /// Per id, where it is sealed (now referenced by this node), or `None`.
     locations: Vec<Option<ObjectLocation>>,
+    /// Granted before a fence this node has heard of since (`fencing`): the
+    /// owner holds these references in quarantine.
+    fenced: bool,
 }
 
 impl Cluster {
@@ -130,7 +133,11 @@ impl Cluster {
                                 location,
                                 revokes: granted.revokes,
                             };
-                            loans.acquired(client, *id, grant, !network);
+                            if granted.fenced {
+                                loans.direct_fenced(client, *id, owner);
+                            } else {
+                                loans.acquired(client, *id, grant, !network);
+                            }
                         }
                         None => {
                             // Deleted there, or not sealed yet: ask the home again.
@@ -217,9 +224,12 @@ impl Cluster {
                     location,
                     revokes: granted.revokes,
                 };
-                self.loans
-                    .borrow_mut()
-                    .acquired(client, wanted[k], grant, !network);
+                let mut loans = self.loans.borrow_mut();
+                if granted.fenced {
+                    loans.direct_fenced(client, wanted[k], node);
+                } else {
+                    loans.acquired(client, wanted[k], grant, !network);
+                }
             }
         }
         if !surplus.is_empty() {
@@ -277,6 +287,7 @@ impl Cluster {
             entries,
             incarnation,
             revokes,
+            fence_epoch,
         } = self
             .peers
             .call(owner, Reach::FailFast, "acquire", |mut p| async move {
@@ -287,10 +298,12 @@ impl Cluster {
             .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))?;
         // It heard us just now: our lease there runs from here too.
         self.peers.answered(owner);
+        self.heard_fence(owner, fence_epoch);
         Ok(Granted {
             generation: incarnation,
             revokes,
             locations,
+            fenced: self.granted_before_fence(owner, fence_epoch),
         })
     }
 

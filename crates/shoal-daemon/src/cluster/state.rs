@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Duration;
 
+use shoal_cluster::auth::PeerIdentity;
 use shoal_cluster::proto::Location;
 use shoal_cluster::rebuild::{Claims, Readiness};
 use shoal_cluster::{home_of, Access, Directory, Topology};
@@ -16,6 +17,7 @@ use shoal_core::object_table::ClientId;
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
 
+use crate::cluster::fence_epochs::Fences;
 use crate::cluster::loans::Loans;
 use crate::cluster::peers::PeerSet;
 use crate::node::Node;
@@ -117,6 +119,8 @@ pub struct Cluster {
     /// The node this daemon serves: the cluster changes its store through it.
     pub(crate) node: Rc<Node>,
     pub(crate) supervisor: Supervisor,
+    /// Who this node is to its peers, and how it checks who they are.
+    pub(crate) identity: PeerIdentity,
     pub(crate) peers: PeerSet,
     pub(crate) directory: RefCell<Directory>,
     /// Owner of ids seen on other nodes (a cache: a stale entry costs one
@@ -140,6 +144,8 @@ pub struct Cluster {
     pub(crate) heartbeats_sent: Cell<u64>,
     /// This node's directory rebuild, and what it restores at restarted peers.
     pub(crate) rebuild: RefCell<Rebuild>,
+    /// Fence epochs given to peers and heard from owners (`fencing`).
+    pub(crate) fences: RefCell<Fences>,
 }
 
 impl Cluster {
@@ -153,15 +159,24 @@ impl Cluster {
     ) -> Result<Self> {
         let topology = config.topology.clone().sorted();
         topology.node(config.node)?;
-        let peers = PeerSet::new(&topology, config.node, node.metrics().clone())?;
+        let identity = PeerIdentity::for_node(&topology, config.node)?;
+        if !identity.per_node() {
+            tracing::warn!(
+                "the cluster file gives no per-node keys: peers prove only the shared token, \
+                 so any member can speak as any node (docs/security.md; `shoal cluster up` makes keys)"
+            );
+        }
+        let peers = PeerSet::new(&topology, &identity, node.metrics().clone())?;
         let rebuild = Rebuild::new(topology.len(), config.node, topology.lease);
         let linger = topology.linger;
+        let n = topology.len();
         Ok(Self {
             topology,
             me: config.node,
             incarnation,
             node,
             supervisor,
+            identity,
             peers,
             directory: RefCell::default(),
             owners: RefCell::default(),
@@ -172,6 +187,7 @@ impl Cluster {
             unregister_later: RefCell::default(),
             heartbeats_sent: Cell::new(0),
             rebuild: RefCell::new(rebuild),
+            fences: RefCell::new(Fences::new(n)),
         })
     }
 

@@ -45,9 +45,14 @@ pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
         PeerCall::Heartbeat {
             from,
             incarnation,
+            fence_epoch,
+            fence_confirmed,
             reply,
         } => {
+            // A restart first: it starts the peer's epochs again.
             cluster.heard_incarnation(from, incarnation);
+            cluster.heard_fence(from, fence_epoch);
+            cluster.fence_confirmed(from, fence_confirmed);
             let _ = reply.send(cluster.heartbeat_reply());
         }
         PeerCall::Register {
@@ -158,9 +163,26 @@ pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
                 entries,
                 incarnation: cluster.incarnation,
                 revokes: cluster.revokes_sent(),
+                fence_epoch: cluster.fence_epoch_for(from),
             });
         }
-        PeerCall::Release { ids, from } => ops.release(principals::peer(from), &ids),
+        PeerCall::Release {
+            ids,
+            from,
+            fence_epoch,
+        } => {
+            if cluster.release_counts(from, fence_epoch) {
+                ops.release(principals::peer(from), &ids);
+            } else {
+                // Sent before this node fenced `from`: those references are
+                // in quarantine, and one `from` took since must stay.
+                tracing::debug!(
+                    from,
+                    count = ids.len(),
+                    "ignored a release from before a fence"
+                );
+            }
+        }
         PeerCall::Delete { ids, reply } => {
             let ops = ops.clone();
             ops.supervisor
@@ -191,12 +213,14 @@ pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
                             message: String::new(),
                             offsets: locations.iter().map(|l| l.offset).collect(),
                             incarnation: cluster.incarnation,
+                            fence_epoch: cluster.fence_epoch_for(from),
                         },
                         Err(err) => AllocateReply {
                             code: u32::from(err.kind().code()),
                             message: err.message().to_owned(),
                             offsets: Vec::new(),
                             incarnation: 0,
+                            fence_epoch: cluster.fence_epoch_for(from),
                         },
                     };
                     let _ = reply.send(answer);

@@ -16,6 +16,9 @@ pub enum PeerCall {
     Heartbeat {
         from: u32,
         incarnation: u64,
+        /// `from`'s fence epoch for this node, and this node's it confirms.
+        fence_epoch: u64,
+        fence_confirmed: u64,
         reply: oneshot::Sender<HeartbeatReply>,
     },
     Register {
@@ -65,6 +68,8 @@ pub enum PeerCall {
     Release {
         ids: Vec<ObjectId>,
         from: u32,
+        /// This node's fence epoch for `from`, as `from` knew it.
+        fence_epoch: u64,
     },
     Delete {
         ids: Vec<ObjectId>,
@@ -151,7 +156,7 @@ impl PeerCall {
             C::Restore { from, pending, .. } => ("restore", Some(*from), pending),
             C::Restored { from, .. } => ("restored", Some(*from), &[]),
             C::Acquire { ids, from, .. } => ("acquire", Some(*from), ids),
-            C::Release { ids, from } => ("release", Some(*from), ids),
+            C::Release { ids, from, .. } => ("release", Some(*from), ids),
             C::Delete { ids, .. } => ("delete", None, ids),
             C::Revoke { ids, from, .. } => ("revoke", Some(*from), ids),
             C::GiveBack { from, .. } => ("give_back", Some(*from), &[]),

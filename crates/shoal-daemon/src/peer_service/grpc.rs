@@ -8,8 +8,8 @@ use shoal_cluster::proto::peer_server::Peer;
 use shoal_cluster::proto::{
     AcquireReply, AcquireRequest, AllocateReply, AllocateRequest, CachedRequest, Empty,
     HeartbeatReply, HeartbeatRequest, Ids, ListReply, LookupReply, NamesReply, NamesRequest,
-    NodeStatus, Outcome, PublishRequest, RegisterRequest, RenameNameRequest, RestoreRequest,
-    RestoredRequest, RevokeRequest, SealRequest, Statuses, UnlinkNameRequest,
+    NodeStatus, Outcome, PublishRequest, RegisterRequest, ReleaseRequest, RenameNameRequest,
+    RestoreRequest, RestoredRequest, RevokeRequest, SealRequest, Statuses, UnlinkNameRequest,
 };
 use shoal_core::store::ObjectLocation;
 use tokio::sync::{mpsc, oneshot};
@@ -55,10 +55,12 @@ impl Peer for PeerService {
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatReply>, Status> {
         let from = verified_peer(&request)?;
-        let incarnation = request.into_inner().incarnation;
+        let request = request.into_inner();
         self.ask(|reply| PeerCall::Heartbeat {
             from,
-            incarnation,
+            incarnation: request.incarnation,
+            fence_epoch: request.fence_epoch,
+            fence_confirmed: request.fence_confirmed,
             reply,
         })
         .await
@@ -179,10 +181,16 @@ impl Peer for PeerService {
         .map(Response::new)
     }
 
-    async fn release(&self, request: Request<Ids>) -> Result<Response<Empty>, Status> {
+    async fn release(&self, request: Request<ReleaseRequest>) -> Result<Response<Empty>, Status> {
         let from = verified_peer(&request)?;
-        let ids = unpack(&request.into_inner().ids)?;
-        self.tell(PeerCall::Release { ids, from }).await?;
+        let request = request.into_inner();
+        let ids = unpack(&request.ids)?;
+        self.tell(PeerCall::Release {
+            ids,
+            from,
+            fence_epoch: request.fence_epoch,
+        })
+        .await?;
         Ok(Response::new(Empty {}))
     }
 

@@ -9,7 +9,7 @@ mod grpc;
 
 use std::rc::Rc;
 
-use shoal_cluster::auth::{PeerIdentity, TokenCheck};
+use shoal_cluster::auth::TokenCheck;
 use shoal_cluster::proto::peer_server::PeerServer;
 use shoal_core::error::{Result, ShoalError};
 use tokio::sync::mpsc;
@@ -29,7 +29,7 @@ pub async fn start(ops: &Rc<Ops>) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(node.rpc)
         .await
         .map_err(|e| ShoalError::io(&format!("bind peer RPC {}", node.rpc), e))?;
-    let identity = PeerIdentity::new(&cluster.topology.token, cluster.topology.len() as u32);
+    let identity = cluster.identity.clone();
     let (calls, mut incoming) = mpsc::channel::<calls::PeerCall>(CALL_QUEUE);
     let service = tonic::service::interceptor::InterceptedService::new(
         PeerServer::new(grpc::PeerService { calls }).max_decoding_message_size(64 << 20),

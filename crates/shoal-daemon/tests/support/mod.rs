@@ -11,10 +11,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use shoal_client::Client;
-use shoal_cluster::{Access, Node, Topology};
+use shoal_cluster::auth::Credentials;
+use shoal_cluster::node_keys::NodeKey;
+use shoal_cluster::proto::peer_client::PeerClient;
+use shoal_cluster::{Access, Node, NodeIdentity, Topology};
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::Result;
 use shoal_daemon::{ClusterConfig, DaemonConfig, Shutdown};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
 
 /// Daemon logs in the test's output, at warn (`SHOAL_LOG=debug` shows what
 /// the daemons do). Once per process; later calls change nothing.
@@ -57,6 +62,7 @@ pub fn loopback_topology(
         heartbeat: Duration::from_millis(100),
         lease: Duration::from_secs(5),
         linger,
+        quarantine: None,
         nodes: (0..nodes)
             .map(|i| Node {
                 id: i,
@@ -69,9 +75,53 @@ pub fn loopback_topology(
                 elastic: None,
                 tiers: Default::default(),
                 metrics: None,
+                identity: None,
             })
             .collect(),
     }
+}
+
+/// Gives every node of `topology` a key pair of its own (per-node
+/// identities), private keys in `dir/nK.key`; returns them by node.
+pub fn with_node_keys(topology: &mut Topology, dir: &Path) -> Vec<NodeKey> {
+    topology
+        .nodes
+        .iter_mut()
+        .map(|node| {
+            let key = NodeKey::generate().unwrap();
+            let key_file = dir.join(format!("n{}.key", node.id));
+            key.save(&key_file).unwrap();
+            node.identity = Some(NodeIdentity {
+                public_key: key.public(),
+                key_file,
+            });
+            key
+        })
+        .collect()
+}
+
+/// A peer RPC client as a test playing another node holds it.
+pub type PeerRpc = PeerClient<InterceptedService<Channel, Credentials>>;
+
+/// Runs `calls` against the peer RPC at `rpc` with `credentials`, on a
+/// current-thread runtime of its own (a test playing another node).
+pub fn with_peer<T, F: std::future::Future<Output = T>>(
+    rpc: SocketAddr,
+    credentials: Credentials,
+    calls: impl FnOnce(PeerRpc) -> F,
+) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{rpc}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            calls(PeerClient::with_interceptor(channel, credentials)).await
+        })
 }
 
 /// Waits until a daemon answers on `socket`; fails the test at `deadline`.
@@ -79,6 +129,81 @@ pub fn wait_serving(socket: &Path, deadline: Instant) {
     while Client::connect(socket).is_err() {
         assert!(Instant::now() < deadline, "daemon did not start");
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Node 0 of a `nodes`-node cluster, started alone: the other nodes'
+/// addresses have no one behind them, and a test plays them over the peer
+/// RPC. Heartbeats every 100 ms, leases of `lease`; with `node_keys`, every
+/// node has a key pair (`with_node_keys`).
+pub struct LoneNode {
+    pub topology: Topology,
+    pub socket: PathBuf,
+    shutdown: Shutdown,
+    thread: Option<JoinHandle<Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl LoneNode {
+    pub fn start(
+        name: &str,
+        nodes: u32,
+        region_size: u64,
+        node_keys: bool,
+        lease: Duration,
+    ) -> Self {
+        init_logs();
+        let dir = tempfile::tempdir().unwrap();
+        let mut topology = loopback_topology(
+            name,
+            nodes,
+            region_size,
+            Duration::from_millis(1000),
+            dir.path(),
+        );
+        topology.lease = lease;
+        if node_keys {
+            with_node_keys(&mut topology, dir.path());
+        }
+        let socket = topology.nodes[0].socket.clone();
+        let mut config = DaemonConfig::new(&socket, region_size);
+        config.prefault = false;
+        config.cluster = Some(ClusterConfig {
+            topology: topology.clone(),
+            node: 0,
+        });
+        let shutdown = Shutdown::new();
+        let thread = {
+            let shutdown = shutdown.clone();
+            std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
+        };
+        wait_serving(&socket, Instant::now() + Duration::from_secs(10));
+        Self {
+            topology,
+            socket,
+            shutdown,
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.socket).unwrap()
+    }
+
+    /// The node's references on `id` (its own clients' and its peers').
+    pub fn refs(&self, id: shoal_core::ObjectId) -> Option<u32> {
+        let objects = self.client().list().unwrap();
+        objects.iter().find(|o| o.id == id).map(|o| o.refs)
+    }
+}
+
+impl Drop for LoneNode {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap().unwrap();
+        }
     }
 }
 
