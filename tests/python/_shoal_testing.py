@@ -449,3 +449,54 @@ def shoal_command(*args: str, timeout: float = 60) -> subprocess.CompletedProces
     return subprocess.run(
         [sys.executable, "-m", "shoal", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
+
+
+# --- per-node credentials, computed independently of the Rust code (issue 15 item 8) ---
+
+_P = 2**255 - 19
+
+
+def x25519(scalar: bytes, point: bytes) -> bytes:
+    """X25519 (RFC 7748, section 5): the Montgomery ladder, in plain Python (tests only)."""
+    k = bytearray(scalar)
+    k[0] &= 248
+    k[31] = (k[31] & 127) | 64
+    n = int.from_bytes(k, "little")
+    x1 = int.from_bytes(point, "little") & ((1 << 255) - 1)
+    x2, z2, x3, z3, swap = 1, 0, x1, 1, 0
+    for t in reversed(range(255)):
+        bit = (n >> t) & 1
+        if swap ^ bit:
+            x2, x3, z2, z3 = x3, x2, z3, z2
+        swap = bit
+        a, b = (x2 + z2) % _P, (x2 - z2) % _P
+        aa, bb = a * a % _P, b * b % _P
+        e = (aa - bb) % _P
+        c, d = (x3 + z3) % _P, (x3 - z3) % _P
+        da, cb = d * a % _P, c * b % _P
+        x3, z3 = (da + cb) ** 2 % _P, x1 * (da - cb) ** 2 % _P
+        x2, z2 = aa * bb % _P, e * (aa + 121665 * e) % _P
+    if swap:
+        x2, z2 = x3, z3
+    return (x2 * pow(z2, _P - 2, _P) % _P).to_bytes(32, "little")
+
+
+def peer_credential(cluster_file: Path, sender: int, receiver: int) -> str:
+    """The credential node `sender` presents to node `receiver` (docs/security.md): HMAC-SHA256
+    keyed with X25519(sender's key, receiver's public key), over the context, the cluster's name
+    and token (each length-prefixed) and the two node ids."""
+    import hashlib
+    import hmac
+    import tomllib
+
+    config = tomllib.loads(cluster_file.read_text())
+    nodes = {n["id"]: n for n in config["node"]}
+    key_file = Path(nodes[sender]["key_file"])
+    if not key_file.is_absolute():
+        key_file = cluster_file.parent / key_file
+    secret = x25519(bytes.fromhex(key_file.read_text().strip()), bytes.fromhex(nodes[receiver]["public_key"]))
+    message = b"shoal peer credential v1\0"
+    for field in (config["cluster"]["name"].encode(), config["cluster"]["token"].encode()):
+        message += len(field).to_bytes(4, "little") + field
+    message += sender.to_bytes(4, "little") + receiver.to_bytes(4, "little")
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from _shoal_testing import ANSI, Daemon, MiB, short_dir
+from _shoal_testing import ANSI, Daemon, MiB, short_dir, wait_for
 
 import shoal
 
@@ -202,13 +202,22 @@ def test_daemon_logs_have_no_colour_codes_when_not_a_terminal(tmp_path):
             env=env,
         )
         try:
-            shoal.Client(socket_path) if _wait_for_socket(socket_path) else None
+            # The socket's file appears at bind, a moment before the daemon listens.
+            wait_for(lambda: _wait_for_socket(socket_path) and _connects(socket_path), timeout=10)
         finally:
             daemon.terminate()
             assert daemon.wait(timeout=10) == 0
     text = log_path.read_text()
     assert "shoal daemon serving" in text
     assert not ANSI.search(text), f"escape codes in a log file: {text[:200]!r}"
+
+
+def _connects(path: str) -> bool:
+    try:
+        shoal.Client(path).close()
+        return True
+    except shoal.Disconnected:
+        return False
 
 
 def _wait_for_socket(path: str, timeout: float = 10.0) -> bool:

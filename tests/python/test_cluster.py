@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from _shoal_testing import ids_homed_at, in_region, snapshot, wait_for
+from _shoal_testing import ids_homed_at, in_region, peer_credential, snapshot, wait_for
 
 import shoal
 
@@ -631,17 +631,25 @@ def test_the_data_channel_serves_only_checked_requests(mixed_cluster):
     for raw, kind, why in refused:
         status, message = data_channel_request(data[2], 0, "forged", oid, 0, 8, raw=raw)
         assert status == kind and why in message.decode(), (raw, message)
-    for sender, kind, why in [(2, 9, "not a peer"), (9, 9, "not a peer"), (1, 1, "holds no reference")]:
-        status, message = data_channel_request(data[2], sender, token, oid, 0, 8)
+    # Per-node credentials (docs/security.md), computed here without the Rust code.
+    as_node = {n: peer_credential(cluster.file, n, 2) for n in (0, 1, 2)}
+    for sender, credential, kind, why in [
+        (2, as_node[2], 9, "not a peer"),
+        (9, token, 9, "not a peer"),
+        (1, token, 9, "wrong cluster token"),  # the bare token no longer admits a member
+        (1, as_node[0], 9, "wrong cluster token"),  # node 0's credential, claiming node 1
+        (1, as_node[1], 1, "holds no reference"),
+    ]:
+        status, message = data_channel_request(data[2], sender, credential, oid, 0, 8)
         assert status == kind and why in message.decode(), (sender, message)
     # Data then metadata: the object is a little longer than the array.
     for offset, length in [(size + (1 << 20), 8), (8, size + (1 << 20)), (2**64 - 8, 16)]:
-        status, message = data_channel_request(data[2], 0, token, oid, offset, length)
+        status, message = data_channel_request(data[2], 0, as_node[0], oid, offset, length)
         assert status == 9 and "outside" in message.decode()
-    status, body = data_channel_request(data[2], 0, token, OID(b"\x01" * 20), 0, 8)
+    status, body = data_channel_request(data[2], 0, as_node[0], OID(b"\x01" * 20), 0, 8)
     assert status == 1
     # A checked request gets exactly the object's bytes.
-    status, body = data_channel_request(data[2], 0, token, oid, 8 * 1000, 8 * 5)
+    status, body = data_channel_request(data[2], 0, as_node[0], oid, 8 * 1000, 8 * 5)
     assert status == 0 and np.frombuffer(body, np.uint64).tolist() == [1000, 1001, 1002, 1003, 1004]
     assert "data channel request refused" in cluster.log(2)
     # Nothing was pinned or changed: the reader's reference is the only one.

@@ -55,7 +55,7 @@ impl std::fmt::Display for Refusal {
             Self::MissingToken => write!(f, "missing cluster credential"),
             Self::WrongToken => write!(
                 f,
-                "wrong credential for the claimed node (cluster token or node key)"
+                "wrong cluster token or node credential for the claimed node"
             ),
             Self::NoNode => write!(f, "missing or bad {NODE_HEADER}"),
             Self::NotAMember(node) => write!(f, "node {node} is not a member of this cluster"),

@@ -48,8 +48,7 @@ impl NodeKey {
     /// A new key pair from the operating system's random source.
     pub fn generate() -> Result<Self> {
         let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes)
-            .map_err(|e| ShoalError::io("the OS random source", std::io::Error::other(e)))?;
+        getrandom::fill(&mut bytes).map_err(|e| ShoalError::io("the OS random source", e))?;
         Ok(Self::from_secret(bytes))
     }
 
