@@ -51,32 +51,17 @@ impl Cluster {
     /// This node's fence epoch for `node` (carried to it in heartbeats and
     /// Acquire / Allocate answers).
     pub(crate) fn fence_epoch_for(&self, node: u32) -> u64 {
-        self.fences
-            .borrow()
-            .given
-            .get(node as usize)
-            .copied()
-            .unwrap_or(0)
+        epoch_of(&self.fences.borrow().given, node)
     }
 
     /// The epoch this node confirms to `owner` in its heartbeats.
     pub(crate) fn fence_confirmed_to(&self, owner: u32) -> u64 {
-        self.fences
-            .borrow()
-            .confirmed
-            .get(owner as usize)
-            .copied()
-            .unwrap_or(0)
+        epoch_of(&self.fences.borrow().confirmed, owner)
     }
 
     /// The epoch this node heard from `owner` (its releases carry it).
     pub(crate) fn fence_heard_from(&self, owner: u32) -> u64 {
-        self.fences
-            .borrow()
-            .heard
-            .get(owner as usize)
-            .copied()
-            .unwrap_or(0)
+        epoch_of(&self.fences.borrow().heard, owner)
     }
 
     /// `owner` says its fence epoch for this node is `epoch`. A higher one
@@ -101,9 +86,11 @@ impl Cluster {
         );
     }
 
-    /// Whether a reference `owner` granted under `epoch` was fenced already
-    /// (the grant crossed the fence on its way).
-    pub(crate) fn granted_before_fence(&self, owner: u32, epoch: u64) -> bool {
+    /// `owner` granted references under its fence `epoch` (an Acquire or
+    /// Allocate answer): hears the epoch, and tells whether the grant was
+    /// fenced already (it crossed a fence on its way).
+    pub(crate) fn heard_grant(&self, owner: u32, epoch: u64) -> bool {
+        self.heard_fence(owner, epoch);
         epoch < self.fence_heard_from(owner)
     }
 
@@ -195,4 +182,9 @@ impl Cluster {
             fences.confirmed[i] = 0;
         }
     }
+}
+
+/// `node`'s entry of a per-node epoch list (0 for a node not in the cluster).
+fn epoch_of(epochs: &[u64], node: u32) -> u64 {
+    epochs.get(node as usize).copied().unwrap_or(0)
 }

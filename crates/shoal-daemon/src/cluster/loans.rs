@@ -61,6 +61,9 @@ pub(crate) struct Grant {
     pub location: ObjectLocation,
     /// Revokes the owner had sent when it answered.
     pub revokes: u64,
+    /// Granted before a fence this node has heard of since (`fencing.rs`):
+    /// the owner holds the reference in quarantine.
+    pub fenced: bool,
 }
 
 /// One client's references on other nodes' objects.
@@ -145,10 +148,16 @@ impl Loans {
             generation,
             location,
             revokes,
+            fenced,
         } = grant;
+        if fenced {
+            // Counted until the client lets go, never released.
+            self.direct(client, id, owner, true);
+            return;
+        }
         let overtaken = self.revokes_heard.get(&owner).is_some_and(|&n| n > revokes);
         if !lend || self.linger.is_zero() || overtaken || self.loans.contains_key(&id) {
-            self.direct(client, id, owner);
+            self.direct(client, id, owner, false);
             return;
         }
         self.holds
@@ -172,19 +181,10 @@ impl Loans {
     }
 
     /// `client` holds a reference at `owner` that is returned on its release
-    /// (its remote creations, network-mode gets).
-    pub fn direct(&mut self, client: ClientId, id: ObjectId, owner: u32) {
-        self.push_direct(client, id, owner, false);
-    }
-
-    /// `client` holds a reference at `owner` that `owner` fenced already
-    /// (granted before the fence, answered after this node heard of it):
-    /// counted until the client lets go, never released.
-    pub fn direct_fenced(&mut self, client: ClientId, id: ObjectId, owner: u32) {
-        self.push_direct(client, id, owner, true);
-    }
-
-    fn push_direct(&mut self, client: ClientId, id: ObjectId, owner: u32, fenced: bool) {
+    /// (its remote creations, network-mode gets) — unless `fenced`: `owner`
+    /// fenced it already (granted before the fence, answered after this node
+    /// heard of it), so it is counted until the client lets go, never released.
+    pub fn direct(&mut self, client: ClientId, id: ObjectId, owner: u32, fenced: bool) {
         self.holds
             .entry(client)
             .or_default()
@@ -306,18 +306,10 @@ impl Loans {
     /// `owner` fenced this node (`fencing.rs`): it holds every reference this
     /// node had there in quarantine. Loans serve no new get and are never
     /// returned; direct references are not released. Returns how many
-    /// references that is (loans in use or idle, and direct ones).
+    /// references were fenced now (loans not already lost, direct ones).
     pub fn fence(&mut self, owner: u32) -> usize {
-        let mut fenced = 0;
-        self.loans.retain(|_, loan| {
-            if loan.owner != owner {
-                return true;
-            }
-            fenced += 1;
-            loan.revoked = true;
-            loan.lost = true;
-            loan.users > 0
-        });
+        // Loans as when the owner went silent (lost, never returned).
+        let mut fenced = self.owner_lost(owner);
         for held in self.holds.values_mut() {
             for hold in held.values_mut() {
                 for d in hold
@@ -477,6 +469,7 @@ mod tests {
             generation,
             location: AT,
             revokes,
+            fenced: false,
         }
     }
 
@@ -618,8 +611,8 @@ mod tests {
         l.acquired(1, id(1), grant(2, 7, 0), true); // a loan in use
         l.acquired(1, id(2), grant(2, 7, 0), true);
         assert!(l.release(1, &[id(2)]).is_empty()); // an idle loan
-        l.direct(3, id(3), 2); // a remote creation
-        l.direct(3, id(4), 5); // at another owner
+        l.direct(3, id(3), 2, false); // a remote creation
+        l.direct(3, id(4), 5, false); // at another owner
         assert_eq!(l.fence(2), 3);
         assert_eq!(l.fenced_held(2), 2, "the loan in use and the creation");
         assert_eq!(l.fenced_held(5), 0);
@@ -633,7 +626,15 @@ mod tests {
             "other owners as before"
         );
         // A grant that crossed the fence: counted, never released.
-        l.direct_fenced(6, id(1), 2);
+        l.acquired(
+            6,
+            id(1),
+            Grant {
+                fenced: true,
+                ..grant(2, 7, 0)
+            },
+            true,
+        );
         assert_eq!(l.fenced_held(2), 1);
         assert!(l.drop_client(6).is_empty());
         assert_eq!(l.fenced_held(2), 0);

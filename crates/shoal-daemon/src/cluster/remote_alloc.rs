@@ -86,20 +86,14 @@ impl Cluster {
         for l in &locations {
             self.check_location(node, l)?;
         }
-        self.heard_fence(node, reply.fence_epoch);
-        let fenced = self.granted_before_fence(node, reply.fence_epoch);
+        let fenced = self.heard_grant(node, reply.fence_epoch);
         let mut creations = self.creations.borrow_mut();
         let mine = creations.entry(client).or_default();
         for id in &ids {
             mine.insert(*id, node);
             // The creator's reference at the node, returned on release
             // (unless the node fenced this one already: it holds it).
-            let mut loans = self.loans.borrow_mut();
-            if fenced {
-                loans.direct_fenced(client, *id, node);
-            } else {
-                loans.direct(client, *id, node);
-            }
+            self.loans.borrow_mut().direct(client, *id, node, fenced);
         }
         Ok((reply.incarnation, locations))
     }

@@ -132,12 +132,9 @@ impl Cluster {
                                 generation: granted.generation,
                                 location,
                                 revokes: granted.revokes,
+                                fenced: granted.fenced,
                             };
-                            if granted.fenced {
-                                loans.direct_fenced(client, *id, owner);
-                            } else {
-                                loans.acquired(client, *id, grant, !network);
-                            }
+                            loans.acquired(client, *id, grant, !network);
                         }
                         None => {
                             // Deleted there, or not sealed yet: ask the home again.
@@ -223,13 +220,11 @@ impl Cluster {
                     generation,
                     location,
                     revokes: granted.revokes,
+                    fenced: granted.fenced,
                 };
-                let mut loans = self.loans.borrow_mut();
-                if granted.fenced {
-                    loans.direct_fenced(client, wanted[k], node);
-                } else {
-                    loans.acquired(client, wanted[k], grant, !network);
-                }
+                self.loans
+                    .borrow_mut()
+                    .acquired(client, wanted[k], grant, !network);
             }
         }
         if !surplus.is_empty() {
@@ -298,12 +293,11 @@ impl Cluster {
             .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))?;
         // It heard us just now: our lease there runs from here too.
         self.peers.answered(owner);
-        self.heard_fence(owner, fence_epoch);
         Ok(Granted {
             generation: incarnation,
             revokes,
             locations,
-            fenced: self.granted_before_fence(owner, fence_epoch),
+            fenced: self.heard_grant(owner, fence_epoch),
         })
     }
 
