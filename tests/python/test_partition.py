@@ -88,7 +88,7 @@ class Network:
     def __init__(self, nodes: int) -> None:
         self._holders: list[subprocess.Popen] = []
         self._known = {os.readlink("/proc/self/ns/net")}
-        self._cuts: set[tuple[int, int]] = set()
+        self._cuts: set[tuple[int, int]] = set()  # (from, to) pairs whose packets vanish
         try:
             self.router = self._hold(["unshare", "-Urn", "cat"])
             self.nodes = [
@@ -151,17 +151,21 @@ class Network:
             self.run(node, "ip", "link", "set", "eth0", "up")
             self.run(node, "ip", "route", "add", "default", "via", f"10.201.{i}.1")
 
-    def _rules(self, verb: str, a: int, b: int) -> None:
-        for src, dst in ((a, b), (b, a)):
-            rule = ["from", f"10.201.{src}.0/24", "to", f"10.201.{dst}.0/24", "blackhole"]
-            self.run(self.router, "ip", "rule", verb, *rule)
+    def _rule(self, verb: str, src: int, dst: int) -> None:
+        rule = ["from", f"10.201.{src}.0/24", "to", f"10.201.{dst}.0/24", "blackhole"]
+        self.run(self.router, "ip", "rule", verb, *rule)
 
     def cut(self, a: int, b: int) -> None:
         """Drops every packet between nodes a and b, both ways, silently."""
-        pair = (min(a, b), max(a, b))
-        if pair not in self._cuts:
-            self._rules("add", *pair)
-            self._cuts.add(pair)
+        for src, dst in ((a, b), (b, a)):
+            self.drop(src, dst)
+
+    def drop(self, src: int, dst: int) -> None:
+        """Drops every packet from node src to node dst (one way: dst's calls reach src, and
+        src applies them, but its answers never come back)."""
+        if (src, dst) not in self._cuts:
+            self._rule("add", src, dst)
+            self._cuts.add((src, dst))
 
     def isolate(self, node: int) -> None:
         for other in range(len(self.nodes)):
@@ -169,8 +173,8 @@ class Network:
                 self.cut(node, other)
 
     def heal(self) -> None:
-        for pair in sorted(self._cuts):
-            self._rules("del", *pair)
+        for src, dst in sorted(self._cuts):
+            self._rule("del", src, dst)
         self._cuts.clear()
 
     def close(self) -> None:
@@ -536,3 +540,50 @@ def test_no_memory_is_reused_under_a_node_cut_off_past_its_lease(netns_cluster):
         timeout=5,
         message="node 2 confirmed its fence once its reader let go",
     )
+
+
+def test_calls_whose_answers_were_lost_are_reconciled(netns_cluster):
+    """Issue 15 item 10: node 1's Acquire and Register reach node 0 and take effect there, but
+    every answer of node 0 to node 1 is lost, so node 1 times out and tells its clients the
+    calls failed. Node 0 still hears node 1's heartbeats (no lease runs out): before, it kept
+    the reference (the object pinned) and the claim (the id refused to every creator) for as
+    long as node 1 lived. Now node 1 undoes the acquire by its number and unregisters the claim
+    as soon as node 0 answers again."""
+    cluster = netns_cluster
+    c0, c2 = cluster.client(0), cluster.client(2)
+    owned = c0.put(b"owned by node 0, homed at node 2", homed_at(2))
+    claimed = homed_at(0)
+    cluster.network.drop(0, 1)
+    # Node 1 counts node 0 reachable for up to half a lease after it last heard from it, so
+    # both calls go out now (two threads: each waits for the RPC timeout).
+    outcomes: dict[str, object] = {}
+
+    def get() -> None:
+        client = cluster.client(1)
+        outcomes["get"] = timed(lambda: client.get_buffers([owned], timeout_ms=0))
+
+    def create() -> None:
+        client = cluster.client(1)
+        outcomes["put"] = timed(lambda: client.put(b"claimed by node 1", claimed))
+
+    threads = [threading.Thread(target=get), threading.Thread(target=create)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(4 * RPC_TIMEOUT)
+    (got, _), (put, _) = outcomes["get"], outcomes["put"]
+    assert got == [None], got
+    assert isinstance(put, shoal.ShoalError), put
+    # Both took effect at node 0: the reference, and the claim (node 2 is refused it).
+    assert object_refs(c0, owned) == 1
+    with pytest.raises(shoal.ObjectExists):
+        c2.put(b"claimed by node 2", claimed)
+    cluster.network.heal()
+    wait_for(lambda: object_refs(c0, owned) == 0, timeout=3 * LEASE, message="the acquire undone")
+    wait_for(lambda: _claims(c2, [claimed]), timeout=3 * LEASE, message="the claim given up")
+    assert bytes(c2.get_buffers([claimed], timeout_ms=1000)[0]) == b"again"
+    assert bytes(cluster.client(1).get_buffers([owned], timeout_ms=1000)[0]) == (
+        b"owned by node 0, homed at node 2"
+    )
+    # Nobody was fenced: node 0 heard node 1 all along.
+    assert "fenced node" not in cluster.log(0)

@@ -904,6 +904,11 @@ impl Store {
             .map(|e| e.residency)
     }
 
+    /// Whether `id` has an entry here in any state (being created included).
+    pub fn knows(&self, id: &ObjectId) -> bool {
+        self.table.find(id).is_some()
+    }
+
     pub fn contains(&self, id: &ObjectId) -> bool {
         self.table
             .find(id)

@@ -73,6 +73,7 @@ fn references_acquired_before_any_heartbeat_go_when_the_caller_restarts() {
         let request = AcquireRequest {
             ids: pack(&[id]),
             incarnation: 111,
+            ..Default::default()
         };
         let reply = peer.acquire(request).await.unwrap().into_inner();
         assert_eq!(reply.entries[0], 1, "found and referenced");
@@ -198,10 +199,158 @@ fn a_peer_cut_off_past_its_lease_is_fenced_its_memory_quarantined_not_reused() {
     );
 }
 
+// Numbered reference calls (issue 15 item 10, docs/cluster.md "Numbered
+// reference calls"): node 1 sends a call again after its answer was lost,
+// or undoes an acquire whose answer it never got.
+
+#[test]
+fn a_release_sent_again_under_its_number_drops_one_reference() {
+    // (Unnumbered, the second copy dropped the reference node 1's other
+    // client still reads through: refs 0, the object evictable under it.)
+    let node = node_zero();
+    let id = homed_at_zero();
+    node.client()
+        .put(id, b"read by two clients of node 1", b"")
+        .unwrap();
+    let n = &node;
+    as_node_1(n, |mut peer| async move {
+        peer.heartbeat(heartbeat(111)).await.unwrap();
+        for seq in [1, 2] {
+            let reply = peer
+                .acquire(numbered_acquire(&[id], seq, seq - 1))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(reply.entries[0], 1, "found and referenced");
+        }
+        assert_eq!(n.refs(id), Some(2));
+        let once = ReleaseRequest {
+            seq: 3,
+            settled: 2,
+            ..release(id, 0)
+        };
+        peer.release(once.clone()).await.unwrap();
+        // Its answer was lost: node 1 sends it again.
+        peer.release(once).await.unwrap();
+        assert_eq!(n.refs(id), Some(1), "applied once");
+        // A later number is a new release.
+        peer.release(ReleaseRequest {
+            seq: 4,
+            settled: 3,
+            ..release(id, 0)
+        })
+        .await
+        .unwrap();
+        assert_eq!(n.refs(id), Some(0));
+    });
+}
+
+#[test]
+fn an_acquire_whose_answer_was_lost_is_undone_once() {
+    // (Before, an acquire that timed out at node 1 but was applied here
+    // kept its reference until node 1 restarted: the object pinned.)
+    let node = node_zero();
+    let (kept, lost) = (homed_at_zero(), homed_at_zero());
+    node.client().put(kept, b"kept", b"").unwrap();
+    node.client().put(lost, b"lost", b"").unwrap();
+    let n = &node;
+    as_node_1(n, |mut peer| async move {
+        peer.heartbeat(heartbeat(111)).await.unwrap();
+        // Call 1 is answered; call 2's answer is lost (node 1 timed out).
+        peer.acquire(numbered_acquire(&[kept], 1, 0)).await.unwrap();
+        peer.acquire(numbered_acquire(&[kept, lost], 2, 1))
+            .await
+            .unwrap();
+        assert_eq!((n.refs(kept), n.refs(lost)), (Some(2), Some(1)));
+        let undo = ReleaseRequest {
+            settled: 1,
+            undo: vec![2],
+            ..Default::default()
+        };
+        peer.release(undo.clone()).await.unwrap();
+        assert_eq!(
+            (n.refs(kept), n.refs(lost)),
+            (Some(1), Some(0)),
+            "exactly what call 2 took"
+        );
+        // The undo sent again (its answer lost too) drops nothing more.
+        peer.release(undo).await.unwrap();
+        assert_eq!(n.refs(kept), Some(1));
+    });
+}
+
+#[test]
+fn an_acquire_overtaken_by_its_undo_takes_nothing() {
+    let node = node_zero();
+    let id = homed_at_zero();
+    node.client().put(id, b"late", b"").unwrap();
+    let n = &node;
+    as_node_1(n, |mut peer| async move {
+        peer.heartbeat(heartbeat(111)).await.unwrap();
+        peer.release(ReleaseRequest {
+            undo: vec![5],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let reply = peer
+            .acquire(numbered_acquire(&[id], 5, 4))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.entries[0], 0, "not referenced");
+        assert_eq!(n.refs(id), Some(0));
+        // A settled number is never applied again either.
+        let reply = peer
+            .acquire(numbered_acquire(&[id], 3, 5))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.entries[0], 0);
+        assert_eq!(n.refs(id), Some(0));
+    });
+}
+
+#[test]
+fn a_release_meant_for_a_previous_incarnation_is_ignored() {
+    let node = node_zero();
+    let id = homed_at_zero();
+    node.client().put(id, b"restarted owner", b"").unwrap();
+    let n = &node;
+    as_node_1(n, |mut peer| async move {
+        let reply = peer.acquire(acquire(&[id])).await.unwrap().into_inner();
+        assert_eq!(n.refs(id), Some(1));
+        peer.release(ReleaseRequest {
+            callee_incarnation: reply.incarnation + 1,
+            ..release(id, 0)
+        })
+        .await
+        .unwrap();
+        assert_eq!(n.refs(id), Some(1), "not this incarnation's");
+        peer.release(ReleaseRequest {
+            callee_incarnation: reply.incarnation,
+            ..release(id, 0)
+        })
+        .await
+        .unwrap();
+        assert_eq!(n.refs(id), Some(0));
+    });
+}
+
 fn acquire(ids: &[ObjectId]) -> AcquireRequest {
     AcquireRequest {
         ids: pack(ids),
         incarnation: 111,
+        ..Default::default()
+    }
+}
+
+/// Acquire number `seq` (node 1's calls up to `settled` settled).
+fn numbered_acquire(ids: &[ObjectId], seq: u64, settled: u64) -> AcquireRequest {
+    AcquireRequest {
+        seq,
+        settled,
+        ..acquire(ids)
     }
 }
 
@@ -219,5 +368,6 @@ fn release(id: ObjectId, fence_epoch: u64) -> ReleaseRequest {
     ReleaseRequest {
         ids: pack(&[id]),
         fence_epoch,
+        ..Default::default()
     }
 }

@@ -118,6 +118,7 @@ fn a_member_cannot_speak_as_another_member() {
             .acquire(AcquireRequest {
                 ids: pack(&[id]),
                 incarnation: 111,
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -39,6 +39,8 @@ impl Cluster {
         let (objects, unsealed) = self.node.mutate(|store| {
             store.transfer_client(principals::peer(node), principals::fenced(node))
         });
+        // An undo of an Acquire from before must not drop references taken since.
+        self.ledger.borrow_mut().fenced(node);
         tracing::warn!(
             node,
             epoch,

@@ -4,6 +4,7 @@
 use shoal_core::object_table::ClientId;
 use shoal_core::ObjectId;
 
+use crate::cluster::ref_journal::{PendingRelease, Resend};
 use crate::cluster::state::Cluster;
 
 impl Cluster {
@@ -77,29 +78,107 @@ impl Cluster {
 
 impl Cluster {
     /// Sends releases to owners (one call per owner). A release that fails
-    /// is reclaimed by the owner's lease on our references (fenced there).
+    /// is sent again under its number when the owner answers a heartbeat
+    /// (`ref_journal`); one from before a fence is dropped there.
     pub async fn release(&self, refs: Vec<(u32, ObjectId)>) {
-        use crate::cluster::peers::{join_all, pairs_by_node, Reach};
-        let calls = pairs_by_node(refs)
-            .into_iter()
-            .map(|(owner, ids)| async move {
-                let request = shoal_cluster::proto::ReleaseRequest {
-                    ids: shoal_cluster::ids::pack(&ids),
-                    // Under the epoch this node knows: one the owner fenced
-                    // since is ignored there (`fencing.rs`).
-                    fence_epoch: self.fence_heard_from(owner),
-                };
-                let outcome = self
-                    .peers
-                    .call(owner, Reach::Try, "release", |mut p| async move {
-                        p.release(request).await
-                    })
-                    .await;
-                if let Err(err) = outcome {
-                    tracing::debug!(owner, %err, "release failed");
-                }
-            });
+        use crate::cluster::peers::{join_all, pairs_by_node};
+        let calls = pairs_by_node(refs).into_iter().map(|(owner, ids)| {
+            let numbered = self.journal.borrow_mut().begin(owner);
+            let release = PendingRelease {
+                seq: numbered.seq,
+                ids,
+                // Under the epoch this node knows: one the owner fenced
+                // since is ignored there (`fencing.rs`).
+                fence_epoch: self.fence_heard_from(owner),
+            };
+            self.send_release(owner, release, numbered.settled, Vec::new())
+        });
         join_all(calls).await;
+    }
+
+    /// One Release to `owner`, undoing the Acquires `undo`; on failure kept
+    /// to send again (the undos too).
+    async fn send_release(
+        &self,
+        owner: u32,
+        release: PendingRelease,
+        settled: u64,
+        undo: Vec<u64>,
+    ) {
+        use crate::cluster::peers::Reach;
+        let request = shoal_cluster::proto::ReleaseRequest {
+            ids: shoal_cluster::ids::pack(&release.ids),
+            fence_epoch: release.fence_epoch,
+            seq: release.seq,
+            settled,
+            undo: undo.clone(),
+            callee_incarnation: self.peers.incarnation_of(owner).unwrap_or(0),
+        };
+        let outcome = self
+            .peers
+            .call(owner, Reach::Try, "release", |mut p| async move {
+                p.release(request).await
+            })
+            .await;
+        let mut journal = self.journal.borrow_mut();
+        match outcome {
+            Ok(_) => {
+                if release.seq != 0 {
+                    journal.answered(owner, release.seq);
+                }
+                for acquire in undo {
+                    journal.answered(owner, acquire);
+                }
+            }
+            Err(err) => {
+                tracing::debug!(owner, %err, "release failed; sent again when the owner answers");
+                let epoch = release.fence_epoch;
+                if release.seq != 0 {
+                    journal.release_failed(owner, release);
+                }
+                for acquire in undo {
+                    journal.acquire_failed(owner, acquire, epoch);
+                }
+            }
+        }
+    }
+
+    /// Sends `owner` again the releases whose calls failed and the undos of
+    /// acquires whose answers were lost (it just answered a heartbeat).
+    pub async fn resend_reference_calls(&self, owner: u32) {
+        let resend = self
+            .journal
+            .borrow_mut()
+            .take_resend(owner, self.fence_heard_from(owner));
+        if resend.is_empty() {
+            return;
+        }
+        let Resend {
+            releases,
+            undo,
+            settled,
+        } = resend;
+        tracing::info!(
+            owner,
+            releases = releases.len(),
+            undone = undo.len(),
+            "sending again reference calls whose answers were lost"
+        );
+        let epoch = self.fence_heard_from(owner);
+        // The undos ride on an unnumbered release of nothing: undoing is
+        // idempotent by itself (`ref_ledger`).
+        let undos = PendingRelease {
+            seq: 0,
+            ids: Vec::new(),
+            fence_epoch: epoch,
+        };
+        let mut calls = vec![self.send_release(owner, undos, settled, undo)];
+        calls.extend(
+            releases
+                .into_iter()
+                .map(|release| self.send_release(owner, release, settled, Vec::new())),
+        );
+        crate::cluster::peers::join_all(calls).await;
     }
 
     /// [`release`](Self::release) in the background (a client's release is

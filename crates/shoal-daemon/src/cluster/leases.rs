@@ -47,6 +47,8 @@ impl Cluster {
             // Before it counts as alive again (so before any create here can
             // claim those ids there anew).
             self.unregister_missed(node).await;
+            // Releases and undos of acquires whose answers were lost.
+            self.resend_reference_calls(node).await;
         }
         self.peers.heartbeat_answered(node, ok);
         self.heartbeats_sent.set(self.heartbeats_sent.get() + 1);
@@ -92,6 +94,8 @@ impl Cluster {
             store.disconnect(client);
             store.register_client(client);
         });
+        // It numbers its calls afresh.
+        self.ledger.borrow_mut().forget(node);
         tracing::warn!(node, "released the references node {node} held: {why}");
     }
 

@@ -125,3 +125,27 @@ impl Cluster {
         });
     }
 }
+
+impl Cluster {
+    /// Whether to apply Acquire `seq` from `peer` (`ref_ledger`).
+    pub fn admit_acquire(&self, peer: u32, seq: u64, settled: u64) -> bool {
+        self.ledger.borrow_mut().admit_acquire(peer, seq, settled)
+    }
+
+    /// Acquire `seq` from `peer` took references on `taken`.
+    pub fn acquired(&self, peer: u32, seq: u64, taken: Vec<ObjectId>) {
+        self.ledger.borrow_mut().acquired(peer, seq, taken);
+    }
+
+    /// A Release from `peer` (`ref_ledger::RefLedger::release`): whether to
+    /// apply its ids, and the references of the Acquires it undoes.
+    pub fn ledger_release(
+        &self,
+        peer: u32,
+        seq: u64,
+        settled: u64,
+        undo: &[u64],
+    ) -> (bool, Vec<ObjectId>) {
+        self.ledger.borrow_mut().release(peer, seq, settled, undo)
+    }
+}

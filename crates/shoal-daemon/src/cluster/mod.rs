@@ -26,7 +26,8 @@
 //! home), `registry` (claiming and publishing ids), `remote_get`,
 //! `holding` and `loans` (as a holder), `lending` (as an owner),
 //! `remote_alloc`, `copies`, `leases`, `fencing` (a peer cut off past its
-//! lease), `rebuild`, `bulk`, `names` (the
+//! lease), `ref_ledger` / `ref_journal` (numbered Acquire and Release calls,
+//! applied once and sent again until answered), `rebuild`, `bulk`, `names` (the
 //! namespace as the union of the nodes' names); `listener` is how
 //! the cluster hears its node.
 
@@ -43,6 +44,8 @@ mod loans;
 pub mod names;
 pub mod peers;
 mod rebuild;
+mod ref_journal;
+mod ref_ledger;
 mod registry;
 mod remote_alloc;
 mod remote_get;

@@ -100,6 +100,7 @@ impl Cluster {
         self.owners.borrow_mut().retain(|_, owner| *owner != node);
         let references = self.loans.borrow_mut().forget_owner(node);
         self.forget_fences_of(node);
+        self.journal.borrow_mut().forget(node);
         tracing::warn!(
             node,
             entries,

@@ -35,14 +35,18 @@ impl Cluster {
                         owner: self.me,
                         incarnation: self.incarnation,
                     };
-                    self.peers
+                    let reply = self
+                        .peers
                         .call(*home, Reach::FailFast, "register", |mut p| async move {
                             p.register(request).await
                         })
-                        .await?
-                        .codes
+                        .await;
+                    match reply {
+                        Ok(reply) => reply.codes,
+                        Err(err) => return Err((*home, group, err)),
+                    }
                 };
-                Ok::<_, ShoalError>((*home, group, codes))
+                Ok::<_, (u32, Vec<ObjectId>, ShoalError)>((*home, group, codes))
             }
         });
         let mut failure = None;
@@ -69,7 +73,12 @@ impl Cluster {
                         registered.extend(group);
                     }
                 }
-                Err(err) => {
+                Err((home, group, err)) => {
+                    // Failed, or only its answer was lost: the home may hold
+                    // the claim. It is told to forget it when it answers a
+                    // heartbeat (ids this node holds by then are kept).
+                    let mut later = self.unregister_later.borrow_mut();
+                    later.entry(home).or_default().extend(group);
                     failure.get_or_insert(err);
                 }
             }
@@ -122,7 +131,20 @@ impl Cluster {
         let Some(ids) = self.unregister_later.borrow_mut().remove(&home) else {
             return;
         };
-        let ids: Vec<ObjectId> = ids.into_iter().collect();
+        // Not an id this node holds now (created since, or a claim whose
+        // register answer was lost while this node already held the id).
+        let ids: Vec<ObjectId> = self
+            .node
+            .read(|store| ids.into_iter().filter(|id| !store.knows(id)).collect());
+        let ids: Vec<ObjectId> = {
+            let rebuild = self.rebuild.borrow();
+            ids.into_iter()
+                .filter(|id| !self.node.held_below(id) && !rebuild.claims.is_claimed(id))
+                .collect()
+        };
+        if ids.is_empty() {
+            return;
+        }
         let request = Ids { ids: pack(&ids) };
         let outcome = self
             .peers
@@ -134,7 +156,7 @@ impl Cluster {
             Ok(_) => tracing::info!(
                 home,
                 ids = ids.len(),
-                "unregistered ids freed while the home was unreachable"
+                "sent a home the unregisters it missed (ids freed, or claims whose answers were lost)"
             ),
             Err(err) => {
                 tracing::debug!(home, %err, "unregister failed again");

@@ -274,23 +274,50 @@ impl Cluster {
 
     /// References `ids` at `owner`: per id its location if it is sealed there.
     async fn acquire(&self, owner: u32, ids: &[ObjectId]) -> Result<Granted> {
-        let request = AcquireRequest {
-            ids: pack(ids),
-            incarnation: self.incarnation,
-        };
-        let AcquireReply {
-            entries,
-            incarnation,
-            revokes,
-            fence_epoch,
-        } = self
+        // Numbered once it is sent (not when refused before): an answer
+        // that is lost leaves references at the owner, undone by number.
+        let sent = std::cell::Cell::new(None);
+        let fence_epoch = self.fence_heard_from(owner);
+        let answer = self
             .peers
-            .call(owner, Reach::FailFast, "acquire", |mut p| async move {
-                p.acquire(request).await
+            .call(owner, Reach::FailFast, "acquire", |mut p| {
+                let numbered = self.journal.borrow_mut().begin(owner);
+                sent.set(Some(numbered.seq));
+                let request = AcquireRequest {
+                    ids: pack(ids),
+                    incarnation: self.incarnation,
+                    seq: numbered.seq,
+                    settled: numbered.settled,
+                };
+                async move { p.acquire(request).await }
             })
-            .await?;
-        let locations = shoal_cluster::ids::locations(&entries, ids.len())
-            .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))?;
+            .await;
+        // An answer that cannot be read counts as lost (its references are
+        // undone too).
+        let answer = answer.and_then(|reply| {
+            let locations = shoal_cluster::ids::locations(&reply.entries, ids.len())
+                .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))?;
+            Ok((reply, locations))
+        });
+        if let Some(seq) = sent.get() {
+            let mut journal = self.journal.borrow_mut();
+            match &answer {
+                Ok(_) => journal.answered(owner, seq),
+                Err(err) => {
+                    tracing::debug!(owner, %err, "acquire failed; undone when the owner answers");
+                    journal.acquire_failed(owner, seq, fence_epoch);
+                }
+            }
+        }
+        let (
+            AcquireReply {
+                incarnation,
+                revokes,
+                fence_epoch,
+                ..
+            },
+            locations,
+        ) = answer?;
         // It heard us just now: our lease there runs from here too.
         self.peers.answered(owner);
         Ok(Granted {

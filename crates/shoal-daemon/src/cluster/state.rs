@@ -20,6 +20,8 @@ use shoal_core::ObjectId;
 use crate::cluster::fence_epochs::Fences;
 use crate::cluster::loans::Loans;
 use crate::cluster::peers::PeerSet;
+use crate::cluster::ref_journal::RefJournal;
+use crate::cluster::ref_ledger::RefLedger;
 use crate::node::Node;
 use crate::supervisor::Supervisor;
 
@@ -146,6 +148,10 @@ pub struct Cluster {
     pub(crate) rebuild: RefCell<Rebuild>,
     /// Fence epochs given to peers and heard from owners (`fencing`).
     pub(crate) fences: RefCell<Fences>,
+    /// As an owner: the numbered reference calls each peer had applied.
+    pub(crate) ledger: RefCell<RefLedger>,
+    /// As a holder: numbers of our reference calls, and what to send again.
+    pub(crate) journal: RefCell<RefJournal>,
 }
 
 impl Cluster {
@@ -188,6 +194,8 @@ impl Cluster {
             heartbeats_sent: Cell::new(0),
             rebuild: RefCell::new(rebuild),
             fences: RefCell::new(Fences::new(n)),
+            ledger: RefCell::default(),
+            journal: RefCell::default(),
         })
     }
 

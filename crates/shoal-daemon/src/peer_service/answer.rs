@@ -137,24 +137,38 @@ pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
             ids,
             from,
             incarnation,
+            seq,
+            settled,
             reply,
         } => {
             // References are taken for an incarnation this node has recorded:
             // a later restart of the caller then drops them.
             cluster.heard_incarnation(from, incarnation);
             cluster.peers.touch(from);
+            // A copy of a call applied or undone already takes nothing.
+            let admitted = cluster.admit_acquire(from, seq, settled);
             let client = principals::peer(from);
             let mut entries = Vec::with_capacity(ids.len() * LOCATION_RECORD);
             let mut below = Vec::new();
-            ops.node.mutate(|store| {
-                for id in &ids {
-                    let location = store.get(client, id);
-                    if location.is_none() && ops.node.held_below(id) {
-                        below.push(*id);
+            let mut taken = Vec::new();
+            if admitted {
+                ops.node.mutate(|store| {
+                    for id in &ids {
+                        let location = store.get(client, id);
+                        if location.is_some() {
+                            taken.push(*id);
+                        } else if ops.node.held_below(id) {
+                            below.push(*id);
+                        }
+                        push_location(&mut entries, location);
                     }
-                    push_location(&mut entries, location);
+                });
+                cluster.acquired(from, seq, taken);
+            } else {
+                for _ in &ids {
+                    push_location(&mut entries, None);
                 }
-            });
+            }
             // On a tier only: restored now, found when the peer asks again.
             if !below.is_empty() {
                 ops.restore_in_background(below);
@@ -170,9 +184,27 @@ pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
             ids,
             from,
             fence_epoch,
+            seq,
+            settled,
+            undo,
+            callee_incarnation,
         } => {
-            if cluster.release_counts(from, fence_epoch) {
-                ops.release(principals::peer(from), &ids);
+            if callee_incarnation != 0 && callee_incarnation != cluster.incarnation {
+                // Meant for a previous incarnation: its references are gone.
+                tracing::debug!(from, "ignored a release meant for a previous incarnation");
+            } else if cluster.release_counts(from, fence_epoch) {
+                let (apply, undone) = cluster.ledger_release(from, seq, settled, &undo);
+                if apply {
+                    ops.release(principals::peer(from), &ids);
+                }
+                if !undone.is_empty() {
+                    tracing::info!(
+                        from,
+                        references = undone.len(),
+                        "dropped the references of acquires whose answers the caller never got"
+                    );
+                    ops.release(principals::peer(from), &undone);
+                }
             } else {
                 // Sent before this node fenced `from`: those references are
                 // in quarantine, and one `from` took since must stay.

@@ -63,6 +63,9 @@ pub enum PeerCall {
         from: u32,
         /// The caller's incarnation (0: unknown).
         incarnation: u64,
+        /// Its number and the caller's settled mark (`cluster::ref_ledger`).
+        seq: u64,
+        settled: u64,
         reply: oneshot::Sender<AcquireReply>,
     },
     Release {
@@ -70,6 +73,13 @@ pub enum PeerCall {
         from: u32,
         /// This node's fence epoch for `from`, as `from` knew it.
         fence_epoch: u64,
+        /// Its number, the caller's settled mark and the Acquires it undoes
+        /// (`cluster::ref_ledger`).
+        seq: u64,
+        settled: u64,
+        undo: Vec<u64>,
+        /// This node's incarnation as `from` knew it (0: unknown).
+        callee_incarnation: u64,
     },
     Delete {
         ids: Vec<ObjectId>,

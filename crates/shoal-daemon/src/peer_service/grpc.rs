@@ -175,6 +175,8 @@ impl Peer for PeerService {
             ids,
             from,
             incarnation,
+            seq: request.seq,
+            settled: request.settled,
             reply,
         })
         .await
@@ -189,6 +191,10 @@ impl Peer for PeerService {
             ids,
             from,
             fence_epoch: request.fence_epoch,
+            seq: request.seq,
+            settled: request.settled,
+            undo: request.undo,
+            callee_incarnation: request.callee_incarnation,
         })
         .await?;
         Ok(Response::new(Empty {}))
