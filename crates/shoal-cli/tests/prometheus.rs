@@ -276,6 +276,17 @@ fn prometheus_scrapes_a_cluster_and_its_rates_match_the_workload() {
     assert!(queries >= 8);
     // The gauges: every node up, node 0 holding the objects.
     assert_eq!(prometheus.query("shoal_peer_up == 1", None).len(), 6);
+    // Nobody fenced, no reference call left unanswered.
+    assert_eq!(
+        prometheus.query("shoal_peer_quarantined == 0", None).len(),
+        6
+    );
+    assert_eq!(
+        prometheus
+            .query("shoal_peer_unsettled_calls == 0", None)
+            .len(),
+        6
+    );
     // Heartbeats: every node times its calls to each peer, in well under
     // the lease.
     assert_eq!(

@@ -149,6 +149,13 @@ fn a_peer_cut_off_past_its_lease_is_fenced_its_memory_quarantined_not_reused() {
         (Some(1), Some(1)),
         "not freed"
     );
+    // Operators see it (the snapshot behind /metrics is taken every second).
+    let quarantined = || node.peer_metric("shoal_peer_quarantined", 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while quarantined() != Some(1.0) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", quarantined());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     node.client().delete(&[read]).unwrap();
     // Best fit would give a new object of that size the block `read` had.
     let new = node.client().create(homed_at_zero(), 4096, 0, 0).unwrap();
@@ -189,6 +196,11 @@ fn a_peer_cut_off_past_its_lease_is_fenced_its_memory_quarantined_not_reused() {
         .unwrap();
     });
     assert_eq!(n.refs(again), Some(0));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while quarantined() != Some(0.0) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", quarantined());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(
         node.client()
             .list()

@@ -169,6 +169,15 @@ impl Cluster {
         }
     }
 
+    /// Whether what `node` held here is quarantined now.
+    pub fn quarantines(&self, node: u32) -> bool {
+        self.fences
+            .borrow()
+            .quarantined_since
+            .get(node as usize)
+            .is_some_and(Option::is_some)
+    }
+
     /// Whether a release `node` sent under `epoch` still counts here (not
     /// one sent before this node fenced it).
     pub(crate) fn release_counts(&self, node: u32, epoch: u64) -> bool {

@@ -31,6 +31,11 @@ impl Cluster {
         self.loans.borrow_mut().drop_client(client)
     }
 
+    /// Reference calls to `owner` waiting to be sent again or undone.
+    pub fn unsettled_calls_to(&self, owner: u32) -> usize {
+        self.journal.borrow().pending(owner)
+    }
+
     /// Loans this node holds (in use or lingering), for `cluster status`.
     pub fn loans_held(&self) -> usize {
         self.loans.borrow().len()

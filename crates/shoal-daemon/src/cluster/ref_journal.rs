@@ -168,7 +168,6 @@ impl RefJournal {
     }
 
     /// Calls to `owner` kept to send again.
-    #[cfg(test)]
     pub fn pending(&self, owner: u32) -> usize {
         self.owners
             .get(&owner)

@@ -13,6 +13,7 @@ use shoal_core::ObjectId;
 
 use crate::cluster::loans::{Grant, Loan};
 use crate::cluster::peers::{by_node, join_all, Reach};
+use crate::cluster::ref_journal::RefJournal;
 use crate::cluster::state::{remember_owner, Cluster, Remote};
 
 /// An owner's answer to Acquire.
@@ -276,13 +277,18 @@ impl Cluster {
     async fn acquire(&self, owner: u32, ids: &[ObjectId]) -> Result<Granted> {
         // Numbered once it is sent (not when refused before): an answer
         // that is lost leaves references at the owner, undone by number.
-        let sent = std::cell::Cell::new(None);
+        let sent: std::cell::RefCell<Option<SentAcquire>> = Default::default();
         let fence_epoch = self.fence_heard_from(owner);
         let answer = self
             .peers
             .call(owner, Reach::FailFast, "acquire", |mut p| {
                 let numbered = self.journal.borrow_mut().begin(owner);
-                sent.set(Some(numbered.seq));
+                *sent.borrow_mut() = Some(SentAcquire {
+                    journal: &self.journal,
+                    owner,
+                    seq: numbered.seq,
+                    fence_epoch,
+                });
                 let request = AcquireRequest {
                     ids: pack(ids),
                     incarnation: self.incarnation,
@@ -299,13 +305,13 @@ impl Cluster {
                 .map_err(|s| ShoalError::protocol(format!("node {owner}: {}", s.message())))?;
             Ok((reply, locations))
         });
-        if let Some(seq) = sent.get() {
-            let mut journal = self.journal.borrow_mut();
+        if let Some(sent) = sent.take() {
             match &answer {
-                Ok(_) => journal.answered(owner, seq),
+                Ok(_) => sent.answered(),
                 Err(err) => {
                     tracing::debug!(owner, %err, "acquire failed; undone when the owner answers");
-                    journal.acquire_failed(owner, seq, fence_epoch);
+                    // (Dropping it records the failure.)
+                    drop(sent);
                 }
             }
         }
@@ -377,5 +383,30 @@ impl Cluster {
             }
         }
         results
+    }
+}
+
+/// An Acquire that was sent and is not settled yet. Dropped unanswered —
+/// it failed, or the get waiting on it went away (its client hung up) —
+/// it is recorded to be undone when the owner answers again.
+struct SentAcquire<'a> {
+    journal: &'a std::cell::RefCell<RefJournal>,
+    owner: u32,
+    seq: u64,
+    fence_epoch: u64,
+}
+
+impl SentAcquire<'_> {
+    fn answered(self) {
+        self.journal.borrow_mut().answered(self.owner, self.seq);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for SentAcquire<'_> {
+    fn drop(&mut self) {
+        self.journal
+            .borrow_mut()
+            .acquire_failed(self.owner, self.seq, self.fence_epoch);
     }
 }

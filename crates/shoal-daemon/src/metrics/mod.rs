@@ -86,6 +86,12 @@ pub struct StoreGauges {
     pub loans: Gauge,
     /// Per other node: 1 while this node hears from it, else 0.
     pub peer_up: Family<[(&'static str, String); 1], Gauge>,
+    /// Per other node: 1 while what it held here is quarantined (fenced,
+    /// not yet confirmed), else 0.
+    pub peer_quarantined: Family<[(&'static str, String); 1], Gauge>,
+    /// Per other node: this node's reference calls to it whose answers were
+    /// lost, waiting to be sent again or undone.
+    pub peer_unsettled_calls: Family<[(&'static str, String); 1], Gauge>,
 }
 
 /// Counters of what the node did, from its events and the store's totals.
@@ -334,6 +340,16 @@ impl Metrics {
             "shoal_peer_up",
             "Per other node of the cluster: 1 while this node hears from it",
             store.peer_up.clone(),
+        );
+        registry.register(
+            "shoal_peer_quarantined",
+            "Per other node: 1 while what it held here is quarantined (fenced after its lease ran out, not yet confirmed)",
+            store.peer_quarantined.clone(),
+        );
+        registry.register(
+            "shoal_peer_unsettled_calls",
+            "Per other node: reference calls to it whose answers were lost, to be sent again or undone",
+            store.peer_unsettled_calls.clone(),
         );
         let events = EventCounters::default();
         for (name, help, counter) in [

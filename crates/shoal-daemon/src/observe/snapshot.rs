@@ -76,10 +76,19 @@ fn take(ops: &Ops, metrics: &Metrics) {
     if let Some(cluster) = &ops.cluster {
         gauges.loans.set(signed(cluster.loans_held() as u64));
         for peer in cluster.others() {
+            let label = [("peer", peer.to_string())];
             gauges
                 .peer_up
-                .get_or_create(&[("peer", peer.to_string())])
+                .get_or_create(&label)
                 .set(i64::from(cluster.is_alive(peer)));
+            gauges
+                .peer_quarantined
+                .get_or_create(&label)
+                .set(i64::from(cluster.quarantines(peer)));
+            gauges
+                .peer_unsettled_calls
+                .get_or_create(&label)
+                .set(signed(cluster.unsettled_calls_to(peer) as u64));
         }
     }
     if ops.tiers.is_some() {

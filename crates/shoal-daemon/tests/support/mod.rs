@@ -139,6 +139,8 @@ pub fn wait_serving(socket: &Path, deadline: Instant) {
 pub struct LoneNode {
     pub topology: Topology,
     pub socket: PathBuf,
+    /// Its metrics endpoint (`/metrics`).
+    pub metrics: SocketAddr,
     shutdown: Shutdown,
     thread: Option<JoinHandle<Result<()>>>,
     _dir: tempfile::TempDir,
@@ -168,6 +170,11 @@ impl LoneNode {
         let socket = topology.nodes[0].socket.clone();
         let mut config = DaemonConfig::new(&socket, region_size);
         config.prefault = false;
+        let metrics = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        config.metrics = Some(metrics);
         config.cluster = Some(ClusterConfig {
             topology: topology.clone(),
             node: 0,
@@ -181,6 +188,7 @@ impl LoneNode {
         Self {
             topology,
             socket,
+            metrics,
             shutdown,
             thread: Some(thread),
             _dir: dir,
@@ -189,6 +197,24 @@ impl LoneNode {
 
     pub fn client(&self) -> Client {
         Client::connect(&self.socket).unwrap()
+    }
+
+    /// The value of metric `name` for `peer` (a `peer` label), as scraped
+    /// from the node's `/metrics` now.
+    pub fn peer_metric(&self, name: &str, peer: u32) -> Option<f64> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(self.metrics).unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let peer = peer.to_string();
+        shoal_daemon::metrics::exposition::parse(body)
+            .into_iter()
+            .find(|s| s.name == name && s.label("peer") == Some(peer.as_str()))
+            .map(|s| s.value)
     }
 
     /// The node's references on `id` (its own clients' and its peers').
