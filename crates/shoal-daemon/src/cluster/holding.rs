@@ -125,12 +125,12 @@ impl Cluster {
                 p.release(request).await
             })
             .await;
+        // (An unnumbered carrier of undos, seq 0, is never open in the
+        // journal: answering or failing it is a no-op there.)
         let mut journal = self.journal.borrow_mut();
         match outcome {
             Ok(_) => {
-                if release.seq != 0 {
-                    journal.answered(owner, release.seq);
-                }
+                journal.answered(owner, release.seq);
                 for acquire in undo {
                     journal.answered(owner, acquire);
                 }
@@ -138,9 +138,7 @@ impl Cluster {
             Err(err) => {
                 tracing::debug!(owner, %err, "release failed; sent again when the owner answers");
                 let epoch = release.fence_epoch;
-                if release.seq != 0 {
-                    journal.release_failed(owner, release);
-                }
+                journal.release_failed(owner, release);
                 for acquire in undo {
                     journal.acquire_failed(owner, acquire, epoch);
                 }
@@ -151,10 +149,8 @@ impl Cluster {
     /// Sends `owner` again the releases whose calls failed and the undos of
     /// acquires whose answers were lost (it just answered a heartbeat).
     pub async fn resend_reference_calls(&self, owner: u32) {
-        let resend = self
-            .journal
-            .borrow_mut()
-            .take_resend(owner, self.fence_heard_from(owner));
+        let epoch = self.fence_heard_from(owner);
+        let resend = self.journal.borrow_mut().take_resend(owner, epoch);
         if resend.is_empty() {
             return;
         }
@@ -169,20 +165,20 @@ impl Cluster {
             undone = undo.len(),
             "sending again reference calls whose answers were lost"
         );
-        let epoch = self.fence_heard_from(owner);
-        // The undos ride on an unnumbered release of nothing: undoing is
-        // idempotent by itself (`ref_ledger`).
-        let undos = PendingRelease {
-            seq: 0,
-            ids: Vec::new(),
-            fence_epoch: epoch,
-        };
-        let mut calls = vec![self.send_release(owner, undos, settled, undo)];
-        calls.extend(
-            releases
-                .into_iter()
-                .map(|release| self.send_release(owner, release, settled, Vec::new())),
-        );
+        let mut calls: Vec<_> = releases
+            .into_iter()
+            .map(|release| self.send_release(owner, release, settled, Vec::new()))
+            .collect();
+        if !undo.is_empty() {
+            // The undos ride on an unnumbered release of nothing: undoing is
+            // idempotent by itself (`ref_ledger`).
+            let undos = PendingRelease {
+                seq: 0,
+                ids: Vec::new(),
+                fence_epoch: epoch,
+            };
+            calls.push(self.send_release(owner, undos, settled, undo));
+        }
         crate::cluster::peers::join_all(calls).await;
     }
 

@@ -133,14 +133,17 @@ impl Cluster {
         };
         // Not an id this node holds now (created since, or a claim whose
         // register answer was lost while this node already held the id).
-        let ids: Vec<ObjectId> = self
-            .node
-            .read(|store| ids.into_iter().filter(|id| !store.knows(id)).collect());
         let ids: Vec<ObjectId> = {
             let rebuild = self.rebuild.borrow();
-            ids.into_iter()
-                .filter(|id| !self.node.held_below(id) && !rebuild.claims.is_claimed(id))
-                .collect()
+            self.node.read(|store| {
+                ids.into_iter()
+                    .filter(|id| {
+                        !store.knows(id)
+                            && !self.node.held_below(id)
+                            && !rebuild.claims.is_claimed(id)
+                    })
+                    .collect()
+            })
         };
         if ids.is_empty() {
             return;
