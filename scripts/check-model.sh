@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Model-checks the cache coherency protocol (model/coherence.pml) with Spin:
-# the protocol must verify with no errors, and every broken variant must be
-# caught with a counterexample. Exits non-zero otherwise.
+# Model-checks shoal's protocols with Spin: the cache coherency protocol
+# (model/coherence.pml) and the fast path's get without a round trip
+# (model/fast_reads.pml). Each must verify with no errors, and every broken
+# variant must be caught with a counterexample. Exits non-zero otherwise.
 #
 # Needs spin and gcc on PATH (installs nothing). On Debian/Ubuntu:
 #     apt-get install -y spin gcc
@@ -9,7 +10,7 @@
 # Set KEEP=1 to keep it (trails for `spin -t -p` included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODEL="$PWD/model/coherence.pml"
+MODELS="$PWD/model"
 
 missing=0
 for tool in spin gcc; do
@@ -28,18 +29,19 @@ else
 fi
 
 # verify NAME [spin -D flags...]: builds and runs an exhaustive safety search
-# in its own directory and prints "<errors> <states stored> <seconds>".
+# of $MODEL in its own directory and prints "<errors> <states stored> <seconds>".
+MODEL=coherence.pml
 verify() {
     local name=$1
     shift
-    local dir="$WORK/$name"
+    local dir="$WORK/${MODEL%.pml}-$name"
     mkdir -p "$dir"
-    cp "$MODEL" "$dir/"
+    cp "$MODELS/$MODEL" "$dir/"
     (
         cd "$dir"
         local start end
         start=$(date +%s%N)
-        spin "$@" -a coherence.pml >spin.log 2>&1 || { cat spin.log >&2; exit 3; }
+        spin "$@" -a "$MODEL" >spin.log 2>&1 || { cat spin.log >&2; exit 3; }
         # pan.c is generated code; its warnings are Spin's, not ours.
         gcc -O2 -DSAFETY -w -o pan pan.c >gcc.log 2>&1 || { cat gcc.log >&2; exit 3; }
         ./pan >pan.log 2>&1 || true
@@ -86,6 +88,27 @@ for variant in NO_FLUSH NO_INVALIDATE NO_OWNER_INVALIDATE NO_ABORT_FLUSH SEAL_BE
             status=1
         fi
     done
+done
+
+# The fast path: a reader holding an object never has its memory freed; each
+# broken variant (no version re-check, counts read before unpublishing, no
+# keeping) must be caught.
+MODEL=fast_reads.pml
+read -r errors states secs < <(verify protocol) || exit 3
+if [ "$errors" = 0 ]; then
+    report "fast reads" "verified: $states states, ${secs}s"
+else
+    report "fast reads" "FAILED: $errors errors (run with KEEP=1, then spin -t -p)"
+    status=1
+fi
+for variant in NO_RECHECK LOOK_BEFORE_UNPUBLISH NO_KEEP; do
+    read -r errors states secs < <(verify "$variant" "-D$variant") || exit 3
+    if [ "$errors" -ge 1 ]; then
+        report "fast reads $variant" "counterexample found as expected (${secs}s)"
+    else
+        report "fast reads $variant" "NOT CAUGHT: verified with $states states"
+        status=1
+    fi
 done
 
 if [ "$status" = 0 ]; then

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use shoal_core::busy_poll;
 pub use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::fd_passing::recv_with_fd;
+use shoal_core::fast_path::readers::FastReads;
+use shoal_core::fd_passing::{recv_with_fd, recv_with_fds};
 use shoal_core::protocol::{
     CreateSpec, FrameHeader, Notification, Reply, Request, FRAME_HEADER_LEN, PROTOCOL_VERSION,
 };
@@ -152,6 +153,8 @@ struct Channel {
     /// ride along with the next request: one system call, one wake-up of
     /// the daemon), then the request being sent.
     output: Vec<u8>,
+    /// The fast path, closed when the connection turns out dead.
+    fast: Option<Arc<FastReads>>,
 }
 
 impl Channel {
@@ -162,6 +165,7 @@ impl Channel {
             start: 0,
             end: 0,
             output: Vec::new(),
+            fast: None,
         }
     }
 
@@ -273,11 +277,33 @@ impl Channel {
 
     /// Sends a request and returns its reply, turning `Error` replies into `Err`.
     fn call(&mut self, request: &Request) -> Result<Reply> {
-        self.send(request)?;
-        match self.recv()? {
+        let reply = self.send(request).and_then(|()| self.recv());
+        if let (Err(err), Some(fast)) = (&reply, &self.fast) {
+            if err.kind() == ErrorKind::Disconnected {
+                // The daemon is gone: the index answers no more gets.
+                fast.close();
+            }
+        }
+        match reply? {
             Reply::Error { kind, message } => Err(ShoalError::new(kind, message)),
             reply => Ok(reply),
         }
+    }
+
+    /// A request whose reply comes with fds attached (nothing else may be
+    /// in flight): the reply and its fds, in order.
+    fn call_with_fds(&mut self, request: &Request) -> Result<(Reply, Vec<std::os::fd::OwnedFd>)> {
+        self.send(request)?;
+        debug_assert!(self.pending().is_empty(), "no reply may be pending");
+        let (n, fds) = recv_with_fds(self.stream.as_fd(), &mut self.input[self.end..])?;
+        if n == 0 {
+            return Err(ShoalError::new(
+                ErrorKind::Disconnected,
+                "the daemon closed the connection",
+            ));
+        }
+        self.end += n;
+        Ok((self.recv()?, fds))
     }
 
     /// Hello → Welcome, receiving the region's fd on the way.
@@ -350,11 +376,36 @@ pub struct Client {
     /// Objects created here (where, in which generation of that node's
     /// region) and not sealed yet, flushed at seal on a non-coherent fabric.
     unsealed: std::collections::HashMap<ObjectId, Located>,
+    /// The fast path (docs/fast-path.md): gets of published objects without
+    /// a round trip. `None` if the daemon does not offer it, or
+    /// `SHOAL_FAST_READS=0`.
+    fast: Option<Arc<FastReads>>,
+    /// References taken through the fast path, by id: the index positions
+    /// they are counted at (one per reference).
+    fast_held: std::collections::HashMap<ObjectId, Vec<u32>>,
+}
+
+/// Whether clients ask for the fast path (`SHOAL_FAST_READS=0`: every get
+/// takes the socket, e.g. to measure the difference).
+fn fast_reads_wanted() -> bool {
+    std::env::var_os("SHOAL_FAST_READS").is_none_or(|v| v != "0")
 }
 
 impl Client {
-    /// Connects to the daemon at `socket` and maps its region.
+    /// Connects to the daemon at `socket` and maps its region; gets of
+    /// sealed objects in memory take the fast path (no round trip) unless
+    /// `SHOAL_FAST_READS=0`.
     pub fn connect(socket: impl AsRef<Path>) -> Result<Self> {
+        Self::connect_with(socket, fast_reads_wanted())
+    }
+
+    /// [`connect`](Self::connect), every get and release through the daemon
+    /// (as before the fast path; e.g. to watch references in `list`).
+    pub fn connect_socket_only(socket: impl AsRef<Path>) -> Result<Self> {
+        Self::connect_with(socket, false)
+    }
+
+    fn connect_with(socket: impl AsRef<Path>, fast_reads: bool) -> Result<Self> {
         let (channel, info, fd) = Channel::handshake(socket.as_ref())?;
         let mapping = Arc::new(Mapping::map(fd.as_fd(), info.region_size, info.resident)?);
         let mut client = Self {
@@ -363,6 +414,8 @@ impl Client {
             info,
             cluster: None,
             unsealed: std::collections::HashMap::new(),
+            fast: None,
+            fast_held: std::collections::HashMap::new(),
         };
         if info.clustered {
             match client.channel.call(&Request::ClusterInfo)? {
@@ -383,7 +436,57 @@ impl Client {
                 other => return Err(unexpected(other)),
             }
         }
+        if fast_reads {
+            client.fast = client.ask_fast_reads()?;
+            client.channel.fast = client.fast.clone();
+        }
         Ok(client)
+    }
+
+    /// Asks for the fast path's shared state. `None` when the daemon does
+    /// not offer it or could not make a table (an error reply, e.g. it is
+    /// out of file descriptors), or this process cannot map it: gets then
+    /// take the socket.
+    fn ask_fast_reads(&mut self) -> Result<Option<Arc<FastReads>>> {
+        match self.channel.call_with_fds(&Request::FastReads)? {
+            (Reply::FastReads { .. }, fds) if fds.len() == 2 => {
+                match FastReads::attach(fds[0].as_fd(), fds[1].as_fd()) {
+                    Ok(fast) => Ok(Some(Arc::new(fast))),
+                    Err(err) if err.kind() == ErrorKind::Io => Ok(None),
+                    Err(err) => Err(err),
+                }
+            }
+            // An error reply, or descriptors this process had no room for
+            // (the kernel drops them): no fast path.
+            (Reply::Error { .. } | Reply::FastReads { .. }, _) => Ok(None),
+            (other, _) => Err(ShoalError::protocol(format!(
+                "expected FastReads, got {other:?}"
+            ))),
+        }
+    }
+
+    /// The fast path's shared state, if this client has it (a
+    /// [`shared::SharedClient`] takes references through it without the
+    /// connection).
+    pub fn fast_reads(&self) -> Option<&Arc<FastReads>> {
+        self.fast.as_ref()
+    }
+
+    /// A reference to `id` through the shared index, without a round trip:
+    /// its location in our region (checked and populated for reading), and
+    /// the index position the reference is counted at, to give to
+    /// [`FastReads::release`]. `None`: ask the daemon.
+    pub fn fast_get(&self, id: &ObjectId) -> Option<(ObjectLocation, u32)> {
+        let fast = self.fast.as_ref()?;
+        let found = fast.acquire(id)?;
+        let l = found.location;
+        if !self.mapping.holds(&l) {
+            // Only a corrupt index could say so; the daemon answers instead.
+            fast.release(found.position);
+            return None;
+        }
+        self.mapping.populate_on_use(l.offset, l.size(), false);
+        Some((l, found.position))
     }
 
     /// The cluster, if the daemon is a cluster node.
@@ -889,6 +992,41 @@ impl Client {
     /// (the node restarted after answering) is not found: it went with the
     /// node's previous incarnation. Its reference is given back.
     pub fn get(&mut self, ids: &[ObjectId], timeout_ms: i64) -> Result<Vec<Option<Located>>> {
+        if self.fast.is_none() {
+            return self.get_from_daemon(ids, timeout_ms);
+        }
+        // Published objects without a round trip; the daemon for the rest.
+        let me = self.node();
+        let mut found = Vec::with_capacity(ids.len());
+        let mut missed = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            match self.fast_get(id) {
+                Some((location, position)) => {
+                    self.fast_held.entry(*id).or_default().push(position);
+                    found.push(Some(Located::local(me, location)));
+                }
+                None => {
+                    missed.push(i);
+                    found.push(None);
+                }
+            }
+        }
+        if missed.is_empty() {
+            return Ok(found);
+        }
+        let asked: Vec<ObjectId> = missed.iter().map(|&i| ids[i]).collect();
+        let answers = self.get_from_daemon(&asked, timeout_ms)?;
+        for (i, answer) in missed.into_iter().zip(answers) {
+            found[i] = answer;
+        }
+        Ok(found)
+    }
+
+    fn get_from_daemon(
+        &mut self,
+        ids: &[ObjectId],
+        timeout_ms: i64,
+    ) -> Result<Vec<Option<Located>>> {
         let objects = match self.channel.call(&Request::Get {
             timeout_ms,
             ids: ids.to_vec(),
@@ -925,8 +1063,25 @@ impl Client {
     /// [`send_deferred`](Self::send_deferred), whichever comes first. The
     /// daemon sees them before that next request.
     pub fn release_deferred(&mut self, ids: &[ObjectId]) {
-        if !ids.is_empty() {
-            self.channel.queue(&Request::Release { ids: ids.to_vec() });
+        if ids.is_empty() {
+            return;
+        }
+        let mut to_daemon = Vec::new();
+        for id in ids {
+            // A reference taken through the fast path is given back there.
+            let position = self.fast_held.get_mut(id).and_then(|held| held.pop());
+            match (position, &self.fast) {
+                (Some(position), Some(fast)) => {
+                    fast.release(position);
+                    if self.fast_held.get(id).is_some_and(Vec::is_empty) {
+                        self.fast_held.remove(id);
+                    }
+                }
+                _ => to_daemon.push(*id),
+            }
+        }
+        if !to_daemon.is_empty() {
+            self.channel.queue(&Request::Release { ids: to_daemon });
         }
     }
 
@@ -942,6 +1097,9 @@ impl Client {
     }
 
     pub fn contains(&mut self, id: ObjectId) -> Result<bool> {
+        if self.fast.as_ref().is_some_and(|f| f.published(&id)) {
+            return Ok(true);
+        }
         match self.channel.call(&Request::Contains { id })? {
             Reply::Bool(b) => Ok(b),
             other => Err(unexpected(other)),

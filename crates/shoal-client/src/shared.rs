@@ -15,7 +15,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use shoal_core::error::Result;
+use shoal_core::fast_path::readers::FastReads;
 use shoal_core::region::Mapping;
+use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
 
 use crate::Client;
@@ -43,6 +45,11 @@ pub struct SharedClient {
 
 struct Inner {
     connection: Mutex<Client>,
+    /// The fast path, used without the connection (gets of published
+    /// objects, and their releases).
+    fast: Option<Arc<FastReads>>,
+    /// The client's mapping of the region, for fast-path gets.
+    mapping: Arc<Mapping>,
     releases: Arc<ReleaseQueue>,
     /// The creator references of objects created and not sealed yet, so a
     /// seal with release can disarm them.
@@ -131,6 +138,8 @@ impl SharedClient {
     pub fn new(client: Client) -> Self {
         let releases = Arc::new(ReleaseQueue::default());
         let inner = Arc::new(Inner {
+            fast: client.fast_reads().cloned(),
+            mapping: client.mapping().clone(),
             connection: Mutex::new(client),
             releases: releases.clone(),
             creating: Mutex::default(),
@@ -209,7 +218,44 @@ impl SharedClient {
             id,
             released: AtomicBool::new(false),
             region,
+            fast_position: None,
         })
+    }
+
+    /// A reference to `id` taken through the fast path, without the
+    /// connection or a round trip: the object's location in this client's
+    /// region and the reference, given back when dropped. `None`: the
+    /// index does not have it (ask the daemon through [`with`](Self::with)).
+    pub fn fast_reference(&self, id: ObjectId) -> Option<(ObjectLocation, Arc<ObjectRef>)> {
+        let fast = self.inner.fast.as_ref()?;
+        let found = fast.acquire(&id)?;
+        let l = found.location;
+        if !self.inner.mapping.holds(&l) {
+            fast.release(found.position);
+            return None;
+        }
+        self.inner
+            .mapping
+            .populate_on_use(l.offset, l.size(), false);
+        let reference = Arc::new(ObjectRef {
+            client: self.clone(),
+            id,
+            released: AtomicBool::new(false),
+            region: None,
+            fast_position: Some(found.position),
+        });
+        Some((l, reference))
+    }
+
+    /// Whether this client has the fast path.
+    pub fn has_fast_reads(&self) -> bool {
+        self.inner.fast.is_some()
+    }
+
+    /// Whether the shared index has `id` (sealed, visible, in memory),
+    /// without the connection. `false` says nothing: ask the daemon.
+    pub fn fast_contains(&self, id: &ObjectId) -> bool {
+        self.inner.fast.as_ref().is_some_and(|f| f.published(id))
     }
 
     /// The creator reference of object `id`, just created by this client and
@@ -312,6 +358,9 @@ pub struct ObjectRef {
     /// The mapping the bytes are in, for objects in another node's region
     /// (see [`SharedClient::reference`]).
     region: Option<Arc<Mapping>>,
+    /// Taken through the fast path: counted at this index position, and
+    /// given back there (no message).
+    fast_position: Option<u32>,
 }
 
 impl ObjectRef {
@@ -333,8 +382,10 @@ impl ObjectRef {
 
 impl Drop for ObjectRef {
     fn drop(&mut self) {
-        if !self.released() {
-            self.client.release_later(self.id);
+        match (self.fast_position, &self.client.inner.fast) {
+            (Some(position), Some(fast)) => fast.release(position),
+            _ if !self.released() => self.client.release_later(self.id),
+            _ => {}
         }
     }
 }

@@ -1,22 +1,24 @@
 //! Sending an open file descriptor beside bytes on a Unix socket (SCM_RIGHTS).
 //!
 //! The daemon hands each client the region's fd once, with the `Welcome`
-//! reply; the client maps it. This is how data never crosses the socket.
+//! reply, and the fast path's two with `FastReads`; the client maps them.
+//! This is how data never crosses the socket.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 
-/// Sends `bytes` with `fd` attached. Returns bytes written (may be short;
-/// the caller writes the rest normally — the fd rides on the first byte).
-pub fn send_with_fd(
+/// Sends `bytes` with `fds` attached (in order). Returns bytes written (may
+/// be short; the caller writes the rest normally — the fds ride on the first
+/// byte).
+pub fn send_with_fds(
     socket: BorrowedFd<'_>,
     bytes: &[u8],
-    fd: BorrowedFd<'_>,
+    fds: &[BorrowedFd<'_>],
 ) -> std::io::Result<usize> {
-    let fds = [fd.as_raw_fd()];
-    let cmsgs = [ControlMessage::ScmRights(&fds)];
+    let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
+    let cmsgs = [ControlMessage::ScmRights(&raw)];
     sendmsg::<()>(
         socket.as_raw_fd(),
         &[IoSlice::new(bytes)],
@@ -27,13 +29,13 @@ pub fn send_with_fd(
     .map_err(std::io::Error::from)
 }
 
-/// Receives into `buf`, returning the byte count and any fd that came with
-/// them (close-on-exec). Extra fds beyond the first are closed.
-pub fn recv_with_fd(
+/// Receives into `buf`, returning the byte count and every fd that came
+/// with them, in order (close-on-exec; at most 4, more are closed).
+pub fn recv_with_fds(
     socket: BorrowedFd<'_>,
     buf: &mut [u8],
-) -> std::io::Result<(usize, Option<OwnedFd>)> {
-    let mut space = nix::cmsg_space!([RawFd; 2]);
+) -> std::io::Result<(usize, Vec<OwnedFd>)> {
+    let mut space = nix::cmsg_space!([RawFd; 4]);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<()>(
         socket.as_raw_fd(),
@@ -42,17 +44,26 @@ pub fn recv_with_fd(
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
     .map_err(std::io::Error::from)?;
-    let mut received = None;
+    let mut received = Vec::new();
     for cmsg in msg.cmsgs().map_err(std::io::Error::from)? {
         if let ControlMessageOwned::ScmRights(fds) = cmsg {
-            for fd in fds {
-                // SAFETY: the kernel just installed this descriptor in our table; we own it.
-                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                if received.is_none() {
-                    received = Some(owned);
-                }
-            }
+            // SAFETY: the kernel just installed these descriptors in our
+            // table; we own them (dropping one closes it).
+            received.extend(
+                fds.into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
         }
     }
     Ok((msg.bytes, received))
+}
+
+/// Receives into `buf`, returning the byte count and any fd that came with
+/// them (close-on-exec). Extra fds beyond the first are closed.
+pub fn recv_with_fd(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, Option<OwnedFd>)> {
+    let (n, fds) = recv_with_fds(socket, buf)?;
+    Ok((n, fds.into_iter().next()))
 }

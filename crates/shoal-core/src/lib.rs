@@ -17,6 +17,7 @@ pub mod fd_passing;
 pub mod ghost_reads;
 pub mod ids;
 pub mod local_auth;
+pub mod location;
 pub mod names;
 pub mod object_table;
 pub mod protocol;

@@ -101,9 +101,52 @@ pub struct Entry {
     pub delete_pending: bool,
     pub residency: Residency,
     pub access: PackedAccess,
+    /// Its position in the shared object index (the fast path), while it
+    /// is published there — or, once unpublished, until the daemon has
+    /// seen that no client's reference table counts that position.
+    /// [`NO_POSITION`] if none (a plain u32: the entry stays 64 bytes).
+    fast_position: u32,
 }
 
+/// [`Entry`] has no position in the shared index.
+const NO_POSITION: u32 = u32::MAX;
+
 impl Entry {
+    /// A new entry, not published in the shared index.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: ObjectId,
+        offset: u64,
+        data_size: u64,
+        meta_size: u32,
+        refs: u32,
+        creator: ClientId,
+        state: ObjectState,
+        access: PackedAccess,
+    ) -> Self {
+        Self {
+            id,
+            offset,
+            data_size,
+            meta_size,
+            refs,
+            creator,
+            state,
+            delete_pending: false,
+            residency: Residency::Resident,
+            access,
+            fast_position: NO_POSITION,
+        }
+    }
+
+    pub fn fast_position(&self) -> Option<u32> {
+        (self.fast_position != NO_POSITION).then_some(self.fast_position)
+    }
+
+    pub fn set_fast_position(&mut self, position: Option<u32>) {
+        self.fast_position = position.unwrap_or(NO_POSITION);
+    }
+
     pub fn total_size(&self) -> u64 {
         self.data_size + self.meta_size as u64
     }
@@ -225,6 +268,7 @@ mod tests {
             delete_pending: false,
             residency: Residency::Resident,
             access: PackedAccess::default(),
+            fast_position: NO_POSITION,
         }
     }
 

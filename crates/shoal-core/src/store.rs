@@ -21,27 +21,14 @@ type HashSet<T> = foldhash::HashSet<T>;
 use crate::allocator::{Allocator, Block};
 use crate::error::{ErrorKind, Result, ShoalError};
 use crate::eviction::{EvictionPolicy, Reads};
+use crate::fast_path::readers::Readers;
 use crate::ghost_reads::{GhostReads, DEFAULT_GHOSTS};
 use crate::ids::ObjectId;
 use crate::object_table::{
     Access, ClientId, Entry, ObjectState, ObjectTable, Residency, Slot, CLOCK_MASK,
 };
 
-/// Where an object lives and how big it is: what a client needs to map it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ObjectLocation {
-    pub offset: u64,
-    pub data_size: u64,
-    pub meta_size: u32,
-}
-
-impl ObjectLocation {
-    /// Bytes of data and metadata. Saturating, so a forged location whose
-    /// sizes overflow fails every bounds check instead of wrapping.
-    pub fn size(&self) -> u64 {
-        self.data_size.saturating_add(u64::from(self.meta_size))
-    }
-}
+pub use crate::location::ObjectLocation;
 
 /// One row of `list`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,6 +108,13 @@ pub struct StoreStats {
     pub policy: &'static str,
 }
 
+/// The principal holding references for clients that took them through the
+/// shared index (the fast path), which the store learns of only when it is
+/// about to free the memory: such an object is kept, with one reference in
+/// this name, until no client's reference table counts it
+/// ([`Store::sweep_fast_readers`]).
+pub const FAST_READERS: ClientId = ClientId::MAX;
+
 /// What one client holds: references per object and the objects it is writing.
 #[derive(Default)]
 struct ClientState {
@@ -157,6 +151,12 @@ pub struct Store {
     /// since the last [`take_space_changed`](Self::take_space_changed).
     space_changed: bool,
     events: Vec<StoreEvent>,
+    /// The fast path's shared index and clients' reference tables (docs/
+    /// fast-path.md); `None` when the daemon does not offer it.
+    readers: Option<Readers>,
+    /// Objects kept for fast-path readers, by the index position whose
+    /// counts hold them.
+    adopted: HashMap<u32, Slot>,
 }
 
 impl Store {
@@ -186,7 +186,180 @@ impl Store {
             gate: None,
             space_changed: false,
             events: Vec::new(),
+            readers: None,
+            adopted: HashMap::new(),
         }
+    }
+
+    /// Offers the fast path: sealed, resident objects are published in a
+    /// shared index of `slots` slots from now on (objects sealed before are
+    /// published too), and clients may ask for a reference table.
+    pub fn enable_fast_reads(&mut self, slots: u32) -> Result<()> {
+        self.readers = Some(Readers::new(slots)?);
+        let slots: Vec<Slot> = self.table.iter().map(|(slot, _)| slot).collect();
+        for slot in slots {
+            self.publish(slot);
+        }
+        Ok(())
+    }
+
+    /// Stops offering the fast path (the daemon is stopping): clients'
+    /// lookups miss from now on and go to the socket.
+    pub fn close_fast_reads(&mut self) {
+        if let Some(readers) = self.readers.as_mut() {
+            readers.index_mut().close();
+        }
+    }
+
+    /// The fast path's shared state, if offered.
+    pub fn fast_reads(&self) -> Option<&Readers> {
+        self.readers.as_ref()
+    }
+
+    /// A reference table for `client`: the index's fd and the table's, for
+    /// the client to map. `None` without the fast path.
+    pub fn add_fast_reader(
+        &mut self,
+        client: ClientId,
+    ) -> Result<Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>> {
+        let Some(readers) = self.readers.as_mut() else {
+            return Ok(None);
+        };
+        let dup = |fd: std::os::fd::BorrowedFd<'_>| {
+            fd.try_clone_to_owned()
+                .map_err(|e| ShoalError::io("dup a fast-path descriptor", e))
+        };
+        let table = readers.add_client(client)?;
+        Ok(Some((dup(readers.index().fd())?, table)))
+    }
+
+    /// Objects kept for fast-path readers: the ones whose readers are all
+    /// gone are given back (and freed, if deleted meanwhile). Returns how
+    /// many. Cheap when nothing is kept; the daemon calls it periodically
+    /// and whenever a client leaves, and eviction calls it first.
+    pub fn sweep_fast_readers(&mut self) -> usize {
+        let Some(readers) = self.readers.as_ref() else {
+            return 0;
+        };
+        let done: Vec<(u32, Slot)> = self
+            .adopted
+            .iter()
+            .filter(|(position, _)| !readers.held(**position))
+            .map(|(p, s)| (*p, *s))
+            .collect();
+        for (position, slot) in &done {
+            self.adopted.remove(position);
+            let id = self.table.get(*slot).expect("adopted slot is live").id;
+            self.release_slot(FAST_READERS, *slot, &id)
+                .expect("adopted objects hold a reference");
+        }
+        done.len()
+    }
+
+    /// Keeps every eviction candidate a fast-path reader holds now (a scan
+    /// of the tables of clients that say they hold something; nothing when
+    /// none does).
+    fn keep_held_candidates(&mut self) {
+        let Some(readers) = self.readers.as_ref() else {
+            return;
+        };
+        if !readers.any_holding() {
+            return;
+        }
+        let mut held: Vec<Slot> = readers
+            .held_positions()
+            .into_iter()
+            .filter_map(|p| {
+                let id = readers.index().live_at(p)?;
+                let slot = self.table.find(&id)?;
+                let entry = self.table.get(slot)?;
+                (entry.fast_position() == Some(p) && Self::is_candidate(entry)).then_some(slot)
+            })
+            .collect();
+        held.sort_unstable();
+        held.dedup();
+        for slot in held {
+            self.drop_candidate(slot);
+            if !self.kept_for_fast_readers_now(slot, true) {
+                // Let go meanwhile: a candidate again.
+                let len = self.block_of(self.table.get(slot).expect("live")).len;
+                self.add_candidate(slot, len);
+            }
+        }
+    }
+
+    /// Objects kept for fast-path readers right now.
+    pub fn kept_for_fast_readers(&self) -> usize {
+        self.adopted.len()
+    }
+
+    /// Publishes a sealed, visible object in memory in the shared index (a
+    /// no-op without the fast path, for an object already there, or when
+    /// the index has no room: readers then ask the daemon).
+    fn publish(&mut self, slot: Slot) {
+        let Some(readers) = self.readers.as_mut() else {
+            return;
+        };
+        let entry = self.table.get_mut(slot).expect("live slot");
+        let in_memory = matches!(entry.residency, Residency::Resident | Residency::Kept);
+        if entry.fast_position().is_some() || !entry.is_visible() || !in_memory {
+            return;
+        }
+        let location = ObjectLocation {
+            offset: entry.offset,
+            data_size: entry.data_size,
+            meta_size: entry.meta_size,
+        };
+        let adopted = &self.adopted;
+        let position = readers
+            .index_mut()
+            .publish(&entry.id, location, |p| adopted.contains_key(&p));
+        if let Some(position) = position {
+            // Reads count from now on.
+            readers.read_since_last_look(position);
+        }
+        entry.set_fast_position(position);
+    }
+
+    /// Whether a client read `slot`'s object through the fast path since the
+    /// eviction policy last heard of its reads.
+    fn read_through_fast_path(&mut self, slot: Slot) -> bool {
+        let Some(readers) = self.readers.as_mut() else {
+            return false;
+        };
+        let entry = self.table.get(slot).expect("live slot");
+        entry
+            .fast_position()
+            .is_some_and(|position| readers.read_since_last_look(position))
+    }
+
+    /// Before an object's memory is freed or handed to a tier: takes it out
+    /// of the shared index and looks whether a fast-path reader holds it.
+    /// If one does, the object is kept — a reference in [`FAST_READERS`]'
+    /// name, published again if `keep_visible` — and `true` is returned.
+    fn kept_for_fast_readers_now(&mut self, slot: Slot, keep_visible: bool) -> bool {
+        let Some(readers) = self.readers.as_mut() else {
+            return false;
+        };
+        let entry = self.table.get_mut(slot).expect("live slot");
+        let Some(position) = entry.fast_position() else {
+            return false;
+        };
+        if self.adopted.contains_key(&position) {
+            return true; // kept already
+        }
+        readers.index_mut().unpublish(position);
+        if !readers.held(position) {
+            entry.set_fast_position(None);
+            return false;
+        }
+        if keep_visible {
+            readers.index_mut().republish(position);
+        }
+        entry.refs += 1;
+        *self.client(FAST_READERS).refs.entry(slot).or_insert(0) += 1;
+        self.adopted.insert(position, slot);
+        true
     }
 
     /// Installs the gate every eviction asks from now on.
@@ -224,6 +397,11 @@ impl Store {
         self.allocator.line()
     }
 
+    /// Bytes of region the store allocates from (whole lines).
+    pub fn region_size(&self) -> u64 {
+        self.allocator.size()
+    }
+
     /// Bytes allocated to objects (whatever the capacity; above it while
     /// objects in use keep a shrunk store from fitting).
     pub fn used(&self) -> u64 {
@@ -252,6 +430,7 @@ impl Store {
         self.clients
             .get(&client)
             .is_none_or(|c| c.refs.is_empty() && c.creating.is_empty())
+            && !self.readers.as_ref().is_some_and(|r| r.holds_any(client))
     }
 
     /// Whether `client` is known (connected, or a reserved principal).
@@ -320,19 +499,17 @@ impl Store {
                 ),
             )
         })?;
-        let slot = self.table.insert(Entry {
+        let slot = self.table.insert(Entry::new(
             id,
-            offset: block.offset,
+            block.offset,
             data_size,
             meta_size,
-            refs: 1,
-            creator: client,
-            state: ObjectState::Created,
-            delete_pending: false,
-            residency: Residency::Resident,
+            1,
+            client,
+            ObjectState::Created,
             // A restore brings back the history its object left with.
-            access: self.ghosts.take(&id).unwrap_or_default(),
-        });
+            self.ghosts.take(&id).unwrap_or_default(),
+        ));
         let state = self.client(client);
         state.creating.insert(slot);
         *state.refs.entry(slot).or_insert(0) += 1;
@@ -393,6 +570,15 @@ impl Store {
                 return Some(block);
             }
         }
+        if !self.adopted.is_empty() {
+            // Objects kept for fast-path readers that let go are candidates
+            // again.
+            self.sweep_fast_readers();
+        }
+        // Objects fast-path readers hold now are no candidates: found before
+        // counting what eviction could free, so a create that cannot fit
+        // evicts nothing.
+        self.keep_held_candidates();
         if self.reclaimable() < len {
             return None;
         }
@@ -405,7 +591,7 @@ impl Store {
             return None;
         }
         while let Some(victim) = self.policy.victim() {
-            self.evict_slot(victim);
+            self.evict_slot(victim, true);
             if fits(self) {
                 if let Some(block) = self.allocator.allocate(len) {
                     return Some(block);
@@ -476,9 +662,24 @@ impl Store {
     }
 
     /// Evicts a candidate as the gate decides. Returns the bytes held (0 if
-    /// its memory was freed at once).
-    fn evict_slot(&mut self, slot: Slot) -> u64 {
+    /// its memory was freed at once), or `None` when it stays: a fast-path
+    /// reader holds it, or (with `second_chance`) one read it since the
+    /// policy last saw it — then the read is recorded as a get would have
+    /// been, and the policy chooses again.
+    fn evict_slot(&mut self, slot: Slot, second_chance: bool) -> Option<u64> {
         self.drop_candidate(slot);
+        if second_chance && self.read_through_fast_path(slot) {
+            self.access_clock += 1;
+            let now = self.access_clock;
+            self.table.get_mut(slot).expect("live").access.record(now);
+            self.policy.touch(slot);
+            let len = self.block_of(self.table.get(slot).expect("live")).len;
+            self.add_candidate(slot, len);
+            return None;
+        }
+        if self.kept_for_fast_readers_now(slot, true) {
+            return None;
+        }
         let (victim, len) = {
             let entry = self.table.get(slot).expect("candidate is live");
             let victim = Victim {
@@ -501,12 +702,12 @@ impl Store {
         match verdict {
             Verdict::Free => {
                 self.remove_slot(slot);
-                0
+                Some(0)
             }
             Verdict::Hold => {
                 self.table.get_mut(slot).expect("live").residency = Residency::Evicting;
                 self.evicting_bytes += len;
-                len
+                Some(len)
             }
         }
     }
@@ -523,6 +724,9 @@ impl Store {
             self.remove_slot(slot);
             true
         } else {
+            // Read meanwhile (through the socket): it stays, visible again
+            // to the fast path.
+            self.publish(slot);
             false
         }
     }
@@ -542,6 +746,8 @@ impl Store {
         let entry = self.table.get(slot).expect("live");
         if entry.refs == 0 && entry.delete_pending {
             self.remove_slot(slot);
+        } else {
+            self.publish(slot);
         }
         true
     }
@@ -582,6 +788,12 @@ impl Store {
     /// the caller made sure it is no eviction candidate any more).
     fn remove_slot(&mut self, slot: Slot) {
         let entry = self.table.remove(slot);
+        if let (Some(position), Some(readers)) = (entry.fast_position(), self.readers.as_mut()) {
+            // Callers look for fast-path readers first; an entry still
+            // published here would be a bug, and must not stay visible.
+            debug_assert!(false, "{} freed while published", entry.id);
+            readers.index_mut().unpublish(position);
+        }
         debug_assert_eq!(entry.refs, 0, "removing referenced object {}", entry.id);
         debug_assert_ne!(
             entry.residency,
@@ -653,6 +865,7 @@ impl Store {
             });
         }
         for &slot in &slots {
+            self.publish(slot);
             // The creator may have dropped its reference before sealing.
             let entry = self.table.get(slot).expect("validated");
             if Self::is_candidate(entry) {
@@ -787,7 +1000,9 @@ impl Store {
             return;
         }
         if entry.delete_pending {
-            self.remove_slot(slot);
+            if !self.kept_for_fast_readers_now(slot, false) {
+                self.remove_slot(slot);
+            }
         } else if entry.state == ObjectState::Sealed && entry.residency == Residency::Resident {
             let len = self.block_of(self.table.get(slot).expect("live")).len;
             self.add_candidate(slot, len);
@@ -822,12 +1037,19 @@ impl Store {
         let entry = self.table.get_mut(slot).expect("found slot is live");
         entry.delete_pending = true;
         let free_now = entry.refs == 0 && entry.residency != Residency::Evicting;
+        let position = entry.fast_position();
         self.events.push(StoreEvent::Removed {
             id: *id,
             deleted: true,
         });
         if free_now {
-            self.remove_slot(slot);
+            if !self.kept_for_fast_readers_now(slot, false) {
+                self.remove_slot(slot);
+            }
+        } else if let (Some(position), Some(readers)) = (position, self.readers.as_mut()) {
+            // Gone from view now; its readers are looked for when the last
+            // reference goes.
+            readers.index_mut().unpublish(position);
         }
         Ok(())
     }
@@ -890,8 +1112,13 @@ impl Store {
             ));
         }
         let len = self.block_of(entry).len;
-        self.evict_slot(slot);
-        Ok(len)
+        match self.evict_slot(slot, false) {
+            Some(_) => Ok(len),
+            None => Err(ShoalError::new(
+                ErrorKind::ObjectInUse,
+                format!("object {id} is referenced"),
+            )),
+        }
     }
 
     /// Where a visible object's bytes stand: `None` if it is not visible
@@ -920,17 +1147,22 @@ impl Store {
     /// `bytes` are freed or held for freeing (or nothing is left to evict).
     /// Returns those bytes.
     pub fn evict(&mut self, bytes: u64) -> u64 {
+        if bytes > 0 && !self.adopted.is_empty() {
+            self.sweep_fast_readers();
+        }
         let mut freed = 0;
         while freed < bytes {
             let Some(victim) = self.policy.victim() else {
                 break;
             };
-            freed += self
+            let len = self
                 .table
                 .get(victim)
                 .map(|e| self.block_of(e).len)
                 .unwrap_or(0);
-            self.evict_slot(victim);
+            if self.evict_slot(victim, true).is_some() {
+                freed += len;
+            }
         }
         freed
     }
@@ -938,6 +1170,11 @@ impl Store {
     /// A client went away: its references are released and whatever it was
     /// still writing is aborted.
     pub fn disconnect(&mut self, client: ClientId) {
+        if let Some(readers) = self.readers.as_mut() {
+            if readers.remove_client(client) && !self.adopted.is_empty() {
+                self.sweep_fast_readers();
+            }
+        }
         let Some(state) = self.clients.remove(&client) else {
             return;
         };
@@ -991,12 +1228,51 @@ impl Store {
         moved
     }
 
+    /// Every allocated object, deleted ones still held included (tests).
+    #[cfg(test)]
+    pub(crate) fn list_all(&self) -> Vec<ObjectInfo> {
+        self.table.iter().map(|(_, e)| self.info(e)).collect()
+    }
+
     pub fn list(&self) -> Vec<ObjectInfo> {
         self.table
             .iter()
             .filter(|(_, e)| !e.delete_pending)
-            .map(|(_, e)| object_info(e))
+            .map(|(_, e)| self.info(e))
             .collect()
+    }
+
+    /// References to `e`'s object: through the daemon, and those clients
+    /// count through the fast path (the reference kept in their name while
+    /// they hold it is not counted twice).
+    fn references(&self, e: &Entry) -> u32 {
+        let fast = match (e.fast_position(), &self.readers) {
+            (Some(position), Some(readers)) => readers.references(position),
+            _ => 0,
+        };
+        let kept = if self.adopted.is_empty() {
+            0
+        } else {
+            self.clients
+                .get(&FAST_READERS)
+                .and_then(|c| c.refs.get(&self.table.find(&e.id).expect("live")))
+                .copied()
+                .unwrap_or(0)
+        };
+        (e.refs - kept).saturating_add(fast)
+    }
+
+    /// A listing row for `e`, its references counted as [`Self::references`].
+    fn info(&self, e: &Entry) -> ObjectInfo {
+        ObjectInfo {
+            refs: self.references(e),
+            ..object_info(e)
+        }
+    }
+
+    /// Gets clients made through the fast path (0 without it).
+    pub fn fast_gets(&self) -> u64 {
+        self.readers.as_ref().map_or(0, Readers::gets)
     }
 
     /// The `n` largest objects in memory (data + metadata), largest first:
@@ -1013,7 +1289,7 @@ impl Store {
         }
         heap.into_sorted_vec()
             .into_iter()
-            .filter_map(|Reverse((_, slot))| self.table.get(slot).map(object_info))
+            .filter_map(|Reverse((_, slot))| self.table.get(slot).map(|e| self.info(e)))
             .collect()
     }
 
@@ -1022,7 +1298,7 @@ impl Store {
             capacity: self.capacity,
             region_size: self.allocator.size(),
             used: self.allocator.used(),
-            clients: self.clients.len() as u64,
+            clients: self.clients.keys().filter(|c| **c != FAST_READERS).count() as u64,
             evictions: self.evictions,
             evicted_bytes: self.evicted_bytes,
             line_size: self.allocator.line(),
@@ -1033,7 +1309,7 @@ impl Store {
         for (_, e) in self.table.iter() {
             stats.objects += 1;
             stats.sealed += (e.state == ObjectState::Sealed) as u64;
-            stats.referenced += (e.refs > 0) as u64;
+            stats.referenced += (self.references(e) > 0) as u64;
         }
         stats
     }

@@ -42,6 +42,10 @@ pub struct DaemonConfig {
     /// Serve `/metrics` and the status page here (`shoal serve
     /// --metrics-addr`); `None`: no HTTP listener (metrics still counted).
     pub metrics: Option<std::net::SocketAddr>,
+    /// Offer the fast path: sealed objects published in a shared index that
+    /// clients read without a round trip (docs/fast-path.md). Off on a
+    /// non-coherent cluster fabric, whatever this says.
+    pub fast_reads: bool,
 }
 
 impl DaemonConfig {
@@ -61,6 +65,7 @@ impl DaemonConfig {
             tiers: None,
             elastic: None,
             metrics: None,
+            fast_reads: true,
         }
     }
 }

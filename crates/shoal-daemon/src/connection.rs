@@ -14,7 +14,7 @@ use shoal_cluster::Access;
 use shoal_core::busy_poll;
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::fd_passing::send_with_fd;
+use shoal_core::fd_passing::send_with_fds;
 use shoal_core::protocol::{
     decode_request, CreateSpec, FrameHeader, Notification, PeerRegion, Reply, Request,
     FRAME_HEADER_LEN, PROTOCOL_VERSION,
@@ -292,6 +292,25 @@ impl Connection {
                         .collect(),
                 },
             },
+            Request::FastReads => {
+                let client = self.client;
+                match self.ops.node.mutate(|s| {
+                    let slots = s.fast_reads().map(|r| r.index().slots());
+                    s.add_fast_reader(client).map(|fds| fds.zip(slots))
+                }) {
+                    Ok(Some(((index, table), slots))) => {
+                        let mut frame = Vec::new();
+                        Reply::FastReads { slots }.encode(&mut frame);
+                        self.send_attached(out, &frame, &[index.as_fd(), table.as_fd()])
+                            .await?;
+                        return Ok(Next::Continue);
+                    }
+                    Ok(None) => Reply::error(&ShoalError::invalid(
+                        "this daemon does not offer the fast path",
+                    )),
+                    Err(err) => Reply::error(&err),
+                }
+            }
             Request::Name { id, name } => ok_or_error(self.ops.name(id, name).await),
             Request::Resolve { name } => self
                 .ops
@@ -343,27 +362,41 @@ impl Connection {
 
     /// Sends pending replies, then the Welcome with the region's fd attached.
     async fn send_welcome(&mut self, out: &mut Vec<u8>) -> Result<()> {
-        if !out.is_empty() {
-            self.stream.write_all(out).await?;
-            out.clear();
-        }
-        let stats = self.ops.node.read(|s| s.stats());
+        // (Not `stats()`: that walks every object.)
+        let (region_size, capacity, line_size) = self
+            .ops
+            .node
+            .read(|s| (s.region_size(), s.capacity(), s.line_size()));
         let mut frame = Vec::new();
         Reply::Welcome {
             version: PROTOCOL_VERSION,
             client_id: self.client,
-            region_size: stats.region_size,
-            capacity: stats.capacity,
-            line_size: stats.line_size,
+            region_size,
+            capacity,
+            line_size,
             resident: self.ops.node.resident(),
             clustered: self.ops.cluster.is_some(),
         }
         .encode(&mut frame);
-        let region_fd = self.ops.node.region().fd();
+        let region = self.ops.node.region().clone();
+        self.send_attached(out, &frame, &[region.fd()]).await
+    }
+
+    /// Sends pending replies, then `frame` with `fds` attached.
+    async fn send_attached(
+        &mut self,
+        out: &mut Vec<u8>,
+        frame: &[u8],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<()> {
+        if !out.is_empty() {
+            self.stream.write_all(out).await?;
+            out.clear();
+        }
         let sent = self
             .stream
             .async_io(Interest::WRITABLE, || {
-                send_with_fd(self.stream.as_fd(), &frame, region_fd)
+                send_with_fds(self.stream.as_fd(), frame, fds)
             })
             .await?;
         self.stream.write_all(&frame[sent..]).await?;

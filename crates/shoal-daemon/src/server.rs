@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::eviction;
 use shoal_core::region::Region;
@@ -139,8 +140,20 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
             }
         }
     }
+    let coherent = config
+        .cluster
+        .as_ref()
+        .is_none_or(|c| c.topology.coherence == CoherenceMode::Coherent);
+    if config.fast_reads && coherent {
+        // Without it every get takes the socket: slower, never wrong.
+        let slots = shoal_core::fast_path::index::slots_for(region_size);
+        if let Err(err) = store.enable_fast_reads(slots) {
+            tracing::warn!(%err, "fast path not offered");
+        }
+    }
     let node = Node::new(store, region, config.prefault);
     let supervisor = Supervisor::new();
+    crate::node::fast_reads::spawn_sweeper(&node, &supervisor);
     // Before anything is announced: a SIGTERM sent the moment the daemon says
     // it serves must stop it cleanly, not kill it (the trigger is remembered
     // until serve_clients looks).
@@ -233,6 +246,9 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     if started.is_ok() {
         serve_clients(&ops, listener, &config, &shutdown).await;
     }
+    // Clients stop answering gets from the index: theirs go to the socket,
+    // which closes now.
+    node.mutate(Store::close_fast_reads);
     supervisor.shutdown().await;
     prefault_stop.store(true, Ordering::Relaxed);
     if let Some(handle) = prefault {

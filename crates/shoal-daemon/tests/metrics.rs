@@ -112,7 +112,8 @@ fn value(samples: &[Sample], name: &str, label: Option<(&str, &str)>) -> f64 {
 #[test]
 fn metrics_count_what_clients_did() {
     let daemon = Daemon::start(1 << 20);
-    let mut client = daemon.client();
+    // Through the socket: every get and release is a request, timed.
+    let mut client = Client::connect_socket_only(&daemon.socket).unwrap();
     let ids: Vec<ObjectId> = (0..5).map(|_| ObjectId::random()).collect();
     for id in &ids {
         client.put(*id, &[7u8; 1000], b"meta").unwrap();
@@ -120,6 +121,15 @@ fn metrics_count_what_clients_did() {
     for _ in 0..3 {
         assert!(client.get(&ids[..1], 0).unwrap()[0].is_some());
         client.release(&ids[..1]).unwrap();
+    }
+    // Through the fast path: counted apart (no request), and still counted
+    // once the client has gone.
+    {
+        let mut fast = daemon.client();
+        for _ in 0..2 {
+            assert!(fast.get(&ids[1..2], 0).unwrap()[0].is_some());
+            fast.release(&ids[1..2]).unwrap();
+        }
     }
     assert!(client.delete(&ids[4..]).unwrap()[0].is_ok());
     let counted = daemon.samples();
@@ -177,6 +187,7 @@ fn metrics_count_what_clients_did() {
                 5.0 * 1004.0
             );
             assert_eq!(value(&samples, "shoal_deleted_total", None), 1.0);
+            assert_eq!(value(&samples, "shoal_fast_gets_total", None), 2.0);
             break;
         }
         assert!(Instant::now() < deadline, "no snapshot of the store");

@@ -13,7 +13,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use shoal_client::shared::SharedClient;
+use shoal_client::shared::{ObjectRef, SharedClient};
 use shoal_client::{Client as RustClient, Located, StoreInfo, Subscription as RustSubscription};
 use shoal_core::capacity::PsiAction;
 use shoal_core::durability::Durability;
@@ -56,6 +56,19 @@ impl Client {
         // SAFETY: locations are bounds-checked against the mapping by the Rust client.
         let address = unsafe { self.mapping.base().add(location.offset as usize) };
         self.buffer_at(id, address, location, writable, None)
+    }
+
+    /// A read-only buffer over an object in our region, holding `reference`.
+    fn buffer_from(&self, reference: Arc<ObjectRef>, location: ObjectLocation) -> Buffer {
+        // SAFETY: the fast path checked the location against the mapping.
+        let address = unsafe { self.mapping.base().add(location.offset as usize) };
+        Buffer::new(
+            reference,
+            address,
+            location.data_size as usize,
+            location.meta_size as usize,
+            false,
+        )
     }
 
     /// A buffer over an object at `address` (in our region, or in `region`:
@@ -406,6 +419,24 @@ impl Client {
     #[pyo3(signature = (ids, timeout_ms=-1))]
     fn get(&self, py: Python<'_>, ids: PyIds, timeout_ms: i64) -> PyResult<Vec<Option<Buffer>>> {
         let object_ids = ids.0;
+        // The fast path first: objects the shared index has are referenced
+        // without the connection (no lock, no round trip, the GIL kept).
+        // Only if one is missing does the whole call go to the daemon.
+        if self.shared.has_fast_reads() {
+            let mut buffers = Vec::with_capacity(object_ids.len());
+            for id in &object_ids {
+                match self.shared.fast_reference(*id) {
+                    Some((location, reference)) => {
+                        buffers.push(Some(self.buffer_from(reference, location)))
+                    }
+                    None => break,
+                }
+            }
+            if buffers.len() == object_ids.len() {
+                return Ok(buffers);
+            }
+            // (Those taken are dropped here: released with no message.)
+        }
         let me = self.info_node;
         let found = py
             .detach(|| {
@@ -509,6 +540,10 @@ impl Client {
     }
 
     fn contains(&self, py: Python<'_>, id: PyId) -> PyResult<bool> {
+        // Published in the shared index: present, no round trip.
+        if self.shared.fast_contains(&id.0) {
+            return Ok(true);
+        }
         py.detach(|| self.shared.with(|c| c.contains(id.0))).py()
     }
 

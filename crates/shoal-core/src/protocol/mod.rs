@@ -37,7 +37,9 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// 6: names (the POSIX view): `Name`, `Resolve`, `ListNames`, `Rename`,
 /// `Unlink`; error kind `NameTooLong`. `Capacity`: the elastic capacity
 /// controller's state and trace.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 7: `FastReads`: the shared object index and this client's reference
+/// table, two fds beside the `FastReads` reply (docs/fast-path.md).
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -94,6 +96,10 @@ pub enum Request {
     },
     /// The cluster this daemon belongs to, so the client can map peers' regions.
     ClusterInfo,
+    /// The fast path's shared state: answered by `FastReads` with the
+    /// object index's fd and a fresh reference table's fd attached (in that
+    /// order), or an error if the daemon does not offer it.
+    FastReads,
     /// Like `Create`, in the region of cluster node `node` (remote
     /// allocation); offsets in the reply are in that node's region.
     CreateOn {
@@ -276,6 +282,11 @@ pub enum Reply {
     Evicted {
         bytes: u64,
     },
+    /// Sent with two fds attached: the object index (map it read-only) and
+    /// this client's reference table of `slots` u32 counts.
+    FastReads {
+        slots: u32,
+    },
     /// `node` is this daemon's id; `coherent` false means clients flush
     /// before seal and invalidate before the first read of remote objects
     /// (and of local ones marked `Located::invalidate`).
@@ -337,6 +348,7 @@ mod op {
     pub const RENAME: u16 = 0x16;
     pub const UNLINK: u16 = 0x17;
     pub const CAPACITY: u16 = 0x18;
+    pub const FAST_READS: u16 = 0x19;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;
@@ -354,6 +366,7 @@ mod op {
     pub const NAMED: u16 = 0x8D;
     pub const NAMES: u16 = 0x8E;
     pub const CAPACITY_REPLY: u16 = 0x8F;
+    pub const FAST_READS_REPLY: u16 = 0x90;
 }
 
 impl Request {
@@ -410,6 +423,7 @@ impl Request {
                 op::EVICT
             }
             Request::ClusterInfo => op::CLUSTER_INFO,
+            Request::FastReads => op::FAST_READS,
             Request::CreateOn {
                 node,
                 timeout_ms,
@@ -500,6 +514,7 @@ impl Request {
             op::SUBSCRIBE => Request::Subscribe,
             op::EVICT => Request::Evict { bytes: r.u64()? },
             op::CLUSTER_INFO => Request::ClusterInfo,
+            op::FAST_READS => Request::FastReads,
             op::CREATE_ON => {
                 let node = r.u32()?;
                 let (timeout_ms, objects) = decode_create(&mut r)?;
@@ -624,6 +639,10 @@ impl Reply {
             Reply::Bool(b) => {
                 w.u8(*b as u8);
                 op::BOOL
+            }
+            Reply::FastReads { slots } => {
+                w.u32(*slots);
+                op::FAST_READS_REPLY
             }
             Reply::List { objects } => {
                 w.u32(objects.len() as u32);
@@ -788,6 +807,7 @@ impl Reply {
                 Reply::Objects { objects }
             }
             op::BOOL => Reply::Bool(r.bool()?),
+            op::FAST_READS_REPLY => Reply::FastReads { slots: r.u32()? },
             op::LIST_REPLY => {
                 let n = r.count(20 + 8 + 8 + 4 + 1 + 4 + 1 + 1)?;
                 let mut objects = Vec::with_capacity(n);

@@ -88,6 +88,7 @@ fn every_request_round_trips() {
         Request::Subscribe,
         Request::Evict { bytes: 12345 },
         Request::ClusterInfo,
+        Request::FastReads,
         Request::CreateOn {
             node: 3,
             timeout_ms: 10,
@@ -162,6 +163,7 @@ fn every_reply_round_trips() {
             }],
         },
         Reply::Bool(true),
+        Reply::FastReads { slots: 1 << 16 },
         Reply::List {
             objects: vec![ObjectInfo {
                 id,

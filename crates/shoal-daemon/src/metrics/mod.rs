@@ -103,6 +103,9 @@ pub struct EventCounters {
     pub deleted: Counter,
     pub evictions: Counter,
     pub evicted_bytes: Counter,
+    /// Gets clients served themselves from the shared index (no request:
+    /// not in `shoal_op_duration_seconds`).
+    pub fast_gets: Counter,
 }
 
 type TierLabel = [(&'static str, String); 1];
@@ -370,6 +373,11 @@ impl Metrics {
                 "shoal_evicted_bytes",
                 "Bytes evicted",
                 &events.evicted_bytes,
+            ),
+            (
+                "shoal_fast_gets",
+                "Gets clients served from the shared object index, without a request to the daemon",
+                &events.fast_gets,
             ),
         ] {
             registry.register(name, help, counter.clone());

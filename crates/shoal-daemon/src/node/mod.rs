@@ -14,6 +14,7 @@
 mod activity;
 mod below;
 mod events;
+pub mod fast_reads;
 mod input_budget;
 mod subscribers;
 

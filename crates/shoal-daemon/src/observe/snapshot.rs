@@ -52,7 +52,7 @@ fn take_top(ops: &Ops, metrics: &Metrics, seconds: f64) {
 }
 
 fn take(ops: &Ops, metrics: &Metrics) {
-    let stats = ops.node.read(|store| store.stats());
+    let (stats, fast_gets) = ops.node.read(|store| (store.stats(), store.fast_gets()));
     let gauges = &metrics.store;
     let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     gauges.capacity_bytes.set(signed(stats.capacity));
@@ -73,6 +73,9 @@ fn take(ops: &Ops, metrics: &Metrics) {
             .evicted_bytes
             .saturating_sub(events.evicted_bytes.get()),
     );
+    events
+        .fast_gets
+        .inc_by(fast_gets.saturating_sub(events.fast_gets.get()));
     if let Some(cluster) = &ops.cluster {
         gauges.loans.set(signed(cluster.loans_held() as u64));
         for peer in cluster.others() {

@@ -1,0 +1,78 @@
+"""The fast path from Python (docs/fast-path.md): a get of a sealed object is served from
+the shared index with no request, yet its buffer keeps the object from eviction and from
+a delete's free, and a process killed while holding buffers holds nothing afterwards."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+from _shoal_testing import Child, Daemon, wait_for
+
+HOLDER = """
+client = shoal.Client(sys.argv[1])
+ids = [bytes.fromhex(h) for h in sys.argv[2].split(",")]
+held = [client.get_buffer(oid) for oid in ids]
+emit({"held": len(held), "first": bytes(memoryview(held[0])[:4]).hex()})
+time.sleep(600)
+"""
+
+
+def put_objects(client, n: int, size: int = 4096) -> list[bytes]:
+    ids = [os.urandom(20) for _ in range(n)]
+    client.put_batch(ids, [np.full(size, i % 251, dtype=np.uint8) for i in range(n)])
+    return ids
+
+
+def refs(client, oid: bytes) -> int:
+    return {o.id.binary(): o.ref_count for o in client.list()}[oid]
+
+
+def test_a_get_takes_no_request_and_its_buffer_keeps_the_object_referenced(store: Daemon) -> None:
+    client = store.client()
+    [oid] = put_objects(client, 1)
+    buffer = client.get_buffer(oid)
+    assert bytes(memoryview(buffer)[:3]) == b"\0\0\0"
+    assert client.region_address <= buffer.address < client.region_address + client.region_size
+    # The daemon answered nothing, yet the reference shows in its listing.
+    assert refs(client, oid) == 1
+    assert client.stats()["referenced"] == 1
+    assert client.contains(oid)
+    del buffer
+    gc.collect()
+    assert refs(client, oid) == 0
+    assert client.stats()["referenced"] == 0
+
+
+def test_a_held_buffer_outlives_eviction_and_delete(store: Daemon) -> None:
+    client = store.client()
+    ids = put_objects(client, 4)
+    buffer = client.get_buffer(ids[0])
+    address = buffer.address
+    client.evict(1 << 40)
+    assert client.contains(ids[0]), "held: not evicted"
+    assert not client.contains(ids[1])
+    client.delete(ids[0])
+    assert not client.contains(ids[0]), "deleted: gone from view at once"
+    assert client.get_buffers([ids[0]], timeout_ms=0) == [None]
+    assert client.stats()["used"] >= 4096, "its bytes stay for the reader"
+    assert buffer.address == address and bytes(memoryview(buffer)[:2]) == b"\0\0"
+    del buffer
+    gc.collect()
+    wait_for(lambda: client.stats()["used"] == 0, message="the deleted object's memory")
+
+
+def test_a_reader_killed_holding_buffers_holds_nothing(store: Daemon) -> None:
+    client = store.client()
+    ids = put_objects(client, 8)
+    holder = Child(HOLDER, store.socket, ",".join(oid.hex() for oid in ids))
+    try:
+        assert holder.json()["held"] == 8
+        client.evict(1 << 40)
+        assert all(client.contains(oid) for oid in ids), "held by the child"
+        holder.kill()
+    finally:
+        holder.close()
+    # Its reference table went with its connection: everything can leave memory.
+    wait_for(lambda: client.evict(1 << 40) >= 0 and client.stats()["used"] == 0, message="release")
