@@ -477,16 +477,8 @@ impl Client {
     /// the index position the reference is counted at, to give to
     /// [`FastReads::release`]. `None`: ask the daemon.
     pub fn fast_get(&self, id: &ObjectId) -> Option<(ObjectLocation, u32)> {
-        let fast = self.fast.as_ref()?;
-        let found = fast.acquire(id)?;
-        let l = found.location;
-        if !self.mapping.holds(&l) {
-            // Only a corrupt index could say so; the daemon answers instead.
-            fast.release(found.position);
-            return None;
-        }
-        self.mapping.populate_on_use(l.offset, l.size(), false);
-        Some((l, found.position))
+        let found = self.fast.as_ref()?.acquire_in(id, &self.mapping)?;
+        Some((found.location, found.position))
     }
 
     /// The cluster, if the daemon is a cluster node.

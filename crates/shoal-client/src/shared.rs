@@ -227,16 +227,11 @@ impl SharedClient {
     /// region and the reference, given back when dropped. `None`: the
     /// index does not have it (ask the daemon through [`with`](Self::with)).
     pub fn fast_reference(&self, id: ObjectId) -> Option<(ObjectLocation, Arc<ObjectRef>)> {
-        let fast = self.inner.fast.as_ref()?;
-        let found = fast.acquire(&id)?;
-        let l = found.location;
-        if !self.inner.mapping.holds(&l) {
-            fast.release(found.position);
-            return None;
-        }
-        self.inner
-            .mapping
-            .populate_on_use(l.offset, l.size(), false);
+        let found = self
+            .inner
+            .fast
+            .as_ref()?
+            .acquire_in(&id, &self.inner.mapping)?;
         let reference = Arc::new(ObjectRef {
             client: self.clone(),
             id,
@@ -244,7 +239,7 @@ impl SharedClient {
             region: None,
             fast_position: Some(found.position),
         });
-        Some((l, reference))
+        Some((found.location, reference))
     }
 
     /// Whether this client has the fast path.

@@ -314,6 +314,21 @@ impl FastReads {
         self.closed.store(true, Ordering::Relaxed);
     }
 
+    /// [`acquire`](Self::acquire) for an object in `mapping` (the client's
+    /// view of the region): a location outside it (only a corrupt index
+    /// could say so) is given back and missed; the range is populated for
+    /// reading.
+    pub fn acquire_in(&self, id: &ObjectId, mapping: &crate::region::Mapping) -> Option<Found> {
+        let found = self.acquire(id)?;
+        let l = found.location;
+        if !mapping.holds(&l) {
+            self.release(found.position);
+            return None;
+        }
+        mapping.populate_on_use(l.offset, l.size(), false);
+        Some(found)
+    }
+
     /// Gives back a reference [`acquire`](Self::acquire) took at `position`.
     pub fn release(&self, position: u32) {
         let count = self.counts.at(position);
