@@ -536,7 +536,7 @@ impl Mapping {
     }
 
     /// Whether an object's data and metadata lie inside the mapping.
-    pub fn holds(&self, location: &crate::store::ObjectLocation) -> bool {
+    pub fn holds(&self, location: &crate::location::ObjectLocation) -> bool {
         self.contains(location.offset, location.size())
     }
 
