@@ -452,6 +452,13 @@ class Client:
         return self._raw.region_address
 
     @property
+    def requests(self) -> int:
+        """Requests this client has sent its daemon through the socket so far. Gets of
+        objects in memory, and creates, seals and releases of small objects, take none
+        (the fast path, docs/fast-path.md)."""
+        return self._raw.requests
+
+    @property
     def region_size(self) -> int:
         return self._raw.region_size
 

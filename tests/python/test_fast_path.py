@@ -10,6 +10,8 @@ import os
 import numpy as np
 from _shoal_testing import Child, Daemon, wait_for
 
+import shoal
+
 HOLDER = """
 client = shoal.Client(sys.argv[1])
 ids = [bytes.fromhex(h) for h in sys.argv[2].split(",")]
@@ -76,3 +78,82 @@ def test_a_reader_killed_holding_buffers_holds_nothing(store: Daemon) -> None:
         holder.close()
     # Its reference table went with its connection: everything can leave memory.
     wait_for(lambda: client.evict(1 << 40) >= 0 and client.stats()["used"] == 0, message="release")
+
+
+WRITER = """
+client = shoal.Client(sys.argv[1])
+sealed = []
+i = 0
+while True:
+    oid = bytes([i % 256, (i >> 8) % 256]) + os.urandom(18)
+    buf = client.create(oid, 1000)
+    memoryview(buf)[:] = bytes([i % 251]) * 1000
+    if i % 3 == 0:
+        client.seal(oid, release=True)
+        sealed.append(oid)
+        emit({"sealed": oid.hex(), "fill": i % 251})
+    elif i % 3 == 1:
+        client.abort(oid)
+    del buf
+    i += 1
+"""
+
+
+def test_create_seal_put_and_release_take_no_request(store: Daemon) -> None:
+    client = store.client()
+    other = store.client()
+    client.put(np.zeros(10, dtype=np.uint8))  # the first create asks for lent space
+    before = client.requests
+    ids = []
+    for i in range(200):
+        oid = os.urandom(20)
+        buf = client.create(oid, 1000)
+        memoryview(buf)[:] = bytes([i % 251]) * 1000
+        client.seal(oid)
+        del buf
+        ids.append(oid)
+        ids.append(client.put(np.full(1000, i % 251, dtype=np.uint8)).binary())
+        assert client.contains(oid)
+    gc.collect()
+    # Only a new lease now and then (each serves 256 KiB of objects here).
+    assert client.requests - before <= 2, "no request for create, seal, put, contains or release"
+    # Everyone sees them, whole; nothing stays referenced once the buffers are gone.
+    for i, oid in enumerate(ids[::2]):
+        assert bytes(memoryview(other.get_buffer(oid))[:3]) == bytes([i % 251]) * 3
+    for i, oid in enumerate(ids[1::2]):
+        assert (other.get(oid) == i % 251).all()
+    gc.collect()
+    wait_for(lambda: client.stats()["referenced"] == 0, message="the one-way releases")
+    stats = client.stats()
+    assert stats["lent"] > 0
+    assert stats["used"] >= 400 * 1000, "objects count as used, lent space apart"
+    # The socket path behaves the same: a sealed id is refused at create.
+    try:
+        client.create(ids[0], 10)
+        raise AssertionError("created twice")
+    except shoal.ObjectExists:
+        pass
+
+
+def test_a_writer_killed_mid_create_or_seal_leaves_nothing_lent_and_its_seals_whole(
+    store: Daemon,
+) -> None:
+    client = store.client()
+    sealed = {}
+    for _ in range(5):
+        writer = Child(WRITER, store.socket)
+        try:
+            for _ in range(3):
+                line = writer.json()
+                sealed[bytes.fromhex(line["sealed"])] = line["fill"]
+            writer.kill()
+        finally:
+            writer.close()
+    wait_for(lambda: client.stats()["clients"] == 1, message="the writers to go")
+    stats = client.stats()
+    assert stats["lent"] == 0, "a dead writer's lent space is free again"
+    for oid, fill in sealed.items():
+        assert bytes(memoryview(client.get_buffer(oid))[:8]) == bytes([fill]) * 8
+    gc.collect()
+    client.evict(1 << 40)
+    assert client.stats()["used"] == 0, "nothing else pins memory"

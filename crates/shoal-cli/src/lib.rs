@@ -304,8 +304,8 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
             let c = client.capacity(None)?;
             if json {
                 println!(
-                    "{{\"capacity\":{},\"region_size\":{},\"used\":{},\"objects\":{},\"sealed\":{},\"referenced\":{},\"evictable\":{},\"clients\":{},\"evictions\":{},\"evicted_bytes\":{},\"line_size\":{},\"policy\":\"{}\",\"tiers\":{},\"controller\":{}}}",
-                    s.capacity, s.region_size, s.used, s.objects, s.sealed, s.referenced, s.evictable, s.clients.saturating_sub(1), s.evictions, s.evicted_bytes, s.line_size, s.policy, tiers::report_json(&t), elastic::report_json(&c)
+                    "{{\"capacity\":{},\"region_size\":{},\"used\":{},\"objects\":{},\"sealed\":{},\"referenced\":{},\"evictable\":{},\"clients\":{},\"evictions\":{},\"evicted_bytes\":{},\"line_size\":{},\"policy\":\"{}\",\"lent\":{},\"tiers\":{},\"controller\":{}}}",
+                    s.capacity, s.region_size, s.used, s.objects, s.sealed, s.referenced, s.evictable, s.clients.saturating_sub(1), s.evictions, s.evicted_bytes, s.line_size, s.policy, s.lent, tiers::report_json(&t), elastic::report_json(&c)
                 );
             } else {
                 let pct = if s.capacity > 0 {
@@ -319,7 +319,11 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
                     format_size(s.capacity),
                     format_size(s.region_size)
                 );
-                println!("used        {} ({pct:.1}%)", format_size(s.used));
+                println!(
+                    "used        {} ({pct:.1}%), {} lent to clients for creates",
+                    format_size(s.used),
+                    format_size(s.lent)
+                );
                 println!(
                     "objects     {} ({} sealed, {} referenced, {} evictable)",
                     s.objects, s.sealed, s.referenced, s.evictable

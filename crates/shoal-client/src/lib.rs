@@ -7,6 +7,7 @@
 //! objects cost one round trip. [`shared::SharedClient`] shares one
 //! connection between threads, with references released when dropped.
 
+mod lent;
 pub mod shared;
 
 use std::io::{Read, Write};
@@ -155,6 +156,8 @@ struct Channel {
     output: Vec<u8>,
     /// The fast path, closed when the connection turns out dead.
     fast: Option<Arc<FastReads>>,
+    /// Requests queued or sent so far.
+    requests: u64,
 }
 
 impl Channel {
@@ -166,6 +169,7 @@ impl Channel {
             end: 0,
             output: Vec::new(),
             fast: None,
+            requests: 0,
         }
     }
 
@@ -178,6 +182,7 @@ impl Channel {
     /// or [`flush`](Self::flush).
     fn queue(&mut self, request: &Request) {
         request.encode(&mut self.output);
+        self.requests += 1;
     }
 
     /// Writes the queued requests, if any.
@@ -383,12 +388,38 @@ pub struct Client {
     /// References taken through the fast path, by id: the index positions
     /// they are counted at (one per reference).
     fast_held: std::collections::HashMap<ObjectId, Vec<u32>>,
+    /// Creates in lent space, sealed and released through the write
+    /// channel (docs/fast-path.md). `None` without the fast path, in a
+    /// cluster, or with `SHOAL_FAST_WRITES=0`.
+    writes: Option<lent::FastWrites>,
 }
 
 /// Whether clients ask for the fast path (`SHOAL_FAST_READS=0`: every get
 /// takes the socket, e.g. to measure the difference).
 fn fast_reads_wanted() -> bool {
     std::env::var_os("SHOAL_FAST_READS").is_none_or(|v| v != "0")
+}
+
+/// Whether clients create small objects in lent space (`SHOAL_FAST_WRITES=0`:
+/// every create and seal takes the socket).
+fn fast_writes_wanted() -> bool {
+    std::env::var_os("SHOAL_FAST_WRITES").is_none_or(|v| v != "0")
+}
+
+/// The daemon's end of a connection, for a client waiting on shared memory.
+struct Connected<'a>(&'a UnixStream);
+
+impl lent::Daemon for Connected<'_> {
+    fn alive(&self) -> bool {
+        let mut poll = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on our own socket, no waiting.
+        let n = unsafe { libc::poll(&mut poll, 1, 0) };
+        n == 0 || poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) == 0
+    }
 }
 
 impl Client {
@@ -416,6 +447,7 @@ impl Client {
             unsealed: std::collections::HashMap::new(),
             fast: None,
             fast_held: std::collections::HashMap::new(),
+            writes: None,
         };
         if info.clustered {
             match client.channel.call(&Request::ClusterInfo)? {
@@ -440,7 +472,67 @@ impl Client {
             client.fast = client.ask_fast_reads()?;
             client.channel.fast = client.fast.clone();
         }
+        if client.fast.is_some() && !info.clustered && fast_writes_wanted() {
+            client.writes = client.ask_fast_writes()?;
+        }
         Ok(client)
+    }
+
+    /// Asks for a write channel. `None` when the daemon does not offer one
+    /// or this process cannot map it: creates and seals take the socket.
+    fn ask_fast_writes(&mut self) -> Result<Option<lent::FastWrites>> {
+        let fast = self.fast.clone().expect("asked with the fast path only");
+        match self.channel.call_with_fds(&Request::FastWrites)? {
+            (Reply::FastWrites { .. }, mut fds) if fds.len() == 2 => {
+                let doorbell = fds.pop().expect("two fds");
+                match lent::FastWrites::attach(fds[0].as_fd(), doorbell, fast, self.info.line_size)
+                {
+                    Ok(writes) => Ok(Some(writes)),
+                    Err(err) if err.kind() == ErrorKind::Io => Ok(None),
+                    Err(err) => Err(err),
+                }
+            }
+            (Reply::Error { .. } | Reply::FastWrites { .. }, _) => Ok(None),
+            (other, _) => Err(ShoalError::protocol(format!(
+                "expected FastWrites, got {other:?}"
+            ))),
+        }
+    }
+
+    /// Creates one object in lent space, asking for a lease if needed:
+    /// `None` when it goes through the socket instead.
+    fn create_lent(&mut self, spec: &CreateSpec) -> Result<Option<ObjectLocation>> {
+        let Some(writes) = self.writes.as_mut() else {
+            return Ok(None);
+        };
+        if !writes.wants(spec.data_size, spec.meta_size) || writes.maybe_taken(&spec.id) {
+            return Ok(None);
+        }
+        if let Some(location) = writes.carve(spec.id, spec.data_size, spec.meta_size)? {
+            return Ok(Some(location));
+        }
+        let block = match self.channel.call(&Request::Lend { bytes: lent::LEASE })? {
+            Reply::Lent { len: 0, .. } => None,
+            Reply::Lent { lease, offset, len } => {
+                let inside = offset
+                    .checked_add(len)
+                    .is_some_and(|end| end <= self.info.region_size);
+                if !inside || !offset.is_multiple_of(self.info.line_size) {
+                    return Err(ShoalError::protocol(format!(
+                        "the daemon lent [{offset}, +{len}) outside its region"
+                    )));
+                }
+                Some((lease, shoal_core::allocator::Block { offset, len }))
+            }
+            other => return Err(unexpected(other)),
+        };
+        let writes = self.writes.as_mut().expect("checked above");
+        let lent = block.is_some();
+        writes.take_lease(block)?;
+        if !lent {
+            return Ok(None);
+        }
+        writes.carve(spec.id, spec.data_size, spec.meta_size)
     }
 
     /// Asks for the fast path's shared state. `None` when the daemon does
@@ -789,6 +881,18 @@ impl Client {
         unsafe { self.mapping.base().add(location.offset as usize) }
     }
 
+    /// How many requests this client has sent the daemon through its
+    /// socket (what the fast path saves shows here).
+    pub fn requests(&self) -> u64 {
+        self.channel.requests
+    }
+
+    /// Whether this client creates small objects in lent space and seals
+    /// them through its write channel.
+    pub fn has_fast_writes(&self) -> bool {
+        self.writes.is_some()
+    }
+
     /// Creates one object; write its bytes at [`data_ptr`](Self::data_ptr), then seal.
     pub fn create(
         &mut self,
@@ -813,11 +917,32 @@ impl Client {
         objects: &[CreateSpec],
         timeout_ms: u32,
     ) -> Result<Vec<ObjectLocation>> {
+        if let [spec] = objects {
+            if let Some(location) = self.create_lent(spec)? {
+                return Ok(vec![location]);
+            }
+        }
         let request = Request::Create {
             timeout_ms,
             objects: objects.to_vec(),
         };
-        let locations: Vec<ObjectLocation> = match self.channel.call(&request)? {
+        let reply = match self.channel.call(&request) {
+            // Space lent to this client and unused must not be what fills
+            // the store: give it back (applied before the next request) and
+            // try once more.
+            Err(err) if err.kind() == ErrorKind::StoreFull => {
+                let gave_back = match self.writes.as_mut() {
+                    Some(writes) => writes.give_back_idle()?,
+                    None => false,
+                };
+                if !gave_back {
+                    return Err(err);
+                }
+                self.channel.call(&request)?
+            }
+            reply => reply?,
+        };
+        let locations: Vec<ObjectLocation> = match reply {
             Reply::Created { offsets, .. } if offsets.len() == objects.len() => offsets
                 .iter()
                 .zip(objects)
@@ -909,12 +1034,41 @@ impl Client {
         release: bool,
         durability: Option<Durability>,
     ) -> Result<()> {
-        self.flush_written(ids);
-        expect_ok(self.channel.call(&Request::Seal {
-            release,
-            durability,
-            ids: ids.to_vec(),
-        })?)
+        let (lent, rest): (Vec<ObjectId>, Vec<ObjectId>) = match &self.writes {
+            Some(writes) => ids.iter().partition(|id| writes.writing(id)),
+            None => (Vec::new(), ids.to_vec()),
+        };
+        if lent.is_empty() {
+            self.flush_written(&rest);
+            return expect_ok(self.channel.call(&Request::Seal {
+                release,
+                durability,
+                ids: rest,
+            })?);
+        }
+        // As on the socket: an id twice, or one that cannot be sealed, and
+        // nothing is (the daemon's part first; the lent part is refused
+        // only for a durability the node lacks, checked there too).
+        let mut seen = std::collections::HashSet::with_capacity(ids.len());
+        if let Some(twice) = ids.iter().find(|id| !seen.insert(**id)) {
+            return Err(ShoalError::invalid(format!(
+                "object {twice} appears twice in one seal"
+            )));
+        }
+        if !rest.is_empty() {
+            self.flush_written(&rest);
+            expect_ok(self.channel.call(&Request::Seal {
+                release,
+                durability,
+                ids: rest,
+            })?)?;
+        }
+        let writes = self.writes.as_mut().expect("lent ids come from it");
+        let outcomes = writes.seal(&lent, release, durability, &Connected(&self.channel.stream))?;
+        outcomes
+            .into_iter()
+            .find_map(Result::err)
+            .map_or(Ok(()), Err)
     }
 
     /// Waits until each object has a durable copy at `level` (objects
@@ -971,6 +1125,11 @@ impl Client {
     }
 
     pub fn abort(&mut self, id: ObjectId) -> Result<()> {
+        if let Some(writes) = self.writes.as_mut() {
+            if writes.abort(&id)? {
+                return Ok(());
+            }
+        }
         self.flush_written(&[id]);
         expect_ok(self.channel.call(&Request::Abort { id })?)
     }
@@ -1072,7 +1231,16 @@ impl Client {
                 _ => to_daemon.push(*id),
             }
         }
-        if !to_daemon.is_empty() {
+        if to_daemon.is_empty() {
+            return;
+        }
+        // Through the write channel when there is one: no system call, and
+        // the daemon applies it before this client's next request.
+        let sent = self
+            .writes
+            .as_mut()
+            .is_some_and(|w| w.release(&to_daemon).is_ok());
+        if !sent {
             self.channel.queue(&Request::Release { ids: to_daemon });
         }
     }

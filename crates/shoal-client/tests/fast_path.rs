@@ -264,3 +264,218 @@ fn readers_killed_at_random_points_leave_nothing_held_or_corrupted() {
         });
     }
 }
+
+/// Writes object `n`'s pattern into a created object.
+fn fill(client: &mut Client, location: shoal_core::store::ObjectLocation, n: usize) {
+    let data = pattern(n, location.data_size as usize);
+    client.write(location, &data, &[]).unwrap();
+}
+
+#[test]
+fn creates_and_seals_in_lent_space_take_no_round_trip_and_behave_like_the_socket() {
+    let daemon = Daemon::start(64 << 20);
+    let mut c = daemon.client();
+    assert!(c.has_fast_writes(), "the daemon offers write channels");
+    let mut other = daemon.client();
+    // The first create asks for a lease; then none of these take a request.
+    let first = ObjectId::random();
+    let l = c.create(first, 1000, 0, 0).unwrap();
+    fill(&mut c, l, 0);
+    c.seal(&[first], true).unwrap();
+    let before = c.requests();
+    let ids: Vec<ObjectId> = (0..100).map(|_| ObjectId::random()).collect();
+    for (n, id) in ids.iter().enumerate() {
+        let location = c.create(*id, 1000, 0, 0).unwrap();
+        fill(&mut c, location, n);
+        c.seal(&[*id], false).unwrap();
+        let found = c.get(&[*id], 0).unwrap()[0].expect("sealed means found");
+        assert_eq!(found.location, location, "the same bytes, not a copy");
+        c.release(&[*id, *id]).unwrap(); // the get's and the creator's
+    }
+    assert_eq!(
+        c.requests(),
+        before,
+        "no request for create, seal, get, release"
+    );
+    // Everyone sees them, at once, whole; and nothing stays referenced.
+    for (n, id) in ids.iter().enumerate() {
+        let found = other.get(&[*id], 0).unwrap()[0].expect("visible to others");
+        let bytes = unsafe { std::slice::from_raw_parts(other.located_ptr(found).unwrap(), 1000) };
+        assert_eq!(bytes, &pattern(n, 1000)[..]);
+        other.release(&[*id]).unwrap();
+    }
+    // Releases are one-way: the daemon takes them as it polls.
+    wait_for("the releases", || other.stats().unwrap().referenced == 0);
+    let stats = other.stats().unwrap();
+    assert_eq!(stats.used, 101 * 1024, "objects only: lent space is apart");
+    assert!(stats.lent > 0 && stats.lent <= 1 << 20, "{stats:?}");
+    assert_eq!(other.evict(u64::MAX).unwrap(), 101 * 1024);
+}
+
+#[test]
+fn duplicate_ids_aborts_and_names_in_lent_space_follow_the_socket_rules() {
+    let daemon = Daemon::start(64 << 20);
+    let mut a = daemon.client();
+    let mut b = daemon.client();
+    // A sealed id is refused at create.
+    let id = ObjectId::random();
+    a.put(id, &pattern(1, 100), b"").unwrap();
+    let err = a.create(id, 10, 0, 0).unwrap_err();
+    assert_eq!(err.kind(), shoal_core::error::ErrorKind::ObjectExists);
+    // Two writers of one new id: the first seal wins, the second is told,
+    // and its bytes are never seen.
+    let id = ObjectId::random();
+    let la = a.create(id, 100, 0, 0).unwrap();
+    let lb = b.create(id, 100, 0, 0).unwrap();
+    fill(&mut a, la, 1);
+    fill(&mut b, lb, 2);
+    a.seal(&[id], true).unwrap();
+    let err = b.seal(&[id], true).unwrap_err();
+    assert_eq!(err.kind(), shoal_core::error::ErrorKind::ObjectExists);
+    let found = b.get(&[id], 0).unwrap()[0].unwrap();
+    let bytes = unsafe { std::slice::from_raw_parts(b.located_ptr(found).unwrap(), 100) };
+    assert_eq!(bytes, &pattern(1, 100)[..]);
+    b.release(&[id]).unwrap();
+    // Aborted: gone, and its id free again.
+    let id = ObjectId::random();
+    a.create(id, 100, 0, 0).unwrap();
+    a.abort(id).unwrap();
+    assert!(!b.contains(id).unwrap());
+    let l = a.create(id, 100, 0, 0).unwrap();
+    fill(&mut a, l, 3);
+    a.seal(&[id], true).unwrap();
+    assert!(b.contains(id).unwrap());
+    // A name given while writing is bound at the seal.
+    let id = ObjectId::random();
+    let l = a.create(id, 100, 0, 0).unwrap();
+    a.name(id, "lent/one").unwrap();
+    fill(&mut a, l, 4);
+    a.seal(&[id], true).unwrap();
+    assert_eq!(b.resolve("lent/one").unwrap().id, id);
+    // A client that leaves mid-write: what it sealed stays, the rest of its
+    // lent space comes back.
+    let kept = ObjectId::random();
+    let l = b.create(kept, 100, 0, 0).unwrap();
+    fill(&mut b, l, 5);
+    b.seal(&[kept], true).unwrap();
+    b.create(ObjectId::random(), 100, 0, 0).unwrap();
+    drop(b);
+    wait_for("the writer's lent space to come back", || {
+        let stats = a.stats().unwrap();
+        stats.clients == 1 && stats.lent <= (1 << 20)
+    });
+    assert!(a.contains(kept).unwrap());
+    drop(a);
+    let mut c = daemon.client();
+    wait_for("every lease to come back", || {
+        let stats = c.stats().unwrap();
+        stats.clients == 1 && stats.lent == 0
+    });
+    assert_eq!(c.stats().unwrap().used, 5 * 128);
+}
+
+/// A client that writes nonsense into its write channel is dropped; the
+/// daemon and its other clients go on, and a record naming space the client
+/// was not lent is refused without harm.
+#[test]
+fn a_forged_write_channel_drops_only_its_client() {
+    use shoal_core::fast_path::writes::{Record, WriteSender, CHANNEL_BYTES};
+    use shoal_core::fd_passing::recv_with_fds;
+    use shoal_core::protocol::{Reply, Request, PROTOCOL_VERSION};
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+
+    let daemon = Daemon::start(64 << 20);
+    let mut good = daemon.client();
+    let id = ObjectId::random();
+    good.put(id, &pattern(9, 1000), b"").unwrap();
+
+    let mut raw = UnixStream::connect(&daemon.socket).unwrap();
+    let call = |raw: &mut UnixStream, request: Request| {
+        let mut out = Vec::new();
+        request.encode(&mut out);
+        raw.write_all(&out).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let (n, fds) = recv_with_fds(raw.as_fd(), &mut buf).unwrap();
+        let header = shoal_core::protocol::FrameHeader::parse(&buf[..n])
+            .unwrap()
+            .unwrap();
+        let len = shoal_core::protocol::FRAME_HEADER_LEN;
+        let reply = Reply::decode(header, &buf[len..len + header.len as usize]).unwrap();
+        (reply, fds)
+    };
+    call(
+        &mut raw,
+        Request::Hello {
+            version: PROTOCOL_VERSION,
+            pid: std::process::id(),
+        },
+    );
+    let (reply, _) = call(&mut raw, Request::FastReads);
+    assert!(matches!(reply, Reply::FastReads { .. }), "{reply:?}");
+    let (reply, fds) = call(&mut raw, Request::FastWrites);
+    assert!(matches!(reply, Reply::FastWrites { .. }), "{reply:?}");
+    let mut sender = WriteSender::attach(fds[0].as_fd()).unwrap();
+    // A create in space never lent to it: refused, nothing changes.
+    let seq = sender
+        .stage(&Record::Create {
+            id: ObjectId::random(),
+            location: shoal_core::store::ObjectLocation {
+                offset: 0,
+                data_size: 64,
+                meta_size: 0,
+            },
+        })
+        .unwrap()
+        .unwrap();
+    sender.publish();
+    let mut ring = [0u8; 8];
+    ring_doorbell(&fds[1]);
+    let answer = sender
+        .wait(
+            seq,
+            Duration::from_millis(1),
+            Duration::from_secs(5),
+            || true,
+        )
+        .unwrap();
+    assert_eq!(answer, Some(shoal_core::error::ErrorKind::InvalidArgument));
+    assert_eq!(good.stats().unwrap().objects, 1);
+    // Now a record that does not decode: the daemon hangs up on it.
+    // SAFETY: a shared mapping of the channel's memfd, CHANNEL_BYTES long.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            CHANNEL_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&fds[0]),
+            0,
+        )
+    } as *mut u8;
+    assert_ne!(base as *mut libc::c_void, libc::MAP_FAILED);
+    unsafe {
+        // Record slot 1 (the ring's records start at byte 192, 64 each):
+        // kind 77; then publish tail = 2.
+        *base.add(192 + 64) = 77;
+        (*base.add(64).cast::<std::sync::atomic::AtomicU64>())
+            .store(2, std::sync::atomic::Ordering::SeqCst);
+    }
+    ring_doorbell(&fds[1]);
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(raw.read(&mut ring).unwrap(), 0, "the daemon closed it");
+    // The others are fine.
+    let found = good.get(&[id], 0).unwrap()[0].unwrap();
+    let bytes = unsafe { std::slice::from_raw_parts(good.located_ptr(found).unwrap(), 1000) };
+    assert_eq!(bytes, &pattern(9, 1000)[..]);
+    good.release(&[id]).unwrap();
+    let l = good.create(ObjectId::random(), 10, 0, 0).unwrap();
+    assert!(l.offset > 0);
+}
+
+fn ring_doorbell(fd: &std::os::fd::OwnedFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: 8 bytes to an eventfd we were given.
+    let n = unsafe { libc::write(std::os::fd::AsRawFd::as_raw_fd(fd), one.as_ptr().cast(), 8) };
+    assert_eq!(n, 8);
+}

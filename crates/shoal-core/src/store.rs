@@ -106,6 +106,9 @@ pub struct StoreStats {
     pub evicted_bytes: u64,
     pub line_size: u64,
     pub policy: &'static str,
+    /// Bytes lent to clients for creates and not sealed yet: allocated, but
+    /// not in `used` (which counts objects).
+    pub lent: u64,
 }
 
 /// The principal holding references for clients that took them through the
@@ -122,6 +125,11 @@ struct ClientState {
     /// A set, not a list: a client may hold hundreds of thousands of
     /// unsealed objects, and seal, abort and disconnect must stay O(ids).
     creating: HashSet<Slot>,
+    /// Space lent to it (the fast path's creates).
+    lent: crate::fast_path::lent::LentSpace,
+    /// Its unsealed objects created in lent space, and the lease of each:
+    /// an abort gives the bytes back to that lease.
+    from_lease: HashMap<Slot, u64>,
 }
 
 pub struct Store {
@@ -157,6 +165,10 @@ pub struct Store {
     /// Objects kept for fast-path readers, by the index position whose
     /// counts hold them.
     adopted: HashMap<u32, Slot>,
+    /// Bytes lent to clients and not sealed yet (allocated, in no object).
+    lent_bytes: u64,
+    /// The number the next lease gets (unique in this store's life).
+    next_lease: u64,
 }
 
 impl Store {
@@ -188,6 +200,8 @@ impl Store {
             events: Vec::new(),
             readers: None,
             adopted: HashMap::new(),
+            lent_bytes: 0,
+            next_lease: 1,
         }
     }
 
@@ -429,7 +443,7 @@ impl Store {
     pub fn client_holds_nothing(&self, client: ClientId) -> bool {
         self.clients
             .get(&client)
-            .is_none_or(|c| c.refs.is_empty() && c.creating.is_empty())
+            .is_none_or(|c| c.refs.is_empty() && c.creating.is_empty() && c.lent.is_empty())
             && !self.readers.as_ref().is_some_and(|r| r.holds_any(client))
     }
 
@@ -510,6 +524,7 @@ impl Store {
             // A restore brings back the history its object left with.
             self.ghosts.take(&id).unwrap_or_default(),
         ));
+        self.note_creating(&id, true);
         let state = self.client(client);
         state.creating.insert(slot);
         *state.refs.entry(slot).or_insert(0) += 1;
@@ -854,7 +869,14 @@ impl Store {
                 ids[twice]
             )));
         }
+        let state = self.client(client);
+        if !state.from_lease.is_empty() {
+            for slot in &slots {
+                state.from_lease.remove(slot);
+            }
+        }
         for (slot, id) in slots.iter().zip(ids) {
+            self.note_creating(id, false);
             let entry = self.table.get_mut(*slot).expect("validated");
             entry.state = ObjectState::Sealed;
             let (data_size, meta_size) = (entry.data_size, entry.meta_size);
@@ -889,6 +911,10 @@ impl Store {
     /// Drops an object its creator has not sealed; its memory is free at once.
     pub fn abort(&mut self, client: ClientId, id: &ObjectId) -> Result<()> {
         let slot = self.own_unsealed(client, id)?;
+        if let Some(lease) = self.client(client).from_lease.remove(&slot) {
+            self.abort_lent(client, slot, lease);
+            return Ok(());
+        }
         self.abort_slot(client, slot);
         Ok(())
     }
@@ -900,8 +926,16 @@ impl Store {
         let entry = self.table.get_mut(slot).expect("aborting a live slot");
         entry.refs -= held;
         let id = entry.id;
+        self.note_creating(&id, false);
         self.remove_slot(slot);
         self.events.push(StoreEvent::Aborted { id });
+    }
+
+    /// Counts `id` in the fast path's creating filter (or stops counting it).
+    fn note_creating(&self, id: &ObjectId, creating: bool) {
+        if let Some(readers) = &self.readers {
+            readers.index().note_creating(id, creating);
+        }
     }
 
     /// Looks an id up and, if it is sealed and visible, takes a reference for
@@ -1178,11 +1212,16 @@ impl Store {
         let Some(state) = self.clients.remove(&client) else {
             return;
         };
+        // What it was lent and did not seal is free again (computed from
+        // the daemon's records, whatever the client wrote).
+        let unsealed: Vec<Block> = state.lent.unsealed().collect();
+        self.free_unsealed(&unsealed);
         for slot in &state.creating {
             let held = state.refs.get(slot).copied().unwrap_or(0);
             let entry = self.table.get_mut(*slot).expect("unsealed slot is live");
             entry.refs -= held;
             let id = entry.id;
+            self.note_creating(&id, false);
             self.remove_slot(*slot);
             // Like an abort: a cluster node unregisters the id.
             self.events.push(StoreEvent::Aborted { id });
@@ -1225,6 +1264,9 @@ impl Store {
             *target.refs.entry(slot).or_default() += count;
         }
         target.creating.extend(state.creating);
+        // Lent space stays held: `from`'s leases cannot be given back by
+        // anyone now, and go when `from` is forgotten.
+        self.clients.get_mut(&from).expect("inserted above").lent = state.lent;
         moved
     }
 
@@ -1297,7 +1339,8 @@ impl Store {
         let mut stats = StoreStats {
             capacity: self.capacity,
             region_size: self.allocator.size(),
-            used: self.allocator.used(),
+            used: self.allocator.used() - self.lent_bytes,
+            lent: self.lent_bytes,
             clients: self.clients.keys().filter(|c| **c != FAST_READERS).count() as u64,
             evictions: self.evictions,
             evicted_bytes: self.evicted_bytes,
@@ -1355,8 +1398,14 @@ impl Store {
                 e.id
             );
         }
+        let mut lent = 0;
+        for block in self.clients.values().flat_map(|c| c.lent.unsealed()) {
+            lent += block.len;
+            blocks.push(block);
+        }
+        assert_eq!(lent, self.lent_bytes, "lent bytes");
         assert_eq!(
-            used,
+            used + lent,
             self.allocator.used(),
             "allocator and table disagree on usage"
         );
@@ -1404,17 +1453,19 @@ fn object_info(e: &Entry) -> ObjectInfo {
     }
 }
 
+mod lending;
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::eviction::Lru;
     use proptest::prelude::*;
 
-    fn store(size: u64) -> Store {
+    pub(super) fn store(size: u64) -> Store {
         Store::new(size, size, 64, Box::new(Lru::default()))
     }
 
-    fn id(n: u8) -> ObjectId {
+    pub(super) fn id(n: u8) -> ObjectId {
         ObjectId([n; 20])
     }
 

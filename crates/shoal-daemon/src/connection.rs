@@ -49,6 +49,10 @@ pub async fn serve(ops: Rc<Ops>, stream: UnixStream) {
         }
         Err(err) => tracing::warn!(client, %err, "dropping client"),
     }
+    // What it published before it went still counts (a seal record whose
+    // bytes were written); then its channel and lent space go.
+    ops.apply_writes(client);
+    ops.node.write_channels().close(client);
     ops.node.client_gone(client);
 }
 
@@ -108,6 +112,13 @@ impl Connection {
         loop {
             let mut consumed = 0;
             let mut next = Next::Continue;
+            if !input.is_empty() {
+                // Write records published before this request are applied
+                // before it: its own (a release there before a delete here)
+                // and other clients' (their creates show in a listing, and
+                // an id one of them is writing is refused to a create here).
+                while self.ops.apply_all_writes() > 0 {}
+            }
             loop {
                 let (request, used) = match decode_request(&input[consumed..]) {
                     Ok(Some(frame)) => frame,
@@ -168,6 +179,11 @@ impl Connection {
             keep_polling();
             let read = tokio::select! {
                 read = self.stream.read_buf(&mut input) => read?,
+                () = self.activity.kicked() => {
+                    return Err(ShoalError::protocol(
+                        "closed: this client's write channel broke the protocol",
+                    ));
+                }
                 () = self.activity.shed(), if input.is_empty() => {
                     return Err(ShoalError::new(
                         ErrorKind::Disconnected,
@@ -310,6 +326,36 @@ impl Connection {
                     )),
                     Err(err) => Reply::error(&err),
                 }
+            }
+            Request::FastWrites => {
+                let offered = self.ops.cluster.is_none()
+                    && self
+                        .ops
+                        .node
+                        .read(|s| s.fast_reads().is_some_and(|r| r.has_client(self.client)));
+                if !offered {
+                    Reply::error(&ShoalError::invalid(
+                        "this daemon offers write channels only to fast-path readers of a single node",
+                    ))
+                } else {
+                    match self.ops.node.write_channels().open(self.client) {
+                        Ok((channel, doorbell)) => {
+                            let mut frame = Vec::new();
+                            Reply::FastWrites {
+                                records: shoal_core::fast_path::writes::RECORDS,
+                            }
+                            .encode(&mut frame);
+                            self.send_attached(out, &frame, &[channel.as_fd(), doorbell.as_fd()])
+                                .await?;
+                            return Ok(Next::Continue);
+                        }
+                        Err(err) => Reply::error(&err),
+                    }
+                }
+            }
+            Request::Lend { bytes } => {
+                let (lease, offset, len) = self.ops.lend(self.client, bytes).unwrap_or((0, 0, 0));
+                Reply::Lent { lease, offset, len }
             }
             Request::Name { id, name } => ok_or_error(self.ops.name(id, name).await),
             Request::Resolve { name } => self

@@ -42,6 +42,7 @@ pub mod server;
 pub mod shutdown;
 pub mod supervisor;
 pub mod tiers;
+mod write_poller;
 
 pub use cluster::ClusterConfig;
 pub use config::DaemonConfig;

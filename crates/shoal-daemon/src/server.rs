@@ -213,6 +213,7 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         let restorer: std::rc::Weak<dyn crate::elastic::Restorer> = Rc::downgrade(&ops) as _;
         elastic.attach(restorer);
     }
+    crate::write_poller::spawn(&ops);
 
     // A stale socket file from a daemon that died: we hold the lock, so it is ours to replace.
     let _ = std::fs::remove_file(&config.socket);

@@ -154,15 +154,26 @@ fn eviction_goes_down_a_tier_and_a_get_brings_it_back_exactly() {
         "{report:?}"
     );
     assert!(report.spilled_bytes + report.drained_bytes > 0);
-    // Creating an id that only a tier holds is refused.
+    // Creating an id that only a tier holds is refused: at create through
+    // the socket, at the seal in lent space (the client cannot see tiers).
     let evicted = client
         .list()
         .unwrap()
         .into_iter()
         .find(|o| !o.resident)
         .expect("some object is on a tier only");
-    let err = client.create(evicted.id, 10, 0, 0).unwrap_err();
+    let mut socket_only = Client::connect_socket_only(&daemon.socket).unwrap();
+    let err = socket_only.create(evicted.id, 10, 0, 0).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ObjectExists);
+    let refused = match client.create(evicted.id, 10, 0, 0) {
+        Err(err) => err,
+        Ok(_) => client.seal(&[evicted.id], true).unwrap_err(),
+    };
+    assert_eq!(refused.kind(), ErrorKind::ObjectExists);
+    assert_eq!(
+        read(&mut socket_only, evicted.id).unwrap(),
+        pattern(&evicted.id, 64 * KIB as usize)
+    );
 }
 
 #[test]

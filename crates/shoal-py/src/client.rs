@@ -151,6 +151,13 @@ impl Client {
         self.info.client_id
     }
 
+    /// Requests this client has sent through its socket so far (the fast
+    /// path's gets, creates, seals and releases send none).
+    #[getter]
+    fn requests(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.shared.with(|c| Ok(c.requests()))).py()
+    }
+
     /// Where the region is mapped in this process.
     #[getter]
     fn region_address(&self) -> usize {
@@ -627,6 +634,7 @@ impl Client {
         d.set_item("evicted_bytes", s.evicted_bytes)?;
         d.set_item("line_size", s.line_size)?;
         d.set_item("policy", s.policy)?;
+        d.set_item("lent", s.lent)?;
         Ok(d)
     }
 

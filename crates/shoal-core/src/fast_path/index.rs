@@ -7,7 +7,7 @@
 //!
 //! | offset | field |
 //! | --- | --- |
-//! | 0 | magic `SHOALIDX`, slot count (u64, a power of two), closed (u64: 1 once the daemon stopped) |
+//! | 0 | magic `SHOALIDX`, slot count (u64, a power of two), closed (u64: 1 once the daemon stopped), asleep (u64: 1 while the daemon waits for a doorbell, [`super::writes`]) |
 //! | 64 + 64·p | slot `p`: version, state, id (3 words), offset, data size, metadata size |
 //!
 //! Each slot is one 64-byte line of u64 words. The daemon is the only
@@ -25,7 +25,7 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 
@@ -55,9 +55,19 @@ const OFFSET: usize = 5;
 const DATA_SIZE: usize = 6;
 const META_SIZE: usize = 7;
 
-/// Bytes of an index of `slots` slots.
+/// Bytes of an index of `slots` slots, with the creating filter after them.
 pub fn bytes_needed(slots: u32) -> usize {
-    HEADER + SLOT * slots as usize
+    HEADER + SLOT * slots as usize + 4 * CREATING
+}
+
+/// Counters of the creating filter: objects being written (created, not
+/// sealed or aborted) per hash of their id. A client about to create in lent
+/// space asks the daemon instead when its id's counter is not zero, so an id
+/// another client is writing is refused at create, as on the socket path.
+pub const CREATING: usize = 4096;
+
+fn creating_counter(id: &ObjectId) -> usize {
+    home(id, usize::MAX) % CREATING
 }
 
 /// The slot count for a region of `region_size` bytes: one slot per 16 KiB
@@ -105,6 +115,21 @@ impl Words {
 
     fn slot(&self, position: usize, word: usize) -> &AtomicU64 {
         self.word(HEADER / 8 + position * WORDS + word)
+    }
+
+    /// Counter `i` of the creating filter.
+    fn filter(&self, i: usize) -> &AtomicU32 {
+        debug_assert!(i < CREATING);
+        // SAFETY: the filter's u32 counters follow the slots inside the
+        // mapping (bytes_needed counts them), 4-byte aligned.
+        unsafe {
+            &*(self
+                .map
+                .as_mut_ptr()
+                .add(HEADER + SLOT * self.slots)
+                .cast::<AtomicU32>()
+                .add(i))
+        }
     }
 }
 
@@ -165,6 +190,25 @@ impl IndexWriter {
     /// answering from an index nobody maintains. (A daemon killed outright
     /// cannot say so: its clients keep reading what it had published, whose
     /// memory stays theirs while mapped, until their next request fails.)
+    /// Says whether the daemon sleeps until a client rings its doorbell
+    /// (clients that published a write record then ring it).
+    pub fn set_asleep(&self, asleep: bool) {
+        self.words
+            .word(3)
+            .store(u64::from(asleep), Ordering::SeqCst);
+    }
+
+    /// Counts `id` as being written (`true`) or not any more (`false`).
+    pub fn note_creating(&self, id: &ObjectId, creating: bool) {
+        let counter = self.words.filter(creating_counter(id));
+        if creating {
+            counter.fetch_add(1, Ordering::SeqCst);
+        } else {
+            // Never below zero, whatever went before.
+            let _ = counter.fetch_update(Ordering::SeqCst, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
     pub fn close(&mut self) {
         self.words.word(2).store(1, Ordering::SeqCst);
     }
@@ -336,6 +380,22 @@ impl IndexReader {
 
     pub fn slots(&self) -> u32 {
         self.words.slots as u32
+    }
+
+    /// Whether an object with `id`'s hash is being written (created through
+    /// the daemon and not sealed or aborted): maybe `id` itself.
+    pub fn maybe_creating(&self, id: &ObjectId) -> bool {
+        self.words
+            .filter(creating_counter(id))
+            .load(Ordering::SeqCst)
+            != 0
+    }
+
+    /// Whether the daemon sleeps until its doorbell rings (read after a
+    /// write record was published: SeqCst on both sides, so either the
+    /// daemon sees the record before it sleeps or this sees it asleep).
+    pub fn daemon_asleep(&self) -> bool {
+        self.words.word(3).load(Ordering::SeqCst) != 0
     }
 
     /// The live entry for `id`, if the index has one. Lock-free: a read that

@@ -163,6 +163,11 @@ impl Readers {
         Ok(fd)
     }
 
+    /// Whether `client` has a reference table (reads through the index).
+    pub fn has_client(&self, client: ClientId) -> bool {
+        self.tables.contains_key(&client)
+    }
+
     /// Whether `client` counts any reference at all (a scan of its table:
     /// for rare decisions, such as which idle connection to close).
     pub fn holds_any(&self, client: ClientId) -> bool {
@@ -306,6 +311,16 @@ impl FastReads {
     /// says nothing: ask the daemon).
     pub fn published(&self, id: &ObjectId) -> bool {
         !self.closed.load(Ordering::Relaxed) && self.index.lookup(id).is_some()
+    }
+
+    /// Whether `id` may be being written by some client (ask the daemon).
+    pub fn maybe_creating(&self, id: &ObjectId) -> bool {
+        self.index.maybe_creating(id)
+    }
+
+    /// Whether the daemon sleeps until its doorbell rings.
+    pub fn daemon_asleep(&self) -> bool {
+        self.index.daemon_asleep()
     }
 
     /// Stops answering from the index: the connection to the daemon failed

@@ -35,7 +35,7 @@ const HEAD: usize = 128;
 const RECORDS: usize = 192;
 
 /// Bytes a ring of `capacity` records of `record_size` bytes takes.
-pub fn bytes_needed(record_size: u32, capacity: u32) -> usize {
+pub const fn bytes_needed(record_size: u32, capacity: u32) -> usize {
     RECORDS + record_size as usize * capacity as usize
 }
 
@@ -192,6 +192,11 @@ impl Producer {
         }
     }
 
+    /// Records staged so far, published or not (the next one's number).
+    pub fn staged(&self) -> u64 {
+        self.staged
+    }
+
     /// [`stage`](Self::stage) then [`publish`](Self::publish).
     pub fn push(&mut self, record: &[u8]) -> Result<bool> {
         let staged = self.stage(record)?;
@@ -221,6 +226,11 @@ impl Consumer {
     /// The record size of this ring.
     pub fn record_size(&self) -> usize {
         self.memory.shape.record_size
+    }
+
+    /// Whether a published record is waiting (one load).
+    pub fn has_next(&self) -> bool {
+        self.memory.counter(TAIL).load(Ordering::Acquire) != self.head
     }
 
     /// Copies the next published record into `out` (record size bytes) and

@@ -39,7 +39,10 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// controller's state and trace.
 /// 7: `FastReads`: the shared object index and this client's reference
 /// table, two fds beside the `FastReads` reply (docs/fast-path.md).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// 8: `FastWrites` (this client's write channel and the daemon's doorbell,
+/// two fds beside the reply) and `Lend` / `Lent`: creates in lent space,
+/// sealed through the write channel (docs/fast-path.md).
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -100,6 +103,15 @@ pub enum Request {
     /// object index's fd and a fresh reference table's fd attached (in that
     /// order), or an error if the daemon does not offer it.
     FastReads,
+    /// The fast path's write channel: answered by `FastWrites` with the
+    /// channel's fd and the daemon's doorbell (an eventfd) attached, or an
+    /// error if the daemon does not offer it (it needs `FastReads` first).
+    FastWrites,
+    /// Asks for a block of about `bytes` of free space to create objects
+    /// in without a round trip each; answered by `Lent` (len 0: none now).
+    Lend {
+        bytes: u64,
+    },
     /// Like `Create`, in the region of cluster node `node` (remote
     /// allocation); offsets in the reply are in that node's region.
     CreateOn {
@@ -287,6 +299,18 @@ pub enum Reply {
     FastReads {
         slots: u32,
     },
+    /// Sent with two fds attached: this client's write channel (`records`
+    /// records in its ring) and the daemon's doorbell.
+    FastWrites {
+        records: u32,
+    },
+    /// A block of the region lent to this client as lease number `lease`
+    /// (`len` 0: none).
+    Lent {
+        lease: u64,
+        offset: u64,
+        len: u64,
+    },
     /// `node` is this daemon's id; `coherent` false means clients flush
     /// before seal and invalidate before the first read of remote objects
     /// (and of local ones marked `Located::invalidate`).
@@ -349,6 +373,8 @@ mod op {
     pub const UNLINK: u16 = 0x17;
     pub const CAPACITY: u16 = 0x18;
     pub const FAST_READS: u16 = 0x19;
+    pub const FAST_WRITES: u16 = 0x1A;
+    pub const LEND: u16 = 0x1B;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;
@@ -367,6 +393,8 @@ mod op {
     pub const NAMES: u16 = 0x8E;
     pub const CAPACITY_REPLY: u16 = 0x8F;
     pub const FAST_READS_REPLY: u16 = 0x90;
+    pub const FAST_WRITES_REPLY: u16 = 0x91;
+    pub const LENT: u16 = 0x92;
 }
 
 impl Request {
@@ -424,6 +452,11 @@ impl Request {
             }
             Request::ClusterInfo => op::CLUSTER_INFO,
             Request::FastReads => op::FAST_READS,
+            Request::FastWrites => op::FAST_WRITES,
+            Request::Lend { bytes } => {
+                w.u64(*bytes);
+                op::LEND
+            }
             Request::CreateOn {
                 node,
                 timeout_ms,
@@ -515,6 +548,8 @@ impl Request {
             op::EVICT => Request::Evict { bytes: r.u64()? },
             op::CLUSTER_INFO => Request::ClusterInfo,
             op::FAST_READS => Request::FastReads,
+            op::FAST_WRITES => Request::FastWrites,
+            op::LEND => Request::Lend { bytes: r.u64()? },
             op::CREATE_ON => {
                 let node = r.u32()?;
                 let (timeout_ms, objects) = decode_create(&mut r)?;
@@ -644,6 +679,14 @@ impl Reply {
                 w.u32(*slots);
                 op::FAST_READS_REPLY
             }
+            Reply::FastWrites { records } => {
+                w.u32(*records);
+                op::FAST_WRITES_REPLY
+            }
+            Reply::Lent { lease, offset, len } => {
+                w.u64(*lease).u64(*offset).u64(*len);
+                op::LENT
+            }
             Reply::List { objects } => {
                 w.u32(objects.len() as u32);
                 for o in objects {
@@ -671,6 +714,7 @@ impl Reply {
                     s.evictions,
                     s.evicted_bytes,
                     s.line_size,
+                    s.lent,
                 ] {
                     w.u64(v);
                 }
@@ -808,6 +852,12 @@ impl Reply {
             }
             op::BOOL => Reply::Bool(r.bool()?),
             op::FAST_READS_REPLY => Reply::FastReads { slots: r.u32()? },
+            op::FAST_WRITES_REPLY => Reply::FastWrites { records: r.u32()? },
+            op::LENT => Reply::Lent {
+                lease: r.u64()?,
+                offset: r.u64()?,
+                len: r.u64()?,
+            },
             op::LIST_REPLY => {
                 let n = r.count(20 + 8 + 8 + 4 + 1 + 4 + 1 + 1)?;
                 let mut objects = Vec::with_capacity(n);
@@ -842,6 +892,7 @@ impl Reply {
                     evictions: r.u64()?,
                     evicted_bytes: r.u64()?,
                     line_size: r.u64()?,
+                    lent: r.u64()?,
                     policy: "",
                 };
                 let name = r.str()?;

@@ -89,6 +89,8 @@ fn every_request_round_trips() {
         Request::Evict { bytes: 12345 },
         Request::ClusterInfo,
         Request::FastReads,
+        Request::FastWrites,
+        Request::Lend { bytes: 1 << 20 },
         Request::CreateOn {
             node: 3,
             timeout_ms: 10,
@@ -164,6 +166,12 @@ fn every_reply_round_trips() {
         },
         Reply::Bool(true),
         Reply::FastReads { slots: 1 << 16 },
+        Reply::FastWrites { records: 256 },
+        Reply::Lent {
+            lease: 3,
+            offset: 4096,
+            len: 1 << 20,
+        },
         Reply::List {
             objects: vec![ObjectInfo {
                 id,

@@ -32,6 +32,8 @@ pub struct ClientActivity {
     subscribed: Cell<bool>,
     /// Woken when its connection is to be closed (shed).
     shed: Notify,
+    /// Notified (a permit kept) when its write channel broke the protocol.
+    kicked: Notify,
 }
 
 impl ClientActivity {
@@ -55,6 +57,12 @@ impl ClientActivity {
     pub async fn shed(&self) {
         self.shed.notified().await;
     }
+
+    /// Resolves once the daemon found this client's write channel broken
+    /// (a record that does not decode, a forged ring): the connection ends.
+    pub async fn kicked(&self) {
+        self.kicked.notified().await;
+    }
 }
 
 /// Every connected client's activity.
@@ -75,9 +83,25 @@ impl Activity {
             last: Cell::new(Instant::now()),
             subscribed: Cell::new(false),
             shed: Notify::new(),
+            kicked: Notify::new(),
         });
         self.clients.borrow_mut().insert(client, activity.clone());
         activity
+    }
+
+    /// `client` sent `objects` objects' worth of records through its write
+    /// channel: activity as a request would be.
+    pub fn count_for(&self, client: ClientId, objects: usize) {
+        if let Some(activity) = self.clients.borrow().get(&client) {
+            activity.count(objects);
+        }
+    }
+
+    /// Ends `client`'s connection (its write channel broke the protocol).
+    pub fn kick(&self, client: ClientId) {
+        if let Some(activity) = self.clients.borrow().get(&client) {
+            activity.kicked.notify_one();
+        }
     }
 
     pub fn end(&self, client: ClientId) {

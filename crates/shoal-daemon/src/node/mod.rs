@@ -17,6 +17,7 @@ mod events;
 pub mod fast_reads;
 mod input_budget;
 mod subscribers;
+pub mod write_channels;
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -75,6 +76,8 @@ pub struct Node {
     /// Object names (the POSIX view), kept beside the store so the tiers
     /// write them into their records.
     names: RefCell<NameIndex>,
+    /// Clients' write channels (the fast path's seals and releases).
+    write_channels: write_channels::WriteChannels,
 }
 
 /// Asks the listeners about each victim; any `Hold` keeps its memory.
@@ -126,7 +129,25 @@ impl Node {
             below: RefCell::new(None),
             metrics: Arc::default(),
             names: RefCell::default(),
+            write_channels: write_channels::WriteChannels::default(),
         })
+    }
+
+    /// Clients' write channels.
+    pub fn write_channels(&self) -> &write_channels::WriteChannels {
+        &self.write_channels
+    }
+
+    /// Counts `objects` objects' worth of write-channel records as
+    /// `client`'s activity; [`kick`](Self::kick) ends its connection.
+    pub fn count_writes(&self, client: ClientId, objects: usize) {
+        self.activity.count_for(client, objects);
+    }
+
+    /// Ends `client`'s connection: its write channel broke the protocol.
+    pub fn kick(&self, client: ClientId) {
+        self.write_channels.close(client);
+        self.activity.kick(client);
     }
 
     /// The node's names; never borrowed across an await.

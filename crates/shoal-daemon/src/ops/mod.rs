@@ -11,6 +11,7 @@ mod delete;
 mod durable;
 mod evict;
 mod get;
+mod lent;
 mod list;
 mod names;
 mod pull;

@@ -55,6 +55,13 @@ impl Ops {
 
     /// Binds the pending names of objects just sealed.
     pub(super) async fn bind_sealed(&self, ids: &[ObjectId]) {
+        let replaced = self.bind_pending(ids);
+        self.delete_replaced(replaced).await;
+    }
+
+    /// Binds the pending names of objects just sealed, now; returns the
+    /// objects those names leave, to delete.
+    pub(super) fn bind_pending(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
         let mut replaced = Vec::new();
         let mut bound = Vec::new();
         {
@@ -80,7 +87,7 @@ impl Ops {
             }
         }
         self.supersede_later(bound);
-        self.delete_replaced(replaced).await;
+        replaced
     }
 
     /// Names just bound here: other nodes unlink their older bindings of
@@ -269,7 +276,7 @@ impl Ops {
         Ok(())
     }
 
-    async fn delete_replaced(&self, ids: Vec<ObjectId>) {
+    pub(super) async fn delete_replaced(&self, ids: Vec<ObjectId>) {
         if ids.is_empty() {
             return;
         }
