@@ -502,6 +502,10 @@ impl Client {
     /// Creates one object in lent space, asking for a lease if needed:
     /// `None` when it goes through the socket instead.
     fn create_lent(&mut self, spec: &CreateSpec) -> Result<Option<ObjectLocation>> {
+        if self.fast.as_ref().is_some_and(|f| f.is_closed()) {
+            // The connection failed: the socket says so.
+            self.writes = None;
+        }
         let Some(writes) = self.writes.as_mut() else {
             return Ok(None);
         };
@@ -1291,6 +1295,12 @@ impl Client {
     /// Hangs up; the daemon releases every reference this client held.
     pub fn close(&mut self) {
         let _ = self.channel.stream.shutdown(std::net::Shutdown::Both);
+        // Nothing more without the daemon: no creates in lent space, no
+        // answers from the index.
+        self.writes = None;
+        if let Some(fast) = &self.fast {
+            fast.close();
+        }
     }
 
     /// Copies `data` and `meta` into a created object.

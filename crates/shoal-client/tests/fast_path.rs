@@ -479,3 +479,14 @@ fn ring_doorbell(fd: &std::os::fd::OwnedFd) {
     let n = unsafe { libc::write(std::os::fd::AsRawFd::as_raw_fd(fd), one.as_ptr().cast(), 8) };
     assert_eq!(n, 8);
 }
+
+#[test]
+fn a_closed_client_creates_nothing_in_lent_space() {
+    let daemon = Daemon::start(64 << 20);
+    let mut c = daemon.client();
+    c.put(ObjectId::random(), b"lent", b"").unwrap();
+    c.close();
+    let err = c.put(ObjectId::random(), b"after", b"").unwrap_err();
+    assert_eq!(err.kind(), shoal_core::error::ErrorKind::Disconnected);
+    assert!(c.get(&[ObjectId::random()], 0).is_err());
+}

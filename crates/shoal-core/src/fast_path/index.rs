@@ -9,6 +9,7 @@
 //! | --- | --- |
 //! | 0 | magic `SHOALIDX`, slot count (u64, a power of two), closed (u64: 1 once the daemon stopped), asleep (u64: 1 while the daemon waits for a doorbell, [`super::writes`]) |
 //! | 64 + 64·p | slot `p`: version, state, id (3 words), offset, data size, metadata size |
+//! | 64 + 64·slots | the creating filter: [`CREATING`] u32 counters |
 //!
 //! Each slot is one 64-byte line of u64 words. The daemon is the only
 //! writer; a slot changes under a sequence lock (version odd while it is

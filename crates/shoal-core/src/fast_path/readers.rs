@@ -329,6 +329,11 @@ impl FastReads {
         self.closed.store(true, Ordering::Relaxed);
     }
 
+    /// Whether [`close`](Self::close) was called (the daemon is gone).
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
     /// [`acquire`](Self::acquire) for an object in `mapping` (the client's
     /// view of the region): a location outside it (only a corrupt index
     /// could say so) is given back and missed; the range is populated for
