@@ -513,11 +513,23 @@ impl Store {
                 ),
             )
         })?;
-        let slot = self.table.insert(Entry::new(
-            id,
-            block.offset,
+        let location = ObjectLocation {
+            offset: block.offset,
             data_size,
             meta_size,
+        };
+        self.insert_created(client, id, location);
+        Ok(location)
+    }
+
+    /// Enters object `id` at `location` (allocated) as unsealed, written by
+    /// `client`, which holds one reference to it.
+    fn insert_created(&mut self, client: ClientId, id: ObjectId, location: ObjectLocation) -> Slot {
+        let slot = self.table.insert(Entry::new(
+            id,
+            location.offset,
+            location.data_size,
+            location.meta_size,
             1,
             client,
             ObjectState::Created,
@@ -528,11 +540,7 @@ impl Store {
         let state = self.client(client);
         state.creating.insert(slot);
         *state.refs.entry(slot).or_insert(0) += 1;
-        Ok(ObjectLocation {
-            offset: block.offset,
-            data_size,
-            meta_size,
-        })
+        slot
     }
 
     /// Creates several objects, all or none: on the first failure the ones
@@ -911,10 +919,6 @@ impl Store {
     /// Drops an object its creator has not sealed; its memory is free at once.
     pub fn abort(&mut self, client: ClientId, id: &ObjectId) -> Result<()> {
         let slot = self.own_unsealed(client, id)?;
-        if let Some(lease) = self.client(client).from_lease.remove(&slot) {
-            self.abort_lent(client, slot, lease);
-            return Ok(());
-        }
         self.abort_slot(client, slot);
         Ok(())
     }
@@ -923,11 +927,16 @@ impl Store {
         let state = self.client(client);
         state.creating.remove(&slot);
         let held = state.refs.remove(&slot).unwrap_or(0);
+        let lease = state.from_lease.remove(&slot);
         let entry = self.table.get_mut(slot).expect("aborting a live slot");
         entry.refs -= held;
         let id = entry.id;
         self.note_creating(&id, false);
-        self.remove_slot(slot);
+        match lease {
+            // Created in lent space: the bytes go back to the lease.
+            Some(lease) => self.return_to_lease(client, slot, lease),
+            None => self.remove_slot(slot),
+        }
         self.events.push(StoreEvent::Aborted { id });
     }
 

@@ -14,9 +14,9 @@ use crate::allocator::Block;
 use crate::error::{Result, ShoalError};
 use crate::ids::ObjectId;
 use crate::location::ObjectLocation;
-use crate::object_table::{ClientId, Entry, ObjectState, Slot};
+use crate::object_table::{ClientId, Slot};
 
-use super::{Store, StoreEvent};
+use super::Store;
 
 /// A block is lent only while this many times its size is free.
 pub const LEND_ROOM: u64 = 16;
@@ -91,37 +91,17 @@ impl Store {
             .lent
             .claim(part)?;
         self.lent_bytes -= len;
-        let slot = self.table.insert(Entry::new(
-            id,
-            location.offset,
-            location.data_size,
-            location.meta_size,
-            1,
-            client,
-            ObjectState::Created,
-            self.ghosts.take(&id).unwrap_or_default(),
-        ));
-        self.note_creating(&id, true);
-        let state = self.client(client);
-        state.creating.insert(slot);
-        *state.refs.entry(slot).or_insert(0) += 1;
-        state.from_lease.insert(slot, lease);
+        let slot = self.insert_created(client, id, location);
+        self.client(client).from_lease.insert(slot, lease);
         Ok(())
     }
 
-    /// Aborts `client`'s unsealed object at `slot`, created in `lease`: its
-    /// bytes go back to the lease (the client may carve them again), or to
-    /// free space if the lease was given back.
-    pub(super) fn abort_lent(&mut self, client: ClientId, slot: Slot, lease: u64) {
-        let state = self.client(client);
-        state.creating.remove(&slot);
-        let held = state.refs.remove(&slot).unwrap_or(0);
+    /// Removes `client`'s aborted, unsealed object at `slot`, created in
+    /// `lease`: its bytes go back to the lease (the client may carve them
+    /// again), or to free space if the lease was given back.
+    pub(super) fn return_to_lease(&mut self, client: ClientId, slot: Slot, lease: u64) {
         let entry = self.table.remove(slot);
-        debug_assert_eq!(
-            entry.refs, held,
-            "only the creator holds an unsealed object"
-        );
-        self.note_creating(&entry.id, false);
+        debug_assert_eq!(entry.refs, 0, "only the creator held an unsealed object");
         let block = self.block_of(&entry);
         if self.client(client).lent.unclaim(lease, block) {
             self.lent_bytes += block.len;
@@ -129,7 +109,6 @@ impl Store {
             self.allocator.free(block);
             self.space_changed = true;
         }
-        self.events.push(StoreEvent::Aborted { id: entry.id });
     }
 
     /// `client` gives back lease `lease`: what of it was not sealed is free
