@@ -106,8 +106,11 @@ class Client:
     it is garbage.
     """
 
-    def __init__(self, socket: str) -> None:
-        self._raw = _internal.Client(socket)
+    def __init__(self, socket: str, *, fast_path: bool = True) -> None:
+        """Connects to the daemon at `socket`. `fast_path=False` sends every get and release
+        through the socket (as before the fast path: slower, e.g. to compare, or to see every
+        reference in the daemon's books as it is taken); `SHOAL_FAST_READS=0` does the same."""
+        self._raw = _internal.Client(socket, fast_path)
 
     # -- low level: Plasma's life cycle ---------------------------------------------------------
 

@@ -351,8 +351,8 @@ class Cluster:
     def socket(self, node: int) -> str:
         return str(self.directory / f"n{node}.sock")
 
-    def client(self, node: int) -> shoal.Client:
-        client = shoal.Client(self.socket(node))
+    def client(self, node: int, *, fast_path: bool = True) -> shoal.Client:
+        client = shoal.Client(self.socket(node), fast_path=fast_path)
         self._clients.append(client)
         return client
 

@@ -52,6 +52,44 @@ def test_a_get_on_another_node_reads_the_owners_memory_in_place(mapped_cluster):
     assert reader.stats()["objects"] == 0, "the reader's node stored nothing"
 
 
+def test_a_remote_get_reads_the_owners_index_without_a_request(mapped_cluster):
+    """Issue 14 item 6 (docs/fast-path.md "Gets of other nodes' objects"): on a coherent
+    fabric, after its first get a client of node 1 gets node 0's objects through node 0's
+    index, with no request to any daemon; the references it counts there keep them through a
+    delete, as a local reader's. (Non-coherent fabrics take the Acquire path.)"""
+    cluster = mapped_cluster
+    owner, reader = cluster.client(0), cluster.client(1)
+
+    def a_fresh_get_takes_no_request() -> bool:
+        oid = owner.put(b"probe")
+        before = reader.requests
+        ok = bytes(reader.get_buffer(oid)) == b"probe" and reader.requests == before
+        gc.collect()
+        time.sleep(0.06)  # (a release that took the socket is sent)
+        return ok
+
+    # The first gets ask for the owners' indexes (again, soon, for one not up yet).
+    wait_for(a_fresh_get_takes_no_request, timeout=5)
+    oids = [owner.put(f"object {i}".encode()) for i in range(100)]
+    before = reader.requests
+    got = reader.get_buffers(oids, timeout_ms=0)
+    assert [bytes(b) for b in got] == [f"object {i}".encode() for i in range(100)]
+    assert not any(in_region(reader, b.address) for b in got), "read in node 0's memory"
+    assert reader.requests == before, "no request"
+    assert object_refs(owner, oids[0]) == 1, "counted at the owner"
+    used = owner.stats()["used"]
+    owner.delete(oids[:10])
+    # Gone for every new get, and still whole for the reader holding them.
+    assert reader.get_buffers(oids[:10], timeout_ms=0) == [None] * 10
+    time.sleep(0.1)
+    assert owner.stats()["used"] == used, "kept while node 1's client holds them"
+    assert [bytes(b) for b in got[:10]] == [f"object {i}".encode() for i in range(10)]
+    del got
+    gc.collect()
+    wait_for(lambda: owner.stats()["used"] < used, timeout=5, message="freed once let go")
+    assert all(object_refs(owner, oid) == 0 for oid in oids[10:])
+
+
 def test_ids_are_unique_across_the_cluster(cluster):
     clients = [cluster.client(i) for i in range(3)]
     oid = clients[0].put(b"first")
@@ -618,7 +656,9 @@ def test_the_data_channel_serves_only_checked_requests(mixed_cluster):
     cluster = mixed_cluster
     config = tomllib.loads(cluster.file.read_text())
     token, data = config["cluster"]["token"], [n["data"] for n in config["node"]]
-    reader, owner = cluster.client(0), cluster.client(2)
+    # A reader without the fast path: its get takes a reference at node 2
+    # through its daemon (one with it reads node 2's index itself).
+    reader, owner = cluster.client(0, fast_path=False), cluster.client(2)
     payload = np.arange(100_000, dtype=np.uint64)
     oid = owner.put(payload)
     held = reader.get(oid)  # node 0 now holds a reference to it on node 2
@@ -691,7 +731,9 @@ def test_every_remote_reference_is_returned(make_cluster):
 
 
 def test_a_node_holds_one_loan_per_object_and_returns_it_after_the_linger(cluster):
-    owner, reader, other = cluster.client(0), cluster.client(1), cluster.client(1)
+    # Clients whose gets go through their daemon (fast-path clients count at the owner).
+    owner = cluster.client(0)
+    reader, other = cluster.client(1, fast_path=False), cluster.client(1, fast_path=False)
     oid = owner.put(b"shared")
     first, second = reader.get_buffer(oid), reader.get_buffer(oid)
     twice = other.get_buffers([oid, oid])
@@ -707,7 +749,9 @@ def test_a_node_holds_one_loan_per_object_and_returns_it_after_the_linger(cluste
 
 
 def test_a_repeated_get_is_served_from_the_loan_without_asking_the_owner(cluster):
-    owner, reader = cluster.client(0), cluster.client(1)
+    # Loans serve clients whose gets go through their daemon (fast-path clients read the
+    # owner's index themselves: test_a_remote_get_reads_the_owners_index_without_a_request).
+    owner, reader = cluster.client(0), cluster.client(1, fast_path=False)
     lent, other = owner.put(b"on loan"), owner.put(b"not on loan")
     _lend(reader, [lent])
     pid = cluster.pid(0)
@@ -741,7 +785,7 @@ def test_a_repeated_get_is_served_from_the_loan_without_asking_the_owner(cluster
 
 @pytest.mark.parametrize("deleter", [0, 2], ids=["owner", "third-node"])
 def test_a_delete_revokes_loans_before_it_returns(cluster, deleter):
-    owner, reader = cluster.client(0), cluster.client(1)
+    owner, reader = cluster.client(0), cluster.client(1, fast_path=False)  # its gets take loans
     idle, busy = owner.put(b"idle old"), owner.put(b"busy old")
     _lend(reader, [idle])
     held = reader.get_buffer(busy)
@@ -839,7 +883,8 @@ def _lend(reader: shoal.Client, ids: list) -> None:
 
 def test_an_owner_short_of_space_takes_its_idle_loans_back(make_cluster):
     cluster = make_cluster(nodes=3, capacity="8MiB")
-    owner, reader, remote_creator = cluster.client(0), cluster.client(1), cluster.client(2)
+    owner, remote_creator = cluster.client(0), cluster.client(2)
+    reader = cluster.client(1, fast_path=False)  # its gets take loans
     ids = [owner.put(np.full(1 << 20, i, dtype=np.uint8)) for i in range(6)]
     _lend(reader, ids)
     assert all(object_refs(owner, oid) == 1 for oid in ids)  # all on loan at node 1

@@ -365,7 +365,10 @@ def test_a_partitioned_node_is_cut_off_then_rejoins(netns_cluster):
     assert time.monotonic() - cut < LEASE / 2 + 1
     early_calls.join(4 * RPC_TIMEOUT)
     assert found(early["on 1"][0]) == 48 and early["on 1"][1] < 2 * RPC_TIMEOUT + 1, early["on 1"][1]
-    assert found(early["on 2"][0]) == 0 and early["on 2"][1] < 2 * RPC_TIMEOUT + 1, early["on 2"][1]
+    # Node 0's client reads node 2's objects through node 2's index, in node 2's memory,
+    # which the cut does not reach (docs/fast-path.md "Gets of other nodes' objects"):
+    # found at once until node 0 knows node 2 is down; then as (b) below.
+    assert found(early["on 2"][0]) == 20 and early["on 2"][1] < FAST, early["on 2"][1]
     early.clear()
     assert cluster.status_from(0) == {0: "up", 1: "up", 2: "down"}
     assert cluster.status_from(2) == {0: "down", 1: "down", 2: "up"}
@@ -559,7 +562,7 @@ def test_calls_whose_answers_were_lost_are_reconciled(netns_cluster):
     outcomes: dict[str, object] = {}
 
     def get() -> None:
-        client = cluster.client(1)
+        client = cluster.client(1, fast_path=False)  # through node 1's Acquire
         outcomes["get"] = timed(lambda: client.get_buffers([owned], timeout_ms=0))
 
     def create() -> None:

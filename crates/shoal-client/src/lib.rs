@@ -8,6 +8,7 @@
 //! connection between threads, with references released when dropped.
 
 mod lent;
+mod peer_reads;
 pub mod shared;
 
 use std::io::{Read, Write};
@@ -373,6 +374,13 @@ impl Channel {
     }
 }
 
+/// A reference taken without a round trip: counted at an index position in
+/// this client's table at its own node (`table` `None`) or at an owner.
+struct FastHeld {
+    table: Option<Arc<FastReads>>,
+    position: u32,
+}
+
 pub struct Client {
     channel: Channel,
     mapping: Arc<Mapping>,
@@ -385,9 +393,13 @@ pub struct Client {
     /// a round trip. `None` if the daemon does not offer it, or
     /// `SHOAL_FAST_READS=0`.
     fast: Option<Arc<FastReads>>,
-    /// References taken through the fast path, by id: the index positions
-    /// they are counted at (one per reference).
-    fast_held: std::collections::HashMap<ObjectId, Vec<u32>>,
+    /// References taken through the fast path, by id: where each is
+    /// counted (one per reference).
+    fast_held: std::collections::HashMap<ObjectId, Vec<FastHeld>>,
+    /// In a cluster: other nodes' indexes and this client's tables there
+    /// (docs/fast-path.md "Gets of other nodes' objects"), asked for at
+    /// the first get that misses the local index.
+    peer_views: Arc<peer_reads::PeerViews>,
     /// Creates in lent space, sealed and released through the write
     /// channel (docs/fast-path.md). `None` without the fast path, in a
     /// cluster, or with `SHOAL_FAST_WRITES=0`.
@@ -447,6 +459,7 @@ impl Client {
             unsealed: std::collections::HashMap::new(),
             fast: None,
             fast_held: std::collections::HashMap::new(),
+            peer_views: Arc::default(),
             writes: None,
         };
         if info.clustered {
@@ -471,6 +484,14 @@ impl Client {
         if fast_reads {
             client.fast = client.ask_fast_reads()?;
             client.channel.fast = client.fast.clone();
+            if let (Some(cluster), Some(_)) = (&client.cluster, &client.fast) {
+                let possible = cluster
+                    .nodes
+                    .iter()
+                    .filter(|n| n.node != cluster.node && n.mapped)
+                    .count();
+                client.peer_views = Arc::new(peer_reads::PeerViews::new(possible));
+            }
         }
         if client.fast.is_some() && !info.clustered && fast_writes_wanted() {
             client.writes = client.ask_fast_writes()?;
@@ -575,6 +596,41 @@ impl Client {
     pub fn fast_get(&self, id: &ObjectId) -> Option<(ObjectLocation, u32)> {
         let found = self.fast.as_ref()?.acquire_in(id, &self.mapping)?;
         Some((found.location, found.position))
+    }
+
+    /// Asks the daemon for other nodes' indexes and tables there, when it
+    /// is time to (`PeerViews::should_ask`). A view that cannot be mapped
+    /// is left out: gets of that owner's objects ask the daemon.
+    fn refresh_peer_views(&mut self) -> Result<()> {
+        if !self.peer_views.should_ask() {
+            return Ok(());
+        }
+        let (owners, fds) = match self.channel.call_with_fds(&Request::PeerReads)? {
+            (Reply::PeerReads { owners }, fds) if fds.len() == 2 * owners.len() => (owners, fds),
+            (Reply::PeerReads { .. } | Reply::Error { .. }, _) => (Vec::new(), Vec::new()),
+            (other, _) => return Err(unexpected(other)),
+        };
+        let mut views = Vec::with_capacity(owners.len());
+        for ((owner, generation), pair) in owners.into_iter().zip(fds.chunks_exact(2)) {
+            let Ok(mapping) = self.peer_mapping(owner, generation, false) else {
+                continue;
+            };
+            if let Ok(fast) = peer_reads::attach(&pair[0], &pair[1]) {
+                views.push(peer_reads::PeerView {
+                    owner,
+                    generation,
+                    fast: Arc::new(fast),
+                    mapping,
+                });
+            }
+        }
+        self.peer_views.replace(views);
+        Ok(())
+    }
+
+    /// Other nodes' indexes, for a [`shared::SharedClient`] to read.
+    pub(crate) fn peer_views(&self) -> Arc<peer_reads::PeerViews> {
+        self.peer_views.clone()
     }
 
     /// The cluster, if the daemon is a cluster node.
@@ -1157,7 +1213,10 @@ impl Client {
         for (i, id) in ids.iter().enumerate() {
             match self.fast_get(id) {
                 Some((location, position)) => {
-                    self.fast_held.entry(*id).or_default().push(position);
+                    self.fast_held.entry(*id).or_default().push(FastHeld {
+                        table: None,
+                        position,
+                    });
                     found.push(Some(Located::local(me, location)));
                 }
                 None => {
@@ -1169,9 +1228,37 @@ impl Client {
         if missed.is_empty() {
             return Ok(found);
         }
+        // Other nodes' objects through their indexes (a cluster).
+        if self.fast.as_ref().is_some_and(|f| !f.is_closed()) {
+            self.refresh_peer_views()?;
+            missed.retain(|&i| {
+                let Some((view, hit)) = self.peer_views.acquire(&ids[i]) else {
+                    return true;
+                };
+                self.fast_held.entry(ids[i]).or_default().push(FastHeld {
+                    table: Some(Arc::clone(&view.fast)),
+                    position: hit.position,
+                });
+                found[i] = Some(Located {
+                    node: view.owner,
+                    generation: view.generation,
+                    location: hit.location,
+                    invalidate: false,
+                });
+                false
+            });
+            if missed.is_empty() {
+                return Ok(found);
+            }
+        }
         let asked: Vec<ObjectId> = missed.iter().map(|&i| ids[i]).collect();
         let answers = self.get_from_daemon(&asked, timeout_ms)?;
+        let mut noted = u32::MAX;
         for (i, answer) in missed.into_iter().zip(answers) {
+            if let Some(l) = answer.filter(|l| l.node != me && l.node != noted) {
+                noted = l.node;
+                self.peer_views.found_at(l.node);
+            }
             found[i] = answer;
         }
         Ok(found)
@@ -1224,10 +1311,15 @@ impl Client {
         let mut to_daemon = Vec::new();
         for id in ids {
             // A reference taken through the fast path is given back there.
-            let position = self.fast_held.get_mut(id).and_then(|held| held.pop());
-            match (position, &self.fast) {
-                (Some(position), Some(fast)) => {
-                    fast.release(position);
+            let held = self.fast_held.get_mut(id).and_then(|held| held.pop());
+            let table = match &held {
+                Some(FastHeld { table: Some(t), .. }) => Some(t),
+                Some(FastHeld { table: None, .. }) => self.fast.as_ref(),
+                None => None,
+            };
+            match (held.as_ref(), table) {
+                (Some(held), Some(table)) => {
+                    table.release(held.position);
                     if self.fast_held.get(id).is_some_and(Vec::is_empty) {
                         self.fast_held.remove(id);
                     }
@@ -1301,6 +1393,7 @@ impl Client {
         if let Some(fast) = &self.fast {
             fast.close();
         }
+        self.peer_views.close();
     }
 
     /// Copies `data` and `meta` into a created object.

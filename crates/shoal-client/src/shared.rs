@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use shoal_core::error::Result;
 use shoal_core::fast_path::readers::FastReads;
+use shoal_core::protocol::Located;
 use shoal_core::region::Mapping;
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
@@ -50,6 +51,8 @@ struct Inner {
     fast: Option<Arc<FastReads>>,
     /// The client's mapping of the region, for fast-path gets.
     mapping: Arc<Mapping>,
+    /// Other nodes' indexes (a cluster), read without the connection.
+    peers: Arc<crate::peer_reads::PeerViews>,
     releases: Arc<ReleaseQueue>,
     /// The creator references of objects created and not sealed yet, so a
     /// seal with release can disarm them.
@@ -140,6 +143,7 @@ impl SharedClient {
         let inner = Arc::new(Inner {
             fast: client.fast_reads().cloned(),
             mapping: client.mapping().clone(),
+            peers: client.peer_views(),
             connection: Mutex::new(client),
             releases: releases.clone(),
             creating: Mutex::default(),
@@ -219,6 +223,7 @@ impl SharedClient {
             released: AtomicBool::new(false),
             region,
             fast_position: None,
+            fast_table: None,
         })
     }
 
@@ -238,8 +243,36 @@ impl SharedClient {
             released: AtomicBool::new(false),
             region: None,
             fast_position: Some(found.position),
+            fast_table: None,
         });
         Some((found.location, reference))
+    }
+
+    /// [`fast_reference`](Self::fast_reference) for an object of another
+    /// node, through that node's index (docs/fast-path.md "Gets of other
+    /// nodes' objects"): where it is, and the reference, which keeps the
+    /// owner's region mapped. `None`: ask the daemon (a get through
+    /// [`with`](Self::with) also fetches the owners' indexes the first time).
+    pub fn fast_peer_reference(&self, id: ObjectId) -> Option<(Located, Arc<ObjectRef>)> {
+        if self.inner.fast.as_ref().is_none_or(|f| f.is_closed()) {
+            return None;
+        }
+        let (view, found) = self.inner.peers.acquire(&id)?;
+        let reference = Arc::new(ObjectRef {
+            client: self.clone(),
+            id,
+            released: AtomicBool::new(false),
+            region: Some(view.mapping.clone()),
+            fast_position: Some(found.position),
+            fast_table: Some(view.fast.clone()),
+        });
+        let located = Located {
+            node: view.owner,
+            generation: view.generation,
+            location: found.location,
+            invalidate: false,
+        };
+        Some((located, reference))
     }
 
     /// Whether this client has the fast path.
@@ -356,6 +389,9 @@ pub struct ObjectRef {
     /// Taken through the fast path: counted at this index position, and
     /// given back there (no message).
     fast_position: Option<u32>,
+    /// The table it is counted in when that is not the client's own: an
+    /// owner's (`fast_peer_reference`).
+    fast_table: Option<Arc<FastReads>>,
 }
 
 impl ObjectRef {
@@ -377,7 +413,8 @@ impl ObjectRef {
 
 impl Drop for ObjectRef {
     fn drop(&mut self) {
-        match (self.fast_position, &self.client.inner.fast) {
+        let table = self.fast_table.as_ref().or(self.client.inner.fast.as_ref());
+        match (self.fast_position, table) {
             (Some(position), Some(fast)) => fast.release(position),
             _ if !self.released() => self.client.release_later(self.id),
             _ => {}

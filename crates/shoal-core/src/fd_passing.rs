@@ -1,7 +1,8 @@
 //! Sending an open file descriptor beside bytes on a Unix socket (SCM_RIGHTS).
 //!
 //! The daemon hands each client the region's fd once, with the `Welcome`
-//! reply, and the fast path's two with `FastReads`; the client maps them.
+//! reply, the fast path's two with `FastReads`, two per owner node with
+//! `PeerReads`; the client maps them.
 //! This is how data never crosses the socket.
 
 use std::io::{IoSlice, IoSliceMut};
@@ -29,13 +30,17 @@ pub fn send_with_fds(
     .map_err(std::io::Error::from)
 }
 
+/// Fds one message may carry here (`PeerReads`: two per owner node); more
+/// are closed by the kernel.
+pub const MAX_FDS: usize = 64;
+
 /// Receives into `buf`, returning the byte count and every fd that came
-/// with them, in order (close-on-exec; at most 4, more are closed).
+/// with them, in order (close-on-exec; at most [`MAX_FDS`]).
 pub fn recv_with_fds(
     socket: BorrowedFd<'_>,
     buf: &mut [u8],
 ) -> std::io::Result<(usize, Vec<OwnedFd>)> {
-    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<()>(
         socket.as_raw_fd(),

@@ -247,6 +247,32 @@ impl Store {
         Ok(Some((dup(readers.index().fd())?, table)))
     }
 
+    /// Attaches another node's reference table (`fd`, a sealed memfd its
+    /// daemon made for one of its clients) under `owner`, that node's
+    /// principal, and its `key`: the client's counts there keep objects
+    /// as a local client's do (docs/fast-path.md "Gets of other nodes'
+    /// objects"). Dropped with `owner` ([`disconnect`](Self::disconnect)),
+    /// moved with it ([`transfer_client`](Self::transfer_client)).
+    pub fn attach_peer_reads(
+        &mut self,
+        owner: ClientId,
+        key: u64,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<()> {
+        let Some(readers) = self.readers.as_mut() else {
+            return Err(ShoalError::invalid("this node offers no fast path"));
+        };
+        readers.attach_peer_table(owner, key, fd)
+    }
+
+    /// Whether `owner` (a peer's principal) has reference tables attached
+    /// here, revoked ones included (they go with it).
+    pub fn has_peer_tables(&self, owner: ClientId) -> bool {
+        self.readers
+            .as_ref()
+            .is_some_and(|r| r.has_peer_tables(owner))
+    }
+
     /// Objects kept for fast-path readers: the ones whose readers are all
     /// gone are given back (and freed, if deleted meanwhile). Returns how
     /// many. Cheap when nothing is kept; the daemon calls it periodically
@@ -1252,6 +1278,9 @@ impl Store {
     /// unsealed objects can no longer be sealed by it. Returns the number of
     /// sealed objects it referenced and of unsealed objects moved.
     pub fn transfer_client(&mut self, from: ClientId, to: ClientId) -> (usize, usize) {
+        if let Some(readers) = self.readers.as_mut() {
+            readers.transfer_peer_tables(from, to);
+        }
         let Some(state) = self.clients.insert(from, ClientState::default()) else {
             self.clients.remove(&from);
             return (0, 0);

@@ -353,6 +353,25 @@ impl Connection {
                     }
                 }
             }
+            Request::PeerReads => {
+                let views = match &self.ops.cluster {
+                    Some(cluster) => cluster.peer_reads_for(self.client).await,
+                    None => Vec::new(),
+                };
+                // Two fds per owner, within what one message carries.
+                let views = &views[..views.len().min(shoal_core::fd_passing::MAX_FDS / 2)];
+                let mut frame = Vec::new();
+                Reply::PeerReads {
+                    owners: views.iter().map(|v| (v.owner, v.generation)).collect(),
+                }
+                .encode(&mut frame);
+                let fds: Vec<_> = views
+                    .iter()
+                    .flat_map(|v| [v.index.as_fd(), v.table.as_fd()])
+                    .collect();
+                self.send_attached(out, &frame, &fds).await?;
+                return Ok(Next::Continue);
+            }
             Request::Lend { bytes } => {
                 let (lease, offset, len) = self.ops.lend(self.client, bytes).unwrap_or((0, 0, 0));
                 Reply::Lent { lease, offset, len }
@@ -438,6 +457,10 @@ impl Connection {
         if !out.is_empty() {
             self.stream.write_all(out).await?;
             out.clear();
+        }
+        if fds.is_empty() {
+            self.stream.write_all(frame).await?;
+            return Ok(());
         }
         let sent = self
             .stream

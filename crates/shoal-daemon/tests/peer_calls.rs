@@ -9,7 +9,8 @@ use shoal_cluster::auth::Credentials;
 use shoal_cluster::home_of;
 use shoal_cluster::ids::pack;
 use shoal_cluster::proto::{
-    AcquireRequest, AllocateRequest, HeartbeatRequest, ReleaseRequest, SealRequest,
+    AcquireRequest, AllocateRequest, AttachReadsRequest, HeartbeatRequest, ReleaseRequest,
+    SealRequest,
 };
 use shoal_core::ObjectId;
 use support::{LoneNode, PeerRpc};
@@ -382,4 +383,91 @@ fn release(id: ObjectId, fence_epoch: u64) -> ReleaseRequest {
         fence_epoch,
         ..Default::default()
     }
+}
+
+fn attach(incarnation: u64, pid: u32, fd: i32, key: u64) -> AttachReadsRequest {
+    AttachReadsRequest {
+        incarnation,
+        pid,
+        fd,
+        key,
+    }
+}
+
+// Gets of node 0's objects by node 1's clients without a round trip
+// (docs/fast-path.md "Gets of other nodes' objects"): node 0 attaches a
+// table only if it is a memfd sealed against shrinking and as long as its
+// index needs, from an incarnation it knows; a table it attached keeps what
+// it counts, as a local client's would, until node 1 revokes it (an
+// unknown incarnation attaches nothing).
+#[test]
+fn a_peer_table_is_attached_only_if_sealed_and_its_counts_keep_objects() {
+    use shoal_core::fast_path::readers::{FastReads, PeerTable};
+    use std::os::fd::AsRawFd;
+    let node = node_zero();
+    let id = homed_at_zero();
+    node.client().put(id, &[b'k'; 4096], b"").unwrap();
+    let mut owner = node.client();
+    let me = std::process::id(); // the daemon is a thread of this test
+    as_node_1(&node, |mut peer| async move {
+        peer.heartbeat(heartbeat(111)).await.unwrap();
+        let index = peer
+            .attach_reads(attach(111, me, -1, 0))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(index.pid, me);
+        assert!(index.slots.is_power_of_two());
+        // Bad tables: refused with a typed status, nothing attached.
+        let unsealed =
+            nix::sys::memfd::memfd_create("unsealed", nix::sys::memfd::MFdFlags::empty()).unwrap();
+        nix::unistd::ftruncate(&unsealed, 1 << 24).unwrap();
+        let file = tempfile::tempfile().unwrap();
+        let short = PeerTable::create(index.slots / 2).unwrap();
+        for (what, request) in [
+            (
+                "an unsealed memfd",
+                attach(111, me, unsealed.as_raw_fd(), 1),
+            ),
+            ("a plain file", attach(111, me, file.as_raw_fd(), 2)),
+            (
+                "a table too short",
+                attach(111, me, short.fd().as_raw_fd(), 3),
+            ),
+            ("no such descriptor", attach(111, me, 1 << 20, 4)),
+            ("no such process", attach(111, u32::MAX - 1, 3, 5)),
+        ] {
+            let err = peer.attach_reads(request).await.unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{what}: {err}");
+        }
+        let table = PeerTable::create(index.slots).unwrap();
+        let err = peer
+            .attach_reads(attach(0, me, table.fd().as_raw_fd(), 6))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+        // A table node 0 attached: a count there keeps the object through
+        // its delete; revoked, it counts nothing.
+        peer.attach_reads(attach(111, me, table.fd().as_raw_fd(), 7))
+            .await
+            .unwrap();
+        let index_file = std::fs::File::open(format!("/proc/{me}/fd/{}", index.index_fd)).unwrap();
+        let fast = FastReads::attach(std::os::fd::AsFd::as_fd(&index_file), table.fd()).unwrap();
+        let found = fast.acquire(&id).expect("published at node 0");
+        let used = owner.stats().unwrap().used;
+        owner.delete(&[id]).unwrap()[0].as_ref().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            owner.stats().unwrap().used,
+            used,
+            "kept for the peer's reader"
+        );
+        fast.release(found.position);
+        table.revoke();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while owner.stats().unwrap().used == used {
+            assert!(std::time::Instant::now() < deadline, "freed once let go");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
 }

@@ -71,6 +71,23 @@ impl Client {
         )
     }
 
+    /// A read-only buffer over an object in the region `reference` keeps
+    /// mapped (another node's), holding `reference`.
+    fn buffer_in_region(&self, reference: Arc<ObjectRef>, location: ObjectLocation) -> Buffer {
+        let region = reference
+            .region()
+            .expect("a peer reference keeps its region");
+        // SAFETY: the fast path checked the location against that mapping.
+        let address = unsafe { region.base().add(location.offset as usize) };
+        Buffer::new(
+            reference,
+            address,
+            location.data_size as usize,
+            location.meta_size as usize,
+            false,
+        )
+    }
+
     /// A buffer over an object at `address` (in our region, or in `region`:
     /// a peer's region or a simulated cache of it, kept mapped by the buffer).
     fn buffer_at(
@@ -99,8 +116,17 @@ impl Client {
 #[pymethods]
 impl Client {
     #[new]
-    fn new(py: Python<'_>, socket: String) -> PyResult<Self> {
-        let client = py.detach(|| RustClient::connect(&socket)).py()?;
+    #[pyo3(signature = (socket, fast_path=true))]
+    fn new(py: Python<'_>, socket: String, fast_path: bool) -> PyResult<Self> {
+        let client = py
+            .detach(|| {
+                if fast_path {
+                    RustClient::connect(&socket)
+                } else {
+                    RustClient::connect_socket_only(&socket)
+                }
+            })
+            .py()?;
         let mapping = client.mapping().clone();
         let info = client.info();
         let info_node = client.node();
@@ -432,9 +458,14 @@ impl Client {
         if self.shared.has_fast_reads() {
             let mut buffers = Vec::with_capacity(object_ids.len());
             for id in &object_ids {
-                match self.shared.fast_reference(*id) {
-                    Some((location, reference)) => {
-                        buffers.push(Some(self.buffer_from(reference, location)))
+                if let Some((location, reference)) = self.shared.fast_reference(*id) {
+                    buffers.push(Some(self.buffer_from(reference, location)));
+                    continue;
+                }
+                // Another node's object, through its index (a cluster).
+                match self.shared.fast_peer_reference(*id) {
+                    Some((located, reference)) => {
+                        buffers.push(Some(self.buffer_in_region(reference, located.location)))
                     }
                     None => break,
                 }

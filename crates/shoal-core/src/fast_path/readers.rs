@@ -17,6 +17,14 @@
 //!
 //! A client's table dies with its connection: the daemon drops it, so
 //! whatever a killed client held is released at once.
+//!
+//! Peer tables (docs/fast-path.md "Gets of other nodes' objects"): in a
+//! mapped, coherent cluster a client also counts references to another
+//! node's objects, in a table its own daemon made ([`PeerTable`]) and the
+//! owner attached read-only ([`Readers::attach_peer_table`]). The owner
+//! reads it like a client's table; its daemon revokes it when the client
+//! leaves (the owner then ignores it) and closes it to new gets when the
+//! owner seems gone.
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -112,6 +120,16 @@ impl Counts {
         self.header(2)
     }
 
+    /// Set by a peer table's daemon when the owner seems gone: no new gets
+    /// (references already counted still stand at the owner).
+    fn stopped(&self) -> &AtomicU64 {
+        self.header(3)
+    }
+
+    fn is_revoked(&self) -> bool {
+        self.revoked().load(Ordering::SeqCst) != 0
+    }
+
     fn header(&self, word: usize) -> &AtomicU64 {
         debug_assert!(word < HEADER / 8);
         // SAFETY: a header word, in bounds and aligned.
@@ -130,6 +148,10 @@ pub struct Readers {
     /// client for this, so the fast path does not halve how many clients
     /// a daemon's fd limit allows).
     tables: foldhash::HashMap<ClientId, Counts>,
+    /// Tables of other nodes' clients, by the peer's principal and the
+    /// peer's key for the table, mapped read-only. One its daemon revoked
+    /// counts nothing and is dropped at the peer's next attach.
+    peer_tables: foldhash::HashMap<(ClientId, u64), Counts>,
     /// Fast-path gets of clients that have gone.
     gets_of_departed: u64,
 }
@@ -140,8 +162,80 @@ impl Readers {
             index: IndexWriter::create(slots)?,
             seen: vec![0; slots as usize],
             tables: foldhash::HashMap::default(),
+            peer_tables: foldhash::HashMap::default(),
             gets_of_departed: 0,
         })
+    }
+
+    /// Every table whose counts stand: the clients' and the peer tables
+    /// their daemons did not revoke.
+    fn live_tables(&self) -> impl Iterator<Item = &Counts> {
+        self.tables
+            .values()
+            .chain(self.peer_tables.values().filter(|c| !c.is_revoked()))
+    }
+
+    /// Attaches a peer's table (`fd`, received from the peer's daemon by
+    /// `/proc/PID/fd`): its counts keep objects from being freed from now
+    /// on, under `owner` (the peer's principal) and the peer's `key`. The
+    /// table must be a memfd sealed against shrinking (so no one can make
+    /// this daemon fault on it) and as long as the index needs. The peer's
+    /// tables it revoked since are dropped first.
+    pub fn attach_peer_table(
+        &mut self,
+        owner: ClientId,
+        key: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: fcntl on a descriptor the caller holds; F_GET_SEALS takes no argument.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(ShoalError::invalid(
+                "a peer's reference table must be a memfd sealed against shrinking",
+            ));
+        }
+        let counts = Counts::map(fd, self.index.slots())?;
+        let mut departed = 0u64;
+        self.peer_tables.retain(|(o, _), c| {
+            let drop = *o == owner && c.is_revoked();
+            if drop {
+                departed = departed.wrapping_add(c.total().load(Ordering::Relaxed));
+            }
+            !drop
+        });
+        self.gets_of_departed = self.gets_of_departed.wrapping_add(departed);
+        self.peer_tables.insert((owner, key), counts);
+        Ok(())
+    }
+
+    /// Whether `owner` has peer tables here (revoked ones included).
+    pub fn has_peer_tables(&self, owner: ClientId) -> bool {
+        self.peer_tables.keys().any(|(o, _)| *o == owner)
+    }
+
+    /// Peer tables attached now (revoked ones not dropped yet included).
+    pub fn peer_tables(&self) -> usize {
+        self.peer_tables.len()
+    }
+
+    /// Moves `from`'s peer tables to `to` (a fenced peer's holdings go to
+    /// quarantine with its other references).
+    pub fn transfer_peer_tables(&mut self, from: ClientId, to: ClientId) {
+        let moved: Vec<(u64, Counts)> = {
+            let keys: Vec<(ClientId, u64)> = self
+                .peer_tables
+                .keys()
+                .filter(|(o, _)| *o == from)
+                .copied()
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| self.peer_tables.remove(&k).map(|c| (k.1, c)))
+                .collect()
+        };
+        for (key, counts) in moved {
+            self.peer_tables.insert((to, key), counts);
+        }
     }
 
     pub fn index(&self) -> &IndexWriter {
@@ -168,19 +262,38 @@ impl Readers {
         self.tables.contains_key(&client)
     }
 
-    /// Whether `client` counts any reference at all (a scan of its table:
-    /// for rare decisions, such as which idle connection to close).
+    /// Whether `client` counts any reference at all (a scan of its table,
+    /// or of a peer's live tables: for rare decisions, such as which idle
+    /// connection to close).
     pub fn holds_any(&self, client: ClientId) -> bool {
-        self.tables.get(&client).is_some_and(|counts| {
+        let holds = |counts: &Counts| {
             (0..counts.slots as u32).any(|p| counts.at(p).load(Ordering::Relaxed) != 0)
-        })
+        };
+        self.tables.get(&client).is_some_and(holds)
+            || self
+                .peer_tables
+                .iter()
+                .any(|((o, _), c)| *o == client && !c.is_revoked() && holds(c))
     }
 
     /// Drops `client`'s table and with it every reference it counted.
     /// Returns whether it had one.
     pub fn remove_client(&mut self, client: ClientId) -> bool {
+        // A peer's tables go with its principal (it restarted, or its
+        // quarantine ended); revoked, so its clients count nothing there.
+        let peers = self.peer_tables.len();
+        let mut departed = 0u64;
+        self.peer_tables.retain(|(o, _), counts| {
+            if *o == client {
+                counts.revoked().store(1, Ordering::SeqCst);
+                departed = departed.wrapping_add(counts.total().load(Ordering::Relaxed));
+            }
+            *o != client
+        });
+        self.gets_of_departed = self.gets_of_departed.wrapping_add(departed);
+        let had_peer_tables = self.peer_tables.len() != peers;
         let Some(counts) = self.tables.remove(&client) else {
-            return false;
+            return had_peer_tables;
         };
         // A client still alive (its connection closed by the daemon) must
         // not count references nobody reads any more: it sees this after
@@ -195,7 +308,7 @@ impl Readers {
     /// of clients that say they hold any (a scan of those tables).
     pub fn held_positions(&self) -> Vec<u32> {
         let mut held = Vec::new();
-        for counts in self.tables.values() {
+        for counts in self.live_tables() {
             if counts.holding().load(Ordering::Relaxed) == 0 {
                 continue;
             }
@@ -208,23 +321,26 @@ impl Readers {
 
     /// Whether any client says it holds a reference now (a hint).
     pub fn any_holding(&self) -> bool {
-        self.tables
-            .values()
+        self.live_tables()
             .any(|c| c.holding().load(Ordering::Relaxed) != 0)
     }
 
     /// Gets served through the fast path so far, by every client (as the
     /// clients count them: a metric, not a safety input).
     pub fn gets(&self) -> u64 {
-        self.tables.values().fold(self.gets_of_departed, |sum, t| {
-            sum.wrapping_add(t.total().load(Ordering::Relaxed))
-        })
+        // Every table, revoked ones too: a counter never goes down.
+        self.tables
+            .values()
+            .chain(self.peer_tables.values())
+            .fold(self.gets_of_departed, |sum, t| {
+                sum.wrapping_add(t.total().load(Ordering::Relaxed))
+            })
     }
 
     /// References clients count at `position` (for listings; capped per
     /// client, as a client writes its own table).
     pub fn references(&self, position: u32) -> u32 {
-        self.tables.values().fold(0u32, |sum, t| {
+        self.live_tables().fold(0u32, |sum, t| {
             sum.saturating_add(t.at(position).load(Ordering::Relaxed).min(1 << 16))
         })
     }
@@ -237,7 +353,7 @@ impl Readers {
     /// since the last look (the first look after a publish only takes the
     /// count). An eviction policy's "was it read?" for reads it never saw.
     pub fn read_since_last_look(&mut self, position: u32) -> bool {
-        let sum = self.tables.values().fold(0u32, |sum, t| {
+        let sum = self.live_tables().fold(0u32, |sum, t| {
             sum.wrapping_add(t.reads(position).load(Ordering::Relaxed))
         });
         let mask = self.seen.len() - 1;
@@ -249,8 +365,9 @@ impl Readers {
     /// after the entry there was unpublished (see the module's rule).
     pub fn held(&self, position: u32) -> bool {
         fence(Ordering::SeqCst);
-        self.tables
-            .values()
+        // (A peer table's revoke is read before its counts: one revoked
+        // after this look still counted here, as a client's would.)
+        self.live_tables()
             .any(|counts| counts.at(position).load(Ordering::SeqCst) != 0)
     }
 }
@@ -287,7 +404,9 @@ impl FastReads {
             let found = self.index.lookup(id)?;
             let count = self.counts.at(found.position);
             count.fetch_add(1, Ordering::SeqCst);
-            if self.counts.revoked().load(Ordering::SeqCst) != 0 {
+            if self.counts.revoked().load(Ordering::SeqCst) != 0
+                || self.counts.stopped().load(Ordering::SeqCst) != 0
+            {
                 count.fetch_sub(1, Ordering::SeqCst);
                 self.close();
                 return None;
@@ -367,6 +486,48 @@ impl FastReads {
     }
 }
 
+/// A reference table this node's daemon made for one of its clients to
+/// count references to another node's objects in: the client maps it (as
+/// its own table), the owner attaches it read-only. The daemon keeps it to
+/// revoke it when the client leaves, or stop its gets when the owner seems
+/// gone.
+pub struct PeerTable {
+    counts: Counts,
+    fd: OwnedFd,
+}
+
+impl PeerTable {
+    /// A table for an owner whose index has `slots` slots, in a memfd sealed
+    /// against resizing (the owner refuses any other).
+    pub fn create(slots: u32) -> Result<Self> {
+        let fd = sealed_memfd("shoal-peer-refs", table_bytes(slots) as u64)?;
+        add_seals(fd.as_fd(), libc::F_SEAL_SEAL)?;
+        let counts = Counts::map(fd.as_fd(), slots)?;
+        Ok(Self { counts, fd })
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The client left: the owner stops counting what it held, and a
+    /// client still alive takes no reference through it.
+    pub fn revoke(&self) {
+        self.counts.revoked().store(1, Ordering::SeqCst);
+    }
+
+    /// References the client says it counts here now.
+    pub fn holding(&self) -> u64 {
+        self.counts.holding().load(Ordering::Relaxed)
+    }
+
+    /// The owner seems gone (restarted, or silent): no new gets through it;
+    /// what was counted still stands at the owner, if it is alive.
+    pub fn stop(&self) {
+        self.counts.stopped().store(1, Ordering::SeqCst);
+    }
+}
+
 /// The daemon's mutations of the index and the reader tables, for tests in
 /// one process: both sides over the same memfds.
 #[cfg(test)]
@@ -418,6 +579,67 @@ mod tests {
         readers.index_mut().unpublish(p);
         assert!(fast.acquire(&id(2)).is_none());
         assert_eq!(fast.count(p), 0);
+    }
+
+    #[test]
+    fn a_peer_table_counts_until_revoked_and_goes_with_its_peer() {
+        let mut readers = Readers::new(1 << 12).unwrap();
+        let table = PeerTable::create(1 << 12).unwrap();
+        const PEER: ClientId = 1 << 20;
+        readers.attach_peer_table(PEER, 9, table.fd()).unwrap();
+        let fast = FastReads::attach(readers.index().fd(), table.fd()).unwrap();
+        let p = readers.index_mut().publish(&id(4), AT, |_| false).unwrap();
+        fast.acquire(&id(4)).unwrap();
+        readers.index_mut().unpublish(p);
+        assert!(readers.held(p), "a peer's count keeps the object");
+        assert!(readers.holds_any(PEER));
+        readers.transfer_peer_tables(PEER, PEER + 1);
+        assert!(readers.held(p) && readers.holds_any(PEER + 1) && !readers.holds_any(PEER));
+        table.revoke();
+        assert!(!readers.held(p), "a revoked table counts nothing");
+        readers.index_mut().republish(p);
+        assert!(fast.acquire(&id(4)).is_none(), "and takes no new reference");
+        assert_eq!(readers.peer_tables(), 1);
+        let second = PeerTable::create(1 << 12).unwrap();
+        readers
+            .attach_peer_table(PEER + 1, 10, second.fd())
+            .unwrap();
+        assert_eq!(readers.peer_tables(), 1, "the revoked one was dropped");
+        assert!(readers.remove_client(PEER + 1));
+        assert_eq!(readers.peer_tables(), 0);
+    }
+
+    #[test]
+    fn a_stopped_peer_table_takes_no_new_reference_and_keeps_the_old() {
+        let mut readers = Readers::new(1 << 12).unwrap();
+        let table = PeerTable::create(1 << 12).unwrap();
+        readers.attach_peer_table(3, 1, table.fd()).unwrap();
+        let fast = FastReads::attach(readers.index().fd(), table.fd()).unwrap();
+        let p = readers.index_mut().publish(&id(5), AT, |_| false).unwrap();
+        fast.acquire(&id(5)).unwrap();
+        table.stop();
+        assert!(fast.acquire(&id(5)).is_none());
+        readers.index_mut().unpublish(p);
+        assert!(readers.held(p), "the reference taken before still stands");
+    }
+
+    #[test]
+    fn a_peer_table_that_could_shrink_is_refused() {
+        let mut readers = Readers::new(1 << 12).unwrap();
+        let file = tempfile_table(table_bytes(1 << 12) as u64);
+        let err = readers.attach_peer_table(3, 1, file.as_fd()).unwrap_err();
+        assert!(err.to_string().contains("sealed"), "{err}");
+        // Sealed, but too short for the index.
+        let short = PeerTable::create(1 << 10).unwrap();
+        assert!(readers.attach_peer_table(3, 2, short.fd()).is_err());
+        assert_eq!(readers.peer_tables(), 0);
+    }
+
+    fn tempfile_table(len: u64) -> OwnedFd {
+        use nix::sys::memfd::{memfd_create, MFdFlags};
+        let fd = memfd_create("unsealed", MFdFlags::MFD_CLOEXEC).unwrap();
+        nix::unistd::ftruncate(&fd, len as i64).unwrap();
+        fd
     }
 
     /// The Dekker pairing under real threads: the daemon unpublishes and

@@ -42,7 +42,10 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// 8: `FastWrites` (this client's write channel and the daemon's doorbell,
 /// two fds beside the reply) and `Lend` / `Lent`: creates in lent space,
 /// sealed through the write channel (docs/fast-path.md).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// 9: `PeerReads`: other nodes' indexes and this client's reference tables
+/// there, two fds per node beside the reply (docs/fast-path.md "Gets of
+/// other nodes' objects").
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -112,6 +115,10 @@ pub enum Request {
     Lend {
         bytes: u64,
     },
+    /// In a cluster: the indexes of the owners whose objects this client may
+    /// get without a round trip, and a reference table at each; answered
+    /// by `PeerReads` with two fds per owner (index, table) in its order.
+    PeerReads,
     /// Like `Create`, in the region of cluster node `node` (remote
     /// allocation); offsets in the reply are in that node's region.
     CreateOn {
@@ -311,6 +318,12 @@ pub enum Reply {
         offset: u64,
         len: u64,
     },
+    /// Sent with two fds per entry attached (the owner's index, then this
+    /// client's table there): per owner node, its incarnation (its region's
+    /// generation).
+    PeerReads {
+        owners: Vec<(u32, u64)>,
+    },
     /// `node` is this daemon's id; `coherent` false means clients flush
     /// before seal and invalidate before the first read of remote objects
     /// (and of local ones marked `Located::invalidate`).
@@ -375,6 +388,7 @@ mod op {
     pub const FAST_READS: u16 = 0x19;
     pub const FAST_WRITES: u16 = 0x1A;
     pub const LEND: u16 = 0x1B;
+    pub const PEER_READS: u16 = 0x1C;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;
@@ -395,6 +409,7 @@ mod op {
     pub const FAST_READS_REPLY: u16 = 0x90;
     pub const FAST_WRITES_REPLY: u16 = 0x91;
     pub const LENT: u16 = 0x92;
+    pub const PEER_READS_REPLY: u16 = 0x93;
 }
 
 impl Request {
@@ -453,6 +468,7 @@ impl Request {
             Request::ClusterInfo => op::CLUSTER_INFO,
             Request::FastReads => op::FAST_READS,
             Request::FastWrites => op::FAST_WRITES,
+            Request::PeerReads => op::PEER_READS,
             Request::Lend { bytes } => {
                 w.u64(*bytes);
                 op::LEND
@@ -550,6 +566,7 @@ impl Request {
             op::FAST_READS => Request::FastReads,
             op::FAST_WRITES => Request::FastWrites,
             op::LEND => Request::Lend { bytes: r.u64()? },
+            op::PEER_READS => Request::PeerReads,
             op::CREATE_ON => {
                 let node = r.u32()?;
                 let (timeout_ms, objects) = decode_create(&mut r)?;
@@ -686,6 +703,13 @@ impl Reply {
             Reply::Lent { lease, offset, len } => {
                 w.u64(*lease).u64(*offset).u64(*len);
                 op::LENT
+            }
+            Reply::PeerReads { owners } => {
+                w.u32(owners.len() as u32);
+                for (node, generation) in owners {
+                    w.u32(*node).u64(*generation);
+                }
+                op::PEER_READS_REPLY
             }
             Reply::List { objects } => {
                 w.u32(objects.len() as u32);
@@ -858,6 +882,14 @@ impl Reply {
                 offset: r.u64()?,
                 len: r.u64()?,
             },
+            op::PEER_READS_REPLY => {
+                let n = r.count(4 + 8)?;
+                let mut owners = Vec::with_capacity(n);
+                for _ in 0..n {
+                    owners.push((r.u32()?, r.u64()?));
+                }
+                Reply::PeerReads { owners }
+            }
             op::LIST_REPLY => {
                 let n = r.count(20 + 8 + 8 + 4 + 1 + 4 + 1 + 1)?;
                 let mut objects = Vec::with_capacity(n);

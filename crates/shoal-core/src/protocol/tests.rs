@@ -91,6 +91,7 @@ fn every_request_round_trips() {
         Request::FastReads,
         Request::FastWrites,
         Request::Lend { bytes: 1 << 20 },
+        Request::PeerReads,
         Request::CreateOn {
             node: 3,
             timeout_ms: 10,
@@ -167,6 +168,9 @@ fn every_reply_round_trips() {
         Reply::Bool(true),
         Reply::FastReads { slots: 1 << 16 },
         Reply::FastWrites { records: 256 },
+        Reply::PeerReads {
+            owners: vec![(0, 7), (2, u64::MAX)],
+        },
         Reply::Lent {
             lease: 3,
             offset: 4096,

@@ -80,6 +80,7 @@ impl Cluster {
             *heard = epoch;
         }
         let fenced = self.loans.borrow_mut().fence(owner);
+        self.stop_peer_reads_at(owner);
         tracing::warn!(
             owner,
             epoch,
@@ -103,7 +104,9 @@ impl Cluster {
         let mut fences = self.fences.borrow_mut();
         for owner in 0..fences.heard.len() {
             let heard = fences.heard[owner];
-            if heard > fences.confirmed[owner] && self.loans.borrow().fenced_held(owner as u32) == 0
+            if heard > fences.confirmed[owner]
+                && self.loans.borrow().fenced_held(owner as u32) == 0
+                && self.peer_reads_held(owner as u32) == 0
             {
                 fences.confirmed[owner] = heard;
                 tracing::info!(
@@ -158,7 +161,7 @@ impl Cluster {
         }
         let fenced = principals::fenced(node);
         let freed = self.node.mutate(|store| {
-            if store.client_holds_nothing(fenced) {
+            if store.client_holds_nothing(fenced) && !store.has_peer_tables(fenced) {
                 return false;
             }
             store.disconnect(fenced);

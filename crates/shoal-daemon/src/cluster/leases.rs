@@ -51,6 +51,11 @@ impl Cluster {
             self.resend_reference_calls(node).await;
         }
         self.peers.heartbeat_answered(node, ok);
+        if !ok {
+            // Known down from now: its objects are not read through its
+            // index either (as no loan of it serves).
+            self.stop_peer_reads_of_gone_owners();
+        }
         self.heartbeats_sent.set(self.heartbeats_sent.get() + 1);
         self.rebuild.borrow_mut().readiness.heartbeat(node, ok);
     }
@@ -81,6 +86,7 @@ impl Cluster {
             self.confirm_fences();
             self.expire_quarantines();
             self.forget_loans_of_silent_owners();
+            self.stop_peer_reads_of_gone_owners();
             let expired = self.expired_loans();
             self.release_later(expired);
             self.rebuild_tick();

@@ -66,6 +66,7 @@ impl NodeListener for ClusterListener {
             }
             NodeEvent::ClientGone { client } => {
                 let held = cluster.drop_client(client);
+                cluster.peer_reads_gone(client);
                 let supervisor = cluster.supervisor.clone();
                 supervisor.spawn_local("client gone", async move {
                     // Aborted first: the creator's references go with the objects.

@@ -24,7 +24,8 @@
 //! Layout: `state` (what the node knows), `peers` (calling other nodes),
 //! then one file per concern, each an `impl Cluster`: `directory` (as a
 //! home), `registry` (claiming and publishing ids), `remote_get`,
-//! `holding` and `loans` (as a holder), `lending` (as an owner),
+//! `holding` and `loans` (as a holder), `peer_reads` (clients reading
+//! owners' indexes themselves), `lending` (as an owner),
 //! `remote_alloc`, `copies`, `leases`, `fencing` (a peer cut off past its
 //! lease), `ref_ledger` / `ref_journal` (numbered Acquire and Release calls,
 //! applied once and sent again until answered), `rebuild`, `bulk`, `names` (the
@@ -42,6 +43,8 @@ mod lending;
 mod listener;
 mod loans;
 pub mod names;
+mod peer_reads;
+mod peer_tables;
 pub mod peers;
 mod rebuild;
 mod ref_journal;
@@ -52,4 +55,5 @@ mod remote_get;
 mod state;
 
 pub use listener::ClusterListener;
+pub use peer_tables::PeerView;
 pub use state::{Cluster, ClusterConfig, Remote};

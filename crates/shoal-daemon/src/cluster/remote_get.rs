@@ -340,9 +340,11 @@ impl Cluster {
         let (mut owners, homes_down) = self.lookup(ids).await;
         let mut results = vec![Some(ErrorKind::ObjectNotFound); ids.len()];
         // A home that does not answer cannot say who owns its ids: the owner
-        // cached here is asked, else the delete cannot be done now.
+        // cached here is asked, or one whose index publishes it (its
+        // clients' gets read it there), else the delete cannot be done now.
         for &i in &homes_down {
-            owners[i] = self.owners.borrow().get(&ids[i]).copied();
+            let cached = self.owners.borrow().get(&ids[i]).copied();
+            owners[i] = cached.or_else(|| self.owner_by_index(&ids[i]));
             if owners[i].is_none() {
                 results[i] = Some(ErrorKind::NodeUnavailable);
             }

@@ -19,6 +19,7 @@ use shoal_core::ObjectId;
 
 use crate::cluster::fence_epochs::Fences;
 use crate::cluster::loans::Loans;
+use crate::cluster::peer_tables::PeerReads;
 use crate::cluster::peers::PeerSet;
 use crate::cluster::ref_journal::RefJournal;
 use crate::cluster::ref_ledger::RefLedger;
@@ -152,6 +153,9 @@ pub struct Cluster {
     pub(crate) ledger: RefCell<RefLedger>,
     /// As a holder: numbers of our reference calls, and what to send again.
     pub(crate) journal: RefCell<RefJournal>,
+    /// As a holder: our clients' tables at owners they read without a
+    /// round trip (`peer_reads`).
+    pub(crate) peer_reads: RefCell<PeerReads>,
 }
 
 impl Cluster {
@@ -196,6 +200,7 @@ impl Cluster {
             fences: RefCell::new(Fences::new(n)),
             ledger: RefCell::default(),
             journal: RefCell::default(),
+            peer_reads: RefCell::default(),
         })
     }
 

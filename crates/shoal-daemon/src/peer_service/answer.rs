@@ -115,6 +115,15 @@ pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
         } => {
             let _ = reply.send(cluster.revoked(from, number, &ids));
         }
+        PeerCall::AttachReads {
+            from,
+            incarnation,
+            table,
+            key,
+            reply,
+        } => {
+            let _ = reply.send(cluster.attach_reads(from, incarnation, table, key));
+        }
         PeerCall::GiveBack { from, reply } => {
             let _ = reply.send(cluster.give_back_idle(from));
         }

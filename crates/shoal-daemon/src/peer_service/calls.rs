@@ -3,8 +3,8 @@
 //! answer, and `answer.rs` answers it from the node.
 
 use shoal_cluster::proto::{
-    AcquireReply, AllocateReply, HeartbeatReply, ListReply, LookupReply, NamesReply, NodeStatus,
-    Outcome, Statuses,
+    AcquireReply, AllocateReply, AttachReadsReply, HeartbeatReply, ListReply, LookupReply,
+    NamesReply, NodeStatus, Outcome, Statuses,
 };
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
@@ -57,6 +57,15 @@ pub enum PeerCall {
     Restored {
         from: u32,
         incarnation: u64,
+    },
+    /// A peer's client counts references here (`fd` of process `pid`;
+    /// `None`: only describe the index).
+    AttachReads {
+        from: u32,
+        incarnation: u64,
+        table: Option<(u32, i32)>,
+        key: u64,
+        reply: oneshot::Sender<Result<AttachReadsReply, Status>>,
     },
     Acquire {
         ids: Vec<ObjectId>,
@@ -166,6 +175,7 @@ impl PeerCall {
             C::Restore { from, pending, .. } => ("restore", Some(*from), pending),
             C::Restored { from, .. } => ("restored", Some(*from), &[]),
             C::Acquire { ids, from, .. } => ("acquire", Some(*from), ids),
+            C::AttachReads { from, .. } => ("attach_reads", Some(*from), &[]),
             C::Release { ids, from, .. } => ("release", Some(*from), ids),
             C::Delete { ids, .. } => ("delete", None, ids),
             C::Revoke { ids, from, .. } => ("revoke", Some(*from), ids),

@@ -6,10 +6,11 @@
 use shoal_cluster::ids::{pack, unpack};
 use shoal_cluster::proto::peer_server::Peer;
 use shoal_cluster::proto::{
-    AcquireReply, AcquireRequest, AllocateReply, AllocateRequest, CachedRequest, Empty,
-    HeartbeatReply, HeartbeatRequest, Ids, ListReply, LookupReply, NamesReply, NamesRequest,
-    NodeStatus, Outcome, PublishRequest, RegisterRequest, ReleaseRequest, RenameNameRequest,
-    RestoreRequest, RestoredRequest, RevokeRequest, SealRequest, Statuses, UnlinkNameRequest,
+    AcquireReply, AcquireRequest, AllocateReply, AllocateRequest, AttachReadsReply,
+    AttachReadsRequest, CachedRequest, Empty, HeartbeatReply, HeartbeatRequest, Ids, ListReply,
+    LookupReply, NamesReply, NamesRequest, NodeStatus, Outcome, PublishRequest, RegisterRequest,
+    ReleaseRequest, RenameNameRequest, RestoreRequest, RestoredRequest, RevokeRequest, SealRequest,
+    Statuses, UnlinkNameRequest,
 };
 use shoal_core::store::ObjectLocation;
 use tokio::sync::{mpsc, oneshot};
@@ -180,6 +181,24 @@ impl Peer for PeerService {
             reply,
         })
         .await
+        .map(Response::new)
+    }
+
+    async fn attach_reads(
+        &self,
+        request: Request<AttachReadsRequest>,
+    ) -> Result<Response<AttachReadsReply>, Status> {
+        let from = verified_peer(&request)?;
+        let request = request.into_inner();
+        let table = (request.fd >= 0).then_some((request.pid, request.fd));
+        self.ask(|reply| PeerCall::AttachReads {
+            from,
+            incarnation: request.incarnation,
+            table,
+            key: request.key,
+            reply,
+        })
+        .await?
         .map(Response::new)
     }
 
