@@ -8,12 +8,12 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shoal_client::Client;
 use shoal_core::error::{ErrorKind, Result};
 use shoal_core::ObjectId;
-use support::TestCluster;
+use support::{eventually, TestCluster};
 
 const MIB: u64 = 1 << 20;
 const REGION_SIZE: u64 = 32 * MIB;
@@ -49,14 +49,6 @@ fn names(client: &mut Client, prefix: &str) -> Vec<String> {
 
 fn put(client: &mut Client, name: &str, bytes: &[u8]) -> ObjectId {
     client.put_named(name, bytes, b"", None, 0).unwrap()
-}
-
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]

@@ -5,11 +5,11 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shoal_client::Client;
 use shoal_core::ObjectId;
-use support::TestCluster;
+use support::{eventually, TestCluster};
 
 const MIB: u64 = 1 << 20;
 const REGION_SIZE: u64 = 32 * MIB;
@@ -45,14 +45,6 @@ fn get_all(client: &mut Client, ids: &[ObjectId], byte: u8) -> u64 {
         assert!(bytes.iter().all(|&b| b == byte), "the owner's bytes");
     }
     sent
-}
-
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]

@@ -60,15 +60,7 @@ impl Client {
 
     /// A read-only buffer over an object in our region, holding `reference`.
     fn buffer_from(&self, reference: Arc<ObjectRef>, location: ObjectLocation) -> Buffer {
-        // SAFETY: the fast path checked the location against the mapping.
-        let address = unsafe { self.mapping.base().add(location.offset as usize) };
-        Buffer::new(
-            reference,
-            address,
-            location.data_size as usize,
-            location.meta_size as usize,
-            false,
-        )
+        Self::read_only_buffer(&self.mapping, reference, location)
     }
 
     /// A read-only buffer over an object in the region `reference` keeps
@@ -76,9 +68,19 @@ impl Client {
     fn buffer_in_region(&self, reference: Arc<ObjectRef>, location: ObjectLocation) -> Buffer {
         let region = reference
             .region()
-            .expect("a peer reference keeps its region");
-        // SAFETY: the fast path checked the location against that mapping.
-        let address = unsafe { region.base().add(location.offset as usize) };
+            .expect("a peer reference keeps its region")
+            .clone();
+        Self::read_only_buffer(&region, reference, location)
+    }
+
+    fn read_only_buffer(
+        mapping: &Mapping,
+        reference: Arc<ObjectRef>,
+        location: ObjectLocation,
+    ) -> Buffer {
+        // SAFETY: the fast path checked the location against that mapping,
+        // which `reference` (or the client) keeps mapped.
+        let address = unsafe { mapping.base().add(location.offset as usize) };
         Buffer::new(
             reference,
             address,

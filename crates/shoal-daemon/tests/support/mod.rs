@@ -124,6 +124,15 @@ pub fn with_peer<T, F: std::future::Future<Output = T>>(
         })
 }
 
+/// Waits up to 10 s for `done`; fails the test naming `what` otherwise.
+pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits until a daemon answers on `socket`; fails the test at `deadline`.
 pub fn wait_serving(socket: &Path, deadline: Instant) {
     while Client::connect(socket).is_err() {
