@@ -955,7 +955,7 @@ def report(run):
         f"*First get*: the first get of freshly put ids ({GET_FACTOR * run['reps']} samples, one "
         "put each; the remote reader goes first). Both readers use the fast path "
         "(docs/fast-path.md): the local one reads node 0's index; the remote one reads node 0's "
-        "index too (\"Gets of other nodes' objects\": its tables there were handed over at its "
+        'index too ("Gets of other nodes\' objects": its tables there were handed over at its '
         "first get of the run), so neither asks a daemon. "
         f"*Warm*: {WARM_GETS} more gets of the same ids after each first get "
         f"({WARM_GETS * GET_FACTOR * run['reps']} samples). *After the linger*: one more get "
