@@ -615,7 +615,7 @@ impl Client {
             let Ok(mapping) = self.peer_mapping(owner, generation, false) else {
                 continue;
             };
-            if let Ok(fast) = peer_reads::attach(&pair[0], &pair[1]) {
+            if let Ok(fast) = FastReads::attach(pair[0].as_fd(), pair[1].as_fd()) {
                 views.push(peer_reads::PeerView {
                     owner,
                     generation,
@@ -1239,12 +1239,7 @@ impl Client {
                     table: Some(Arc::clone(&view.fast)),
                     position: hit.position,
                 });
-                found[i] = Some(Located {
-                    node: view.owner,
-                    generation: view.generation,
-                    location: hit.location,
-                    invalidate: false,
-                });
+                found[i] = Some(view.located(&hit));
                 false
             });
             if missed.is_empty() {

@@ -3,12 +3,12 @@
 //! reference tables there, handed over by our daemon (`PeerReads`), read
 //! exactly as the local index is.
 
-use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use shoal_core::fast_path::index::Found;
 use shoal_core::fast_path::readers::FastReads;
+use shoal_core::protocol::Located;
 use shoal_core::region::Mapping;
 use shoal_core::ObjectId;
 
@@ -27,6 +27,18 @@ pub(crate) struct PeerView {
     pub fast: Arc<FastReads>,
     /// This client's mapping of the owner's region at that generation.
     pub mapping: Arc<Mapping>,
+}
+
+impl PeerView {
+    /// Where an object this view's index `found` lives.
+    pub fn located(&self, found: &Found) -> Located {
+        Located {
+            node: self.owner,
+            generation: self.generation,
+            location: found.location,
+            invalidate: false,
+        }
+    }
 }
 
 /// The views this client has, and when it last asked for them; shared
@@ -122,9 +134,4 @@ impl PeerViews {
             view.fast.close();
         }
     }
-}
-
-/// Maps one owner's index and this client's table there.
-pub(crate) fn attach(index: &OwnedFd, table: &OwnedFd) -> shoal_core::error::Result<FastReads> {
-    FastReads::attach(index.as_fd(), table.as_fd())
 }

@@ -266,13 +266,7 @@ impl SharedClient {
             fast_position: Some(found.position),
             fast_table: Some(view.fast.clone()),
         });
-        let located = Located {
-            node: view.owner,
-            generation: view.generation,
-            location: found.location,
-            invalidate: false,
-        };
-        Some((located, reference))
+        Some((view.located(&found), reference))
     }
 
     /// Whether this client has the fast path.

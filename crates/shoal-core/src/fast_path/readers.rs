@@ -21,8 +21,8 @@
 //! Peer tables (docs/fast-path.md "Gets of other nodes' objects"): in a
 //! mapped, coherent cluster a client also counts references to another
 //! node's objects, in a table its own daemon made ([`PeerTable`]) and the
-//! owner attached read-only ([`Readers::attach_peer_table`]). The owner
-//! reads it like a client's table; its daemon revokes it when the client
+//! owner attached ([`Readers::attach_peer_table`]). The owner reads it like
+//! a client's table (and writes only its revoked word, when it drops it); its daemon revokes it when the client
 //! leaves (the owner then ignores it) and closes it to new gets when the
 //! owner seems gone.
 
@@ -149,8 +149,8 @@ pub struct Readers {
     /// a daemon's fd limit allows).
     tables: foldhash::HashMap<ClientId, Counts>,
     /// Tables of other nodes' clients, by the peer's principal and the
-    /// peer's key for the table, mapped read-only. One its daemon revoked
-    /// counts nothing and is dropped at the peer's next attach.
+    /// peer's key for the table. One its daemon revoked counts nothing and
+    /// is dropped at the peer's next attach.
     peer_tables: foldhash::HashMap<(ClientId, u64), Counts>,
     /// Fast-path gets of clients that have gone.
     gets_of_departed: u64,
@@ -196,17 +196,26 @@ impl Readers {
             ));
         }
         let counts = Counts::map(fd, self.index.slots())?;
-        let mut departed = 0u64;
-        self.peer_tables.retain(|(o, _), c| {
-            let drop = *o == owner && c.is_revoked();
-            if drop {
-                departed = departed.wrapping_add(c.total().load(Ordering::Relaxed));
-            }
-            !drop
-        });
-        self.gets_of_departed = self.gets_of_departed.wrapping_add(departed);
+        self.drop_peer_tables(|o, c| o == owner && c.is_revoked());
         self.peer_tables.insert((owner, key), counts);
         Ok(())
+    }
+
+    /// Drops the peer tables `drop` names, revoked (their clients count
+    /// nothing there any more), their gets kept in the total. Returns
+    /// whether it dropped any.
+    fn drop_peer_tables(&mut self, drop: impl Fn(ClientId, &Counts) -> bool) -> bool {
+        let dropped: Vec<Counts> = self
+            .peer_tables
+            .extract_if(|(o, _), c| drop(*o, c))
+            .map(|(_, c)| c)
+            .collect();
+        for counts in &dropped {
+            counts.revoked().store(1, Ordering::SeqCst);
+            let gets = counts.total().load(Ordering::Relaxed);
+            self.gets_of_departed = self.gets_of_departed.wrapping_add(gets);
+        }
+        !dropped.is_empty()
     }
 
     /// Whether `owner` has peer tables here (revoked ones included).
@@ -222,18 +231,11 @@ impl Readers {
     /// Moves `from`'s peer tables to `to` (a fenced peer's holdings go to
     /// quarantine with its other references).
     pub fn transfer_peer_tables(&mut self, from: ClientId, to: ClientId) {
-        let moved: Vec<(u64, Counts)> = {
-            let keys: Vec<(ClientId, u64)> = self
-                .peer_tables
-                .keys()
-                .filter(|(o, _)| *o == from)
-                .copied()
-                .collect();
-            keys.into_iter()
-                .filter_map(|k| self.peer_tables.remove(&k).map(|c| (k.1, c)))
-                .collect()
-        };
-        for (key, counts) in moved {
+        let moved: Vec<((ClientId, u64), Counts)> = self
+            .peer_tables
+            .extract_if(|(o, _), _| *o == from)
+            .collect();
+        for ((_, key), counts) in moved {
             self.peer_tables.insert((to, key), counts);
         }
     }
@@ -280,18 +282,8 @@ impl Readers {
     /// Returns whether it had one.
     pub fn remove_client(&mut self, client: ClientId) -> bool {
         // A peer's tables go with its principal (it restarted, or its
-        // quarantine ended); revoked, so its clients count nothing there.
-        let peers = self.peer_tables.len();
-        let mut departed = 0u64;
-        self.peer_tables.retain(|(o, _), counts| {
-            if *o == client {
-                counts.revoked().store(1, Ordering::SeqCst);
-                departed = departed.wrapping_add(counts.total().load(Ordering::Relaxed));
-            }
-            *o != client
-        });
-        self.gets_of_departed = self.gets_of_departed.wrapping_add(departed);
-        let had_peer_tables = self.peer_tables.len() != peers;
+        // quarantine ended).
+        let had_peer_tables = self.drop_peer_tables(|o, _| o == client);
         let Some(counts) = self.tables.remove(&client) else {
             return had_peer_tables;
         };
@@ -488,7 +480,7 @@ impl FastReads {
 
 /// A reference table this node's daemon made for one of its clients to
 /// count references to another node's objects in: the client maps it (as
-/// its own table), the owner attaches it read-only. The daemon keeps it to
+/// its own table), the owner attaches it. The daemon keeps it to
 /// revoke it when the client leaves, or stop its gets when the owner seems
 /// gone.
 pub struct PeerTable {

@@ -33,7 +33,7 @@ use shoal_core::fast_path::readers::PeerTable;
 use shoal_core::object_table::ClientId;
 use tonic::Status;
 
-use crate::cluster::peer_tables::{Attached, OwnerIndex, PeerReads, PeerView};
+use crate::cluster::peer_tables::{dup, Attached, OwnerIndex, PeerView};
 use crate::cluster::peers::Reach;
 use crate::cluster::state::Cluster;
 use crate::principals;
@@ -59,17 +59,14 @@ impl Cluster {
         // Asked again (an owner it had no view of may be up now): the tables
         // it has at owners still there are handed over again; the others are
         // stopped, never revoked, since it may still hold what it counted.
-        let kept = self.keep_tables_of(client);
+        let mut kept = self.keep_tables_of(client);
         let mut views = Vec::new();
         for owner in self.others().collect::<Vec<_>>() {
             let Some(generation) = self.peer_reads_possible(owner) else {
                 continue;
             };
-            if let Some(view) = kept.iter().find(|v| v.owner == owner) {
-                match view.dup() {
-                    Ok(view) => views.push(view),
-                    Err(err) => tracing::warn!(owner, %err, "peer reads"),
-                }
+            if let Some(at) = kept.iter().position(|v| v.owner == owner) {
+                views.push(kept.swap_remove(at));
                 continue;
             }
             match self.attach_at(client, owner, generation).await {
@@ -99,12 +96,12 @@ impl Cluster {
         let views = current
             .iter()
             .filter_map(|a| {
-                let index = reads.indexes.get(&a.owner)?.as_ref()?;
+                let index = reads.indexes.get(&a.owner)?;
                 Some(PeerView {
                     owner: a.owner,
                     generation: a.generation,
-                    index: index.file.as_fd().try_clone_to_owned().ok()?,
-                    table: a.table.fd().try_clone_to_owned().ok()?,
+                    index: dup(index.file.as_fd()).ok()?,
+                    table: dup(a.table.fd()).ok()?,
                 })
             })
             .collect();
@@ -132,30 +129,17 @@ impl Cluster {
             reads.next_key += 1;
             reads.next_key
         };
-        let request = AttachReadsRequest {
-            incarnation: self.incarnation,
-            pid: std::process::id(),
-            fd: table.fd().as_raw_fd(),
-            key,
-        };
         let reply = self
-            .peers
-            .call(owner, Reach::FailFast, "attach_reads", |mut p| async move {
-                p.attach_reads(request).await
-            })
+            .call_attach_reads(owner, table.fd().as_raw_fd(), key)
             .await?;
         if reply.generation != generation {
             // It restarted meanwhile: the table went with our references there.
             return Ok(None);
         }
-        let dup = |fd: std::os::fd::BorrowedFd<'_>| {
-            fd.try_clone_to_owned()
-                .map_err(|e| ShoalError::io("dup a peer-read descriptor", e))
-        };
         let view = PeerView {
             owner,
             generation,
-            index: dup(index.as_fd())?,
+            index,
             table: dup(table.fd())?,
         };
         self.peer_reads
@@ -173,40 +157,21 @@ impl Cluster {
     }
 
     /// `owner`'s index at `generation`, opened once per incarnation: a
-    /// `dup` of it and its slots. `None`: it offers none, or it is not on
-    /// this host.
+    /// `dup` of it and its slots. `None`: it is not on this host.
     async fn owner_index(&self, owner: u32, generation: u64) -> Result<Option<(OwnedFd, u32)>> {
-        let known = |reads: &PeerReads| match reads.indexes.get(&owner) {
-            Some(Some(i)) if i.generation == generation => Some(
-                i.file
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .map(|fd| (fd, i.slots))
-                    .map_err(|e| ShoalError::io("dup an owner's index", e)),
-            ),
-            _ => None,
-        };
-        if let Some(found) = known(&self.peer_reads.borrow()) {
+        let known = self
+            .peer_reads
+            .borrow()
+            .indexes
+            .get(&owner)
+            .filter(|i| i.generation == generation)
+            .map(|i| Ok::<_, ShoalError>((dup(i.file.as_fd())?, i.reader.slots())));
+        if let Some(found) = known {
             return found.map(Some);
         }
-        let request = AttachReadsRequest {
-            incarnation: self.incarnation,
-            pid: std::process::id(),
-            fd: -1,
-            key: 0,
-        };
-        let reply = match self
-            .peers
-            .call(owner, Reach::FailFast, "attach_reads", |mut p| async move {
-                p.attach_reads(request).await
-            })
-            .await
-        {
-            Ok(reply) => reply,
-            // An owner without a fast path, or not ready: asked again when
-            // a client asks next.
-            Err(err) => return Err(err),
-        };
+        // An owner without a fast path, or not ready: asked again when a
+        // client asks next.
+        let reply = self.call_attach_reads(owner, -1, 0).await?;
         if reply.generation != generation {
             return Ok(None);
         }
@@ -227,21 +192,32 @@ impl Cluster {
                 .insert(owner, generation);
             return Ok(None);
         };
-        let slots = reply.slots;
-        let fd = file
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| ShoalError::io("dup an owner's index", e))?;
+        let found = (dup(file.as_fd())?, reader.slots());
         self.peer_reads.borrow_mut().indexes.insert(
             owner,
-            Some(OwnerIndex {
+            OwnerIndex {
                 generation,
                 file,
                 reader,
-                slots,
-            }),
+            },
         );
-        Ok(Some((fd, slots)))
+        Ok(Some(found))
+    }
+
+    /// One `AttachReads` to `owner`: of this process's descriptor `fd` of a
+    /// table under `key`, or (`fd` -1) only to learn its index.
+    async fn call_attach_reads(&self, owner: u32, fd: i32, key: u64) -> Result<AttachReadsReply> {
+        let request = AttachReadsRequest {
+            incarnation: self.incarnation,
+            pid: std::process::id(),
+            fd,
+            key,
+        };
+        self.peers
+            .call(owner, Reach::FailFast, "attach_reads", |mut p| async move {
+                p.attach_reads(request).await
+            })
+            .await
     }
 
     /// The owner whose index publishes `id` now, among the indexes this node
@@ -249,15 +225,14 @@ impl Cluster {
     pub(crate) fn owner_by_index(&self, id: &shoal_core::ObjectId) -> Option<u32> {
         let reads = self.peer_reads.borrow();
         reads.indexes.iter().find_map(|(&owner, index)| {
-            let index = index.as_ref()?;
             (self.peer_reads_possible(owner) == Some(index.generation)
                 && index.reader.lookup(id).is_some())
             .then_some(owner)
         })
     }
 
-    /// `client` left (or asked again): its tables are revoked, so their
-    /// owners stop counting what it held.
+    /// `client` left: its tables are revoked, so their owners stop
+    /// counting what it held.
     pub fn peer_reads_gone(&self, client: ClientId) {
         let mut reads = self.peer_reads.borrow_mut();
         let gone = reads.tables.remove(&client);

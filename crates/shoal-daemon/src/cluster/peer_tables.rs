@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use shoal_core::error::{Result, ShoalError};
 use shoal_core::fast_path::index::IndexReader;
@@ -17,7 +17,6 @@ pub(crate) struct OwnerIndex {
     pub(crate) generation: u64,
     pub(crate) file: File,
     pub(crate) reader: IndexReader,
-    pub(crate) slots: u32,
 }
 
 /// One client's table at one owner.
@@ -37,28 +36,19 @@ pub struct PeerView {
     pub table: OwnedFd,
 }
 
-impl PeerView {
-    pub(crate) fn dup(&self) -> Result<Self> {
-        let dup = |fd: &OwnedFd| {
-            fd.try_clone()
-                .map_err(|e| ShoalError::io("dup a peer-read descriptor", e))
-        };
-        Ok(Self {
-            owner: self.owner,
-            generation: self.generation,
-            index: dup(&self.index)?,
-            table: dup(&self.table)?,
-        })
-    }
+/// A second descriptor of `fd` (one goes to the client, one stays here).
+pub(crate) fn dup(fd: BorrowedFd<'_>) -> Result<OwnedFd> {
+    fd.try_clone_to_owned()
+        .map_err(|e| ShoalError::io("dup a peer-read descriptor", e))
 }
 
 /// The holder's side.
 #[derive(Default)]
 pub(crate) struct PeerReads {
-    /// Per owner, its index (`None`: it offers none to us, at that
-    /// incarnation: not asked again until it restarts).
-    pub(crate) indexes: HashMap<u32, Option<OwnerIndex>>,
-    /// Owners whose index could not be had, by incarnation.
+    /// Per owner, its index as opened here.
+    pub(crate) indexes: HashMap<u32, OwnerIndex>,
+    /// Owners whose index cannot be opened here (another host), by
+    /// incarnation: not asked again until it restarts.
     pub(crate) refused: HashMap<u32, u64>,
     pub(crate) tables: HashMap<ClientId, Vec<Attached>>,
     /// Tables stopped while their clients may still hold what they counted
