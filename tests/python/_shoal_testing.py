@@ -86,7 +86,12 @@ class Daemon:
     """A `python -m shoal serve` subprocess owned by one test."""
 
     def __init__(
-        self, directory: Path, capacity: str = "64MiB", args: Sequence[str] = (), connect: bool = True
+        self,
+        directory: Path,
+        capacity: str = "64MiB",
+        args: Sequence[str] = (),
+        connect: bool = True,
+        prefault: bool = False,
     ) -> None:
         """Starts the daemon and waits until it serves: by connecting a client, or with
         `connect=False` by watching the socket file and the log (a client maps and
@@ -107,7 +112,7 @@ class Daemon:
             self.socket,
             "--capacity",
             capacity,
-            "--no-prefault",
+            *([] if prefault else ["--no-prefault"]),
             *args,
         ]
         env = dict(os.environ, NO_COLOR="1")

@@ -29,13 +29,19 @@ def _hang_guard() -> Iterator[None]:
 
 @pytest.fixture
 def make_store(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    """Factory for daemons with options: make_store(capacity="8MiB", args=["--line-size", "128"])."""
+    """Factory for daemons with options: make_store(capacity="8MiB", args=["--line-size", "128"]);
+    `prefault=True` keeps the daemon's default of faulting its region in (tests skip it)."""
     daemons: list[Daemon] = []
 
-    def make(capacity: str = "64MiB", args: tuple[str, ...] | list[str] = (), name: str = "") -> Daemon:
+    def make(
+        capacity: str = "64MiB",
+        args: tuple[str, ...] | list[str] = (),
+        name: str = "",
+        prefault: bool = False,
+    ) -> Daemon:
         directory = short_dir(tmp_path) / (name or f"d{len(daemons)}")
         directory.mkdir(parents=True, exist_ok=True)
-        daemon = Daemon(directory, capacity=capacity, args=args)
+        daemon = Daemon(directory, capacity=capacity, args=args, prefault=prefault)
         daemons.append(daemon)
         return daemon
 

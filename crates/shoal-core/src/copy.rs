@@ -2,31 +2,107 @@
 //!
 //! Large objects are written once and read later, usually by another
 //! process: caching them on the way in only evicts the writer's working set
-//! and costs a read-for-ownership of every destination line. Above
-//! [`STREAM_THRESHOLD`] the copy uses non-temporal (streaming) stores, which
-//! write whole lines straight to memory. Measured here on 100 MB into a warm
-//! shared mapping (bench/large_objects.py): glibc's memcpy 5.1–6.3 GiB/s,
-//! SSE2 streaming stores 5.9–6.1 GiB/s; glibc only streams above 3/4 of the
-//! last-level cache per thread, which this VM reports as 480 MiB. Below the
-//! threshold memcpy is faster (10 MB: 14.0 against 13.3 GiB/s), the
-//! destination staying in cache. Written by hand: no maintained crate offers
-//! a streaming memcpy; the loop is a dozen intrinsics.
+//! and costs a read-for-ownership of every destination line. Two ways of
+//! writing whole lines straight to memory exist, and which is faster depends
+//! on the CPU, so the choice is made by what the CPU reports:
+//! - With ERMS (enhanced `rep movsb`, Intel since Ivy Bridge, AMD since
+//!   Zen 3), copies of at least [`REP_MOVSB_THRESHOLD`] use `rep movsb`,
+//!   which the CPU runs with whole-line stores. Measured here (AMD EPYC,
+//!   ERMS and FSRM; bench/c/copy_limit.c into a warm shared mapping, GiB/s):
+//!   1 MB 65.7 against glibc memcpy's 50.4; 16 MB 43.6 / 25.4; 100 MB 27.5 /
+//!   20.6, and SSE2 / AVX2 streaming stores 25.7 / 27.6; 1 GB 27.9, streaming
+//!   23.7. glibc streams only above 3/4 of the last-level cache per thread
+//!   and is slower than `rep movsb` between.
+//! - Without ERMS, copies of at least [`STREAM_THRESHOLD`] use SSE2
+//!   non-temporal stores (an earlier VM without ERMS: memcpy 5.1–6.3 GiB/s,
+//!   streaming 5.9–6.1 on 100 MB; memcpy faster below 32 MB, the destination
+//!   staying in cache).
+//!
+//! Written by hand: no maintained crate offers either copy; each is a few
+//! lines of intrinsics or assembly.
 
-/// Copies of at least this many bytes use streaming stores.
+/// With ERMS, copies of at least this many bytes use `rep movsb`.
+pub const REP_MOVSB_THRESHOLD: usize = 1 << 20;
+
+/// Without ERMS, copies of at least this many bytes use streaming stores.
 pub const STREAM_THRESHOLD: usize = 32 << 20;
 
-/// Copies `src` to `dst`, streaming when it is large (see the module).
+/// How [`copy_to_shared`] copies `len` bytes on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyMethod {
+    /// glibc's memcpy (`copy_nonoverlapping`).
+    Memcpy,
+    /// `rep movsb` (CPUs with ERMS).
+    RepMovsb,
+    /// SSE2 non-temporal stores.
+    Stream,
+}
+
+/// The method [`copy_to_shared`] uses for a copy of `len` bytes here.
+pub fn method_for(len: usize) -> CopyMethod {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Cached by std after the first call: an atomic load.
+        if std::arch::is_x86_feature_detected!("ermsb") {
+            if len >= REP_MOVSB_THRESHOLD {
+                return CopyMethod::RepMovsb;
+            }
+        } else if len >= STREAM_THRESHOLD {
+            return CopyMethod::Stream;
+        }
+    }
+    let _ = len;
+    CopyMethod::Memcpy
+}
+
+/// Copies `src` to `dst` by the fastest method for its size here (see the
+/// module). Large copies end with a store fence: visible to other threads
+/// and processes in order after it returns.
 ///
 /// # Safety
 /// `dst` must be valid for `src.len()` bytes of writes and not overlap `src`.
 pub unsafe fn copy_to_shared(dst: *mut u8, src: &[u8]) {
-    if src.len() >= STREAM_THRESHOLD {
-        // SAFETY: the caller's contract.
-        unsafe { stream_copy(dst, src) }
-    } else {
-        // SAFETY: the caller's contract.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
+    match method_for(src.len()) {
+        // SAFETY (all three): the caller's contract.
+        CopyMethod::RepMovsb => unsafe { rep_movsb_copy(dst, src) },
+        CopyMethod::Stream => unsafe { stream_copy(dst, src) },
+        CopyMethod::Memcpy => unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len())
+        },
     }
+}
+
+/// Copies with `rep movsb` whatever the size, then fences: the string's
+/// stores may be weakly ordered among themselves, and the seal that follows
+/// must not be seen before them.
+///
+/// # Safety
+/// As [`copy_to_shared`].
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn rep_movsb_copy(dst: *mut u8, src: &[u8]) {
+    // SAFETY: rcx bytes from rsi to rdi, forwards (the ABI keeps the
+    // direction flag clear); both ranges valid and disjoint (the caller's
+    // contract). The fence orders the stores before later ones.
+    unsafe {
+        std::arch::asm!(
+            "rep movsb",
+            inout("rcx") src.len() => _,
+            inout("rdi") dst => _,
+            inout("rsi") src.as_ptr() => _,
+            options(nostack, preserves_flags)
+        );
+        std::arch::x86_64::_mm_sfence();
+    }
+}
+
+/// Other architectures: a plain copy.
+///
+/// # Safety
+/// As [`copy_to_shared`].
+#[cfg(not(target_arch = "x86_64"))]
+pub unsafe fn rep_movsb_copy(dst: *mut u8, src: &[u8]) {
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
 }
 
 /// Copies with streaming stores whatever the size (the aligned middle; the
@@ -91,25 +167,49 @@ mod tests {
     }
 
     #[test]
-    fn streaming_copies_every_byte_at_any_alignment_and_length() {
+    fn both_large_copies_copy_every_byte_at_any_alignment_and_length() {
         let src = pattern(70_000);
-        for dst_offset in [0, 1, 15, 16, 33] {
-            for src_offset in [0, 3] {
-                for len in [0, 1, 15, 63, 64, 65, 1000, 4096 + 17, 60_000] {
-                    let mut dst = vec![0xEEu8; dst_offset + len + 8];
-                    let from = &src[src_offset..src_offset + len];
-                    // SAFETY: `dst` holds `dst_offset + len` bytes and more.
-                    unsafe { stream_copy(dst.as_mut_ptr().add(dst_offset), from) };
-                    assert_eq!(&dst[dst_offset..dst_offset + len], from);
-                    assert!(dst[..dst_offset].iter().all(|&b| b == 0xEE), "before");
-                    assert!(dst[dst_offset + len..].iter().all(|&b| b == 0xEE), "after");
+        type Copy = unsafe fn(*mut u8, &[u8]);
+        let copies: [(&str, Copy); 2] = [("stream", stream_copy), ("rep movsb", rep_movsb_copy)];
+        for (name, copy) in copies {
+            for dst_offset in [0, 1, 15, 16, 33] {
+                for src_offset in [0, 3] {
+                    for len in [0, 1, 15, 63, 64, 65, 1000, 4096 + 17, 60_000] {
+                        let mut dst = vec![0xEEu8; dst_offset + len + 8];
+                        let from = &src[src_offset..src_offset + len];
+                        // SAFETY: `dst` holds `dst_offset + len` bytes and more.
+                        unsafe { copy(dst.as_mut_ptr().add(dst_offset), from) };
+                        assert_eq!(&dst[dst_offset..dst_offset + len], from, "{name}");
+                        assert!(
+                            dst[..dst_offset].iter().all(|&b| b == 0xEE),
+                            "{name} before"
+                        );
+                        assert!(
+                            dst[dst_offset + len..].iter().all(|&b| b == 0xEE),
+                            "{name} after"
+                        );
+                    }
                 }
             }
         }
     }
 
     #[test]
-    fn large_copies_stream_and_small_ones_do_not_differ_in_result() {
+    fn small_copies_use_memcpy_and_large_ones_a_whole_line_method() {
+        assert_eq!(method_for(0), CopyMethod::Memcpy);
+        assert_eq!(method_for(4096), CopyMethod::Memcpy);
+        #[cfg(target_arch = "x86_64")]
+        assert_ne!(method_for(STREAM_THRESHOLD), CopyMethod::Memcpy);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("ermsb") {
+            assert_eq!(method_for(REP_MOVSB_THRESHOLD), CopyMethod::RepMovsb);
+        } else {
+            assert_eq!(method_for(REP_MOVSB_THRESHOLD), CopyMethod::Memcpy);
+        }
+    }
+
+    #[test]
+    fn large_and_small_copies_do_not_differ_in_result() {
         let src = pattern(STREAM_THRESHOLD + 100);
         let mut dst = vec![0u8; src.len() + 1];
         // SAFETY: `dst` is one byte longer than `src`.

@@ -20,6 +20,7 @@ pub mod local_auth;
 pub mod location;
 pub mod names;
 pub mod object_table;
+pub mod populate;
 pub mod protocol;
 pub mod region;
 pub mod store;

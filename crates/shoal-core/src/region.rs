@@ -14,10 +14,12 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Result, ShoalError};
+use crate::populate::{page_size, populate, populate_for_reading};
 
 /// The daemon's region: the file, its length and the daemon's mapping.
 pub struct Region {
@@ -293,47 +295,6 @@ impl Drop for Region {
     }
 }
 
-/// Faults in `[ptr, ptr + len)` of a shared mapping with one system call
-/// (MADV_POPULATE_WRITE / _READ, Linux ≥ 5.14), which costs a fraction of
-/// taking the faults one page at a time. Falls back to touching each page.
-///
-/// # Safety
-/// The range must lie inside a live mapping of the caller's (writable if `write`).
-pub unsafe fn populate(ptr: *mut u8, len: usize, write: bool) {
-    const MADV_POPULATE_READ: libc::c_int = 22;
-    const MADV_POPULATE_WRITE: libc::c_int = 23;
-    let page = page_size();
-    let start = (ptr as usize) & !(page - 1);
-    let end = ptr as usize + len;
-    let advice = if write {
-        MADV_POPULATE_WRITE
-    } else {
-        MADV_POPULATE_READ
-    };
-    // SAFETY: page-aligned range inside the caller's mapping; madvise only faults pages in.
-    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
-    if rc != 0 {
-        // Old kernel: take the faults by reading. Never write back: other
-        // processes may be writing these pages right now.
-        let mut at = start;
-        while at < end {
-            // SAFETY: `at` is inside the mapping; a volatile read faults the page in.
-            let _ = unsafe { std::ptr::read_volatile(at as *const u8) };
-            at += page;
-        }
-    }
-}
-
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 {
-        size as usize
-    } else {
-        4096
-    }
-}
-
 /// Whether a path is a character device (DAX) — such regions are never truncated.
 pub fn is_device(path: &Path) -> bool {
     std::fs::metadata(path)
@@ -380,7 +341,8 @@ pub const POPULATE_CHUNK: u64 = 2 << 20;
 
 /// A client's mapping of a region received as a file descriptor.
 pub struct Mapping {
-    map: MmapRaw,
+    /// Shared with the populating thread while it fills a range of it.
+    map: Arc<MmapRaw>,
     /// For a peer's region mapped by path: the generation its file carries
     /// (the incarnation of the daemon that made it; 0 if none).
     generation: u64,
@@ -412,7 +374,7 @@ impl Mapping {
             0
         };
         Ok(Self {
-            map,
+            map: Arc::new(map),
             generation: 0,
             populated: (0..chunks).map(|_| AtomicU64::new(0)).collect(),
         })
@@ -420,25 +382,49 @@ impl Mapping {
 
     /// Fills the page tables of every [`POPULATE_CHUNK`] that
     /// `[offset, offset + len)` touches and this process has not populated
-    /// yet (for writing with `write`, which also allocates pages the region
-    /// does not have yet). Nothing for a mapping not populated on use or a
-    /// range outside it; after the first call for a chunk, two atomic loads.
+    /// yet: here for writing with `write` (the caller is about to write the
+    /// range; this also allocates pages the region does not have yet), on
+    /// the process's populating thread for reading (a get must not cost in
+    /// proportion to the object; reads that overtake it fault as usual,
+    /// see [`crate::populate`]). Nothing for a mapping not populated on use
+    /// or a range outside it; after the first call for a chunk, one atomic
+    /// load per chunk.
     pub fn populate_on_use(&self, offset: u64, len: u64, write: bool) {
         if self.populated.is_empty() || len == 0 || !self.contains(offset, len) {
             return;
         }
         let first = offset / POPULATE_CHUNK;
         let last = (offset + len - 1) / POPULATE_CHUNK;
+        // Runs of chunks this call claimed, populated a run at a time.
+        let mut run: Option<(u64, u64)> = None;
         for chunk in first..=last {
             let (word, bit) = ((chunk / 64) as usize, 1u64 << (chunk % 64));
-            if self.populated[word].load(Ordering::Relaxed) & bit != 0 {
-                continue;
+            let claimed = self.populated[word].load(Ordering::Relaxed) & bit == 0
+                && self.populated[word].fetch_or(bit, Ordering::Relaxed) & bit == 0;
+            match (claimed, run) {
+                (true, Some((from, to))) if to == chunk => run = Some((from, chunk + 1)),
+                (true, _) => {
+                    if let Some((from, to)) = run {
+                        self.populate_chunks(from, to, write);
+                    }
+                    run = Some((chunk, chunk + 1));
+                }
+                (false, _) => {}
             }
-            let start = chunk * POPULATE_CHUNK;
-            let n = POPULATE_CHUNK.min(self.len() - start);
-            self.populate(start, n, write);
-            // Two threads may both populate a chunk: harmless, it is idempotent.
-            self.populated[word].fetch_or(bit, Ordering::Relaxed);
+        }
+        if let Some((from, to)) = run {
+            self.populate_chunks(from, to, write);
+        }
+    }
+
+    /// Populates chunks `[from, to)` (the last may be short).
+    fn populate_chunks(&self, from: u64, to: u64, write: bool) {
+        let start = from * POPULATE_CHUNK;
+        let end = (to * POPULATE_CHUNK).min(self.len());
+        if write {
+            self.populate(start, end - start, true);
+        } else {
+            populate_for_reading(&self.map, start as usize, (end - start) as usize);
         }
     }
 
@@ -486,7 +472,7 @@ impl Mapping {
             .map_err(|e| ShoalError::io(&format!("mmap peer region {}", path.display()), e))?;
         let generation = read_generation(&file, len);
         Ok(Self {
-            map,
+            map: Arc::new(map),
             generation,
             populated: Box::default(),
         })
@@ -514,7 +500,7 @@ impl Mapping {
             .map_err(|e| ShoalError::io(&format!("mmap peer region {}", path.display()), e))?;
         let generation = read_generation(&file, len);
         Ok(Self {
-            map,
+            map: Arc::new(map),
             generation,
             populated: Box::default(),
         })
@@ -529,7 +515,7 @@ impl Mapping {
             .map_anon()
             .map_err(|e| ShoalError::io("mmap a simulated cache", e))?;
         Ok(Self {
-            map: MmapRaw::from(map),
+            map: Arc::new(MmapRaw::from(map)),
             generation: 0,
             populated: Box::default(),
         })
@@ -751,6 +737,8 @@ mod tests {
         // short last chunk.
         client.populate_on_use(POPULATE_CHUNK - 10, 20, false);
         client.populate_on_use(3 * POPULATE_CHUNK + 8, 100, true);
+        // Reading ranges are populated by the process's populating thread.
+        crate::populate::settle();
         let before = minor_faults();
         let mut sum = 0u64;
         for at in pages(0, 2 * POPULATE_CHUNK).chain(pages(3 * POPULATE_CHUNK, len)) {
