@@ -25,6 +25,7 @@
 //! the reference goes), when lingering is off, and when a loan could not be
 //! installed (the race above, or a loan for the id is already there).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use shoal_core::store::ObjectLocation;
@@ -90,7 +91,19 @@ pub(crate) const MAX_IDLE: usize = 1 << 18;
 pub(crate) struct Loans {
     linger: Duration,
     max_idle: usize,
+    /// Invariant: a loan is idle (`users == 0`) exactly when it has an
+    /// `idle_since`, is counted in `idle` and has a current entry in
+    /// `idle_order`.
     loans: HashMap<ObjectId, Loan>,
+    /// Loans in the order they went idle, oldest first: (when, id). An
+    /// entry is current while its loan is still idle since that instant;
+    /// the others (used again since, or gone) are skipped when met. Each
+    /// heartbeat tick looks only at the front: O(loans expired), not a scan
+    /// of every loan with a clock read each (which kept a node that held
+    /// 10^5 loans busy in `expired`).
+    idle_order: VecDeque<(Instant, ObjectId)>,
+    /// How many loans are idle.
+    idle: usize,
     holds: HashMap<ClientId, HashMap<ObjectId, Hold>>,
     /// The highest revoke number heard from each owner.
     revokes_heard: HashMap<u32, u64>,
@@ -106,6 +119,8 @@ impl Loans {
             linger,
             max_idle: MAX_IDLE,
             loans: HashMap::default(),
+            idle_order: VecDeque::new(),
+            idle: 0,
             holds: HashMap::default(),
             revokes_heard: HashMap::default(),
         }
@@ -129,7 +144,9 @@ impl Loans {
                     return None;
                 }
                 loan.users += 1;
-                loan.idle_since = None;
+                if loan.idle_since.take().is_some() {
+                    self.idle -= 1;
+                }
                 held.entry(*id).or_default().lent += 1;
                 Some(*loan)
             })
@@ -279,6 +296,16 @@ impl Loans {
             return (!loan.lost).then_some((loan.owner, id));
         }
         loan.idle_since = Some(now);
+        self.idle += 1;
+        self.idle_order.push_back((now, id));
+        // Skipped entries pile up behind a young one under churn (a loan
+        // got and released again and again): drop them once they are
+        // most of the queue, amortised O(1) per entry.
+        if self.idle_order.len() > 2 * self.idle + 1024 {
+            let loans = &self.loans;
+            self.idle_order
+                .retain(|(at, id)| is_current(loans, *at, id));
+        }
         None
     }
 
@@ -291,6 +318,7 @@ impl Loans {
     /// how many loans that was.
     pub fn owner_lost(&mut self, owner: u32) -> usize {
         let mut lost = 0;
+        let idle = &mut self.idle;
         self.loans.retain(|_, loan| {
             if loan.owner != owner || loan.lost {
                 return true;
@@ -298,6 +326,9 @@ impl Loans {
             lost += 1;
             loan.revoked = true;
             loan.lost = true;
+            if loan.users == 0 {
+                *idle -= 1;
+            }
             loan.users > 0
         });
         lost
@@ -357,6 +388,7 @@ impl Loans {
             };
             if loan.users == 0 {
                 self.loans.remove(id);
+                self.idle -= 1;
                 dropped.push(*id);
             } else {
                 loan.revoked = true;
@@ -376,34 +408,26 @@ impl Loans {
             }
             !idle
         });
+        self.idle -= dropped.len();
         dropped
     }
 
     /// Loans idle for longer than `linger`, and the longest idle beyond
     /// [`MAX_IDLE`] (a get that touched many objects once pins them only so
-    /// far), dropped here: release them. Called every heartbeat tick.
+    /// far), dropped here: release them. Called every heartbeat tick; looks
+    /// at the longest idle only.
     pub fn expired(&mut self) -> Vec<Returned> {
-        let linger = self.linger;
+        let now = Instant::now();
         let mut out = Vec::new();
-        let mut idle = 0;
-        self.loans.retain(|id, loan| {
-            let expired = loan.idle_since.is_some_and(|t| t.elapsed() >= linger);
-            if expired {
-                out.push((loan.owner, *id));
-            } else if loan.idle_since.is_some() {
-                idle += 1;
+        while let Some(&(at, id)) = self.idle_order.front() {
+            let current = is_current(&self.loans, at, &id);
+            if current && now.duration_since(at) < self.linger && self.idle <= self.max_idle {
+                break;
             }
-            !expired
-        });
-        if idle > self.max_idle {
-            let mut oldest: Vec<(Instant, ObjectId)> = self
-                .loans
-                .iter()
-                .filter_map(|(id, loan)| loan.idle_since.map(|t| (t, *id)))
-                .collect();
-            oldest.sort_unstable();
-            for (_, id) in oldest.into_iter().take(idle - self.max_idle) {
-                let loan = self.loans.remove(&id).expect("listed just above");
+            self.idle_order.pop_front();
+            if current {
+                let loan = self.loans.remove(&id).expect("a current entry's loan");
+                self.idle -= 1;
                 out.push((loan.owner, id));
             }
         }
@@ -414,11 +438,15 @@ impl Loans {
     /// incarnation. Returns how many local references that was.
     pub fn forget_owner(&mut self, owner: u32) -> usize {
         let mut forgotten = 0;
-        let mut lent_gone = Vec::new();
+        let mut lent_gone = foldhash::HashSet::default();
+        let idle = &mut self.idle;
         self.loans.retain(|id, loan| {
             let gone = loan.owner == owner;
             if gone {
-                lent_gone.push(*id);
+                lent_gone.insert(*id);
+                if loan.users == 0 {
+                    *idle -= 1;
+                }
             }
             !gone
         });
@@ -443,6 +471,11 @@ impl Loans {
     pub fn len(&self) -> usize {
         self.loans.len()
     }
+}
+
+/// Whether the idle-order entry (`at`, `id`) is its loan's current one.
+fn is_current(loans: &HashMap<ObjectId, Loan>, at: Instant, id: &ObjectId) -> bool {
+    loans.get(id).is_some_and(|l| l.idle_since == Some(at))
 }
 
 #[cfg(test)]
@@ -676,5 +709,107 @@ mod tests {
         // Revoke numbers start again with the new incarnation.
         l.acquired(1, id(4), grant(2, 8, 0), true);
         assert_eq!(l.len(), 2);
+    }
+
+    /// The idle bookkeeping agrees with the loans themselves.
+    fn check_idle(l: &Loans) {
+        let idle: Vec<_> = l.loans.iter().filter(|(_, x)| x.users == 0).collect();
+        assert_eq!(l.idle, idle.len(), "idle count");
+        for (id, loan) in idle {
+            let at = loan.idle_since.expect("an idle loan has its time");
+            assert!(
+                l.idle_order.contains(&(at, *id)),
+                "an idle loan is in the order"
+            );
+        }
+        assert!(l
+            .loans
+            .values()
+            .all(|x| (x.users == 0) == x.idle_since.is_some()));
+    }
+
+    #[test]
+    fn a_loan_used_again_expires_a_linger_after_its_last_release() {
+        let mut l = Loans::new(Duration::from_millis(40));
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        l.release(1, &[id(1)]);
+        std::thread::sleep(Duration::from_millis(30));
+        l.borrow(1, &[id(1)], always)[0].unwrap();
+        l.release(1, &[id(1)]);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(l.expired().is_empty(), "idle 20 ms, not 50");
+        check_idle(&l);
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(l.expired(), vec![(2, id(1))]);
+        assert!(l.idle_order.is_empty());
+        check_idle(&l);
+    }
+
+    #[test]
+    fn the_idle_order_stays_bounded_under_churn() {
+        let mut l = loans();
+        l.acquired(1, id(1), grant(2, 7, 0), true);
+        l.acquired(1, id(2), grant(2, 7, 0), true);
+        l.release(1, &[id(2)]); // a young idle loan at the front
+        for _ in 0..10_000 {
+            l.release(1, &[id(1)]);
+            l.borrow(1, &[id(1)], always)[0].unwrap();
+        }
+        assert!(
+            l.idle_order.len() <= 2 * l.idle + 1025,
+            "{}",
+            l.idle_order.len()
+        );
+        check_idle(&l);
+        assert!(l.expired().is_empty());
+    }
+
+    #[test]
+    fn idle_bookkeeping_holds_through_any_sequence_of_operations() {
+        let mut l = loans();
+        l.max_idle = 5;
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut revokes = 0;
+        for _ in 0..20_000 {
+            let (client, n, owner) = (next(3) as u32, next(12) as u8, 1 + next(3) as u32);
+            match next(10) {
+                0..=2 => l.acquired(client, id(n), grant(owner, 7, revokes), next(4) > 0),
+                3..=4 => {
+                    l.borrow(client, &[id(n)], always);
+                }
+                5..=6 => {
+                    l.release(client, &[id(n)]);
+                }
+                7 => match next(5) {
+                    0 => {
+                        revokes += 1;
+                        l.revoke(owner, revokes, &[id(n)]);
+                    }
+                    1 => {
+                        l.give_back_idle(owner);
+                    }
+                    2 => {
+                        l.owner_lost(owner);
+                    }
+                    3 => {
+                        l.forget_owner(owner);
+                    }
+                    _ => {
+                        l.drop_client(client);
+                    }
+                },
+                _ => {
+                    l.expired();
+                    assert!(l.idle <= l.max_idle, "the cap holds after a tick");
+                }
+            }
+            check_idle(&l);
+        }
     }
 }
