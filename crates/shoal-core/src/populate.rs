@@ -140,6 +140,8 @@ fn run(work: mpsc::Receiver<Job>) {
     }
     for job in work {
         match job {
+            // Nobody maps it any more (the client went away): drop it.
+            Job::Populate { map, .. } if Arc::strong_count(&map) == 1 => {}
             Job::Populate { map, offset, len } => {
                 // A piece at a time: populating holds the process's mmap
                 // lock, which the caller's own mmap/munmap (an allocator
@@ -165,7 +167,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_range_handed_over_keeps_its_mapping_until_populated() {
+    fn a_mapping_dropped_while_its_range_waits_stays_mapped_until_the_job_goes() {
         let map = Arc::new(
             memmap2::MmapOptions::new()
                 .len(8 << 20)
@@ -179,7 +181,7 @@ mod tests {
         populate_for_reading(&map, usize::MAX, 2);
         populate_for_reading(&map, 0, 0);
         let base = map.as_mut_ptr() as usize;
-        drop(map); // the job still holds it
+        drop(map); // the jobs hold it until they are done or skipped
         settle();
         assert_ne!(base, 0);
     }
