@@ -186,7 +186,12 @@ def start_server(kind, sock, errlog, plasma_python):
             )
         time.sleep(0.01)
     if kind == "shoal" and WAIT_RESIDENT:
-        wait_resident(sock)
+        try:
+            wait_resident(sock)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
     return proc
 
 

@@ -12,13 +12,16 @@
 //! nothing waits for it.
 
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 use memmap2::MmapRaw;
 
 /// Faults in `[ptr, ptr + len)` of a shared mapping with one system call
 /// (MADV_POPULATE_WRITE / _READ, Linux ≥ 5.14), which costs a fraction of
-/// taking the faults one page at a time. Falls back to touching each page.
+/// taking the faults one page at a time. Falls back to touching each page
+/// only where the kernel lacks the call (EINVAL): other failures (EFAULT: a
+/// hugetlbfs region out of huge pages, a poisoned page) are where a touch
+/// would raise SIGBUS, so the range is left to fault, or fail, when used.
 ///
 /// # Safety
 /// The range must lie inside a live mapping of the caller's (writable if `write`).
@@ -35,7 +38,7 @@ pub unsafe fn populate(ptr: *mut u8, len: usize, write: bool) {
     };
     // SAFETY: page-aligned range inside the caller's mapping; madvise only faults pages in.
     let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
-    if rc != 0 {
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
         // Old kernel: take the faults by reading. Never write back: other
         // processes may be writing these pages right now.
         let mut at = start;
@@ -60,14 +63,15 @@ pub fn page_size() -> usize {
 /// Populates `[offset, offset + len)` of `map` for reading on the process's
 /// populating thread, or here when there is none (it could not be started,
 /// or this process is a fork of the one that started it). The job holds the
-/// mapping: it stays mapped until the range is done.
+/// mapping weakly: a mapping its client dropped is skipped (and unmapped),
+/// one still held stays mapped while its range is populated.
 pub fn populate_for_reading(map: &Arc<MmapRaw>, offset: usize, len: usize) {
     if len == 0 || offset.checked_add(len).is_none_or(|end| end > map.len()) {
         return;
     }
     if let Some(thread) = populating_thread() {
         let job = Job::Populate {
-            map: Arc::clone(map),
+            map: Arc::downgrade(map),
             offset,
             len,
         };
@@ -93,7 +97,7 @@ pub fn settle() {
 
 enum Job {
     Populate {
-        map: Arc<MmapRaw>,
+        map: Weak<MmapRaw>,
         offset: usize,
         len: usize,
     },
@@ -130,19 +134,22 @@ fn populating_thread() -> Option<&'static PopulatingThread> {
 const PIECE: usize = 256 << 10;
 
 fn run(work: mpsc::Receiver<Job>) {
-    // Spare cycles only (SCHED_IDLE, as the daemon's prefault): on a busy
-    // machine the thread must not take a core from the reader it serves.
-    // SAFETY: sched_setscheduler on the calling thread (0) with a valid
-    // param struct; failure only leaves the priority as it was.
+    // Nice 19: on a busy machine the thread must not take a core from the
+    // reader it serves, yet not SCHED_IDLE, which could leave it preempted
+    // for long while it holds the mmap lock the process's mmap/munmap needs.
+    // SAFETY: setpriority of this thread (its tid) only; failure leaves
+    // the priority as it was.
     unsafe {
-        let param = libc::sched_param { sched_priority: 0 };
-        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 19);
     }
     for job in work {
         match job {
-            // Nobody maps it any more (the client went away): drop it.
-            Job::Populate { map, .. } if Arc::strong_count(&map) == 1 => {}
             Job::Populate { map, offset, len } => {
+                // Nobody maps it any more (the client went away): skip it.
+                let Some(map) = map.upgrade() else {
+                    continue;
+                };
                 // A piece at a time: populating holds the process's mmap
                 // lock, which the caller's own mmap/munmap (an allocator
                 // growing) must not wait behind for a whole object.
@@ -150,7 +157,7 @@ fn run(work: mpsc::Receiver<Job>) {
                 while at < offset + len {
                     let n = PIECE.min(offset + len - at);
                     // SAFETY: checked inside the mapping when scheduled;
-                    // `map` keeps it mapped until this returns.
+                    // the upgraded `map` keeps it mapped until this returns.
                     unsafe { populate(map.as_mut_ptr().add(at), n, false) }
                     at += n;
                 }
@@ -163,26 +170,60 @@ fn run(work: mpsc::Receiver<Job>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
-    fn a_mapping_dropped_while_its_range_waits_stays_mapped_until_the_job_goes() {
-        let map = Arc::new(
-            memmap2::MmapOptions::new()
-                .len(8 << 20)
-                .map_anon()
-                .map(MmapRaw::from)
-                .unwrap(),
+    fn shared_map(len: usize) -> Arc<MmapRaw> {
+        let map = memmap2::MmapOptions::new().len(len).map_anon().unwrap();
+        Arc::new(MmapRaw::from(map))
+    }
+
+    /// Minor page faults this thread took so far (region.rs's tests too).
+    pub(crate) fn minor_faults() -> i64 {
+        // SAFETY: getrusage writes into the struct we own.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        assert_eq!(
+            unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) },
+            0
         );
+        usage.ru_minflt
+    }
+
+    #[test]
+    fn a_range_handed_over_is_populated_by_the_thread_not_the_caller() {
+        let map = shared_map(8 << 20);
+        // SAFETY: inside the mapping; anonymous pages exist once written.
+        unsafe { std::ptr::write_bytes(map.as_mut_ptr(), 1, 8 << 20) };
+        // Fresh page tables for the same pages: a second mapping of them
+        // is not available for anonymous memory, so drop the tables.
+        // SAFETY: MADV_DONTNEED on private anonymous memory zeroes it; the
+        // test only counts faults from here on.
+        unsafe { libc::madvise(map.as_mut_ptr().cast(), 8 << 20, libc::MADV_DONTNEED) };
+        let before = minor_faults();
         populate_for_reading(&map, 4096, 6 << 20);
         // Out of range or empty: ignored.
         populate_for_reading(&map, 8 << 20, 1);
         populate_for_reading(&map, usize::MAX, 2);
         populate_for_reading(&map, 0, 0);
-        let base = map.as_mut_ptr() as usize;
-        drop(map); // the jobs hold it until they are done or skipped
+        assert!(minor_faults() - before < 8, "the caller took the faults");
         settle();
-        assert_ne!(base, 0);
+        let before = minor_faults();
+        let mut sum = 0u64;
+        for at in (4096..(6 << 20)).step_by(4096) {
+            // SAFETY: inside the mapping.
+            sum += u64::from(unsafe { map.as_mut_ptr().add(at).read_volatile() });
+        }
+        assert_eq!(sum, 0);
+        assert!(minor_faults() - before < 8, "populated before the reads");
+    }
+
+    #[test]
+    fn a_range_whose_mapping_was_dropped_is_skipped() {
+        let map = shared_map(4 << 20);
+        populate_for_reading(&map, 0, 4 << 20);
+        let weak = Arc::downgrade(&map);
+        drop(map); // unmapped now: the queued job holds it weakly
+        assert!(weak.upgrade().is_none());
+        settle();
     }
 }

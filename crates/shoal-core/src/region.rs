@@ -549,6 +549,7 @@ unsafe impl Sync for Mapping {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::populate::tests::minor_faults;
 
     #[test]
     fn create_map_share_and_unlink() {
@@ -570,17 +571,6 @@ mod tests {
             "the name is gone as soon as the region is mapped"
         );
         drop(region);
-    }
-
-    /// Minor page faults this thread took so far.
-    fn minor_faults() -> i64 {
-        // SAFETY: getrusage writes into the struct we own.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        assert_eq!(
-            unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) },
-            0
-        );
-        usage.ru_minflt
     }
 
     #[test]

@@ -47,6 +47,8 @@ pub(crate) struct Loan {
     users: u32,
     /// When the last user released it (`None` while in use).
     idle_since: Option<Instant>,
+    /// Which idle period this is (its entry in `Loans::idle_order`).
+    idle_mark: u64,
     /// The owner deleted the object: no new users; returned when unused.
     revoked: bool,
     /// The owner presumably reclaimed the reference (our lease there ran
@@ -95,13 +97,15 @@ pub(crate) struct Loans {
     /// `idle_since`, is counted in `idle` and has a current entry in
     /// `idle_order`.
     loans: HashMap<ObjectId, Loan>,
-    /// Loans in the order they went idle, oldest first: (when, id). An
-    /// entry is current while its loan is still idle since that instant;
+    /// Loans in the order they went idle, oldest first: (when, mark, id).
+    /// An entry is current while its loan is still in that idle period;
     /// the others (used again since, or gone) are skipped when met. Each
     /// heartbeat tick looks only at the front: O(loans expired), not a scan
     /// of every loan with a clock read each (which kept a node that held
     /// 10^5 loans busy in `expired`).
-    idle_order: VecDeque<(Instant, ObjectId)>,
+    idle_order: VecDeque<(Instant, u64, ObjectId)>,
+    /// The last idle period's mark (instants may repeat: a paused clock).
+    idle_marks: u64,
     /// How many loans are idle.
     idle: usize,
     holds: HashMap<ClientId, HashMap<ObjectId, Hold>>,
@@ -120,6 +124,7 @@ impl Loans {
             max_idle: MAX_IDLE,
             loans: HashMap::default(),
             idle_order: VecDeque::new(),
+            idle_marks: 0,
             idle: 0,
             holds: HashMap::default(),
             revokes_heard: HashMap::default(),
@@ -191,6 +196,7 @@ impl Loans {
                 location,
                 users: 1,
                 idle_since: None,
+                idle_mark: 0,
                 revoked: false,
                 lost: false,
             },
@@ -297,14 +303,16 @@ impl Loans {
         }
         loan.idle_since = Some(now);
         self.idle += 1;
-        self.idle_order.push_back((now, id));
+        self.idle_marks += 1;
+        loan.idle_mark = self.idle_marks;
+        self.idle_order.push_back((now, self.idle_marks, id));
         // Skipped entries pile up behind a young one under churn (a loan
         // got and released again and again): drop them once they are
         // most of the queue, amortised O(1) per entry.
         if self.idle_order.len() > 2 * self.idle + 1024 {
             let loans = &self.loans;
             self.idle_order
-                .retain(|(at, id)| is_current(loans, *at, id));
+                .retain(|(_, mark, id)| is_current(loans, *mark, id));
         }
         None
     }
@@ -419,8 +427,8 @@ impl Loans {
     pub fn expired(&mut self) -> Vec<Returned> {
         let now = Instant::now();
         let mut out = Vec::new();
-        while let Some(&(at, id)) = self.idle_order.front() {
-            let current = is_current(&self.loans, at, &id);
+        while let Some(&(at, mark, id)) = self.idle_order.front() {
+            let current = is_current(&self.loans, mark, &id);
             if current && now.duration_since(at) < self.linger && self.idle <= self.max_idle {
                 break;
             }
@@ -473,9 +481,11 @@ impl Loans {
     }
 }
 
-/// Whether the idle-order entry (`at`, `id`) is its loan's current one.
-fn is_current(loans: &HashMap<ObjectId, Loan>, at: Instant, id: &ObjectId) -> bool {
-    loans.get(id).is_some_and(|l| l.idle_since == Some(at))
+/// Whether the idle-order entry (`mark`, `id`) is its loan's current one.
+fn is_current(loans: &HashMap<ObjectId, Loan>, mark: u64, id: &ObjectId) -> bool {
+    loans
+        .get(id)
+        .is_some_and(|l| l.idle_since.is_some() && l.idle_mark == mark)
 }
 
 #[cfg(test)]
@@ -718,7 +728,7 @@ mod tests {
         for (id, loan) in idle {
             let at = loan.idle_since.expect("an idle loan has its time");
             assert!(
-                l.idle_order.contains(&(at, *id)),
+                l.idle_order.contains(&(at, loan.idle_mark, *id)),
                 "an idle loan is in the order"
             );
         }
@@ -730,16 +740,20 @@ mod tests {
 
     #[test]
     fn a_loan_used_again_expires_a_linger_after_its_last_release() {
-        let mut l = Loans::new(Duration::from_millis(40));
+        // Wide margins: a loaded machine may oversleep by tens of ms.
+        let mut l = Loans::new(Duration::from_millis(300));
         l.acquired(1, id(1), grant(2, 7, 0), true);
         l.release(1, &[id(1)]);
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(250));
         l.borrow(1, &[id(1)], always)[0].unwrap();
         l.release(1, &[id(1)]);
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(l.expired().is_empty(), "idle 20 ms, not 50");
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            l.expired().is_empty(),
+            "idle ~100 ms since its last release"
+        );
         check_idle(&l);
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(250));
         assert_eq!(l.expired(), vec![(2, id(1))]);
         assert!(l.idle_order.is_empty());
         check_idle(&l);
