@@ -73,7 +73,6 @@ def environment(env):
 def run_store(store, args, pythons, tmp, env):
     with environment(env):
         table1.WORKLOADS = WORKLOADS
-        table1.WAIT_RESIDENT = True  # the copy limits copy into warm memory too
         return table1.run_store(store, args, pythons, tmp)
 
 
@@ -83,7 +82,6 @@ def serving(store, name, args, pythons, tmp, env):
     _, server_kind, python = table1.STORES[store]
     sock = os.path.join(tmp, f"{name}-{store}.sock")
     with environment(env), open(os.path.join(args.raw_dir, f"raw-{name}-{store}.log"), "w") as errlog:
-        table1.WAIT_RESIDENT = True
         server = table1.start_server(server_kind, sock, errlog, pythons["plasma"])
         try:
             writer = table1.Worker(pythons[python], store, sock, errlog)
@@ -142,6 +140,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(BENCH, "results", "large-objects.md"))
     args = ap.parse_args()
     args.raw_dir = tempfile.mkdtemp(prefix="shoal-large-logs-")
+    table1.WAIT_RESIDENT = True  # the copy limits copy into warm memory too
 
     plasma_python = subprocess.run(
         ["bash", os.path.join(BENCH, "setup_plasma.sh")], stdout=subprocess.PIPE, check=True, text=True
@@ -286,7 +285,7 @@ def main():
         " `memoryview(buf)[:] = src`, seal; Plasma: the same). get: one get_buffers call in a second"
         " process, until the buffers are back. The Stores table's getter lives through all"
         " repetitions; after a 100 MB object was written and read, its caches and TLB are cold,"
-        " which a 1 kB workload does not do to them. The second table starts a getter per get"
+        " which a 1 kB workload does not do to them. The fresh-getter table starts a getter per get"
         " (connected before the timing) and writes a 100 MB ballast object beside the 1 kB one,"
         " so both sizes meet the same state; the read after the get takes the page-table work a"
         " get leaves to the populating thread (docs/architecture.md, Prefaulting).",

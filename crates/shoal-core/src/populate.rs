@@ -173,7 +173,7 @@ fn run(work: mpsc::Receiver<Job>) {
 pub(crate) mod tests {
     use super::*;
 
-    fn shared_map(len: usize) -> Arc<MmapRaw> {
+    fn anon_map(len: usize) -> Arc<MmapRaw> {
         let map = memmap2::MmapOptions::new().len(len).map_anon().unwrap();
         Arc::new(MmapRaw::from(map))
     }
@@ -191,14 +191,8 @@ pub(crate) mod tests {
 
     #[test]
     fn a_range_handed_over_is_populated_by_the_thread_not_the_caller() {
-        let map = shared_map(8 << 20);
-        // SAFETY: inside the mapping; anonymous pages exist once written.
-        unsafe { std::ptr::write_bytes(map.as_mut_ptr(), 1, 8 << 20) };
-        // Fresh page tables for the same pages: a second mapping of them
-        // is not available for anonymous memory, so drop the tables.
-        // SAFETY: MADV_DONTNEED on private anonymous memory zeroes it; the
-        // test only counts faults from here on.
-        unsafe { libc::madvise(map.as_mut_ptr().cast(), 8 << 20, libc::MADV_DONTNEED) };
+        // Fresh anonymous memory: no page tables filled yet.
+        let map = anon_map(8 << 20);
         let before = minor_faults();
         populate_for_reading(&map, 4096, 6 << 20);
         // Out of range or empty: ignored.
@@ -219,7 +213,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_range_whose_mapping_was_dropped_is_skipped() {
-        let map = shared_map(4 << 20);
+        let map = anon_map(4 << 20);
         populate_for_reading(&map, 0, 4 << 20);
         let weak = Arc::downgrade(&map);
         drop(map); // unmapped now: the queued job holds it weakly

@@ -395,36 +395,21 @@ impl Mapping {
         }
         let first = offset / POPULATE_CHUNK;
         let last = (offset + len - 1) / POPULATE_CHUNK;
-        // Runs of chunks this call claimed, populated a run at a time.
-        let mut run: Option<(u64, u64)> = None;
         for chunk in first..=last {
             let (word, bit) = ((chunk / 64) as usize, 1u64 << (chunk % 64));
-            let claimed = self.populated[word].load(Ordering::Relaxed) & bit == 0
-                && self.populated[word].fetch_or(bit, Ordering::Relaxed) & bit == 0;
-            match (claimed, run) {
-                (true, Some((from, to))) if to == chunk => run = Some((from, chunk + 1)),
-                (true, _) => {
-                    if let Some((from, to)) = run {
-                        self.populate_chunks(from, to, write);
-                    }
-                    run = Some((chunk, chunk + 1));
-                }
-                (false, _) => {}
+            // Claimed once: only the caller that sets the bit populates.
+            if self.populated[word].load(Ordering::Relaxed) & bit != 0
+                || self.populated[word].fetch_or(bit, Ordering::Relaxed) & bit != 0
+            {
+                continue;
             }
-        }
-        if let Some((from, to)) = run {
-            self.populate_chunks(from, to, write);
-        }
-    }
-
-    /// Populates chunks `[from, to)` (the last may be short).
-    fn populate_chunks(&self, from: u64, to: u64, write: bool) {
-        let start = from * POPULATE_CHUNK;
-        let end = (to * POPULATE_CHUNK).min(self.len());
-        if write {
-            self.populate(start, end - start, true);
-        } else {
-            populate_for_reading(&self.map, start as usize, (end - start) as usize);
+            let start = chunk * POPULATE_CHUNK;
+            let n = POPULATE_CHUNK.min(self.len() - start);
+            if write {
+                self.populate(start, n, true);
+            } else {
+                populate_for_reading(&self.map, start as usize, n as usize);
+            }
         }
     }
 
