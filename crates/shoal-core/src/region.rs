@@ -168,9 +168,9 @@ impl Region {
     }
 
     /// Faults in the region from its start, chunk by chunk, while the chunk
-    /// begins below `limit()` (asked before each chunk: an elastic store
-    /// populates only up to its current capacity, and the allocator fills
-    /// the region from its start). Returns how many bytes were populated.
+    /// begins below `limit()` (asked before each chunk; 0 stops at once).
+    /// Returns how many bytes were populated. (An elastic daemon populates
+    /// its region through `allocate_pages` instead, following its target.)
     pub fn prefault_up_to(&self, chunk: usize, limit: impl Fn() -> u64) -> u64 {
         let len = self.map.len();
         let mut done = 0;
@@ -210,21 +210,9 @@ impl Region {
     /// For ranges no object occupies (freed by the allocator): shrinking the
     /// capacity frees memory only this way.
     pub fn release_pages(&self, offset: u64, len: u64) -> Result<u64> {
-        let end = offset
-            .checked_add(len)
-            .filter(|&end| end <= self.len())
-            .ok_or_else(|| {
-                ShoalError::invalid(format!(
-                    "release of [{offset}, +{len}) outside a region of {} bytes",
-                    self.len()
-                ))
-            })?;
-        let granule = self.block_size();
-        let start = offset.next_multiple_of(granule);
-        let stop = end - end % granule;
-        if stop <= start {
+        let Some((start, stop)) = self.whole_pages("release", offset, len)? else {
             return Ok(0);
-        }
+        };
         let (start_i, length_i) = (start as libc::off_t, (stop - start) as libc::off_t);
         // SAFETY: fallocate on our own descriptor; KEEP_SIZE leaves the
         // file's length (and so every mapping's extent) unchanged.
@@ -263,8 +251,61 @@ impl Region {
         }
     }
 
+    /// Allocates the memory behind the whole pages inside
+    /// `[offset, offset + len)` (the opposite of
+    /// [`release_pages`](Self::release_pages)): holes get zeroed pages, pages
+    /// already there, and the bytes of every object, are left as they are,
+    /// so a free range may be allocated while the allocator hands it out.
+    /// Through the file (`fallocate`), not a mapping: it takes no memory-map
+    /// lock and fills no page tables. Returns the whole pages' length.
+    pub fn allocate_pages(&self, offset: u64, len: u64) -> Result<u64> {
+        let Some((start, stop)) = self.whole_pages("allocation", offset, len)? else {
+            return Ok(0);
+        };
+        // SAFETY: fallocate (mode 0, KEEP_SIZE) on our own descriptor; it
+        // only adds pages, never changes data or the file's length.
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_KEEP_SIZE,
+                start as libc::off_t,
+                (stop - start) as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            Ok(stop - start)
+        } else {
+            Err(ShoalError::io(
+                &format!(
+                    "allocate [{start}, {stop}) of region {}",
+                    self.path.display()
+                ),
+                std::io::Error::last_os_error(),
+            ))
+        }
+    }
+
+    /// The whole pages (of the file's block size) inside `[offset, offset +
+    /// len)` as `(start, stop)`, `None` if there is none; an error if the
+    /// range leaves the region.
+    fn whole_pages(&self, what: &str, offset: u64, len: u64) -> Result<Option<(u64, u64)>> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= self.len())
+            .ok_or_else(|| {
+                ShoalError::invalid(format!(
+                    "{what} of [{offset}, +{len}) outside a region of {} bytes",
+                    self.len()
+                ))
+            })?;
+        let granule = self.block_size();
+        let start = offset.next_multiple_of(granule);
+        let stop = end - end % granule;
+        Ok((stop > start).then_some((start, stop)))
+    }
+
     /// The unit in which the region's file allocates memory (and frees it).
-    fn block_size(&self) -> u64 {
+    pub fn block_size(&self) -> u64 {
         // SAFETY: fstatfs writes into the struct we own.
         let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
         // SAFETY: our own descriptor and a struct of the right type.
@@ -696,6 +737,45 @@ mod tests {
         assert_eq!(region.release_pages(10, 100).unwrap(), 0, "no whole page");
         assert!(region.release_pages(4 << 20, 1).is_err(), "outside");
         assert!(region.release_pages(u64::MAX, 2).is_err(), "overflow");
+    }
+
+    #[test]
+    fn allocated_pages_fill_holes_and_leave_every_written_byte_alone() {
+        let Some((_dir, region)) = shm_region(4 << 20) else {
+            eprintln!("skipped: no /dev/shm here");
+            return;
+        };
+        let page = page_size() as u64;
+        // SAFETY: inside the 4 MiB mapping.
+        unsafe { std::ptr::write_bytes(region.base().add(1 << 20), 0xCD, 1 << 20) };
+        let written = region.resident_bytes().unwrap();
+        assert!(written >= 1 << 20, "{written}");
+
+        // [100, 3 MiB + 100): the whole pages inside, over the written MiB.
+        let allocated = region.allocate_pages(100, 3 << 20).unwrap();
+        assert_eq!(allocated, (3 << 20) - page);
+        assert_eq!(region.resident_bytes().unwrap(), (3 << 20) - page);
+        // SAFETY: inside the mapping.
+        let byte = |at: u64| unsafe { *region.base().add(at as usize) };
+        assert_eq!(byte(1 << 20), 0xCD, "written bytes stay");
+        assert_eq!(byte((2 << 20) - 1), 0xCD);
+        assert_eq!(byte(page), 0, "a filled hole reads zeros");
+        assert_eq!(byte(2 << 20), 0);
+
+        // Allocating again changes nothing; a release undoes it.
+        region.allocate_pages(0, 3 << 20).unwrap();
+        assert_eq!(region.resident_bytes().unwrap(), 3 << 20);
+        region.release_pages(0, 4 << 20).unwrap();
+        assert_eq!(region.resident_bytes().unwrap(), 0);
+
+        assert_eq!(region.allocate_pages(10, 100).unwrap(), 0, "no whole page");
+        assert!(region.allocate_pages(4 << 20, 1).is_err(), "outside");
+        assert!(region.allocate_pages(u64::MAX, 2).is_err(), "overflow");
+        assert_eq!(
+            region.resident_bytes().unwrap(),
+            0,
+            "a refusal allocates nothing"
+        );
     }
 
     #[test]

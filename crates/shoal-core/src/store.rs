@@ -118,6 +118,10 @@ pub struct StoreStats {
 /// ([`Store::sweep_fast_readers`]).
 pub const FAST_READERS: ClientId = ClientId::MAX;
 
+/// Objects [`Store::record_fast_reads`] looks at per call: bounded work on
+/// the daemon's thread (a few µs); a larger store is covered over calls.
+const FAST_READ_SCAN: usize = 4096;
+
 /// What one client holds: references per object and the objects it is writing.
 #[derive(Default)]
 struct ClientState {
@@ -167,6 +171,10 @@ pub struct Store {
     adopted: HashMap<u32, Slot>,
     /// Bytes lent to clients and not sealed yet (allocated, in no object).
     lent_bytes: u64,
+    /// [`Store::record_fast_reads`]: where its next call goes on, and the
+    /// clients' fast-path gets when its last call began.
+    fast_read_cursor: usize,
+    fast_gets_looked_at: u64,
     /// The number the next lease gets (unique in this store's life).
     next_lease: u64,
 }
@@ -198,6 +206,8 @@ impl Store {
             gate: None,
             space_changed: false,
             events: Vec::new(),
+            fast_read_cursor: 0,
+            fast_gets_looked_at: 0,
             readers: None,
             adopted: HashMap::new(),
             lent_bytes: 0,
@@ -710,6 +720,74 @@ impl Store {
         }
     }
 
+    /// Records the reads clients made through the fast path since the last
+    /// look, as their gets would have been recorded had they come through
+    /// the socket (the access clock, the policy's touch), for up to
+    /// [`FAST_READ_SCAN`] objects from where the last call stopped. The
+    /// daemon calls it every few milliseconds: fast-path gets are invisible
+    /// to the store when they happen, and without it a policy that times
+    /// reads (forecast) would see them only when it picks the object as a
+    /// victim (second chance), all at that moment. Nothing to do (and no
+    /// object looked at) when no client got anything since the last call.
+    /// Returns how many reads were recorded.
+    pub fn record_fast_reads(&mut self) -> usize {
+        let Some(gets) = self.readers.as_ref().map(Readers::gets) else {
+            return 0;
+        };
+        if gets == self.fast_gets_looked_at && self.fast_read_cursor == 0 {
+            return 0;
+        }
+        self.fast_gets_looked_at = gets;
+        // A read changes no room: waiters for space are not woken for it.
+        let space_changed = self.space_changed;
+        let bound = self.table.slot_bound();
+        let (mut at, mut looked, mut recorded) = (self.fast_read_cursor, 0, 0);
+        while at < bound && looked < FAST_READ_SCAN {
+            let slot = at as Slot;
+            at += 1;
+            let Some(position) = self
+                .table
+                .get(slot)
+                .filter(|e| e.is_visible())
+                .and_then(Entry::fast_position)
+            else {
+                continue;
+            };
+            looked += 1;
+            let readers = self.readers.as_mut().expect("checked above");
+            if readers.read_since_last_look(position) {
+                self.record_read(slot);
+                recorded += 1;
+            }
+        }
+        self.fast_read_cursor = if at < bound { at } else { 0 };
+        self.space_changed = space_changed;
+        recorded
+    }
+
+    /// A read of `slot` the store learned of after the fact: timed now on
+    /// the access clock and told to the policy, as a get would have been.
+    fn record_read(&mut self, slot: Slot) {
+        let candidate = Self::is_candidate(self.table.get(slot).expect("live slot"));
+        if candidate {
+            self.drop_candidate(slot);
+        }
+        self.time_read(slot);
+        if candidate {
+            let len = self.block_of(self.table.get(slot).expect("live")).len;
+            self.add_candidate(slot, len);
+        }
+    }
+
+    /// Times a read of `slot` on the access clock and tells the policy (a
+    /// candidate must be out of the policy meanwhile: its reads go in anew).
+    fn time_read(&mut self, slot: Slot) {
+        self.access_clock += 1;
+        let now = self.access_clock;
+        self.table.get_mut(slot).expect("live").access.record(now);
+        self.policy.touch(slot);
+    }
+
     /// Evicts a candidate as the gate decides. Returns the bytes held (0 if
     /// its memory was freed at once), or `None` when it stays: a fast-path
     /// reader holds it, or (with `second_chance`) one read it since the
@@ -718,10 +796,8 @@ impl Store {
     fn evict_slot(&mut self, slot: Slot, second_chance: bool) -> Option<u64> {
         self.drop_candidate(slot);
         if second_chance && self.read_through_fast_path(slot) {
-            self.access_clock += 1;
-            let now = self.access_clock;
-            self.table.get_mut(slot).expect("live").access.record(now);
-            self.policy.touch(slot);
+            // Out of the policy since the top: a candidate again with the read.
+            self.time_read(slot);
             let len = self.block_of(self.table.get(slot).expect("live")).len;
             self.add_candidate(slot, len);
             return None;

@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -192,7 +192,14 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     // After the tiers: a shrink's victims go down a tier from its first step.
     let elastic = match &config.elastic {
         Some(elastic_config) => {
-            match Elastic::start(elastic_config, node.clone(), cluster.clone(), &supervisor) {
+            let started = Elastic::start(
+                elastic_config,
+                node.clone(),
+                cluster.clone(),
+                &supervisor,
+                config.prefault,
+            );
+            match started {
                 Ok(elastic) => Some(elastic),
                 Err(err) => {
                     supervisor.shutdown().await;
@@ -236,14 +243,10 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         observed => observed.map(drop),
     };
     let prefault_stop = Arc::new(AtomicBool::new(false));
-    // An elastic store populates its region only up to its current target.
-    let prefault_limit = elastic.as_ref().map_or_else(
-        || Arc::new(AtomicU64::new(u64::MAX)),
-        |e| e.prefault_limit(),
-    );
-    let prefault = config
-        .prefault
-        .then(|| spawn_prefault(node.region(), prefault_stop.clone(), prefault_limit));
+    // An elastic store's controller populates the region itself, up to its
+    // target and again after shrinks (elastic/populate.rs).
+    let prefault = (config.prefault && elastic.is_none())
+        .then(|| spawn_prefault(node.region(), prefault_stop.clone()));
     if started.is_ok() {
         serve_clients(&ops, listener, &config, &shutdown).await;
     }
@@ -341,11 +344,7 @@ async fn serve_clients(
 }
 
 /// Faults the region in from a helper thread so the socket is ready at once.
-fn spawn_prefault(
-    region: &Arc<Region>,
-    stop: Arc<AtomicBool>,
-    limit: Arc<AtomicU64>,
-) -> std::thread::JoinHandle<()> {
+fn spawn_prefault(region: &Arc<Region>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
     let region = region.clone();
     std::thread::Builder::new()
         .name("shoal-prefault".into())
@@ -355,7 +354,7 @@ fn spawn_prefault(
                 if stop.load(Ordering::Relaxed) {
                     0
                 } else {
-                    limit.load(Ordering::Relaxed)
+                    u64::MAX
                 }
             });
             tracing::debug!(bytes = done, elapsed = ?started.elapsed(), "region prefaulted");

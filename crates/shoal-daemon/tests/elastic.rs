@@ -129,6 +129,19 @@ fn wait_for(
     }
 }
 
+/// A controller stepping every 20 ms on the node `meminfo` describes, with
+/// U_max the whole store.
+fn fast_controller(meminfo: &Path) -> ElasticConfig {
+    let mut elastic = ElasticConfig::default();
+    elastic.controller.interval = Duration::from_millis(20);
+    elastic.controller.max_fraction = 1.0;
+    elastic.source = SourceChoice::Files {
+        meminfo: meminfo.to_path_buf(),
+        pressure: None,
+    };
+    elastic
+}
+
 /// A /proc/meminfo of `total` bytes with `used` in use.
 fn write_meminfo(path: &Path, total: u64, used: u64) {
     let text = format!(
@@ -149,13 +162,7 @@ fn a_burst_shrinks_the_store_down_a_tier_frees_its_pages_and_it_grows_back() {
     let total = GIB;
     write_meminfo(&meminfo, total, 300 * MIB);
     let capacity = 64 * MIB;
-    let mut elastic = ElasticConfig::default();
-    elastic.controller.interval = Duration::from_millis(20);
-    elastic.controller.max_fraction = 1.0;
-    elastic.source = SourceChoice::Files {
-        meminfo: meminfo.clone(),
-        pressure: None,
-    };
+    let elastic = fast_controller(&meminfo);
     let daemon = elastic_daemon(dir.path(), capacity, elastic);
     let mut client = daemon.client();
     let (calm, _) = wait_for(&mut client, Duration::from_secs(5), "steps", |r| {
@@ -223,6 +230,15 @@ fn a_burst_shrinks_the_store_down_a_tier_frees_its_pages_and_it_grows_back() {
         |r| r.target == capacity && r.capacity == capacity && !r.over_target,
     );
     eprintln!("grew back in {regrowth:?}: {grown:#?}");
+    // The region's memory comes back ahead of use: allocated up to the
+    // target while nothing is restored into it yet.
+    let (refilled, _) = wait_for(
+        &mut client,
+        Duration::from_secs(5),
+        "the region populated up to the target",
+        |r| r.resident + 8 * MIB >= r.target,
+    );
+    assert!(refilled.used <= 2 * MIB, "not by restores: {refilled:?}");
     client.release(&held).unwrap();
     let extra = ObjectId::random();
     client.put(extra, &pattern(&extra, 1000), b"").unwrap();
@@ -238,19 +254,39 @@ fn a_burst_shrinks_the_store_down_a_tier_frees_its_pages_and_it_grows_back() {
 }
 
 #[test]
+fn without_prefault_an_elastic_region_fills_only_as_it_is_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let meminfo = dir.path().join("meminfo");
+    write_meminfo(&meminfo, GIB, 300 * MIB);
+    let capacity = 64 * MIB;
+    let elastic = fast_controller(&meminfo);
+    let daemon = elastic_daemon_with(dir.path(), capacity, elastic, false);
+    let mut client = daemon.client();
+    wait_for(&mut client, Duration::from_secs(5), "steps", |r| {
+        r.steps >= 10
+    });
+    let id = ObjectId::random();
+    client
+        .put(id, &pattern(&id, 4 * MIB as usize), b"")
+        .unwrap();
+    let (report, _) = wait_for(&mut client, Duration::from_secs(5), "steps", |r| {
+        r.steps >= 20
+    });
+    assert_eq!(report.target, capacity);
+    assert!(
+        report.resident <= 6 * MIB,
+        "nothing populated ahead of use: {report:?}"
+    );
+}
+
+#[test]
 fn with_prefetch_a_regrown_store_brings_back_the_victims_read_last_within_its_budget() {
     let dir = tempfile::tempdir().unwrap();
     let meminfo = dir.path().join("meminfo");
     let total = GIB;
     write_meminfo(&meminfo, total, 300 * MIB);
     let capacity = 64 * MIB;
-    let mut elastic = ElasticConfig::default();
-    elastic.controller.interval = Duration::from_millis(20);
-    elastic.controller.max_fraction = 1.0;
-    elastic.source = SourceChoice::Files {
-        meminfo: meminfo.clone(),
-        pressure: None,
-    };
+    let mut elastic = fast_controller(&meminfo);
     // Room for 16 of the 24 objects below (each 1 MiB − 63 bytes).
     elastic.prefetch = 16 * MIB;
     let daemon = elastic_daemon(dir.path(), capacity, elastic);

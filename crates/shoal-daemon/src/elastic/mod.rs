@@ -6,6 +6,7 @@
 //! - `config.rs`: what a daemon is configured with;
 //! - `sampler.rs`: where v_i, M and the pressure are read;
 //! - `release.rs`: hole punching over the region's free ranges;
+//! - `populate.rs`: the region's memory allocated back up to the target;
 //! - `prefetch.rs`: a shrink's victims brought back when it grows again;
 //! - this file: the loop, its state, and what it shows (`shoal stat`,
 //!   metrics, the trace).
@@ -21,14 +22,13 @@
 //! the reason) instead of pushing the node into swap.
 
 mod config;
+mod populate;
 mod prefetch;
 mod release;
 mod sampler;
 
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shoal_core::capacity::{CapacityTrace, Controller, ControllerState, MemorySample, TracePoint};
@@ -36,6 +36,7 @@ use shoal_core::error::Result;
 use shoal_core::protocol::CapacityReport;
 
 pub use config::{ElasticConfig, SourceChoice};
+use populate::Populator;
 pub use prefetch::Restorer;
 use prefetch::{InMemory, Prefetch};
 use sampler::Sampler;
@@ -49,6 +50,12 @@ use crate::supervisor::Supervisor;
 /// few pages at a time is not worth a pass.
 const RELEASE_SLACK: u64 = 2 << 20;
 
+/// The region is populated back up to the target only this long after the
+/// store last shrank: longer than a burst's steps are apart (1 s in the
+/// seed's HPCC profile), shorter than the ~2 s after which a hypervisor
+/// with free page reporting has taken the freed memory back.
+const POPULATE_AFTER_SHRINK: Duration = Duration::from_millis(1500);
+
 /// Failing reads are logged once per this many, not every 100 ms.
 const READ_ERROR_LOG_EVERY: u64 = 600;
 
@@ -59,8 +66,11 @@ pub struct Elastic {
     sampler: Sampler,
     trace: RefCell<CapacityTrace>,
     started: Instant,
-    /// The prefault thread populates the region only below this (the target).
-    prefault_limit: Arc<AtomicU64>,
+    /// Keeps the region's memory allocated up to the target (`None`: the
+    /// region fills as it is used, `--no-prefault`).
+    populator: Option<Populator>,
+    /// When a step last lowered the capacity.
+    last_shrink: Cell<Option<Instant>>,
     over_target: Cell<bool>,
     steps: Cell<u64>,
     released: Cell<u64>,
@@ -79,12 +89,15 @@ pub struct Elastic {
 impl Elastic {
     /// Validates the configuration, reads the source once (a daemon that
     /// cannot read its node's memory refuses to start rather than run
-    /// blind) and starts the loop under `supervisor`.
+    /// blind) and starts the loop under `supervisor`. With `populate_ahead`
+    /// (the daemon's prefault) the region's memory is allocated up to the
+    /// target, at start and whenever the store grows back.
     pub fn start(
         config: &ElasticConfig,
         node: Rc<Node>,
         cluster: Option<Rc<Cluster>>,
         supervisor: &Supervisor,
+        populate_ahead: bool,
     ) -> Result<Rc<Self>> {
         let mut controller_config = config.controller.clone();
         // The store's configured capacity (at most the mapped memory) is
@@ -119,6 +132,10 @@ impl Elastic {
         if let Some(prefetch) = &prefetch {
             node.listen(prefetch.clone());
         }
+        let populated = node.metrics().controller.populated_bytes.clone();
+        let populator = populate_ahead
+            .then(|| Populator::start(initial, populated))
+            .flatten();
         let elastic = Rc::new(Self {
             node,
             cluster,
@@ -126,7 +143,8 @@ impl Elastic {
             sampler,
             trace: RefCell::new(CapacityTrace::new(config.trace_points)),
             started: Instant::now(),
-            prefault_limit: Arc::new(AtomicU64::new(initial)),
+            populator,
+            last_shrink: Cell::new(None),
             over_target: Cell::new(false),
             steps: Cell::new(0),
             released: Cell::new(0),
@@ -155,11 +173,6 @@ impl Elastic {
     /// The daemon's operations, for prefetch restores.
     pub fn attach(&self, restorer: Weak<dyn Restorer>) {
         *self.restorer.borrow_mut() = Some(restorer);
-    }
-
-    /// The bound the prefault thread populates the region up to.
-    pub fn prefault_limit(&self) -> Arc<AtomicU64> {
-        self.prefault_limit.clone()
     }
 
     /// One control step: sample, step the law, apply, give memory back.
@@ -210,6 +223,23 @@ impl Elastic {
     fn apply(&self, sample: &MemorySample, state: &ControllerState) {
         let target = state.target;
         let before = self.node.read(|s| s.capacity());
+        if target < before {
+            self.last_shrink.set(Some(Instant::now()));
+        }
+        if let Some(populator) = &self.populator {
+            // First: a shrink stops a pass under way before pages are
+            // punched. A pass starts only once the store has not shrunk for
+            // a while: a burst grows in steps, and filling the region
+            // between them made each step cross the threshold further
+            // (shrink reaction p99 0.5–1.0 s instead of ~0.1 s).
+            let quiet = self
+                .last_shrink
+                .get()
+                .is_none_or(|at| at.elapsed() >= POPULATE_AFTER_SHRINK);
+            populator.follow(self.node.region(), target, quiet, || {
+                self.node.read(|s| s.free_ranges().collect())
+            });
+        }
         // Carrying a shrink out (evicting, giving pages back) is counted
         // apart from the law's own cost.
         let evicting = thread_cpu_time();
@@ -230,7 +260,6 @@ impl Elastic {
         }
         self.node.set_capacity(target);
         let mut release_cpu = thread_cpu_time().saturating_sub(evicting);
-        self.prefault_limit.store(target, Ordering::Relaxed);
         let (capacity, used, pinned) = self.node.read(|s| (s.capacity(), s.used(), s.pinned()));
         if capacity >= before {
             self.refill(capacity.saturating_sub(used));

@@ -141,6 +141,7 @@ pub struct ControllerGauges {
     pub steps: Counter,
     pub urgent_steps: Counter,
     pub released_bytes: Counter,
+    pub populated_bytes: Counter,
     pub prefetched: Counter,
     pub cpu_seconds: Counter<f64, AtomicU64>,
     pub release_cpu_seconds: Counter<f64, AtomicU64>,
@@ -206,6 +207,11 @@ impl ControllerGauges {
             "shoal_released_bytes",
             "Bytes of the region's free ranges given back to the kernel",
             self.released_bytes.clone(),
+        );
+        registry.register(
+            "shoal_populated_bytes",
+            "Bytes of the region's memory allocated ahead of use, up to the capacity target (again after a shrink)",
+            self.populated_bytes.clone(),
         );
         registry.register(
             "shoal_prefetched_objects",

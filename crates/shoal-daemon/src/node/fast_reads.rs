@@ -1,8 +1,11 @@
-//! The fast path's housekeeping on the daemon's side: objects the store kept
-//! because a client held them through the shared index (it found that out
-//! when it wanted their memory) are given back once their readers let go.
-//! Clients release fast-path references without telling the daemon, so the
-//! daemon looks, every [`SWEEP_EVERY`] while it keeps any.
+//! The fast path's housekeeping on the daemon's side, every [`SWEEP_EVERY`]:
+//! - objects the store kept because a client held them through the shared
+//!   index (it found that out when it wanted their memory) are given back
+//!   once their readers let go: clients release fast-path references
+//!   without telling the daemon, so the daemon looks while it keeps any;
+//! - the reads clients made through the index since the last tick are
+//!   recorded as gets (`Store::record_fast_reads`), so the eviction policy
+//!   sees when objects were read, to within a tick.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -31,6 +34,7 @@ pub fn spawn_sweeper(node: &Rc<Node>, supervisor: &Supervisor) {
             if node.read(|s| s.kept_for_fast_readers()) > 0 {
                 node.mutate(|s| s.sweep_fast_readers());
             }
+            node.mutate(|s| s.record_fast_reads());
         }
     });
 }
