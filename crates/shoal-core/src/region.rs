@@ -183,13 +183,13 @@ impl Region {
         done as u64
     }
 
-    /// [`prefault_up_to`](Self::prefault_up_to) from a thread that only runs
-    /// when no other thread wants its core (SCHED_IDLE), in chunks of
+    /// [`prefault`](Self::prefault) from a thread that only runs when no
+    /// other thread wants its core (SCHED_IDLE), in chunks of
     /// [`POPULATE_CHUNK`] (a populate holds the process's memory map lock,
     /// which the daemon's own allocations may need), so faulting the region
     /// in does not delay requests: the calling thread keeps that policy.
-    /// `limit()` = 0 stops it.
-    pub fn prefault_in_background(&self, limit: impl Fn() -> u64) -> u64 {
+    /// Stops when `keep_going()` turns false.
+    pub fn prefault_in_background(&self, keep_going: impl Fn() -> bool) -> u64 {
         let chunk = POPULATE_CHUNK as usize;
         // SAFETY: sched_setscheduler on the calling thread (0) with a valid
         // param struct; failure only leaves the priority as it was.
@@ -197,7 +197,7 @@ impl Region {
             let param = libc::sched_param { sched_priority: 0 };
             libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
         }
-        self.prefault_up_to(chunk, limit)
+        self.prefault(chunk, keep_going)
     }
 
     /// Gives the memory behind `[offset, offset + len)` back to the kernel:
@@ -305,7 +305,7 @@ impl Region {
     }
 
     /// The unit in which the region's file allocates memory (and frees it).
-    pub fn block_size(&self) -> u64 {
+    fn block_size(&self) -> u64 {
         // SAFETY: fstatfs writes into the struct we own.
         let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
         // SAFETY: our own descriptor and a struct of the right type.

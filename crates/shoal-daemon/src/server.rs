@@ -350,13 +350,7 @@ fn spawn_prefault(region: &Arc<Region>, stop: Arc<AtomicBool>) -> std::thread::J
         .name("shoal-prefault".into())
         .spawn(move || {
             let started = Instant::now();
-            let done = region.prefault_in_background(|| {
-                if stop.load(Ordering::Relaxed) {
-                    0
-                } else {
-                    u64::MAX
-                }
-            });
+            let done = region.prefault_in_background(|| !stop.load(Ordering::Relaxed));
             tracing::debug!(bytes = done, elapsed = ?started.elapsed(), "region prefaulted");
         })
         .expect("spawn the prefault thread")

@@ -70,6 +70,12 @@ impl Populator {
             busy: busy.clone(),
             populated,
         };
+        // At the daemon's own priority, not nice 19: each call holds the
+        // inode lock the next shrink's punch needs, and a starved thread
+        // preempted inside one held shrinks up for 0.4–1.6 s on a busy
+        // node (bench/results/elastic-cycles-huge-2.md). Its work comes in
+        // short bursts right after the store grows, when it must beat the
+        // hypervisor's page reporting anyway.
         let started = std::thread::Builder::new()
             .name("shoal-fill".into())
             .spawn(move || thread.run(work));
@@ -126,12 +132,6 @@ struct Worker {
 
 impl Worker {
     fn run(self, work: mpsc::Receiver<Job>) {
-        // At the daemon's own priority, not nice 19: each call holds the
-        // inode lock the next shrink's punch needs, and a starved thread
-        // preempted inside one held shrinks up for 0.4–1.6 s on a busy
-        // node (bench/results/elastic-cycles-huge-2.md). Its work comes in
-        // short bursts right after the store grows, when it must beat the
-        // hypervisor's page reporting anyway.
         // A region whose file never allocated (a DAX device) is left to
         // fill as it is used; one that did once (tmpfs) may have been full
         // for a moment, and is tried again at the next growth.
@@ -147,13 +147,15 @@ impl Worker {
 
     /// One pass; false if the region's file refused to allocate.
     fn fill(&self, job: &Job) -> bool {
+        // What the region holds, read once per piece: after it, for the
+        // counter and the next piece's check alike.
+        let Ok(mut resident) = job.region.resident_bytes() else {
+            return false;
+        };
         for range in &job.ranges {
             let mut at = range.offset;
             let end = range.offset + range.len;
             while at < end {
-                let Ok(resident) = job.region.resident_bytes() else {
-                    return false;
-                };
                 if resident.saturating_add(SLACK) >= self.limit.load(Ordering::Relaxed) {
                     return true;
                 }
@@ -164,6 +166,7 @@ impl Worker {
                 }
                 let after = job.region.resident_bytes().unwrap_or(resident);
                 self.populated.inc_by(after.saturating_sub(resident));
+                resident = after;
                 at += n;
             }
         }
