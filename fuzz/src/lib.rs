@@ -248,6 +248,10 @@ pub fn sample_requests() -> Vec<Request> {
         },
         Request::Unlink { name: "a/b".into() },
         Request::Abort { id: ids[1] },
+        Request::Resize {
+            id: ids[0],
+            data_size: 1 << 20,
+        },
         Request::Get {
             timeout_ms: WAIT_FOREVER,
             ids: ids.clone(),

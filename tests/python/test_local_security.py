@@ -151,7 +151,7 @@ s = socket.socket(socket.AF_UNIX)
 s.connect({socket!r})
 s.settimeout(5)
 try:
-    s.sendall(struct.pack("<IHHII", 8, 1, 0, 9, 1))  # Hello, protocol version 9
+    s.sendall(struct.pack("<IHHII", 8, 1, 0, 10, 1))  # Hello, protocol version 10
 except OSError:
     pass  # refused and closed before our Hello
 try:

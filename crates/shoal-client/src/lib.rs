@@ -1194,6 +1194,24 @@ impl Client {
         expect_ok(self.channel.call(&Request::Abort { id })?)
     }
 
+    /// Resizes an unsealed object this client created to `data_size` data
+    /// bytes, in place: a shrink frees the tail at once (true); a growth
+    /// takes the free space right after the object if the store has it
+    /// (true) and otherwise changes nothing (false: create a larger object
+    /// and copy). Objects with metadata, created in lent space (small
+    /// ones) or on another node are refused (`InvalidArgument`).
+    pub fn resize(&mut self, id: ObjectId, data_size: u64) -> Result<bool> {
+        if self.writes.as_ref().is_some_and(|w| w.writing(&id)) {
+            return Err(ShoalError::invalid(format!(
+                "object {id} was created in lent space and cannot be resized"
+            )));
+        }
+        match self.channel.call(&Request::Resize { id, data_size })? {
+            Reply::Bool(resized) => Ok(resized),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Gets objects, waiting up to `timeout_ms` (or [`WAIT_FOREVER`]) for the
     /// ones not sealed yet. Found objects are referenced until released.
     /// Each found object's descriptor says which node's region holds it

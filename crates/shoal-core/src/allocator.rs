@@ -201,6 +201,30 @@ impl Allocator {
         self.by_size.remove(&(len, offset));
     }
 
+    /// Grows allocated `block` in place to `len` bytes (a multiple of the
+    /// line) when the free block right after it holds the difference; false
+    /// (and nothing changed) when it does not. Shrinking is [`free`](Self::free)
+    /// of the tail.
+    pub fn extend(&mut self, block: Block, len: u64) -> bool {
+        debug_assert!(len.is_multiple_of(self.line) && len >= block.len);
+        let extra = len - block.len;
+        if extra == 0 {
+            return true;
+        }
+        let end = block.offset + block.len;
+        match self.by_offset.get(&end) {
+            Some(&free_len) if free_len >= extra => {
+                self.remove_free(end, free_len);
+                if free_len > extra {
+                    self.insert_free(end + extra, free_len - extra);
+                }
+                self.used += extra;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Number of free blocks (a fragmentation measure).
     pub fn free_blocks(&self) -> usize {
         self.by_offset.len()
@@ -238,6 +262,37 @@ mod tests {
         assert_eq!(a.free_blocks(), 1);
         assert_eq!(a.largest_free(), 1024);
         assert_eq!(a.used(), 0);
+    }
+
+    #[test]
+    fn blocks_grow_in_place_into_a_free_neighbour_only() {
+        let mut a = Allocator::new(64 * 10, 64);
+        let x = a.allocate(64).unwrap();
+        assert!(a.extend(x, 64 * 4));
+        assert_eq!((a.used(), a.largest_free()), (256, 64 * 6));
+        let x = Block {
+            offset: 0,
+            len: 256,
+        };
+        let y = a.allocate(64).unwrap();
+        assert_eq!(y.offset, 256);
+        // The neighbour is taken: no growth, nothing changed.
+        assert!(!a.extend(x, 320));
+        assert_eq!(a.used(), 320);
+        // Not enough room after y.
+        assert!(!a.extend(y, 64 * 8));
+        assert!(a.extend(y, 64 * 6));
+        assert_eq!((a.used(), a.free_blocks()), (640, 0));
+        // The tail of a grown block is freed like any block.
+        a.free(Block {
+            offset: 64,
+            len: 192,
+        });
+        a.free(Block {
+            offset: 320,
+            len: 320,
+        });
+        assert_eq!((a.used(), a.free_blocks(), a.largest_free()), (128, 2, 320));
     }
 
     #[test]

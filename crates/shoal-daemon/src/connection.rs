@@ -65,6 +65,7 @@ fn summary(request: &Request) -> (&'static str, Option<shoal_core::ObjectId>, us
         }
         Request::Seal { ids, .. } => ("seal", first(ids)),
         Request::Abort { id } => ("abort", (Some(*id), 1)),
+        Request::Resize { id, .. } => ("resize", (Some(*id), 1)),
         Request::Get { ids, .. } => ("get", first(ids)),
         Request::Release { ids } => ("release", first(ids)),
         Request::Delete { ids } => ("delete", first(ids)),
@@ -250,6 +251,10 @@ impl Connection {
                 let result = self.ops.abort(self.client, &[id]).await;
                 result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
             }
+            Request::Resize { id, data_size } => self
+                .ops
+                .resize(self.client, &id, data_size)
+                .map_or_else(|e| Reply::error(&e), Reply::Bool),
             Request::Get { timeout_ms, ids } => {
                 let found = self
                     .ops

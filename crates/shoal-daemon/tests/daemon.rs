@@ -158,6 +158,48 @@ fn errors_are_typed_and_change_nothing() {
 }
 
 #[test]
+fn unsealed_objects_resize_in_place_and_bad_resizes_change_nothing() {
+    let daemon = Daemon::start(64 * 1024);
+    let mut a = daemon.socket_client();
+    let mut b = daemon.socket_client();
+    let x = ObjectId::random();
+    let at = a.create(x, 16 * 1024, 0, 0).unwrap();
+    let head: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    // SAFETY: our unsealed object of 16 KiB; nobody else writes it.
+    unsafe { std::ptr::copy_nonoverlapping(head.as_ptr(), a.data_ptr(at), head.len()) };
+    // A shrink frees the tail at once.
+    assert!(a.resize(x, 4096).unwrap());
+    assert_eq!(a.stats().unwrap().used, 4096);
+    // A growth takes the free space right after it...
+    assert!(a.resize(x, 32 * 1024).unwrap());
+    // ...but never another object's, nor beyond the capacity.
+    let y = ObjectId::random();
+    b.create(y, 16 * 1024, 0, 0).unwrap();
+    assert!(!a.resize(x, 60 * 1024).unwrap());
+    assert_eq!(a.stats().unwrap().used, 48 * 1024);
+    // Typed refusals, each changing nothing.
+    let kind = |r: Result<bool>| r.unwrap_err().kind();
+    assert_eq!(kind(b.resize(x, 1024)), ErrorKind::NotOwner);
+    assert_eq!(
+        kind(a.resize(ObjectId::random(), 1024)),
+        ErrorKind::ObjectNotFound
+    );
+    assert_eq!(kind(a.resize(x, 1 << 20)), ErrorKind::ObjectTooLarge);
+    let with_meta = ObjectId::random();
+    a.create(with_meta, 1024, 16, 0).unwrap();
+    assert_eq!(kind(a.resize(with_meta, 512)), ErrorKind::InvalidArgument);
+    a.abort(with_meta).unwrap();
+    assert_eq!(a.stats().unwrap().used, 48 * 1024);
+    // Sealed at its new size, its first bytes where they were written.
+    a.seal(&[x], true).unwrap();
+    assert_eq!(kind(a.resize(x, 1024)), ErrorKind::ObjectAlreadySealed);
+    let found = b.get(&[x], 0).unwrap()[0].unwrap().location;
+    assert_eq!((found.offset, found.data_size), (at.offset, 32 * 1024));
+    // SAFETY: referenced by the get above.
+    assert_eq!(unsafe { &b.data(found)[..4096] }, &head[..]);
+}
+
+#[test]
 fn create_waits_for_space_released_by_another_client() {
     let daemon = Daemon::start(64 * 1024);
     let mut holder = daemon.client();

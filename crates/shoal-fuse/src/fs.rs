@@ -8,19 +8,21 @@
 //!   reads are slices of the mapped region. FOPEN_KEEP_CACHE when the object
 //!   is the one this inode's cache was filled from, so repeated reads (and
 //!   mmap) are served by the kernel's page cache without a call here.
-//! - open for writing / create: a private buffer (handles.rs), written as a
-//!   new object under the name at flush (close), fsync and release.
+//! - open for writing / create: a draft (draft.rs): the bytes go straight
+//!   into an unsealed store object that grows with the file, sealed under
+//!   the name at flush (close), fsync and release.
 //!
 //! Concurrency: fuser runs several session threads (`mount.rs`), each
 //! reading requests from its own clone of the /dev/fuse descriptor. The
 //! names, inodes and the table of open files are one lock (`State`), held
 //! for a whole metadata operation so those stay ordered as before; reads
 //! and writes only look their handle up under it and then work on the
-//! handle alone (a sealed object needs no lock, a writer's buffer has its
+//! handle alone (a sealed object needs no lock, a writer's draft has its
 //! own), so I/O on different files, and reads of one file, run in parallel.
-//! Lock order: `state` → a writer → `client`; a commit takes a writer and
-//! then the client without `state`, so it never waits for a metadata
-//! operation that waits for it.
+//! Lock order: `state` → a writer → `drafts` or `client`; a commit takes a
+//! writer and then the drafts connection without `state`, so it never waits
+//! for a metadata operation that waits for it. Drafts have a connection of
+//! their own: a write waiting for room does not hold up lookups and opens.
 //!
 //! Once the daemon is gone every operation answers EIO at once; the mount
 //! itself is ended by `mount.rs`.
@@ -33,9 +35,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    INodeNo, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    TimeOrNow, WriteFlags,
 };
 use libc::c_int;
 use shoal_client::{Client, Located, NameEntry};
@@ -43,15 +45,15 @@ use shoal_core::error::ShoalError;
 use shoal_core::names;
 use shoal_core::ObjectId;
 
+use crate::draft::{Draft, DraftStore};
 use crate::errno::{daemon_gone, errno};
 use crate::handles::{lock, slice_at, Handle, Handles, Sealed, Writer};
 use crate::inodes::Inodes;
+use crate::session::{configure_kernel, BLOCK};
 
 /// How long the kernel may trust an answer about a name. Short: other
 /// clients rename and rewrite names behind the mount's back.
 const TTL: Duration = Duration::from_secs(1);
-/// st_blksize: programs (cp, dd without bs) size their I/O by it.
-const BLOCK: u32 = 1 << 20;
 
 /// What a path is.
 enum Node {
@@ -77,7 +79,13 @@ struct State {
 }
 
 pub struct ShoalFs {
+    /// Metadata, names and readers' objects.
     client: Mutex<Client>,
+    /// Drafts (files being written): their creates may wait for room, and
+    /// a connection answers one call at a time, so lookups, opens and
+    /// reads must not queue behind them. Each draft's object is made,
+    /// resized, sealed and let go on this connection (its creator).
+    drafts: Mutex<Client>,
     state: Mutex<State>,
     /// Largest file: the store's capacity (an object larger than memory
     /// can never be created). Beyond: EFBIG.
@@ -96,6 +104,7 @@ pub struct ShoalFs {
 impl ShoalFs {
     pub fn new(
         client: Client,
+        drafts: Client,
         space_wait_ms: u32,
         alive: Arc<AtomicBool>,
         writeback_cache: bool,
@@ -103,6 +112,7 @@ impl ShoalFs {
         let max_file = client.info().capacity;
         Self {
             client: Mutex::new(client),
+            drafts: Mutex::new(drafts),
             state: Mutex::new(State::default()),
             max_file,
             space_wait_ms,
@@ -176,8 +186,8 @@ impl ShoalFs {
         }
     }
 
-    /// Writes a writer's buffer as the name's new version. Holds only the
-    /// writer (and the client while it puts): other files go on meanwhile.
+    /// Seals a writer's draft as the name's new version. Holds only the
+    /// writer (and the client for each call): other files go on meanwhile.
     fn commit(&self, fh: FileHandle) -> Result<(), c_int> {
         self.check_alive()?;
         let Some(handle) = self.handle(fh) else {
@@ -186,14 +196,22 @@ impl ShoalFs {
         let Handle::Writer(writer) = handle.as_ref() else {
             return Ok(());
         };
-        let mut w = lock(writer);
-        if !w.dirty || w.unlinked {
+        let mut draft = lock(&writer.draft);
+        let (path, dirty, unlinked) = {
+            let info = lock(&writer.info);
+            (info.path.clone(), info.dirty, info.unlinked)
+        };
+        if !dirty || unlinked {
             return Ok(());
         }
-        let id = self.put(&w.path, &w.buf).map_err(|e| self.fail(&e))?;
-        w.dirty = false;
-        let (ino, shared) = (w.ino, w.shared);
-        drop(w);
+        let id = draft.seal(self, &path)?;
+        let (ino, shared) = {
+            let mut info = lock(&writer.info);
+            // A rename or unlink takes the draft first: not meanwhile.
+            info.dirty = false;
+            (info.ino, info.shared)
+        };
+        drop(draft);
         // The kernel's cache of this inode holds what was just written
         // (write-through): a reader may keep it, unless another writer's
         // bytes are in it too.
@@ -206,41 +224,77 @@ impl ShoalFs {
         Ok(())
     }
 
-    /// `Client::put_named` with the copy outside the client's lock: the
-    /// create and the name + seal are calls to the daemon, the copy (the
-    /// whole file, at memory bandwidth) is ours alone, so closes of several
-    /// files copy in parallel while other operations use the client.
-    fn put(&self, name: &str, bytes: &[u8]) -> Result<ObjectId, ShoalError> {
-        let id = ObjectId::random();
-        let dst = {
-            let mut client = lock(&self.client);
-            let location = client.create(id, bytes.len() as u64, 0, self.space_wait_ms)?;
-            let node = client.node();
-            match client.located_ptr_mut(Located::local(node, location)) {
-                Ok(dst) => dst as usize,
-                Err(err) => {
-                    let _ = client.abort(id);
-                    return Err(err);
-                }
-            }
-        };
-        // SAFETY: the object was created above by this client with
-        // `bytes.len()` data bytes at `dst` in our mapping; nobody else
-        // reads or writes it until it is sealed below.
-        unsafe { shoal_core::copy::copy_to_shared(dst as *mut u8, bytes) };
-        let mut client = lock(&self.client);
-        if let Err(err) = client.name(id, name) {
-            let _ = client.abort(id);
-            return Err(err);
+    /// A writer's handle is closed for good: its draft's object goes (an
+    /// unsealed one aborted, a sealed one's reference released).
+    fn finish_writer(&self, writer: &Writer) {
+        let mut draft = lock(&writer.draft);
+        if self.alive.load(Ordering::SeqCst) {
+            draft.finish(self);
+        } else {
+            // The daemon is gone, and with it every object of ours.
+            *draft = Draft::default();
         }
-        // The seal waits for the node's default durability.
-        client.seal_durable(&[id], true, None)?;
-        Ok(id)
     }
 
     fn release_object(&self, id: ObjectId) {
         if self.alive.load(Ordering::SeqCst) {
             let released = lock(&self.client).release(&[id]);
+            if let Err(err) = released {
+                self.fail(&err);
+            }
+        }
+    }
+}
+
+/// Drafts live in the store, through the mount's drafts connection (its
+/// lock taken per call: a draft's copies run without it).
+impl DraftStore for ShoalFs {
+    fn create(&self, data_size: u64, wait: bool) -> Result<(ObjectId, *mut u8), c_int> {
+        let id = ObjectId::random();
+        let wait_ms = if wait { self.space_wait_ms } else { 0 };
+        let mut client = lock(&self.drafts);
+        let location = client
+            .create(id, data_size, 0, wait_ms)
+            .map_err(|e| self.fail(&e))?;
+        let node = client.node();
+        match client.located_ptr_mut(Located::local(node, location)) {
+            Ok(address) => Ok((id, address)),
+            Err(err) => {
+                let _ = client.abort(id);
+                Err(self.fail(&err))
+            }
+        }
+    }
+
+    fn resize(&self, id: ObjectId, data_size: u64) -> Result<bool, c_int> {
+        let resized = lock(&self.drafts).resize(id, data_size);
+        resized.map_err(|e| self.fail(&e))
+    }
+
+    fn seal_named(&self, id: ObjectId, name: &str) -> Result<(), c_int> {
+        let mut client = lock(&self.drafts);
+        client.name(id, name).map_err(|e| self.fail(&e))?;
+        // The seal waits for the node's default durability.
+        client
+            .seal_durable(&[id], false, None)
+            .map_err(|e| self.fail(&e))
+    }
+
+    fn is_sealed(&self, id: ObjectId) -> bool {
+        let sealed = lock(&self.drafts).contains(id);
+        sealed.unwrap_or(false)
+    }
+
+    fn abort(&self, id: ObjectId) {
+        let aborted = lock(&self.drafts).abort(id);
+        if let Err(err) = aborted {
+            self.fail(&err);
+        }
+    }
+
+    fn release(&self, id: ObjectId) {
+        if self.alive.load(Ordering::SeqCst) {
+            let released = lock(&self.drafts).release(&[id]);
             if let Err(err) = released {
                 self.fail(&err);
             }
@@ -283,18 +337,26 @@ impl<'a> Op<'a> {
         Ok(path)
     }
 
-    /// The newest buffer written here for `path`, if a writer has it open:
-    /// (its bytes' length, or a copy of them with `copy`).
+    /// The newest file written here for `path`, if a writer has it open:
+    /// (its length, or a copy of its bytes with `copy`).
     fn open_writer(&self, path: &str, copy: bool) -> Option<(u64, Option<Vec<u8>>)> {
         let mut best: Option<(bool, u64, Option<Vec<u8>>)> = None;
         for writer in self.st.handles.writers() {
-            let w = lock(writer);
-            if w.path != path || w.unlinked {
-                continue;
-            }
-            if best.as_ref().is_none_or(|(dirty, ..)| w.dirty && !dirty) {
-                let bytes = copy.then(|| w.buf.clone());
-                best = Some((w.dirty, w.buf.len() as u64, bytes));
+            let (dirty, len) = {
+                let w = lock(&writer.info);
+                if w.path != path || w.unlinked {
+                    continue;
+                }
+                (w.dirty, w.len)
+            };
+            if best
+                .as_ref()
+                .is_none_or(|(was_dirty, ..)| dirty && !was_dirty)
+            {
+                // A copy waits for a write under way (rare: an open of a
+                // file this mount is writing).
+                let bytes = copy.then(|| lock(&writer.draft).bytes().to_vec());
+                best = Some((dirty, len, bytes));
             }
         }
         best.map(|(_, len, bytes)| (len, bytes))
@@ -344,53 +406,53 @@ impl<'a> Op<'a> {
 
     /// Whether a handle open for writing on this mount has inode `ino`.
     fn writing(&self, ino: u64) -> bool {
-        self.st.handles.writers().any(|w| {
-            let w = lock(w);
-            w.ino == ino && w.writable
-        })
+        self.st.handles.writers().any(|w| lock(&w.info).ino == ino)
     }
 
     /// Opens `path` for writing: its current bytes unless truncated (with
     /// the write-back cache, EBUSY while another handle writes it).
     fn open_writer_handle(&mut self, path: String, ino: u64, truncate: bool) -> Result<u64, c_int> {
-        let buf = if truncate {
-            Vec::new()
-        } else if let Some((_, Some(bytes))) = self.open_writer(&path, true) {
-            bytes
-        } else {
-            let mut client = lock(&self.fs.client);
-            match client.get_named(&path, 0) {
-                Ok((entry, located)) => {
-                    let bytes = client.located_ptr(located).map(|ptr| {
-                        // SAFETY: referenced (the get) until the release below.
-                        unsafe { std::slice::from_raw_parts(ptr, entry.data_size as usize) }
-                            .to_vec()
-                    });
-                    let _ = client.release(&[entry.id]);
-                    drop(client);
-                    bytes.map_err(|e| self.fs.fail(&e))?
-                }
-                Err(err) if errno(&err) == libc::ENOENT && !daemon_gone(&err) => Vec::new(),
-                Err(err) => {
-                    drop(client);
-                    return Err(self.fs.fail(&err));
-                }
-            }
-        };
-        let mut writer = Writer::new(path, ino, buf, truncate);
         if self.fs.writeback_cache && self.writing(ino) {
             // The kernel writes cached pages back through any handle open
             // for writing on the inode: two writers' bytes would mix.
             return Err(libc::EBUSY);
         }
+        let draft = if truncate {
+            Draft::default()
+        } else if let Some((_, Some(bytes))) = self.open_writer(&path, true) {
+            Draft::from_bytes(self.fs, &bytes)?
+        } else {
+            self.draft_of_current(&path)?
+        };
+        let writer = Writer::new(path, ino, draft, truncate);
         for other in self.st.handles.writers() {
-            let mut other = lock(other);
+            let mut other = lock(&other.info);
             if other.ino == ino {
                 other.shared = true;
-                writer.shared = true;
+                lock(&writer.info).shared = true;
             }
         }
-        Ok(self.st.handles.insert(Handle::Writer(Mutex::new(writer))))
+        Ok(self.st.handles.insert(Handle::Writer(writer)))
+    }
+
+    /// A draft starting from the version bound to `path` (empty if none).
+    fn draft_of_current(&self, path: &str) -> Result<Draft, c_int> {
+        let got = lock(&self.fs.client).get_named(path, 0);
+        let (entry, located) = match got {
+            Ok(got) => got,
+            Err(err) if errno(&err) == libc::ENOENT && !daemon_gone(&err) => {
+                return Ok(Draft::default())
+            }
+            Err(err) => return Err(self.fs.fail(&err)),
+        };
+        let ptr = lock(&self.fs.client).located_ptr(located);
+        let draft = ptr.map_err(|e| self.fs.fail(&e)).and_then(|ptr| {
+            // SAFETY: referenced (the get) until the release below.
+            let bytes = unsafe { std::slice::from_raw_parts(ptr, entry.data_size as usize) };
+            Draft::from_bytes(self.fs, bytes)
+        });
+        self.fs.release_object(entry.id);
+        draft
     }
 
     /// Opens the object bound to `path` for reading; `keep_cache` when it
@@ -423,14 +485,18 @@ impl<'a> Op<'a> {
     fn truncate_path(mut self, path: &str, ino: u64, size: u64) -> Result<(), c_int> {
         let fh = self.open_writer_handle(path.to_owned(), ino, false)?;
         let max = self.fs.max_file;
-        let resized = match self.st.handles.get(fh).as_deref() {
-            Some(Handle::Writer(w)) => lock(w).truncate(size, max),
+        let handle = self.st.handles.get(fh);
+        let resized = match handle.as_deref() {
+            Some(Handle::Writer(w)) => w.change(|d| d.truncate(self.fs, size, max)),
             _ => Err(libc::EBADF),
         };
         // The commit takes the writer and the client, not the state.
         drop(self.st);
         let result = resized.and_then(|()| self.fs.commit(FileHandle(fh)));
         lock(&self.fs.state).handles.remove(fh);
+        if let Some(Handle::Writer(w)) = handle.as_deref() {
+            self.fs.finish_writer(w);
+        }
         result
     }
 
@@ -484,7 +550,9 @@ impl<'a> Op<'a> {
             self.st.dirs.insert(to.to_owned());
         }
         for writer in self.st.handles.writers() {
-            let mut w = lock(writer);
+            // Not while its commit binds the old name (state → draft → info).
+            let _draft = lock(&writer.draft);
+            let mut w = lock(&writer.info);
             if w.path == from || names::is_under(&w.path, from) {
                 w.path = format!("{to}{}", &w.path[from.len()..]);
             }
@@ -527,7 +595,7 @@ impl<'a> Op<'a> {
             }
         }
         for writer in self.st.handles.writers() {
-            let w = lock(writer);
+            let w = lock(&writer.info);
             if !w.unlinked {
                 if let Some(rest) = strip(&w.path) {
                     add(rest, true);
@@ -540,17 +608,7 @@ impl<'a> Op<'a> {
 
 impl Filesystem for ShoalFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Large writes and read-ahead: a 1 MiB block is one request.
-        let _ = config.set_max_write(BLOCK);
-        let _ = config.set_max_readahead(BLOCK);
-        let _ = config.add_capabilities(InitFlags::FUSE_BIG_WRITES);
-        if self.writeback_cache
-            && config
-                .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
-                .is_err()
-        {
-            tracing::warn!("this kernel has no FUSE write-back cache: writes go through");
-        }
+        configure_kernel(config, self.writeback_cache);
         Ok(())
     }
 
@@ -598,15 +656,24 @@ impl Filesystem for ShoalFs {
                     .and_then(|fh| op.st.handles.get(fh.0))
                     .filter(|h| matches!(h.as_ref(), Handle::Writer(_)));
                 match writer.as_deref() {
-                    Some(Handle::Writer(w)) => lock(w).truncate(size, max)?,
+                    Some(Handle::Writer(w)) => {
+                        // Without the state: a truncate that grows the
+                        // file may wait for room.
+                        drop(op);
+                        w.change(|d| d.truncate(self, size, max))?;
+                        return Op::new(self).stat(&path);
+                    }
                     _ => {
                         // A truncate by path while writers have it open
                         // resizes what they will write.
                         let mut resized = false;
                         for writer in op.st.handles.writers() {
-                            let mut w = lock(writer);
-                            if w.path == path && !w.unlinked {
-                                w.truncate(size, max)?;
+                            let open = {
+                                let w = lock(&writer.info);
+                                w.path == path && !w.unlinked
+                            };
+                            if open {
+                                writer.change(|d| d.truncate(self, size, max))?;
                                 resized = true;
                             }
                         }
@@ -657,7 +724,9 @@ impl Filesystem for ShoalFs {
             self.check_alive()?;
             let mut open = false;
             for writer in op.st.handles.writers() {
-                let mut w = lock(writer);
+                // Not while its commit binds the name (state → draft → info).
+                let _draft = lock(&writer.draft);
+                let mut w = lock(&writer.info);
                 if w.path == path {
                     w.unlinked = true;
                     open = true;
@@ -722,11 +791,9 @@ impl Filesystem for ShoalFs {
             let mut op = Op::new(self);
             let path = op.path_of(ino)?;
             if flags.acc_mode() == OpenAccMode::O_RDONLY {
-                if let Some((_, Some(buf))) = op.open_writer(&path, true) {
+                if let Some((_, Some(bytes))) = op.open_writer(&path, true) {
                     // Written here and not closed yet: read what it holds.
-                    let mut writer = Writer::new(path, ino.0, buf, false);
-                    writer.writable = false;
-                    let fh = op.st.handles.insert(Handle::Writer(Mutex::new(writer)));
+                    let fh = op.st.handles.insert(Handle::Snapshot(bytes));
                     return Ok((fh, FopenFlags::empty()));
                 }
                 let (fh, keep) = op.open_reader(&path, ino.0)?;
@@ -807,7 +874,8 @@ impl Filesystem for ShoalFs {
         }
         match self.handle(fh).as_deref() {
             Some(Handle::Reader(sealed)) => reply.data(slice_at(sealed.bytes(), offset, size)),
-            Some(Handle::Writer(w)) => reply.data(slice_at(&lock(w).buf, offset, size)),
+            Some(Handle::Writer(w)) => reply.data(slice_at(lock(&w.draft).bytes(), offset, size)),
+            Some(Handle::Snapshot(bytes)) => reply.data(slice_at(bytes, offset, size)),
             None => reply.error(Errno::EBADF),
         }
     }
@@ -828,10 +896,12 @@ impl Filesystem for ShoalFs {
             return reply.error(errno_of(e));
         }
         match self.handle(fh).as_deref() {
-            Some(Handle::Writer(w)) => match lock(w).write(offset, data, self.max_file) {
-                Ok(n) => reply.written(n as u32),
-                Err(e) => reply.error(errno_of(e)),
-            },
+            Some(Handle::Writer(w)) => {
+                match w.change(|d| d.write(self, offset, data, self.max_file)) {
+                    Ok(n) => reply.written(n as u32),
+                    Err(e) => reply.error(errno_of(e)),
+                }
+            }
             _ => reply.error(Errno::EBADF),
         }
     }
@@ -879,8 +949,10 @@ impl Filesystem for ShoalFs {
         // Writes after the last flush (a shared mmap written back late).
         let result = self.commit(fh);
         let removed = lock(&self.state).handles.remove(fh.0);
-        if let Some(Handle::Reader(sealed)) = removed.as_deref() {
-            self.release_object(sealed.id);
+        match removed.as_deref() {
+            Some(Handle::Reader(sealed)) => self.release_object(sealed.id),
+            Some(Handle::Writer(writer)) => self.finish_writer(writer),
+            Some(Handle::Snapshot(_)) | None => {}
         }
         match result {
             Ok(()) => reply.ok(),

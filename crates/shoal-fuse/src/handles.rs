@@ -1,23 +1,17 @@
 //! Open files. A file opened for reading holds a reference to the sealed
 //! object its name was bound to at open (a rewrite meanwhile does not
 //! change what it reads, as with a file replaced by rename on a local file
-//! system). A file opened for writing gets its own growable buffer, filled
-//! from the current version unless truncated, and written as a new object
-//! under the name when closed: a version is always one writer's whole
-//! file, never a mix (last close wins).
-//!
-//! Why a buffer in this process rather than an unsealed object in the
-//! store: a store object has a fixed size at create, and writes at any
-//! offset may grow a file; re-creating a larger object on every growth
-//! would copy the file each time and keep an unsealed object of a guessed
-//! maximum size. The buffer costs one copy at close (`put_named`), at
-//! memory bandwidth.
+//! system). A file opened for writing gets its own draft (draft.rs): an
+//! unsealed store object, filled from the current version unless
+//! truncated, sealed under the name when closed: a version is always one
+//! writer's whole file, never a mix (last close wins).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use libc::c_int;
 use shoal_core::ObjectId;
+
+use crate::draft::Draft;
 
 /// A sealed object's bytes in this process's mapping of the region.
 pub struct Sealed {
@@ -47,11 +41,21 @@ impl Sealed {
     }
 }
 
-/// A file being written.
+/// A file being written, in two locks: metadata operations read `info`
+/// (held briefly, never across a call to the daemon), while a write,
+/// truncate or commit holds `draft` for its whole length, which may wait
+/// for the store (for room). So a lookup or a listing never waits behind a
+/// write waiting for memory. Order: `draft` → `info`.
 pub struct Writer {
+    pub info: Mutex<WriterInfo>,
+    pub draft: Mutex<Draft>,
+}
+
+pub struct WriterInfo {
     pub path: String,
     pub ino: u64,
-    pub buf: Vec<u8>,
+    /// The file's length (the draft's, kept here for stat).
+    pub len: u64,
     /// Written since the last commit.
     pub dirty: bool,
     /// Its name was unlinked while open: closing it writes nothing.
@@ -60,60 +64,45 @@ pub struct Writer {
     /// cache of the file mixes both writers' bytes, so it must not be kept
     /// for the version this one writes.
     pub shared: bool,
-    /// False for a read-only open's copy of a buffer still being written.
-    pub writable: bool,
 }
 
 impl Writer {
-    pub fn new(path: String, ino: u64, buf: Vec<u8>, dirty: bool) -> Self {
-        Self {
+    pub fn new(path: String, ino: u64, draft: Draft, dirty: bool) -> Self {
+        let info = WriterInfo {
             path,
             ino,
-            buf,
+            len: draft.len(),
             dirty,
             unlinked: false,
             shared: false,
-            writable: true,
+        };
+        Self {
+            info: Mutex::new(info),
+            draft: Mutex::new(draft),
         }
     }
 
-    /// Writes `data` at `offset`, growing the file (with zeros in any gap)
-    /// up to `max` bytes; beyond it EFBIG.
-    pub fn write(&mut self, offset: u64, data: &[u8], max: u64) -> Result<usize, c_int> {
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|&end| end <= max)
-            .ok_or(libc::EFBIG)?;
-        let (offset, end) = (offset as usize, end as usize);
-        if offset > self.buf.len() {
-            self.buf.resize(offset, 0); // the gap reads as zeros
-        }
-        // Overwrite what is there, append the rest (no zero-fill first:
-        // sequential writes touch each byte once).
-        let inside = (self.buf.len() - offset).min(data.len());
-        self.buf[offset..offset + inside].copy_from_slice(&data[..inside]);
-        self.buf.extend_from_slice(&data[inside..]);
-        debug_assert!(self.buf.len() >= end);
-        self.dirty = true;
-        Ok(data.len())
-    }
-
-    pub fn truncate(&mut self, size: u64, max: u64) -> Result<(), c_int> {
-        if size > max {
-            return Err(libc::EFBIG);
-        }
-        self.buf.resize(size as usize, 0);
-        self.dirty = true;
-        Ok(())
+    /// Runs `change` on the draft (holding it), then records its new
+    /// length and, if it succeeded, that the file is dirty.
+    pub fn change<T, E>(&self, change: impl FnOnce(&mut Draft) -> Result<T, E>) -> Result<T, E> {
+        let mut draft = lock(&self.draft);
+        let result = change(&mut draft);
+        let mut info = lock(&self.info);
+        info.len = draft.len();
+        info.dirty |= result.is_ok();
+        result
     }
 }
 
 /// An open file. Handles are shared (`Arc`) so that reads and writes of
 /// different files, and reads of one sealed file, run on several session
-/// threads at once; a writer's buffer has its own lock.
+/// threads at once; a writer has its own locks.
 pub enum Handle {
     Reader(Sealed),
-    Writer(Mutex<Writer>),
+    Writer(Writer),
+    /// A read-only open of a file this mount is writing and has not closed
+    /// yet: its bytes at that open.
+    Snapshot(Vec<u8>),
 }
 
 /// Locks `m`. A thread that panicked while holding it left a buffer that is
@@ -153,10 +142,10 @@ impl Handles {
         self.open.remove(&fh)
     }
 
-    pub fn writers(&self) -> impl Iterator<Item = &Mutex<Writer>> {
+    pub fn writers(&self) -> impl Iterator<Item = &Writer> {
         self.open.values().filter_map(|h| match h.as_ref() {
             Handle::Writer(w) => Some(w),
-            Handle::Reader(_) => None,
+            Handle::Reader(_) | Handle::Snapshot(_) => None,
         })
     }
 }
@@ -166,18 +155,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn writes_grow_fill_gaps_and_stop_at_the_limit() {
-        let mut w = Writer::new("f".into(), 2, Vec::new(), false);
-        assert_eq!(w.write(4, b"xy", 100), Ok(2));
-        assert_eq!(w.buf, b"\0\0\0\0xy");
-        w.write(1, b"ab", 100).unwrap();
-        assert_eq!(w.buf, b"\0ab\0xy");
-        assert_eq!(w.write(99, b"zz", 100), Err(libc::EFBIG));
-        assert_eq!(w.write(u64::MAX, b"z", u64::MAX), Err(libc::EFBIG));
-        w.truncate(2, 100).unwrap();
-        assert_eq!(w.buf, b"\0a");
-        assert!(w.dirty);
+    fn slices_are_short_at_the_end_and_empty_past_it() {
         assert_eq!(slice_at(b"hello", 3, 10), b"lo");
         assert_eq!(slice_at(b"hello", 9, 10), b"");
+        assert_eq!(slice_at(b"hello", u64::MAX, u32::MAX), b"");
     }
 }

@@ -16,11 +16,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fuser::{BackgroundSession, MountOption};
+use fuser::BackgroundSession;
 use shoal_client::Client;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 
 use crate::fs::ShoalFs;
+use crate::session::{default_threads, session_config};
 
 #[derive(Debug, Clone)]
 pub struct MountConfig {
@@ -56,15 +57,6 @@ impl MountConfig {
     }
 }
 
-/// Two session threads per CPU, 4 to 16: a thread that is copying a reply
-/// into the kernel or waiting for the daemon (a close waiting for memory or
-/// durability) is not reading the next request, so one per CPU left small
-/// writes of several programs queued (measured: 16 KiB random writes of 4
-/// fio processes ~1.5x faster with 4 threads than with 2 on 2 CPUs).
-fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| (2 * n.get()).clamp(4, 16))
-}
-
 /// Why [`Mounted::wait`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
@@ -96,27 +88,15 @@ pub fn mount(config: &MountConfig) -> Result<Mounted> {
     let client = Client::connect(&config.socket)?;
     let mut watcher_client = Client::connect(&config.socket)?;
     let alive = Arc::new(AtomicBool::new(true));
+    let drafts = Client::connect(&config.socket)?;
     let fs = ShoalFs::new(
         client,
+        drafts,
         config.space_wait_ms,
         alive.clone(),
         config.writeback_cache,
     );
-    let options = vec![
-        MountOption::FSName("shoal".into()),
-        MountOption::Subtype("shoal".into()),
-        MountOption::DefaultPermissions,
-        MountOption::NoAtime,
-        MountOption::NoDev,
-        MountOption::NoSuid,
-    ];
-    let mut fuse_config = fuser::Config::default();
-    fuse_config.mount_options = options;
-    fuse_config.n_threads = Some(config.threads.max(1));
-    fuse_config.clone_fd = true;
-    if config.allow_other {
-        fuse_config.acl = fuser::SessionACL::All;
-    }
+    let fuse_config = session_config("shoal", config.threads, config.allow_other);
     let session = fuser::spawn_mount(fs, &config.mountpoint, &fuse_config)
         .map_err(|e| ShoalError::io(&format!("mount {} (FUSE)", config.mountpoint.display()), e))?;
     let stop_watching = Arc::new(AtomicBool::new(false));

@@ -45,7 +45,9 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// 9: `PeerReads`: other nodes' indexes and this client's reference tables
 /// there, two fds per node beside the reply (docs/fast-path.md "Gets of
 /// other nodes' objects").
-pub const PROTOCOL_VERSION: u32 = 9;
+/// 10: `Resize`: an unsealed object shrinks, or grows in place, before its
+/// seal (the POSIX view writes files straight into store objects).
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -77,6 +79,15 @@ pub enum Request {
     },
     Abort {
         id: ObjectId,
+    },
+    /// Resizes an unsealed object this client created (socket-created, no
+    /// metadata) to `data_size` data bytes in place: a shrink frees the
+    /// block's tail, a growth takes the free space right after it.
+    /// Answered by `Bool`: false when a growth found no room there (the
+    /// object is unchanged; create a larger one instead).
+    Resize {
+        id: ObjectId,
+        data_size: u64,
     },
     /// Wait until every id is sealed or `timeout_ms` passes (-1: forever).
     Get {
@@ -389,6 +400,7 @@ mod op {
     pub const FAST_WRITES: u16 = 0x1A;
     pub const LEND: u16 = 0x1B;
     pub const PEER_READS: u16 = 0x1C;
+    pub const RESIZE: u16 = 0x1D;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;
@@ -441,6 +453,10 @@ impl Request {
             Request::Abort { id } => {
                 w.id(id);
                 op::ABORT
+            }
+            Request::Resize { id, data_size } => {
+                w.id(id).u64(*data_size);
+                op::RESIZE
             }
             Request::Get { timeout_ms, ids } => {
                 w.i64(*timeout_ms).ids(ids);
@@ -551,6 +567,10 @@ impl Request {
                 ids: r.ids()?,
             },
             op::ABORT => Request::Abort { id: r.id()? },
+            op::RESIZE => Request::Resize {
+                id: r.id()?,
+                data_size: r.u64()?,
+            },
             op::GET => Request::Get {
                 timeout_ms: r.i64()?,
                 ids: r.ids()?,

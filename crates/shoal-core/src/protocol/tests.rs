@@ -76,6 +76,10 @@ fn every_request_round_trips() {
             trace_since: Some(std::time::Duration::from_millis(1500)),
         },
         Request::Abort { id: ids[1] },
+        Request::Resize {
+            id: ids[0],
+            data_size: u64::MAX,
+        },
         Request::Get {
             timeout_ms: WAIT_FOREVER,
             ids: ids.clone(),

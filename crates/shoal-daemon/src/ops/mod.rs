@@ -1,7 +1,7 @@
 //! The operations on objects, one file each, shared by everything that
 //! serves requests: a local client's connection and a peer's calls run the
 //! same create (with its wait for space), get (restoring from the tiers),
-//! seal (with its durability), abort, release, delete, evict, and the tier
+//! seal (with its durability), abort, resize, release, delete, evict, and the tier
 //! operations (wait_durable, stage_in, stage_out). Each works on the node, and on the cluster when this
 //! daemon is a node of one.
 
@@ -16,6 +16,7 @@ mod list;
 mod names;
 mod pull;
 mod release;
+mod resize;
 mod restore;
 mod seal;
 

@@ -1,0 +1,422 @@
+//! A file's bytes while it is written: straight in an unsealed store
+//! object, which grows with the file and is sealed at the file's length
+//! when the file is closed.
+//!
+//! Growth first asks the store to extend the object in place (`Resize`,
+//! protocol 10: the free space right after it, when there is some); when
+//! it cannot, a larger object is created (it may evict, and waits for room
+//! like any create), the bytes so far are copied into it and the old one
+//! is aborted. Sizes at least double, so a file is copied at most about
+//! once more on average, and usually not at all. At the seal the object is
+//! resized down to the file's length, which frees its tail.
+//!
+//! So a written byte is copied once here (from fuser's request buffer into
+//! the object) and never again at close: the close is a resize, a name and
+//! a seal. Readers of the name see the previous version until that seal.
+//!
+//! After the seal the draft keeps a reference to its sealed object: reads
+//! through the handle still see it, and a write after the close's flush
+//! (through a still-open handle, a shared mmap written back late) starts a
+//! new object from a copy of it.
+
+use libc::c_int;
+use shoal_core::ObjectId;
+
+/// The smallest object a draft makes, and the unit its sizes round up to:
+/// small enough that an open file does not hold much of the store, large
+/// enough that a file grows a few times, not once per write.
+pub const GRAIN: u64 = 1 << 20;
+
+/// What a draft needs from the store (the mount's client; a fake in tests).
+/// Errors are errnos, already mapped.
+pub trait DraftStore {
+    /// Creates an unsealed object of `data_size` bytes; its id and the
+    /// address of its bytes in this process. With `wait`, a full store is
+    /// given the mount's wait for room (its drain may free some) before
+    /// ENOSPC; without, ENOSPC at once.
+    fn create(&self, data_size: u64, wait: bool) -> Result<(ObjectId, *mut u8), c_int>;
+    /// Resizes an unsealed object in place; false: no room right after it.
+    fn resize(&self, id: ObjectId, data_size: u64) -> Result<bool, c_int>;
+    /// Binds `name` to the object and seals it (keeping this reference).
+    fn seal_named(&self, id: ObjectId, name: &str) -> Result<(), c_int>;
+    /// Whether the object is sealed (after a seal that failed).
+    fn is_sealed(&self, id: ObjectId) -> bool;
+    fn abort(&self, id: ObjectId);
+    fn release(&self, id: ObjectId);
+}
+
+/// The store object holding a draft's bytes.
+struct Object {
+    id: ObjectId,
+    /// Its bytes in this process's mapping (an integer, so the draft can
+    /// move between the session threads).
+    address: usize,
+    /// Its data size: room for the file up to here.
+    capacity: u64,
+    /// Sealed (and referenced by this draft): read-only from now on.
+    sealed: bool,
+}
+
+/// A file being written (see the module's doc).
+#[derive(Default)]
+pub struct Draft {
+    object: Option<Object>,
+    len: u64,
+}
+
+impl Draft {
+    /// A draft holding a copy of `bytes` (a file opened for writing without
+    /// truncation starts from its current version).
+    pub fn from_bytes(store: &dyn DraftStore, bytes: &[u8]) -> Result<Self, c_int> {
+        let mut draft = Self::default();
+        if !bytes.is_empty() {
+            draft.write(store, 0, bytes, u64::MAX)?;
+        }
+        Ok(draft)
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The file's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.object {
+            // SAFETY: the object is this draft's (created by it, or sealed
+            // and referenced by it) and holds at least `len` bytes; writes
+            // to it need `&mut self`.
+            Some(o) => unsafe {
+                std::slice::from_raw_parts(o.address as *const u8, self.len as usize)
+            },
+            None => &[],
+        }
+    }
+
+    /// Writes `data` at `offset`, growing the file (zeros in any gap) up to
+    /// `max` bytes; beyond it EFBIG.
+    pub fn write(
+        &mut self,
+        store: &dyn DraftStore,
+        offset: u64,
+        data: &[u8],
+        max: u64,
+    ) -> Result<usize, c_int> {
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&end| end <= max)
+            .ok_or(libc::EFBIG)?;
+        self.reserve(store, end.max(self.len), max)?;
+        let base = self.object.as_ref().expect("reserved").address as *mut u8;
+        if offset > self.len {
+            // SAFETY: reserved: the object holds at least `end` bytes, and
+            // nobody else writes it (unsealed, this draft's).
+            unsafe {
+                base.add(self.len as usize)
+                    .write_bytes(0, (offset - self.len) as usize)
+            };
+        }
+        // SAFETY: as above; `data` is fuser's buffer, not in the object.
+        unsafe { shoal_core::copy::copy_to_shared(base.add(offset as usize), data) };
+        self.len = self.len.max(end);
+        Ok(data.len())
+    }
+
+    /// Sets the file's length (zeros when it grows) up to `max`.
+    pub fn truncate(&mut self, store: &dyn DraftStore, size: u64, max: u64) -> Result<(), c_int> {
+        if size > max {
+            return Err(libc::EFBIG);
+        }
+        if size == self.len {
+            return Ok(());
+        }
+        self.reserve(store, size, max)?;
+        if size > self.len {
+            let base = self.object.as_ref().expect("reserved").address as *mut u8;
+            // SAFETY: reserved for `size` bytes; this draft's unsealed object.
+            unsafe {
+                base.add(self.len as usize)
+                    .write_bytes(0, (size - self.len) as usize)
+            };
+        }
+        self.len = size;
+        Ok(())
+    }
+
+    /// Seals the file as `name`'s new version at its length; its id. A
+    /// draft whose object is sealed already (a seal that failed after
+    /// sealing, as when a tier could not give the durability asked for)
+    /// seals a fresh copy: every commit is a new attempt.
+    pub fn seal(&mut self, store: &dyn DraftStore, name: &str) -> Result<ObjectId, c_int> {
+        if self.object.as_ref().is_none_or(|o| o.sealed) {
+            self.reserve(store, self.len, u64::MAX)?;
+        }
+        let o = self.object.as_mut().expect("reserved");
+        if o.capacity != self.len {
+            // A shrink: always in place.
+            if !store.resize(o.id, self.len)? {
+                return Err(libc::EIO);
+            }
+            o.capacity = self.len;
+        }
+        if let Err(e) = store.seal_named(o.id, name) {
+            // Read-only from now on if it did get sealed.
+            o.sealed = store.is_sealed(o.id);
+            return Err(e);
+        }
+        o.sealed = true;
+        Ok(o.id)
+    }
+
+    /// Lets the object go: an unsealed one is aborted, a sealed one's
+    /// reference released.
+    pub fn finish(&mut self, store: &dyn DraftStore) {
+        if let Some(o) = self.object.take() {
+            if o.sealed {
+                store.release(o.id);
+            } else {
+                store.abort(o.id);
+            }
+        }
+        self.len = 0;
+    }
+
+    /// Makes sure an unsealed object of this draft holds `need` bytes:
+    /// the object grown in place, else a new one with the bytes so far.
+    /// Each way is tried at the doubled size first and then at just what
+    /// is needed, so a file that fits the store is never refused for the
+    /// doubling; only the last try waits for room.
+    fn reserve(&mut self, store: &dyn DraftStore, need: u64, max: u64) -> Result<(), c_int> {
+        let from = self.object.as_ref().map_or(0, |o| o.capacity);
+        let grown = grown_capacity(need.max(self.len), from, max);
+        let exact = grown_capacity(need.max(self.len), 0, max).min(grown);
+        let sizes = if exact < grown {
+            vec![grown, exact]
+        } else {
+            vec![grown]
+        };
+        if let Some(o) = &mut self.object {
+            if !o.sealed && o.capacity >= need {
+                return Ok(());
+            }
+            if !o.sealed {
+                for &size in &sizes {
+                    if store.resize(o.id, size)? {
+                        o.capacity = size;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        let capacity = if self.object.is_none() && need == 0 {
+            0 // an empty file
+        } else {
+            grown
+        };
+        let (id, address, capacity) = match store.create(capacity, sizes.len() == 1) {
+            Ok((id, address)) => (id, address, capacity),
+            Err(libc::ENOSPC) if sizes.len() > 1 => {
+                let (id, address) = store.create(exact, true)?;
+                (id, address, exact)
+            }
+            Err(e) => return Err(e),
+        };
+        let kept = self.len.min(need) as usize;
+        if kept > 0 {
+            // SAFETY: the new object holds `capacity` >= `kept` bytes and
+            // is this draft's; the old one holds `len` >= `kept`.
+            unsafe { shoal_core::copy::copy_to_shared(address, &self.bytes()[..kept]) };
+        }
+        if let Some(old) = self.object.take() {
+            if old.sealed {
+                store.release(old.id);
+            } else {
+                store.abort(old.id);
+            }
+        }
+        self.object = Some(Object {
+            id,
+            address: address as usize,
+            capacity,
+            sealed: false,
+        });
+        Ok(())
+    }
+}
+
+/// The next size for a file that needs `need` bytes in an object of
+/// `capacity`: at least double, at least [`GRAIN`], in whole grains, at
+/// most `max` (the store's capacity) but never below `need`.
+fn grown_capacity(need: u64, capacity: u64, max: u64) -> u64 {
+    let doubled = capacity.saturating_mul(2).max(GRAIN).max(need);
+    doubled
+        .checked_next_multiple_of(GRAIN)
+        .unwrap_or(u64::MAX)
+        .min(max)
+        .max(need)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    /// A store of separate heap buffers; in-place growth succeeds while
+    /// `room` says so.
+    #[derive(Default)]
+    struct FakeStore {
+        objects: RefCell<HashMap<ObjectId, (Vec<u8>, bool)>>,
+        room: std::cell::Cell<bool>,
+        creates: std::cell::Cell<usize>,
+        names: RefCell<Vec<(String, ObjectId)>>,
+        next: std::cell::Cell<u8>,
+        /// Creates larger than this find no room.
+        limit: std::cell::Cell<u64>,
+    }
+
+    fn fake() -> FakeStore {
+        let store = FakeStore::default();
+        store.room.set(true);
+        store.limit.set(u64::MAX);
+        store
+    }
+
+    impl DraftStore for FakeStore {
+        fn create(&self, data_size: u64, _wait: bool) -> Result<(ObjectId, *mut u8), c_int> {
+            if data_size > self.limit.get() {
+                return Err(libc::ENOSPC);
+            }
+            self.creates.set(self.creates.get() + 1);
+            self.next.set(self.next.get() + 1);
+            let id = ObjectId([self.next.get(); 20]);
+            // Garbage, as a reused block of the region would hold; room to
+            // grow in place up to 64 MiB.
+            assert!(data_size <= 64 << 20);
+            let mut bytes = vec![0xAB; 64 << 20];
+            let address = bytes.as_mut_ptr();
+            self.objects.borrow_mut().insert(id, (bytes, false));
+            Ok((id, address))
+        }
+        fn resize(&self, id: ObjectId, data_size: u64) -> Result<bool, c_int> {
+            let objects = self.objects.borrow();
+            let (bytes, _) = objects.get(&id).ok_or(libc::ENOENT)?;
+            Ok(data_size as usize <= bytes.len() && self.room.get())
+        }
+        fn seal_named(&self, id: ObjectId, name: &str) -> Result<(), c_int> {
+            let mut objects = self.objects.borrow_mut();
+            let (_, sealed) = objects.get_mut(&id).ok_or(libc::ENOENT)?;
+            *sealed = true;
+            self.names.borrow_mut().push((name.into(), id));
+            Ok(())
+        }
+        fn is_sealed(&self, id: ObjectId) -> bool {
+            self.objects.borrow().get(&id).is_some_and(|o| o.1)
+        }
+        fn abort(&self, id: ObjectId) {
+            self.objects.borrow_mut().remove(&id);
+        }
+        fn release(&self, id: ObjectId) {
+            self.objects.borrow_mut().remove(&id);
+        }
+    }
+
+    #[test]
+    fn writes_grow_fill_gaps_with_zeros_and_stop_at_the_limit() {
+        let store = fake();
+        let mut d = Draft::default();
+        assert_eq!(d.write(&store, 4, b"xy", 100), Ok(2));
+        assert_eq!(d.bytes(), b"\0\0\0\0xy");
+        d.write(&store, 1, b"ab", 100).unwrap();
+        assert_eq!(d.bytes(), b"\0ab\0xy");
+        assert_eq!(d.write(&store, 99, b"zz", 100), Err(libc::EFBIG));
+        assert_eq!(d.write(&store, u64::MAX, b"z", u64::MAX), Err(libc::EFBIG));
+        d.truncate(&store, 2, 100).unwrap();
+        assert_eq!(d.bytes(), b"\0a");
+        d.truncate(&store, 5, 100).unwrap();
+        assert_eq!(d.bytes(), b"\0a\0\0\0", "growth by truncate reads as zeros");
+        assert_eq!(d.truncate(&store, 101, 100), Err(libc::EFBIG));
+        assert_eq!(store.creates.get(), 1);
+    }
+
+    #[test]
+    fn growth_is_in_place_when_the_store_has_room_and_a_copy_otherwise() {
+        let store = fake();
+        let mut d = Draft::default();
+        let block: Vec<u8> = (0..GRAIN).map(|i| i as u8).collect();
+        for i in 0..4 {
+            d.write(&store, i * GRAIN, &block, u64::MAX).unwrap();
+        }
+        assert_eq!(store.creates.get(), 1, "grown in place");
+        store.room.set(false);
+        d.write(&store, 4 * GRAIN, &block, u64::MAX).unwrap();
+        assert_eq!(store.creates.get(), 2, "a larger object");
+        assert_eq!(store.objects.borrow().len(), 1, "the old one aborted");
+        assert_eq!(d.len(), 5 * GRAIN);
+        assert!(d.bytes().chunks(GRAIN as usize).all(|c| c == block));
+    }
+
+    #[test]
+    fn a_seal_names_the_file_and_later_writes_start_a_new_object_from_it() {
+        let store = fake();
+        let mut d = Draft::default();
+        d.write(&store, 0, b"hello", u64::MAX).unwrap();
+        let first = d.seal(&store, "a/b").unwrap();
+        assert!(store.is_sealed(first));
+        d.write(&store, 5, b"!", u64::MAX).unwrap();
+        assert_eq!(store.creates.get(), 2, "a write after the seal copies it");
+        assert_eq!(d.bytes(), b"hello!");
+        let second = d.seal(&store, "a/b").unwrap();
+        assert_ne!(first, second);
+        assert!(!store.objects.borrow().contains_key(&first), "released");
+        // Sealing again (a seal that failed once sealed) makes a new version.
+        let third = d.seal(&store, "a/b").unwrap();
+        assert_ne!(third, second);
+        assert_eq!(d.bytes(), b"hello!");
+        d.finish(&store);
+        assert!(store.objects.borrow().is_empty());
+        // An empty file is an object of no bytes.
+        let mut empty = Draft::default();
+        let id = empty.seal(&store, "e").unwrap();
+        assert_eq!(store.names.borrow().last(), Some(&("e".to_owned(), id)));
+        // A draft never sealed leaves nothing behind.
+        let mut dropped = Draft::from_bytes(&store, b"xyz").unwrap();
+        assert_eq!(dropped.bytes(), b"xyz");
+        dropped.finish(&store);
+        assert_eq!(store.objects.borrow().len(), 1);
+    }
+
+    #[test]
+    fn a_file_that_fits_is_not_refused_for_the_doubling() {
+        let store = fake();
+        let mut d = Draft::default();
+        let block = vec![7u8; GRAIN as usize];
+        for i in 0..4 {
+            d.write(&store, i * GRAIN, &block, u64::MAX).unwrap();
+        }
+        // In place: 4 MiB would double to 8; only 5 fit right after it.
+        store.room.set(false);
+        store.limit.set(5 * GRAIN);
+        d.write(&store, 4 * GRAIN, &block, u64::MAX).unwrap();
+        assert_eq!(d.len(), 5 * GRAIN);
+        assert_eq!(store.creates.get(), 2);
+        assert_eq!(
+            d.write(&store, 5 * GRAIN, &block, u64::MAX),
+            Err(libc::ENOSPC)
+        );
+        assert_eq!(d.len(), 5 * GRAIN, "a refused write changes nothing");
+        assert!(d.bytes().iter().all(|&b| b == 7));
+    }
+
+    #[test]
+    fn capacities_double_in_whole_grains_within_the_limit() {
+        assert_eq!(grown_capacity(1, 0, u64::MAX), GRAIN);
+        assert_eq!(grown_capacity(GRAIN + 1, GRAIN, u64::MAX), 2 * GRAIN);
+        assert_eq!(grown_capacity(5 * GRAIN, 2 * GRAIN, u64::MAX), 5 * GRAIN);
+        assert_eq!(
+            grown_capacity(3 * GRAIN, 2 * GRAIN, 3 * GRAIN + 5),
+            3 * GRAIN + 5
+        );
+        assert_eq!(grown_capacity(7, 0, 10), 10);
+        assert_eq!(grown_capacity(u64::MAX, 1, u64::MAX), u64::MAX);
+    }
+}
