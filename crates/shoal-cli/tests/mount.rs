@@ -455,6 +455,29 @@ fn a_full_store_is_enospc_and_a_file_larger_than_memory_efbig() {
 }
 
 #[test]
+fn a_file_too_large_to_copy_can_still_be_opened_truncated_and_kept_in_part() {
+    need_fuse!("a_file_too_large_to_copy_can_still_be_opened_truncated_and_kept_in_part");
+    let mut f = Fixture::new(&["-m", "32MiB"]);
+    f.stop_mount();
+    f.start_mount(&["--space-wait-ms", "200"]);
+    let bytes = pattern(3, 20 * MIB);
+    fs::write(f.path("big"), &bytes).unwrap();
+    // No room for a second copy: an open for writing copies nothing until
+    // the file changes, and a truncate copies only what it keeps.
+    let file = OpenOptions::new().write(true).open(f.path("big")).unwrap();
+    close(file).unwrap();
+    assert!(read_named(&mut f.client(), "big") == bytes);
+    let file = OpenOptions::new().write(true).open(f.path("big")).unwrap();
+    file.set_len(3 * MIB as u64).unwrap();
+    close(file).unwrap();
+    assert!(read_named(&mut f.client(), "big") == bytes[..3 * MIB]);
+    run(Command::new("truncate")
+        .args(["-s", "0"])
+        .arg(f.path("big")));
+    assert!(read_named(&mut f.client(), "big").is_empty());
+}
+
+#[test]
 fn the_daemon_killed_under_a_writer_is_eio_and_ends_the_mount() {
     need_fuse!("the_daemon_killed_under_a_writer_is_eio_and_ends_the_mount");
     let mut f = Fixture::new(&["-m", "64MiB"]);

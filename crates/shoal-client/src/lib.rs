@@ -1206,8 +1206,30 @@ impl Client {
                 "object {id} was created in lent space and cannot be resized"
             )));
         }
-        match self.channel.call(&Request::Resize { id, data_size })? {
-            Reply::Bool(resized) => Ok(resized),
+        // On a non-coherent fabric a shrink gives the tail to the next
+        // create: this cache's dirty lines there must reach memory first.
+        let flushed = self
+            .unsealed
+            .get(&id)
+            .copied()
+            .filter(|l| self.noncoherent() && data_size < l.location.data_size);
+        if flushed.is_some() {
+            self.flush_written(&[id]);
+        }
+        let reply = self.channel.call(&Request::Resize { id, data_size });
+        if let Some(located) = flushed {
+            self.unsealed.insert(id, located);
+        }
+        match reply? {
+            Reply::Bool(resized) => {
+                if resized {
+                    // What the flush before the seal covers.
+                    if let Some(located) = self.unsealed.get_mut(&id) {
+                        located.location.data_size = data_size;
+                    }
+                }
+                Ok(resized)
+            }
             other => Err(unexpected(other)),
         }
     }

@@ -39,8 +39,9 @@ pub trait DraftStore {
     fn resize(&self, id: ObjectId, data_size: u64) -> Result<bool, c_int>;
     /// Binds `name` to the object and seals it (keeping this reference).
     fn seal_named(&self, id: ObjectId, name: &str) -> Result<(), c_int>;
-    /// Whether the object is sealed (after a seal that failed).
-    fn is_sealed(&self, id: ObjectId) -> bool;
+    /// Whether the object is sealed (after a seal that failed); `None`
+    /// when the store cannot say.
+    fn is_sealed(&self, id: ObjectId) -> Option<bool>;
     fn abort(&self, id: ObjectId);
     fn release(&self, id: ObjectId);
 }
@@ -65,8 +66,23 @@ pub struct Draft {
 }
 
 impl Draft {
-    /// A draft holding a copy of `bytes` (a file opened for writing without
-    /// truncation starts from its current version).
+    /// A draft of a sealed version: `id`, `len` bytes at `address`, one
+    /// reference to it taken through `store` (given to the draft). Nothing
+    /// is copied until the first write or truncate.
+    pub fn from_sealed(id: ObjectId, address: *const u8, len: u64) -> Self {
+        Self {
+            object: Some(Object {
+                id,
+                address: address as usize,
+                capacity: len,
+                sealed: true,
+            }),
+            len,
+        }
+    }
+
+    /// A draft holding a copy of `bytes` (a file another handle of this
+    /// mount is writing).
     pub fn from_bytes(store: &dyn DraftStore, bytes: &[u8]) -> Result<Self, c_int> {
         let mut draft = Self::default();
         if !bytes.is_empty() {
@@ -148,7 +164,8 @@ impl Draft {
     /// seals a fresh copy: every commit is a new attempt.
     pub fn seal(&mut self, store: &dyn DraftStore, name: &str) -> Result<ObjectId, c_int> {
         if self.object.as_ref().is_none_or(|o| o.sealed) {
-            self.reserve(store, self.len, u64::MAX)?;
+            // Exactly the file: nothing to grow into.
+            self.reserve(store, self.len, self.len)?;
         }
         let o = self.object.as_mut().expect("reserved");
         if o.capacity != self.len {
@@ -159,8 +176,10 @@ impl Draft {
             o.capacity = self.len;
         }
         if let Err(e) = store.seal_named(o.id, name) {
-            // Read-only from now on if it did get sealed.
-            o.sealed = store.is_sealed(o.id);
+            // Read-only from now on if it did get sealed, or may have:
+            // never written into again (a draft that was not sealed after
+            // all is released, and the daemon drops it with the connection).
+            o.sealed = store.is_sealed(o.id) != Some(false);
             return Err(e);
         }
         o.sealed = true;
@@ -186,9 +205,15 @@ impl Draft {
     /// is needed, so a file that fits the store is never refused for the
     /// doubling; only the last try waits for room.
     fn reserve(&mut self, store: &dyn DraftStore, need: u64, max: u64) -> Result<(), c_int> {
-        let from = self.object.as_ref().map_or(0, |o| o.capacity);
-        let grown = grown_capacity(need.max(self.len), from, max);
-        let exact = grown_capacity(need.max(self.len), 0, max).min(grown);
+        // Doubling grows an object being written; a sealed one is copied
+        // into an object sized for what is needed now.
+        let from = self
+            .object
+            .as_ref()
+            .filter(|o| !o.sealed)
+            .map_or(0, |o| o.capacity);
+        let grown = grown_capacity(need, from, max);
+        let exact = grown_capacity(need, 0, max).min(grown);
         let sizes = if exact < grown {
             vec![grown, exact]
         } else {
@@ -272,6 +297,18 @@ mod tests {
         next: std::cell::Cell<u8>,
         /// Creates larger than this find no room.
         limit: std::cell::Cell<u64>,
+        /// Bytes of objects let go, kept so that a draft still pointing at
+        /// one (several drafts of one version) reads freed-but-valid memory
+        /// as a region would.
+        gone: RefCell<Vec<Vec<u8>>>,
+    }
+
+    impl FakeStore {
+        fn forget(&self, id: ObjectId) {
+            if let Some((bytes, _)) = self.objects.borrow_mut().remove(&id) {
+                self.gone.borrow_mut().push(bytes);
+            }
+        }
     }
 
     fn fake() -> FakeStore {
@@ -309,14 +346,14 @@ mod tests {
             self.names.borrow_mut().push((name.into(), id));
             Ok(())
         }
-        fn is_sealed(&self, id: ObjectId) -> bool {
-            self.objects.borrow().get(&id).is_some_and(|o| o.1)
+        fn is_sealed(&self, id: ObjectId) -> Option<bool> {
+            Some(self.objects.borrow().get(&id).is_some_and(|o| o.1))
         }
         fn abort(&self, id: ObjectId) {
-            self.objects.borrow_mut().remove(&id);
+            self.forget(id);
         }
         fn release(&self, id: ObjectId) {
-            self.objects.borrow_mut().remove(&id);
+            self.forget(id);
         }
     }
 
@@ -361,7 +398,7 @@ mod tests {
         let mut d = Draft::default();
         d.write(&store, 0, b"hello", u64::MAX).unwrap();
         let first = d.seal(&store, "a/b").unwrap();
-        assert!(store.is_sealed(first));
+        assert_eq!(store.is_sealed(first), Some(true));
         d.write(&store, 5, b"!", u64::MAX).unwrap();
         assert_eq!(store.creates.get(), 2, "a write after the seal copies it");
         assert_eq!(d.bytes(), b"hello!");
@@ -405,6 +442,32 @@ mod tests {
         );
         assert_eq!(d.len(), 5 * GRAIN, "a refused write changes nothing");
         assert!(d.bytes().iter().all(|&b| b == 7));
+    }
+
+    #[test]
+    fn a_sealed_version_is_copied_only_when_changed_and_only_what_is_kept() {
+        let store = fake();
+        let mut first = Draft::default();
+        first.write(&store, 0, &[5u8; 3 << 20], u64::MAX).unwrap();
+        let id = first.seal(&store, "f").unwrap();
+        let address = first.bytes().as_ptr();
+        // A second handle's draft of that version: no copy until changed.
+        let mut d = Draft::from_sealed(id, address, 3 << 20);
+        assert_eq!(d.bytes(), first.bytes());
+        assert_eq!(store.creates.get(), 1);
+        // Truncated to nothing: a small fresh object, nothing copied.
+        d.truncate(&store, 0, u64::MAX).unwrap();
+        assert_eq!(d.len(), 0);
+        assert_eq!(store.creates.get(), 2);
+        // Kept in part: only that part, in an object of its size.
+        let mut e = Draft::from_sealed(id, address, 3 << 20);
+        e.truncate(&store, 5, u64::MAX).unwrap();
+        assert_eq!(e.bytes(), &[5u8; 5]);
+        // Sealing a draft that is sealed already makes an exact copy.
+        let mut g = Draft::from_sealed(id, address, 3 << 20);
+        let again = g.seal(&store, "f").unwrap();
+        assert_ne!(again, id);
+        assert_eq!(g.bytes(), first.bytes());
     }
 
     #[test]

@@ -21,17 +21,19 @@
 //! own), so I/O on different files, and reads of one file, run in parallel.
 //! Lock order: `state` → a writer → `drafts` or `client`; a commit takes a
 //! writer and then the drafts connection without `state`, so it never waits
-//! for a metadata operation that waits for it. Drafts have a connection of
-//! their own: a write waiting for room does not hold up lookups and opens.
+//! for a metadata operation that waits for it. Drafts have connections of
+//! their own (several, each draft on the one that made its object): a write
+//! waiting for room does not hold up lookups and opens, nor other files'
+//! growth and seals on another connection.
 //!
 //! Once the daemon is gone every operation answers EIO at once; the mount
 //! itself is ended by `mount.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
@@ -41,7 +43,7 @@ use fuser::{
 };
 use libc::c_int;
 use shoal_client::{Client, Located, NameEntry};
-use shoal_core::error::ShoalError;
+use shoal_core::error::{ErrorKind, ShoalError};
 use shoal_core::names;
 use shoal_core::ObjectId;
 
@@ -54,6 +56,9 @@ use crate::session::{configure_kernel, BLOCK};
 /// How long the kernel may trust an answer about a name. Short: other
 /// clients rename and rewrite names behind the mount's back.
 const TTL: Duration = Duration::from_secs(1);
+/// A draft's create waits for room this long at a time, letting go of its
+/// connection in between.
+const CREATE_WAIT_SLICE: Duration = Duration::from_millis(50);
 
 /// What a path is.
 enum Node {
@@ -83,9 +88,15 @@ pub struct ShoalFs {
     client: Mutex<Client>,
     /// Drafts (files being written): their creates may wait for room, and
     /// a connection answers one call at a time, so lookups, opens and
-    /// reads must not queue behind them. Each draft's object is made,
-    /// resized, sealed and let go on this connection (its creator).
-    drafts: Mutex<Client>,
+    /// reads must not queue behind them. Several, so that writers of
+    /// several files do not queue behind one another's growth and seals
+    /// either; new drafts take them in turn.
+    drafts: Vec<Mutex<Client>>,
+    /// Which drafts connection holds each draft object, and for how many
+    /// drafts: its creator (the only one that may resize, seal or abort
+    /// it), or where drafts of a sealed version took their references.
+    made_by: Mutex<HashMap<ObjectId, (usize, u32)>>,
+    next_draft: AtomicUsize,
     state: Mutex<State>,
     /// Largest file: the store's capacity (an object larger than memory
     /// can never be created). Beyond: EFBIG.
@@ -104,7 +115,7 @@ pub struct ShoalFs {
 impl ShoalFs {
     pub fn new(
         client: Client,
-        drafts: Client,
+        drafts: Vec<Client>,
         space_wait_ms: u32,
         alive: Arc<AtomicBool>,
         writeback_cache: bool,
@@ -112,7 +123,9 @@ impl ShoalFs {
         let max_file = client.info().capacity;
         Self {
             client: Mutex::new(client),
-            drafts: Mutex::new(drafts),
+            drafts: drafts.into_iter().map(Mutex::new).collect(),
+            made_by: Mutex::new(HashMap::new()),
+            next_draft: AtomicUsize::new(0),
             state: Mutex::new(State::default()),
             max_file,
             space_wait_ms,
@@ -251,14 +264,31 @@ impl ShoalFs {
 impl DraftStore for ShoalFs {
     fn create(&self, data_size: u64, wait: bool) -> Result<(ObjectId, *mut u8), c_int> {
         let id = ObjectId::random();
-        let wait_ms = if wait { self.space_wait_ms } else { 0 };
-        let mut client = lock(&self.drafts);
-        let location = client
-            .create(id, data_size, 0, wait_ms)
-            .map_err(|e| self.fail(&e))?;
+        let conn = self.next_draft.fetch_add(1, Ordering::Relaxed) % self.drafts.len();
+        // A create that waits for room does so in slices, letting go of the
+        // connection between them: the seals and shrinks of other drafts
+        // on it are what may free that room.
+        let deadline = Instant::now() + Duration::from_millis(u64::from(self.space_wait_ms));
+        let (mut client, location) = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let slice = if wait {
+                left.min(CREATE_WAIT_SLICE)
+            } else {
+                Duration::ZERO
+            };
+            let mut client = lock(&self.drafts[conn]);
+            match client.create(id, data_size, 0, slice.as_millis() as u32) {
+                Ok(location) => break (client, location),
+                Err(err) if wait && err.kind() == ErrorKind::StoreFull && !left.is_zero() => {}
+                Err(err) => return Err(self.fail(&err)),
+            }
+        };
         let node = client.node();
         match client.located_ptr_mut(Located::local(node, location)) {
-            Ok(address) => Ok((id, address)),
+            Ok(address) => {
+                lock(&self.made_by).insert(id, (conn, 1));
+                Ok((id, address))
+            }
             Err(err) => {
                 let _ = client.abort(id);
                 Err(self.fail(&err))
@@ -267,12 +297,12 @@ impl DraftStore for ShoalFs {
     }
 
     fn resize(&self, id: ObjectId, data_size: u64) -> Result<bool, c_int> {
-        let resized = lock(&self.drafts).resize(id, data_size);
+        let resized = lock(self.creator(id)).resize(id, data_size);
         resized.map_err(|e| self.fail(&e))
     }
 
     fn seal_named(&self, id: ObjectId, name: &str) -> Result<(), c_int> {
-        let mut client = lock(&self.drafts);
+        let mut client = lock(self.creator(id));
         client.name(id, name).map_err(|e| self.fail(&e))?;
         // The seal waits for the node's default durability.
         client
@@ -280,13 +310,14 @@ impl DraftStore for ShoalFs {
             .map_err(|e| self.fail(&e))
     }
 
-    fn is_sealed(&self, id: ObjectId) -> bool {
-        let sealed = lock(&self.drafts).contains(id);
-        sealed.unwrap_or(false)
+    fn is_sealed(&self, id: ObjectId) -> Option<bool> {
+        let sealed = lock(self.creator(id)).contains(id);
+        sealed.ok()
     }
 
     fn abort(&self, id: ObjectId) {
-        let aborted = lock(&self.drafts).abort(id);
+        let aborted = lock(self.creator(id)).abort(id);
+        self.let_go(id);
         if let Err(err) = aborted {
             self.fail(&err);
         }
@@ -294,9 +325,39 @@ impl DraftStore for ShoalFs {
 
     fn release(&self, id: ObjectId) {
         if self.alive.load(Ordering::SeqCst) {
-            let released = lock(&self.drafts).release(&[id]);
+            let released = lock(self.creator(id)).release(&[id]);
             if let Err(err) = released {
                 self.fail(&err);
+            }
+        }
+        self.let_go(id);
+    }
+}
+
+impl ShoalFs {
+    /// The drafts connection holding draft object `id`.
+    fn creator(&self, id: ObjectId) -> &Mutex<Client> {
+        let conn = lock(&self.made_by).get(&id).map_or(0, |&(conn, _)| conn);
+        &self.drafts[conn]
+    }
+
+    /// The connection a new draft of sealed version `id` takes its
+    /// reference on: the one other drafts of it hold theirs on, if any.
+    fn hold(&self, id: ObjectId) -> usize {
+        let mut made_by = lock(&self.made_by);
+        let next = || self.next_draft.fetch_add(1, Ordering::Relaxed) % self.drafts.len();
+        let held = made_by.entry(id).or_insert_with(|| (next(), 0));
+        held.1 += 1;
+        held.0
+    }
+
+    /// One draft let go of `id`.
+    fn let_go(&self, id: ObjectId) {
+        let mut made_by = lock(&self.made_by);
+        if let Some(held) = made_by.get_mut(&id) {
+            held.1 -= 1;
+            if held.1 == 0 {
+                made_by.remove(&id);
             }
         }
     }
@@ -435,24 +496,52 @@ impl<'a> Op<'a> {
         Ok(self.st.handles.insert(Handle::Writer(writer)))
     }
 
-    /// A draft starting from the version bound to `path` (empty if none).
+    /// A draft starting from the version bound to `path` (empty if none):
+    /// a reference to it, taken on a drafts connection (the draft lets it
+    /// go there), copied only when the file is changed.
     fn draft_of_current(&self, path: &str) -> Result<Draft, c_int> {
-        let got = lock(&self.fs.client).get_named(path, 0);
-        let (entry, located) = match got {
-            Ok(got) => got,
+        let fs = self.fs;
+        // Which version: then its reference on the connection other drafts
+        // of it use (a name may be rebound between the two calls: the
+        // draft starts from whichever the second one finds).
+        let resolved = lock(&fs.client).resolve(path);
+        let id = match resolved {
+            Ok(entry) => entry.id,
             Err(err) if errno(&err) == libc::ENOENT && !daemon_gone(&err) => {
                 return Ok(Draft::default())
             }
-            Err(err) => return Err(self.fs.fail(&err)),
+            Err(err) => return Err(fs.fail(&err)),
         };
-        let ptr = lock(&self.fs.client).located_ptr(located);
-        let draft = ptr.map_err(|e| self.fs.fail(&e)).and_then(|ptr| {
-            // SAFETY: referenced (the get) until the release below.
-            let bytes = unsafe { std::slice::from_raw_parts(ptr, entry.data_size as usize) };
-            Draft::from_bytes(self.fs, bytes)
+        let conn = fs.hold(id);
+        let mut client = lock(&fs.drafts[conn]);
+        let got = client.get_named(path, 0).and_then(|(entry, located)| {
+            match client.located_ptr(located) {
+                Ok(ptr) => Ok((entry, ptr)),
+                Err(err) => {
+                    let _ = client.release(&[entry.id]);
+                    Err(err)
+                }
+            }
         });
-        self.fs.release_object(entry.id);
-        draft
+        drop(client);
+        match got {
+            Ok((entry, ptr)) if entry.id == id => {
+                Ok(Draft::from_sealed(entry.id, ptr, entry.data_size))
+            }
+            Ok((entry, _)) => {
+                // Rebound meanwhile: hold the new one where its drafts do.
+                let _ = lock(&fs.drafts[conn]).release(&[entry.id]);
+                fs.let_go(id);
+                self.draft_of_current(path)
+            }
+            Err(err) => {
+                fs.let_go(id);
+                if errno(&err) == libc::ENOENT && !daemon_gone(&err) {
+                    return Ok(Draft::default());
+                }
+                Err(fs.fail(&err))
+            }
+        }
     }
 
     /// Opens the object bound to `path` for reading; `keep_cache` when it
@@ -550,10 +639,15 @@ impl<'a> Op<'a> {
             self.st.dirs.insert(to.to_owned());
         }
         for writer in self.st.handles.writers() {
+            let moved =
+                |w: &crate::handles::WriterInfo| w.path == from || names::is_under(&w.path, from);
+            if !moved(&lock(&writer.info)) {
+                continue;
+            }
             // Not while its commit binds the old name (state → draft → info).
             let _draft = lock(&writer.draft);
             let mut w = lock(&writer.info);
-            if w.path == from || names::is_under(&w.path, from) {
+            if moved(&w) {
                 w.path = format!("{to}{}", &w.path[from.len()..]);
             }
         }
@@ -724,6 +818,9 @@ impl Filesystem for ShoalFs {
             self.check_alive()?;
             let mut open = false;
             for writer in op.st.handles.writers() {
+                if lock(&writer.info).path != path {
+                    continue;
+                }
                 // Not while its commit binds the name (state → draft → info).
                 let _draft = lock(&writer.draft);
                 let mut w = lock(&writer.info);

@@ -88,7 +88,11 @@ pub fn mount(config: &MountConfig) -> Result<Mounted> {
     let client = Client::connect(&config.socket)?;
     let mut watcher_client = Client::connect(&config.socket)?;
     let alive = Arc::new(AtomicBool::new(true));
-    let drafts = Client::connect(&config.socket)?;
+    // One drafts connection per session thread, up to four (each maps the
+    // region and holds a reference table at the daemon).
+    let drafts = (0..config.threads.clamp(1, 4))
+        .map(|_| Client::connect(&config.socket))
+        .collect::<Result<Vec<_>>>()?;
     let fs = ShoalFs::new(
         client,
         drafts,
