@@ -520,19 +520,7 @@ impl Store {
                 "object {id}: size {data_size} + {meta_size} overflows"
             ))
         })?;
-        let len = self
-            .allocator
-            .block_len(total)
-            .filter(|&len| len <= self.ceiling)
-            .ok_or_else(|| {
-                ShoalError::new(
-                    ErrorKind::ObjectTooLarge,
-                    format!(
-                        "object {id} needs {total} bytes but the store's capacity is {} bytes",
-                        self.ceiling
-                    ),
-                )
-            })?;
+        let len = self.padded_len(&id, total)?;
         let block = self.allocate(len).ok_or_else(|| {
             let coming = if self.evicting_bytes > 0 {
                 format!(", {} bytes on their way out", self.evicting_bytes)
@@ -556,6 +544,23 @@ impl Store {
         };
         self.insert_created(client, id, location);
         Ok(location)
+    }
+
+    /// The block an object of `total` bytes needs; `ObjectTooLarge` beyond
+    /// the store's capacity.
+    fn padded_len(&self, id: &ObjectId, total: u64) -> Result<u64> {
+        self.allocator
+            .block_len(total)
+            .filter(|&len| len <= self.ceiling)
+            .ok_or_else(|| {
+                ShoalError::new(
+                    ErrorKind::ObjectTooLarge,
+                    format!(
+                        "object {id} needs {total} bytes but the store's capacity is {} bytes",
+                        self.ceiling
+                    ),
+                )
+            })
     }
 
     /// Enters object `id` at `location` (allocated) as unsealed, written by
@@ -1046,19 +1051,7 @@ impl Store {
             )));
         }
         let block = self.block_of(entry);
-        let len = self
-            .allocator
-            .block_len(data_size)
-            .filter(|&len| len <= self.ceiling)
-            .ok_or_else(|| {
-                ShoalError::new(
-                    ErrorKind::ObjectTooLarge,
-                    format!(
-                        "object {id} cannot grow to {data_size} bytes: the store's capacity is {} bytes",
-                        self.ceiling
-                    ),
-                )
-            })?;
+        let len = self.padded_len(id, data_size)?;
         if len < block.len {
             self.allocator.free(Block {
                 offset: block.offset + len,

@@ -27,28 +27,37 @@ use shoal_core::ObjectId;
 /// enough that a file grows a few times, not once per write.
 pub const GRAIN: u64 = 1 << 20;
 
-/// What a draft needs from the store (the mount's client; a fake in tests).
-/// Errors are errnos, already mapped.
+/// An object a draft holds: its id, and which of the store's connections
+/// holds it (made it, or took the reference): the one every later call
+/// about it goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub id: ObjectId,
+    pub conn: usize,
+}
+
+/// What a draft needs from the store (the mount's connections; a fake in
+/// tests). Errors are errnos, already mapped.
 pub trait DraftStore {
     /// Creates an unsealed object of `data_size` bytes; its id and the
     /// address of its bytes in this process. With `wait`, a full store is
     /// given the mount's wait for room (its drain may free some) before
     /// ENOSPC; without, ENOSPC at once.
-    fn create(&self, data_size: u64, wait: bool) -> Result<(ObjectId, *mut u8), c_int>;
+    fn create(&self, data_size: u64, wait: bool) -> Result<(Held, *mut u8), c_int>;
     /// Resizes an unsealed object in place; false: no room right after it.
-    fn resize(&self, id: ObjectId, data_size: u64) -> Result<bool, c_int>;
+    fn resize(&self, object: Held, data_size: u64) -> Result<bool, c_int>;
     /// Binds `name` to the object and seals it (keeping this reference).
-    fn seal_named(&self, id: ObjectId, name: &str) -> Result<(), c_int>;
+    fn seal_named(&self, object: Held, name: &str) -> Result<(), c_int>;
     /// Whether the object is sealed (after a seal that failed); `None`
     /// when the store cannot say.
-    fn is_sealed(&self, id: ObjectId) -> Option<bool>;
-    fn abort(&self, id: ObjectId);
-    fn release(&self, id: ObjectId);
+    fn is_sealed(&self, object: Held) -> Option<bool>;
+    fn abort(&self, object: Held);
+    fn release(&self, object: Held);
 }
 
 /// The store object holding a draft's bytes.
 struct Object {
-    id: ObjectId,
+    held: Held,
     /// Its bytes in this process's mapping (an integer, so the draft can
     /// move between the session threads).
     address: usize,
@@ -66,13 +75,13 @@ pub struct Draft {
 }
 
 impl Draft {
-    /// A draft of a sealed version: `id`, `len` bytes at `address`, one
-    /// reference to it taken through `store` (given to the draft). Nothing
+    /// A draft of a sealed version: `len` bytes at `address`, one reference
+    /// to it held as `held` (given to the draft). Nothing
     /// is copied until the first write or truncate.
-    pub fn from_sealed(id: ObjectId, address: *const u8, len: u64) -> Self {
+    pub fn from_sealed(held: Held, address: *const u8, len: u64) -> Self {
         Self {
             object: Some(Object {
-                id,
+                held,
                 address: address as usize,
                 capacity: len,
                 sealed: true,
@@ -170,20 +179,20 @@ impl Draft {
         let o = self.object.as_mut().expect("reserved");
         if o.capacity != self.len {
             // A shrink: always in place.
-            if !store.resize(o.id, self.len)? {
+            if !store.resize(o.held, self.len)? {
                 return Err(libc::EIO);
             }
             o.capacity = self.len;
         }
-        if let Err(e) = store.seal_named(o.id, name) {
+        if let Err(e) = store.seal_named(o.held, name) {
             // Read-only from now on if it did get sealed, or may have:
             // never written into again (a draft that was not sealed after
             // all is released, and the daemon drops it with the connection).
-            o.sealed = store.is_sealed(o.id) != Some(false);
+            o.sealed = store.is_sealed(o.held) != Some(false);
             return Err(e);
         }
         o.sealed = true;
-        Ok(o.id)
+        Ok(o.held.id)
     }
 
     /// Lets the object go: an unsealed one is aborted, a sealed one's
@@ -191,9 +200,9 @@ impl Draft {
     pub fn finish(&mut self, store: &dyn DraftStore) {
         if let Some(o) = self.object.take() {
             if o.sealed {
-                store.release(o.id);
+                store.release(o.held);
             } else {
-                store.abort(o.id);
+                store.abort(o.held);
             }
         }
         self.len = 0;
@@ -225,7 +234,7 @@ impl Draft {
             }
             if !o.sealed {
                 for &size in &sizes {
-                    if store.resize(o.id, size)? {
+                    if store.resize(o.held, size)? {
                         o.capacity = size;
                         return Ok(());
                     }
@@ -237,11 +246,11 @@ impl Draft {
         } else {
             grown
         };
-        let (id, address, capacity) = match store.create(capacity, sizes.len() == 1) {
-            Ok((id, address)) => (id, address, capacity),
+        let (held, address, capacity) = match store.create(capacity, sizes.len() == 1) {
+            Ok((held, address)) => (held, address, capacity),
             Err(libc::ENOSPC) if sizes.len() > 1 => {
-                let (id, address) = store.create(exact, true)?;
-                (id, address, exact)
+                let (held, address) = store.create(exact, true)?;
+                (held, address, exact)
             }
             Err(e) => return Err(e),
         };
@@ -253,13 +262,13 @@ impl Draft {
         }
         if let Some(old) = self.object.take() {
             if old.sealed {
-                store.release(old.id);
+                store.release(old.held);
             } else {
-                store.abort(old.id);
+                store.abort(old.held);
             }
         }
         self.object = Some(Object {
-            id,
+            held,
             address: address as usize,
             capacity,
             sealed: false,
@@ -311,6 +320,11 @@ mod tests {
         }
     }
 
+    /// The fake has one connection.
+    fn held(id: ObjectId) -> Held {
+        Held { id, conn: 0 }
+    }
+
     fn fake() -> FakeStore {
         let store = FakeStore::default();
         store.room.set(true);
@@ -319,7 +333,7 @@ mod tests {
     }
 
     impl DraftStore for FakeStore {
-        fn create(&self, data_size: u64, _wait: bool) -> Result<(ObjectId, *mut u8), c_int> {
+        fn create(&self, data_size: u64, _wait: bool) -> Result<(Held, *mut u8), c_int> {
             if data_size > self.limit.get() {
                 return Err(libc::ENOSPC);
             }
@@ -332,28 +346,28 @@ mod tests {
             let mut bytes = vec![0xAB; 64 << 20];
             let address = bytes.as_mut_ptr();
             self.objects.borrow_mut().insert(id, (bytes, false));
-            Ok((id, address))
+            Ok((held(id), address))
         }
-        fn resize(&self, id: ObjectId, data_size: u64) -> Result<bool, c_int> {
+        fn resize(&self, object: Held, data_size: u64) -> Result<bool, c_int> {
             let objects = self.objects.borrow();
-            let (bytes, _) = objects.get(&id).ok_or(libc::ENOENT)?;
+            let (bytes, _) = objects.get(&object.id).ok_or(libc::ENOENT)?;
             Ok(data_size as usize <= bytes.len() && self.room.get())
         }
-        fn seal_named(&self, id: ObjectId, name: &str) -> Result<(), c_int> {
+        fn seal_named(&self, object: Held, name: &str) -> Result<(), c_int> {
             let mut objects = self.objects.borrow_mut();
-            let (_, sealed) = objects.get_mut(&id).ok_or(libc::ENOENT)?;
+            let (_, sealed) = objects.get_mut(&object.id).ok_or(libc::ENOENT)?;
             *sealed = true;
-            self.names.borrow_mut().push((name.into(), id));
+            self.names.borrow_mut().push((name.into(), object.id));
             Ok(())
         }
-        fn is_sealed(&self, id: ObjectId) -> Option<bool> {
-            Some(self.objects.borrow().get(&id).is_some_and(|o| o.1))
+        fn is_sealed(&self, object: Held) -> Option<bool> {
+            Some(self.objects.borrow().get(&object.id).is_some_and(|o| o.1))
         }
-        fn abort(&self, id: ObjectId) {
-            self.forget(id);
+        fn abort(&self, object: Held) {
+            self.forget(object.id);
         }
-        fn release(&self, id: ObjectId) {
-            self.forget(id);
+        fn release(&self, object: Held) {
+            self.forget(object.id);
         }
     }
 
@@ -398,7 +412,7 @@ mod tests {
         let mut d = Draft::default();
         d.write(&store, 0, b"hello", u64::MAX).unwrap();
         let first = d.seal(&store, "a/b").unwrap();
-        assert_eq!(store.is_sealed(first), Some(true));
+        assert_eq!(store.is_sealed(held(first)), Some(true));
         d.write(&store, 5, b"!", u64::MAX).unwrap();
         assert_eq!(store.creates.get(), 2, "a write after the seal copies it");
         assert_eq!(d.bytes(), b"hello!");
@@ -452,7 +466,7 @@ mod tests {
         let id = first.seal(&store, "f").unwrap();
         let address = first.bytes().as_ptr();
         // A second handle's draft of that version: no copy until changed.
-        let mut d = Draft::from_sealed(id, address, 3 << 20);
+        let mut d = Draft::from_sealed(held(id), address, 3 << 20);
         assert_eq!(d.bytes(), first.bytes());
         assert_eq!(store.creates.get(), 1);
         // Truncated to nothing: a small fresh object, nothing copied.
@@ -460,11 +474,11 @@ mod tests {
         assert_eq!(d.len(), 0);
         assert_eq!(store.creates.get(), 2);
         // Kept in part: only that part, in an object of its size.
-        let mut e = Draft::from_sealed(id, address, 3 << 20);
+        let mut e = Draft::from_sealed(held(id), address, 3 << 20);
         e.truncate(&store, 5, u64::MAX).unwrap();
         assert_eq!(e.bytes(), &[5u8; 5]);
         // Sealing a draft that is sealed already makes an exact copy.
-        let mut g = Draft::from_sealed(id, address, 3 << 20);
+        let mut g = Draft::from_sealed(held(id), address, 3 << 20);
         let again = g.seal(&store, "f").unwrap();
         assert_ne!(again, id);
         assert_eq!(g.bytes(), first.bytes());

@@ -22,7 +22,7 @@
 //! Lock order: `state` → a writer → `drafts` or `client`; a commit takes a
 //! writer and then the drafts connection without `state`, so it never waits
 //! for a metadata operation that waits for it. Drafts have connections of
-//! their own (several, each draft on the one that made its object): a write
+//! their own (several, each draft on the one that holds its object): a write
 //! waiting for room does not hold up lookups and opens, nor other files'
 //! growth and seals on another connection.
 //!
@@ -47,7 +47,7 @@ use shoal_core::error::{ErrorKind, ShoalError};
 use shoal_core::names;
 use shoal_core::ObjectId;
 
-use crate::draft::{Draft, DraftStore};
+use crate::draft::{Draft, DraftStore, Held};
 use crate::errno::{daemon_gone, errno};
 use crate::handles::{lock, slice_at, Handle, Handles, Sealed, Writer};
 use crate::inodes::Inodes;
@@ -92,10 +92,8 @@ pub struct ShoalFs {
     /// several files do not queue behind one another's growth and seals
     /// either; new drafts take them in turn.
     drafts: Vec<Mutex<Client>>,
-    /// Which drafts connection holds each draft object, and for how many
-    /// drafts: its creator (the only one that may resize, seal or abort
-    /// it), or where drafts of a sealed version took their references.
-    made_by: Mutex<HashMap<ObjectId, (usize, u32)>>,
+    /// The drafts connection the next draft takes (in turn); a draft keeps
+    /// the one it took (`Held::conn`).
     next_draft: AtomicUsize,
     state: Mutex<State>,
     /// Largest file: the store's capacity (an object larger than memory
@@ -124,7 +122,6 @@ impl ShoalFs {
         Self {
             client: Mutex::new(client),
             drafts: drafts.into_iter().map(Mutex::new).collect(),
-            made_by: Mutex::new(HashMap::new()),
             next_draft: AtomicUsize::new(0),
             state: Mutex::new(State::default()),
             max_file,
@@ -250,21 +247,32 @@ impl ShoalFs {
     }
 
     fn release_object(&self, id: ObjectId) {
+        self.release_on(&self.client, id);
+    }
+
+    /// Gives back a reference `connection` holds (nothing to do once the
+    /// daemon is gone: it dropped them all).
+    fn release_on(&self, connection: &Mutex<Client>, id: ObjectId) {
         if self.alive.load(Ordering::SeqCst) {
-            let released = lock(&self.client).release(&[id]);
+            let released = lock(connection).release(&[id]);
             if let Err(err) = released {
                 self.fail(&err);
             }
         }
+    }
+
+    /// The drafts connection the next draft takes.
+    fn next_draft(&self) -> usize {
+        self.next_draft.fetch_add(1, Ordering::Relaxed) % self.drafts.len()
     }
 }
 
 /// Drafts live in the store, through the mount's drafts connection (its
 /// lock taken per call: a draft's copies run without it).
 impl DraftStore for ShoalFs {
-    fn create(&self, data_size: u64, wait: bool) -> Result<(ObjectId, *mut u8), c_int> {
+    fn create(&self, data_size: u64, wait: bool) -> Result<(Held, *mut u8), c_int> {
         let id = ObjectId::random();
-        let conn = self.next_draft.fetch_add(1, Ordering::Relaxed) % self.drafts.len();
+        let conn = self.next_draft();
         // A create that waits for room does so in slices, letting go of the
         // connection between them: the seals and shrinks of other drafts
         // on it are what may free that room.
@@ -285,10 +293,7 @@ impl DraftStore for ShoalFs {
         };
         let node = client.node();
         match client.located_ptr_mut(Located::local(node, location)) {
-            Ok(address) => {
-                lock(&self.made_by).insert(id, (conn, 1));
-                Ok((id, address))
-            }
+            Ok(address) => Ok((Held { id, conn }, address)),
             Err(err) => {
                 let _ = client.abort(id);
                 Err(self.fail(&err))
@@ -296,70 +301,34 @@ impl DraftStore for ShoalFs {
         }
     }
 
-    fn resize(&self, id: ObjectId, data_size: u64) -> Result<bool, c_int> {
-        let resized = lock(self.creator(id)).resize(id, data_size);
+    fn resize(&self, object: Held, data_size: u64) -> Result<bool, c_int> {
+        let resized = lock(&self.drafts[object.conn]).resize(object.id, data_size);
         resized.map_err(|e| self.fail(&e))
     }
 
-    fn seal_named(&self, id: ObjectId, name: &str) -> Result<(), c_int> {
-        let mut client = lock(self.creator(id));
-        client.name(id, name).map_err(|e| self.fail(&e))?;
+    fn seal_named(&self, object: Held, name: &str) -> Result<(), c_int> {
+        let mut client = lock(&self.drafts[object.conn]);
+        client.name(object.id, name).map_err(|e| self.fail(&e))?;
         // The seal waits for the node's default durability.
         client
-            .seal_durable(&[id], false, None)
+            .seal_durable(&[object.id], false, None)
             .map_err(|e| self.fail(&e))
     }
 
-    fn is_sealed(&self, id: ObjectId) -> Option<bool> {
-        let sealed = lock(self.creator(id)).contains(id);
+    fn is_sealed(&self, object: Held) -> Option<bool> {
+        let sealed = lock(&self.drafts[object.conn]).contains(object.id);
         sealed.ok()
     }
 
-    fn abort(&self, id: ObjectId) {
-        let aborted = lock(self.creator(id)).abort(id);
-        self.let_go(id);
+    fn abort(&self, object: Held) {
+        let aborted = lock(&self.drafts[object.conn]).abort(object.id);
         if let Err(err) = aborted {
             self.fail(&err);
         }
     }
 
-    fn release(&self, id: ObjectId) {
-        if self.alive.load(Ordering::SeqCst) {
-            let released = lock(self.creator(id)).release(&[id]);
-            if let Err(err) = released {
-                self.fail(&err);
-            }
-        }
-        self.let_go(id);
-    }
-}
-
-impl ShoalFs {
-    /// The drafts connection holding draft object `id`.
-    fn creator(&self, id: ObjectId) -> &Mutex<Client> {
-        let conn = lock(&self.made_by).get(&id).map_or(0, |&(conn, _)| conn);
-        &self.drafts[conn]
-    }
-
-    /// The connection a new draft of sealed version `id` takes its
-    /// reference on: the one other drafts of it hold theirs on, if any.
-    fn hold(&self, id: ObjectId) -> usize {
-        let mut made_by = lock(&self.made_by);
-        let next = || self.next_draft.fetch_add(1, Ordering::Relaxed) % self.drafts.len();
-        let held = made_by.entry(id).or_insert_with(|| (next(), 0));
-        held.1 += 1;
-        held.0
-    }
-
-    /// One draft let go of `id`.
-    fn let_go(&self, id: ObjectId) {
-        let mut made_by = lock(&self.made_by);
-        if let Some(held) = made_by.get_mut(&id) {
-            held.1 -= 1;
-            if held.1 == 0 {
-                made_by.remove(&id);
-            }
-        }
+    fn release(&self, object: Held) {
+        self.release_on(&self.drafts[object.conn], object.id);
     }
 }
 
@@ -501,44 +470,26 @@ impl<'a> Op<'a> {
     /// go there), copied only when the file is changed.
     fn draft_of_current(&self, path: &str) -> Result<Draft, c_int> {
         let fs = self.fs;
-        // Which version: then its reference on the connection other drafts
-        // of it use (a name may be rebound between the two calls: the
-        // draft starts from whichever the second one finds).
-        let resolved = lock(&fs.client).resolve(path);
-        let id = match resolved {
-            Ok(entry) => entry.id,
+        let conn = fs.next_draft();
+        let mut client = lock(&fs.drafts[conn]);
+        let (entry, located) = match client.get_named(path, 0) {
+            Ok(got) => got,
             Err(err) if errno(&err) == libc::ENOENT && !daemon_gone(&err) => {
                 return Ok(Draft::default())
             }
-            Err(err) => return Err(fs.fail(&err)),
+            Err(err) => {
+                drop(client);
+                return Err(fs.fail(&err));
+            }
         };
-        let conn = fs.hold(id);
-        let mut client = lock(&fs.drafts[conn]);
-        let got = client.get_named(path, 0).and_then(|(entry, located)| {
-            match client.located_ptr(located) {
-                Ok(ptr) => Ok((entry, ptr)),
-                Err(err) => {
-                    let _ = client.release(&[entry.id]);
-                    Err(err)
-                }
-            }
-        });
-        drop(client);
-        match got {
-            Ok((entry, ptr)) if entry.id == id => {
-                Ok(Draft::from_sealed(entry.id, ptr, entry.data_size))
-            }
-            Ok((entry, _)) => {
-                // Rebound meanwhile: hold the new one where its drafts do.
-                let _ = lock(&fs.drafts[conn]).release(&[entry.id]);
-                fs.let_go(id);
-                self.draft_of_current(path)
+        match client.located_ptr(located) {
+            Ok(ptr) => {
+                let held = Held { id: entry.id, conn };
+                Ok(Draft::from_sealed(held, ptr, entry.data_size))
             }
             Err(err) => {
-                fs.let_go(id);
-                if errno(&err) == libc::ENOENT && !daemon_gone(&err) {
-                    return Ok(Draft::default());
-                }
+                let _ = client.release(&[entry.id]);
+                drop(client);
                 Err(fs.fail(&err))
             }
         }
