@@ -277,6 +277,11 @@ def run(args: argparse.Namespace) -> dict:
     burst.mkdir()
     blocks = {k: v for k, v in BLOCKS.items() if not args.quick or k in ("16K", "1M")}
     procs = [1, 4] if args.quick else PROCS
+    if args.blocks:
+        blocks = {k: BLOCKS[k] for k in args.blocks.split(",")}
+    if args.procs:
+        procs = [int(n) for n in args.procs.split(",")]
+    ops = [op for op in OPS if not args.ops or op[0] in args.ops.split(",")]
     res: dict = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "cells": []}
     res["load_before"] = loadavg()
     res["size_per_proc"] = args.size
@@ -290,7 +295,7 @@ def run(args: argparse.Namespace) -> dict:
         for name, bs in blocks.items():
             size = max(args.size // bs, 2) * bs
             for n in procs:
-                for rw, pattern in OPS:
+                for rw, pattern in ops:
                     cell = {"rw": rw, "pattern": pattern, "block": name, "procs": n}
                     for target in args.targets:
                         if target == "native":
@@ -515,6 +520,9 @@ def main() -> None:
     p.add_argument("--capacity", default="1GiB")
     p.add_argument("--targets", default=",".join(TARGETS))
     p.add_argument("--quick", action="store_true", help="blocks 16K and 1M, 1 and 4 processes")
+    p.add_argument("--blocks", help="block sizes to run, e.g. 1M,10M (default: all, or --quick's)")
+    p.add_argument("--procs", help="process counts to run, e.g. 8 (default: all, or --quick's)")
+    p.add_argument("--ops", help="write, read or both (default)")
     p.add_argument("--report-only", action="store_true", help="redo the report from OUT's .json")
     p.add_argument("--note", help="what else ran on the machine meanwhile (kept in the .json and the report)")
     p.add_argument("--repeat", type=int, default=2, help="fio runs per cell (the best is kept)")

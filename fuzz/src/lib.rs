@@ -213,10 +213,12 @@ pub fn sample_requests() -> Vec<Request> {
                     meta_size: u32::MAX,
                 },
             ],
+            growing: false,
         },
         Request::Create {
             timeout_ms: 0,
             objects: vec![],
+            growing: true,
         },
         Request::Seal {
             release: true,

@@ -971,6 +971,25 @@ impl Client {
         )?[0])
     }
 
+    /// Creates one object that will grow through [`resize`](Self::resize)
+    /// (a file being written): the daemon places it with free room after
+    /// it where it has some, so several written at once each grow in place.
+    /// Always through the socket (an object in lent space cannot be
+    /// resized).
+    pub fn create_growing(
+        &mut self,
+        id: ObjectId,
+        data_size: u64,
+        timeout_ms: u32,
+    ) -> Result<ObjectLocation> {
+        let spec = CreateSpec {
+            id,
+            data_size,
+            meta_size: 0,
+        };
+        Ok(self.create_on_socket(&[spec], timeout_ms, true)?[0])
+    }
+
     /// Creates several objects in one round trip, all or none.
     pub fn create_batch(
         &mut self,
@@ -982,9 +1001,20 @@ impl Client {
                 return Ok(vec![location]);
             }
         }
+        self.create_on_socket(objects, timeout_ms, false)
+    }
+
+    /// A `Create` round trip (`growing`: see the protocol's `Create`).
+    fn create_on_socket(
+        &mut self,
+        objects: &[CreateSpec],
+        timeout_ms: u32,
+        growing: bool,
+    ) -> Result<Vec<ObjectLocation>> {
         let request = Request::Create {
             timeout_ms,
             objects: objects.to_vec(),
+            growing,
         };
         let reply = match self.channel.call(&request) {
             // Space lent to this client and unused must not be what fills

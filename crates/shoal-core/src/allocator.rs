@@ -129,19 +129,53 @@ impl Allocator {
             }
         };
         self.recent.remove(at);
-        self.remove_free(free_off, free_len);
-        if wanted.offset > free_off {
-            self.insert_free(free_off, wanted.offset - free_off);
+        Some(self.carve(free_off, free_len, wanted.offset, len))
+    }
+
+    /// Allocates a block for an object that will grow in place (a file
+    /// being written, grown with [`extend`](Self::extend)): in the largest
+    /// free block, where it has the most room after it. When the block
+    /// right before that free block is itself still growing
+    /// (`growing_before(free block's offset)`), the new one goes halfway
+    /// in, so each keeps half the room.
+    ///
+    /// Why: best fit packs blocks created one after another side by side,
+    /// so of several files written at once only the last could grow in
+    /// place; every other growth was a new block and a copy of the file so
+    /// far (measured: eight fio writers through the mount, the copies put
+    /// the mount at 0.6–0.8 of the FUSE ceiling where one writer was at 1.0).
+    pub fn allocate_growing(
+        &mut self,
+        bytes: u64,
+        growing_before: impl Fn(u64) -> bool,
+    ) -> Option<Block> {
+        let len = self.block_len(bytes)?;
+        let &(free_len, free_off) = self.by_size.last()?;
+        if free_len < len {
+            return None;
         }
-        let end = wanted.offset + len;
+        let offset = if free_len >= 2 * len && growing_before(free_off) {
+            free_off + (free_len - len) / 2 / self.line * self.line
+        } else {
+            free_off
+        };
+        Some(self.carve(free_off, free_len, offset, len))
+    }
+
+    /// Allocates `[offset, offset + len)` out of free block
+    /// `[free_off, free_off + free_len)`, which holds it.
+    fn carve(&mut self, free_off: u64, free_len: u64, offset: u64, len: u64) -> Block {
+        debug_assert!(free_off <= offset && offset + len <= free_off + free_len);
+        self.remove_free(free_off, free_len);
+        if offset > free_off {
+            self.insert_free(free_off, offset - free_off);
+        }
+        let end = offset + len;
         if free_off + free_len > end {
             self.insert_free(end, free_off + free_len - end);
         }
         self.used += len;
-        Some(Block {
-            offset: wanted.offset,
-            len,
-        })
+        Block { offset, len }
     }
 
     /// The free block (offset, len) that wholly contains `block`, if any.
@@ -244,6 +278,37 @@ impl Allocator {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn growing_blocks_share_the_room_of_the_largest_free_block() {
+        let mut a = Allocator::new(1 << 20, 64);
+        // A small hole at the front: best fit would use it; a growing block
+        // goes to the largest free block instead.
+        let front = a.allocate(1024).unwrap();
+        let pin = a.allocate(64).unwrap();
+        a.free(front);
+        let nothing_growing = |_| false;
+        let first = a.allocate_growing(4096, nothing_growing).unwrap();
+        assert_eq!(
+            first.offset,
+            pin.offset + pin.len,
+            "start of the largest free block"
+        );
+        // The next one, after a growing block: halfway into the free room.
+        let first_end = first.offset + first.len;
+        let room = (1 << 20) - first_end;
+        let second = a.allocate_growing(4096, |at| at == first_end).unwrap();
+        assert_eq!(second.offset, first_end + (room - 4096) / 2 / 64 * 64);
+        assert!(a.extend(first, first.len + (room - 4096) / 2 / 64 * 64));
+        assert!(a.extend(second, second.len + (room - 4096) / 2));
+        // A free block too small to split: its start.
+        let mut b = Allocator::new(8192, 64);
+        let x = b.allocate_growing(4096, |_| false).unwrap();
+        assert_eq!(x.offset, 0);
+        let y = b.allocate_growing(4096, |_| true).unwrap();
+        assert_eq!(y.offset, 4096);
+        assert_eq!(b.allocate_growing(64, |_| true), None, "full");
+    }
 
     #[test]
     fn aligned_padded_and_merged() {
@@ -379,15 +444,21 @@ mod tests {
     }
 
     proptest! {
-        /// Random allocate/free sequences: blocks never overlap, stay aligned,
-        /// and accounting returns to zero.
+        /// Random allocate (best fit or growing)/free sequences: blocks never
+        /// overlap, stay aligned, and accounting returns to zero.
         #[test]
-        fn never_overlaps(ops in proptest::collection::vec((any::<bool>(), 1u64..5000, any::<prop::sample::Index>()), 1..300)) {
+        fn never_overlaps(ops in proptest::collection::vec((0u8..3, 1u64..5000, any::<prop::sample::Index>()), 1..300)) {
             let mut a = Allocator::new(1 << 16, 64);
             let mut live: Vec<Block> = Vec::new();
-            for (alloc, size, pick) in ops {
-                if alloc || live.is_empty() {
-                    if let Some(b) = a.allocate(size) {
+            for (op, size, pick) in ops {
+                if op < 2 || live.is_empty() {
+                    let block = if op == 1 {
+                        let ends: Vec<u64> = live.iter().map(|b| b.offset + b.len).collect();
+                        a.allocate_growing(size, |at| ends.contains(&at))
+                    } else {
+                        a.allocate(size)
+                    };
+                    if let Some(b) = block {
                         prop_assert_eq!(b.offset % 64, 0);
                         prop_assert!(b.len >= size && b.offset + b.len <= a.size());
                         for o in &live {

@@ -12,6 +12,8 @@
 //! must stay until a holder — a tier copying the bytes out — calls
 //! [`Store::finish_eviction`]. Without a gate every victim is freed at once.
 
+use std::collections::BTreeMap;
+
 use foldhash::HashMapExt;
 
 /// Per-client maps are on the get path: foldhash, not SipHash.
@@ -177,6 +179,23 @@ pub struct Store {
     fast_gets_looked_at: u64,
     /// The number the next lease gets (unique in this store's life).
     next_lease: u64,
+    /// Unsealed objects created with [`Placement::Growing`], by the end of
+    /// their block: a growing create after one of them leaves it room.
+    /// Entries whose object was sealed, aborted or moved are dropped when
+    /// the next growing create looks.
+    growing: BTreeMap<u64, (Slot, ObjectId)>,
+}
+
+/// Where a create puts an object's block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// Best fit: the smallest free block that holds it.
+    #[default]
+    Packed,
+    /// An object that will grow in place through [`Store::resize`] (a file
+    /// being written): in the largest free block, halfway in when another
+    /// growing object ends right before it (`Allocator::allocate_growing`).
+    Growing,
 }
 
 impl Store {
@@ -212,6 +231,7 @@ impl Store {
             adopted: HashMap::new(),
             lent_bytes: 0,
             next_lease: 1,
+            growing: BTreeMap::new(),
         }
     }
 
@@ -512,6 +532,18 @@ impl Store {
         data_size: u64,
         meta_size: u32,
     ) -> Result<ObjectLocation> {
+        self.create_placed(client, id, data_size, meta_size, Placement::Packed)
+    }
+
+    /// [`create`](Self::create) with its block placed as `placement` says.
+    pub fn create_placed(
+        &mut self,
+        client: ClientId,
+        id: ObjectId,
+        data_size: u64,
+        meta_size: u32,
+        placement: Placement,
+    ) -> Result<ObjectLocation> {
         if self.table.find(&id).is_some() {
             return Err(ShoalError::exists(&id));
         }
@@ -521,7 +553,7 @@ impl Store {
             ))
         })?;
         let len = self.padded_len(&id, total)?;
-        let block = self.allocate(len).ok_or_else(|| {
+        let block = self.allocate(len, placement).ok_or_else(|| {
             let coming = if self.evicting_bytes > 0 {
                 format!(", {} bytes on their way out", self.evicting_bytes)
             } else {
@@ -543,6 +575,10 @@ impl Store {
             meta_size,
         };
         self.insert_created(client, id, location);
+        if placement == Placement::Growing {
+            let slot = self.table.find(&id).expect("just created");
+            self.growing.insert(block.offset + block.len, (slot, id));
+        }
         Ok(location)
     }
 
@@ -591,9 +627,20 @@ impl Store {
         client: ClientId,
         specs: &[(ObjectId, u64, u32)],
     ) -> Result<Vec<ObjectLocation>> {
+        self.create_batch_placed(client, specs, Placement::Packed)
+    }
+
+    /// [`create_batch`](Self::create_batch) with each block placed as
+    /// `placement` says.
+    pub fn create_batch_placed(
+        &mut self,
+        client: ClientId,
+        specs: &[(ObjectId, u64, u32)],
+        placement: Placement,
+    ) -> Result<Vec<ObjectLocation>> {
         let mut made = Vec::with_capacity(specs.len());
         for (id, data_size, meta_size) in specs {
-            match self.create(client, *id, *data_size, *meta_size) {
+            match self.create_placed(client, *id, *data_size, *meta_size, placement) {
                 Ok(location) => made.push(location),
                 Err(err) => {
                     // Rolled back silently: these objects never existed for
@@ -627,10 +674,10 @@ impl Store {
     /// evicted: only unreferenced sealed objects, as LRU eviction would.)
     /// Victims the gate holds free nothing yet: the create fails with
     /// `StoreFull` and the caller waits for them to finish.
-    fn allocate(&mut self, len: u64) -> Option<Block> {
+    fn allocate(&mut self, len: u64, placement: Placement) -> Option<Block> {
         let fits = |s: &Self| s.allocator.used() + len <= s.capacity;
         if fits(self) {
-            if let Some(block) = self.allocator.allocate(len) {
+            if let Some(block) = self.place(len, placement) {
                 return Some(block);
             }
         }
@@ -657,7 +704,7 @@ impl Store {
         while let Some(victim) = self.policy.victim() {
             self.evict_slot(victim, true);
             if fits(self) {
-                if let Some(block) = self.allocator.allocate(len) {
+                if let Some(block) = self.place(len, placement) {
                     return Some(block);
                 }
             }
@@ -666,6 +713,29 @@ impl Store {
             }
         }
         None
+    }
+
+    /// A free block of `len` bytes placed as `placement` says, if the
+    /// allocator has one (capacity is the caller's check).
+    fn place(&mut self, len: u64, placement: Placement) -> Option<Block> {
+        match placement {
+            Placement::Packed => self.allocator.allocate(len),
+            Placement::Growing => {
+                // Only objects still unsealed where they were are growing.
+                let line = self.allocator.line();
+                let table = &self.table;
+                self.growing.retain(|&end, &mut (slot, id)| {
+                    table.get(slot).is_some_and(|e| {
+                        e.id == id
+                            && e.state == ObjectState::Created
+                            && e.offset + e.total_size().max(1).next_multiple_of(line) == end
+                    })
+                });
+                let growing = &self.growing;
+                self.allocator
+                    .allocate_growing(len, |at| growing.contains_key(&at))
+            }
+        }
     }
 
     fn block_of(&self, entry: &Entry) -> Block {
@@ -1069,6 +1139,10 @@ impl Store {
             .get_mut(slot)
             .expect("found slot is live")
             .data_size = data_size;
+        // A growing object's room is after its new end.
+        if let Some(entry) = self.growing.remove(&(block.offset + block.len)) {
+            self.growing.insert(block.offset + len, entry);
+        }
         Ok(true)
     }
 
@@ -1806,6 +1880,42 @@ mod tests {
         assert_eq!(s.get(3, &id(2)).unwrap().data_size, 0);
         assert_eq!(s.used(), 64 * 5);
         s.check_invariants();
+    }
+
+    #[test]
+    fn files_written_at_once_each_grow_in_place() {
+        let kib = 1024;
+        let mut s = store(1024 * kib);
+        let files: Vec<ObjectId> = (1..=4).map(id).collect();
+        for &f in &files {
+            s.create_placed(1, f, 4 * kib, 0, Placement::Growing)
+                .unwrap();
+        }
+        // Each has room after it: all grow in place, turn by turn, to a
+        // fifth of the store.
+        for size in (8..=200).step_by(8) {
+            for f in &files {
+                assert!(s.resize(1, f, size * kib).unwrap(), "{f} at {size} KiB");
+            }
+        }
+        // Best fit packs them side by side: only the last could grow.
+        let mut packed = store(1024 * kib);
+        for n in 5..=8 {
+            packed.create(1, id(n), 4 * kib, 0).unwrap();
+        }
+        assert!(!packed.resize(1, &id(5), 8 * kib).unwrap());
+        assert!(packed.resize(1, &id(8), 8 * kib).unwrap());
+        // A sealed file grows no more: the next one goes right after it.
+        let mut t = store(1024 * kib);
+        t.create_placed(1, id(1), 4 * kib, 0, Placement::Growing)
+            .unwrap();
+        t.seal(1, &[id(1)], false).unwrap();
+        let next = t
+            .create_placed(1, id(2), 4 * kib, 0, Placement::Growing)
+            .unwrap();
+        assert_eq!(next.offset, 4 * kib);
+        s.check_invariants();
+        t.check_invariants();
     }
 
     #[test]

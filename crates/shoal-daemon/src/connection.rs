@@ -19,6 +19,7 @@ use shoal_core::protocol::{
     decode_request, CreateSpec, FrameHeader, Notification, PeerRegion, Reply, Request,
     FRAME_HEADER_LEN, PROTOCOL_VERSION,
 };
+use shoal_core::store::Placement;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -233,12 +234,24 @@ impl Connection {
             Request::Create {
                 timeout_ms,
                 objects,
-            } => self.create(self.ops.me(), timeout_ms, &objects).await?,
+                growing,
+            } => {
+                let placement = if growing {
+                    Placement::Growing
+                } else {
+                    Placement::Packed
+                };
+                self.create(self.ops.me(), timeout_ms, &objects, placement)
+                    .await?
+            }
             Request::CreateOn {
                 node,
                 timeout_ms,
                 objects,
-            } => self.create(node, timeout_ms, &objects).await?,
+            } => {
+                self.create(node, timeout_ms, &objects, Placement::Packed)
+                    .await?
+            }
             Request::Seal {
                 release,
                 durability,
@@ -406,7 +419,13 @@ impl Connection {
 
     /// Creates on `node` (this one, or another by remote allocation) and
     /// answers with the node's region generation (0 here) and offsets.
-    async fn create(&self, node: u32, timeout_ms: u32, objects: &[CreateSpec]) -> Result<Reply> {
+    async fn create(
+        &self,
+        node: u32,
+        timeout_ms: u32,
+        objects: &[CreateSpec],
+        placement: Placement,
+    ) -> Result<Reply> {
         let specs: Vec<_> = objects
             .iter()
             .map(|o| (o.id, o.data_size, o.meta_size))
@@ -417,6 +436,7 @@ impl Connection {
                 self.client,
                 node,
                 &specs,
+                placement,
                 timeout_ms,
                 peer_gone(&self.stream),
             )

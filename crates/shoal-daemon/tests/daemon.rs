@@ -200,6 +200,29 @@ fn unsealed_objects_resize_in_place_and_bad_resizes_change_nothing() {
 }
 
 #[test]
+fn files_created_growing_at_once_each_grow_in_place_over_the_socket() {
+    let daemon = Daemon::start(1 << 20);
+    let mut a = daemon.socket_client();
+    let mut b = daemon.socket_client();
+    let (x, y) = (ObjectId::random(), ObjectId::random());
+    let at_x = a.create_growing(x, 4096, 0).unwrap();
+    let at_y = b.create_growing(y, 4096, 0).unwrap();
+    // The second left room after the first: both grow in place, in turn.
+    assert!(at_y.offset >= at_x.offset + 256 * 1024, "{at_x:?} {at_y:?}");
+    for kib in (8..=256).step_by(8) {
+        assert!(a.resize(x, kib * 1024).unwrap(), "x at {kib} KiB");
+        assert!(b.resize(y, kib * 1024).unwrap(), "y at {kib} KiB");
+    }
+    // A plain create packs in beside the last block: no room is kept for it.
+    let z = ObjectId::random();
+    let at_z = a.create(z, 4096, 0, 0).unwrap();
+    assert!(!a.resize(z, 1 << 19).unwrap(), "{at_z:?}");
+    a.seal(&[x, z], true).unwrap();
+    b.seal(&[y], true).unwrap();
+    assert_eq!(a.stats().unwrap().used, 2 * 256 * 1024 + 4096);
+}
+
+#[test]
 fn create_waits_for_space_released_by_another_client() {
     let daemon = Daemon::start(64 * 1024);
     let mut holder = daemon.client();
@@ -243,6 +266,7 @@ fn garbage_on_the_socket_drops_only_that_client() {
     Request::Create {
         timeout_ms: 0,
         objects: vec![],
+        growing: false,
     }
     .encode(&mut frame);
     frame.truncate(frame.len() - 2);

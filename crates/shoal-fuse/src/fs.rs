@@ -285,7 +285,7 @@ impl DraftStore for ShoalFs {
                 Duration::ZERO
             };
             let mut client = lock(&self.drafts[conn]);
-            match client.create(id, data_size, 0, slice.as_millis() as u32) {
+            match client.create_growing(id, data_size, slice.as_millis() as u32) {
                 Ok(location) => break (client, location),
                 Err(err) if wait && err.kind() == ErrorKind::StoreFull && !left.is_zero() => {}
                 Err(err) => return Err(self.fail(&err)),

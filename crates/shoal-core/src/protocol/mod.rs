@@ -47,7 +47,9 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// other nodes' objects").
 /// 10: `Resize`: an unsealed object shrinks, or grows in place, before its
 /// seal (the POSIX view writes files straight into store objects).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// 11: `Create { growing }`: objects that will grow are placed with room
+/// after them.
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -66,9 +68,13 @@ pub enum Request {
         pid: u32,
     },
     /// Create all or none; wait up to `timeout_ms` for space if the store is full.
+    /// `growing`: the objects will grow through `Resize` (files being
+    /// written): each is placed with free room after it where the store has
+    /// some, not packed beside the last one created.
     Create {
         timeout_ms: u32,
         objects: Vec<CreateSpec>,
+        growing: bool,
     },
     /// `durability`: acknowledged only once every object reached it
     /// (`None`: the node's default).
@@ -436,8 +442,10 @@ impl Request {
             Request::Create {
                 timeout_ms,
                 objects,
+                growing,
             } => {
                 encode_create(&mut w, *timeout_ms, objects);
+                w.u8(*growing as u8);
                 op::CREATE
             }
             Request::Seal {
@@ -556,6 +564,7 @@ impl Request {
                 Request::Create {
                     timeout_ms,
                     objects,
+                    growing: r.bool()?,
                 }
             }
             op::SEAL => Request::Seal {

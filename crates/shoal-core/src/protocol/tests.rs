@@ -39,6 +39,7 @@ fn every_request_round_trips() {
                 data_size: 1 << 40,
                 meta_size: 9,
             }],
+            growing: true,
         },
         Request::Seal {
             release: true,

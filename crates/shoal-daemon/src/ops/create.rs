@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::object_table::ClientId;
-use shoal_core::store::ObjectLocation;
+use shoal_core::store::{ObjectLocation, Placement};
 use shoal_core::ObjectId;
 use tokio::time::Instant;
 
@@ -20,14 +20,15 @@ const EVICTION_WAIT: Duration = Duration::from_secs(30);
 pub type Spec = (ObjectId, u64, u32);
 
 impl Ops {
-    /// Creates all objects or none for `client`. On a full store, waits up
-    /// to `timeout_ms` for memory to come free before failing `StoreFull`;
-    /// `gone` resolving (the client hung up) ends the wait with
-    /// `Disconnected`.
+    /// Creates all objects or none for `client`, their blocks placed as
+    /// `placement` says. On a full store, waits up to `timeout_ms` for
+    /// memory to come free before failing `StoreFull`; `gone` resolving (the
+    /// client hung up) ends the wait with `Disconnected`.
     pub async fn create(
         &self,
         client: ClientId,
         specs: &[Spec],
+        placement: Placement,
         timeout_ms: u32,
         gone: impl Future<Output = ()>,
     ) -> Result<Vec<ObjectLocation>> {
@@ -41,7 +42,9 @@ impl Ops {
             // Ids are unique cluster-wide: claim them at their homes first.
             cluster.register(&ids).await?;
         }
-        let result = self.allocate(client, specs, timeout_ms, gone).await;
+        let result = self
+            .allocate(client, specs, placement, timeout_ms, gone)
+            .await;
         if let (Some(cluster), Err(_)) = (&self.cluster, &result) {
             cluster.unregister(&ids).await;
         }
@@ -50,16 +53,22 @@ impl Ops {
 
     /// Remote allocation: creates on `node` (this one, or another whose
     /// allocator runs there). Returns the node's region generation (0 here).
+    /// `placement` applies here; another node packs.
     pub async fn create_on(
         &self,
         client: ClientId,
         node: u32,
         specs: &[Spec],
+        placement: Placement,
         timeout_ms: u32,
         gone: impl Future<Output = ()>,
     ) -> Result<(u64, Vec<ObjectLocation>)> {
         match &self.cluster {
-            _ if node == self.me() => Ok((0, self.create(client, specs, timeout_ms, gone).await?)),
+            _ if node == self.me() => Ok((
+                0,
+                self.create(client, specs, placement, timeout_ms, gone)
+                    .await?,
+            )),
             None => Err(ShoalError::invalid(format!(
                 "create on node {node}: this daemon is not part of a cluster"
             ))),
@@ -71,6 +80,7 @@ impl Ops {
         &self,
         client: ClientId,
         specs: &[Spec],
+        placement: Placement,
         timeout_ms: u32,
         gone: impl Future<Output = ()>,
     ) -> Result<Vec<ObjectLocation>> {
@@ -81,9 +91,12 @@ impl Ops {
             let space = self.node.space().notified();
             tokio::pin!(space);
             space.as_mut().enable();
-            let (result, evicting) = self
-                .node
-                .mutate(|store| (store.create_batch(client, specs), store.evicting_bytes()));
+            let (result, evicting) = self.node.mutate(|store| {
+                (
+                    store.create_batch_placed(client, specs, placement),
+                    store.evicting_bytes(),
+                )
+            });
             let err = match result {
                 Err(err) if err.kind() == ErrorKind::StoreFull => err,
                 other => return other,

@@ -7,6 +7,7 @@
 use std::future::pending;
 
 use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::store::Placement;
 use shoal_core::ObjectId;
 
 use crate::elastic::Restorer;
@@ -83,6 +84,7 @@ impl Ops {
             .allocate(
                 principals::TIERS,
                 &[(id, sizes.data_size, sizes.meta_size)],
+                Placement::Packed,
                 RESTORE_WAIT_MS,
                 pending(),
             )

@@ -10,6 +10,7 @@ use shoal_cluster::proto::{
     Statuses,
 };
 use shoal_core::error::{ErrorKind, Result};
+use shoal_core::store::Placement;
 
 use crate::ops::Ops;
 use crate::peer_service::calls::PeerCall;
@@ -248,7 +249,10 @@ pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
                 .spawn_local("peer allocate", async move {
                     let cluster = ops.cluster.as_ref().expect("cluster mode");
                     let client = principals::peer(from);
-                    let answer = match ops.create(client, &specs, timeout_ms, pending()).await {
+                    let answer = match ops
+                        .create(client, &specs, Placement::Packed, timeout_ms, pending())
+                        .await
+                    {
                         Ok(locations) => AllocateReply {
                             code: 0,
                             message: String::new(),

@@ -1,6 +1,6 @@
 //! The drain's own thread and runtime, at a lower CPU priority than the
-//! store's: writing every put down the tiers (checksums, copies into the
-//! page cache, reading the burst buffer back for the backing store) is
+//! store's: writing every put down the tiers (checksums, copies into
+//! bounce buffers or the page cache, reading the burst buffer back) is
 //! CPU work that must not slow the puts themselves. The kernel's scheduler
 //! gives it what the foreground leaves; restores and spills (which clients
 //! wait for) stay on the store's runtime at normal priority.

@@ -15,12 +15,14 @@
 //! each. Write order of a file image: write it to `tmp/`, fsync it, rename
 //! it to `objects/xx/<id>`, fsync `objects/xx`. A crash before the rename
 //! leaves only garbage in `tmp/` (swept at start); after the directory fsync
-//! the image survives. Blocking file I/O runs on tokio's blocking pool.
+//! the image survives. File images are written with direct I/O where the
+//! file system takes it (`direct.rs`), packed ones through the page cache.
+//! Blocking file I/O runs on tokio's blocking pool.
 //!
 //! Modules: `tier` (the `DirTier`: file images, packed puts, reads, deletes
 //! and compaction, the walk at open), `segments` (the segment files' layout
-//! and state), `direct` (O_DIRECT restores), `bounce` (their huge-page
-//! buffers), `io` (error mapping and fsync
+//! and state), `direct` (O_DIRECT image writes and restores), `bounce`
+//! (their huge-page buffers), `io` (error mapping and fsync
 //! helpers). Children never import this module or each other in a circle.
 
 mod bounce;

@@ -20,7 +20,10 @@ use crate::identity::TierIdentity;
 use crate::range::{DestRange, SourceRange};
 use crate::tier::{PutItem, Tier, TierUsage};
 
-use super::direct::{read_payload_direct, read_range_direct, reopen_direct, RANGE_DIRECT_MAX};
+use super::direct::{
+    read_payload_direct, read_range_direct, reopen_direct, reopen_direct_for_write,
+    write_image_direct, RANGE_DIRECT_MAX,
+};
 use super::io::{copy_checksummed, in_parallel, io_error, sync_dir, CHUNK, READ_SLICE};
 use super::segments::{
     check_header, copy_segment, read_header, read_payload, write_segment, Segment, Segments, Slot,
@@ -806,7 +809,7 @@ impl Tier for DirTier {
     }
 
     /// Small images are packed into segments, large ones staged as files,
-    /// a few at a time (checksum and copy into the page cache are CPU work);
+    /// a few at a time (checksum and copy are CPU work);
     /// then all are published together: one fsync wave, one fsync per
     /// directory touched.
     async fn put_batch(&self, items: Vec<PutItem>) -> Vec<Result<ObjectHeader>> {
@@ -927,9 +930,10 @@ impl Tier for DirTier {
 
 /// Writes the image of `id` to `tmp` (a new file) in one pass over the
 /// source: checksum a chunk while it is in cache, write it, and put the
-/// header (which holds the checksum) in front at the end. Then starts the
-/// write-back of the whole file without waiting for it, so a batch's fsyncs
-/// find their data already on its way.
+/// header (which holds the checksum) in front at the end. Direct writes
+/// (`direct.rs`) where the file system takes them; through the page cache
+/// otherwise, and then starts the write-back of the whole file without
+/// waiting for it, so a batch's fsyncs find their data already on its way.
 fn write_image(
     id: ObjectId,
     sizes: ObjectSizes,
@@ -944,6 +948,25 @@ fn write_image(
         .create_new(true)
         .open(tmp)
         .map_err(|e| io_error(&context(), e))?;
+    let header = |checksum| ObjectHeader {
+        id,
+        data_size: sizes.data_size,
+        meta_size: sizes.meta_size,
+        checksum,
+    };
+    if let Some(direct) = reopen_direct_for_write(&file) {
+        let end = HEADER_LEN as u64 + src.len() as u64;
+        match write_image_direct(&direct, src.as_slice(), |crc| header(crc).encode())
+            .and_then(|crc| direct.set_len(end).map(|()| crc))
+        {
+            Ok(crc) => return Ok((file, header(crc))),
+            // Direct writes refused here: start again through the cache.
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                file.set_len(0).map_err(|e| io_error(&context(), e))?
+            }
+            Err(e) => return Err(io_error(&context(), e)),
+        }
+    }
     let mut crc = 0u32;
     let mut offset = HEADER_LEN as u64;
     for chunk in src.as_slice().chunks(CHUNK) {
@@ -952,12 +975,7 @@ fn write_image(
             .map_err(|e| io_error(&context(), e))?;
         offset += chunk.len() as u64;
     }
-    let header = ObjectHeader {
-        id,
-        data_size: sizes.data_size,
-        meta_size: sizes.meta_size,
-        checksum: crc,
-    };
+    let header = header(crc);
     file.write_all_at(&header.encode(), 0)
         .map_err(|e| io_error(&context(), e))?;
     file.flush().map_err(|e| io_error(&context(), e))?;
