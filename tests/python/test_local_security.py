@@ -145,13 +145,16 @@ def test_a_daemon_another_user_runs_is_refused(other_uid, shared_dir, monkeypatc
     assert received == [0, 0], f"the impostor got data: {output} {err}"
 
 
+# crates/shoal-core/src/protocol/mod.rs PROTOCOL_VERSION (tests/python/test_errors.py too).
+PROTOCOL_VERSION = 11
+
 HANDSHAKE = """
 import socket, struct, sys
 s = socket.socket(socket.AF_UNIX)
 s.connect({socket!r})
 s.settimeout(5)
 try:
-    s.sendall(struct.pack("<IHHII", 8, 1, 0, 10, 1))  # Hello, protocol version 10
+    s.sendall(struct.pack("<IHHII", 8, 1, 0, {version}, 1))  # Hello
 except OSError:
     pass  # refused and closed before our Hello
 try:
@@ -171,7 +174,7 @@ def test_the_daemon_refuses_clients_of_other_users(other_uid, shared_dir):
     ours = Daemon(shared_dir / "ours", capacity="8MiB")
     try:
         Path(ours.socket).chmod(0o666)  # the file mode alone would let them in
-        refused = _as_user(other_uid, HANDSHAKE.format(socket=ours.socket))
+        refused = _as_user(other_uid, HANDSHAKE.format(socket=ours.socket, version=PROTOCOL_VERSION))
         out, err = refused.communicate(timeout=30)
         # 0x81: an Error frame, naming the refused uid.
         assert out.startswith("0x81") and f"uid {other_uid}" in out, out + err
@@ -186,7 +189,7 @@ def test_the_daemon_serves_users_it_is_told_to_allow(other_uid, shared_dir):
     allowing = Daemon(shared_dir / "allowing", capacity="8MiB", args=["--allow-uid", str(other_uid)])
     try:
         Path(allowing.socket).chmod(0o666)
-        admitted = _as_user(other_uid, HANDSHAKE.format(socket=allowing.socket))
+        admitted = _as_user(other_uid, HANDSHAKE.format(socket=allowing.socket, version=PROTOCOL_VERSION))
         out, err = admitted.communicate(timeout=30)
         assert out.startswith("0x82"), out + err  # Welcome
     finally:
