@@ -722,13 +722,14 @@ impl Store {
             Placement::Packed => self.allocator.allocate(len),
             Placement::Growing => {
                 // Only objects still unsealed where they were are growing.
-                let line = self.allocator.line();
-                let table = &self.table;
+                let (table, allocator) = (&self.table, &self.allocator);
                 self.growing.retain(|&end, &mut (slot, id)| {
                     table.get(slot).is_some_and(|e| {
                         e.id == id
                             && e.state == ObjectState::Created
-                            && e.offset + e.total_size().max(1).next_multiple_of(line) == end
+                            && allocator
+                                .block_len(e.total_size())
+                                .is_some_and(|len| e.offset + len == end)
                     })
                 });
                 let growing = &self.growing;
