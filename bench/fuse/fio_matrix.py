@@ -4,8 +4,10 @@ native API, tmpfs and the burst buffer's file system, in one run.
     python bench/fuse/fio_matrix.py --out bench/results/fuse.md [--quick]
 
 Matrix: {write, read} x {sequential, random} x block {16K, 100K, 1M, 10M} x {1, 2, 4, 8}
-processes (fio `numjobs`, one file each, psync, `--size` per process). Each fio cell runs
-`--repeat` times (default 2) and keeps the best, as the machine is shared. Targets:
+processes (fio `numjobs`, one file each, psync, `--size` per process). Each cell runs
+`--repeat` rounds (default 3) of every target, each round in a rotated order, and keeps each
+target's best run, as the machine is shared (all runs are kept in the .json). A mount's run
+starts once the drain has written down what earlier runs left queued. Targets:
   mount    a `shoal mount` of a daemon with a burst buffer (DIR/burst) and a backing
            directory (DIR/backing): writes land in the mount's buffers and become objects at
            close; reads of the files the write pass sealed (fio's default invalidate=1 drops
@@ -60,6 +62,8 @@ MOUNTS = {"mount": [], "mount-wb": ["--writeback-cache"]}
 CEILINGS = {"ceiling": [], "ceiling-wb": ["--writeback-cache"]}
 # Each mount and the ceiling it is held to.
 CEILING_OF = {"mount": "ceiling", "mount-wb": "ceiling-wb"}
+# Seconds of quiet before each run (after a sync).
+PAUSE = 0.3
 
 
 def ceiling_binary() -> Path:
@@ -175,6 +179,18 @@ class Shoal:
         client.close()
         return depth
 
+    def settle(self, limit: float = 60.0) -> None:
+        """Waits (at most `limit` s) until the drain has written down everything
+        queued: a run then pays for its own write-behind, not for the runs
+        before it (the drain case below measures writes beside a drain)."""
+        import shoal
+
+        client = shoal.Client(self.socket)
+        deadline = time.monotonic() + limit
+        while client.tiers().get("queue_depth", 0) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        client.close()
+
     def stop(self) -> None:
         for _, proc in self.mounts.values():
             proc.terminate()
@@ -270,6 +286,42 @@ def drain_case(args: argparse.Namespace, store: Shoal, tmpfs: Path) -> list[dict
     return rows
 
 
+def run_target(
+    store: Shoal,
+    ceilings: Ceilings,
+    tmpfs: Path,
+    burst: Path,
+    target: str,
+    rw: str,
+    pattern: str,
+    bs: int,
+    procs: int,
+    size: int,
+) -> dict:
+    """One fio run (or native driver run) of a cell on `target`; a write starts from an
+    empty directory, and a mount's run from a drain queue that is empty."""
+    if target == "native":
+        return native(store.socket, rw, pattern, bs, procs, size)
+    if target in MOUNTS:
+        directory = store.mounts[target][0]
+    elif target in CEILINGS:
+        directory = ceilings.mounts[target][0]
+    else:
+        directory = tmpfs if target == "tmpfs" else burst
+    if rw == "write":
+        if target in MOUNTS:
+            store.clear()
+        else:
+            clean(directory)
+    if target in MOUNTS:
+        store.settle()
+    # What the run before left to the kernel (dirty pages, freed page cache, exiting
+    # processes) slowed whichever target came next by up to 40 %.
+    os.sync()
+    time.sleep(PAUSE)
+    return fio(directory, rw, pattern, bs, procs, size)
+
+
 def run(args: argparse.Namespace) -> dict:
     root = Path(tempfile.mkdtemp(prefix="fuse-bench-", dir=args.dir))
     tmpfs = Path(tempfile.mkdtemp(prefix="shoal-fuse-bench-", dir="/dev/shm"))
@@ -297,29 +349,24 @@ def run(args: argparse.Namespace) -> dict:
             for n in procs:
                 for rw, pattern in ops:
                     cell = {"rw": rw, "pattern": pattern, "block": name, "procs": n}
+                    runs: dict[str, list[dict]] = {t: [] for t in args.targets}
+                    # Rounds of every target, each round in a rotated order: a
+                    # slow spell of the shared machine falls on all targets
+                    # alike, not on whichever ran then.
+                    for r in range(args.repeat):
+                        order = args.targets[r % len(args.targets) :] + args.targets[: r % len(args.targets)]
+                        for target in order:
+                            one = run_target(store, ceilings, tmpfs, burst, target, rw, pattern, bs, n, size)
+                            runs[target].append(one)
                     for target in args.targets:
-                        if target == "native":
-                            cell[target] = native(store.socket, rw, pattern, bs, n, size)
-                            continue
-                        if target in MOUNTS:
-                            directory = store.mounts[target][0]
-                        elif target in CEILINGS:
-                            directory = ceilings.mounts[target][0]
-                        else:
-                            directory = tmpfs if target == "tmpfs" else burst
-                        runs = []
-                        for _ in range(args.repeat):
-                            if rw == "write":
-                                if target in MOUNTS:
-                                    store.clear()
-                                else:
-                                    clean(directory)
-                            runs.append(fio(directory, rw, pattern, bs, n, size))
-                        cell[target] = best(runs)
-                        if target == "mount" and rw == "read":
-                            warm = [fio(directory, rw, pattern, bs, n, size, invalidate=False)]
-                            warm += [fio(directory, rw, pattern, bs, n, size, invalidate=False)]
-                            cell["warm"] = best(warm[1:])
+                        cell[target] = best(runs[target])
+                        cell[target]["runs"] = [round(r["mibs"]) for r in runs[target]]
+                    if "mount" in args.targets and rw == "read":
+                        directory = store.mounts["mount"][0]
+                        store.settle()
+                        warm = [fio(directory, rw, pattern, bs, n, size, invalidate=False)]
+                        warm += [fio(directory, rw, pattern, bs, n, size, invalidate=False)]
+                        cell["warm"] = best(warm[1:])
                     res["cells"].append(cell)
                     print(json.dumps(cell), flush=True)
         if args.drain_seconds and not args.no_tiers:
@@ -431,7 +478,8 @@ def report(res: dict, png: str) -> str:
         f"Run {res['started']}, {res['size_per_proc'] >> 20} MiB per process"
         + ("" if res.get("tiers", True) else ", a memory-only daemon (no tiers, no drain)")
         + ", best of "
-        f"{res.get('repeat', 1)} fio runs per cell, load {res['load_before']} before / "
+        f"{res.get('repeat', 1)} rounds per cell (targets interleaved; a mount's run starts with "
+        "the drain queue empty), load {res['load_before']} before / "
         f"{res['load_after']} after (2 shared cores).",
         *([res["note"]] if res.get("note") else []),
         "",
@@ -525,7 +573,7 @@ def main() -> None:
     p.add_argument("--ops", help="write, read or both (default)")
     p.add_argument("--report-only", action="store_true", help="redo the report from OUT's .json")
     p.add_argument("--note", help="what else ran on the machine meanwhile (kept in the .json and the report)")
-    p.add_argument("--repeat", type=int, default=2, help="fio runs per cell (the best is kept)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds of fio runs per cell (the best is kept)")
     p.add_argument("--drain-seconds", type=float, default=3, help="the drain case's fio runtime (0: skip)")
     p.add_argument("--backlog", type=int, default=512 << 20, help="bytes put before the drain case")
     p.add_argument(
