@@ -481,11 +481,7 @@ fn the_tiers_are_in_the_metrics() {
     use std::io::{Read, Write};
 
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::free_ports(1)[0];
     let http = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let mut cfg = config(dir.path(), 4 * MIB, tiers(dir.path(), Some(64 * MIB), true));
     cfg.metrics = Some(http);

@@ -5,8 +5,10 @@
 // Each test file compiles its own copy and uses a part of it.
 #![allow(dead_code)]
 
+use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -33,6 +35,29 @@ pub fn init_logs() {
         .try_init();
 }
 
+/// `count` free loopback ports, none handed out before in this process.
+///
+/// The kernel may give a port released by one test to the next `bind(0)`
+/// before the first test's daemon has bound it; tests run in parallel, so
+/// two daemons could be handed one port. Remembering every port given out
+/// closes that window within the test binary.
+pub fn free_ports(count: usize) -> Vec<u16> {
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let mut given = GIVEN.lock().unwrap();
+    let given = given.get_or_insert_with(HashSet::new);
+    // Held together so no two of these are the same free port.
+    let mut held = Vec::with_capacity(count);
+    while held.len() < count {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        if given.insert(listener.local_addr().unwrap().port()) {
+            held.push(listener);
+        }
+    }
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
 /// A topology of `nodes` coherent mapped nodes of `region_size` bytes on
 /// free loopback ports, sockets in `dir`, regions in /dev/shm named after
 /// the cluster's `name`; heartbeats every 100 ms, leases of 5 s, loans
@@ -44,15 +69,7 @@ pub fn loopback_topology(
     linger: Duration,
     dir: &Path,
 ) -> Topology {
-    let ports: Vec<u16> = {
-        // Held together so no two nodes are given the same free port.
-        let held: Vec<_> = (0..2 * nodes)
-            .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
-            .collect();
-        held.iter()
-            .map(|l| l.local_addr().unwrap().port())
-            .collect()
-    };
+    let ports = free_ports(2 * nodes as usize);
     let tag = format!("{}-{}", std::process::id(), ports[0]);
     Topology {
         name: name.into(),
@@ -133,10 +150,20 @@ pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// Waits until a daemon answers on `socket`; fails the test at `deadline`.
-pub fn wait_serving(socket: &Path, deadline: Instant) {
+/// Waits until the daemon of one of `threads` answers on `socket`; fails
+/// the test at `deadline`, or at once with the daemon's error if one of
+/// `threads` ended (a port taken, a region that would not map).
+pub fn wait_started(socket: &Path, threads: &mut Vec<JoinHandle<Result<()>>>, deadline: Instant) {
     while Client::connect(socket).is_err() {
-        assert!(Instant::now() < deadline, "daemon did not start");
+        if let Some(ended) = threads.iter().position(|t| t.is_finished()) {
+            let outcome = threads.remove(ended).join();
+            panic!("a daemon stopped before serving: {outcome:?}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "daemon at {} did not start",
+            socket.display()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -179,27 +206,28 @@ impl LoneNode {
         let socket = topology.nodes[0].socket.clone();
         let mut config = DaemonConfig::new(&socket, region_size);
         config.prefault = false;
-        let metrics = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, free_ports(1)[0]));
         config.metrics = Some(metrics);
         config.cluster = Some(ClusterConfig {
             topology: topology.clone(),
             node: 0,
         });
         let shutdown = Shutdown::new();
-        let thread = {
+        let mut threads = vec![{
             let shutdown = shutdown.clone();
             std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
-        };
-        wait_serving(&socket, Instant::now() + Duration::from_secs(10));
+        }];
+        wait_started(
+            &socket,
+            &mut threads,
+            Instant::now() + Duration::from_secs(10),
+        );
         Self {
             topology,
             socket,
             metrics,
             shutdown,
-            thread: Some(thread),
+            thread: threads.pop(),
             _dir: dir,
         }
     }
@@ -265,7 +293,7 @@ impl TestCluster {
         let dir = tempfile::tempdir().unwrap();
         let topology = loopback_topology(name, nodes, region_size, linger, dir.path());
         let shutdown = Shutdown::new();
-        let threads = (0..nodes)
+        let mut threads = (0..nodes)
             .map(|node| {
                 let mut config =
                     DaemonConfig::new(&topology.nodes[node as usize].socket, region_size);
@@ -282,7 +310,7 @@ impl TestCluster {
         let sockets: Vec<PathBuf> = topology.nodes.iter().map(|n| n.socket.clone()).collect();
         let deadline = Instant::now() + Duration::from_secs(20);
         for socket in &sockets {
-            wait_serving(socket, deadline);
+            wait_started(socket, &mut threads, deadline);
         }
         Self {
             sockets,
