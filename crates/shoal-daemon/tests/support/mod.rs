@@ -150,6 +150,11 @@ pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// How long a test waits for its daemons to serve: generous, since a
+/// daemon that fails to start ends its thread and fails the test at once,
+/// and CI's two cores may be busy with other test binaries' daemons.
+const START_WAIT: Duration = Duration::from_secs(30);
+
 /// Waits until the daemon of one of `threads` answers on `socket`; fails
 /// the test at `deadline`, or at once with the daemon's error if one of
 /// `threads` ended (a port taken, a region that would not map).
@@ -217,11 +222,7 @@ impl LoneNode {
             let shutdown = shutdown.clone();
             std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
         }];
-        wait_started(
-            &socket,
-            &mut threads,
-            Instant::now() + Duration::from_secs(10),
-        );
+        wait_started(&socket, &mut threads, Instant::now() + START_WAIT);
         Self {
             topology,
             socket,
@@ -308,7 +309,7 @@ impl TestCluster {
             })
             .collect();
         let sockets: Vec<PathBuf> = topology.nodes.iter().map(|n| n.socket.clone()).collect();
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + START_WAIT;
         for socket in &sockets {
             wait_started(socket, &mut threads, deadline);
         }
