@@ -3,7 +3,7 @@
 //! only well-formed GETs without ever affecting the store.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
@@ -13,6 +13,8 @@ use shoal_client::Client;
 use shoal_core::error::Result;
 use shoal_core::ObjectId;
 use shoal_daemon::metrics::exposition::{self, Sample};
+
+mod support;
 use shoal_daemon::{DaemonConfig, Shutdown};
 
 struct Daemon {
@@ -27,11 +29,7 @@ impl Daemon {
     fn start(capacity: u64) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("shoal.sock");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = support::free_ports(1)[0];
         let http = SocketAddr::from(([127, 0, 0, 1], port));
         let mut config = DaemonConfig::new(&socket, capacity);
         config.prefault = false;

@@ -5,7 +5,7 @@
 // Each test file compiles its own copy and uses a part of it.
 #![allow(dead_code)]
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -42,10 +42,9 @@ pub fn init_logs() {
 /// two daemons could be handed one port. Remembering every port given out
 /// closes that window within the test binary.
 pub fn free_ports(count: usize) -> Vec<u16> {
-    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let mut given = GIVEN.lock().unwrap();
-    let given = given.get_or_insert_with(HashSet::new);
-    // Held together so no two of these are the same free port.
+    // Held until all are taken, so the kernel offers a new port each time.
     let mut held = Vec::with_capacity(count);
     while held.len() < count {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
