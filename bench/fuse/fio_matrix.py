@@ -47,6 +47,7 @@ import datetime
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -440,9 +441,7 @@ def paired(cell: dict, mount: str) -> float | None:
     a, b = cell[mount].get("runs"), cell[CEILING_OF[mount]].get("runs")
     if not a or not b or len(a) != len(b) or not all(b):
         return None
-    ratios = sorted(x / y for x, y in zip(a, b, strict=True))
-    n = len(ratios)
-    return ratios[n // 2] if n % 2 else (ratios[n // 2 - 1] + ratios[n // 2]) / 2
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
 def ratio(a: float, b: float) -> str:
