@@ -471,8 +471,8 @@ def targets_met(res: dict) -> list[str]:
     row("sequential writes >= 0.8x tmpfs, 1M/10M", seq_writes, "tmpfs", 0.8)
     reads = [c for c in cells if c["rw"] == "read"]
     row("reads of sealed files >= 0.9x tmpfs", reads, "tmpfs", 0.9)
-    if any("warm" in c for c in reads):
-        warm = [c for c in reads if "warm" in c and "tmpfs" in c]
+    warm = [c for c in reads if "warm" in c and "tmpfs" in c]
+    if warm:  # a subset run without tmpfs has nothing to hold them to
         ok = sum(c["warm"]["mibs"] >= 0.9 * c["tmpfs"]["mibs"] for c in warm)
         worst = min(c["warm"]["mibs"] / c["tmpfs"]["mibs"] for c in warm)
         lines.append(f"| the same, page cache kept (warm) | {len(warm)} | {ok} met (worst {worst:.2f}) | |")

@@ -421,6 +421,24 @@ impl Mapping {
         })
     }
 
+    /// Fills the page tables of `[offset, offset + len)` for a write about
+    /// to cover it: through [`populate_on_use`](Self::populate_on_use) when
+    /// this mapping tracks its chunks (each chunk once in the life of the
+    /// process: populating pages whose entries are already there still
+    /// walks every one of them, ~2 ms per 64 MiB, measured as 5 % of the
+    /// POSIX view's CPU writing 1 MiB blocks), else the whole range now.
+    pub fn populate_for_writing(&self, offset: u64, len: u64) {
+        if len == 0 || !self.contains(offset, len) {
+            return;
+        }
+        if self.populated.is_empty() {
+            // SAFETY: inside the live, writable mapping (checked above).
+            unsafe { populate(self.base().add(offset as usize), len as usize, true) }
+        } else {
+            self.populate_on_use(offset, len, true);
+        }
+    }
+
     /// Fills the page tables of every [`POPULATE_CHUNK`] that
     /// `[offset, offset + len)` touches and this process has not populated
     /// yet: here for writing with `write` (the caller is about to write the
@@ -817,6 +835,37 @@ mod tests {
         Mapping::map(region.fd(), region.len(), false)
             .unwrap()
             .populate_on_use(0, len, false);
+    }
+
+    #[test]
+    fn a_range_populated_for_writing_takes_no_faults_whether_chunks_are_tracked_or_not() {
+        let len = 2 * POPULATE_CHUNK;
+        let Some((_dir, region)) = shm_region(len) else {
+            eprintln!("skipped: no /dev/shm here");
+            return;
+        };
+        region.prefault(1 << 20, || true);
+        let write_all = |map: &Mapping, from: u64, to: u64| {
+            let before = minor_faults();
+            for at in (from..to).step_by(page_size()) {
+                // SAFETY: inside the mapping, which is writable.
+                unsafe { map.base().add(at as usize).write_volatile(1) };
+            }
+            minor_faults() - before
+        };
+        for tracked in [true, false] {
+            let map = Mapping::map(region.fd(), region.len(), tracked).unwrap();
+            map.populate_for_writing(4096, POPULATE_CHUNK + 8192);
+            let faults = write_all(&map, 4096, POPULATE_CHUNK + 8192);
+            assert!(faults < 8, "tracked {tracked}: {faults} write faults");
+            // Outside or empty: nothing, and no panic.
+            map.populate_for_writing(len, 1);
+            map.populate_for_writing(0, 0);
+            map.populate_for_writing(u64::MAX, 2);
+        }
+        // Untouched and not populated: its pages fault on the first write.
+        let map = Mapping::map(region.fd(), region.len(), true).unwrap();
+        assert!(write_all(&map, POPULATE_CHUNK, len) > 8);
     }
 
     #[test]

@@ -45,6 +45,7 @@ use libc::c_int;
 use shoal_client::{Client, Located, NameEntry};
 use shoal_core::error::{ErrorKind, ShoalError};
 use shoal_core::names;
+use shoal_core::region::Mapping;
 use shoal_core::ObjectId;
 
 use crate::draft::{Draft, DraftStore, Held};
@@ -92,6 +93,8 @@ pub struct ShoalFs {
     /// several files do not queue behind one another's growth and seals
     /// either; new drafts take them in turn.
     drafts: Vec<Mutex<Client>>,
+    /// Each drafts connection's mapping of the region (where its drafts' bytes are).
+    draft_maps: Vec<Arc<Mapping>>,
     /// The drafts connection the next draft takes (in turn); a draft keeps
     /// the one it took (`Held::conn`).
     next_draft: AtomicUsize,
@@ -121,6 +124,7 @@ impl ShoalFs {
         let max_file = client.info().capacity;
         Self {
             client: Mutex::new(client),
+            draft_maps: drafts.iter().map(|c| c.mapping().clone()).collect(),
             drafts: drafts.into_iter().map(Mutex::new).collect(),
             next_draft: AtomicUsize::new(0),
             state: Mutex::new(State::default()),
@@ -304,6 +308,14 @@ impl DraftStore for ShoalFs {
     fn resize(&self, object: Held, data_size: u64) -> Result<bool, c_int> {
         let resized = lock(&self.drafts[object.conn]).resize(object.id, data_size);
         resized.map_err(|e| self.fail(&e))
+    }
+
+    fn prepare_write(&self, object: Held, at: *mut u8, len: usize) {
+        // The connection's mapping, without its lock (other drafts' store
+        // calls hold it): a mapping is never replaced while its client lives.
+        let mapping = &self.draft_maps[object.conn];
+        let offset = (at as usize).wrapping_sub(mapping.base() as usize) as u64;
+        mapping.populate_for_writing(offset, len as u64);
     }
 
     fn seal_named(&self, object: Held, name: &str) -> Result<(), c_int> {
