@@ -427,13 +427,10 @@ impl Mapping {
     /// process: populating pages whose entries are already there still
     /// walks every one of them, ~2 ms per 64 MiB, measured as 5 % of the
     /// POSIX view's CPU writing 1 MiB blocks), else the whole range now.
+    /// Both ways ignore an empty range or one outside the mapping.
     pub fn populate_for_writing(&self, offset: u64, len: u64) {
-        if len == 0 || !self.contains(offset, len) {
-            return;
-        }
         if self.populated.is_empty() {
-            // SAFETY: inside the live, writable mapping (checked above).
-            unsafe { populate(self.base().add(offset as usize), len as usize, true) }
+            self.populate(offset, len, true);
         } else {
             self.populate_on_use(offset, len, true);
         }
