@@ -151,9 +151,16 @@ def test_a_named_put_is_a_file_and_a_file_is_gettable_by_name(store: Daemon, mou
     data = np.random.default_rng(1).integers(0, 255, 3 << 20, dtype=np.uint8).tobytes()
     (mount.path / "files").mkdir()
     (mount.path / "files" / "data.bin").write_bytes(data)
-    assert bytes(client.get_named("files/data.bin")) == data
+    got = client.get_named("files/data.bin")
+    assert bytes(got) == data
+    # After a small object: a file, and a large put, still start on a page
+    # (the kernel's copies of a file are page by page).
+    assert got.address % 4096 == 0
+    client.put(data, name="py/large.bin")
+    assert client.get_named("py/large.bin").address % 4096 == 0
     assert [r.name for r in client.ls("files")] == ["files/data.bin"]
     assert sorted(os.listdir(mount.path)) == ["files", "py"]
+    assert sorted(os.listdir(mount.path / "py")) == ["hello.txt", "large.bin"]
 
 
 def test_an_arrow_file_written_through_the_mount_is_read_zero_copy(store: Daemon, mount: Mount) -> None:

@@ -25,6 +25,25 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// How many recently freed blocks are remembered for reuse.
 const RECENT: usize = 8;
 
+/// Blocks of at least this many bytes, and every growing block, start on a
+/// page boundary when a free block has room for that (else on a line, as
+/// small ones do: alignment never refuses a block that fits). A payload
+/// that starts 64 bytes into a page spans one page more than it needs, and
+/// every kernel copy of it (a FUSE read reply, a socket send, a file write)
+/// pins and copies two source pages per destination page: 1 MiB reads
+/// through the mount were ~9 % slower than from page-aligned memory, the
+/// time in `gup_fast` 2.4x. The gap left in front (under a page) is free
+/// for small objects; at this size it is at most 6 % of the block.
+pub const PAGE_ALIGNED_FROM: u64 = 64 << 10;
+
+/// The page the kernel pins and copies by (4 KiB here; a larger page
+/// would still be a multiple of it for O_DIRECT's sake).
+const PAGE: u64 = 4096;
+
+/// How many misaligned best-fit candidates are tried before going to the
+/// smallest free block that holds the request from an aligned start anyway.
+const ALIGN_TRIES: usize = 16;
+
 /// A block of the region: `[offset, offset + len)`, both multiples of the line size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block {
@@ -95,16 +114,45 @@ impl Allocator {
 
     pub fn allocate(&mut self, bytes: u64) -> Option<Block> {
         let len = self.block_len(bytes)?;
-        if let Some(block) = self.reuse_recent(len) {
+        let align = self.alignment(len);
+        if let Some(block) = self.reuse_recent(len, align) {
             return Some(block);
         }
-        let &(free_len, offset) = self.by_size.range((len, 0)..).next()?;
-        self.remove_free(offset, free_len);
-        if free_len > len {
-            self.insert_free(offset + len, free_len - len);
+        let (free_off, free_len, offset) = self.best_fit(len, align)?;
+        Some(self.carve(free_off, free_len, offset, len))
+    }
+
+    /// Where a block of `len` bytes starts: a page for a large one (see
+    /// [`PAGE_ALIGNED_FROM`]), else a line.
+    fn alignment(&self, len: u64) -> u64 {
+        if len >= PAGE_ALIGNED_FROM {
+            PAGE.max(self.line)
+        } else {
+            self.line
         }
-        self.used += len;
-        Some(Block { offset, len })
+    }
+
+    /// The smallest free block holding `len` bytes from an `align`ed start
+    /// (lowest address first among equals) and that start; failing that,
+    /// the smallest holding them at all, from its own start. Only blocks
+    /// shorter than `len + align - line` can fail to hold it aligned, so
+    /// after [`ALIGN_TRIES`] of those the search jumps past them.
+    fn best_fit(&self, len: u64, align: u64) -> Option<(u64, u64, u64)> {
+        let &(first_len, first_off) = self.by_size.range((len, 0)..).next()?;
+        if align == self.line {
+            return Some((first_off, first_len, first_off));
+        }
+        let aligned_in = |&(free_len, free_off): &(u64, u64)| {
+            let start = free_off.checked_next_multiple_of(align)?;
+            (start.checked_add(len)? <= free_off + free_len).then_some((free_off, free_len, start))
+        };
+        let roomy = len.saturating_add(align - self.line);
+        self.by_size
+            .range((len, 0)..)
+            .take(ALIGN_TRIES)
+            .find_map(aligned_in)
+            .or_else(|| self.by_size.range((roomy, 0)..).next().and_then(aligned_in))
+            .or(Some((first_off, first_len, first_off)))
     }
 
     /// The newest recently freed block of `len` to 2·`len` bytes that is
@@ -113,12 +161,12 @@ impl Allocator {
     /// or whole) is forgotten when met: it is free again only through
     /// `free`, which remembers it anew. So the scan costs a few compares
     /// per allocation when nothing was freed since.
-    fn reuse_recent(&mut self, len: u64) -> Option<Block> {
+    fn reuse_recent(&mut self, len: u64, align: u64) -> Option<Block> {
         let mut at = self.recent.len();
         let (wanted, (free_off, free_len)) = loop {
             at = at.checked_sub(1)?;
             let r = self.recent[at];
-            if r.len < len || r.len >= len.saturating_mul(2) {
+            if r.len < len || r.len >= len.saturating_mul(2) || !r.offset.is_multiple_of(align) {
                 continue;
             }
             match self.free_block_holding(r) {
@@ -137,7 +185,9 @@ impl Allocator {
     /// free block, where it has the most room after it. When the block
     /// right before that free block is itself still growing
     /// (`growing_before(free block's offset)`), the new one goes halfway
-    /// in, so each keeps half the room.
+    /// in, so each keeps half the room. Either way the block starts on a
+    /// page when the free block has room for that (a file is read and
+    /// written in pages: see [`PAGE_ALIGNED_FROM`]).
     ///
     /// Why: best fit packs blocks created one after another side by side,
     /// so of several files written at once only the last could grow in
@@ -154,10 +204,17 @@ impl Allocator {
         if free_len < len {
             return None;
         }
+        let align = PAGE.max(self.line);
+        let end = free_off + free_len;
+        let start = free_off
+            .checked_next_multiple_of(align)
+            .filter(|&s| s.checked_add(len).is_some_and(|e| e <= end))
+            .unwrap_or(free_off);
         let offset = if free_len >= 2 * len && growing_before(free_off) {
-            free_off + (free_len - len) / 2 / self.line * self.line
+            // The page at or below halfway (it still leaves room for `len`).
+            ((free_off + (free_len - len) / 2) / align * align).max(start)
         } else {
-            free_off
+            start
         };
         Some(self.carve(free_off, free_len, offset, len))
     }
@@ -283,24 +340,25 @@ mod tests {
     fn growing_blocks_share_the_room_of_the_largest_free_block() {
         let mut a = Allocator::new(1 << 20, 64);
         // A small hole at the front: best fit would use it; a growing block
-        // goes to the largest free block instead.
+        // goes to the largest free block instead, from its first page.
         let front = a.allocate(1024).unwrap();
         let pin = a.allocate(64).unwrap();
         a.free(front);
         let nothing_growing = |_| false;
         let first = a.allocate_growing(4096, nothing_growing).unwrap();
+        assert!(pin.offset + pin.len <= first.offset);
         assert_eq!(
-            first.offset,
-            pin.offset + pin.len,
-            "start of the largest free block"
+            first.offset, PAGE,
+            "the first page of the largest free block"
         );
-        // The next one, after a growing block: halfway into the free room.
+        // The next one, after a growing block: the page at or below halfway
+        // into the free room.
         let first_end = first.offset + first.len;
         let room = (1 << 20) - first_end;
         let second = a.allocate_growing(4096, |at| at == first_end).unwrap();
-        assert_eq!(second.offset, first_end + (room - 4096) / 2 / 64 * 64);
-        assert!(a.extend(first, first.len + (room - 4096) / 2 / 64 * 64));
-        assert!(a.extend(second, second.len + (room - 4096) / 2));
+        assert_eq!(second.offset, (first_end + (room - 4096) / 2) / PAGE * PAGE);
+        assert!(a.extend(first, second.offset - first.offset));
+        assert!(a.extend(second, (1 << 20) - second.offset));
         // A free block too small to split: its start.
         let mut b = Allocator::new(8192, 64);
         let x = b.allocate_growing(4096, |_| false).unwrap();
@@ -308,6 +366,75 @@ mod tests {
         let y = b.allocate_growing(4096, |_| true).unwrap();
         assert_eq!(y.offset, 4096);
         assert_eq!(b.allocate_growing(64, |_| true), None, "full");
+    }
+
+    #[test]
+    fn large_blocks_start_on_a_page_and_small_ones_fill_the_gap() {
+        let mut a = Allocator::new(1 << 20, 64);
+        let small = a.allocate(100).unwrap();
+        assert_eq!((small.offset, small.len), (0, 128));
+        let large = a.allocate(PAGE_ALIGNED_FROM + 1).unwrap();
+        assert_eq!(large.offset, PAGE);
+        assert_eq!(
+            large.len,
+            PAGE_ALIGNED_FROM + 64,
+            "padded to lines, not pages"
+        );
+        // The gap in front of it is an ordinary free block: best fit puts a
+        // small object there.
+        assert_eq!(a.free_blocks(), 2);
+        assert_eq!(a.allocate(1000).unwrap().offset, 128);
+        // A large one right after a large one: the next page, again.
+        let next = a.allocate(PAGE_ALIGNED_FROM).unwrap();
+        assert_eq!(
+            next.offset,
+            (large.offset + large.len).next_multiple_of(PAGE)
+        );
+        // Just under the threshold: a line is enough.
+        let below = a.allocate(PAGE_ALIGNED_FROM - 64).unwrap();
+        assert_eq!(below.offset, next.offset + next.len);
+        // A large block freed and asked for again comes back where it was.
+        a.free(large);
+        assert_eq!(a.allocate(PAGE_ALIGNED_FROM).unwrap().offset, large.offset);
+    }
+
+    #[test]
+    fn alignment_never_refuses_a_block_that_fits() {
+        // Room for the block only from a line that is not a page.
+        let size = PAGE_ALIGNED_FROM + 128;
+        let mut a = Allocator::new(size, 64);
+        let pin = a.allocate(64).unwrap();
+        let large = a.allocate(PAGE_ALIGNED_FROM).unwrap();
+        assert_eq!(large.offset, pin.len);
+        let mut g = Allocator::new(size, 64);
+        g.allocate(64).unwrap();
+        assert_eq!(
+            g.allocate_growing(PAGE_ALIGNED_FROM, |_| true)
+                .unwrap()
+                .offset,
+            64
+        );
+        // Many holes just too short to hold it from a page (each two
+        // blocks under the threshold, freed and merged: 64 KiB that do not
+        // start on a page): the search gives up on them and takes
+        // the larger free block after them.
+        let mut h = Allocator::new(64 << 20, 64);
+        let half = PAGE_ALIGNED_FROM / 2;
+        let mut holes = Vec::new();
+        for _ in 0..2 * ALIGN_TRIES {
+            h.allocate(64).unwrap();
+            holes.push((h.allocate(half).unwrap(), h.allocate(half).unwrap()));
+        }
+        let last_pin = h.allocate(64).unwrap();
+        for (x, y) in &holes {
+            h.free(*x);
+            h.free(*y);
+            assert_ne!(x.offset % PAGE, 0, "a hole off a page");
+        }
+        let got = h.allocate(PAGE_ALIGNED_FROM).unwrap();
+        assert_eq!(got.offset % PAGE, 0);
+        assert!(got.offset > last_pin.offset);
+        assert_eq!(got.offset % PAGE, 0);
     }
 
     #[test]
@@ -447,11 +574,15 @@ mod tests {
         /// Random allocate (best fit or growing)/free sequences: blocks never
         /// overlap, stay aligned, and accounting returns to zero.
         #[test]
-        fn never_overlaps(ops in proptest::collection::vec((0u8..3, 1u64..5000, any::<prop::sample::Index>()), 1..300)) {
-            let mut a = Allocator::new(1 << 16, 64);
+        fn never_overlaps(ops in proptest::collection::vec((0u8..3, prop_oneof![1u64..5000, 60_000u64..200_000], any::<prop::sample::Index>()), 1..300)) {
+            let mut a = Allocator::new(1 << 20, 64);
             let mut live: Vec<Block> = Vec::new();
             for (op, size, pick) in ops {
                 if op < 2 || live.is_empty() {
+                    let len = a.block_len(size).unwrap();
+                    // Room for it from a page somewhere: then it starts on one.
+                    let roomy = a.largest_free() >= len + PAGE;
+                    let page_wanted = op == 1 || len >= PAGE_ALIGNED_FROM;
                     let block = if op == 1 {
                         let ends: Vec<u64> = live.iter().map(|b| b.offset + b.len).collect();
                         a.allocate_growing(size, |at| ends.contains(&at))
@@ -460,6 +591,9 @@ mod tests {
                     };
                     if let Some(b) = block {
                         prop_assert_eq!(b.offset % 64, 0);
+                        if page_wanted && roomy {
+                            prop_assert_eq!(b.offset % PAGE, 0, "{:?} of {} bytes", b, size);
+                        }
                         prop_assert!(b.len >= size && b.offset + b.len <= a.size());
                         for o in &live {
                             prop_assert!(b.offset + b.len <= o.offset || o.offset + o.len <= b.offset);
