@@ -130,10 +130,15 @@ impl Allocator {
     /// [`PAGE_ALIGNED_FROM`]), else a line.
     fn alignment(&self, len: u64) -> u64 {
         if len >= PAGE_ALIGNED_FROM {
-            PAGE.max(self.line)
+            self.page()
         } else {
             self.line
         }
+    }
+
+    /// A page, or the line if that is larger.
+    fn page(&self) -> u64 {
+        PAGE.max(self.line)
     }
 
     /// A free block holding `len` bytes from an `align`ed start, and that
@@ -143,17 +148,16 @@ impl Allocator {
     /// search skips any beyond the first tries); failing both, the
     /// smallest holding them at all, from its own start.
     fn best_fit(&self, len: u64, align: u64) -> Option<(u64, u64, u64)> {
-        let &(first_len, first_off) = self.by_size.range((len, 0)..).next()?;
+        let candidates = self.by_size.range((len, 0)..);
+        let &(first_len, first_off) = candidates.clone().next()?;
         if align == self.line {
             return Some((first_off, first_len, first_off));
         }
         let aligned_in = |&(free_len, free_off): &(u64, u64)| {
-            let start = free_off.checked_next_multiple_of(align)?;
-            (start.checked_add(len)? <= free_off + free_len).then_some((free_off, free_len, start))
+            aligned_start(free_off, free_len, len, align).map(|start| (free_off, free_len, start))
         };
         let roomy = len.saturating_add(align - self.line);
-        self.by_size
-            .range((len, 0)..)
+        candidates
             .take(ALIGN_TRIES)
             .find_map(aligned_in)
             .or_else(|| self.by_size.range((roomy, 0)..).next().and_then(aligned_in))
@@ -209,12 +213,8 @@ impl Allocator {
         if free_len < len {
             return None;
         }
-        let align = PAGE.max(self.line);
-        let end = free_off + free_len;
-        let start = free_off
-            .checked_next_multiple_of(align)
-            .filter(|&s| s.checked_add(len).is_some_and(|e| e <= end))
-            .unwrap_or(free_off);
+        let align = self.page();
+        let start = aligned_start(free_off, free_len, len, align).unwrap_or(free_off);
         let offset = if free_len >= 2 * len && growing_before(free_off) {
             // The page at or below halfway (it still leaves room for `len`).
             ((free_off + (free_len - len) / 2) / align * align).max(start)
@@ -334,6 +334,13 @@ impl Allocator {
             .rev()
             .map(|&(len, offset)| Block { offset, len })
     }
+}
+
+/// The first `align`ed offset in free block `[free_off, free_off + free_len)`
+/// from which it holds `len` bytes, if any.
+fn aligned_start(free_off: u64, free_len: u64, len: u64, align: u64) -> Option<u64> {
+    let start = free_off.checked_next_multiple_of(align)?;
+    (start.checked_add(len)? <= free_off + free_len).then_some(start)
 }
 
 #[cfg(test)]
