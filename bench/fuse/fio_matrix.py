@@ -69,8 +69,9 @@ OPS = [("write", "seq"), ("write", "rand"), ("read", "seq"), ("read", "rand")]
 TARGETS = ["mount", "mount-wb", "ceiling", "ceiling-wb", "native", "tmpfs", "burst"]
 MOUNTS = {"mount": [], "mount-wb": ["--writeback-cache"]}
 CEILINGS = {"ceiling": [], "ceiling-wb": ["--writeback-cache"]}
-# Each mount and the ceiling it is held to.
+# Rereads with the page cache kept, through the mount and on tmpfs (read cells only).
 WARM = ["warm", "tmpfs-warm"]
+# Each mount and the ceiling it is held to.
 CEILING_OF = {"mount": "ceiling", "mount-wb": "ceiling-wb"}
 # Seconds of quiet before each run (after a sync), and after a run on the burst directory.
 PAUSE = 0.3
