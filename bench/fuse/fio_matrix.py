@@ -258,6 +258,11 @@ def best(runs: list[dict]) -> dict:
     return max(runs, key=lambda r: r["mibs"])
 
 
+def rounds_summary(runs: list[dict]) -> dict:
+    """A target's rounds in a cell: its best run, with every round's MiB/s in order."""
+    return dict(best(runs), runs=[round(r["mibs"]) for r in runs])
+
+
 def native(socket: str, rw: str, pattern: str, bs: int, procs: int, size: int) -> dict:
     """The native driver's cell; a driver that dies is tried once more, then recorded as a
     failed cell (0 MiB/s, with the reason) rather than ending the run."""
@@ -315,11 +320,7 @@ def warm_reads(store: Shoal, tmpfs: Path, repeat: int, pattern: str, bs: int, pr
             time.sleep(PAUSE)
             one = fio(directories[target], "read", pattern, bs, procs, size, WARM_SECONDS, invalidate=False)
             runs[target].append(one)
-    out = {}
-    for target, done in runs.items():
-        out[target] = best(done)
-        out[target]["runs"] = [round(r["mibs"]) for r in done]
-    return out
+    return {target: rounds_summary(done) for target, done in runs.items()}
 
 
 def warm_ratio(cell: dict) -> float | None:
@@ -328,10 +329,7 @@ def warm_ratio(cell: dict) -> float | None:
     if "warm" not in cell:
         return None
     if "tmpfs-warm" in cell:
-        a, b = cell["warm"]["runs"], cell["tmpfs-warm"]["runs"]
-        if len(a) == len(b) and all(b):
-            return statistics.median(x / y for x, y in zip(a, b, strict=True))
-        return None
+        return paired(cell, "warm", "tmpfs-warm")
     return cell["warm"]["mibs"] / cell["tmpfs"]["mibs"] if "tmpfs" in cell else None
 
 
@@ -426,8 +424,7 @@ def run(args: argparse.Namespace) -> dict:
                             if target == "burst":
                                 time.sleep(AFTER_BURST)
                     for target in args.targets:
-                        cell[target] = best(runs[target])
-                        cell[target]["runs"] = [round(r["mibs"]) for r in runs[target]]
+                        cell[target] = rounds_summary(runs[target])
                     if "mount" in args.targets and "tmpfs" in args.targets and rw == "read":
                         cell.update(warm_reads(store, tmpfs, args.repeat, pattern, bs, n, size))
                     res["cells"].append(cell)
@@ -485,10 +482,11 @@ def pool(results: list[dict]) -> dict:
     return pooled
 
 
-def paired(cell: dict, mount: str) -> float | None:
-    """The median over rounds of the mount's MiB/s over its ceiling's in the same round
-    (they run back to back), or None without both rounds' figures."""
-    a, b = cell[mount].get("runs"), cell[CEILING_OF[mount]].get("runs")
+def paired(cell: dict, target: str, versus: str) -> float | None:
+    """The median over rounds of `target`'s MiB/s over `versus`'s in the same round (they
+    run back to back: a mount and its ceiling, warm and tmpfs-warm), or None without both
+    rounds' figures."""
+    a, b = cell[target].get("runs"), cell[versus].get("runs")
     if not a or not b or len(a) != len(b) or not all(b):
         return None
     return statistics.median(x / y for x, y in zip(a, b, strict=True))
@@ -582,7 +580,7 @@ def ceiling_rows(
             ok = [c for c in chosen if c[ceiling]["mibs"] > 0 and c[m]["mibs"] >= 0.9 * c[ceiling]["mibs"]]
             worst = min(c[m]["mibs"] / c[ceiling]["mibs"] for c in chosen if c[ceiling]["mibs"] > 0)
             held.append(f"{len(ok)} met (worst {worst:.2f})")
-            medians = [x for x in (paired(c, m) for c in chosen) if x is not None]
+            medians = [x for x in (paired(c, m, CEILING_OF[m]) for c in chosen) if x is not None]
             met = sum(x >= 0.9 for x in medians)
             pairs.append(f"{met} met (worst {min(medians):.2f})" if medians else "-")
         lines.append(
