@@ -15,6 +15,7 @@ from shoal import _embedded, _internal
 from shoal._ids import ObjectID
 from shoal.errors import (
     Disconnected,
+    HomeUnavailable,
     InvalidArgument,
     NameTooLong,
     NodeUnavailable,
@@ -106,6 +107,7 @@ __all__ = [
     "Buffer",
     "Client",
     "Disconnected",
+    "HomeUnavailable",
     "InvalidArgument",
     "NodeUnavailable",
     "NotOwner",

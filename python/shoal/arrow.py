@@ -161,14 +161,17 @@ class TableBuilder:
         if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 0:
             raise InvalidArgument(f"num_rows must be a non-negative int, got {num_rows!r}")
         _check_schema(schema)
-        self.id = ObjectID.from_random() if oid is None else ObjectID(as_bytes(oid))
         self.schema = schema
         self.num_rows = num_rows
         layout = _layout(schema, num_rows)
         self._client = client
-        self._buffer: Buffer | None = client.create(
-            self.id, layout.position, _codec.TAG_ARROW + b"table", timeout_ms, node=node
-        )
+        metadata = _codec.TAG_ARROW + b"table"
+        self._buffer: Buffer | None
+        if oid is None:
+            self.id, self._buffer = client.create_fresh(layout.position, metadata, timeout_ms, node=node)
+        else:
+            self.id = ObjectID(as_bytes(oid))
+            self._buffer = client.create(self.id, layout.position, metadata, timeout_ms, node=node)
         whole = memoryview(self._buffer)
         for position, data in layout.metadata:
             whole[position : position + len(data)] = data

@@ -12,7 +12,7 @@ import numpy as np
 
 from shoal import _codec, _internal
 from shoal._ids import IdLike, ObjectID, as_bytes
-from shoal.errors import InvalidArgument, ObjectNotFound
+from shoal.errors import HomeUnavailable, InvalidArgument, ObjectNotFound
 
 if TYPE_CHECKING:
     from shoal.arrow import TableBuilder
@@ -55,6 +55,10 @@ def _name_info(row: tuple[str, bytes, int, int, int]) -> NameInfo:
 
 #: An Arrow IPC *file* (not stream) starts with these bytes.
 _ARROW_FILE_MAGIC = b"ARROW1"
+
+# Fresh ids tried by a create that chooses its own id before giving up: with one node of n
+# unreachable each try fails with probability 1/n, so 32 tries fail together with 3^-32 at n=3.
+_FRESH_ID_TRIES = 32
 
 #: Durability levels: when a seal is acknowledged (docs/tiers.md).
 DURABILITY_LEVELS = ("memory", "local", "backing")
@@ -130,6 +134,28 @@ class Client:
         allocator runs; this process writes the bytes in place through its mapping).
         """
         return self._raw.create(as_bytes(oid), size, metadata, timeout_ms, node)
+
+    def create_fresh(
+        self,
+        size: int,
+        metadata: bytes | None = None,
+        timeout_ms: int = 0,
+        *,
+        node: int | None = None,
+    ) -> tuple[ObjectID, Buffer]:
+        """Creates an object under a new random id; returns the id and its writable buffer.
+
+        In a cluster an id's home node keeps its directory entry; an id whose home cannot
+        be reached (`HomeUnavailable`) is swapped for another, so the create never depends
+        on a node that will hold nothing of the object. `put` without an id uses this."""
+        for attempt in range(_FRESH_ID_TRIES):
+            oid = ObjectID.from_random()
+            try:
+                return oid, self._raw.create(oid.binary(), size, metadata, timeout_ms, node)
+            except HomeUnavailable:
+                if attempt == _FRESH_ID_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def seal(
         self, oids: IdLike | Iterable[IdLike], release: bool = False, *, durability: str | None = None
@@ -267,9 +293,12 @@ class Client:
         With `name` (path-like: ``"runs/1/table.arrow"``) the object is also reachable by
         `get_named` and appears as a file under `shoal mount`; a name already in use moves
         to the new object at its seal and the old object is deleted."""
-        oid = ObjectID.from_random() if oid is None else ObjectID(as_bytes(oid))
         size, metadata, write = _codec.encode(value)
-        buffer = self._raw.create(oid.binary(), size, metadata, timeout_ms, node)
+        if oid is None:
+            oid, buffer = self.create_fresh(size, metadata, timeout_ms, node=node)
+        else:
+            oid = ObjectID(as_bytes(oid))
+            buffer = self._raw.create(oid.binary(), size, metadata, timeout_ms, node)
         try:
             write(buffer)
             if name is not None:

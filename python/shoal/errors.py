@@ -68,6 +68,11 @@ class NodeUnavailable(ShoalError, ConnectionError):
     """Another node of the cluster did not answer within the timeout."""
 
 
+class HomeUnavailable(NodeUnavailable):
+    """A create of an id whose home node cannot be reached (down, cut off or rebuilding its
+    directory); the message names the node. `put` without an id chooses another id instead."""
+
+
 class PermissionDenied(ShoalError, PermissionError):
     """A local security check refused: a socket directory or log another user could have
     planted, or a daemon or client of another user (docs/security.md)."""

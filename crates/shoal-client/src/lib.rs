@@ -1552,6 +1552,25 @@ impl Client {
         })?)
     }
 
+    /// Creates an object under a new random id; an id whose home node
+    /// cannot be reached (`HomeUnavailable`) is swapped for another, so the
+    /// create never waits on a node that will hold nothing of the object.
+    pub fn create_fresh(
+        &mut self,
+        data_size: u64,
+        meta_size: u32,
+        timeout_ms: u32,
+    ) -> Result<(ObjectId, ObjectLocation)> {
+        let mut tries = FRESH_ID_TRIES;
+        loop {
+            let id = ObjectId::random();
+            match self.create(id, data_size, meta_size, timeout_ms) {
+                Err(err) if err.kind() == ErrorKind::HomeUnavailable && tries > 1 => tries -= 1,
+                created => return created.map(|location| (id, location)),
+            }
+        }
+    }
+
     /// Puts `data` + `meta` as a new object under `name` (a fresh id);
     /// `durability`: as for [`seal_durable`](Self::seal_durable). The name
     /// switches to the new object at its seal.
@@ -1564,8 +1583,7 @@ impl Client {
         timeout_ms: u32,
     ) -> Result<ObjectId> {
         shoal_core::names::check(name)?;
-        let id = ObjectId::random();
-        let location = self.create(id, data.len() as u64, meta.len() as u32, timeout_ms)?;
+        let (id, location) = self.create_fresh(data.len() as u64, meta.len() as u32, timeout_ms)?;
         let written = self
             .write(location, data, meta)
             .and_then(|()| self.name(id, name));
@@ -1668,6 +1686,11 @@ fn lazily(
 /// How often `get_named` looks a name up again when its object went
 /// between the lookup and the get (a concurrent rewrite).
 const GET_NAMED_TRIES: usize = 8;
+
+/// Random ids a create that chooses its own id tries before giving up: with
+/// one node of n unreachable each try fails with probability 1/n (3^-32 for
+/// all 32 at n = 3).
+const FRESH_ID_TRIES: usize = 32;
 
 fn expect_ok(reply: Reply) -> Result<()> {
     match reply {

@@ -52,6 +52,11 @@ pub enum ErrorKind {
     /// A name (POSIX view) with a component over 255 bytes or over 4096
     /// bytes in all; other bad names are `InvalidArgument`.
     NameTooLong = 18,
+    /// A create of an id whose home node (the node that keeps its directory
+    /// entry) cannot be reached or is rebuilding: the message names the node.
+    /// A put that chooses its own id tries another; a caller-chosen id gets
+    /// this. A kind of `NodeUnavailable` (the Python class derives from it).
+    HomeUnavailable = 19,
 }
 
 impl ErrorKind {
@@ -80,8 +85,16 @@ impl ErrorKind {
             16 => PermissionDenied,
             17 => ObjectCorrupt,
             18 => NameTooLong,
+            19 => HomeUnavailable,
             _ => return None,
         })
+    }
+
+    /// Whether this kind means another node could not be reached (a
+    /// `HomeUnavailable` is one): callers that retry on `NodeUnavailable`
+    /// test this.
+    pub fn is_node_unavailable(self) -> bool {
+        matches!(self, Self::NodeUnavailable | Self::HomeUnavailable)
     }
 
     pub fn name(self) -> &'static str {
@@ -105,6 +118,7 @@ impl ErrorKind {
             PermissionDenied => "PermissionDenied",
             ObjectCorrupt => "ObjectCorrupt",
             NameTooLong => "NameTooLong",
+            HomeUnavailable => "HomeUnavailable",
         }
     }
 }

@@ -189,6 +189,10 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         }
         None => None,
     };
+    if let (Some(cluster), Some(_)) = (&cluster, &tiers) {
+        // What the tiers recovered and this node is home for (peers restore the rest).
+        cluster.restore_own();
+    }
     // After the tiers: a shrink's victims go down a tier from its first step.
     let elastic = match &config.elastic {
         Some(elastic_config) => {

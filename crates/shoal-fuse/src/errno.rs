@@ -25,6 +25,7 @@ pub fn errno(err: &ShoalError) -> c_int {
         | ErrorKind::Disconnected
         | ErrorKind::VersionMismatch
         | ErrorKind::NodeUnavailable
+        | ErrorKind::HomeUnavailable
         | ErrorKind::ObjectCorrupt => libc::EIO,
     }
 }

@@ -1,7 +1,21 @@
 //! Network-mode copies: objects of nodes whose memory cannot be mapped
 //! here, pulled and kept under the same id, announced to their homes so a
 //! delete at the owner drops them everywhere.
+//!
+//! A copy must never outlive the object it copies (docs/cluster.md,
+//! "Network copies after faults"):
+//! - the holder keeps each copy's identity (the owner and the owner's
+//!   incarnation it was pulled from) and drops its copies of a node that
+//!   restarted, and every copy whose home restarted (the new home knows
+//!   nothing of the copy; re-announcing it could attach it to another
+//!   object created under the id since);
+//! - a home owes each `Drop` it could not deliver (the holder was down or
+//!   cut off) and sends it again before it counts the holder alive again;
+//!   while a drop is owed the id cannot be registered again (the home
+//!   answers `ObjectInUse`, the creator reports `ObjectExists` saying why),
+//!   so no new object can share an id with an old copy still held somewhere.
 
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use shoal_cluster::ids::pack;
@@ -12,16 +26,90 @@ use shoal_core::ObjectId;
 use crate::cluster::peers::{by_node, join_all, pairs_by_node, Reach};
 use crate::cluster::state::{to_proto, Cluster};
 
+/// What a network-mode copy was pulled from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyOf {
+    pub owner: u32,
+    /// The owner's incarnation that sealed the primary.
+    pub incarnation: u64,
+}
+
+/// As a home: drops not yet delivered, per id the holders still to tell.
+#[derive(Default)]
+pub struct OwedDrops {
+    by_id: HashMap<ObjectId, Vec<u32>>,
+}
+
+impl OwedDrops {
+    pub fn owe(&mut self, pairs: &[(u32, ObjectId)]) {
+        for &(node, id) in pairs {
+            let holders = self.by_id.entry(id).or_default();
+            if !holders.contains(&node) {
+                holders.push(node);
+            }
+        }
+    }
+
+    /// `node` dropped (or no longer holds) its copies of `ids`.
+    pub fn settle(&mut self, node: u32, ids: &[ObjectId]) {
+        for id in ids {
+            if let Some(holders) = self.by_id.get_mut(id) {
+                holders.retain(|&n| n != node);
+                if holders.is_empty() {
+                    self.by_id.remove(id);
+                }
+            }
+        }
+    }
+
+    /// Ids whose drop `node` is still owed.
+    pub fn to(&self, node: u32) -> Vec<ObjectId> {
+        self.by_id
+            .iter()
+            .filter(|(_, holders)| holders.contains(&node))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// `node` restarted: it holds no copy of before.
+    pub fn forget_node(&mut self, node: u32) {
+        self.by_id.retain(|_, holders| {
+            holders.retain(|&n| n != node);
+            !holders.is_empty()
+        });
+    }
+
+    pub fn owes(&self, id: &ObjectId) -> bool {
+        !self.by_id.is_empty() && self.by_id.contains_key(id)
+    }
+
+    /// How many ids' drops `node` is owed.
+    pub fn count_to(&self, node: u32) -> usize {
+        self.by_id
+            .values()
+            .filter(|holders| holders.contains(&node))
+            .count()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_id.len()
+    }
+}
+
 impl Cluster {
     /// Ids this node holds as network-mode copies (not owned: never registered).
     pub fn is_copy(&self, id: &ObjectId) -> bool {
-        self.copies.borrow().contains(id)
+        self.copies.borrow().contains_key(id)
     }
 
     /// Stops counting ids as copies; returns those that were.
     pub fn forget_copies(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
         let mut copies = self.copies.borrow_mut();
-        ids.iter().filter(|id| copies.remove(id)).copied().collect()
+        ids.iter()
+            .filter(|id| copies.remove(id).is_some())
+            .copied()
+            .collect()
     }
 
     /// Announces copies of `owner`'s objects (sealed there at `locations`)
@@ -32,10 +120,13 @@ impl Cluster {
     pub async fn announce_copies(
         &self,
         ids: &[ObjectId],
-        owner: u32,
+        of: CopyOf,
         locations: &[ObjectLocation],
     ) -> Vec<bool> {
-        self.copies.borrow_mut().extend(ids.iter().copied());
+        let owner = of.owner;
+        self.copies
+            .borrow_mut()
+            .extend(ids.iter().map(|id| (*id, of)));
         let mut accepted = vec![false; ids.len()];
         let groups = by_node(ids, |id| self.home(id));
         let calls = groups.into_iter().map(|(home, positions)| {
@@ -81,34 +172,79 @@ impl Cluster {
     }
 
     /// As a home: tells the nodes holding network-mode copies of deleted
-    /// ids (node, id) to drop them (this node's own, directly).
+    /// ids (node, id) to drop them (this node's own, directly). A drop owed
+    /// until answered: one that fails is sent again when the holder next
+    /// answers a heartbeat, and the ids stay unregistrable until then.
     pub async fn send_drops(&self, stale: Vec<(u32, ObjectId)>) {
+        self.owed_drops.borrow_mut().owe(&stale);
         let calls = pairs_by_node(stale)
             .into_iter()
             .map(|(node, ids)| async move {
                 if node == self.me {
                     self.drop_copies(&ids).await;
+                    self.owed_drops.borrow_mut().settle(node, &ids);
                     return;
                 }
-                let request = Ids { ids: pack(&ids) };
-                let outcome = self
-                    .peers
-                    .call(node, Reach::Try, "drop", |mut p| async move {
-                        p.drop(request).await
-                    })
-                    .await;
-                if let Err(err) = outcome {
-                    tracing::debug!(node, %err, "drop of copies failed");
-                }
+                self.deliver_drops(node, ids).await;
             });
         join_all(calls).await;
     }
 
-    /// [`send_drops`](Self::send_drops) in the background.
+    /// One `Drop` call to `node`; settled if answered, else still owed.
+    async fn deliver_drops(&self, node: u32, ids: Vec<ObjectId>) -> bool {
+        let request = Ids { ids: pack(&ids) };
+        let outcome = self
+            .peers
+            .call(node, Reach::Try, "drop", |mut p| async move {
+                p.drop(request).await
+            })
+            .await;
+        match outcome {
+            Ok(_) => {
+                self.owed_drops.borrow_mut().settle(node, &ids);
+                true
+            }
+            Err(err) => {
+                tracing::debug!(node, %err, "drop of copies failed; sent again when it answers");
+                false
+            }
+        }
+    }
+
+    /// Sends `node` the drops it missed; call it before `node` counts as
+    /// alive again after a heartbeat it answered.
+    pub async fn drops_missed(&self, node: u32) {
+        let ids = self.owed_drops.borrow().to(node);
+        if ids.is_empty() {
+            return;
+        }
+        let count = ids.len();
+        if self.deliver_drops(node, ids).await {
+            tracing::info!(
+                node,
+                ids = count,
+                "delivered the drops of copies node {node} missed"
+            );
+        }
+    }
+
+    /// Whether a drop of `id`'s copies is still owed to some node (as a
+    /// home): the id may not be claimed again until it is delivered.
+    pub fn drop_owed(&self, id: &ObjectId) -> bool {
+        self.owed_drops.borrow().owes(id)
+    }
+
+    /// Ids whose copies `node` must still be told to drop (a metric).
+    pub fn drops_owed_to(&self, node: u32) -> usize {
+        self.owed_drops.borrow().count_to(node)
+    }
+
+    /// [`send_drops`](Self::send_drops) in the background (owed at once).
     pub fn send_drops_later(self: &Rc<Self>, stale: Vec<(u32, ObjectId)>) {
         if stale.is_empty() {
             return;
         }
+        self.owed_drops.borrow_mut().owe(&stale);
         let cluster = self.clone();
         self.supervisor.spawn_local(
             "drop copies",
@@ -116,20 +252,93 @@ impl Cluster {
         );
     }
 
-    /// The home says these copies' objects are gone: delete the copies here
-    /// (deferred while referenced, like any delete) and revoke what peers
-    /// hold of them (a peer whose home was down may have found a copy here).
-    pub async fn drop_copies(&self, ids: &[ObjectId]) {
-        let copies = self.forget_copies(ids);
-        if copies.is_empty() {
+    /// `node` restarted: the copies this node keeps of its objects, and the
+    /// copies whose home it is (its directory no longer lists them), are
+    /// dropped here at once, before anything restores at it; the drops owed
+    /// to it are void (it holds no copy of before).
+    pub fn drop_copies_of_restarted(self: &Rc<Self>, node: u32) {
+        self.owed_drops.borrow_mut().forget_node(node);
+        let stale: Vec<ObjectId> = self
+            .copies
+            .borrow()
+            .iter()
+            .filter(|(id, of)| of.owner == node || self.home(id) == node)
+            .map(|(id, _)| *id)
+            .collect();
+        if stale.is_empty() {
             return;
         }
-        let dropped: Vec<ObjectId> = self.node.mutate(|store| {
+        let dropped = self.delete_copies(&stale);
+        tracing::info!(
+            node,
+            copies = dropped.len(),
+            "node {node} restarted: dropped the copies of its objects and those it was home for"
+        );
+        let cluster = self.clone();
+        self.supervisor
+            .spawn_local("revoke dropped copies", async move {
+                cluster.revoke(cluster.holders(&dropped)).await;
+            });
+    }
+
+    /// Stops counting `ids` as copies and deletes them from the store
+    /// (deferred while referenced, like any delete: hidden from new gets at
+    /// once); returns those deleted.
+    fn delete_copies(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
+        let copies = self.forget_copies(ids);
+        if copies.is_empty() {
+            return copies;
+        }
+        self.node.mutate(|store| {
             copies
                 .into_iter()
                 .filter(|id| store.delete(id).is_ok())
                 .collect()
-        });
-        self.revoke(self.holders(&dropped)).await;
+        })
+    }
+
+    /// The home says these copies' objects are gone: delete the copies here
+    /// (deferred while referenced, like any delete) and revoke what peers
+    /// hold of them (a peer whose home was down may have found a copy here).
+    pub async fn drop_copies(&self, ids: &[ObjectId]) {
+        let dropped = self.delete_copies(ids);
+        if !dropped.is_empty() {
+            self.revoke(self.holders(&dropped)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> ObjectId {
+        ObjectId([n; 20])
+    }
+
+    #[test]
+    fn a_drop_stays_owed_until_every_holder_settles_it() {
+        let mut owed = OwedDrops::default();
+        assert!(!owed.owes(&id(1)));
+        owed.owe(&[(1, id(1)), (2, id(1)), (2, id(2)), (2, id(2))]);
+        assert!(owed.owes(&id(1)) && owed.owes(&id(2)));
+        let mut to_2 = owed.to(2);
+        to_2.sort();
+        assert_eq!(to_2, vec![id(1), id(2)], "owed once per holder and id");
+        owed.settle(2, &[id(1), id(2)]);
+        assert!(owed.owes(&id(1)), "node 1 still has its copy of id 1");
+        assert!(!owed.owes(&id(2)));
+        assert_eq!(owed.to(2), Vec::<ObjectId>::new());
+        owed.settle(1, &[id(1)]);
+        assert_eq!(owed.len(), 0);
+    }
+
+    #[test]
+    fn a_restarted_holder_is_owed_nothing() {
+        let mut owed = OwedDrops::default();
+        owed.owe(&[(1, id(1)), (2, id(1)), (1, id(3))]);
+        owed.forget_node(1);
+        assert_eq!(owed.to(1), Vec::<ObjectId>::new());
+        assert!(owed.owes(&id(1)) && !owed.owes(&id(3)));
     }
 }

@@ -47,6 +47,8 @@ impl Cluster {
             // Before it counts as alive again (so before any create here can
             // claim those ids there anew).
             self.unregister_missed(node).await;
+            // Drops of copies it missed (deleted objects it still serves).
+            self.drops_missed(node).await;
             // Releases and undos of acquires whose answers were lost.
             self.resend_reference_calls(node).await;
         }

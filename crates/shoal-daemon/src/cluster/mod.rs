@@ -54,6 +54,8 @@ mod remote_alloc;
 mod remote_get;
 mod state;
 
+pub use copies::CopyOf;
 pub use listener::ClusterListener;
 pub use peer_tables::PeerView;
+pub use remote_get::RemoteFound;
 pub use state::{Cluster, ClusterConfig, Remote};

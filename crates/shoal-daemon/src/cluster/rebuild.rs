@@ -77,6 +77,31 @@ impl Cluster {
         }
     }
 
+    /// At start, once the tiers recovered what a previous incarnation made
+    /// durable: the recovered objects whose home is this node enter its own
+    /// directory. Peers restore here what they hold; what this node holds
+    /// itself nobody else would, so without this its own durable ids homed
+    /// here would be found by no other node.
+    pub fn restore_own(&self) {
+        let (owned, _) = self.holdings(self.me);
+        if owned.is_empty() {
+            return;
+        }
+        let (ids, locations): (Vec<ObjectId>, Vec<Holding>) = owned.into_iter().unzip();
+        let refused = self
+            .directory
+            .borrow_mut()
+            .restore(&ids, &locations, self.me)
+            .iter()
+            .filter(|s| s.is_some())
+            .count();
+        tracing::info!(
+            ids = ids.len(),
+            refused,
+            "recovered objects whose home is this node entered its directory"
+        );
+    }
+
     /// `from` finished restoring for our incarnation `incarnation`.
     pub fn restored_by(&self, from: u32, incarnation: u64) {
         if incarnation == self.incarnation {
@@ -96,6 +121,8 @@ impl Cluster {
 
     /// `node` restarted: what its previous incarnation held is gone.
     fn forget_incarnation(self: &Rc<Self>, node: u32) {
+        // Before anything is restored at it: those copies are not re-announced.
+        self.drop_copies_of_restarted(node);
         let (entries, stale) = self.directory.borrow_mut().forget_owner(node);
         self.owners.borrow_mut().retain(|_, owner| *owner != node);
         let references = self.loans.borrow_mut().forget_owner(node);

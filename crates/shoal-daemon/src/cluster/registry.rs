@@ -57,12 +57,31 @@ impl Cluster {
                     if let Some(pos) = codes.iter().position(|&c| c != 0) {
                         let kind = ErrorKind::from_code(codes[pos] as u16)
                             .unwrap_or(ErrorKind::ObjectExists);
-                        let message = if kind == ErrorKind::NodeUnavailable {
-                            format!("node {home} is rebuilding its directory after a restart")
-                        } else {
-                            format!("object {} already exists in the cluster", group[pos])
-                        };
-                        failure.get_or_insert(ShoalError::new(kind, message));
+                        let id = group[pos];
+                        failure.get_or_insert(match kind {
+                            k if k.is_node_unavailable() => ShoalError::new(
+                                ErrorKind::HomeUnavailable,
+                                format!(
+                                    "the home of object {id}, node {home}, is rebuilding its \
+                                     directory after a restart"
+                                ),
+                            ),
+                            // The home's code for an id whose old copies are not
+                            // all dropped yet: the id is still taken.
+                            ErrorKind::ObjectInUse => ShoalError::new(
+                                ErrorKind::ObjectExists,
+                                format!(
+                                    "object {id} was deleted, but node {home} (its home) has not \
+                                     yet told every node keeping a network copy of it to drop \
+                                     the copy (one is unreachable); it can be created again \
+                                     once they are told"
+                                ),
+                            ),
+                            _ => ShoalError::new(
+                                kind,
+                                format!("object {id} already exists in the cluster"),
+                            ),
+                        });
                     } else {
                         // Claimed anew: an unregister it missed must not free them.
                         if let Some(missed) = self.unregister_later.borrow_mut().get_mut(&home) {
@@ -77,9 +96,20 @@ impl Cluster {
                     // Failed, or only its answer was lost: the home may hold
                     // the claim. It is told to forget it when it answers a
                     // heartbeat (ids this node holds by then are kept).
+                    let first = group[0];
                     let mut later = self.unregister_later.borrow_mut();
                     later.entry(home).or_default().extend(group);
-                    failure.get_or_insert(err);
+                    failure.get_or_insert(if err.kind().is_node_unavailable() {
+                        ShoalError::new(
+                            ErrorKind::HomeUnavailable,
+                            format!(
+                                "the home of object {first}, node {home}, is unreachable: {}",
+                                err.message()
+                            ),
+                        )
+                    } else {
+                        err
+                    });
                 }
             }
         }

@@ -29,10 +29,19 @@ struct Granted {
     fenced: bool,
 }
 
+/// What a remote get found: per id the object, or `None`; and for ids not
+/// found, the node that could not be reached to find them (their owner, or
+/// their home when no live node had them), if that is why.
+pub struct RemoteFound {
+    pub found: Vec<Option<Remote>>,
+    pub unreachable: Vec<Option<u32>>,
+}
+
 impl Cluster {
     /// Finds ids on other nodes and takes a reference on each for `client`.
-    /// `None` for ids not sealed anywhere (yet).
-    pub async fn get(&self, client: ClientId, ids: &[ObjectId]) -> Result<Vec<Option<Remote>>> {
+    /// `None` for ids not sealed anywhere (yet), with the node that could not
+    /// be reached where that is why.
+    pub async fn get(&self, client: ClientId, ids: &[ObjectId]) -> Result<RemoteFound> {
         // A starting node takes no references before its peers heard it
         // started (they drop the references of its previous incarnation).
         self.until_ready().await;
@@ -44,6 +53,7 @@ impl Cluster {
                 .map(|(id, f)| f.is_none().then(|| cache.get(id).copied()).flatten())
                 .collect()
         };
+        let mut unreachable: Vec<Option<u32>> = vec![None; ids.len()];
         for attempt in 0..2 {
             let unknown: Vec<usize> = (0..ids.len())
                 .filter(|&i| owners[i].is_none() && found[i].is_none())
@@ -60,6 +70,11 @@ impl Cluster {
                     let orphans: Vec<usize> = homes_down.iter().map(|&k| unknown[k]).collect();
                     self.search_live_peers(client, ids, &orphans, &mut found)
                         .await;
+                    for &i in &orphans {
+                        if found[i].is_none() {
+                            unreachable[i] = Some(self.home(&ids[i]));
+                        }
+                    }
                 }
             }
             let wanted: Vec<usize> = (0..ids.len())
@@ -91,6 +106,7 @@ impl Cluster {
                         tracing::debug!(%err, "acquire");
                         for &slot in &slots {
                             owners[slot] = None;
+                            unreachable[slot] = Some(owner);
                         }
                         continue;
                     }
@@ -127,6 +143,7 @@ impl Cluster {
                                 location,
                                 network,
                             });
+                            unreachable[slot] = None;
                             remember_owner(&mut cache, *id, owner);
                             let grant = Grant {
                                 owner,
@@ -150,7 +167,12 @@ impl Cluster {
                 break;
             }
         }
-        Ok(found)
+        for (slot, f) in unreachable.iter_mut().zip(&found) {
+            if f.is_some() {
+                *slot = None;
+            }
+        }
+        Ok(RemoteFound { found, unreachable })
     }
 
     /// Ids served from this node's loans (one more user each): only loans

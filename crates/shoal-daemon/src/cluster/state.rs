@@ -17,6 +17,7 @@ use shoal_core::object_table::ClientId;
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
 
+use crate::cluster::copies::{CopyOf, OwedDrops};
 use crate::cluster::fence_epochs::Fences;
 use crate::cluster::loans::Loans;
 use crate::cluster::peer_tables::PeerReads;
@@ -138,8 +139,11 @@ pub struct Cluster {
     /// Objects local clients are writing in other nodes' regions (remote
     /// allocation), not sealed yet: client → id → node.
     pub(crate) creations: RefCell<HashMap<ClientId, HashMap<ObjectId, u32>>>,
-    /// Ids of network-mode copies this node keeps of other nodes' objects.
-    pub(crate) copies: RefCell<HashSet<ObjectId>>,
+    /// Network-mode copies this node keeps of other nodes' objects, with
+    /// what each was pulled from.
+    pub(crate) copies: RefCell<HashMap<ObjectId, CopyOf>>,
+    /// As a home: drops of copies not delivered yet (`copies`).
+    pub(crate) owed_drops: RefCell<OwedDrops>,
     /// Ids freed here whose home did not answer the unregister (down, or cut
     /// off): it still refuses them to every creator, so it is told again
     /// when it answers a heartbeat. home → ids.
@@ -194,6 +198,7 @@ impl Cluster {
             revokes_sent: Cell::new(0),
             creations: RefCell::default(),
             copies: RefCell::default(),
+            owed_drops: RefCell::default(),
             unregister_later: RefCell::default(),
             heartbeats_sent: Cell::new(0),
             rebuild: RefCell::new(rebuild),

@@ -92,6 +92,9 @@ pub struct StoreGauges {
     /// Per other node: this node's reference calls to it whose answers were
     /// lost, waiting to be sent again or undone.
     pub peer_unsettled_calls: Family<[(&'static str, String); 1], Gauge>,
+    /// Per other node: ids whose copies it keeps that this node (as their
+    /// home) must still tell it to drop; they cannot be created again until.
+    pub peer_drops_owed: Family<[(&'static str, String); 1], Gauge>,
 }
 
 /// Counters of what the node did, from its events and the store's totals.
@@ -359,6 +362,11 @@ impl Metrics {
             "shoal_peer_unsettled_calls",
             "Per other node: reference calls to it whose answers were lost, to be sent again or undone",
             store.peer_unsettled_calls.clone(),
+        );
+        registry.register(
+            "shoal_peer_drops_owed",
+            "Per other node: ids of deleted objects whose network copies it keeps and has not been told to drop yet (unreachable); the ids cannot be created again until it is told",
+            store.peer_drops_owed.clone(),
         );
         let events = EventCounters::default();
         for (name, help, counter) in [

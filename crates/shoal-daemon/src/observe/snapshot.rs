@@ -92,6 +92,10 @@ fn take(ops: &Ops, metrics: &Metrics) {
                 .peer_unsettled_calls
                 .get_or_create(&label)
                 .set(signed(cluster.unsettled_calls_to(peer) as u64));
+            gauges
+                .peer_drops_owed
+                .get_or_create(&label)
+                .set(signed(cluster.drops_owed_to(peer) as u64));
         }
     }
     if ops.tiers.is_some() {

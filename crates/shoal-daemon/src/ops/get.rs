@@ -56,6 +56,8 @@ impl Ops {
             .ok()
             .map(|ms| Instant::now() + Duration::from_millis(ms));
         let mut found: Vec<Option<Located>> = vec![None; ids.len()];
+        // Per id, the node that could not be reached to find it (last poll).
+        let mut unreachable: Vec<Option<u32>> = vec![None; ids.len()];
         let mut missing = ids.len();
         // Objects on other nodes are polled (their seals are not announced
         // here), backing off to REMOTE_POLL_MAX.
@@ -88,9 +90,25 @@ impl Ops {
                 }
             });
             if missing > 0 && self.cluster.is_some() {
-                missing -= self.get_remote(client, ids, &mut found).await;
+                missing -= self
+                    .get_remote(client, ids, &mut found, &mut unreachable)
+                    .await;
             }
-            if missing == 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+            if missing == 0 {
+                return Ok(found);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                // One object that a node it depends on kept from being
+                // found: say which (a batch answers `None` per id, as ever).
+                if let ([id], [Some(node)]) = (ids, unreachable.as_slice()) {
+                    return Err(ShoalError::new(
+                        ErrorKind::NodeUnavailable,
+                        format!(
+                            "object {id} not found within {timeout_ms} ms: node {node}, which \
+                             owns it or keeps its directory entry, is unreachable"
+                        ),
+                    ));
+                }
                 return Ok(found);
             }
             let wake = match (&self.cluster, deadline) {
@@ -162,18 +180,25 @@ impl Ops {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Looks for the ids still missing on other nodes; returns how many it found.
+    /// Looks for the ids still missing on other nodes; returns how many it
+    /// found, and notes per id the node that could not be reached to find it.
     async fn get_remote(
         &self,
         client: ClientId,
         ids: &[ObjectId],
         found: &mut [Option<Located>],
+        unreachable: &mut [Option<u32>],
     ) -> usize {
         let cluster = self.cluster.as_ref().expect("cluster mode");
         let positions: Vec<usize> = (0..ids.len()).filter(|&i| found[i].is_none()).collect();
         let wanted: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
         let remote = match cluster.get(client, &wanted).await {
-            Ok(remote) => remote,
+            Ok(remote) => {
+                for (&i, node) in positions.iter().zip(&remote.unreachable) {
+                    unreachable[i] = *node;
+                }
+                remote.found
+            }
             // A down home or owner, a peer that misbehaves: the ids stay
             // missing; the client's connection is not at fault.
             Err(err) => {

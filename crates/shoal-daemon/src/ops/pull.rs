@@ -8,7 +8,7 @@ use shoal_core::object_table::ClientId;
 use shoal_core::protocol::Located;
 use shoal_core::ObjectId;
 
-use crate::cluster::Remote;
+use crate::cluster::{CopyOf, Remote};
 use crate::ops::Ops;
 use crate::principals;
 
@@ -67,7 +67,11 @@ impl Ops {
         // Announced while the owner's reference still pins the original, so
         // the home can tell a copy of the current object from one of an
         // object deleted (or replaced) meanwhile.
-        let kept = cluster.announce_copies(&[id], remote.owner, &[l]).await[0];
+        let of = CopyOf {
+            owner: remote.owner,
+            incarnation: remote.generation,
+        };
+        let kept = cluster.announce_copies(&[id], of, &[l]).await[0];
         release_remote();
         if !kept {
             // This get still answers (it overlapped the delete), but the copy
