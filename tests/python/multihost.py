@@ -2,7 +2,8 @@
 
 Each host is a network namespace AND a mount namespace with private tmpfs mounts on /tmp,
 /dev/shm and /run: it shares no file system with the other hosts (nor with the test), so
-its daemon's socket, region and burst buffer are its own, as on a separate machine. The
+its daemon's socket, region and burst buffer are its own, as on a separate machine. It has
+its own hostname (host<i>, a UTS namespace) and an /etc/hosts naming every host. The
 hosts' network namespaces hang off one Linux bridge in a "switch" namespace, by a veth
 pair each (host i is 10.202.0.<i+1>/24 on its eth0, the switch's end is s<i>). Nothing
 routes anywhere else: the switch has no other link and the hosts no default route.
@@ -59,19 +60,28 @@ BURST = "/tmp/shoal-burst"  # a host's burst buffer (its private file system)
 STARTUP = 30.0  # s, bound for a daemon to serve and see every other node
 
 
-def _mounts() -> str:
-    return " && ".join(
-        f"mount -t tmpfs -o size={size},mode=1777 tmpfs {path}" for path, size in HOST_MOUNTS.items()
-    )
+def _host_setup(name: str, hosts: dict[str, str]) -> str:
+    """The shell commands that make a new mount and UTS namespace a host: private tmpfs
+    mounts, its own /etc/hosts (naming `hosts`, name -> address) and hostname."""
+    mounts = [f"mount -t tmpfs -o size={size},mode=1777 tmpfs {path}" for path, size in HOST_MOUNTS.items()]
+    names = "".join(f"{address} {host}\\n" for host, address in hosts.items())
+    return " && ".join([
+        *mounts,
+        f"printf '127.0.0.1 localhost\\n{names}' > /run/hosts",
+        "mount --bind /run/hosts /etc/hosts",
+        f"hostname {name}",
+    ])  # fmt: skip
 
 
 def _probe(prefix: list[str]) -> str | None:
-    """Whether `prefix` (an unshare command) can make what a host needs: private tmpfs
-    mounts, a bridge and a veth pair on it. None if so, else what failed."""
-    network = (
-        "ip link add b0 type bridge && ip link add v0 type veth peer name v1 && ip link set v0 master b0"
-    )
-    script = f"{_mounts()} && {network}"
+    """Whether `prefix` (an unshare command) can make what a host needs: its private file
+    systems and name, a bridge and a veth pair on it. None if so, else what failed."""
+    network = [
+        "ip link add b0 type bridge",
+        "ip link add v0 type veth peer name v1",
+        "ip link set v0 master b0",
+    ]
+    script = " && ".join([_host_setup("probe", {"probe": "10.0.0.1"}), *network])
     try:
         done = subprocess.run([*prefix, "sh", "-c", script], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -95,11 +105,11 @@ def _isolation() -> tuple[bool | None, str]:
     ]
     if missing:
         return None, f"{', '.join(missing)} not installed"
-    rootless = _probe(["unshare", "-Urnm"])
+    rootless = _probe(["unshare", "-Urnmu"])
     if rootless is None:
         return True, ""
     if os.geteuid() == 0:
-        as_root = _probe(["unshare", "-nm"])
+        as_root = _probe(["unshare", "-nmu"])
         if as_root is None:
             return False, ""
         return None, f"no network and mount namespaces: in a user namespace: {rootless}; as root: {as_root}"
@@ -129,9 +139,10 @@ class Network:
         try:
             unshare = ["unshare", "-Urn"] if self.userns else ["unshare", "-n"]
             self.switch = self._hold([*unshare, *_dies_with_us(["cat"])])
-            mounted = f"{_mounts()} && exec setpriv --pdeathsig KILL cat"
-            host = ["unshare", "-n", "-m", "--propagation", "private", "sh", "-c", mounted]
-            self.hosts = [self._hold([*self._enter(self.switch, mount=False), *host]) for _ in range(hosts)]
+            self.hosts = [
+                self._hold([*self._enter(self.switch, mount=False), *self._host(i, hosts)])
+                for i in range(hosts)
+            ]
             self._wire()
         except BaseException:
             self.close()
@@ -141,6 +152,20 @@ class Network:
     def address(host: int) -> str:
         return f"{SUBNET}.{host + 1}"
 
+    @staticmethod
+    def name(host: int) -> str:
+        """The host's name: its hostname, and in every host's /etc/hosts."""
+        return f"host{host}"
+
+    def _host(self, host: int, hosts: int) -> list[str]:
+        """The command that makes host `host`'s namespaces (network, mount, UTS), sets it up
+        (`_host_setup`) and then holds them."""
+        setup = _host_setup(self.name(host), {self.name(i): self.address(i) for i in range(hosts)})
+        return [
+            *("unshare", "-n", "-m", "-u", "--propagation", "private"),
+            *("sh", "-c", f"{setup} && exec setpriv --pdeathsig KILL cat"),
+        ]
+
     def _enter(self, holder: int, mount: bool = True) -> list[str]:
         return [
             "nsenter",
@@ -148,7 +173,7 @@ class Network:
             str(holder),
             *(["-U"] if self.userns else []),
             "-n",
-            *(["-m"] if mount else []),
+            *(["-m", "-u"] if mount else []),
         ]
 
     def enter(self, host: int) -> list[str]:
@@ -442,6 +467,7 @@ class Hosts:
         self.name = f"mh{secrets.token_hex(4)}"
         self.cluster_file = f"{RUN}/cluster.toml"
         self.hosts: list[Host] = []
+        self._spawned: list[subprocess.Popen] = []
         directory.mkdir(parents=True, exist_ok=True)
         self.network = Network(count)
         try:
@@ -581,6 +607,18 @@ class Hosts:
                 raise AssertionError(f"not within {timeout} s: {message}")
             time.sleep(interval)
 
+    def spawn(self, host: int, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Starts a program on host `host` (a service beside its daemon: a coordinator, a
+        worker); its output goes to a log beside the host's. Killed at `close` if it runs."""
+        h = self.hosts[host]
+        with open(h.directory / f"{Path(argv[0]).name}-{len(self._spawned)}.log", "ab") as log:
+            process = subprocess.Popen(
+                [*self.network.enter(host), *_dies_with_us(list(argv))],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
+            )  # fmt: skip
+        self._spawned.append(process)
+        return process
+
     def signal(self, host: int, signum: int) -> None:
         daemon = self.hosts[host].daemon
         assert daemon is not None and daemon.poll() is None, f"host {host}'s daemon is not running"
@@ -665,6 +703,10 @@ class Hosts:
                     failures.append(f"host {h.index}'s daemon exited with {code}:\n{h.log()[-4000:]}")
             elif not h.killed:
                 failures.append(f"host {h.index}'s daemon died ({daemon.returncode}):\n{h.log()[-4000:]}")
+        for process in self._spawned:
+            if process.poll() is None:
+                process.kill()
+            process.wait(10)
         for h in self.hosts:
             h.agent.close()
         stray = self._stray() if hasattr(self.network, "hosts") else []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import decimal
 import hashlib
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -116,6 +117,22 @@ def test_hosts_share_no_file_system_and_reach_nothing_else(make_hosts):
     )
     assert hosts[1].run("ip", "route", "get", "192.0.2.1")["returncode"] != 0  # no route out
     assert hosts[2].client.cluster_nodes()[0]["access"] == "network"
+    # Each its own name, and the others' names resolve to their addresses.
+    names = "import socket; result = [socket.gethostname(), socket.gethostbyname('host2')]"
+    assert hosts[0].exec(names) == ["host0", hosts[2].address]
+    assert hosts[1].exec(names)[0] == "host1"
+    # A program started on a host runs there: reached by its host's name.
+    serve = "import socket, time; s = socket.create_server(('', 9000)); time.sleep(60)"
+    listener = hosts.spawn(2, sys.executable, "-c", serve)
+    reach = (
+        "import socket\n"
+        "try:\n"
+        "    result = socket.create_connection(('host2', 9000), timeout=5).getpeername()[0]\n"
+        "except ConnectionRefusedError:\n"
+        "    result = None\n"
+    )
+    until(lambda: hosts[0].exec(reach) == hosts[2].address, 10, "host 0 reaching a listener on host 2")
+    assert listener.poll() is None
 
 
 # -- the everyday path ----------------------------------------------------------------------------
