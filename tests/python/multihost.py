@@ -438,6 +438,7 @@ class Hosts:
     (`serve --burst`), with `durability` as its default. `same_paths`: every node's
     socket, region and key at the same paths (one identical cluster file for every host);
     by default the paths differ by node, and each host still gets its own copy of the file.
+    `by_name`: peers' `rpc` addresses by host name (host<i>) instead of IP address.
     """
 
     def __init__(
@@ -452,6 +453,7 @@ class Hosts:
         burst: Iterable[int] = (),
         durability: str | None = None,
         same_paths: bool = False,
+        by_name: bool = False,
         identities: bool = True,
         serve_args: Iterable[str] = (),
         start: bool = True,
@@ -461,6 +463,7 @@ class Hosts:
         self.heartbeat = heartbeat_ms / 1000
         self.lease = lease_ms / 1000
         self.same_paths = same_paths
+        self.by_name = by_name
         self.burst = set(burst)
         self.durability = durability
         self.serve_args = list(serve_args)
@@ -512,7 +515,7 @@ class Hosts:
                 "",
                 "[[node]]",
                 f"id = {i}",
-                f'rpc = "{host.address}:{RPC_PORT}"',
+                f'rpc = "{Network.name(i) if self.by_name else host.address}:{RPC_PORT}"',
                 f'socket = "{self.path("socket", i)}"',
                 f'region = "{self.path("region", i)}"',
                 f'region_size = "{region_size}"',
