@@ -96,6 +96,33 @@ def mapped_cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
 
 
 @pytest.fixture
+def make_hosts(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Factory for clusters of isolated hosts (tests/python/multihost.py): make_hosts(3,
+    burst=[1], durability="local") -> multihost.Hosts; each host its own network and mount
+    namespaces, one daemon and an agent. Skips, saying why, where namespaces cannot be made."""
+    import multihost
+
+    reason = multihost.unavailable()
+    if reason:
+        pytest.skip(reason)
+    made: list[multihost.Hosts] = []
+
+    def make(count: int = 3, **options: Any) -> multihost.Hosts:
+        hosts = multihost.Hosts(tmp_path / f"hosts{len(made)}", count, **options)
+        made.append(hosts)
+        return hosts
+
+    yield make
+    errors = []
+    for hosts in made:
+        try:
+            hosts.close()
+        except AssertionError as err:
+            errors.append(str(err))
+    assert not errors, "\n".join(errors)
+
+
+@pytest.fixture
 def python() -> Callable[..., Any]:
     """run_python(code, *args, timeout=60) -> the JSON the snippet printed last."""
     return run_python

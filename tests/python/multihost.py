@@ -1,0 +1,724 @@
+"""A cluster across isolated hosts, emulated with namespaces: the multi-host test harness.
+
+Each host is a network namespace AND a mount namespace with private tmpfs mounts on /tmp,
+/dev/shm and /run: it shares no file system with the other hosts (nor with the test), so
+its daemon's socket, region and burst buffer are its own, as on a separate machine. It has
+its own hostname (host<i>, a UTS namespace) and an /etc/hosts naming every host. The
+hosts' network namespaces hang off one Linux bridge in a "switch" namespace, by a veth
+pair each (host i is 10.202.0.<i+1>/24 on its eth0, the switch's end is s<i>). Nothing
+routes anywhere else: the switch has no other link and the hosts no default route.
+
+The program and its Python environment are read from the real root file system (installed
+software, as on every host of a real cluster); everything a node writes lands on its
+host's tmpfs. A daemon's log goes to a file of the test's (through its stdout: the daemon
+never sees the path), so a failing test can show it.
+
+The test cannot be a client of a daemon (its /dev/shm is the host's), so each host runs an
+agent (multihost_agent.py) inside its namespaces that the test drives over a pipe:
+`hosts[1].client.get(oid)` runs `shoal.Client.get` on host 1 and returns the value, or
+raises the same shoal error type. `with Hosts(directory, 3) as hosts:` (or the `make_hosts`
+fixture of conftest.py) makes and removes everything. Every process is started with a
+parent-death signal and the namespaces are held by processes of the test, so nothing
+outlives the test process.
+
+Faults: `kill(i)` (SIGKILL), `stop(i)` / `resume(i)` (SIGSTOP / SIGCONT), `cut(i)` /
+`heal(i)` (the host's switch port: its link set down, or the bridge port disabled, so
+packets vanish silently both ways; there is no netem in this kernel), `start(i)` after a
+kill (same cluster file, same burst directory).
+
+Made in a user namespace of our own (`unshare -Urn`, no privilege needed) where the kernel
+allows it, else as root without one; `unavailable()` says why neither works, for a skip.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import queue
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from multihost_agent import decode, encode
+
+import shoal
+
+SUBNET = "10.202.0"  # host i is SUBNET.(i+1); only inside the namespaces made here
+RPC_PORT = 7700  # the data channel is the next port
+AGENT = str(Path(__file__).with_name("multihost_agent.py"))
+HOST_MOUNTS = {"/tmp": "512m", "/dev/shm": "512m", "/run": "64m"}  # private tmpfs, with limits
+RUN = "/run/shoal"  # a host's run directory: cluster file, key, socket
+BURST = "/tmp/shoal-burst"  # a host's burst buffer (its private file system)
+STARTUP = 30.0  # s, bound for a daemon to serve and see every other node
+
+
+def _host_setup(name: str, hosts: dict[str, str]) -> str:
+    """The shell commands that make a new mount and UTS namespace a host: private tmpfs
+    mounts, its own /etc/hosts (naming `hosts`, name -> address) and hostname."""
+    mounts = [f"mount -t tmpfs -o size={size},mode=1777 tmpfs {path}" for path, size in HOST_MOUNTS.items()]
+    names = "".join(f"{address} {host}\\n" for host, address in hosts.items())
+    return " && ".join([
+        *mounts,
+        f"printf '127.0.0.1 localhost\\n{names}' > /run/hosts",
+        "mount --bind /run/hosts /etc/hosts",
+        f"hostname {name}",
+    ])  # fmt: skip
+
+
+def _probe(prefix: list[str]) -> str | None:
+    """Whether `prefix` (an unshare command) can make what a host needs: its private file
+    systems and name, a bridge and a veth pair on it. None if so, else what failed."""
+    network = [
+        "ip link add b0 type bridge",
+        "ip link add v0 type veth peer name v1",
+        "ip link set v0 master b0",
+    ]
+    script = " && ".join([_host_setup("probe", {"probe": "10.0.0.1"}), *network])
+    try:
+        done = subprocess.run([*prefix, "sh", "-c", script], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    if done.returncode == 0:
+        return None
+    why = done.stderr.strip() or f"exit code {done.returncode}"
+    if "No space left on device" in why:  # ENOSPC from unshare(2): a namespace count limit
+        why += " (a limit in /proc/sys/user/max_*_namespaces is reached or 0)"
+    return why
+
+
+@functools.cache
+def _isolation() -> tuple[bool | None, str]:
+    """(True: in a user namespace of our own, False: as root without one, None: impossible;
+    why not, for the last)."""
+    if not sys.platform.startswith("linux"):
+        return None, "hosts are emulated with Linux namespaces"
+    missing = [
+        tool for tool in ("unshare", "nsenter", "setpriv", "ip", "mount") if shutil.which(tool) is None
+    ]
+    if missing:
+        return None, f"{', '.join(missing)} not installed"
+    rootless = _probe(["unshare", "-Urnmu"])
+    if rootless is None:
+        return True, ""
+    if os.geteuid() == 0:
+        as_root = _probe(["unshare", "-nmu"])
+        if as_root is None:
+            return False, ""
+        return None, f"no network and mount namespaces: in a user namespace: {rootless}; as root: {as_root}"
+    return None, f"no network and mount namespaces in a user namespace ({rootless}) and not root"
+
+
+def unavailable() -> str | None:
+    """Why isolated hosts cannot be made here (for `pytest.skip`), or None."""
+    usable, why = _isolation()
+    return None if usable is not None else f"cannot emulate isolated hosts: {why}"
+
+
+def _dies_with_us(command: list[str]) -> list[str]:
+    """`command` killed when the test process dies (whatever its namespaces)."""
+    return ["setpriv", "--pdeathsig", "KILL", *command]
+
+
+class Network:
+    """The switch namespace with its bridge, and one network + mount namespace per host."""
+
+    def __init__(self, hosts: int) -> None:
+        self.userns, _ = _isolation()
+        assert self.userns is not None, unavailable()
+        self._holders: list[subprocess.Popen] = []
+        self._known = {os.readlink("/proc/self/ns/net")}
+        self.down: dict[int, str] = {}  # host -> how it is cut
+        try:
+            unshare = ["unshare", "-Urn"] if self.userns else ["unshare", "-n"]
+            self.switch = self._hold([*unshare, *_dies_with_us(["cat"])])
+            self.hosts = [
+                self._hold([*self._enter(self.switch, mount=False), *self._host(i, hosts)])
+                for i in range(hosts)
+            ]
+            self._wire()
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def address(host: int) -> str:
+        return f"{SUBNET}.{host + 1}"
+
+    @staticmethod
+    def name(host: int) -> str:
+        """The host's name: its hostname, and in every host's /etc/hosts."""
+        return f"host{host}"
+
+    def _host(self, host: int, hosts: int) -> list[str]:
+        """The command that makes host `host`'s namespaces (network, mount, UTS), sets it up
+        (`_host_setup`) and then holds them."""
+        setup = _host_setup(self.name(host), {self.name(i): self.address(i) for i in range(hosts)})
+        return [
+            *("unshare", "-n", "-m", "-u", "--propagation", "private"),
+            *("sh", "-c", f"{setup} && exec setpriv --pdeathsig KILL cat"),
+        ]
+
+    def _enter(self, holder: int, mount: bool = True) -> list[str]:
+        return [
+            "nsenter",
+            "-t",
+            str(holder),
+            *(["-U"] if self.userns else []),
+            "-n",
+            *(["-m", "-u"] if mount else []),
+        ]
+
+    def enter(self, host: int) -> list[str]:
+        """The command prefix that runs a program on `host` (its network and file systems)."""
+        return [*self._enter(self.hosts[host]), "--wd=/"]
+
+    def _run(self, holder: int, *command: str) -> None:
+        done = subprocess.run(
+            [*self._enter(holder, mount=False), *command], capture_output=True, text=True, timeout=10
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"{' '.join(command)}: {done.stderr.strip()}")
+
+    def _hold(self, command: list[str]) -> int:
+        """Starts a process that keeps new namespaces alive; returns its pid once it is in them."""
+        holder = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        self._holders.append(holder)
+        deadline = time.monotonic() + 10
+        while True:
+            # Ready once `cat` runs: the namespaces exist, the user namespace's id maps are
+            # written and the host's mounts are made (each before the exec of cat).
+            try:
+                with open(f"/proc/{holder.pid}/comm") as comm:
+                    running = comm.read().strip()
+                namespace = os.readlink(f"/proc/{holder.pid}/ns/net")
+            except OSError:
+                running, namespace = "", None
+            if running == "cat" and namespace is not None and namespace not in self._known:
+                self._known.add(namespace)
+                return holder.pid
+            if holder.poll() is not None:
+                assert holder.stderr is not None
+                raise AssertionError(f"{' '.join(command)}: {holder.stderr.read().decode().strip()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{' '.join(command)} made no namespace within 10 s")
+            time.sleep(0.005)
+
+    def _wire(self) -> None:
+        self._run(self.switch, "ip", "link", "set", "lo", "up")
+        self._run(self.switch, "ip", "link", "add", "br0", "type", "bridge")
+        self._run(self.switch, "ip", "link", "set", "br0", "up")
+        for i, host in enumerate(self.hosts):
+            port = f"s{i}"
+            self._run(
+                self.switch,
+                "ip",
+                "link",
+                "add",
+                port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                str(host),
+            )
+            self._run(self.switch, "ip", "link", "set", port, "master", "br0")
+            self._run(self.switch, "ip", "link", "set", port, "up")
+            self._run(host, "ip", "link", "set", "lo", "up")
+            self._run(host, "ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
+            self._run(host, "ip", "link", "set", "eth0", "up")
+
+    def cut(self, host: int, how: str = "link") -> None:
+        """Cuts `host` off: every packet to or from it vanishes, without an answer. `how`:
+        "link" sets its switch port's link down (its eth0 loses carrier, as when a cable is
+        pulled); "port" disables its bridge port (both links stay up, as when a switch drops
+        the port)."""
+        if host in self.down:
+            return
+        if how == "link":
+            self._run(self.switch, "ip", "link", "set", f"s{host}", "down")
+        elif how == "port":
+            self._run(self.switch, "bridge", "link", "set", "dev", f"s{host}", "state", "0")
+        else:
+            raise ValueError(f"a cut is by 'link' or 'port', not {how!r}")
+        self.down[host] = how
+
+    def heal(self, host: int | None = None) -> None:
+        """Reconnects `host` (None: every host cut off)."""
+        for h in [host] if host is not None else sorted(self.down):
+            how = self.down.pop(h, None)
+            if how == "link":
+                self._run(self.switch, "ip", "link", "set", f"s{h}", "up")
+            elif how == "port":
+                self._run(self.switch, "bridge", "link", "set", "dev", f"s{h}", "state", "3")
+
+    def namespaces(self) -> set[str]:
+        return self._known - {os.readlink("/proc/self/ns/net")}
+
+    def close(self) -> None:
+        for holder in self._holders:
+            if holder.poll() is None:
+                holder.kill()
+            holder.wait(10)
+            for stream in (holder.stdin, holder.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+class AgentError(AssertionError):
+    """An agent's request failed with an error that is not a shoal error (a bug in the test
+    or the harness): its type, message and traceback on the host."""
+
+
+class Agent:
+    """The agent process of one host (see multihost_agent.py); thread-safe, one request at
+    a time."""
+
+    def __init__(self, command: list[str], log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as stderr:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
+            )
+        self._answers: queue.Queue[str | None] = queue.Queue()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._answers.put(line)
+        self._answers.put(None)
+
+    def request(self, timeout: float = 60.0, **request: Any) -> tuple[Any, float]:
+        """Sends one request; returns (value, seconds it took on the host), or raises the
+        shoal error it failed with (with `.seconds` set)."""
+        with self._lock:
+            assert self.process.stdin is not None
+            try:
+                self.process.stdin.write(json.dumps(request) + "\n")
+                self.process.stdin.flush()
+            except BrokenPipeError:
+                raise AssertionError(f"agent exited:\n{self.log.read_text(errors='replace')}") from None
+            try:
+                line = self._answers.get(timeout=timeout)
+            except queue.Empty:
+                self.process.kill()  # its answer would be read as the next request's
+                raise AssertionError(f"agent answered {request.get('op')} not within {timeout} s") from None
+        if line is None:
+            raise AssertionError(f"agent exited:\n{self.log.read_text(errors='replace')}")
+        answer = json.loads(line)
+        if "error" in answer:
+            kind = getattr(shoal.errors, answer["error"], None)
+            if isinstance(kind, type) and issubclass(kind, shoal.ShoalError):
+                err: Exception = kind(answer["message"])
+            else:
+                err = AgentError(f"{answer['error']}: {answer['message']}\n{answer.get('traceback', '')}")
+            err.seconds = answer["seconds"]  # type: ignore[attr-defined]
+            raise err
+        return decode(answer["ok"]), answer["seconds"]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()  # the agent ends at the end of its input
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+class RemoteClient:
+    """`shoal.Client` of one host, run by its agent: `host.client.put(value)`."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._agent.request(
+                op="call", method=method, args=encode(list(args)), kwargs=encode(kwargs)
+            )[0]
+
+        return call
+
+
+class Host:
+    """One emulated host: its agent (`client`, `timed`, `checksums`, `exec`, `run`, `write`)
+    and its daemon (started and faulted through `Hosts`)."""
+
+    def __init__(self, hosts: Hosts, index: int) -> None:
+        self.index = index
+        self.address = Network.address(index)
+        self.directory = hosts.directory / f"host{index}"  # the test's: logs only
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.socket = hosts.path("socket", index)
+        self.agent = Agent(
+            [*hosts.network.enter(index), *_dies_with_us([sys.executable, "-u", AGENT, self.socket])],
+            self.directory / "agent.log",
+        )
+        self.client = RemoteClient(self.agent)
+        self.daemon: subprocess.Popen | None = None
+        self.daemon_log = self.directory / "daemon.log"
+        self.stopped = False  # SIGSTOP'ed
+        self.killed = False  # SIGKILL'ed (and not started again)
+
+    def timed(self, method: str, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+        """Runs a client method; returns (its value or the shoal error it raised, the seconds
+        it took on the host)."""
+        try:
+            return self.agent.request(
+                op="call", method=method, args=encode(list(args)), kwargs=encode(kwargs)
+            )
+        except shoal.ShoalError as err:
+            return err, err.seconds  # type: ignore[attr-defined]
+
+    def checksums(self, ids: Iterable[shoal.ObjectID], timeout_ms: int = 0) -> list[str | None]:
+        """The SHA-256 of each object's data as this host reads it, None where not found."""
+        return self.agent.request(op="checksums", ids=encode(list(ids)), timeout_ms=timeout_ms)[0]
+
+    def timed_checksums(
+        self, ids: Iterable[shoal.ObjectID], timeout_ms: int = 0
+    ) -> tuple[list[str | None], float]:
+        """`checksums` and the seconds the gets took on the host."""
+        return self.agent.request(op="checksums", ids=encode(list(ids)), timeout_ms=timeout_ms)
+
+    def exec(self, code: str, **variables: Any) -> Any:
+        """Runs Python on the host with `client` (its shoal.Client), `shoal`, `pa`, `np` and
+        `keep` (a dict kept between calls) in scope; returns what it leaves in `result`."""
+        return self.agent.request(op="exec", code=code, vars=encode(variables))[0]
+
+    def run(self, *argv: str, timeout: float = 30.0) -> dict[str, Any]:
+        """Runs a program on the host: returncode, stdout, stderr."""
+        return self.agent.request(op="run", argv=list(argv), timeout=timeout)[0]
+
+    def write(self, path: str, text: str, mode: int = 0o600) -> None:
+        self.agent.request(op="write", path=path, text=text, mode=mode)
+
+    def read(self, path: str) -> str:
+        return self.agent.request(op="read", path=path)[0]
+
+    def log(self) -> str:
+        try:
+            return self.daemon_log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def serving(self) -> bool:
+        return self.agent.request(op="serving")[0]
+
+    def sees(self) -> set[int]:
+        """The nodes this host's daemon counts as alive, itself included."""
+        return {n["node"] for n in self.client.cluster_nodes() if n["alive"]}
+
+    def __repr__(self) -> str:
+        return f"Host({self.index}, {self.address})"
+
+
+class Hosts:
+    """N isolated hosts, one shoal daemon each, in one cluster (every node `access =
+    "network"`); `hosts[i]` is a `Host`. A context manager: `close()` stops the daemons
+    (each must exit with 0 unless the test killed it), the agents and the namespaces.
+
+    `burst`: hosts whose daemon gets a burst buffer on its private file system
+    (`serve --burst`), with `durability` as its default. `same_paths`: every node's
+    socket, region and key at the same paths (one identical cluster file for every host);
+    by default the paths differ by node, and each host still gets its own copy of the file.
+    `by_name`: peers' `rpc` addresses by host name (host<i>) instead of IP address.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        count: int = 3,
+        *,
+        heartbeat_ms: int = 200,
+        lease_ms: int = 2000,
+        linger_ms: int = 1000,
+        region_size: str = "64MiB",
+        burst: Iterable[int] = (),
+        durability: str | None = None,
+        same_paths: bool = False,
+        by_name: bool = False,
+        identities: bool = True,
+        serve_args: Iterable[str] = (),
+        start: bool = True,
+    ) -> None:
+        self.directory = directory
+        self.count = count
+        self.heartbeat = heartbeat_ms / 1000
+        self.lease = lease_ms / 1000
+        self.same_paths = same_paths
+        self.by_name = by_name
+        self.burst = set(burst)
+        self.durability = durability
+        self.serve_args = list(serve_args)
+        self.name = f"mh{secrets.token_hex(4)}"
+        self.cluster_file = f"{RUN}/cluster.toml"
+        self.hosts: list[Host] = []
+        self._spawned: list[subprocess.Popen] = []
+        directory.mkdir(parents=True, exist_ok=True)
+        self.network = Network(count)
+        try:
+            self.hosts = [Host(self, i) for i in range(count)]
+            for host in self.hosts:
+                host.run("mkdir", "-p", "-m", "700", RUN)
+            text = self._cluster_text(heartbeat_ms, lease_ms, linger_ms, region_size, identities)
+            for host in self.hosts:  # a copy per host: no file system is shared
+                host.write(self.cluster_file, text)
+            (directory / "cluster.toml").write_text(text)  # for the reader of a failure
+            if start:
+                for i in range(count):
+                    self.start(i, wait=False)
+                self.wait_whole(STARTUP)
+        except BaseException:
+            self.close(check=False)
+            raise
+
+    def path(self, what: str, node: int) -> str:
+        """Where node `node` keeps `what` (socket, region, key) on its host."""
+        suffix = "" if self.same_paths else f"-n{node}"
+        return {
+            "socket": f"{RUN}/shoal{suffix}.sock",
+            "region": f"/dev/shm/shoal-{self.name}{suffix}",
+            "key": f"{RUN}/node{suffix}.key",
+        }[what]
+
+    def _cluster_text(
+        self, heartbeat_ms: int, lease_ms: int, linger_ms: int, region_size: str, identities: bool
+    ) -> str:
+        """The cluster file; each host makes its own key pair and only its public key leaves it."""
+        lines = [
+            "[cluster]",
+            f'name = "{self.name}"',
+            f'token = "{secrets.token_hex(16)}"',
+            f"heartbeat_ms = {heartbeat_ms}",
+            f"lease_ms = {lease_ms}",
+            f"linger_ms = {linger_ms}",
+        ]
+        for i, host in enumerate(self.hosts):
+            lines += [
+                "",
+                "[[node]]",
+                f"id = {i}",
+                f'rpc = "{Network.name(i) if self.by_name else host.address}:{RPC_PORT}"',
+                f'socket = "{self.path("socket", i)}"',
+                f'region = "{self.path("region", i)}"',
+                f'region_size = "{region_size}"',
+                'access = "network"',
+            ]
+            if identities:
+                done = host.run(
+                    sys.executable, "-m", "shoal", "cluster", "keygen", "--out", self.path("key", i)
+                )
+                assert done["returncode"] == 0, done["stderr"]
+                lines += done["stdout"].strip().splitlines()  # public_key = ..., key_file = ...
+        return "\n".join(lines) + "\n"
+
+    def __enter__(self) -> Hosts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getitem__(self, host: int) -> Host:
+        return self.hosts[host]
+
+    def __iter__(self) -> Iterator[Host]:
+        return iter(self.hosts)
+
+    def __len__(self) -> int:
+        return self.count
+
+    # -- daemons -------------------------------------------------------------------------------
+
+    def start(self, host: int, wait: bool = True, timeout: float = STARTUP) -> None:
+        """Starts host `host`'s daemon (again, after `kill`: same cluster file and burst
+        directory); with `wait`, returns once it serves and sees every node it can reach."""
+        h = self.hosts[host]
+        assert h.daemon is None or h.daemon.poll() is not None, f"host {host}'s daemon runs"
+        tiers = ["--burst", BURST, *(["--durability", self.durability] if self.durability else [])]
+        command = [
+            *(sys.executable, "-m", "shoal", "serve", "--cluster", self.cluster_file, "--node", str(host)),
+            *(tiers if host in self.burst else []),
+            *self.serve_args,
+        ]
+        env = dict(os.environ, NO_COLOR="1")
+        env.pop("SHOAL_SOCKET", None)
+        with open(h.daemon_log, "ab") as log:
+            log.write(f"--- {time.strftime('%H:%M:%S')} {' '.join(command)}\n".encode())
+            log.flush()
+            h.daemon = subprocess.Popen(
+                [*self.network.enter(host), *_dies_with_us(command)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
+            )  # fmt: skip
+        h.killed = h.stopped = False
+        if wait:
+            self.wait_serving(host, timeout)
+            reachable = set(range(self.count)) - set(self.network.down) - self.dead()
+            if host not in self.network.down:
+                self.wait_for(
+                    lambda: h.sees() >= reachable, timeout, f"host {host} seeing {sorted(reachable)}"
+                )
+
+    def wait_serving(self, host: int, timeout: float = STARTUP) -> None:
+        h = self.hosts[host]
+
+        def serving() -> bool:
+            assert h.daemon is not None
+            if h.daemon.poll() is not None:
+                raise AssertionError(f"host {host}'s daemon exited with {h.daemon.returncode}:\n{h.log()}")
+            return h.serving()
+
+        self.wait_for(serving, timeout, f"host {host}'s daemon serving")
+        h.agent.request(op="reconnect")  # a client of the daemon it ran before is gone
+
+    def dead(self) -> set[int]:
+        return {h.index for h in self.hosts if h.killed or h.stopped}
+
+    def wait_whole(self, timeout: float = STARTUP) -> None:
+        """Until every host serves and sees every other one."""
+        for i in range(self.count):
+            self.wait_serving(i, timeout)
+        everyone = set(range(self.count))
+        self.wait_for(
+            lambda: all(h.sees() == everyone for h in self.hosts), timeout, "every host seeing every host"
+        )
+
+    @staticmethod
+    def wait_for(predicate: Callable[[], Any], timeout: float, message: str, interval: float = 0.05) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"not within {timeout} s: {message}")
+            time.sleep(interval)
+
+    def spawn(self, host: int, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Starts a program on host `host` (a service beside its daemon: a coordinator, a
+        worker); its output goes to a log beside the host's. Killed at `close` if it runs."""
+        h = self.hosts[host]
+        with open(h.directory / f"{Path(argv[0]).name}-{len(self._spawned)}.log", "ab") as log:
+            process = subprocess.Popen(
+                [*self.network.enter(host), *_dies_with_us(list(argv))],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
+            )  # fmt: skip
+        self._spawned.append(process)
+        return process
+
+    def signal(self, host: int, signum: int) -> None:
+        daemon = self.hosts[host].daemon
+        assert daemon is not None and daemon.poll() is None, f"host {host}'s daemon is not running"
+        os.kill(daemon.pid, signum)
+
+    def kill(self, host: int) -> None:
+        """SIGKILL host `host`'s daemon (the host lives on: its files, its agent)."""
+        h = self.hosts[host]
+        self.signal(host, signal.SIGKILL)
+        assert h.daemon is not None
+        h.daemon.wait(10)
+        h.killed, h.stopped = True, False
+
+    def terminate(self, host: int, timeout: float) -> int | None:
+        """SIGTERM host `host`'s daemon: its exit code, or None if it still runs after
+        `timeout` s (then it is killed)."""
+        h = self.hosts[host]
+        self.signal(host, signal.SIGTERM)
+        assert h.daemon is not None
+        try:
+            return h.daemon.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(host)
+            return None
+        finally:
+            h.killed = True  # not running: nothing for `close` to stop
+
+    def stop(self, host: int) -> None:
+        """SIGSTOP host `host`'s daemon: it holds its connections and answers nothing. Its
+        agent's client would wait for it: do not use it until `resume`."""
+        self.signal(host, signal.SIGSTOP)
+        self.hosts[host].stopped = True
+
+    def resume(self, host: int) -> None:
+        self.signal(host, signal.SIGCONT)
+        self.hosts[host].stopped = False
+
+    def cut(self, host: int, how: str = "link") -> None:
+        self.network.cut(host, how)
+
+    def heal(self, host: int | None = None) -> None:
+        self.network.heal(host)
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def _stray(self) -> list[int]:
+        """Processes still in our hosts' network namespaces (ours ended: none should be)."""
+        ours, stray = self.network.namespaces(), []
+        holders = {self.network.switch, *self.network.hosts}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in holders:
+                try:
+                    if os.readlink(f"/proc/{entry}/ns/net") in ours:
+                        stray.append(int(entry))
+                except OSError:
+                    continue
+        return stray
+
+    def close(self, check: bool = True) -> None:
+        """Stops every daemon (SIGTERM: each must exit with 0, no panic during the test, unless
+        the test killed it), every agent, then the namespaces (their mounts go with them)."""
+        failures = []
+        if hasattr(self.network, "hosts"):
+            # A daemon does not stop while a peer it knows neither answers nor refuses
+            # (test_defect_a_daemon_stops_while_a_peer_is_cut_off): reconnect first.
+            self.network.heal()
+        for h in self.hosts:
+            daemon = h.daemon
+            if daemon is None:
+                continue
+            if daemon.poll() is None:
+                if h.stopped:
+                    os.kill(daemon.pid, signal.SIGCONT)
+                daemon.send_signal(signal.SIGTERM)
+                try:
+                    code = daemon.wait(15)
+                except subprocess.TimeoutExpired:
+                    daemon.kill()
+                    code = daemon.wait(10)
+                    failures.append(f"host {h.index}'s daemon ignored SIGTERM for 15 s")
+                if code != 0:
+                    failures.append(f"host {h.index}'s daemon exited with {code}:\n{h.log()[-4000:]}")
+            elif not h.killed:
+                failures.append(f"host {h.index}'s daemon died ({daemon.returncode}):\n{h.log()[-4000:]}")
+        for process in self._spawned:
+            if process.poll() is None:
+                process.kill()
+            process.wait(10)
+        for h in self.hosts:
+            h.agent.close()
+        stray = self._stray() if hasattr(self.network, "hosts") else []
+        for pid in stray:  # started by us inside our namespaces; gone with them
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.network.close()
+        if check:
+            assert not stray, f"processes left in the hosts' namespaces: {stray}"
+            assert not failures, "\n".join(failures)
