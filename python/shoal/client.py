@@ -12,7 +12,7 @@ import numpy as np
 
 from shoal import _codec, _internal
 from shoal._ids import IdLike, ObjectID, as_bytes
-from shoal.errors import HomeUnavailable, InvalidArgument, ObjectNotFound
+from shoal.errors import HomeUnavailable, InvalidArgument, NodeUnavailable, ObjectNotFound
 
 if TYPE_CHECKING:
     from shoal.arrow import TableBuilder
@@ -55,6 +55,18 @@ def _name_info(row: tuple[str, bytes, int, int, int]) -> NameInfo:
 
 #: An Arrow IPC *file* (not stream) starts with these bytes.
 _ARROW_FILE_MAGIC = b"ARROW1"
+
+def get_batch(raw: Any, ids: list[bytes], timeout_ms: int) -> list[Any]:
+    """A batch get: `None` for each object still missing at the timeout. (A daemon answers a
+    get of one id that an unreachable node kept from being found with NodeUnavailable, which
+    a single-object `get` raises; in a batch that id is missing like any other.)"""
+    try:
+        return raw.get(ids, timeout_ms)
+    except NodeUnavailable:
+        if len(ids) == 1:
+            return [None]
+        raise
+
 
 # Fresh ids tried by a create that chooses its own id before giving up: with one node of n
 # unreachable each try fails with probability 1/n, so 32 tries fail together with 3^-32 at n=3.
@@ -221,7 +233,7 @@ class Client:
         """Gets objects in one request, waiting up to `timeout_ms` (-1: forever) for unsealed
         ones; `None` where an object is still missing. Buffers are read-only store memory;
         `buffer.metadata()` is the object's metadata."""
-        return self._raw.get(_ids(oids), timeout_ms)
+        return get_batch(self._raw, _ids(oids), timeout_ms)
 
     def get_buffer(self, oid: IdLike, timeout_ms: int = -1) -> Buffer:
         """One object's buffer; raises ObjectNotFound if it is not sealed within the timeout."""

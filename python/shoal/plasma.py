@@ -86,7 +86,7 @@ import pyarrow as pa
 from shoal import _codec, errors
 from shoal._ids import ObjectID as _ShoalObjectID
 from shoal._ids import as_bytes
-from shoal.client import Client, Subscription
+from shoal.client import Client, Subscription, get_batch
 from shoal.errors import ObjectExists, ObjectNotFound, ObjectTooLarge, ShoalError, StoreFull
 
 __all__ = [
@@ -519,7 +519,7 @@ class PlasmaClient:
 
     def _get_raw(self, object_ids: Any, timeout_ms: int) -> list[Any]:
         with _plasma_errors():
-            return self._raw.get(_id_list(object_ids), timeout_ms)
+            return get_batch(self._raw, _id_list(object_ids), timeout_ms)
 
     def get_buffers(
         self, object_ids: Sequence[ObjectID], timeout_ms: int = -1, with_meta: bool = False

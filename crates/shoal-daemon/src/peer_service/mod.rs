@@ -19,6 +19,9 @@ use crate::ops::Ops;
 /// Peer calls queued for the store thread at most (back-pressure on gRPC).
 const CALL_QUEUE: usize = 1024;
 
+/// How long a stopping daemon lets open peer connections finish their calls.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Binds the peer RPC and data channel ports (a busy port fails the start)
 /// and starts, under the supervisor: the gRPC server (its own tasks, fed to
 /// the store thread through a channel), the task answering its calls, the
@@ -36,17 +39,31 @@ pub async fn start(ops: &Rc<Ops>) -> Result<()> {
         TokenCheck::new(identity.clone()),
     );
     let stopping = ops.supervisor.stopping();
+    let stopped = ops.supervisor.stopping();
     ops.supervisor.spawn("peer rpc", async move {
-        let served = tonic::transport::Server::builder()
+        let server = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(service)
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 stopping,
-            )
-            .await;
-        if let Err(err) = served {
-            tracing::error!(%err, "peer RPC server failed");
+            );
+        // A graceful stop waits for every connection to close, and one from a
+        // peer that is cut off or frozen never does: past a short grace the
+        // rest are dropped, so a stop never hangs on the network.
+        let grace = async {
+            stopped.await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::select! {
+            served = server => {
+                if let Err(err) = served {
+                    tracing::error!(%err, "peer RPC server failed");
+                }
+            }
+            () = grace => tracing::info!(
+                "peer RPC connections still open {SHUTDOWN_GRACE:?} after the stop began: dropped"
+            ),
         }
     });
     cluster.start_data_channel(identity).await?;
