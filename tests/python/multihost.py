@@ -19,7 +19,8 @@ agent (multihost_agent.py) inside its namespaces that the test drives over a pip
 raises the same shoal error type. `with Hosts(directory, 3) as hosts:` (or the `make_hosts`
 fixture of conftest.py) makes and removes everything. Every process is started with a
 parent-death signal and the namespaces are held by processes of the test, so nothing
-outlives the test process.
+outlives the test process. (The signal follows the thread that started a process: make
+hosts and start daemons from the test's own thread, not from a worker thread that ends.)
 
 Faults: `kill(i)` (SIGKILL), `stop(i)` / `resume(i)` (SIGSTOP / SIGCONT), `cut(i)` /
 `heal(i)` (the host's switch port: its link set down, or the bridge port disabled, so
