@@ -56,6 +56,7 @@ def _name_info(row: tuple[str, bytes, int, int, int]) -> NameInfo:
 #: An Arrow IPC *file* (not stream) starts with these bytes.
 _ARROW_FILE_MAGIC = b"ARROW1"
 
+
 def get_batch(raw: Any, ids: list[bytes], timeout_ms: int) -> list[Any]:
     """A batch get: `None` for each object still missing at the timeout. (A daemon answers a
     get of one id that an unreachable node kept from being found with NodeUnavailable, which

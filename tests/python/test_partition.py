@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from _shoal_testing import Cluster, short_dir, wait_for
+from _shoal_testing import Cluster, home_of, ids_homed_at, short_dir, wait_for
 
 import shoal
 
@@ -41,24 +41,9 @@ RPC_TIMEOUT = 2.0  # s, a peer call that gets no answer fails after this
 FAST = 0.5  # s, bound for a call that must not wait for any timeout
 
 
-def home_of(oid: shoal.ObjectID, nodes: int) -> int:
-    """An id's home node: SplitMix64 over its bytes (as `shoal_cluster::home_of`)."""
-
-    def mix(z: int) -> int:
-        z = (z + 0x9E3779B97F4A7C15) & (2**64 - 1)
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
-        return z ^ (z >> 31)
-
-    h, data = 0x9E3779B97F4A7C15, oid.binary()
-    for at in range(0, len(data), 8):
-        h = mix(h ^ int.from_bytes(data[at : at + 8], "little"))
-    return h % nodes
-
-
 def homed_at(node: int, nodes: int = 3) -> shoal.ObjectID:
     """A random id whose home is `node` (so it can be created on that side of a partition)."""
-    return next(oid for oid in iter(OID.from_random, None) if home_of(oid, nodes) == node)
+    return ids_homed_at(node, 1, nodes)[0]
 
 
 @functools.cache
