@@ -1412,12 +1412,13 @@ impl Store {
         entry.is_visible().then_some(entry.creator)
     }
 
-    /// Whether `id` exists and is still being written.
+    /// Whether `id` exists and is still being written (not aborted while
+    /// a transfer holds it).
     pub fn is_unsealed(&self, id: &ObjectId) -> bool {
         self.table
             .find(id)
             .and_then(|s| self.table.get(s))
-            .is_some_and(|e| e.state == ObjectState::Created)
+            .is_some_and(|e| e.state == ObjectState::Created && !e.delete_pending)
     }
 
     /// Evicts one object now if it is an eviction candidate (sealed,
