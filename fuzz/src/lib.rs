@@ -305,6 +305,9 @@ pub fn sample_replies() -> Vec<Reply> {
             generation: 0,
             offsets: vec![0, 64, 128],
         },
+        Reply::Staged {
+            offsets: vec![4096],
+        },
         Reply::Objects {
             objects: vec![
                 Some(Located {

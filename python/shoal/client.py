@@ -144,7 +144,9 @@ class Client:
 
         On a full store, waits up to `timeout_ms` for memory to be released. In a cluster,
         `node` places the object in that node's memory (remote allocation: only that node's
-        allocator runs; this process writes the bytes in place through its mapping).
+        allocator runs). Where that memory is mapped here this process writes the bytes in
+        place; on a node reached over the network it writes a staging buffer in its own
+        node's memory, and the seal pushes the bytes to `node` (NodeUnavailable if it cannot).
         """
         return self._raw.create(as_bytes(oid), size, metadata, timeout_ms, node)
 
@@ -301,7 +303,8 @@ class Client:
     ) -> ObjectID:
         """Stores a value: a pyarrow Table / RecordBatch / Array / ChunkedArray (Arrow IPC),
         a numpy array, bytes-like data, or any picklable object. Returns its id. In a cluster,
-        `node` stores it in that node's memory. `durability` as for `seal`.
+        `node` stores it in that node's memory (see `create`; over the network: one local
+        write and one transfer). `durability` as for `seal`.
 
         With `name` (path-like: ``"runs/1/table.arrow"``) the object is also reachable by
         `get_named` and appears as a file under `shoal mount`; a name already in use moves

@@ -697,38 +697,26 @@ impl Client {
         cluster.peers[index].resolve(node, path, size, generation, write)
     }
 
-    /// Whether objects can be allocated on `node` from here (its memory is
-    /// mapped here, or it is our own node).
-    fn check_writable_node(&self, node: u32) -> Result<()> {
-        let Some(cluster) = &self.cluster else {
-            return Ok(());
-        };
-        match cluster.nodes.get(node as usize) {
-            _ if node == cluster.node => Ok(()),
-            Some(p) if p.node == node && p.mapped => Ok(()),
-            _ => Err(ShoalError::invalid(format!(
-                "node {node} is not a node whose memory is mapped here"
-            ))),
-        }
-    }
-
-    /// Remote allocation: creates objects in cluster node `node`'s region
+    /// Remote allocation: creates objects in cluster node `node`'s memory
     /// (all or none). Write them at [`located_ptr_mut`](Self::located_ptr_mut),
-    /// then seal as usual.
+    /// then seal as usual. Where `node`'s region is mapped here they are
+    /// written in place; a node reached over the network only has them
+    /// written into staging buffers in our own node's region (the
+    /// `Located`s say so), whose seal pushes the bytes to `node`.
     pub fn create_on(
         &mut self,
         node: u32,
         objects: &[CreateSpec],
         timeout_ms: u32,
     ) -> Result<Vec<Located>> {
-        if node == self.node() {
+        let me = self.node();
+        if node == me {
             let locations = self.create_batch(objects, timeout_ms)?;
             return Ok(locations
                 .into_iter()
                 .map(|location| Located::local(node, location))
                 .collect());
         }
-        self.check_writable_node(node)?;
         let request = Request::CreateOn {
             node,
             timeout_ms,
@@ -739,6 +727,9 @@ impl Client {
                 generation,
                 offsets,
             } if offsets.len() == objects.len() => (generation, offsets),
+            Reply::Staged { offsets } if offsets.len() == objects.len() => {
+                return self.staged(objects, &offsets);
+            }
             other => return Err(unexpected(other)),
         };
         let mapping = match self.peer_mapping(node, generation, true) {
@@ -771,6 +762,28 @@ impl Client {
                 invalidate: false,
             };
             if self.noncoherent() {
+                self.unsealed.insert(o.id, located);
+            }
+            out.push(located);
+        }
+        Ok(out)
+    }
+
+    /// The staging buffers (in our own node's region) of objects allocated
+    /// on a node reached over the network.
+    fn staged(&mut self, objects: &[CreateSpec], offsets: &[u64]) -> Result<Vec<Located>> {
+        let me = self.node();
+        let mut out = Vec::with_capacity(objects.len());
+        for (&offset, o) in offsets.iter().zip(objects) {
+            let location = self.check(ObjectLocation {
+                offset,
+                data_size: o.data_size,
+                meta_size: o.meta_size,
+            })?;
+            let located = Located::local(me, location);
+            if self.noncoherent() {
+                // Flushed at the seal like any object written here: the
+                // daemon sends the bytes from the region.
                 self.unsealed.insert(o.id, located);
             }
             out.push(located);

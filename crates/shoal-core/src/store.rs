@@ -1028,6 +1028,10 @@ impl Store {
                 format!("object {id} is already sealed"),
             ));
         }
+        if entry.delete_pending {
+            // Aborted while a transfer still holds it (`hold_unsealed`).
+            return Err(ShoalError::not_found(id));
+        }
         if entry.creator != client {
             return Err(ShoalError::new(
                 ErrorKind::NotOwner,
@@ -1166,9 +1170,56 @@ impl Store {
         match lease {
             // Created in lent space: the bytes go back to the lease.
             Some(lease) => self.return_to_lease(client, slot, lease),
-            None => self.remove_slot(slot),
+            None => self.drop_unsealed(slot),
         }
         self.events.push(StoreEvent::Aborted { id });
+    }
+
+    /// Frees an aborted object's memory, unless a transfer still holds it
+    /// ([`hold_unsealed`](Self::hold_unsealed)): then it is gone from view
+    /// now and its memory is freed when the last holder releases it.
+    fn drop_unsealed(&mut self, slot: Slot) {
+        let entry = self.table.get_mut(slot).expect("aborting a live slot");
+        if entry.refs > 0 {
+            entry.delete_pending = true;
+        } else {
+            self.remove_slot(slot);
+        }
+    }
+
+    /// Takes a reference for `holder` to an object `creator` is still
+    /// writing, so its memory stays allocated while `holder` writes into it
+    /// from another thread: if the creator aborts meanwhile (or goes), the
+    /// object leaves view at once but its memory is freed only when the
+    /// last holder releases it. A node receiving a peer's bytes into an
+    /// object that peer allocated there holds it for the transfer. Refused
+    /// (changing nothing) if `id` is not `creator`'s unsealed object, or
+    /// was created in lent space.
+    pub fn hold_unsealed(
+        &mut self,
+        holder: ClientId,
+        creator: ClientId,
+        id: &ObjectId,
+    ) -> Result<ObjectLocation> {
+        let slot = self.own_unsealed(creator, id)?;
+        if self
+            .clients
+            .get(&creator)
+            .is_some_and(|state| state.from_lease.contains_key(&slot))
+        {
+            return Err(ShoalError::invalid(format!(
+                "object {id} was created in lent space"
+            )));
+        }
+        let entry = self.table.get_mut(slot).expect("found slot is live");
+        entry.refs += 1;
+        let location = ObjectLocation {
+            offset: entry.offset,
+            data_size: entry.data_size,
+            meta_size: entry.meta_size,
+        };
+        *self.client(holder).refs.entry(slot).or_insert(0) += 1;
+        Ok(location)
     }
 
     /// Counts `id` in the fast path's creating filter (or stops counting it).
@@ -1361,12 +1412,13 @@ impl Store {
         entry.is_visible().then_some(entry.creator)
     }
 
-    /// Whether `id` exists and is still being written.
+    /// Whether `id` exists and is still being written (not aborted while
+    /// a transfer holds it).
     pub fn is_unsealed(&self, id: &ObjectId) -> bool {
         self.table
             .find(id)
             .and_then(|s| self.table.get(s))
-            .is_some_and(|e| e.state == ObjectState::Created)
+            .is_some_and(|e| e.state == ObjectState::Created && !e.delete_pending)
     }
 
     /// Evicts one object now if it is an eviction candidate (sealed,
@@ -1462,7 +1514,7 @@ impl Store {
             entry.refs -= held;
             let id = entry.id;
             self.note_creating(&id, false);
-            self.remove_slot(*slot);
+            self.drop_unsealed(*slot);
             // Like an abort: a cluster node unregisters the id.
             self.events.push(StoreEvent::Aborted { id });
         }
@@ -2040,6 +2092,76 @@ mod tests {
         s.check_invariants();
     }
 
+    #[test]
+    fn a_held_unsealed_object_outlives_its_abort_until_released() {
+        let mut s = store(4096);
+        let loc = s.create(1, id(1), 100, 0).unwrap();
+        assert_eq!(s.hold_unsealed(9, 1, &id(1)).unwrap(), loc);
+        let used = s.used();
+        s.abort(1, &id(1)).unwrap();
+        // Gone from view, its memory still allocated for the holder.
+        assert!(!s.contains(&id(1)) && !s.is_unsealed(&id(1)));
+        assert_eq!(s.used(), used);
+        assert!(s.list().is_empty());
+        let err = s.seal(1, &[id(1)], false).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ObjectNotFound);
+        assert_eq!(
+            s.abort(1, &id(1)).unwrap_err().kind(),
+            ErrorKind::ObjectNotFound
+        );
+        assert_eq!(
+            s.hold_unsealed(9, 1, &id(1)).unwrap_err().kind(),
+            ErrorKind::ObjectNotFound
+        );
+        s.check_invariants();
+        s.release(9, &id(1)).unwrap();
+        assert_eq!(s.used(), 0);
+        assert!(s.table.find(&id(1)).is_none());
+        s.check_invariants();
+
+        // The creator disconnects instead: the same.
+        s.create(2, id(2), 100, 0).unwrap();
+        s.hold_unsealed(9, 2, &id(2)).unwrap();
+        s.disconnect(2);
+        assert!(s.used() > 0 && s.list().is_empty());
+        s.check_invariants();
+        s.release(9, &id(2)).unwrap();
+        assert_eq!(s.used(), 0);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn a_held_unsealed_object_sealed_by_its_creator_is_an_ordinary_object() {
+        let mut s = store(4096);
+        s.create(1, id(1), 100, 0).unwrap();
+        s.hold_unsealed(9, 1, &id(1)).unwrap();
+        s.seal(1, &[id(1)], true).unwrap();
+        assert!(s.contains(&id(1)));
+        assert_eq!(s.stats().evictable, 0, "held: no eviction candidate");
+        s.release(9, &id(1)).unwrap();
+        assert_eq!(s.stats().evictable, 1);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn only_the_creators_unsealed_objects_can_be_held() {
+        let mut s = store(4096);
+        s.create(1, id(1), 100, 0).unwrap();
+        let kind = |r: Result<ObjectLocation>| r.unwrap_err().kind();
+        assert_eq!(kind(s.hold_unsealed(9, 2, &id(1))), ErrorKind::NotOwner);
+        assert_eq!(
+            kind(s.hold_unsealed(9, 1, &id(2))),
+            ErrorKind::ObjectNotFound
+        );
+        s.seal(1, &[id(1)], true).unwrap();
+        assert_eq!(
+            kind(s.hold_unsealed(9, 1, &id(1))),
+            ErrorKind::ObjectAlreadySealed
+        );
+        assert!(!s.has_references(9));
+        s.check_invariants();
+    }
+
     /// Holds every victim, recording them (a tier copying bytes out).
     struct HoldAll(std::rc::Rc<std::cell::RefCell<Vec<Victim>>>);
 
@@ -2330,6 +2452,9 @@ mod tests {
         FinishEviction(u8),
         CancelEviction(u8),
         Readmit(u8),
+        /// A transfer (client 3) holds client c's unsealed object, or lets go.
+        Hold(u8, u8),
+        Unhold(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -2342,11 +2467,13 @@ mod tests {
             (c.clone(), i.clone()).prop_map(|(c, i)| Op::Get(c, i)),
             (c.clone(), i.clone()).prop_map(|(c, i)| Op::Release(c, i)),
             i.clone().prop_map(Op::Delete),
-            c.prop_map(Op::Disconnect),
+            c.clone().prop_map(Op::Disconnect),
             (0u16..3000).prop_map(Op::Evict),
             (0u8..12).prop_map(Op::FinishEviction),
             (0u8..12).prop_map(Op::CancelEviction),
             (0u8..12).prop_map(Op::Readmit),
+            (c, i).prop_map(|(c, i)| Op::Hold(c, i)),
+            (0u8..12).prop_map(Op::Unhold),
         ]
     }
 
@@ -2395,6 +2522,8 @@ mod tests {
                         }
                     }
                     Op::Readmit(i) => { s.readmit(&id(i)); }
+                    Op::Hold(c, i) => { let _ = s.hold_unsealed(3, c as u32, &id(i)); }
+                    Op::Unhold(i) => { let _ = s.release(3, &id(i)); }
                 }
                 s.check_invariants();
             }

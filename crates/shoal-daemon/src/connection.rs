@@ -248,6 +248,11 @@ impl Connection {
                 node,
                 timeout_ms,
                 objects,
+            } if self.ops.pushes_to(node) => self.create_staged(node, timeout_ms, &objects).await?,
+            Request::CreateOn {
+                node,
+                timeout_ms,
+                objects,
             } => {
                 self.create(node, timeout_ms, &objects, Placement::Packed)
                     .await?
@@ -444,6 +449,37 @@ impl Connection {
         Ok(match kept(created)? {
             Ok((generation, locations)) => Reply::Created {
                 generation,
+                offsets: locations.iter().map(|l| l.offset).collect(),
+            },
+            Err(err) => Reply::error(&err),
+        })
+    }
+
+    /// Creates on `node`, reached over the network only, and answers with
+    /// the offsets of the staging buffers the client writes (in this
+    /// daemon's region).
+    async fn create_staged(
+        &self,
+        node: u32,
+        timeout_ms: u32,
+        objects: &[CreateSpec],
+    ) -> Result<Reply> {
+        let specs: Vec<_> = objects
+            .iter()
+            .map(|o| (o.id, o.data_size, o.meta_size))
+            .collect();
+        let created = self
+            .ops
+            .create_staged(
+                self.client,
+                node,
+                &specs,
+                timeout_ms,
+                peer_gone(&self.stream),
+            )
+            .await;
+        Ok(match kept(created)? {
+            Ok(locations) => Reply::Staged {
                 offsets: locations.iter().map(|l| l.offset).collect(),
             },
             Err(err) => Reply::error(&err),

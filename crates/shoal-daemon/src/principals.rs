@@ -3,8 +3,8 @@
 //!
 //! - `1 .. RESERVED_BASE`: local connections, numbered as they come;
 //! - `RESERVED_BASE .. PEER_BASE`: the daemon's own principals (network
-//!   copies being pulled, objects pinned while sent, the tiers; later the
-//!   POSIX view);
+//!   copies being pulled, objects pinned while sent, the tiers, objects
+//!   held while pushed bytes arrive, staging buffers; later the POSIX view);
 //! - `PEER_BASE + node`: each other node of the cluster (its references
 //!   here, its remote allocations);
 //! - `FENCED_BASE + node`: what a node cut off past its lease held here,
@@ -24,6 +24,12 @@ pub const SEND: ClientId = RESERVED_BASE + 1;
 /// The tiers below memory: pins objects while they drain, and creates the
 /// objects restores fill.
 pub const TIERS: ClientId = RESERVED_BASE + 2;
+/// Holds a peer's unsealed object while the data channel receives its
+/// bytes (a push), so an abort meanwhile cannot free the memory under it.
+pub const RECEIVE: ClientId = RESERVED_BASE + 3;
+/// Owns the staging buffers of remote allocations on nodes reached over
+/// the network: clients write there, the seal pushes the bytes.
+pub const STAGE: ClientId = RESERVED_BASE + 4;
 
 /// The store client standing for node `node`.
 pub fn peer(node: u32) -> ClientId {

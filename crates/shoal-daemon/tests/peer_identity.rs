@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use shoal_cluster::auth::{Credentials, PeerIdentity};
-use shoal_cluster::bulk::{fetch_range, Request};
+use shoal_cluster::bulk::{fetch_range, Kind, Request};
 use shoal_cluster::home_of;
 use shoal_cluster::ids::pack;
 use shoal_cluster::proto::{AcquireRequest, HeartbeatRequest};
@@ -61,6 +61,7 @@ impl NodeZero {
     fn fetch(&self, id: ObjectId, from: u32, token: &[u8]) -> Result<Vec<u8>> {
         let mut bytes = vec![0u8; PAYLOAD.len()];
         let request = Request {
+            kind: Kind::Pull,
             from,
             token: token.to_vec(),
             id,

@@ -195,7 +195,9 @@ impl Client {
     /// Creates an object and returns its writable data buffer. `metadata` is
     /// stored after the data. Seal it when written.
     /// With `node` (a cluster), the object is allocated in that node's
-    /// region (remote allocation) and the buffer writes there directly.
+    /// region (remote allocation) and the buffer writes there directly, or,
+    /// on a node reached over the network, into a staging buffer in this
+    /// node's region whose seal pushes the bytes there.
     #[pyo3(signature = (id, size, metadata=None, timeout_ms=0, node=None))]
     fn create(
         &self,
@@ -216,8 +218,9 @@ impl Client {
             data_size: size,
             meta_size,
         };
-        // Here or on another node (remote allocation); the address is where
-        // this process writes (a simulated fabric's cache copy, if any).
+        // Here or on another node (remote allocation, or its staging buffer
+        // here); the address is where this process writes (a simulated
+        // fabric's cache copy, if any).
         let (located, region, address) = py
             .detach(|| {
                 self.shared.with(|c| {

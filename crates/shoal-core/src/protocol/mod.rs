@@ -49,7 +49,10 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// seal (the POSIX view writes files straight into store objects).
 /// 11: `Create { growing }`: objects that will grow are placed with room
 /// after them.
-pub const PROTOCOL_VERSION: u32 = 11;
+/// 12: `Staged`: the answer to a `CreateOn` for a node whose memory is
+/// reached over the network only: the client writes staging buffers in its
+/// own node's region, and the seal pushes them to that node.
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -137,7 +140,8 @@ pub enum Request {
     /// by `PeerReads` with two fds per owner (index, table) in its order.
     PeerReads,
     /// Like `Create`, in the region of cluster node `node` (remote
-    /// allocation); offsets in the reply are in that node's region.
+    /// allocation); offsets in a `Created` reply are in that node's region.
+    /// For a node reached over the network only the reply is `Staged`.
     CreateOn {
         node: u32,
         timeout_ms: u32,
@@ -296,6 +300,13 @@ pub enum Reply {
         generation: u64,
         offsets: Vec<u64>,
     },
+    /// `CreateOn` a node whose memory cannot be mapped here: the objects
+    /// are allocated on that node, and the client writes them at these
+    /// offsets of its own node's region (staging buffers); their seal
+    /// pushes the bytes to that node.
+    Staged {
+        offsets: Vec<u64>,
+    },
     Objects {
         objects: Vec<Option<Located>>,
     },
@@ -428,6 +439,7 @@ mod op {
     pub const FAST_WRITES_REPLY: u16 = 0x91;
     pub const LENT: u16 = 0x92;
     pub const PEER_READS_REPLY: u16 = 0x93;
+    pub const STAGED: u16 = 0x94;
 }
 
 impl Request {
@@ -692,6 +704,13 @@ impl Reply {
                 }
                 op::CREATED
             }
+            Reply::Staged { offsets } => {
+                w.u32(offsets.len() as u32);
+                for o in offsets {
+                    w.u64(*o);
+                }
+                op::STAGED
+            }
             Reply::Objects { objects } => {
                 w.u32(objects.len() as u32);
                 for o in objects {
@@ -870,6 +889,12 @@ impl Reply {
                 let n = r.count(8)?;
                 Reply::Created {
                     generation,
+                    offsets: (0..n).map(|_| r.u64()).collect::<Result<_>>()?,
+                }
+            }
+            op::STAGED => {
+                let n = r.count(8)?;
+                Reply::Staged {
                     offsets: (0..n).map(|_| r.u64()).collect::<Result<_>>()?,
                 }
             }

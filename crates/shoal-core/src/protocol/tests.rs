@@ -142,6 +142,9 @@ fn every_reply_round_trips() {
             generation: u64::MAX - 1,
             offsets: vec![4096],
         },
+        Reply::Staged {
+            offsets: vec![0, 8192],
+        },
         Reply::Objects {
             objects: vec![
                 Some(Located {

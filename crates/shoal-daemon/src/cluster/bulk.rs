@@ -1,5 +1,7 @@
 //! This node's end of the bulk data channel (`shoal_cluster::bulk`): serving
-//! ranges of its objects to pulling peers, and pulling ranges from theirs.
+//! ranges of its objects to pulling peers, pulling ranges from theirs, and
+//! receiving pushes into objects peers allocated here (remote allocation
+//! over the network; the pushing end is `push`).
 //!
 //! The request is read and checked on the store thread (the caller's
 //! identity, its reference, the range); the bytes then move on a blocking
@@ -9,11 +11,20 @@
 //! socket, so they must not be reused while bytes may still be read from
 //! them, even if the puller's own reference is reclaimed (its lease ran
 //! out) meanwhile.
+//!
+//! A push is checked as a pull is (the caller's credential, the range), and
+//! takes bytes only for an object the caller allocated here and has not
+//! sealed. The object is held under `principals::RECEIVE` for the transfer
+//! (`Store::hold_unsealed`): an abort meanwhile (the caller's, or its
+//! restart or fencing) hides it at once and frees its memory only after the
+//! last byte was written.
 
 use std::rc::Rc;
 
 use shoal_cluster::auth::{PeerIdentity, Refusal};
-use shoal_cluster::bulk::{fetch_range, send_error, send_range, Request};
+use shoal_cluster::bulk::{
+    answer_push, fetch_range, receive_range, send_error, send_range, Kind, Request,
+};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
@@ -69,6 +80,9 @@ impl Cluster {
                 return;
             }
         };
+        if request.kind == Kind::Push {
+            return self.receive_push(stream, &identity, request, &peer).await;
+        }
         let pinned = match self.pin(&identity, &request) {
             Ok(location) => location,
             Err(err) => {
@@ -107,18 +121,22 @@ impl Cluster {
         });
     }
 
+    /// The other member a request comes from, if its credential is the one
+    /// that member must present (the same check as the peer RPC's).
+    fn verified_peer(&self, identity: &PeerIdentity, request: &Request) -> Result<u32> {
+        match identity.verify(Some(&request.token), Some(request.from)) {
+            Ok(from) if from != self.me => Ok(from),
+            Ok(from) | Err(Refusal::NotAMember(from)) => Err(ShoalError::invalid(format!(
+                "node {from} is not a peer of node {}",
+                self.me
+            ))),
+            Err(refusal) => Err(ShoalError::invalid(refusal.to_string())),
+        }
+    }
+
     /// Checks a request and pins the object it names; `Err` pins nothing.
     fn pin(&self, identity: &PeerIdentity, request: &Request) -> Result<ObjectLocation> {
-        let from = match identity.verify(Some(&request.token), Some(request.from)) {
-            Ok(from) if from != self.me => from,
-            Ok(from) | Err(Refusal::NotAMember(from)) => {
-                return Err(ShoalError::invalid(format!(
-                    "node {from} is not a peer of node {}",
-                    self.me
-                )))
-            }
-            Err(refusal) => return Err(ShoalError::invalid(refusal.to_string())),
-        };
+        let from = self.verified_peer(identity, request)?;
         let id = request.id;
         self.node.mutate(|store| {
             if !store.holds(principals::peer(from), &id) {
@@ -149,6 +167,93 @@ impl Cluster {
         })
     }
 
+    /// Receives one pushed range: checks it, holds the object, reads the
+    /// bytes into it, answers, lets go.
+    async fn receive_push(
+        self: Rc<Self>,
+        mut stream: TcpStream,
+        identity: &PeerIdentity,
+        request: Request,
+        peer: &str,
+    ) {
+        let held = self
+            .verified_peer(identity, &request)
+            .and_then(|from| self.hold_for_push(from, &request));
+        let location = match held {
+            Ok(location) => location,
+            Err(err) => {
+                tracing::warn!(%peer, from = request.from, %err, "data channel request refused");
+                send_error(&mut stream, &err).await;
+                return;
+            }
+        };
+        let id = request.id;
+        let received = match stream.into_std() {
+            Ok(mut socket) => {
+                let region = self.node.region().clone();
+                let start = location.offset + request.offset;
+                let len = request.len as usize;
+                tokio::task::spawn_blocking(move || {
+                    // SAFETY: [start, start + len) lies inside the object
+                    // (checked by `hold_for_push`), which RECEIVE holds: its
+                    // memory stays allocated until the release below, after
+                    // this returns, whatever its creator does meanwhile.
+                    // Unsealed, it is written by pushes of its creator only
+                    // (a creator pushing overlapping ranges garbles its own
+                    // object, nothing else).
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(region.base().add(start as usize), len)
+                    };
+                    let outcome = receive_range(&mut socket, dst, RPC_TIMEOUT);
+                    answer_push(&mut socket, &outcome);
+                    outcome
+                })
+                .await
+                .unwrap_or_else(|e| Err(ShoalError::io("data channel worker", e)))
+            }
+            Err(err) => Err(err.into()),
+        };
+        if let Err(err) = received {
+            tracing::debug!(%peer, from = request.from, %id, %err, "data channel receive failed");
+        }
+        // The hold may be the last of an object aborted meanwhile: freed now.
+        self.node.mutate(|store| {
+            if let Err(err) = store.release(principals::RECEIVE, &id) {
+                tracing::error!(%id, %err, "data channel hold lost");
+            }
+        });
+    }
+
+    /// Holds the object a push writes; `Err` holds nothing. Only an object
+    /// `from` allocated here and has not sealed takes pushed bytes.
+    fn hold_for_push(&self, from: u32, request: &Request) -> Result<ObjectLocation> {
+        let id = request.id;
+        self.node.mutate(|store| {
+            let location = store
+                .hold_unsealed(principals::RECEIVE, principals::peer(from), &id)
+                .map_err(|err| {
+                    ShoalError::new(
+                        err.kind(),
+                        format!("node {from} is not writing {id} here: {}", err.message()),
+                    )
+                })?;
+            let inside = request
+                .offset
+                .checked_add(request.len)
+                .is_some_and(|end| end <= location.size());
+            if !inside {
+                let _ = store.release(principals::RECEIVE, &id);
+                return Err(ShoalError::invalid(format!(
+                    "range {}+{} outside {id} ({} bytes)",
+                    request.offset,
+                    request.len,
+                    location.size()
+                )));
+            }
+            Ok(location)
+        })
+    }
+
     /// Pulls `len` bytes of an object this node holds a reference to on
     /// `owner` into `dst`, in `parts` ranges over as many connections.
     pub async fn fetch(
@@ -170,6 +275,7 @@ impl Cluster {
             .filter(|(start, end)| start < end);
         let calls = ranges.map(|(start, end)| {
             let request = Request {
+                kind: Kind::Pull,
                 from: self.me,
                 token: token.to_vec(),
                 id,

@@ -58,6 +58,9 @@ impl NodeListener for ClusterListener {
                 }
             }
             NodeEvent::Aborted { id } => {
+                if cluster.is_stage(&id) {
+                    return; // a staging buffer's id was never registered
+                }
                 cluster.forget_copies(&[id]);
                 // (A restore that failed leaves the object on its tier.)
                 if !cluster.node.held_below(&id) {

@@ -18,15 +18,17 @@
 //!   it registers or looks up ids (`rebuild`).
 //!
 //! Control travels over the peer RPC (`crate::peer_service`); object bytes never do: in
-//! mapped mode they are read in place, in network mode they are pulled over
-//! the bulk data channel (`bulk`).
+//! mapped mode they are read (and remotely allocated objects written) in
+//! place, in network mode they are pulled, and pushed, over the bulk data
+//! channel (`bulk`, `staging`).
 //!
 //! Layout: `state` (what the node knows), `peers` (calling other nodes),
 //! then one file per concern, each an `impl Cluster`: `directory` (as a
 //! home), `registry` (claiming and publishing ids), `remote_get`,
 //! `holding` and `loans` (as a holder), `peer_reads` (clients reading
 //! owners' indexes themselves), `lending` (as an owner),
-//! `remote_alloc`, `copies`, `leases`, `fencing` (a peer cut off past its
+//! `remote_alloc` (with `push` and `staging`: on nodes reached over the
+//! network, the bytes written here and pushed at the seal), `copies`, `leases`, `fencing` (a peer cut off past its
 //! lease), `ref_ledger` / `ref_journal` (numbered Acquire and Release calls,
 //! applied once and sent again until answered), `rebuild`, `bulk`, `names` (the
 //! namespace as the union of the nodes' names); `listener` is how
@@ -46,12 +48,14 @@ pub mod names;
 mod peer_reads;
 mod peer_tables;
 pub mod peers;
+mod push;
 mod rebuild;
 mod ref_journal;
 mod ref_ledger;
 mod registry;
 mod remote_alloc;
 mod remote_get;
+mod staging;
 mod state;
 
 pub use copies::CopyOf;

@@ -199,8 +199,10 @@ impl Cluster {
                     copies.push(object.id);
                 } else if object.sealed {
                     owned.insert(object.id, Some(object.location));
-                } else if !store.holds(principals::COPY, &object.id) {
-                    // (A copy being pulled is not ours to register.)
+                } else if !store.holds(principals::COPY, &object.id)
+                    && !store.holds(principals::STAGE, &object.id)
+                {
+                    // (A copy being pulled, or a staging buffer, is not ours to register.)
                     owned.insert(object.id, None);
                 }
             }

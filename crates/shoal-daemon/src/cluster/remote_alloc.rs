@@ -1,6 +1,8 @@
 //! Remote allocation, as the node of the writing client: objects created in
 //! another node's region (only that node's allocator runs), written by the
-//! client through its own mapping, sealed or aborted there.
+//! client through its own mapping, sealed or aborted there. On a node
+//! reached over the network the client writes a staging buffer here
+//! instead, which the seal pushes there first (`staging`).
 
 use std::time::Duration;
 
@@ -127,6 +129,20 @@ impl Cluster {
             .filter_map(|id| self.creation(client, id).map(|node| (node, *id)))
             .collect();
         for (node, group) in pairs_by_node(mine) {
+            let staged = self.is_network(node);
+            if seal && staged {
+                if let Err(err) = self.push_stages(client, node, &group).await {
+                    // Nothing of them stays: not the objects there, not the
+                    // buffers here.
+                    self.forget_creations(client, &group);
+                    self.unhold(client, &group);
+                    self.drop_stages(client, &group);
+                    if let Err(abort) = self.abort_at(node, &group).await {
+                        tracing::debug!(node, %abort, "abort after a failed push");
+                    }
+                    return Err(err);
+                }
+            }
             if seal {
                 let request = SealRequest {
                     ids: pack(&group),
@@ -140,23 +156,39 @@ impl Cluster {
                     .await?;
                 outcome_error(node, outcome)?;
             } else {
+                if staged {
+                    self.drop_stages(client, &group);
+                }
                 self.abort_at(node, &group).await?;
             }
-            if let Some(mine) = self.creations.borrow_mut().get_mut(&client) {
-                for id in &group {
-                    mine.remove(id);
-                }
-            }
+            self.forget_creations(client, &group);
             // Seal-and-release and abort drop the creator's reference at the node.
             if release || !seal {
                 self.unhold(client, &group);
+            }
+            if staged && seal {
+                if release {
+                    self.drop_stages(client, &group);
+                } else {
+                    self.keep_sealed_stages(client, &group);
+                }
             }
         }
         Ok(())
     }
 
-    /// A client went: abort what it was still writing on other nodes.
+    fn forget_creations(&self, client: ClientId, ids: &[ObjectId]) {
+        if let Some(mine) = self.creations.borrow_mut().get_mut(&client) {
+            for id in ids {
+                mine.remove(id);
+            }
+        }
+    }
+
+    /// A client went: abort what it was still writing on other nodes (and
+    /// free its staging buffers here).
     pub async fn abort_creations_of(&self, client: ClientId) {
+        self.drop_all_stages(client);
         let Some(mine) = self.creations.borrow_mut().remove(&client) else {
             return;
         };

@@ -24,6 +24,7 @@ use crate::cluster::peer_tables::PeerReads;
 use crate::cluster::peers::PeerSet;
 use crate::cluster::ref_journal::RefJournal;
 use crate::cluster::ref_ledger::RefLedger;
+use crate::cluster::staging::Staging;
 use crate::node::Node;
 use crate::supervisor::Supervisor;
 
@@ -139,6 +140,8 @@ pub struct Cluster {
     /// Objects local clients are writing in other nodes' regions (remote
     /// allocation), not sealed yet: client → id → node.
     pub(crate) creations: RefCell<HashMap<ClientId, HashMap<ObjectId, u32>>>,
+    /// Staging buffers of those on nodes reached over the network (`staging`).
+    pub(crate) staging: RefCell<Staging>,
     /// Network-mode copies this node keeps of other nodes' objects, with
     /// what each was pulled from.
     pub(crate) copies: RefCell<HashMap<ObjectId, CopyOf>>,
@@ -197,6 +200,7 @@ impl Cluster {
             loans: RefCell::new(Loans::new(linger)),
             revokes_sent: Cell::new(0),
             creations: RefCell::default(),
+            staging: RefCell::default(),
             copies: RefCell::default(),
             owed_drops: RefCell::default(),
             unregister_later: RefCell::default(),

@@ -19,6 +19,7 @@ mod release;
 mod resize;
 mod restore;
 mod seal;
+mod stage;
 
 use std::rc::{Rc, Weak};
 

@@ -25,6 +25,7 @@ impl Ops {
         });
         if let Some(cluster) = &self.cluster {
             cluster.release_later(remote);
+            cluster.release_stages(client, ids);
         }
     }
 }

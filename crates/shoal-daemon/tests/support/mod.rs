@@ -290,8 +290,22 @@ impl TestCluster {
         linger: Duration,
         configure: impl Fn(u32, &mut DaemonConfig, &Path),
     ) -> Self {
+        Self::start_with(name, nodes, region_size, linger, |_| {}, configure)
+    }
+
+    /// [`start`](Self::start), `change` applied to the topology first (a
+    /// node's `access`, say).
+    pub fn start_with(
+        name: &str,
+        nodes: u32,
+        region_size: u64,
+        linger: Duration,
+        change: impl FnOnce(&mut Topology),
+        configure: impl Fn(u32, &mut DaemonConfig, &Path),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let topology = loopback_topology(name, nodes, region_size, linger, dir.path());
+        let mut topology = loopback_topology(name, nodes, region_size, linger, dir.path());
+        change(&mut topology);
         let shutdown = Shutdown::new();
         let mut threads = (0..nodes)
             .map(|node| {
