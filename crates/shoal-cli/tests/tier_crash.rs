@@ -257,11 +257,12 @@ fn put_then_delete(socket: &Path, n: usize, dice: &mut Dice) -> Vec<ObjectId> {
     let ids: Vec<ObjectId> = (0..n).map(|_| ObjectId::random()).collect();
     for id in &ids {
         // Packed images (up to 1 MiB) and file images, as in the field.
-        let size = 1 + dice.next(if dice.next(4) == 0 {
+        let most = if dice.next(4) == 0 {
             3 << 20
         } else {
             200 << 10
-        }) as usize;
+        };
+        let size = 1 + dice.next(most) as usize;
         client.put(*id, &pattern(id, size), b"").unwrap();
     }
     for chunk in ids.chunks(1 + dice.next(8) as usize) {
