@@ -4,6 +4,11 @@
 //! `backing` is lost or torn, no acknowledged delete comes back, and once
 //! everything is deleted the tiers hold no file. 20 kills here;
 //! `SHOAL_TIER_KILLS` sets more (the benchmark run uses 100+).
+//!
+//! And deletes racing the write-behind drain: objects put at durability
+//! `memory` and deleted at once, the daemon stopped (kill -9 or SIGTERM)
+//! right after; none may come back. `SHOAL_TIER_DELETE_ROUNDS` sets the
+//! rounds (20 here, about 3,500 deletes).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,6 +32,11 @@ impl Drop for Node {
 }
 
 fn start(dir: &Path) -> Node {
+    start_with(dir, "2MiB", "8MiB")
+}
+
+/// A daemon on `dir`'s tiers with `memory` and a burst buffer of `burst`.
+fn start_with(dir: &Path, memory: &str, burst: &str) -> Node {
     let socket = dir.join("shoal.sock");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -34,12 +44,12 @@ fn start(dir: &Path) -> Node {
         .open(dir.join("daemon.log"))
         .unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_shoal"))
-        .args(["serve", "--no-prefault", "-m", "2MiB", "-s"])
+        .args(["serve", "--no-prefault", "-m", memory, "-s"])
         .arg(&socket)
         .arg("--burst")
         .arg(dir.join("burst"))
         .arg("--burst-capacity")
-        .arg("8MiB")
+        .arg(burst)
         .arg("--backing")
         .arg(dir.join("backing"))
         .stdout(Stdio::null())
@@ -238,4 +248,87 @@ fn kill_9_under_load_loses_nothing_acknowledged_and_leaks_nothing() {
     );
     drop(client);
     drop(node);
+}
+
+/// Puts `n` objects at durability `memory` (so the drain has a backlog),
+/// deletes them all, each acknowledged; returns the ids.
+fn put_then_delete(socket: &Path, n: usize, dice: &mut Dice) -> Vec<ObjectId> {
+    let mut client = Client::connect(socket).unwrap();
+    let ids: Vec<ObjectId> = (0..n).map(|_| ObjectId::random()).collect();
+    for id in &ids {
+        // Packed images (up to 1 MiB) and file images, as in the field.
+        let most = if dice.next(4) == 0 {
+            3 << 20
+        } else {
+            200 << 10
+        };
+        let size = 1 + dice.next(most) as usize;
+        client.put(*id, &pattern(id, size), b"").unwrap();
+    }
+    for chunk in ids.chunks(1 + dice.next(8) as usize) {
+        for result in client.delete(chunk).unwrap() {
+            result.unwrap();
+        }
+    }
+    ids
+}
+
+#[test]
+fn deletes_racing_the_drain_stay_deleted_across_kill_9_and_sigterm() {
+    let rounds: usize = std::env::var("SHOAL_TIER_DELETE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let dir = tempfile::tempdir().unwrap();
+    let mut dice = Dice(0xDE1E_7E5A_F00D_2468);
+    let mut deleted: Vec<ObjectId> = Vec::new();
+    let start = |dir: &Path| start_with(dir, "256MiB", "1GiB");
+    for round in 0..rounds {
+        let mut node = start(dir.path());
+        {
+            // What earlier rounds deleted stays deleted.
+            let mut client = Client::connect(&node.socket).unwrap();
+            let listed = client.list().unwrap();
+            assert!(
+                listed.is_empty(),
+                "round {round}: {} came back",
+                listed.len()
+            );
+            for id in &deleted {
+                assert!(!client.contains(*id).unwrap(), "deleted {id} came back");
+            }
+        }
+        let n = 100 + dice.next(151) as usize;
+        deleted.extend(put_then_delete(&node.socket, n, &mut dice));
+        // Stopped 0-100 ms after the last delete was acknowledged, while
+        // the drain still works through its backlog.
+        std::thread::sleep(Duration::from_millis(dice.next(101)));
+        let signal = if round % 2 == 0 {
+            libc::SIGKILL
+        } else {
+            libc::SIGTERM
+        };
+        // SAFETY: signalling our own child, still unreaped.
+        unsafe { libc::kill(node.child.id() as i32, signal) };
+        node.child.wait().unwrap();
+        eprintln!("round {round}: {} deleted so far", deleted.len());
+    }
+    let node = start(dir.path());
+    let mut client = Client::connect(&node.socket).unwrap();
+    assert!(
+        client.list().unwrap().is_empty(),
+        "deleted objects came back"
+    );
+    for id in &deleted {
+        assert!(!client.contains(*id).unwrap(), "deleted {id} came back");
+    }
+    drop(client);
+    drop(node);
+    for tier in ["burst", "backing"] {
+        assert_eq!(
+            tier_files(&dir.path().join(tier)),
+            0,
+            "{tier}: space of deleted objects leaked"
+        );
+    }
 }

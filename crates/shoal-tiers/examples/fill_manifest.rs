@@ -72,6 +72,7 @@ fn main() -> anyhow::Result<()> {
                         durability: Durability::Local,
                         sealed_at_ms,
                         name: None,
+                        generation: 1,
                     },
                 )
             })

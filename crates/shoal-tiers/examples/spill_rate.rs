@@ -39,12 +39,14 @@ async fn main() -> anyhow::Result<()> {
         data_size: len as u64,
         meta_size: 0,
     };
-    let ids: Vec<ObjectId> = (0..count).map(|_| ObjectId::random()).collect();
+    let ids: Vec<(ObjectId, u64)> = (0..count)
+        .map(|_| (ObjectId::random(), engine.next_generation()))
+        .collect();
     let started = Instant::now();
-    for id in &ids {
+    for (id, generation) in &ids {
         engine
             .write(
-                *id,
+                engine.claim(*id, *generation),
                 TierLevel::Burst,
                 sizes,
                 source.clone(),
@@ -54,7 +56,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let spill = started.elapsed();
     let started = Instant::now();
-    for id in &ids {
+    for (id, _) in &ids {
         let (dst, _buffer) = DestRange::buffer(len);
         engine.restore(*id, dst).await?;
     }
@@ -65,8 +67,8 @@ async fn main() -> anyhow::Result<()> {
         total / spill.as_secs_f64(),
         total / restore.as_secs_f64()
     );
-    for id in ids {
-        engine.delete(id).await?;
+    for (id, generation) in ids {
+        engine.delete(id, generation).await?;
     }
     Ok(())
 }

@@ -20,7 +20,7 @@ use shoal_core::ids::ObjectId;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::engine::{TierEngine, WriteInfo, WriteItem};
+use crate::engine::{TierEngine, WriteClaim, WriteInfo, WriteItem};
 use crate::format::ObjectSizes;
 use crate::range::SourceRange;
 use crate::record::{ObjectRecord, TierLevel};
@@ -29,17 +29,21 @@ use crate::retry::{is_transient, with_backoff, Backoff};
 /// One unit of write-behind work.
 #[derive(Debug)]
 pub enum DrainJob {
-    /// Write the object's bytes (still in memory) to `level`.
+    /// Write the object's bytes (still in memory) to `level`, as the
+    /// incarnation `claim` names ([`TierEngine::claim`], taken when the job
+    /// is made: a delete from then on makes the job write nothing).
     Write {
-        id: ObjectId,
+        claim: WriteClaim,
         level: TierLevel,
         sizes: ObjectSizes,
         src: SourceRange,
         info: WriteInfo,
     },
-    /// Copy the object from one tier to another (it is no longer in memory).
+    /// Copy the object from one tier to another (it is no longer in memory),
+    /// if its record is still of incarnation `generation`.
     Copy {
         id: ObjectId,
+        generation: u64,
         from: TierLevel,
         to: TierLevel,
     },
@@ -48,7 +52,8 @@ pub enum DrainJob {
 impl DrainJob {
     pub fn id(&self) -> ObjectId {
         match self {
-            DrainJob::Write { id, .. } | DrainJob::Copy { id, .. } => *id,
+            DrainJob::Write { claim, .. } => claim.id(),
+            DrainJob::Copy { id, .. } => *id,
         }
     }
 
@@ -218,8 +223,9 @@ impl Drainer {
         })
     }
 
-    /// Drops the queued jobs of `id` (an object being deleted). A job already
-    /// running finishes first; the engine runs the delete after it.
+    /// Drops the queued jobs of `id` (an object being deleted): saves their
+    /// work. A job already running finishes first, and writes nothing once
+    /// the engine's delete ended its claim.
     pub fn cancel(&self, id: ObjectId) {
         let seq = self.seq.load(Ordering::Acquire);
         self.cancels
@@ -326,13 +332,13 @@ async fn write_group(
         .iter()
         .map(|queued| match &queued.job {
             DrainJob::Write {
-                id,
+                claim,
                 sizes,
                 src,
                 info,
                 ..
             } => WriteItem {
-                id: *id,
+                claim: claim.clone(),
                 sizes: *sizes,
                 src: src.clone(),
                 info: info.clone(),
@@ -425,17 +431,22 @@ async fn run_job(
             }
             match job {
                 DrainJob::Write {
-                    id,
+                    claim,
                     level,
                     sizes,
                     src,
                     info,
                 } => {
                     engine
-                        .write(*id, *level, *sizes, src.clone(), info.clone())
+                        .write(claim.clone(), *level, *sizes, src.clone(), info.clone())
                         .await
                 }
-                DrainJob::Copy { id, from, to } => engine.copy(*id, *from, *to).await,
+                DrainJob::Copy {
+                    id,
+                    generation,
+                    from,
+                    to,
+                } => engine.copy(*id, *generation, *from, *to).await,
             }
         }
     })

@@ -11,12 +11,21 @@
 //!   crash in between leaves a verified stray, which recovery adopts again.
 //! - delete: manifest commit (record gone, tombstone in) → files removed on
 //!   every tier → tombstone cleared. A crash in between: recovery finishes it.
+//! - deletes are final: every write carries the generation of the
+//!   incarnation it writes, claimed when the write was decided
+//!   ([`TierEngine::claim`]); a delete ends its generation under the id's
+//!   lock, and a write whose generation has ended is refused under the same
+//!   lock before any I/O. Once under the lock, a write or copy runs to its
+//!   end even if its caller stops waiting, so the lock never frees while a
+//!   file of it may still land.
 //!
 //! Futures of the engine are `Send` and may run on any tokio runtime,
 //! including the daemon's current-thread one: blocking work goes to the
 //! blocking pool.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -25,8 +34,9 @@ use shoal_core::ids::ObjectId;
 use tracing::warn;
 
 use crate::format::{check_destination, ObjectSizes};
-use crate::locks::IdLocks;
-use crate::manifest::{Change, Manifest};
+pub use crate::locks::WriteClaim;
+use crate::locks::{IdGuard, IdLocks};
+use crate::manifest::{Change, Manifest, Tombstoned};
 use crate::range::{DestRange, SourceRange};
 use crate::record::{Durability, ObjectRecord, TierLevel, TierSet};
 use crate::tier::{PutItem, Tier, TierUsage};
@@ -54,7 +64,8 @@ pub struct WriteInfo {
 /// One object of a [`TierEngine::write_batch`].
 #[derive(Debug)]
 pub struct WriteItem {
-    pub id: ObjectId,
+    /// The object (`claim.id()`) and its incarnation.
+    pub claim: WriteClaim,
     pub sizes: ObjectSizes,
     /// The payload (data then metadata), from memory.
     pub src: SourceRange,
@@ -62,37 +73,72 @@ pub struct WriteItem {
 }
 
 /// The record of an object after a write of its bytes (`sizes`, `checksum`)
-/// to `level`, from its record before (`old`), and the tiers whose copies
-/// are now stale (other bytes were there under this id).
+/// of incarnation `generation` to `level`, from its record before (`old`,
+/// of that generation or an older one), and the tiers whose copies are now
+/// stale (other bytes were there under this id).
 fn merged(
     old: Option<ObjectRecord>,
     level: TierLevel,
     sizes: ObjectSizes,
     checksum: u32,
     info: &WriteInfo,
+    generation: u64,
     now_ms: u64,
 ) -> (ObjectRecord, TierSet) {
+    let fresh = |tiers| ObjectRecord {
+        sizes,
+        checksum,
+        tiers,
+        durability: info.durability,
+        sealed_at_ms: info.sealed_at_ms.unwrap_or(now_ms),
+        name: info.name.clone(),
+        generation,
+    };
     match old {
-        Some(old) if old.checksum == checksum && old.sizes == sizes => (
-            ObjectRecord {
-                tiers: old.tiers.with(level),
-                durability: old.durability.max(info.durability),
-                name: info.name.clone().or(old.name),
-                ..old
-            },
-            TierSet::EMPTY,
-        ),
+        Some(old) if old.checksum == checksum && old.sizes == sizes => {
+            if old.generation == generation {
+                (
+                    ObjectRecord {
+                        tiers: old.tiers.with(level),
+                        durability: old.durability.max(info.durability),
+                        name: info.name.clone().or(old.name),
+                        ..old
+                    },
+                    TierSet::EMPTY,
+                )
+            } else {
+                // A new incarnation with the same bytes: the old copies
+                // serve it as well.
+                (fresh(old.tiers.with(level)), TierSet::EMPTY)
+            }
+        }
         old => (
-            ObjectRecord {
-                sizes,
-                checksum,
-                tiers: TierSet::of(level),
-                durability: info.durability,
-                sealed_at_ms: info.sealed_at_ms.unwrap_or(now_ms),
-                name: info.name.clone(),
-            },
+            fresh(TierSet::of(level)),
             old.map_or(TierSet::EMPTY, |o| o.tiers.without(level)),
         ),
+    }
+}
+
+/// The error of a write or copy whose incarnation was deleted (or replaced
+/// by a newer one) since it was decided.
+fn ended(id: ObjectId, generation: u64) -> ShoalError {
+    ShoalError::new(
+        ErrorKind::ObjectNotFound,
+        format!("object {id}: generation {generation} was deleted; not written"),
+    )
+}
+
+/// Runs `work` on its own task, so it runs to its end even if the caller
+/// stops waiting for it (a drain stopped at shutdown): what holds an id's
+/// lock must not free it while a file or a record of it may still land.
+async fn detached<T: Send + 'static>(
+    work: impl Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    match tokio::spawn(work).await {
+        Ok(out) => out,
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        // The runtime is shutting down: the process is ending.
+        Err(err) => Err(ShoalError::io("tier write task", err)),
     }
 }
 
@@ -111,9 +157,58 @@ pub struct Restored {
 /// The storage engine below memory. Share it with an `Arc`.
 #[derive(Debug)]
 pub struct TierEngine {
+    shared: Shared,
+    locks: Arc<IdLocks>,
+    /// The next generation to issue: above every one the manifest holds
+    /// (set by recovery), so generations increase across restarts.
+    generations: AtomicU64,
+}
+
+/// What the engine's detached work needs: the manifest and the tiers.
+#[derive(Debug, Clone)]
+struct Shared {
     manifest: Arc<Manifest>,
     tiers: [Option<Arc<dyn Tier>>; 2],
-    locks: IdLocks,
+}
+
+impl Shared {
+    fn tier(&self, level: TierLevel) -> Option<&Arc<dyn Tier>> {
+        self.tiers[level as usize].as_ref()
+    }
+
+    async fn manifest<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Manifest) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let manifest = self.manifest.clone();
+        tokio::task::spawn_blocking(move || f(&manifest))
+            .await
+            .map_err(|e| ShoalError::io("manifest task", e))?
+    }
+
+    /// A copy found corrupt: the manifest forgets it (the record goes when no
+    /// copy is left), then the file is removed. Errors are logged: the copy is
+    /// already useless, and recovery re-checks strays.
+    async fn forget_copy(&self, id: ObjectId, level: TierLevel, tier: &Arc<dyn Tier>) {
+        let forgot = self
+            .manifest(move |m| {
+                m.update(&id, |r| {
+                    r.map(|r| ObjectRecord {
+                        tiers: r.tiers.without(level),
+                        ..r
+                    })
+                    .filter(|r| !r.tiers.is_empty())
+                })
+            })
+            .await;
+        if let Err(err) = forgot {
+            warn!("object {id}: could not forget its corrupt {level} copy: {err}");
+            return;
+        }
+        if let Err(err) = tier.delete(id).await {
+            warn!("object {id}: corrupt {level} file not removed: {err}");
+        }
+    }
 }
 
 impl std::fmt::Debug for IdLocks {
@@ -127,14 +222,39 @@ impl TierEngine {
     /// (`TierEngine::open` in recover.rs runs it).
     pub(crate) fn assemble(config: EngineConfig) -> Self {
         Self {
-            manifest: Arc::new(config.manifest),
-            tiers: [config.burst, config.backing],
-            locks: IdLocks::default(),
+            shared: Shared {
+                manifest: Arc::new(config.manifest),
+                tiers: [config.burst, config.backing],
+            },
+            locks: Arc::default(),
+            generations: AtomicU64::new(1),
         }
     }
 
     pub fn tier(&self, level: TierLevel) -> Option<&Arc<dyn Tier>> {
-        self.tiers[level as usize].as_ref()
+        self.shared.tier(level)
+    }
+
+    /// A new generation: for an object sealed in memory (a new incarnation
+    /// of its id), which its writes then claim. Never issued twice, and
+    /// above every generation the manifest held at open.
+    pub fn next_generation(&self) -> u64 {
+        self.generations.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Recovery: generations from now on are at least `first`.
+    pub(crate) fn issue_from(&self, first: u64) {
+        self.generations.fetch_max(first, Ordering::Relaxed);
+    }
+
+    /// Claims a write of `id`'s incarnation `generation` (see
+    /// [`WriteClaim`]). Take it synchronously with the caller's own check
+    /// that the object is alive, and hand it to the write: a
+    /// [`delete`](Self::delete) of that generation from then on, or a claim
+    /// of a newer one, makes the write fail with `ObjectNotFound` and write
+    /// nothing.
+    pub fn claim(&self, id: ObjectId, generation: u64) -> WriteClaim {
+        self.locks.claim(id, generation)
     }
 
     pub(crate) fn configured(&self) -> impl Iterator<Item = (TierLevel, &Arc<dyn Tier>)> {
@@ -152,10 +272,7 @@ impl TierEngine {
         &self,
         f: impl FnOnce(&Manifest) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let manifest = self.manifest.clone();
-        tokio::task::spawn_blocking(move || f(&manifest))
-            .await
-            .map_err(|e| ShoalError::io("manifest task", e))?
+        self.shared.manifest(f).await
     }
 
     /// Capacity and use of each configured tier.
@@ -189,16 +306,18 @@ impl TierEngine {
     /// the manifest: the daemon may acknowledge the durability it gives and
     /// treat the object as clean. On `Err` the manifest is unchanged, the
     /// object is wherever it was before, and the tier holds no partial image.
+    /// A claim revoked by a delete fails with `ObjectNotFound`, nothing
+    /// written.
     pub async fn write(
         &self,
-        id: ObjectId,
+        claim: WriteClaim,
         level: TierLevel,
         sizes: ObjectSizes,
         src: SourceRange,
         info: WriteInfo,
     ) -> Result<ObjectRecord> {
         let item = WriteItem {
-            id,
+            claim,
             sizes,
             src,
             info,
@@ -223,7 +342,7 @@ impl TierEngine {
         let mut rounds: Vec<Vec<(usize, WriteItem)>> = Vec::new();
         let count = items.len();
         for (i, item) in items.into_iter().enumerate() {
-            let round = seen.entry(item.id).or_insert(0);
+            let round = seen.entry(item.claim.id()).or_insert(0);
             if rounds.len() <= *round {
                 rounds.push(Vec::new());
             }
@@ -255,135 +374,82 @@ impl TierEngine {
             Ok(tier) => tier.clone(),
             Err(err) => return items.iter().map(|_| Err(err.clone())).collect(),
         };
-        let mut ids: Vec<ObjectId> = items.iter().map(|item| item.id).collect();
-        ids.sort_unstable();
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_unstable_by_key(|&i| items[i].claim.id());
         // In id order, so two batches never wait for each other in a circle.
-        let mut guards = Vec::with_capacity(ids.len());
-        for id in ids {
-            guards.push(self.locks.lock(id).await);
+        let mut guards: Vec<Option<IdGuard>> = (0..items.len()).map(|_| None).collect();
+        for i in order {
+            let claim = &items[i].claim;
+            guards[i] = Some(self.locks.lock_slot(claim.id(), claim.slot()).await);
         }
-        let (meta, puts): (Vec<_>, Vec<_>) = items
-            .into_iter()
-            .map(|item| {
-                (
-                    (item.id, item.sizes, item.info),
-                    PutItem {
-                        id: item.id,
-                        sizes: item.sizes,
-                        src: item.src,
-                    },
-                )
-            })
-            .unzip();
-        let headers = tier.put_batch(puts).await;
-        let now = now_ms();
-        // Records of the images now in place, in one commit.
-        let placed: Vec<(usize, ObjectId, ObjectSizes, WriteInfo, u32)> = headers
-            .iter()
-            .zip(meta)
-            .enumerate()
-            .filter_map(|(i, (header, (id, sizes, info)))| {
-                header
-                    .as_ref()
-                    .ok()
-                    .map(|h| (i, id, sizes, info, h.checksum))
-            })
-            .collect();
-        let placed_ids: Vec<ObjectId> = placed.iter().map(|p| p.1).collect();
-        let committed = {
-            let placed = placed.clone();
-            self.manifest(move |m| {
-                let mut stale = vec![TierSet::EMPTY; placed.len()];
-                let records = m.update_each(&placed_ids, |i, old| {
-                    let (_, _, sizes, info, checksum) = &placed[i];
-                    let (record, gone) = merged(old, level, *sizes, *checksum, info, now);
-                    stale[i] = gone;
-                    Some(record)
-                })?;
-                Ok((records, stale))
-            })
+        let guards: Vec<IdGuard> = guards.into_iter().map(|g| g.expect("locked")).collect();
+        let n = items.len();
+        let shared = self.shared.clone();
+        detached(async move { Ok(write_locked(shared, level, tier, items, guards).await) })
             .await
-        };
-        // Failed puts keep their error; placed ones are filled in below.
-        let mut out: Vec<Option<Result<ObjectRecord>>> = headers
-            .into_iter()
-            .map(|header| header.err().map(Err))
-            .collect();
-        match committed {
-            Ok((records, stale)) => {
-                for ((i, id, ..), (record, stale)) in
-                    placed.iter().zip(records.into_iter().zip(stale))
-                {
-                    out[*i] = Some(Ok(record.expect("update_each returned a record")));
-                    for level in stale.iter() {
-                        if let Some(tier) = self.tier(level) {
-                            if let Err(err) = tier.delete(*id).await {
-                                warn!(
-                                    "object {id}: stale {level} copy not removed ({err}); recovery removes it"
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-            // Images in place but unrecorded: recovery adopts them, a retry
-            // replaces them; the manifest (and so the object) is unchanged.
-            Err(err) => {
-                for (i, ..) in &placed {
-                    out[*i] = Some(Err(err.clone()));
-                }
-            }
-        }
-        drop(guards);
-        out.into_iter()
-            .map(|o| o.expect("every item has an outcome"))
-            .collect()
+            .unwrap_or_else(|err| (0..n).map(|_| Err(err.clone())).collect())
     }
 
     /// Copies `id` from tier `from` to tier `to` without it being in memory
     /// (a drain of an evicted object, or burst-buffer pressure), through a
     /// bounce buffer of the object's size. Same guarantees as
     /// [`TierEngine::write`]; a corrupt source copy is removed and reported as
-    /// `ObjectCorrupt`.
-    pub async fn copy(&self, id: ObjectId, from: TierLevel, to: TierLevel) -> Result<ObjectRecord> {
+    /// `ObjectCorrupt`. Only the record of incarnation `generation` is
+    /// copied: if the id is gone or is another incarnation now, nothing is
+    /// written (`ObjectNotFound`).
+    pub async fn copy(
+        &self,
+        id: ObjectId,
+        generation: u64,
+        from: TierLevel,
+        to: TierLevel,
+    ) -> Result<ObjectRecord> {
         let source = self.need_tier(from)?.clone();
         let target = self.need_tier(to)?.clone();
-        let _guard = self.locks.lock(id).await;
-        let record = self.need_record(id).await?;
-        if record.tiers.contains(to) {
-            return Ok(record);
-        }
-        if !record.tiers.contains(from) {
-            return Err(ShoalError::new(
-                ErrorKind::ObjectNotFound,
-                format!("object {id} has no {from} copy"),
-            ));
-        }
-        let (dst, buffer) = DestRange::buffer(record.sizes.payload_len() as usize);
-        let (dst, got) = source.get(id, dst).await;
-        drop(dst);
-        if let Err(err) = got {
-            if err.kind() == ErrorKind::ObjectCorrupt {
-                self.forget_copy(id, from, &source).await;
+        let guard = self.locks.lock(id).await;
+        let shared = self.shared.clone();
+        detached(async move {
+            let record = shared.need_record(id).await?;
+            if record.generation != generation {
+                return Err(ended(id, generation));
             }
-            return Err(err);
-        }
-        let bytes = buffer.take().expect("the destination range was dropped");
-        let header = target
-            .put(id, record.sizes, SourceRange::from_vec(bytes))
-            .await?;
-        debug_assert_eq!(header.checksum, record.checksum);
-        let record = self
-            .manifest(move |m| {
-                m.update(&id, |r| {
-                    r.map(|r| ObjectRecord {
-                        tiers: r.tiers.with(to),
-                        ..r
+            if record.tiers.contains(to) {
+                return Ok(record);
+            }
+            if !record.tiers.contains(from) {
+                return Err(ShoalError::new(
+                    ErrorKind::ObjectNotFound,
+                    format!("object {id} has no {from} copy"),
+                ));
+            }
+            let (dst, buffer) = DestRange::buffer(record.sizes.payload_len() as usize);
+            let (dst, got) = source.get(id, dst).await;
+            drop(dst);
+            if let Err(err) = got {
+                if err.kind() == ErrorKind::ObjectCorrupt {
+                    shared.forget_copy(id, from, &source).await;
+                }
+                return Err(err);
+            }
+            let bytes = buffer.take().expect("the destination range was dropped");
+            let header = target
+                .put(id, record.sizes, SourceRange::from_vec(bytes))
+                .await?;
+            debug_assert_eq!(header.checksum, record.checksum);
+            let record = shared
+                .manifest(move |m| {
+                    m.update(&id, |r| {
+                        r.map(|r| ObjectRecord {
+                            tiers: r.tiers.with(to),
+                            ..r
+                        })
                     })
                 })
-            })
-            .await?;
-        record.ok_or_else(|| ShoalError::not_found(&id))
+                .await?;
+            drop(guard);
+            record.ok_or_else(|| ShoalError::not_found(&id))
+        })
+        .await
     }
 
     /// Drops the copy of `id` on tier `level` (eviction down the chain: the
@@ -457,12 +523,12 @@ impl TierEngine {
                         "object {id}: {level} copy has checksum {:#x}, the manifest {:#x}",
                         header.checksum, record.checksum
                     );
-                    self.forget_copy(id, level, &tier).await;
+                    self.shared.forget_copy(id, level, &tier).await;
                     corrupt.push(level);
                 }
                 Err(err) if err.kind() == ErrorKind::ObjectCorrupt => {
                     warn!("object {id}: {level} copy is corrupt: {err}");
-                    self.forget_copy(id, level, &tier).await;
+                    self.shared.forget_copy(id, level, &tier).await;
                     corrupt.push(level);
                     last_error = Some(err);
                 }
@@ -489,17 +555,30 @@ impl TierEngine {
         }))
     }
 
-    /// Deletes `id` everywhere. `Ok(false)` if the manifest had no record (any
-    /// stray file is still removed). Once the tombstone is committed the
-    /// delete is final: a tier that fails to remove its file keeps the
-    /// tombstone, and [`TierEngine::finish_deletes`] or the next recovery
-    /// retries it; such failures are logged, not returned.
-    pub async fn delete(&self, id: ObjectId) -> Result<bool> {
-        let _guard = self.locks.lock(id).await;
-        let old = self.manifest(move |m| m.tombstone(&id)).await?;
-        if self.remove_files(id).await {
-            self.manifest(move |m| m.apply(&[Change::ClearTombstone(id)]))
-                .await?;
+    /// Deletes `id`'s incarnations up to `generation` everywhere (a record
+    /// of a newer generation is left alone). `Ok(false)` if the manifest had
+    /// no record of them (any stray file is still removed). From the call on,
+    /// writes claimed for those generations are refused; once the tombstone
+    /// is committed the delete is final: a tier that fails to remove its
+    /// file keeps the tombstone, and [`TierEngine::finish_deletes`] or the
+    /// next recovery retries it; such failures are logged, not returned.
+    pub async fn delete(&self, id: ObjectId, generation: u64) -> Result<bool> {
+        let guard = self.locks.lock(id).await;
+        // Before the tombstone, under the lock: a write waiting for this lock
+        // finds its generation ended and writes nothing.
+        guard.end_through(generation);
+        let old = match self.manifest(move |m| m.tombstone(&id, generation)).await? {
+            Tombstoned::Newer(_) => return Ok(false),
+            Tombstoned::Deleted(old) => old,
+        };
+        // Final from here: what is left undone, recovery finishes.
+        if self.remove_files(id, TierSet::EMPTY).await {
+            let cleared = self
+                .manifest(move |m| m.apply(&[Change::ClearTombstone(id)]))
+                .await;
+            if let Err(err) = cleared {
+                warn!("object {id}: tombstone not cleared yet: {err}");
+            }
         }
         Ok(old.is_some())
     }
@@ -507,11 +586,17 @@ impl TierEngine {
     /// Retries the file removals of deletes whose tombstones remain. Returns
     /// how many completed.
     pub async fn finish_deletes(&self) -> Result<u64> {
-        let ids = self.manifest(|m| m.tombstones()).await?;
+        let tombstones = self.manifest(|m| m.tombstones()).await?;
         let mut done = Vec::new();
-        for id in ids {
-            let _guard = self.locks.lock(id).await;
-            if self.remove_files(id).await {
+        for (id, generation) in tombstones {
+            let guard = self.locks.lock(id).await;
+            guard.end_through(generation);
+            // A newer incarnation written since keeps its own copies.
+            let keep = match self.record(id).await? {
+                Some(r) if r.generation > generation => r.tiers,
+                _ => TierSet::EMPTY,
+            };
+            if self.remove_files(id, keep).await {
                 done.push(Change::ClearTombstone(id));
             }
         }
@@ -520,10 +605,14 @@ impl TierEngine {
         Ok(n)
     }
 
-    /// Removes `id` from every configured tier; `true` if none failed.
-    pub(crate) async fn remove_files(&self, id: ObjectId) -> bool {
+    /// Removes `id` from every configured tier but those in `keep`; `true`
+    /// if none failed.
+    pub(crate) async fn remove_files(&self, id: ObjectId, keep: TierSet) -> bool {
         let mut all = true;
         for (level, tier) in self.configured() {
+            if keep.contains(level) {
+                continue;
+            }
             if let Err(err) = tier.delete(id).await {
                 warn!("object {id}: {level} file not removed yet: {err}");
                 all = false;
@@ -533,37 +622,139 @@ impl TierEngine {
     }
 
     async fn need_record(&self, id: ObjectId) -> Result<ObjectRecord> {
-        self.record(id).await?.ok_or_else(|| {
+        self.shared.need_record(id).await
+    }
+}
+
+impl Shared {
+    async fn need_record(&self, id: ObjectId) -> Result<ObjectRecord> {
+        self.manifest(move |m| m.get(&id)).await?.ok_or_else(|| {
             ShoalError::new(
                 ErrorKind::ObjectNotFound,
                 format!("object {id} is on no tier"),
             )
         })
     }
+}
 
-    /// A copy found corrupt: the manifest forgets it (the record goes when no
-    /// copy is left), then the file is removed. Errors are logged: the copy is
-    /// already useless, and recovery re-checks strays.
-    async fn forget_copy(&self, id: ObjectId, level: TierLevel, tier: &Arc<dyn Tier>) {
-        let forgot = self
-            .manifest(move |m| {
-                m.update(&id, |r| {
-                    r.map(|r| ObjectRecord {
-                        tiers: r.tiers.without(level),
-                        ..r
-                    })
-                    .filter(|r| !r.tiers.is_empty())
-                })
-            })
-            .await;
-        if let Err(err) = forgot {
-            warn!("object {id}: could not forget its corrupt {level} copy: {err}");
-            return;
+/// The body of a batch write, under the locks of its ids (`guards[i]` is
+/// `items[i]`'s): items whose generation has ended are refused first; the
+/// others' images are placed, then recorded in one commit.
+async fn write_locked(
+    shared: Shared,
+    level: TierLevel,
+    tier: Arc<dyn Tier>,
+    items: Vec<WriteItem>,
+    guards: Vec<IdGuard>,
+) -> Vec<Result<ObjectRecord>> {
+    let mut out: Vec<Option<Result<ObjectRecord>>> = (0..items.len()).map(|_| None).collect();
+    let mut slots = Vec::with_capacity(items.len());
+    let mut meta = Vec::with_capacity(items.len());
+    let mut puts = Vec::with_capacity(items.len());
+    for (i, (item, guard)) in items.into_iter().zip(&guards).enumerate() {
+        let (id, generation) = (item.claim.id(), item.claim.generation());
+        if !guard.admits(generation) {
+            out[i] = Some(Err(ended(id, generation)));
+            continue;
         }
-        if let Err(err) = tier.delete(id).await {
-            warn!("object {id}: corrupt {level} file not removed: {err}");
+        slots.push(i);
+        meta.push((id, item.sizes, item.info, generation));
+        puts.push(PutItem {
+            id,
+            sizes: item.sizes,
+            src: item.src,
+        });
+    }
+    let headers = if puts.is_empty() {
+        Vec::new()
+    } else {
+        tier.put_batch(puts).await
+    };
+    let now = now_ms();
+    // Records of the images now in place, in one commit.
+    let placed: Vec<(usize, ObjectId, ObjectSizes, WriteInfo, u64, u32)> = headers
+        .iter()
+        .zip(meta)
+        .zip(&slots)
+        .filter_map(|((header, (id, sizes, info, generation)), &slot)| {
+            header
+                .as_ref()
+                .ok()
+                .map(|h| (slot, id, sizes, info, generation, h.checksum))
+        })
+        .collect();
+    let placed_ids: Vec<ObjectId> = placed.iter().map(|p| p.1).collect();
+    let committed = {
+        let placed = placed.clone();
+        shared
+            .manifest(move |m| {
+                let mut stale = vec![TierSet::EMPTY; placed.len()];
+                let mut newer = vec![false; placed.len()];
+                let records = m.update_each(&placed_ids, |i, old| {
+                    let (_, _, sizes, info, generation, checksum) = &placed[i];
+                    match old {
+                        // A newer incarnation's record is never replaced by
+                        // an older one's (the claims keep this from
+                        // happening: a claim of the newer one revoked it).
+                        Some(old) if old.generation > *generation => {
+                            newer[i] = true;
+                            Some(old)
+                        }
+                        old => {
+                            let (record, gone) =
+                                merged(old, level, *sizes, *checksum, info, *generation, now);
+                            stale[i] = gone;
+                            Some(record)
+                        }
+                    }
+                })?;
+                Ok((records, stale, newer))
+            })
+            .await
+    };
+    // Failed puts keep their error; placed ones are filled in below.
+    for (header, &slot) in headers.into_iter().zip(&slots) {
+        if let Err(err) = header {
+            out[slot] = Some(Err(err));
         }
     }
+    match committed {
+        Ok((records, stale, newer)) => {
+            for (((slot, id, _, _, generation, _), record), (stale, newer)) in
+                placed.iter().zip(records).zip(stale.into_iter().zip(newer))
+            {
+                if newer {
+                    tracing::error!(
+                        "object {id}: generation {generation} written over a newer one"
+                    );
+                    out[*slot] = Some(Err(ended(*id, *generation)));
+                    continue;
+                }
+                out[*slot] = Some(Ok(record.expect("update_each returned a record")));
+                for level in stale.iter() {
+                    if let Some(tier) = shared.tier(level) {
+                        if let Err(err) = tier.delete(*id).await {
+                            warn!(
+                                "object {id}: stale {level} copy not removed ({err}); recovery removes it"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // Images in place but unrecorded: recovery adopts them, a retry
+        // replaces them, a delete removes them; the manifest (and so the
+        // object) is unchanged.
+        Err(err) => {
+            for (slot, ..) in &placed {
+                out[*slot] = Some(Err(err.clone()));
+            }
+        }
+    }
+    drop(guards);
+    out.into_iter()
+        .map(|o| o.expect("every item has an outcome"))
+        .collect()
 }
 
 pub(crate) fn now_ms() -> u64 {

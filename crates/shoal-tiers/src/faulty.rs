@@ -1,7 +1,8 @@
 //! `FaultyTier`: a decorator that makes a real tier fail on purpose, as
 //! redb's fuzzer backend does (`FuzzerBackend { inner, countdown }`): the
 //! Nth operation from now fails, or every operation while "unreachable".
-//! Tests and fault drills wrap a `DirTier` or `S3Tier` in it.
+//! It can also hold puts or deletes at a gate, to run a race in a chosen
+//! order. Tests and fault drills wrap a `DirTier` or `S3Tier` in it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -9,6 +10,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::ObjectId;
+
+use tokio::sync::watch;
 
 use crate::format::{ObjectHeader, ObjectSizes};
 use crate::range::{DestRange, SourceRange};
@@ -25,10 +28,21 @@ pub enum FaultTiming {
     After,
 }
 
+/// Operations [`FaultyTier::hold`] can stop at a gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    Puts = 0,
+    Deletes = 1,
+}
+
 /// A tier that fails on demand.
 #[derive(Debug)]
 pub struct FaultyTier {
     inner: Arc<dyn Tier>,
+    /// Per [`Held`]: whether its operations wait at the gate.
+    gates: [watch::Sender<bool>; 2],
+    /// Operations waiting at a gate now.
+    waiting: Arc<AtomicU64>,
     /// Operations left before the injected one; 0 = none armed.
     countdown: AtomicU64,
     timing_after: AtomicBool,
@@ -41,6 +55,8 @@ impl FaultyTier {
     pub fn new(inner: Arc<dyn Tier>) -> Self {
         Self {
             inner,
+            gates: [watch::Sender::new(false), watch::Sender::new(false)],
+            waiting: Arc::default(),
             countdown: AtomicU64::new(0),
             timing_after: AtomicBool::new(false),
             unreachable: AtomicBool::new(false),
@@ -60,6 +76,41 @@ impl FaultyTier {
     /// reaching the inner tier.
     pub fn set_unreachable(&self, unreachable: bool) {
         self.unreachable.store(unreachable, Ordering::SeqCst);
+    }
+
+    /// While `held`, operations of kind `which` wait at a gate before they
+    /// reach the inner tier. A held operation runs on a task of its own, as
+    /// a real backend's work does (a blocking-pool write, a PUT sent): it
+    /// goes on, and lands, even if its caller stops waiting for it.
+    pub fn hold(&self, which: Held, held: bool) {
+        self.gates[which as usize].send_replace(held);
+    }
+
+    /// Operations waiting at a gate now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Runs `real` now, or, while `which` is held, on its own task once the
+    /// gate opens.
+    async fn gated<T: Send + 'static>(
+        &self,
+        which: Held,
+        real: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let mut gate = self.gates[which as usize].subscribe();
+        if !*gate.borrow() {
+            return real.await;
+        }
+        let waiting = self.waiting.clone();
+        waiting.fetch_add(1, Ordering::SeqCst);
+        let task = tokio::spawn(async move {
+            let _ = gate.wait_for(|held| !*held).await;
+            waiting.fetch_sub(1, Ordering::SeqCst);
+            real.await
+        });
+        task.await
+            .map_err(|e| ShoalError::io("held tier operation", e))?
     }
 
     /// Operations started so far (`describe` and `usage` do not count).
@@ -141,7 +192,9 @@ impl Tier for FaultyTier {
         sizes: ObjectSizes,
         src: SourceRange,
     ) -> Result<ObjectHeader> {
-        self.run("put", self.inner.put(id, sizes, src)).await
+        let inner = self.inner.clone();
+        let put = async move { inner.put(id, sizes, src).await };
+        self.run("put", self.gated(Held::Puts, put)).await
     }
 
     async fn get(&self, id: ObjectId, dst: DestRange) -> (DestRange, Result<ObjectHeader>) {
@@ -161,7 +214,9 @@ impl Tier for FaultyTier {
     }
 
     async fn delete(&self, id: ObjectId) -> Result<bool> {
-        self.run("delete", self.inner.delete(id)).await
+        let inner = self.inner.clone();
+        let delete = async move { inner.delete(id).await };
+        self.run("delete", self.gated(Held::Deletes, delete)).await
     }
 
     async fn list(&self) -> Result<Vec<ObjectId>> {

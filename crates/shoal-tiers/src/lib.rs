@@ -29,11 +29,11 @@ pub mod tier;
 
 pub use dir::DirTier;
 pub use drain::{DrainConfig, DrainEvent, DrainJob, Drainer, Refused};
-pub use engine::{EngineConfig, Restored, TierEngine, WriteInfo, WriteItem};
-pub use faulty::{FaultTiming, FaultyTier};
+pub use engine::{EngineConfig, Restored, TierEngine, WriteClaim, WriteInfo, WriteItem};
+pub use faulty::{FaultTiming, FaultyTier, Held};
 pub use format::{ObjectHeader, ObjectSizes};
 pub use identity::TierIdentity;
-pub use manifest::Manifest;
+pub use manifest::{Manifest, Tombstoned};
 pub use range::{DestBuffer, DestRange, KeepAlive, SourceRange};
 pub use record::{Durability, ObjectRecord, TierLevel, TierSet};
 pub use recover::RecoveryReport;

@@ -17,7 +17,8 @@ use crate::identity::TierIdentity;
 use crate::record::ObjectRecord;
 
 const OBJECTS: TableDefinition<[u8; ID_LEN], &[u8]> = TableDefinition::new("objects");
-/// Deletes committed but whose files may still exist; value: unused (0).
+/// Deletes committed but whose files may still exist; value: the generation
+/// deleted (every incarnation up to it is gone; 0 from before generations).
 const TOMBSTONES: TableDefinition<[u8; ID_LEN], u64> = TableDefinition::new("tombstones");
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 const IDENTITY_KEY: &str = "identity";
@@ -40,6 +41,16 @@ pub enum Change {
     Put(ObjectId, ObjectRecord),
     Remove(ObjectId),
     ClearTombstone(ObjectId),
+}
+
+/// What [`Manifest::tombstone`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tombstoned {
+    /// The tombstone is in; the record it removed, if there was one.
+    Deleted(Option<ObjectRecord>),
+    /// The record is of a newer incarnation (its generation is higher):
+    /// left as it is, no tombstone.
+    Newer(ObjectRecord),
 }
 
 impl Manifest {
@@ -161,33 +172,52 @@ impl Manifest {
         Ok(new)
     }
 
-    /// Removes `id`'s record and leaves a tombstone, in one commit: from here
-    /// on the object is deleted, and recovery removes any file of it left.
-    /// Returns the removed record.
-    pub fn tombstone(&self, id: &ObjectId) -> Result<Option<ObjectRecord>> {
+    /// Removes `id`'s record and leaves a tombstone of `generation`, in one
+    /// commit: from here on every incarnation of `id` up to `generation` is
+    /// deleted, and recovery removes any file of it left. A record of a
+    /// newer generation is left alone (nothing is committed).
+    pub fn tombstone(&self, id: &ObjectId, generation: u64) -> Result<Tombstoned> {
         let txn = self.write_txn()?;
         let old = {
             let mut table = txn
                 .open_table(OBJECTS)
                 .map_err(|e| self.error("open table", e))?;
             let old = table
-                .remove(id.as_bytes())
-                .map_err(|e| self.error("remove", e))?
+                .get(id.as_bytes())
+                .map_err(|e| self.error("read", e))?
                 .map(|v| ObjectRecord::decode(v.value()))
                 .transpose()?;
-            let mut tombs = txn
-                .open_table(TOMBSTONES)
-                .map_err(|e| self.error("open table", e))?;
-            tombs
-                .insert(id.as_bytes(), 0)
-                .map_err(|e| self.error("write", e))?;
-            old
+            match old {
+                Some(newer) if newer.generation > generation => Tombstoned::Newer(newer),
+                old => {
+                    if old.is_some() {
+                        table
+                            .remove(id.as_bytes())
+                            .map_err(|e| self.error("remove", e))?;
+                    }
+                    let mut tombs = txn
+                        .open_table(TOMBSTONES)
+                        .map_err(|e| self.error("open table", e))?;
+                    let before = tombs
+                        .get(id.as_bytes())
+                        .map_err(|e| self.error("read", e))?
+                        .map_or(0, |v| v.value());
+                    tombs
+                        .insert(id.as_bytes(), before.max(generation))
+                        .map_err(|e| self.error("write", e))?;
+                    Tombstoned::Deleted(old)
+                }
+            }
         };
-        txn.commit().map_err(|e| self.error("commit", e))?;
+        match old {
+            Tombstoned::Newer(_) => txn.abort().map_err(|e| self.error("abort", e))?,
+            Tombstoned::Deleted(_) => txn.commit().map_err(|e| self.error("commit", e))?,
+        }
         Ok(old)
     }
 
-    pub fn tombstones(&self) -> Result<Vec<ObjectId>> {
+    /// Every tombstone: the id and the generation it deleted.
+    pub fn tombstones(&self) -> Result<Vec<(ObjectId, u64)>> {
         let txn = self
             .db
             .begin_read()
@@ -197,8 +227,8 @@ impl Manifest {
             .map_err(|e| self.error("open table", e))?;
         let mut out = Vec::new();
         for entry in table.iter().map_err(|e| self.error("iterate", e))? {
-            let (key, _) = entry.map_err(|e| self.error("iterate", e))?;
-            out.push(ObjectId(key.value()));
+            let (key, value) = entry.map_err(|e| self.error("iterate", e))?;
+            out.push((ObjectId(key.value()), value.value()));
         }
         Ok(out)
     }
@@ -293,6 +323,7 @@ mod tests {
             durability: Durability::Local,
             sealed_at_ms: 1,
             name: None,
+            generation: 3,
         }
     }
 
@@ -318,7 +349,12 @@ mod tests {
                 .unwrap()
                 .unwrap();
             assert!(new.tiers.contains(TierLevel::Backing));
-            assert_eq!(m.tombstone(&b).unwrap().unwrap().checksum, 42);
+            // A delete of an older incarnation leaves the record alone.
+            assert!(matches!(m.tombstone(&b, 2).unwrap(), Tombstoned::Newer(_)));
+            match m.tombstone(&b, 3).unwrap() {
+                Tombstoned::Deleted(Some(old)) => assert_eq!(old.checksum, 42),
+                other => panic!("{other:?}"),
+            }
         }
         let m = Manifest::open(&path, &me).unwrap();
         assert_eq!(m.len().unwrap(), 1);
@@ -327,7 +363,7 @@ mod tests {
             TierSet::of(TierLevel::Burst).with(TierLevel::Backing)
         );
         assert_eq!(m.get(&b).unwrap(), None);
-        assert_eq!(m.tombstones().unwrap(), vec![b]);
+        assert_eq!(m.tombstones().unwrap(), vec![(b, 3)]);
         m.apply(&[Change::ClearTombstone(b), Change::Remove(a)])
             .unwrap();
         assert!(m.tombstones().unwrap().is_empty() && m.is_empty().unwrap());

@@ -107,15 +107,25 @@ pub struct ObjectRecord {
     pub sealed_at_ms: u64,
     /// An optional path-like name (for the POSIX view).
     pub name: Option<String>,
+    /// Which incarnation of the id this is (ids may be created again after a
+    /// delete): issued by the engine, increasing over the node's life
+    /// (restarts included). A delete of generation `g` ends every record of
+    /// a generation up to `g`, and none of them is written after it
+    /// (docs/tiers.md, "Deletes are final"). 0 for records written before
+    /// generations existed.
+    pub generation: u64,
 }
 
-const RECORD_VERSION: u8 = 1;
-const FIXED_LEN: usize = 1 + 8 + 4 + 4 + 1 + 1 + 8 + 4;
+/// Version 1: without `generation`; still read.
+const RECORD_VERSION: u8 = 2;
+const V1_FIXED_LEN: usize = 1 + 8 + 4 + 4 + 1 + 1 + 8 + 4;
+const FIXED_LEN: usize = V1_FIXED_LEN + 8;
 
 impl ObjectRecord {
     /// The record's bytes in the manifest (little-endian, versioned):
     /// version u8, data u64, meta u32, checksum u32, tiers u8, durability u8,
-    /// sealed_at_ms u64, name length u32 (u32::MAX = no name), name bytes.
+    /// sealed_at_ms u64, generation u64, name length u32 (u32::MAX = no
+    /// name), name bytes. (Version 1 had no generation.)
     pub fn encode(&self) -> Vec<u8> {
         let name = self.name.as_deref().map(str::as_bytes);
         let mut out = Vec::with_capacity(FIXED_LEN + name.map_or(0, <[u8]>::len));
@@ -126,6 +136,7 @@ impl ObjectRecord {
         out.push(self.tiers.0);
         out.push(self.durability as u8);
         out.extend_from_slice(&self.sealed_at_ms.to_le_bytes());
+        out.extend_from_slice(&self.generation.to_le_bytes());
         match name {
             Some(name) => {
                 out.extend_from_slice(&(name.len() as u32).to_le_bytes());
@@ -138,20 +149,24 @@ impl ObjectRecord {
 
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let bad = |why: &str| ShoalError::protocol(format!("manifest record: {why}"));
-        if bytes.len() < FIXED_LEN {
+        let fixed = match bytes.first() {
+            Some(1) => V1_FIXED_LEN,
+            Some(&RECORD_VERSION) => FIXED_LEN,
+            Some(v) => return Err(bad(&format!("version {v}"))),
+            None => return Err(bad("truncated")),
+        };
+        if bytes.len() < fixed {
             return Err(bad("truncated"));
-        }
-        if bytes[0] != RECORD_VERSION {
-            return Err(bad(&format!("version {}", bytes[0])));
         }
         let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
         let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let name_len = u32_at(27);
+        let generation = if fixed == FIXED_LEN { u64_at(27) } else { 0 };
+        let name_len = u32_at(fixed - 4);
         let name = if name_len == u32::MAX {
             None
         } else {
             let raw = bytes
-                .get(FIXED_LEN..FIXED_LEN + name_len as usize)
+                .get(fixed..fixed + name_len as usize)
                 .ok_or_else(|| bad("truncated name"))?;
             Some(String::from_utf8(raw.to_vec()).map_err(|_| bad("name is not UTF-8"))?)
         };
@@ -165,6 +180,7 @@ impl ObjectRecord {
             durability: Durability::from_u8(bytes[18]).ok_or_else(|| bad("durability"))?,
             sealed_at_ms: u64_at(19),
             name,
+            generation,
         })
     }
 }
@@ -186,10 +202,25 @@ mod tests {
                 durability: Durability::Local,
                 sealed_at_ms: 1_700_000_000_000,
                 name,
+                generation: 77,
             };
-            assert_eq!(ObjectRecord::decode(&record.encode()).unwrap(), record);
+            let bytes = record.encode();
+            assert_eq!(ObjectRecord::decode(&bytes).unwrap(), record);
+            // The same record as version 1 wrote it: generation 0.
+            let mut v1 = bytes[..27].to_vec();
+            v1[0] = 1;
+            v1.extend_from_slice(&bytes[35..]);
+            let old = ObjectRecord::decode(&v1).unwrap();
+            assert_eq!(
+                old,
+                ObjectRecord {
+                    generation: 0,
+                    ..record
+                }
+            );
         }
         assert!(ObjectRecord::decode(&[1, 2, 3]).is_err());
+        assert!(ObjectRecord::decode(&[]).is_err());
     }
 
     #[test]

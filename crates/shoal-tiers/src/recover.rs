@@ -2,7 +2,9 @@
 //! crash at any point of the write order (docs/tiers.md, "Recovery").
 //!
 //! 1. Sweep each tier: temporary files and unfinished uploads go.
-//! 2. Finish deletes: every tombstoned id is removed from every tier.
+//! 2. Finish deletes: every tombstoned id is removed from every tier, with
+//!    any record of a generation the tombstone ended (a newer incarnation's
+//!    record keeps its copies).
 //! 3. List each tier and compare with the records:
 //!    - a listed image the record knows: kept (its checksum is checked when
 //!      it is read; checking 1 M images here would blow the restart budget);
@@ -23,7 +25,7 @@ use tracing::{info, warn};
 use crate::engine::{now_ms, EngineConfig, TierEngine};
 use crate::format::ObjectSizes;
 use crate::manifest::Change;
-use crate::record::{Durability, ObjectRecord, TierLevel};
+use crate::record::{Durability, ObjectRecord, TierLevel, TierSet};
 
 /// What recovery found and did at open.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -78,21 +80,54 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
     report.swept = swept?;
     let (tombstones, all) = read?;
 
-    let mut cleared = Vec::new();
-    for id in &tombstones {
-        if engine.remove_files(*id).await {
-            cleared.push(Change::ClearTombstone(*id));
-        }
-    }
-    report.deletes_finished = cleared.len() as u64;
-    engine.manifest(move |m| m.apply(&cleared)).await?;
-    let tombstoned: HashSet<ObjectId> = tombstones.into_iter().collect();
+    // Generations issued from now on are above every one recorded.
+    let highest = all
+        .iter()
+        .map(|(_, r)| r.generation)
+        .chain(tombstones.iter().map(|(_, g)| *g))
+        .max()
+        .unwrap_or(0);
+    engine.issue_from(highest + 1);
 
     // Records in id order (as the manifest gives them), looked up by binary
     // search: a million of them, and a hash map of them costs more than the
     // compare itself.
     let mut records: Vec<(ObjectId, ObjectRecord)> = all;
     debug_assert!(records.windows(2).all(|w| w[0].0 < w[1].0));
+    let find = |records: &[(ObjectId, ObjectRecord)], id: &ObjectId| {
+        records.binary_search_by(|(r, _)| r.cmp(id)).ok()
+    };
+
+    // A tombstone of generation g ends every record of the id up to g: such
+    // a record (only a write that raced its delete could have made one) goes
+    // with its files. A newer incarnation's record keeps its own copies.
+    let mut cleared = Vec::new();
+    let mut removed = Vec::new();
+    let mut tombstoned = HashSet::new();
+    for (id, generation) in &tombstones {
+        let keep = match find(&records, id) {
+            Some(i) if records[i].1.generation > *generation => records[i].1.tiers,
+            Some(_) => {
+                warn!("recovery: record of {id} is older than its delete; removed");
+                removed.push(*id);
+                TierSet::EMPTY
+            }
+            None => TierSet::EMPTY,
+        };
+        if keep.is_empty() {
+            tombstoned.insert(*id);
+        }
+        if engine.remove_files(*id, keep).await {
+            cleared.push(Change::ClearTombstone(*id));
+        }
+    }
+    if !removed.is_empty() {
+        records.retain(|(id, _)| !removed.contains(id));
+    }
+    report.deletes_finished = cleared.len() as u64;
+    cleared.extend(removed.into_iter().map(Change::Remove));
+    engine.manifest(move |m| m.apply(&cleared)).await?;
+
     let mut changed: HashSet<ObjectId> = HashSet::new();
     let mut adopted_new: HashMap<ObjectId, ObjectRecord> = HashMap::new();
     for (level, tier) in engine.configured() {
@@ -141,6 +176,7 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
                         durability: Durability::Memory,
                         sealed_at_ms: now_ms(),
                         name: None,
+                        generation: engine.next_generation(),
                     }),
                 };
                 record.tiers = record.tiers.with(level);

@@ -73,15 +73,17 @@ async fn crash_child() {
     let engine = Arc::new(engine);
     // Re-queue what the last run had not drained, as the daemon will.
     for id in report.to_drain {
+        let generation = engine.record(id).await.unwrap().unwrap().generation;
         engine
-            .copy(id, TierLevel::Burst, TierLevel::Backing)
+            .copy(id, generation, TierLevel::Burst, TierLevel::Backing)
             .await
             .ok();
     }
     say("READY".into());
-    let mut acked: Vec<ObjectId> = Vec::new();
+    let mut acked: Vec<(ObjectId, u64)> = Vec::new();
     loop {
         let id = ObjectId::random();
+        let generation = engine.next_generation();
         let seed = rng.next();
         let len = if rng.next().is_multiple_of(10) {
             2 << 20
@@ -101,7 +103,7 @@ async fn crash_child() {
         };
         engine
             .write(
-                id,
+                engine.claim(id, generation),
                 level,
                 sizes_of(len, 0),
                 SourceRange::from_vec(payload(len, seed)),
@@ -113,25 +115,26 @@ async fn crash_child() {
             .await
             .unwrap();
         say(format!("ACK {id}"));
-        acked.push(id);
+        acked.push((id, generation));
         match rng.next() % 6 {
             0 | 1 if level == TierLevel::Burst => {
                 engine
-                    .copy(id, TierLevel::Burst, TierLevel::Backing)
+                    .copy(id, generation, TierLevel::Burst, TierLevel::Backing)
                     .await
                     .unwrap();
             }
             2 if level == TierLevel::Burst => {
                 engine
-                    .copy(id, TierLevel::Burst, TierLevel::Backing)
+                    .copy(id, generation, TierLevel::Burst, TierLevel::Backing)
                     .await
                     .unwrap();
                 engine.evict(id, TierLevel::Burst).await.unwrap();
             }
             3 | 4 if acked.len() > 3 => {
-                let victim = acked.swap_remove((rng.next() % acked.len() as u64) as usize);
+                let (victim, generation) =
+                    acked.swap_remove((rng.next() % acked.len() as u64) as usize);
                 say(format!("DELBEGIN {victim}"));
-                engine.delete(victim).await.unwrap();
+                engine.delete(victim, generation).await.unwrap();
                 say(format!("DEL {victim}"));
             }
             _ => {}

@@ -12,7 +12,8 @@ use shoal_core::error::ErrorKind;
 use shoal_core::ids::ObjectId;
 use shoal_tiers::{
     Backoff, DirTier, DrainConfig, DrainEvent, DrainJob, Drainer, Durability, EngineConfig,
-    FaultyTier, Manifest, SourceRange, TierEngine, TierIdentity, TierLevel, TierSet, WriteInfo,
+    FaultyTier, Manifest, SourceRange, Tier, TierEngine, TierIdentity, TierLevel, TierSet,
+    WriteInfo,
 };
 use tokio::sync::mpsc;
 
@@ -48,10 +49,13 @@ async fn setup(burst_capacity: u64) -> Setup {
     }
 }
 
-fn write_job(id: ObjectId, level: TierLevel, seed: u64) -> DrainJob {
+/// The generation every object of these tests is (each id is one object).
+const GEN: u64 = 1;
+
+fn write_job(engine: &TierEngine, id: ObjectId, level: TierLevel, seed: u64) -> DrainJob {
     let bytes = payload(10_000, seed);
     DrainJob::Write {
-        id,
+        claim: engine.claim(id, GEN),
         level,
         sizes: sizes_of(bytes.len(), 0),
         src: SourceRange::from_vec(bytes),
@@ -89,7 +93,7 @@ async fn drains_in_order_and_reports_each_job() {
     let ids: Vec<ObjectId> = (0..10).map(|_| ObjectId::random()).collect();
     for (i, id) in ids.iter().enumerate() {
         drainer
-            .submit(write_job(*id, TierLevel::Burst, i as u64))
+            .submit(write_job(&s.engine, *id, TierLevel::Burst, i as u64))
             .await
             .unwrap();
     }
@@ -97,6 +101,7 @@ async fn drains_in_order_and_reports_each_job() {
         drainer
             .submit(DrainJob::Copy {
                 id: *id,
+                generation: GEN,
                 from: TierLevel::Burst,
                 to: TierLevel::Backing,
             })
@@ -143,12 +148,17 @@ async fn an_outage_backs_pressure_up_to_producers_and_resumes() {
     // One job running (retrying), two queued: the queue is full.
     for (i, id) in ids.iter().enumerate() {
         drainer
-            .submit(write_job(*id, TierLevel::Backing, i as u64))
+            .submit(write_job(&s.engine, *id, TierLevel::Backing, i as u64))
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let refused = drainer.try_submit(write_job(ObjectId::random(), TierLevel::Backing, 9));
+    let refused = drainer.try_submit(write_job(
+        &s.engine,
+        ObjectId::random(),
+        TierLevel::Backing,
+        9,
+    ));
     let err = refused.unwrap_err().error;
     assert_eq!(err.kind(), ErrorKind::StoreFull, "{err}");
     assert_eq!(drainer.depth(), 3);
@@ -184,17 +194,17 @@ async fn cancelled_jobs_are_skipped_and_hard_failures_not_retried() {
     s.burst.set_unreachable(true);
     let (first, doomed, big) = (ObjectId::random(), ObjectId::random(), ObjectId::random());
     drainer
-        .submit(write_job(first, TierLevel::Burst, 1))
+        .submit(write_job(&s.engine, first, TierLevel::Burst, 1))
         .await
         .unwrap();
     drainer
-        .submit(write_job(doomed, TierLevel::Burst, 2))
+        .submit(write_job(&s.engine, doomed, TierLevel::Burst, 2))
         .await
         .unwrap();
     drainer.cancel(doomed);
     // After the cancel: a job of the same id submitted now still runs.
     drainer
-        .submit(write_job(big, TierLevel::Burst, 3))
+        .submit(write_job(&s.engine, big, TierLevel::Burst, 3))
         .await
         .unwrap();
     s.burst.set_unreachable(false);
@@ -212,5 +222,46 @@ async fn cancelled_jobs_are_skipped_and_hard_failures_not_retried() {
     assert_eq!(event.id, big);
     assert_eq!(event.result.unwrap_err().kind(), ErrorKind::StoreFull);
     assert_eq!(event.attempts, 1);
+    drainer.close().await;
+}
+
+/// A job retrying through an outage when its object is deleted (the job is
+/// running, so no cancel reaches it): the delete is acknowledged during the
+/// outage, and the retry after it must write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_retrying_when_its_object_is_deleted_writes_nothing_after() {
+    let s = setup(1 << 30).await;
+    let config = DrainConfig {
+        batch: 1,
+        parallel: 1,
+        backoff: fast(),
+        ..DrainConfig::default()
+    };
+    let (drainer, mut events) = Drainer::start(s.engine.clone(), config);
+    s.burst.set_unreachable(true);
+    let id = ObjectId::random();
+    drainer
+        .submit(write_job(&s.engine, id, TierLevel::Burst, 1))
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s.burst.injected() < 2 {
+        assert!(std::time::Instant::now() < deadline, "the job did not run");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Final even with the burst buffer down (its tombstone stays).
+    s.engine.delete(id, GEN).await.unwrap();
+    s.burst.set_unreachable(false);
+    let event = next(&mut events).await;
+    assert_eq!(event.id, id);
+    assert!(event.attempts > 1, "{event:?}");
+    assert_eq!(
+        event.result.unwrap_err().kind(),
+        ErrorKind::ObjectNotFound,
+        "the retry after the delete wrote nothing"
+    );
+    assert_eq!(s.engine.record(id).await.unwrap(), None);
+    assert_eq!(s.engine.finish_deletes().await.unwrap(), 1);
+    assert!(s.burst.list().await.unwrap().is_empty());
     drainer.close().await;
 }

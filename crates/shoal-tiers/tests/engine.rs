@@ -11,14 +11,17 @@ use std::sync::Arc;
 use common::{payload, sizes_of, Damage};
 use shoal_core::error::ErrorKind;
 use shoal_core::ids::ObjectId;
+use shoal_tiers::manifest::Change;
 use shoal_tiers::{
-    DestRange, DirTier, Durability, EngineConfig, FaultTiming, FaultyTier, Manifest,
-    RecoveryReport, SourceRange, Tier, TierEngine, TierIdentity, TierLevel, TierSet, WriteInfo,
-    WriteItem,
+    DestRange, DirTier, Durability, EngineConfig, FaultTiming, FaultyTier, Held, Manifest,
+    RecoveryReport, SourceRange, Tier, TierEngine, TierIdentity, TierLevel, TierSet, Tombstoned,
+    WriteClaim, WriteInfo, WriteItem,
 };
 use tempfile::TempDir;
 
 struct Node {
+    /// The generation each id is written as (its record's after a restart).
+    generations: std::sync::Mutex<std::collections::HashMap<ObjectId, u64>>,
     dir: TempDir,
     burst: Arc<FaultyTier>,
     backing: Arc<FaultyTier>,
@@ -50,6 +53,7 @@ impl Node {
         .unwrap();
         (
             Self {
+                generations: Default::default(),
                 dir,
                 burst,
                 backing,
@@ -68,15 +72,41 @@ impl Node {
         Self::open(dir, CAPACITY).await
     }
 
+    /// The generation of `id`: its record's, or a new one for a new object.
+    async fn generation(&self, id: ObjectId) -> u64 {
+        if let Some(g) = self.generations.lock().unwrap().get(&id) {
+            return *g;
+        }
+        let g = match self.engine.record(id).await.unwrap() {
+            Some(record) => record.generation,
+            None => self.engine.next_generation(),
+        };
+        *self.generations.lock().unwrap().entry(id).or_insert(g)
+    }
+
+    async fn claim(&self, id: ObjectId) -> WriteClaim {
+        self.engine.claim(id, self.generation(id).await)
+    }
+
     async fn write(
         &self,
         id: ObjectId,
         level: TierLevel,
         bytes: &[u8],
     ) -> shoal_core::error::Result<()> {
+        self.write_as(self.claim(id).await, level, bytes).await
+    }
+
+    /// A write claimed beforehand (when a drain job was made).
+    async fn write_as(
+        &self,
+        claim: WriteClaim,
+        level: TierLevel,
+        bytes: &[u8],
+    ) -> shoal_core::error::Result<()> {
         self.engine
             .write(
-                id,
+                claim,
                 level,
                 sizes_of(bytes.len(), 0),
                 SourceRange::from_vec(bytes.to_vec()),
@@ -87,6 +117,25 @@ impl Node {
             )
             .await
             .map(drop)
+    }
+
+    async fn copy(
+        &self,
+        id: ObjectId,
+        from: TierLevel,
+        to: TierLevel,
+    ) -> shoal_core::error::Result<shoal_tiers::ObjectRecord> {
+        self.engine
+            .copy(id, self.generation(id).await, from, to)
+            .await
+    }
+
+    /// Deletes the incarnation of `id` written so far; the next write of
+    /// `id` is a new one.
+    async fn delete(&self, id: ObjectId) -> shoal_core::error::Result<bool> {
+        let generation = self.generation(id).await;
+        self.generations.lock().unwrap().remove(&id);
+        self.engine.delete(id, generation).await
     }
 
     async fn restore(
@@ -148,7 +197,6 @@ async fn objects_move_down_the_chain_and_come_back() {
 
     // Drain without the object in memory, then evict the burst copy.
     let record = node
-        .engine
         .copy(id, TierLevel::Burst, TierLevel::Backing)
         .await
         .unwrap();
@@ -198,16 +246,14 @@ async fn an_injected_error_leaves_the_object_where_it_was() {
     // In the burst buffer; the drain to the backing store fails.
     node.write(id, TierLevel::Burst, &bytes).await.unwrap();
     node.backing.fail_nth(1, FaultTiming::Before);
-    node.engine
-        .copy(id, TierLevel::Burst, TierLevel::Backing)
+    node.copy(id, TierLevel::Burst, TierLevel::Backing)
         .await
         .unwrap_err();
     assert_eq!(node.tiers_of(id).await, Some(TierSet::of(TierLevel::Burst)));
     assert_eq!(node.restore(id, bytes.len()).await.unwrap().1, bytes);
 
     // A read error on the burst copy: the backing copy serves, the burst copy stays.
-    node.engine
-        .copy(id, TierLevel::Burst, TierLevel::Backing)
+    node.copy(id, TierLevel::Burst, TierLevel::Backing)
         .await
         .unwrap();
     node.burst.fail_nth(1, FaultTiming::Before);
@@ -241,7 +287,6 @@ async fn unreachable_tier_fails_fast_and_resumes() {
     node.backing.set_unreachable(true);
     for _ in 0..3 {
         let err = node
-            .engine
             .copy(id, TierLevel::Burst, TierLevel::Backing)
             .await
             .unwrap_err();
@@ -249,8 +294,7 @@ async fn unreachable_tier_fails_fast_and_resumes() {
     }
     assert_eq!(node.tiers_of(id).await, Some(TierSet::of(TierLevel::Burst)));
     node.backing.set_unreachable(false);
-    node.engine
-        .copy(id, TierLevel::Burst, TierLevel::Backing)
+    node.copy(id, TierLevel::Burst, TierLevel::Backing)
         .await
         .unwrap();
     assert_eq!(node.tiers_of(id).await, Some(both()));
@@ -288,8 +332,7 @@ async fn corrupt_copies_are_detected_skipped_and_removed() {
         let id = ObjectId::random();
         let bytes = payload(10_000, 4);
         node.write(id, TierLevel::Burst, &bytes).await.unwrap();
-        node.engine
-            .copy(id, TierLevel::Burst, TierLevel::Backing)
+        node.copy(id, TierLevel::Burst, TierLevel::Backing)
             .await
             .unwrap();
 
@@ -318,12 +361,11 @@ async fn deletes_are_final_even_when_a_tier_is_down_or_the_node_crashes() {
     node.write(id, TierLevel::Burst, &payload(500, 5))
         .await
         .unwrap();
-    node.engine
-        .copy(id, TierLevel::Burst, TierLevel::Backing)
+    node.copy(id, TierLevel::Burst, TierLevel::Backing)
         .await
         .unwrap();
     node.backing.set_unreachable(true);
-    assert!(node.engine.delete(id).await.unwrap());
+    assert!(node.delete(id).await.unwrap());
     assert_eq!(node.tiers_of(id).await, None);
     assert!(!node.has(TierLevel::Burst, id));
     assert!(node.has(TierLevel::Backing, id), "kept by the outage");
@@ -336,7 +378,7 @@ async fn deletes_are_final_even_when_a_tier_is_down_or_the_node_crashes() {
     assert!(report.adopted.is_empty());
     assert!(!node.has(TierLevel::Backing, id));
     assert_eq!(node.tiers_of(id).await, None);
-    assert!(!node.engine.delete(id).await.unwrap(), "already gone");
+    assert!(!node.delete(id).await.unwrap(), "already gone");
     for (_, usage) in node.engine.usage() {
         assert_eq!(usage.used, 0, "space reclaimed");
     }
@@ -349,27 +391,180 @@ async fn a_delete_during_a_drain_waits_for_it_and_nothing_comes_back() {
     for round in 0..5 {
         let id = ObjectId::random();
         let bytes = payload(8 << 20, round);
+        // The drain job is made (its write claimed), then the delete comes.
+        let claim = node.claim(id).await;
         let writer = {
             let node = node.clone();
-            tokio::spawn(async move { node.write(id, TierLevel::Burst, &bytes).await })
+            tokio::spawn(async move { node.write_as(claim, TierLevel::Burst, &bytes).await })
         };
         tokio::task::yield_now().await;
-        let deleted = node.engine.delete(id).await.unwrap();
-        writer.await.unwrap().unwrap();
-        // Whichever ran first, the delete ran last: nothing is left.
-        if deleted {
-            assert_eq!(node.tiers_of(id).await, None);
-            assert!(!node.has(TierLevel::Burst, id));
-        } else {
-            // The delete overtook the write's first poll: the write is newer.
-            node.engine.delete(id).await.unwrap();
+        node.delete(id).await.unwrap();
+        // Whichever took the lock first, nothing is left: the write ran
+        // before the delete, or found its generation deleted and wrote nothing.
+        if let Err(err) = writer.await.unwrap() {
+            assert_eq!(err.kind(), ErrorKind::ObjectNotFound, "{err}");
         }
+        assert_eq!(node.tiers_of(id).await, None);
+        assert!(!node.has(TierLevel::Burst, id));
     }
     let node = Arc::into_inner(node).unwrap();
     let (node, report) = node.restart().await;
     assert_eq!(report.objects, 0);
     assert!(report.adopted.is_empty());
     assert_eq!(node.engine.usage()[0].1.used, 0);
+}
+
+/// Waits (bounded) until `tier` has `n` operations held at its gate.
+async fn held(tier: &FaultyTier, n: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tier.waiting() != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no operation reached the gate"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
+/// The race of a write-behind drain against a delete (issue 39): the drain's
+/// write was decided (its job made) before the delete, but the delete took
+/// the object's lock first and was acknowledged while the write waited for
+/// it. The write must then write nothing, packed image or file, and a
+/// restart must not bring the object back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_decided_before_an_acknowledged_delete_writes_nothing() {
+    let (node, _) = Node::new().await;
+    let node = Arc::new(node);
+    let mut ids = Vec::new();
+    for (round, len) in [(1, 75_000), (2, 4 << 20)] {
+        let id = ObjectId::random();
+        ids.push(id);
+        let claim = node.claim(id).await;
+        // The delete commits its tombstone and stops, holding the lock, in
+        // its removal of the burst buffer's file.
+        node.burst.hold(Held::Deletes, true);
+        let deleter = {
+            let node = node.clone();
+            tokio::spawn(async move { node.delete(id).await })
+        };
+        held(&node.burst, 1).await;
+        let writer = {
+            let node = node.clone();
+            tokio::spawn(async move {
+                node.write_as(claim, TierLevel::Burst, &payload(len, round))
+                    .await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(
+            !writer.is_finished(),
+            "the write waits for the object's lock"
+        );
+        node.burst.hold(Held::Deletes, false);
+        deleter.await.unwrap().unwrap(); // acknowledged
+        let err = writer.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ObjectNotFound, "{err}");
+        assert_eq!(node.tiers_of(id).await, None, "no record after the delete");
+        assert!(!node.has(TierLevel::Burst, id), "no image after the delete");
+    }
+    let node = Arc::into_inner(node).unwrap();
+    let (node, report) = node.restart().await;
+    assert_eq!(report.objects, 0, "{report:?}");
+    assert!(report.adopted.is_empty(), "{report:?}");
+    for id in ids {
+        assert_eq!(node.tiers_of(id).await, None, "{id} came back");
+    }
+}
+
+/// A write whose caller stops waiting (a drain stopped at shutdown) while
+/// its image is on the way: the tier's work goes on (a blocking-pool write,
+/// a PUT sent), so the object's lock must not free before it is done — a
+/// delete let in then would be acknowledged, and the image landing after it
+/// would be adopted at the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_its_caller_abandoned_finishes_before_a_delete_runs() {
+    let (node, _) = Node::new().await;
+    let node = Arc::new(node);
+    let id = ObjectId::random();
+    let claim = node.claim(id).await;
+    node.burst.hold(Held::Puts, true);
+    let writer = {
+        let node = node.clone();
+        tokio::spawn(async move {
+            node.write_as(claim, TierLevel::Burst, &payload(300_000, 4))
+                .await
+        })
+    };
+    held(&node.burst, 1).await;
+    writer.abort();
+    let _ = writer.await;
+    let deleter = {
+        let node = node.clone();
+        tokio::spawn(async move { node.delete(id).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        !deleter.is_finished(),
+        "the delete waits for the write under way"
+    );
+    node.burst.hold(Held::Puts, false);
+    assert!(
+        deleter.await.unwrap().unwrap(),
+        "the write was recorded, then deleted"
+    );
+    assert_eq!(node.tiers_of(id).await, None);
+    assert!(!node.has(TierLevel::Burst, id));
+    let node = Arc::into_inner(node).unwrap();
+    let (node, report) = node.restart().await;
+    assert_eq!(report.objects, 0, "{report:?}");
+    assert!(report.adopted.is_empty(), "{report:?}");
+    assert_eq!(node.tiers_of(id).await, None);
+}
+
+/// A manifest where a record was committed after its id's tombstone (what
+/// the race above left before generations): recovery removes that record
+/// and its files; a newer incarnation's record, written after an older
+/// delete whose files were not all removed, keeps its copies.
+#[tokio::test]
+async fn recovery_never_keeps_a_record_its_tombstone_ended() {
+    let (node, _) = Node::new().await;
+    let (resurrected, newer) = (ObjectId::random(), ObjectId::random());
+    let bytes = payload(60_000, 11);
+    node.write(resurrected, TierLevel::Burst, &bytes)
+        .await
+        .unwrap();
+    node.write(newer, TierLevel::Burst, &bytes).await.unwrap();
+    let generation = node.generation(newer).await;
+    let Node { dir, engine, .. } = node;
+    drop(engine);
+    {
+        let me = TierIdentity::new("test", 7);
+        let m = Manifest::open(&dir.path().join("burst/manifest.redb"), &me).unwrap();
+        let record = m.get(&resurrected).unwrap().unwrap();
+        let g = record.generation;
+        assert!(matches!(
+            m.tombstone(&resurrected, g).unwrap(),
+            Tombstoned::Deleted(Some(_))
+        ));
+        m.apply(&[Change::Put(resurrected, record)]).unwrap();
+        let record = m.get(&newer).unwrap().unwrap();
+        m.apply(&[Change::Remove(newer)]).unwrap();
+        m.tombstone(&newer, generation - 1).unwrap();
+        m.apply(&[Change::Put(newer, record)]).unwrap();
+    }
+    let (node, report) = Node::open(dir, CAPACITY).await;
+    assert_eq!(report.objects, 1, "{report:?}");
+    assert!(report.adopted.is_empty(), "{report:?}");
+    assert_eq!(node.tiers_of(resurrected).await, None);
+    assert!(!node.has(TierLevel::Burst, resurrected));
+    assert_eq!(
+        node.restore(newer, bytes.len()).await.unwrap(),
+        (TierLevel::Burst, bytes)
+    );
+    assert!(
+        node.engine.next_generation() > generation,
+        "generations go on above the manifest's"
+    );
 }
 
 #[tokio::test]
@@ -406,8 +601,7 @@ async fn recovery_after_a_crash_at_each_step_of_the_write_order() {
 
     // A drain to the backing store that crashed after its rename.
     node.backing.fail_nth(1, FaultTiming::After);
-    node.engine
-        .copy(committed, TierLevel::Burst, TierLevel::Backing)
+    node.copy(committed, TierLevel::Burst, TierLevel::Backing)
         .await
         .unwrap_err();
     assert_eq!(
@@ -505,10 +699,14 @@ async fn a_batch_write_keeps_each_objects_guarantees() {
         (ids[1], payload(300, 4)),
         (ids[4], payload(4000, 5)),
     ];
+    let mut gens = std::collections::HashMap::new();
+    for (id, _) in &items {
+        gens.insert(*id, node.generation(*id).await);
+    }
     let batch = items
         .iter()
         .map(|(id, bytes)| WriteItem {
-            id: *id,
+            claim: node.engine.claim(*id, gens[id]),
             sizes: sizes_of(bytes.len(), 0),
             src: SourceRange::from_vec(bytes.clone()),
             info: WriteInfo {
@@ -545,15 +743,16 @@ async fn a_batch_write_keeps_each_objects_guarantees() {
     }
     // An injected I/O error fails its own item only; the others commit.
     let (a, b) = (ObjectId::random(), ObjectId::random());
+    let claims = [node.claim(a).await, node.claim(b).await];
     node.burst.fail_nth(1, FaultTiming::Before);
     let outcomes = node
         .engine
         .write_batch(
             TierLevel::Burst,
-            [a, b]
-                .iter()
-                .map(|id| WriteItem {
-                    id: *id,
+            claims
+                .into_iter()
+                .map(|claim| WriteItem {
+                    claim,
                     sizes: sizes_of(10, 0),
                     src: SourceRange::from_vec(payload(10, 9)),
                     info: WriteInfo::default(),

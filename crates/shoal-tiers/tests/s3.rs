@@ -19,8 +19,9 @@ use object_store::{ObjectStore, PutPayload};
 use shoal_core::error::ErrorKind;
 use shoal_core::ids::ObjectId;
 use shoal_tiers::{
-    with_backoff, Backoff, DestRange, DirTier, Durability, EngineConfig, Manifest, S3Config,
-    S3Tier, SourceRange, Tier, TierEngine, TierIdentity, TierLevel, TierSet, WriteInfo,
+    with_backoff, Backoff, DestRange, DirTier, Durability, EngineConfig, FaultyTier, Held,
+    Manifest, S3Config, S3Tier, SourceRange, Tier, TierEngine, TierIdentity, TierLevel, TierSet,
+    WriteInfo,
 };
 
 const ACCESS_KEY: &str = "shoal-test";
@@ -308,11 +309,12 @@ async fn the_engine_drains_to_s3_and_recovers_from_it() {
     };
     let (engine, _) = open(&server).await;
     let (kept, drained) = (ObjectId::random(), ObjectId::random());
-    for (id, seed) in [(kept, 1), (drained, 2)] {
+    let (gen_kept, gen_drained) = (engine.next_generation(), engine.next_generation());
+    for (id, generation, seed) in [(kept, gen_kept, 1), (drained, gen_drained, 2)] {
         let bytes = payload(50_000, seed);
         engine
             .write(
-                id,
+                engine.claim(id, generation),
                 TierLevel::Burst,
                 sizes_of(bytes.len(), 0),
                 SourceRange::from_vec(bytes),
@@ -325,7 +327,7 @@ async fn the_engine_drains_to_s3_and_recovers_from_it() {
             .unwrap();
     }
     engine
-        .copy(drained, TierLevel::Burst, TierLevel::Backing)
+        .copy(drained, gen_drained, TierLevel::Burst, TierLevel::Backing)
         .await
         .unwrap();
     engine.evict(drained, TierLevel::Burst).await.unwrap();
@@ -334,7 +336,7 @@ async fn the_engine_drains_to_s3_and_recovers_from_it() {
     // object stays in the burst buffer.
     server.stop();
     let err = engine
-        .copy(kept, TierLevel::Burst, TierLevel::Backing)
+        .copy(kept, gen_kept, TierLevel::Burst, TierLevel::Backing)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NodeUnavailable, "{err}");
@@ -353,10 +355,93 @@ async fn the_engine_drains_to_s3_and_recovers_from_it() {
     assert_eq!(restored.from, TierLevel::Backing);
     assert_eq!(buffer.take().unwrap(), payload(50_000, 2));
     engine
-        .copy(kept, TierLevel::Burst, TierLevel::Backing)
+        .copy(kept, gen_kept, TierLevel::Burst, TierLevel::Backing)
         .await
         .unwrap();
-    assert!(engine.delete(drained).await.unwrap());
+    assert!(engine.delete(drained, gen_drained).await.unwrap());
     let backing = engine.tier(TierLevel::Backing).unwrap();
     assert_eq!(backing.list().await.unwrap(), vec![kept]);
+}
+
+/// The delete race of the write-behind drain (issue 39) with an S3 backing
+/// store: a drain to S3 decided before a delete, run after the delete was
+/// acknowledged, writes nothing, and a restart finds nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_to_s3_decided_before_an_acknowledged_delete_writes_nothing() {
+    let test = "a_drain_to_s3_decided_before_an_acknowledged_delete_writes_nothing";
+    let Some(server) = Server::start(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let me = TierIdentity::new("t", 5);
+    let open = |server: &Server| {
+        let config = server.config("node-5", u64::MAX);
+        let me = me.clone();
+        let dir = dir.path().to_path_buf();
+        async move {
+            let burst = DirTier::open(&dir.join("burst"), &me, 1 << 30).unwrap();
+            let backing = Arc::new(FaultyTier::new(Arc::new(
+                S3Tier::open(config, &me).await.unwrap(),
+            )));
+            let manifest = Manifest::open(&dir.join("manifest.redb"), &me).unwrap();
+            let (engine, report) = TierEngine::open(EngineConfig {
+                manifest,
+                burst: Some(Arc::new(burst)),
+                backing: Some(backing.clone()),
+            })
+            .await
+            .unwrap();
+            (Arc::new(engine), backing, report)
+        }
+    };
+    let (engine, backing, _) = open(&server).await;
+    let id = ObjectId::random();
+    let generation = engine.next_generation();
+    let claim = engine.claim(id, generation);
+    // The delete commits its tombstone, then stops (holding the object's
+    // lock) in its removal from the backing store.
+    backing.hold(Held::Deletes, true);
+    let deleter = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.delete(id, generation).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while backing.waiting() != 1 {
+        assert!(Instant::now() < deadline, "the delete did not reach S3");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let writer = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let bytes = payload(80_000, 3);
+            engine
+                .write(
+                    claim,
+                    TierLevel::Backing,
+                    sizes_of(bytes.len(), 0),
+                    SourceRange::from_vec(bytes),
+                    WriteInfo::default(),
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        !writer.is_finished(),
+        "the write waits for the object's lock"
+    );
+    backing.hold(Held::Deletes, false);
+    deleter.await.unwrap().unwrap();
+    let err = writer.await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ObjectNotFound, "{err}");
+    assert_eq!(engine.record(id).await.unwrap(), None);
+    assert!(
+        backing.list().await.unwrap().is_empty(),
+        "no PUT after the delete"
+    );
+    drop((engine, backing));
+    let (engine, _, report) = open(&server).await;
+    assert_eq!(report.objects, 0, "{report:?}");
+    assert!(report.adopted.is_empty(), "{report:?}");
+    assert_eq!(engine.record(id).await.unwrap(), None);
 }

@@ -42,12 +42,14 @@ impl Ops {
         if let Some(tiers) = &self.tiers {
             // Answered only once the deletes are committed below: no crash
             // brings these objects back.
-            let deleted: Vec<ObjectId> = (0..ids.len())
-                .filter(|&i| errors[i].is_none())
-                .map(|i| ids[i])
-                .collect();
-            if let Err(err) = tiers.delete(&deleted).await {
-                tracing::warn!(%err, "delete on the tiers; recovery finishes it");
+            let deleted: Vec<usize> = (0..ids.len()).filter(|&i| errors[i].is_none()).collect();
+            let wanted: Vec<ObjectId> = deleted.iter().map(|&i| ids[i]).collect();
+            // A delete not committed there is not acknowledged: the object
+            // is still on its tier (and served from it).
+            for (&i, err) in deleted.iter().zip(tiers.delete(&wanted).await) {
+                if let Some(err) = err {
+                    errors[i] = Some(err.kind());
+                }
             }
         }
         let Some(cluster) = cluster else {

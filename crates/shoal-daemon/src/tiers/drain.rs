@@ -160,6 +160,7 @@ impl Tiers {
             return Some((
                 DrainJob::Copy {
                     id,
+                    generation,
                     from: TierLevel::Burst,
                     to: TierLevel::Backing,
                 },
@@ -180,7 +181,9 @@ impl Tiers {
         let src = unsafe { self.source(location) };
         Some((
             DrainJob::Write {
-                id,
+                // Claimed now, while the index says the object is alive: a
+                // delete from here on makes the job write nothing.
+                claim: self.engine.claim(id, generation),
                 level,
                 sizes: ObjectSizes {
                     data_size: location.data_size,

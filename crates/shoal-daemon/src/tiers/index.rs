@@ -19,7 +19,9 @@ pub struct Tracked {
     /// The durability its seal asked for (the highest asked).
     pub durability: Durability,
     /// Tells this object apart from an earlier one of the same id (deleted
-    /// and created again) in drain events.
+    /// and created again): issued by the engine, claimed by its writes and
+    /// ended by its delete (docs/tiers.md, "Deletes are final"), and in
+    /// drain events.
     pub generation: u64,
     /// Why its last write down failed, until one succeeds (wait_durable
     /// reports it instead of waiting forever).
@@ -76,7 +78,6 @@ pub struct Index {
     durable: u64,
     /// By (lane, target tier, the job's number in that queue).
     jobs: HashMap<(Lane, TierLevel, u64), Job>,
-    generations: u64,
     tick: u64,
 }
 
@@ -112,11 +113,6 @@ impl Index {
         Some(t)
     }
 
-    fn next_generation(&mut self) -> u64 {
-        self.generations += 1;
-        self.generations
-    }
-
     /// Marks a use of `id` (a seal, a restore) for the burst buffer's order.
     pub fn touch(&mut self, id: &ObjectId) {
         self.tick += 1;
@@ -126,10 +122,10 @@ impl Index {
         }
     }
 
-    /// A newly sealed object, dirty (no copy below yet). An object already
-    /// tracked (sealed by a restore) keeps what is known of it.
-    pub fn sealed(&mut self, id: ObjectId, sizes: ObjectSizes) -> &mut Tracked {
-        let generation = self.next_generation();
+    /// A newly sealed object, dirty (no copy below yet), of a `generation`
+    /// the engine issued. An object already tracked (sealed by a restore)
+    /// keeps what is known of it, its generation too.
+    pub fn sealed(&mut self, id: ObjectId, sizes: ObjectSizes, generation: u64) -> &mut Tracked {
         self.tick += 1;
         let used = self.tick;
         self.objects.entry(id).or_insert(Tracked {
@@ -151,7 +147,6 @@ impl Index {
     }
 
     pub fn recovered(&mut self, id: ObjectId, record: &ObjectRecord) {
-        let generation = self.next_generation();
         self.remove(&id);
         if !record.tiers.is_empty() {
             self.durable += 1;
@@ -162,13 +157,27 @@ impl Index {
                 sizes: record.sizes,
                 tiers: record.tiers,
                 durability: record.durability,
-                generation,
+                generation: record.generation,
                 failure: None,
                 used: 0,
                 in_flight: [false; 2],
                 skip_burst: false,
             },
         );
+    }
+
+    /// Tracks `id` again as it was before [`remove`](Self::remove) (its
+    /// delete failed), unless a newer object of that id is tracked by now.
+    pub fn reinstate(&mut self, id: ObjectId, mut tracked: Tracked) {
+        if self.objects.contains_key(&id) {
+            return;
+        }
+        // Its jobs were cancelled or are refused: none is in flight.
+        tracked.in_flight = [false; 2];
+        if !tracked.tiers.is_empty() {
+            self.durable += 1;
+        }
+        self.objects.insert(id, tracked);
     }
 
     /// Forgets `id` (deleted, or lost). Its jobs' outcomes are then ignored.
@@ -236,8 +245,8 @@ mod tests {
         let burst = TierSet::of(TierLevel::Burst);
         let both = burst.with(TierLevel::Backing);
         let mut index = Index::default();
-        index.sealed(id(1), sizes());
-        index.sealed(id(2), sizes());
+        index.sealed(id(1), sizes(), 1);
+        index.sealed(id(2), sizes(), 2);
         assert_eq!(index.durable(), 0, "dirty objects are not durable");
         assert!(index.set_tiers(&id(1), burst).is_some());
         assert!(index.set_tiers(&id(1), both).is_some());
@@ -252,7 +261,8 @@ mod tests {
         );
         assert_eq!(index.durable(), 1);
         // Sealed again (a restore) keeps what is known.
-        index.sealed(id(1), sizes());
+        index.sealed(id(1), sizes(), 3);
+        assert_eq!(index.get(&id(1)).unwrap().generation, 1);
         assert_eq!(index.durable(), 1);
         let record = ObjectRecord {
             sizes: sizes(),
@@ -261,6 +271,7 @@ mod tests {
             durability: Durability::Local,
             sealed_at_ms: 0,
             name: None,
+            generation: 4,
         };
         index.recovered(id(3), &record);
         index.recovered(id(3), &record);

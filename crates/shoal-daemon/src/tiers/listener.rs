@@ -44,6 +44,7 @@ impl NodeListener for TierListener {
                         data_size,
                         meta_size,
                     },
+                    tiers.engine.next_generation(),
                 );
                 index.touch(&id);
             }

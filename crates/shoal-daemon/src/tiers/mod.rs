@@ -479,32 +479,38 @@ impl Tiers {
     }
 
     /// Deletes `ids` from every tier; returns once the deletes are committed
-    /// (no crash brings them back). Ids held by no tier are skipped.
-    pub async fn delete(&self, ids: &[ObjectId]) -> Result<()> {
-        let held: Vec<ObjectId> = {
+    /// (no crash brings them back). Ids held by no tier are skipped. Per id
+    /// of `ids`, `None` or why its delete was not committed (the object is
+    /// then still held: served, and deleted by a retry).
+    pub async fn delete(&self, ids: &[ObjectId]) -> Vec<Option<ShoalError>> {
+        let mut out = vec![None; ids.len()];
+        let held: Vec<(usize, index::Tracked)> = {
             let mut index = self.index.borrow_mut();
             ids.iter()
-                .filter(|id| index.remove(id).is_some())
-                .copied()
+                .enumerate()
+                .filter_map(|(i, id)| index.remove(id).map(|t| (i, t)))
                 .collect()
         };
         if held.is_empty() {
-            return Ok(());
+            return out;
         }
         self.changed.notify_waiters();
         for drainer in self.drainers.iter().flatten().flatten() {
-            for id in &held {
-                drainer.cancel(*id);
+            for (i, _) in &held {
+                drainer.cancel(ids[*i]);
             }
         }
-        let mut first_error = None;
-        for id in held {
-            if let Err(err) = self.engine.delete(id).await {
-                tracing::warn!(%id, %err, "tier delete");
-                first_error.get_or_insert(err);
+        for (i, tracked) in held {
+            let id = ids[i];
+            // Ends this incarnation's writes not yet done (a drain job
+            // already running, a spill): they write nothing from here on.
+            if let Err(err) = self.engine.delete(id, tracked.generation).await {
+                tracing::warn!(%id, %err, "tier delete not committed; the object stays");
+                self.index.borrow_mut().reinstate(id, tracked);
+                out[i] = Some(err);
             }
         }
-        first_error.map_or(Ok(()), Err)
+        out
     }
 
     /// A source range over an object in memory, for a write to a tier.

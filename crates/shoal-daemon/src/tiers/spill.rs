@@ -11,7 +11,7 @@ use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::store::Victim;
 use shoal_core::ObjectId;
 use shoal_tiers::{
-    ObjectRecord, ObjectSizes, SourceRange, TierLevel, TierSet, WriteInfo, WriteItem,
+    ObjectRecord, ObjectSizes, SourceRange, TierLevel, TierSet, WriteClaim, WriteInfo, WriteItem,
 };
 
 use crate::tiers::Tiers;
@@ -47,12 +47,24 @@ impl Tiers {
     /// whose write failed, for one-by-one spills (which make room on the
     /// burst buffer, or fall through to the backing store).
     async fn spill_batch(&self, victims: Vec<Victim>) -> Vec<Victim> {
-        let mut groups: [Vec<Victim>; 2] = Default::default();
+        let mut groups: [Vec<(Victim, WriteItem)>; 2] = Default::default();
         let mut retry = Vec::new();
         for victim in victims {
+            let Some((sizes, info, skip_burst, claim)) = self.spill_info(&victim) else {
+                self.finish_spill(victim, None, Err(ShoalError::not_found(&victim.id)));
+                continue;
+            };
+            let item = WriteItem {
+                claim,
+                sizes,
+                // SAFETY: as in `spill`: the victim is held until
+                // `finish_spill` (or the retry) ends its eviction.
+                src: unsafe { self.source(victim.location) },
+                info,
+            };
             // The nearest tier that may take it, as the drain picks it.
-            match self.next_level(TierSet::EMPTY, self.spill_info(&victim).2) {
-                Some(level) => groups[level as usize].push(victim),
+            match self.next_level(TierSet::EMPTY, skip_burst) {
+                Some(level) => groups[level as usize].push((victim, item)),
                 None => retry.push(victim), // `spill` reports why
             }
         }
@@ -60,24 +72,15 @@ impl Tiers {
             if group.is_empty() {
                 continue;
             }
-            let items = group
-                .iter()
-                .map(|victim| {
-                    let (sizes, info, _) = self.spill_info(victim);
-                    WriteItem {
-                        id: victim.id,
-                        sizes,
-                        // SAFETY: as in `spill`: the victim is held until
-                        // `finish_spill` (or the retry) ends its eviction.
-                        src: unsafe { self.source(victim.location) },
-                        info,
-                    }
-                })
-                .collect();
+            let (victims, items): (Vec<Victim>, Vec<WriteItem>) = group.into_iter().unzip();
+            let claims: Vec<WriteClaim> = items.iter().map(|item| item.claim.clone()).collect();
             let written = self.engine.write_batch(level, items).await;
-            for (victim, result) in group.into_iter().zip(written) {
+            for ((victim, claim), result) in victims.into_iter().zip(claims).zip(written) {
                 match result {
-                    Ok(record) => self.finish_spill(victim, Ok(record)),
+                    Ok(record) => self.finish_spill(victim, Some(&claim), Ok(record)),
+                    Err(err) if !self.is_current(&victim.id, &claim) => {
+                        self.finish_spill(victim, Some(&claim), Err(err))
+                    }
                     Err(err) => {
                         tracing::debug!(id = %victim.id, %level, %err, "batched spill failed; retrying alone");
                         retry.push(victim);
@@ -88,17 +91,25 @@ impl Tiers {
         retry
     }
 
-    /// The sizes of a victim, what its write records, and whether it skips
-    /// the burst buffer (which was full for it).
-    fn spill_info(&self, victim: &Victim) -> (ObjectSizes, WriteInfo, bool) {
-        let (durability, skip_burst) = self
-            .index
+    /// Whether `claim` is of the incarnation of `id` tracked now (not one
+    /// deleted since).
+    fn is_current(&self, id: &ObjectId, claim: &WriteClaim) -> bool {
+        self.index
             .borrow()
-            .get(&victim.id)
-            .map_or((Default::default(), false), |t| {
-                (t.durability, t.skip_burst)
-            });
-        (
+            .get(id)
+            .is_some_and(|t| t.generation == claim.generation())
+    }
+
+    /// The sizes of a victim, what its write records, whether it skips the
+    /// burst buffer (which was full for it), and the claim of its write;
+    /// `None` if it is no longer tracked (deleted).
+    fn spill_info(&self, victim: &Victim) -> Option<(ObjectSizes, WriteInfo, bool, WriteClaim)> {
+        let (durability, skip_burst, generation) = {
+            let index = self.index.borrow();
+            let t = index.get(&victim.id)?;
+            (t.durability, t.skip_burst, t.generation)
+        };
+        Some((
             ObjectSizes {
                 data_size: victim.location.data_size,
                 meta_size: victim.location.meta_size,
@@ -109,29 +120,45 @@ impl Tiers {
                 ..Default::default()
             },
             skip_burst,
-        )
+            // Claimed while the index says it is alive: a delete from here
+            // on makes the write write nothing.
+            self.engine.claim(victim.id, generation),
+        ))
     }
 
     async fn spill(&self, victim: Victim) {
-        let (sizes, info, skip_burst) = self.spill_info(&victim);
+        let Some((sizes, info, skip_burst, claim)) = self.spill_info(&victim) else {
+            self.finish_spill(victim, None, Err(ShoalError::not_found(&victim.id)));
+            return;
+        };
         // SAFETY: the victim is held (`Verdict::Hold`): its block stays
         // allocated and unchanged until `finish_eviction`/`cancel_eviction`,
         // both called by `finish_spill`, after the write returned (and so
         // dropped its range) — or never, if the daemon stops first.
         let src = unsafe { self.source(victim.location) };
-        let result = self
-            .write_down(victim.id, sizes, src, info, skip_burst)
-            .await;
-        self.finish_spill(victim, result);
+        let result = self.write_down(&claim, sizes, src, info, skip_burst).await;
+        self.finish_spill(victim, Some(&claim), result);
     }
 
-    /// Ends a victim's eviction after its spill: freed if a tier took it,
-    /// kept in memory (and out of eviction for a while) if none did.
-    fn finish_spill(&self, victim: Victim, result: Result<ObjectRecord>) {
+    /// Ends a victim's eviction after its spill (`claim`: of its write,
+    /// `None` if it was deleted before one was made): freed if a tier took
+    /// it, or if it was deleted meanwhile; kept in memory (and out of
+    /// eviction for a while) if no tier took it.
+    fn finish_spill(
+        &self,
+        victim: Victim,
+        claim: Option<&WriteClaim>,
+        result: Result<ObjectRecord>,
+    ) {
         let id = victim.id;
+        if !claim.is_some_and(|c| self.is_current(&id, c)) {
+            // Deleted while spilling: the write wrote nothing (its claim was
+            // ended) or its copy went with the delete; the bytes are free.
+            self.node.finish_eviction(&id);
+            return;
+        }
         match result {
             Ok(record) => {
-                // (Deleted while spilling: the delete removes the copy.)
                 if let Some(t) = self.index.borrow_mut().set_tiers(&id, record.tiers) {
                     t.failure = None;
                 }
@@ -158,7 +185,7 @@ impl Tiers {
     /// (making room there first if it is full), else the backing store.
     pub(super) async fn write_down(
         &self,
-        id: ObjectId,
+        claim: &WriteClaim,
         sizes: ObjectSizes,
         src: SourceRange,
         info: WriteInfo,
@@ -174,7 +201,7 @@ impl Tiers {
                 tries += 1;
                 match self
                     .engine
-                    .write(id, level, sizes, src.clone(), info.clone())
+                    .write(claim.clone(), level, sizes, src.clone(), info.clone())
                     .await
                 {
                     Ok(record) => return Ok(record),
