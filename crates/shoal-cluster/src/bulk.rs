@@ -25,7 +25,7 @@
 //! bytes: `kind: u8` (a non-zero shoal `ErrorKind` code) | `msg_len: u16` | msg.
 
 use std::io::{ErrorKind as IoKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
@@ -157,12 +157,14 @@ pub unsafe fn send_range(
 }
 
 /// Puller side (blocking): asks `addr` (node `owner`'s data channel) for a
-/// range and receives it into `dst`. A node that cannot be reached, or stalls
+/// range and receives it into `dst`. `addr` is resolved for each range (a
+/// host name is looked up again: the owner may have moved), and each address
+/// it stands for is tried in turn. A node that cannot be reached, or stalls
 /// for `timeout`, is `NodeUnavailable`; an error the owner sends back keeps
 /// its kind.
 pub fn fetch_range(
     owner: u32,
-    addr: SocketAddr,
+    addr: impl ToSocketAddrs + std::fmt::Display,
     request: &Request,
     dst: &mut [u8],
     timeout: Duration,
@@ -174,8 +176,7 @@ pub fn fetch_range(
             format!("node {owner} data channel {addr}: {what}: {err}"),
         )
     };
-    let mut socket =
-        TcpStream::connect_timeout(&addr, timeout).map_err(|e| unavailable("connect", &e))?;
+    let mut socket = connect(&addr, timeout).map_err(|e| unavailable("connect", &e))?;
     let setup = || -> std::io::Result<()> {
         socket.set_nodelay(true)?;
         socket.set_read_timeout(Some(timeout))?;
@@ -229,11 +230,25 @@ pub fn fetch_range(
     Ok(())
 }
 
+/// Connects to the first address `addr` resolves to that answers.
+fn connect(addr: &impl ToSocketAddrs, timeout: Duration) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for one in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&one, timeout) {
+            Ok(socket) => return Ok(socket),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(IoKind::NotFound, "the address resolves to nothing")
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Seek;
-    use std::net::TcpListener;
+    use std::net::{SocketAddr, TcpListener};
     use std::os::fd::AsFd;
 
     fn request(len: u64) -> Request {
