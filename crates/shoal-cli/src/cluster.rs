@@ -19,7 +19,7 @@ use shoal_cluster::auth::{Credentials, PeerIdentity};
 use shoal_cluster::node_keys::NodeKey;
 use shoal_cluster::proto::peer_client::PeerClient;
 use shoal_cluster::proto::Empty;
-use shoal_cluster::{Access, Node, NodeIdentity, NodeTiers, Topology};
+use shoal_cluster::{Access, Address, Node, NodeIdentity, NodeTiers, Topology};
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::units::{format_size, parse_size};
 
@@ -92,6 +92,108 @@ pub struct KeygenArgs {
     /// `key_file` in the cluster file.
     #[arg(long)]
     pub out: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// The cluster file.
+    pub file: PathBuf,
+    /// Count warnings as errors (exit status 1).
+    #[arg(long)]
+    pub strict: bool,
+}
+
+/// `shoal cluster check FILE`: what the daemons would refuse (errors), what
+/// is valid but probably not meant (warnings; some checked from this
+/// machine: host names that do not resolve here, a token others can read),
+/// and, for a valid file, how every node is reached.
+pub fn check(args: CheckArgs) -> Result<()> {
+    let file = &args.file;
+    let text = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+    let checked = Topology::check(&text, file.parent());
+    let mut warnings = checked.warnings;
+    if let Some(topology) = &checked.topology {
+        let token = shoal_cluster::check::token_source(&text, file);
+        warnings.extend(shoal_cluster::check::environment(
+            topology,
+            token.as_deref(),
+            Address::resolve,
+        ));
+        print_layout(topology);
+    }
+    for error in &checked.errors {
+        println!("error: {error}");
+    }
+    for warning in &warnings {
+        println!("warning: {warning}");
+    }
+    let (errors, warned) = (checked.errors.len(), warnings.len());
+    let counts = format!(
+        "{errors} error{}, {warned} warning{}",
+        if errors == 1 { "" } else { "s" },
+        if warned == 1 { "" } else { "s" }
+    );
+    if errors > 0 || (args.strict && warned > 0) {
+        bail!("{}: {counts}", file.display());
+    }
+    println!("{}: valid ({counts})", file.display());
+    Ok(())
+}
+
+/// A valid file as the daemons will read it: hosts, addresses dialed and
+/// bound, and who maps or pulls each node's memory.
+fn print_layout(t: &Topology) {
+    let hosts = shoal_cluster::check::hosts(t);
+    println!(
+        "cluster {:?}: {} node{} on {} host{}, {}, {}",
+        t.name,
+        t.len(),
+        if t.len() == 1 { "" } else { "s" },
+        hosts.len(),
+        if hosts.len() == 1 { "" } else { "s" },
+        t.coherence,
+        if t.has_identities() {
+            "per-node keys"
+        } else {
+            "shared token only"
+        }
+    );
+    let list = |ids: &[u32]| {
+        ids.iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (host, ids) in &hosts {
+        println!(
+            "host {host:?}: node{} {}",
+            if ids.len() == 1 { "" } else { "s" },
+            list(ids)
+        );
+        for &id in ids {
+            let Ok(n) = t.node(id) else { continue };
+            let (mapped, pulled): (Vec<u32>, Vec<u32>) = t
+                .nodes
+                .iter()
+                .map(|m| m.id)
+                .filter(|&m| m != id)
+                .partition(|&m| t.maps(m, id));
+            let mut reach = format!("access {}", n.access.as_str());
+            if !mapped.is_empty() {
+                reach += &format!(", mapped by {}", list(&mapped));
+            }
+            if !pulled.is_empty() {
+                reach += &format!(", pulled by {}", list(&pulled));
+            }
+            println!(
+                "  node {id}: rpc {} (binds {}), data {} (binds {}), {reach}",
+                n.rpc,
+                n.listen_address(),
+                n.data,
+                n.data_listen_address()
+            );
+        }
+    }
 }
 
 pub fn keygen(args: KeygenArgs) -> Result<()> {
@@ -208,8 +310,11 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
         let nodes = (0..args.nodes)
             .map(|i| Node {
                 id: i,
-                rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
-                data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
+                host: None,
+                rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])).into(),
+                data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])).into(),
+                listen: None,
+                data_listen: None,
                 socket: dir.join(format!("n{i}.sock")),
                 region: PathBuf::from(format!("/dev/shm/shoal-{uid}-{}-n{i}", args.name)),
                 region_size: args.capacity,

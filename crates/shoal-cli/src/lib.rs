@@ -183,6 +183,9 @@ enum ClusterCommand {
     /// Make a node's key pair for a hand-written cluster file: writes the
     /// private key (0600) and prints the `public_key` line for its [[node]].
     Keygen(cluster::KeygenArgs),
+    /// Validate a (hand-written) cluster file: every error and warning in
+    /// words, naming the node and the key; exit status 1 on an error.
+    Check(cluster::CheckArgs),
 }
 
 /// Runs the CLI with `args` (argv[0] first). `self_command` is how to start
@@ -354,6 +357,7 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
         Command::Cluster(ClusterCommand::Down(args)) => cluster::down(args),
         Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args),
         Command::Cluster(ClusterCommand::Keygen(args)) => cluster::keygen(args),
+        Command::Cluster(ClusterCommand::Check(args)) => cluster::check(args),
         Command::Ls { socket, json, .. } => {
             let mut client = Client::connect(socket.path())?;
             let mut objects = client.list()?;

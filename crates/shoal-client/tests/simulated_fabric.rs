@@ -64,8 +64,11 @@ impl TestCluster {
             nodes: (0..nodes)
                 .map(|i| Node {
                     id: i,
-                    rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
-                    data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
+                    rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])).into(),
+                    data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])).into(),
+                    host: None,
+                    listen: None,
+                    data_listen: None,
                     socket: dir.path().join(format!("n{i}.sock")),
                     region: PathBuf::from(format!("/dev/shm/shoal-test-{tag}-{i}")),
                     region_size: REGION_SIZE,

@@ -33,7 +33,7 @@
 //! The pusher seals only after that answer.
 
 use std::io::{ErrorKind as IoKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
@@ -212,12 +212,12 @@ unsafe fn send_file(
 }
 
 /// The node at the other end of a connection, named in its errors.
-struct Far {
+struct Far<A> {
     node: u32,
-    addr: SocketAddr,
+    addr: A,
 }
 
-impl Far {
+impl<A: ToSocketAddrs + std::fmt::Display> Far<A> {
     fn unavailable(&self, what: &str, err: &dyn std::fmt::Display) -> ShoalError {
         ShoalError::new(
             ErrorKind::NodeUnavailable,
@@ -238,8 +238,8 @@ impl Far {
     /// Connects and sends `request`. Unreachable, or stalled for
     /// `timeout`: `NodeUnavailable`.
     fn ask(&self, request: &Request, timeout: Duration) -> Result<TcpStream> {
-        let mut socket = TcpStream::connect_timeout(&self.addr, timeout)
-            .map_err(|e| self.unavailable("connect", &e))?;
+        let mut socket =
+            connect(&self.addr, timeout).map_err(|e| self.unavailable("connect", &e))?;
         options(&socket, timeout).map_err(|e| self.unavailable("socket options", &e))?;
         socket
             .write_all(&request.encode())
@@ -301,12 +301,14 @@ fn receive(
 }
 
 /// Puller side (blocking): asks `addr` (node `owner`'s data channel) for a
-/// range and receives it into `dst`. A node that cannot be reached, or stalls
+/// range and receives it into `dst`. `addr` is resolved for each range (a
+/// host name is looked up again: the owner may have moved), and each address
+/// it stands for is tried in turn. A node that cannot be reached, or stalls
 /// for `timeout`, is `NodeUnavailable`; an error the owner sends back keeps
 /// its kind.
 pub fn fetch_range(
     owner: u32,
-    addr: SocketAddr,
+    addr: impl ToSocketAddrs + std::fmt::Display,
     request: &Request,
     dst: &mut [u8],
     timeout: Duration,
@@ -339,7 +341,7 @@ pub fn fetch_range(
 /// `base` maps the region behind `fd`, and the range lies inside it.
 pub unsafe fn push_range(
     node: u32,
-    addr: SocketAddr,
+    addr: impl ToSocketAddrs + std::fmt::Display,
     request: &Request,
     fd: BorrowedFd<'_>,
     base: *const u8,
@@ -377,11 +379,25 @@ pub fn answer_push(socket: &mut TcpStream, outcome: &Result<()>) {
     };
 }
 
+/// Connects to the first address `addr` resolves to that answers.
+fn connect(addr: &impl ToSocketAddrs, timeout: Duration) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for one in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&one, timeout) {
+            Ok(socket) => return Ok(socket),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(IoKind::NotFound, "the address resolves to nothing")
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Seek;
-    use std::net::TcpListener;
+    use std::net::{SocketAddr, TcpListener};
     use std::os::fd::AsFd;
 
     fn request(len: u64) -> Request {

@@ -1,6 +1,8 @@
 //! shoal cluster: several daemons, one object namespace.
 //!
-//! - [`topology`]: the cluster file (static membership, access modes).
+//! - [`topology`]: the cluster file (static membership, access modes);
+//!   [`address`]: its addresses (IP or host name); [`check`]: the rules a
+//!   file keeps (errors, warnings) and which nodes share a host.
 //! - [`directory`]: which node is an id's home, and the home's table of
 //!   owners and locations (ids are unique cluster-wide).
 //! - [`proto`]: the peer RPC messages and gRPC service (tonic), generated from
@@ -12,8 +14,10 @@
 //! - [`ids`]: packing ids into the RPC's byte fields.
 //! - [`rebuild`]: rebuilding a (re)started home's directory from its peers.
 
+pub mod address;
 pub mod auth;
 pub mod bulk;
+pub mod check;
 pub mod directory;
 pub mod ids;
 pub mod node_keys;
@@ -26,5 +30,6 @@ pub mod proto {
     tonic::include_proto!("shoal.peer.v1");
 }
 
+pub use address::Address;
 pub use directory::{home_of, Directory, DirectoryEntry};
-pub use topology::{Access, Node, NodeElastic, NodeIdentity, NodeTiers, Topology};
+pub use topology::{Access, Checked, Node, NodeElastic, NodeIdentity, NodeTiers, Topology};

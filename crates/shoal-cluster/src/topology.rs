@@ -1,8 +1,10 @@
 //! The cluster file: who the nodes are and how this host reaches their memory.
 //!
 //! Static membership (no consensus): every daemon and client of a cluster
-//! reads the same TOML file. Node ids are 0..n-1 so an id's home node is a
-//! plain modulus (see `directory`).
+//! reads the same TOML file, on every host. Node ids are 0..n-1 so an id's
+//! home node is a plain modulus (see `directory`). Every key, its default and
+//! a walkthrough for real hosts: docs/deployment.md; the rules a file must
+//! keep (and what `shoal cluster check` warns about): `check`.
 //!
 //! ```toml
 //! [cluster]
@@ -17,12 +19,19 @@
 //!
 //! [[node]]
 //! id = 0
-//! rpc = "127.0.0.1:7700"        # peer RPC (gRPC) address
-//! data = "127.0.0.1:7701"       # bulk data channel (network mode); default: rpc port + 1
+//! host = "alpha"                # the machine it runs on; default: rpc's host part
+//!                               # (every loopback address counts as "localhost")
+//! rpc = "alpha:7700"            # where peers dial its peer RPC (gRPC): IP or host name
+//! data = "alpha:7701"           # bulk data channel (network mode); default: rpc port + 1
+//! listen = "0.0.0.0:7700"       # where it binds its peer RPC; default: rpc
+//! data_listen = "0.0.0.0:7701"  # where it binds its data channel; default: listen's
+//!                               # host with data's port, else data
 //! socket = "/tmp/shoal/n0.sock" # the node's local client socket
 //! region = "/dev/shm/shoal-demo-n0"
 //! region_size = "256MiB"
-//! access = "mapped"             # how other nodes reach this region: mapped | network
+//! access = "mapped"             # how other nodes reach this region: mapped (every
+//!                               # node maps it) | host (the nodes of its host map it,
+//!                               # the others pull) | network (every other node pulls)
 //! public_key = "64 hex digits"  # optional, on every node or none: per-node identities
 //! key_file = "/etc/shoal/node.key"  # this node's private key (where it runs)
 //!
@@ -31,8 +40,12 @@
 //!                               # max_fraction, source, pressure_file, psi,
 //!                               # shrink_gain, feed_forward, prefetch (bytes; 0 = off)
 //! ```
+//!
+//! Paths (socket, region, burst, key_file) name things on the host a node
+//! runs on, so they must differ only between nodes that share a host: one
+//! file serves every host. A `mapped` region is mapped by every node at its
+//! path, so its path is taken on every host.
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,12 +55,21 @@ use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{Result, ShoalError};
 use shoal_core::units::parse_size;
 
-/// How nodes reach another node's region.
+pub use crate::address::Address;
+
+/// How other nodes reach a node's region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
-    /// The region can be mmap'ed here (CXL devdax, ThymesisFlow, /dev/shm in emulation).
+    /// Every node maps the region at its path (CXL devdax, ThymesisFlow, a
+    /// memory fabric shared by the hosts; /dev/shm when every node runs on
+    /// one host).
     Mapped,
-    /// Only over the network: objects are pulled and cached locally.
+    /// The nodes on the same host map it (/dev/shm); nodes on other hosts
+    /// pull its objects over the network. A mixed deployment: several nodes
+    /// per host, several hosts.
+    Host,
+    /// Only over the network: every other node pulls its objects and keeps
+    /// copies.
     Network,
 }
 
@@ -55,6 +77,7 @@ impl Access {
     pub fn as_str(self) -> &'static str {
         match self {
             Access::Mapped => "mapped",
+            Access::Host => "host",
             Access::Network => "network",
         }
     }
@@ -66,9 +89,10 @@ impl std::str::FromStr for Access {
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "mapped" => Ok(Access::Mapped),
+            "host" => Ok(Access::Host),
             "network" => Ok(Access::Network),
             other => Err(ShoalError::invalid(format!(
-                "access mode {other:?} is neither \"mapped\" nor \"network\""
+                "access mode {other:?} is not \"mapped\", \"host\" or \"network\""
             ))),
         }
     }
@@ -77,9 +101,18 @@ impl std::str::FromStr for Access {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
     pub id: u32,
-    pub rpc: SocketAddr,
+    /// The machine the node runs on (`host`); `None`: the host part of its
+    /// rpc address ([`Node::host`]).
+    pub host: Option<String>,
+    /// Where peers dial its peer RPC.
+    pub rpc: Address,
     /// The bulk data channel (`bulk`): where network-mode pulls fetch bytes.
-    pub data: SocketAddr,
+    pub data: Address,
+    /// Where it binds its peer RPC (`listen`, e.g. 0.0.0.0:7700); `None`: rpc.
+    pub listen: Option<Address>,
+    /// Where it binds its data channel (`data_listen`); `None`: listen's
+    /// host with data's port, or data.
+    pub data_listen: Option<Address>,
     pub socket: PathBuf,
     pub region: PathBuf,
     pub region_size: u64,
@@ -93,6 +126,35 @@ pub struct Node {
     /// The node's own identity (`public_key`, `key_file`); `None`: the
     /// cluster authenticates with its shared token only.
     pub identity: Option<NodeIdentity>,
+}
+
+impl Node {
+    /// The host the node runs on: `host` as the file gives it, else the host
+    /// part of its rpc address, every loopback address (127.0.0.0/8, ::1,
+    /// localhost) counting as one host, "localhost". Nodes with the same host
+    /// share a file system (their paths must differ) and, with access =
+    /// "host", map each other's regions.
+    pub fn host(&self) -> String {
+        match &self.host {
+            Some(host) => host.clone(),
+            None if self.rpc.is_loopback() => "localhost".into(),
+            None => self.rpc.host(),
+        }
+    }
+
+    /// Where the node binds its peer RPC.
+    pub fn listen_address(&self) -> &Address {
+        self.listen.as_ref().unwrap_or(&self.rpc)
+    }
+
+    /// Where the node binds its data channel.
+    pub fn data_listen_address(&self) -> Address {
+        match (&self.data_listen, &self.listen) {
+            (Some(address), _) => address.clone(),
+            (None, Some(listen)) => listen.with_port(self.data.port()),
+            (None, None) => self.data.clone(),
+        }
+    }
 }
 
 /// A node's public key and where the node keeps its private key
@@ -174,8 +236,9 @@ pub struct Topology {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileRepr {
-    cluster: ClusterRepr,
-    node: Vec<NodeRepr>,
+    cluster: toml::Table,
+    #[serde(default)]
+    node: Vec<toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -202,8 +265,11 @@ struct ClusterRepr {
 #[serde(deny_unknown_fields)]
 struct NodeRepr {
     id: u32,
+    host: Option<String>,
     rpc: String,
     data: Option<String>,
+    listen: Option<String>,
+    data_listen: Option<String>,
     socket: PathBuf,
     region: PathBuf,
     region_size: SizeRepr,
@@ -266,9 +332,256 @@ fn default_access() -> String {
     "mapped".into()
 }
 
-/// The data channel listens beside the peer RPC unless the file says otherwise.
-fn default_data_address(rpc: SocketAddr) -> Option<SocketAddr> {
-    Some(SocketAddr::new(rpc.ip(), rpc.port().checked_add(1)?))
+/// What checking a cluster file found: the topology if it is valid, every
+/// error (each names the node, or `[cluster]`, and the key), and warnings
+/// (valid but probably not meant: `check::warnings`).
+#[derive(Debug)]
+pub struct Checked {
+    pub topology: Option<Topology>,
+    pub errors: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+/// The `[cluster]` table, and whether its token was written in the file.
+struct ClusterPart {
+    name: String,
+    token: String,
+    token_inline: bool,
+    coherence: CoherenceMode,
+    simulate_caches: bool,
+    heartbeat: Duration,
+    lease: Duration,
+    linger: Duration,
+    quarantine: Option<Duration>,
+}
+
+fn cluster_part(
+    table: toml::Table,
+    base: Option<&Path>,
+    errors: &mut Vec<String>,
+) -> Option<ClusterPart> {
+    let repr: ClusterRepr = match toml::Value::Table(table).try_into() {
+        Ok(repr) => repr,
+        Err(e) => {
+            errors.push(format!("[cluster]: {}", e.message()));
+            return None;
+        }
+    };
+    let coherence = match repr.coherence.parse() {
+        Ok(mode) => Some(mode),
+        Err(e) => {
+            errors.push(format!("[cluster] coherence: {}", ShoalError::message(&e)));
+            None
+        }
+    };
+    let token_inline = repr.token.is_some();
+    let token = match (repr.token, repr.token_file) {
+        (Some(token), None) => Some(token),
+        (None, Some(path)) => {
+            let path = base.map_or(path.clone(), |b| b.join(&path));
+            match std::fs::read_to_string(&path) {
+                Ok(text) => Some(text.trim().to_owned()),
+                Err(e) => {
+                    errors.push(format!(
+                        "[cluster] token_file: read {}: {e}",
+                        path.display()
+                    ));
+                    None
+                }
+            }
+        }
+        _ => {
+            errors.push("[cluster] needs exactly one of token or token_file".into());
+            None
+        }
+    };
+    if token.as_ref().is_some_and(String::is_empty) {
+        errors.push(format!(
+            "[cluster] {}: the cluster token is empty",
+            if token_inline { "token" } else { "token_file" }
+        ));
+    }
+    Some(ClusterPart {
+        name: repr.name,
+        token: token.filter(|t| !t.is_empty())?,
+        token_inline,
+        coherence: coherence?,
+        simulate_caches: repr.simulate_caches,
+        heartbeat: Duration::from_millis(repr.heartbeat_ms),
+        lease: Duration::from_millis(repr.lease_ms),
+        linger: Duration::from_millis(repr.linger_ms),
+        quarantine: (repr.quarantine_ms > 0).then(|| Duration::from_millis(repr.quarantine_ms)),
+    })
+}
+
+/// The errors of one `[[node]]` table, each prefixed with the node.
+struct NodeProblems<'a> {
+    who: String,
+    errors: &'a mut Vec<String>,
+    found: bool,
+}
+
+impl NodeProblems<'_> {
+    fn fail(&mut self, message: impl std::fmt::Display) {
+        self.errors.push(format!("{}: {message}", self.who));
+        self.found = true;
+    }
+
+    fn size(&mut self, key: &str, repr: Option<SizeRepr>) -> Option<u64> {
+        match repr? {
+            SizeRepr::Bytes(b) => Some(b),
+            SizeRepr::Text(t) => match parse_size(&t) {
+                Ok(bytes) => Some(bytes),
+                Err(e) => {
+                    self.fail(format_args!("{key} {t:?}: {e}"));
+                    None
+                }
+            },
+        }
+    }
+
+    fn address(&mut self, key: &str, text: Option<&str>) -> Option<Address> {
+        let text = text?;
+        match Address::parse(text) {
+            Ok(address) => Some(address),
+            Err(e) => {
+                self.fail(format_args!("{key} address {text:?}: {e}"));
+                None
+            }
+        }
+    }
+}
+
+/// One `[[node]]` table; every problem goes to `errors`, named "node ID:"
+/// (or by its place in the file when it has no id).
+fn node_part(
+    place: usize,
+    table: toml::Table,
+    base: Option<&Path>,
+    errors: &mut Vec<String>,
+) -> Option<Node> {
+    let who = match table.get("id").and_then(toml::Value::as_integer) {
+        Some(id) => format!("node {id}"),
+        None => format!("[[node]] number {} (from the top)", place + 1),
+    };
+    let n: NodeRepr = match toml::Value::Table(table).try_into() {
+        Ok(repr) => repr,
+        Err(e) => {
+            errors.push(format!("{who}: {}", e.message()));
+            return None;
+        }
+    };
+    let mut p = NodeProblems {
+        who,
+        errors,
+        found: false,
+    };
+    let region_size = p.size("region_size", Some(n.region_size));
+    let tiers = NodeTiers {
+        burst: n.burst,
+        burst_capacity: p.size("burst_capacity", n.burst_capacity),
+        backing: n.backing,
+        backing_capacity: p.size("backing_capacity", n.backing_capacity),
+        durability: n.durability,
+    };
+    let elastic = n.elastic.map(|e| NodeElastic {
+        enabled: e.enabled,
+        interval_ms: e.interval_ms,
+        urgent_interval_ms: e.urgent_interval_ms,
+        threshold: e.threshold,
+        gain: e.gain,
+        shrink_gain: e.shrink_gain,
+        feed_forward: e.feed_forward,
+        min_capacity: p.size("elastic.min_capacity", e.min_capacity),
+        max_fraction: e.max_fraction,
+        source: e.source,
+        pressure_file: e.pressure_file,
+        psi: e.psi,
+        prefetch: p.size("elastic.prefetch", e.prefetch),
+    });
+    let rpc = p.address("rpc", Some(&n.rpc));
+    let listen = p.address("listen", n.listen.as_deref());
+    let data_listen = p.address("data_listen", n.data_listen.as_deref());
+    let data = match (&n.data, &rpc) {
+        (Some(text), _) => p.address("data", Some(text)),
+        (None, Some(rpc)) => match rpc.port().checked_add(1) {
+            Some(port) => Some(rpc.with_port(port)),
+            None => {
+                p.fail(format_args!(
+                    "rpc port {} leaves no default data port; set data",
+                    rpc.port()
+                ));
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    // Where to bind an HTTP server, like --metrics-addr: an IP address.
+    let metrics = match n.metrics.as_deref() {
+        None => None,
+        Some(text) => match text.parse::<SocketAddr>() {
+            Ok(addr) => Some(addr),
+            Err(e) => {
+                p.fail(format_args!(
+                    "metrics address {text:?}: {e} (an IP address and a port to listen on)"
+                ));
+                None
+            }
+        },
+    };
+    let host = match n.host {
+        Some(host) if host.trim().is_empty() => {
+            p.fail("host is empty: name the machine the node runs on, or leave host out");
+            None
+        }
+        host => host.map(|h| h.trim().to_ascii_lowercase()),
+    };
+    let access = match n.access.parse::<Access>() {
+        Ok(access) => Some(access),
+        Err(e) => {
+            p.fail(format_args!("access: {}", e.message()));
+            None
+        }
+    };
+    let identity = match (n.public_key, n.key_file) {
+        (None, None) => None,
+        (Some(hex), Some(key_file)) => match crate::node_keys::from_hex(&hex) {
+            Some(public_key) => Some(NodeIdentity {
+                public_key,
+                key_file: match base {
+                    Some(b) if key_file.is_relative() => b.join(key_file),
+                    _ => key_file,
+                },
+            }),
+            None => {
+                p.fail("public_key is not 64 hex digits");
+                None
+            }
+        },
+        _ => {
+            p.fail("public_key and key_file go together");
+            None
+        }
+    };
+    if p.found {
+        return None;
+    }
+    Some(Node {
+        id: n.id,
+        host,
+        rpc: rpc?,
+        data: data?,
+        listen,
+        data_listen,
+        socket: n.socket,
+        region: n.region,
+        region_size: region_size?,
+        access: access?,
+        tiers,
+        metrics,
+        elastic,
+        identity,
+    })
 }
 
 impl Topology {
@@ -280,188 +593,91 @@ impl Topology {
             .map_err(|e| ShoalError::invalid(format!("{}: {}", path.display(), e.message())))
     }
 
-    /// Parses a cluster file's text; a relative `token_file` is read from `base`.
+    /// Parses a cluster file's text; a relative `token_file` or `key_file` is
+    /// read from `base`. Every error found is in the message.
     pub fn parse(text: &str, base: Option<&Path>) -> Result<Self> {
-        let file: FileRepr =
-            toml::from_str(text).map_err(|e| ShoalError::invalid(e.to_string()))?;
-        let token = match (file.cluster.token, file.cluster.token_file) {
-            (Some(token), None) => token,
-            (None, Some(path)) => {
-                let path = base.map_or(path.clone(), |b| b.join(&path));
-                std::fs::read_to_string(&path)
-                    .map_err(|e| ShoalError::io(&format!("read token {}", path.display()), e))?
-                    .trim()
-                    .to_owned()
-            }
-            _ => {
-                return Err(ShoalError::invalid(
-                    "[cluster] needs exactly one of token or token_file",
-                ))
-            }
-        };
-        if token.is_empty() {
-            return Err(ShoalError::invalid("the cluster token is empty"));
+        let checked = Self::check(text, base);
+        match checked.topology {
+            Some(topology) if checked.errors.is_empty() => Ok(topology),
+            _ => Err(ShoalError::invalid(checked.errors.join("; "))),
         }
-        let mut nodes = Vec::with_capacity(file.node.len());
-        for n in file.node {
-            let size = |repr: SizeRepr| -> Result<u64> {
-                match repr {
-                    SizeRepr::Bytes(b) => Ok(b),
-                    SizeRepr::Text(t) => parse_size(&t).map_err(ShoalError::invalid),
-                }
-            };
-            let region_size = size(n.region_size)?;
-            let tiers = NodeTiers {
-                burst: n.burst,
-                burst_capacity: n.burst_capacity.map(size).transpose()?,
-                backing: n.backing,
-                backing_capacity: n.backing_capacity.map(size).transpose()?,
-                durability: n.durability,
-            };
-            let address = |what: &str, text: &str| -> Result<SocketAddr> {
-                text.parse().map_err(|e| {
-                    ShoalError::invalid(format!("node {}: {what} address {text:?}: {e}", n.id))
-                })
-            };
-            let elastic = match n.elastic {
-                Some(e) => Some(NodeElastic {
-                    enabled: e.enabled,
-                    interval_ms: e.interval_ms,
-                    urgent_interval_ms: e.urgent_interval_ms,
-                    threshold: e.threshold,
-                    gain: e.gain,
-                    shrink_gain: e.shrink_gain,
-                    feed_forward: e.feed_forward,
-                    min_capacity: e.min_capacity.map(size).transpose()?,
-                    max_fraction: e.max_fraction,
-                    source: e.source,
-                    pressure_file: e.pressure_file,
-                    psi: e.psi,
-                    prefetch: e.prefetch.map(size).transpose()?,
-                }),
-                None => None,
-            };
-            let rpc = address("rpc", &n.rpc)?;
-            let data = match &n.data {
-                Some(text) => address("data", text)?,
-                None => default_data_address(rpc).ok_or_else(|| {
-                    ShoalError::invalid(format!(
-                        "node {}: rpc port {} leaves no default data port; set data",
-                        n.id,
-                        rpc.port()
-                    ))
-                })?,
-            };
-            let metrics = n
-                .metrics
-                .as_deref()
-                .map(|text| address("metrics", text))
-                .transpose()?;
-            let identity = match (n.public_key, n.key_file) {
-                (None, None) => None,
-                (Some(hex), Some(key_file)) => Some(NodeIdentity {
-                    public_key: crate::node_keys::from_hex(&hex).ok_or_else(|| {
-                        ShoalError::invalid(format!(
-                            "node {}: public_key is not 64 hex digits",
-                            n.id
-                        ))
-                    })?,
-                    key_file: match base {
-                        Some(b) if key_file.is_relative() => b.join(key_file),
-                        _ => key_file,
-                    },
-                }),
-                _ => {
-                    return Err(ShoalError::invalid(format!(
-                        "node {}: public_key and key_file go together",
-                        n.id
-                    )))
-                }
-            };
-            nodes.push(Node {
-                id: n.id,
-                rpc,
-                data,
-                socket: n.socket,
-                region: n.region,
-                region_size,
-                access: n.access.parse()?,
-                tiers,
-                metrics,
-                elastic,
-                identity,
-            });
-        }
-        let topology = Topology {
-            name: file.cluster.name,
-            token,
-            coherence: file.cluster.coherence.parse()?,
-            simulate_caches: file.cluster.simulate_caches,
-            heartbeat: Duration::from_millis(file.cluster.heartbeat_ms),
-            lease: Duration::from_millis(file.cluster.lease_ms),
-            linger: Duration::from_millis(file.cluster.linger_ms),
-            quarantine: (file.cluster.quarantine_ms > 0)
-                .then(|| Duration::from_millis(file.cluster.quarantine_ms)),
-            nodes,
-        };
-        topology.validate()?;
-        Ok(topology)
     }
 
-    fn validate(&self) -> Result<()> {
-        if self.nodes.is_empty() {
-            return Err(ShoalError::invalid("a cluster needs at least one [[node]]"));
-        }
-        let mut sorted: Vec<_> = self.nodes.iter().map(|n| n.id).collect();
-        sorted.sort_unstable();
-        if sorted.iter().enumerate().any(|(i, &id)| id as usize != i) {
-            return Err(ShoalError::invalid(format!(
-                "node ids must be 0..{} with no gaps or repeats, got {sorted:?}",
-                self.nodes.len()
-            )));
-        }
-        let mut seen = HashSet::new();
-        for node in &self.nodes {
-            if node.region_size == 0 {
-                return Err(ShoalError::invalid(format!(
-                    "node {}: region_size is 0",
-                    node.id
-                )));
-            }
-            for (what, key) in [
-                ("address", node.rpc.to_string()),
-                ("address", node.data.to_string()),
-                ("socket", node.socket.display().to_string()),
-                ("region", node.region.display().to_string()),
-            ]
-            .into_iter()
-            .chain(node.metrics.map(|m| ("address", m.to_string())))
-            {
-                if !seen.insert((what, key.clone())) {
-                    return Err(ShoalError::invalid(format!(
-                        "node {}: {what} {key} is used by another node",
-                        node.id
-                    )));
+    /// Parses and validates a cluster file's text, collecting every error
+    /// (not only the first) and the warnings (`shoal cluster check`).
+    pub fn check(text: &str, base: Option<&Path>) -> Checked {
+        let mut errors = Vec::new();
+        let file: FileRepr = match toml::from_str(text) {
+            Ok(file) => file,
+            Err(e) => {
+                return Checked {
+                    topology: None,
+                    errors: vec![e.to_string().trim_end().to_owned()],
+                    warnings: Vec::new(),
                 }
             }
+        };
+        let cluster = cluster_part(file.cluster, base, &mut errors);
+        let nodes: Vec<_> = file
+            .node
+            .into_iter()
+            .enumerate()
+            .map(|(place, table)| node_part(place, table, base, &mut errors))
+            .collect();
+        let nodes: Option<Vec<Node>> = nodes.into_iter().collect();
+        let (Some(cluster), Some(nodes)) = (cluster, nodes) else {
+            return Checked {
+                topology: None,
+                errors,
+                warnings: Vec::new(),
+            };
+        };
+        let topology = Topology {
+            name: cluster.name,
+            token: cluster.token,
+            coherence: cluster.coherence,
+            simulate_caches: cluster.simulate_caches,
+            heartbeat: cluster.heartbeat,
+            lease: cluster.lease,
+            linger: cluster.linger,
+            quarantine: cluster.quarantine,
+            nodes,
+        };
+        errors.extend(crate::check::errors(&topology));
+        let mut warnings = Vec::new();
+        if errors.is_empty() {
+            if cluster.token_inline {
+                warnings.push(
+                    "[cluster] token is written in the file: keep the file owner-only (mode 600) \
+                     on every host, or move the token to token_file"
+                        .to_owned(),
+                );
+            }
+            warnings.extend(crate::check::warnings(&topology));
         }
-        let with_identity = self.nodes.iter().filter(|n| n.identity.is_some()).count();
-        if with_identity != 0 && with_identity != self.nodes.len() {
-            return Err(ShoalError::invalid(
-                "public_key is on some nodes but not all: per-node identities need every node's",
-            ));
+        Checked {
+            topology: errors.is_empty().then_some(topology),
+            errors,
+            warnings,
         }
-        if self.simulate_caches && self.coherence != CoherenceMode::Noncoherent {
-            return Err(ShoalError::invalid(
-                "simulate_caches emulates a non-coherent fabric: it needs coherence = \"noncoherent\"",
-            ));
+    }
+
+    /// Whether nodes `a` and `b` run on one host (the same [`Node::host`]).
+    pub fn shares_host(&self, a: u32, b: u32) -> bool {
+        match (self.node(a), self.node(b)) {
+            (Ok(a), Ok(b)) => a.host() == b.host(),
+            _ => false,
         }
-        if self.heartbeat.is_zero() || self.lease < self.heartbeat * 2 {
-            return Err(ShoalError::invalid(
-                "lease_ms must be at least twice heartbeat_ms (and heartbeat_ms > 0)",
-            ));
+    }
+
+    /// Whether node `reader` (its daemon and its clients) maps `owner`'s
+    /// region, rather than pulling its objects over the network.
+    pub fn maps(&self, reader: u32, owner: u32) -> bool {
+        match self.node(owner).map(|n| n.access) {
+            Ok(Access::Mapped) => true,
+            Ok(Access::Host) => self.shares_host(reader, owner),
+            Ok(Access::Network) | Err(_) => false,
         }
-        Ok(())
     }
 
     pub fn node(&self, id: u32) -> Result<&Node> {
@@ -524,6 +740,15 @@ impl Topology {
                 n.region_size,
                 n.access.as_str()
             );
+            if let Some(host) = &n.host {
+                let _ = writeln!(out, "host = {host:?}");
+            }
+            if let Some(listen) = &n.listen {
+                let _ = writeln!(out, "listen = \"{listen}\"");
+            }
+            if let Some(listen) = &n.data_listen {
+                let _ = writeln!(out, "data_listen = \"{listen}\"");
+            }
             let t = &n.tiers;
             if let Some(dir) = &t.burst {
                 let _ = writeln!(out, "burst = {:?}", dir.display().to_string());

@@ -10,7 +10,6 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::rc::Rc;
 use std::time::Instant;
 
-use shoal_cluster::Access;
 use shoal_core::busy_poll;
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
@@ -323,7 +322,7 @@ impl Connection {
                         .iter()
                         .map(|n| PeerRegion {
                             node: n.id,
-                            mapped: n.access == Access::Mapped,
+                            mapped: cluster.topology.maps(cluster.me, n.id),
                             alive: cluster.is_alive(n.id),
                             region_size: n.region_size,
                             path: n.region.display().to_string(),

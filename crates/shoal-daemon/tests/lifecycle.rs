@@ -217,8 +217,8 @@ fn cluster_nodes_stop_their_heartbeats_data_channels_and_peer_service() {
         // heartbeat or metrics endpoint of either node may hold its ports
         // any more.
         for node in &topology.nodes {
-            TcpListener::bind(node.rpc).expect("the peer RPC port is free");
-            TcpListener::bind(node.data).expect("the data channel port is free");
+            TcpListener::bind(&node.rpc).expect("the peer RPC port is free");
+            TcpListener::bind(&node.data).expect("the data channel port is free");
             TcpListener::bind(node.metrics.unwrap()).expect("the metrics port is free");
         }
         for (_, _, running) in nodes {

@@ -50,7 +50,7 @@ fn as_node_1<F: std::future::Future<Output = ()>>(
     calls: impl FnOnce(PeerRpc) -> F,
 ) {
     support::with_peer(
-        node.topology.nodes[0].rpc,
+        &node.topology.nodes[0].rpc,
         Credentials::new(TOKEN, 1).unwrap(),
         calls,
     )
@@ -120,7 +120,7 @@ fn a_peer_cut_off_past_its_lease_is_fenced_its_memory_quarantined_not_reused() {
     node.client().put(read, &[b'r'; 4096], b"").unwrap();
     node.client().put(again, b"again", b"").unwrap();
     let n = &node;
-    let (rpc, token) = (node.topology.nodes[0].rpc, node.topology.token.clone());
+    let (rpc, token) = (&node.topology.nodes[0].rpc, node.topology.token.clone());
     let as_node_1 = || Credentials::new(&token, 1).unwrap();
     let granted = support::with_peer(rpc, as_node_1(), |mut peer| async move {
         peer.heartbeat(heartbeat(111)).await.unwrap();

@@ -54,7 +54,7 @@ impl NodeZero {
         credentials: Credentials,
         calls: impl FnOnce(PeerRpc) -> F,
     ) {
-        support::with_peer(self.topology.nodes[0].rpc, credentials, calls)
+        support::with_peer(&self.topology.nodes[0].rpc, credentials, calls)
     }
 
     /// Reads `id` from node 0's data channel as the request says.
@@ -70,7 +70,7 @@ impl NodeZero {
         };
         fetch_range(
             0,
-            self.topology.nodes[0].data,
+            &self.topology.nodes[0].data,
             &request,
             &mut bytes,
             Duration::from_secs(5),

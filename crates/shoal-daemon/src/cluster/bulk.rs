@@ -39,8 +39,8 @@ impl Cluster {
     /// Binds this node's data channel (a busy port fails the start) and
     /// serves it under the supervisor.
     pub async fn start_data_channel(self: &Rc<Self>, identity: PeerIdentity) -> Result<()> {
-        let address = self.topology.node(self.me)?.data;
-        let listener = TcpListener::bind(address)
+        let address = self.topology.node(self.me)?.data_listen_address();
+        let listener = TcpListener::bind(address.to_string())
             .await
             .map_err(|e| ShoalError::io(&format!("bind data channel {address}"), e))?;
         let cluster = self.clone();
@@ -265,7 +265,8 @@ impl Cluster {
         parts: u64,
     ) -> Result<()> {
         self.peers.reachable(owner)?; // a peer known to be down fails at once
-        let address = self.topology.node(owner)?.data;
+        // Resolved by each range's connection: a host name is looked up again.
+        let address = self.topology.node(owner)?.data.clone();
         let token = self.identity.token_for(owner)?;
         let parts = parts.clamp(1, 8).min(len.max(1));
         let step = len.div_ceil(parts);
@@ -282,6 +283,7 @@ impl Cluster {
                 offset: start,
                 len: end - start,
             };
+            let address = address.clone();
             let worker = tokio::task::spawn_blocking(move || {
                 // SAFETY: `dst` is the start of a local object of `len` bytes
                 // this node just created and nobody else writes; each range
@@ -292,7 +294,7 @@ impl Cluster {
                         (end - start) as usize,
                     )
                 };
-                fetch_range(owner, address, &request, part, RPC_TIMEOUT)
+                fetch_range(owner, &address, &request, part, RPC_TIMEOUT)
             });
             async move {
                 worker

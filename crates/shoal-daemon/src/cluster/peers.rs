@@ -109,6 +109,32 @@ pub async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F:
     futures_util::future::join_all(futures).await
 }
 
+/// Resolves, at start, every peer address given as a host name, and logs
+/// what each stands for (or that it does not resolve yet: not fatal, a host
+/// may come up later). The connections resolve the name again each time they
+/// connect: tonic's connector looks the name up on every (re)connection of a
+/// channel, and each data-channel range resolves its own (`bulk::fetch_range`).
+pub async fn resolve_peers(topology: &Topology, me: u32) {
+    for node in topology.nodes.iter().filter(|n| n.id != me) {
+        for (key, address) in [("rpc", &node.rpc), ("data", &node.data)] {
+            if address.ip().is_some() {
+                continue;
+            }
+            let found = tokio::net::lookup_host(address.to_string()).await;
+            match found {
+                Ok(found) => {
+                    let found: Vec<String> = found.map(|a| a.to_string()).collect();
+                    tracing::info!(node = node.id, %address, resolved = %found.join(" "), "peer {key} address");
+                }
+                Err(err) => tracing::warn!(
+                    node = node.id, %address, %err,
+                    "peer {key} address does not resolve (yet); looked up again at each connection"
+                ),
+            }
+        }
+    }
+}
+
 /// How [`PeerSet::call`] treats a peer known to be down.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Reach {
@@ -131,6 +157,8 @@ impl PeerSet {
                 rpcs.push(None);
                 continue;
             }
+            // A host name stays a name: the channel's connector resolves it
+            // on every (re)connection.
             let endpoint = Endpoint::from_shared(format!("http://{}", node.rpc))
                 .map_err(|e| ShoalError::invalid(format!("node {}: {e}", node.id)))?
                 .connect_timeout(RPC_TIMEOUT)

@@ -112,7 +112,8 @@ impl Cluster {
     /// is `NodeUnavailable`; a refusal keeps its kind.
     async fn push(&self, node: u32, id: ObjectId, src: ObjectLocation) -> Result<()> {
         self.peers.reachable(node)?; // a peer known to be down fails at once
-        let address = self.topology.node(node)?.data;
+        // Resolved by each range's connection: a host name is looked up again.
+        let address = self.topology.node(node)?.data.clone();
         let token = self.identity.token_for(node)?;
         let len = src.size();
         let parts = if len >= PARALLEL_PUSH { 4 } else { 1 };
@@ -130,6 +131,7 @@ impl Cluster {
                 len: end - start,
             };
             let region = self.node.region().clone();
+            let address = address.clone();
             let worker = tokio::task::spawn_blocking(move || {
                 // SAFETY: the staging buffer lies inside our region (the
                 // allocator hands out in-range blocks), which `region`

@@ -11,7 +11,7 @@ use std::time::Duration;
 use shoal_cluster::auth::PeerIdentity;
 use shoal_cluster::proto::Location;
 use shoal_cluster::rebuild::{Claims, Readiness};
-use shoal_cluster::{home_of, Access, Directory, Topology};
+use shoal_cluster::{home_of, Directory, Topology};
 use shoal_core::error::{Result, ShoalError};
 use shoal_core::object_table::ClientId;
 use shoal_core::store::ObjectLocation;
@@ -226,13 +226,10 @@ impl Cluster {
         (0..self.topology.len() as u32).filter(move |&n| n != self.me)
     }
 
-    /// Whether `node`'s memory is reached over the network only.
+    /// Whether `node`'s memory is reached over the network only (its
+    /// access is "network", or "host" and it runs on another host).
     pub fn is_network(&self, node: u32) -> bool {
-        node != self.me
-            && self
-                .topology
-                .node(node)
-                .is_ok_and(|n| n.access == Access::Network)
+        node != self.me && !self.topology.maps(self.me, node)
     }
 
     /// A descriptor from a peer must lie inside that peer's region as the

@@ -29,9 +29,15 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(500
 pub async fn start(ops: &Rc<Ops>) -> Result<()> {
     let cluster = ops.cluster.clone().expect("cluster mode");
     let node = cluster.topology.node(cluster.me)?;
-    let listener = tokio::net::TcpListener::bind(node.rpc)
+    // `listen` (default: rpc, a host name resolved now) may differ from the
+    // address peers dial, e.g. 0.0.0.0:7700.
+    let listen = node.listen_address();
+    let listener = tokio::net::TcpListener::bind(listen.to_string())
         .await
-        .map_err(|e| ShoalError::io(&format!("bind peer RPC {}", node.rpc), e))?;
+        .map_err(|e| ShoalError::io(&format!("bind peer RPC {listen}"), e))?;
+    let bound = listener
+        .local_addr()
+        .map_or_else(|_| listen.to_string(), |a| a.to_string());
     let identity = cluster.identity.clone();
     let (calls, mut incoming) = mpsc::channel::<calls::PeerCall>(CALL_QUEUE);
     let service = tonic::service::interceptor::InterceptedService::new(
@@ -77,6 +83,11 @@ pub async fn start(ops: &Rc<Ops>) -> Result<()> {
     });
     ops.supervisor
         .spawn_local("heartbeats", cluster.clone().run_heartbeats());
-    tracing::info!(node = node.id, rpc = %node.rpc, nodes = cluster.topology.len(), "cluster node up");
+    // Logged, not awaited: a slow resolver must not hold up the heartbeats.
+    let resolving = cluster.clone();
+    ops.supervisor.spawn_local("peer addresses", async move {
+        crate::cluster::peers::resolve_peers(&resolving.topology, resolving.me).await;
+    });
+    tracing::info!(node = node.id, rpc = %node.rpc, listen = %bound, host = %node.host(), nodes = cluster.topology.len(), "cluster node up");
     Ok(())
 }

@@ -82,8 +82,11 @@ pub fn loopback_topology(
         nodes: (0..nodes)
             .map(|i| Node {
                 id: i,
-                rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])),
-                data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])),
+                rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])).into(),
+                data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])).into(),
+                host: None,
+                listen: None,
+                data_listen: None,
                 socket: dir.join(format!("n{i}.sock")),
                 region: PathBuf::from(format!("/dev/shm/shoal-{name}-{tag}-{i}")),
                 region_size,
@@ -122,7 +125,7 @@ pub type PeerRpc = PeerClient<InterceptedService<Channel, Credentials>>;
 /// Runs `calls` against the peer RPC at `rpc` with `credentials`, on a
 /// current-thread runtime of its own (a test playing another node).
 pub fn with_peer<T, F: std::future::Future<Output = T>>(
-    rpc: SocketAddr,
+    rpc: impl std::fmt::Display,
     credentials: Credentials,
     calls: impl FnOnce(PeerRpc) -> F,
 ) -> T {
