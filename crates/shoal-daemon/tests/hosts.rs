@@ -144,10 +144,15 @@ fn peers_dialed_by_name_and_a_mixed_deployment_work_end_to_end() {
     let (id, data) = put(&mut clients[0], 3 * MIB as usize + 5, 1);
     assert_eq!(read(&mut clients[1], id, &data), 0, "mapped on its host");
     assert_eq!(read(&mut clients[2], id, &data), 2, "a copy on beta");
-    // And back: node 2's object is pulled by both nodes of alpha.
+    // And back: node 2's object is pulled to alpha, never mapped there;
+    // node 1 may then read node 0's copy in place (it is on its host).
     let (id, data) = put(&mut clients[2], 20 * 1024, 2);
     assert_eq!(read(&mut clients[0], id, &data), 0, "a copy on alpha");
-    assert_eq!(read(&mut clients[1], id, &data), 1, "another copy on alpha");
+    let on = read(&mut clients[1], id, &data);
+    assert!(
+        on == 0 || on == 1,
+        "a copy on alpha, not node 2's memory: {on}"
+    );
     // Node 1's small object, read from node 0 in place.
     let (id, data) = put(&mut clients[1], 100, 3);
     assert_eq!(read(&mut clients[0], id, &data), 1, "mapped on its host");
