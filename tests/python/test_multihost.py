@@ -193,6 +193,34 @@ def test_the_everyday_path_across_three_hosts(make_hosts):
     assert [bytes(h.client.get(blob_ids[2], timeout_ms=2000)) for h in hosts] == [b"again"] * 3
 
 
+def test_one_cluster_file_serves_every_host(make_hosts):
+    """Issue 38 items 4 and 5: one identical file on every host (the same socket, region and
+    key paths on each, peers dialed by host name), validated by `shoal cluster check`; the
+    everyday path works over it, and `put(node=k)` places an object in a network node's
+    memory (pushed over its data channel)."""
+    hosts = make_hosts(3, same_paths=True, by_name=True)
+    files = {h.read(hosts.cluster_file) for h in hosts}
+    assert len(files) == 1, "one file for every host"
+    checked = hosts[1].run(sys.executable, "-m", "shoal", "cluster", "check", hosts.cluster_file)
+    assert checked["returncode"] == 0, checked["stdout"] + checked["stderr"]
+    a, b, c = hosts
+    table = tables()[0]
+    oid = a.client.put(table)
+    assert b.client.get(oid, timeout_ms=5000).equals(table)
+    assert c.client.get(oid, timeout_ms=5000).equals(table)
+    # Remote allocation on a node reached over the network: the bytes are pushed to host 2.
+    blob = os.urandom(3 << 20)
+    pushed = b.client.put(blob, node=2)
+    assert c.client.contains(pushed), "the object lives in host 2's memory"
+    assert [h.checksums([pushed], timeout_ms=5000)[0] for h in hosts] == [sha(blob)] * 3
+    # A cut host is dialed by name again once it is back.
+    hosts.cut(2)
+    until(lambda: a.sees() == {0, 1}, DETECTED, "host 2 seen cut off")
+    hosts.heal(2)
+    until(lambda: everyone_sees(hosts, [{0, 1, 2}] * 3), HEALED, "the cluster whole again")
+    assert a.checksums([pushed], timeout_ms=5000) == [sha(blob)]
+
+
 # -- faults that must keep working ----------------------------------------------------------------
 
 

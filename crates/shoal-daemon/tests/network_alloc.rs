@@ -57,7 +57,7 @@ fn as_node_1<T, F: std::future::Future<Output = T>>(
     calls: impl FnOnce(support::PeerRpc) -> F,
 ) -> T {
     let credentials = shoal_cluster::auth::Credentials::new(&node.topology.token, 1).unwrap();
-    support::with_peer(node.topology.nodes[0].rpc, credentials, calls)
+    support::with_peer(&node.topology.nodes[0].rpc, credentials, calls)
 }
 
 /// Node 1 heartbeats (incarnation 111) and allocates `ids` of `size` bytes on node 0.
@@ -104,7 +104,7 @@ fn push(node: &LoneNode, request: &Request, data: &[u8]) -> Result<()> {
     unsafe {
         push_range(
             0,
-            node.topology.nodes[0].data,
+            &node.topology.nodes[0].data,
             request,
             file.as_fd(),
             data.as_ptr(),
@@ -221,7 +221,7 @@ fn an_abort_during_a_push_frees_the_memory_only_after_it() {
 
     // Half of the bytes, by hand, then the sender aborts its object.
     let request = push_request(1, &node.topology.token, id, 0, MIB);
-    let mut socket = TcpStream::connect(node.topology.nodes[0].data).unwrap();
+    let mut socket = TcpStream::connect(&node.topology.nodes[0].data).unwrap();
     socket
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
@@ -258,7 +258,7 @@ fn an_abort_during_a_push_frees_the_memory_only_after_it() {
     // A transfer cut short by a restart of its sender ends the same way.
     let id = homed_at_zero();
     allocate(&node, &[id], MIB);
-    let mut socket = TcpStream::connect(node.topology.nodes[0].data).unwrap();
+    let mut socket = TcpStream::connect(&node.topology.nodes[0].data).unwrap();
     socket
         .write_all(&push_request(1, &node.topology.token, id, 0, MIB).encode())
         .unwrap();

@@ -265,7 +265,7 @@ impl Cluster {
         parts: u64,
     ) -> Result<()> {
         self.peers.reachable(owner)?; // a peer known to be down fails at once
-        // Resolved by each range's connection: a host name is looked up again.
+                                      // Resolved by each range's connection: a host name is looked up again.
         let address = self.topology.node(owner)?.data.clone();
         let token = self.identity.token_for(owner)?;
         let parts = parts.clamp(1, 8).min(len.max(1));
