@@ -319,7 +319,7 @@ fn a_client_writes_an_object_for_a_network_node_in_its_own_memory() {
         data_size: size,
         meta_size: 3,
     };
-    let located = writer.create_on(1, &[spec.clone()], 0).unwrap()[0];
+    let located = writer.create_on(1, std::slice::from_ref(&spec), 0).unwrap()[0];
     assert_eq!(
         located.node, 0,
         "a staging buffer in the writer's own region"
@@ -346,7 +346,7 @@ fn a_client_writes_an_object_for_a_network_node_in_its_own_memory() {
         id: ObjectId::random(),
         ..spec
     };
-    writer.create_on(2, &[spec.clone()], 0).unwrap();
+    writer.create_on(2, std::slice::from_ref(&spec), 0).unwrap();
     let stats = |c: &mut Client| c.stats().unwrap().objects;
     assert_eq!((stats(&mut writer), stats(&mut reader)), (1, 2));
     writer.abort(spec.id).unwrap();
