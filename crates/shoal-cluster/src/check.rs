@@ -18,9 +18,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use shoal_core::coherence::CoherenceMode;
+use shoal_core::error::{Result, ShoalError};
 
 use crate::address::Address;
-use crate::topology::{Access, Node, Topology};
+use crate::topology::{cluster_part, node_part, Access, Checked, FileRepr, Node, Topology};
 
 /// Every rule the file breaks (an empty list: valid).
 pub(crate) fn errors(t: &Topology) -> Vec<String> {
@@ -401,6 +402,79 @@ pub fn token_source(text: &str, file: &Path) -> Option<PathBuf> {
         Some(dir) if token_file.is_relative() => dir.join(token_file),
         _ => token_file.to_path_buf(),
     })
+}
+
+// Parsing lives here rather than in `topology` so that the validation it
+// runs stays one import away: check → topology, never back.
+impl Topology {
+    /// Parses a cluster file's text; a relative `token_file` or `key_file` is
+    /// read from `base`. Every error found is in the message.
+    pub fn parse(text: &str, base: Option<&Path>) -> Result<Self> {
+        let checked = Self::check(text, base);
+        match checked.topology {
+            Some(topology) if checked.errors.is_empty() => Ok(topology),
+            _ => Err(ShoalError::invalid(checked.errors.join("; "))),
+        }
+    }
+
+    /// Parses and validates a cluster file's text, collecting every error
+    /// (not only the first) and the warnings (`shoal cluster check`).
+    pub fn check(text: &str, base: Option<&Path>) -> Checked {
+        let mut errors = Vec::new();
+        let file: FileRepr = match toml::from_str(text) {
+            Ok(file) => file,
+            Err(e) => {
+                return Checked {
+                    topology: None,
+                    errors: vec![e.to_string().trim_end().to_owned()],
+                    warnings: Vec::new(),
+                }
+            }
+        };
+        let cluster = cluster_part(file.cluster, base, &mut errors);
+        let nodes: Vec<_> = file
+            .node
+            .into_iter()
+            .enumerate()
+            .map(|(place, table)| node_part(place, table, base, &mut errors))
+            .collect();
+        let nodes: Option<Vec<Node>> = nodes.into_iter().collect();
+        let (Some(cluster), Some(nodes)) = (cluster, nodes) else {
+            return Checked {
+                topology: None,
+                errors,
+                warnings: Vec::new(),
+            };
+        };
+        let topology = Topology {
+            name: cluster.name,
+            token: cluster.token,
+            coherence: cluster.coherence,
+            simulate_caches: cluster.simulate_caches,
+            heartbeat: cluster.heartbeat,
+            lease: cluster.lease,
+            linger: cluster.linger,
+            quarantine: cluster.quarantine,
+            nodes,
+        };
+        errors.extend(errors(&topology));
+        let mut warnings = Vec::new();
+        if errors.is_empty() {
+            if cluster.token_inline {
+                warnings.push(
+                    "[cluster] token is written in the file: keep the file owner-only (mode 600) \
+                     on every host, or move the token to token_file"
+                        .to_owned(),
+                );
+            }
+            warnings.extend(warnings(&topology));
+        }
+        Checked {
+            topology: errors.is_empty().then_some(topology),
+            errors,
+            warnings,
+        }
+    }
 }
 
 #[cfg(test)]

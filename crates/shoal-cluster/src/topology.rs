@@ -235,10 +235,10 @@ pub struct Topology {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FileRepr {
-    cluster: toml::Table,
+pub(crate) struct FileRepr {
+    pub(crate) cluster: toml::Table,
     #[serde(default)]
-    node: Vec<toml::Table>,
+    pub(crate) node: Vec<toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -343,19 +343,19 @@ pub struct Checked {
 }
 
 /// The `[cluster]` table, and whether its token was written in the file.
-struct ClusterPart {
-    name: String,
-    token: String,
-    token_inline: bool,
-    coherence: CoherenceMode,
-    simulate_caches: bool,
-    heartbeat: Duration,
-    lease: Duration,
-    linger: Duration,
-    quarantine: Option<Duration>,
+pub(crate) struct ClusterPart {
+    pub(crate) name: String,
+    pub(crate) token: String,
+    pub(crate) token_inline: bool,
+    pub(crate) coherence: CoherenceMode,
+    pub(crate) simulate_caches: bool,
+    pub(crate) heartbeat: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) linger: Duration,
+    pub(crate) quarantine: Option<Duration>,
 }
 
-fn cluster_part(
+pub(crate) fn cluster_part(
     table: toml::Table,
     base: Option<&Path>,
     errors: &mut Vec<String>,
@@ -454,7 +454,7 @@ impl NodeProblems<'_> {
 
 /// One `[[node]]` table; every problem goes to `errors`, named "node ID:"
 /// (or by its place in the file when it has no id).
-fn node_part(
+pub(crate) fn node_part(
     place: usize,
     table: toml::Table,
     base: Option<&Path>,
@@ -591,75 +591,6 @@ impl Topology {
             .map_err(|e| ShoalError::io(&format!("read cluster file {}", path.display()), e))?;
         Self::parse(&text, path.parent())
             .map_err(|e| ShoalError::invalid(format!("{}: {}", path.display(), e.message())))
-    }
-
-    /// Parses a cluster file's text; a relative `token_file` or `key_file` is
-    /// read from `base`. Every error found is in the message.
-    pub fn parse(text: &str, base: Option<&Path>) -> Result<Self> {
-        let checked = Self::check(text, base);
-        match checked.topology {
-            Some(topology) if checked.errors.is_empty() => Ok(topology),
-            _ => Err(ShoalError::invalid(checked.errors.join("; "))),
-        }
-    }
-
-    /// Parses and validates a cluster file's text, collecting every error
-    /// (not only the first) and the warnings (`shoal cluster check`).
-    pub fn check(text: &str, base: Option<&Path>) -> Checked {
-        let mut errors = Vec::new();
-        let file: FileRepr = match toml::from_str(text) {
-            Ok(file) => file,
-            Err(e) => {
-                return Checked {
-                    topology: None,
-                    errors: vec![e.to_string().trim_end().to_owned()],
-                    warnings: Vec::new(),
-                }
-            }
-        };
-        let cluster = cluster_part(file.cluster, base, &mut errors);
-        let nodes: Vec<_> = file
-            .node
-            .into_iter()
-            .enumerate()
-            .map(|(place, table)| node_part(place, table, base, &mut errors))
-            .collect();
-        let nodes: Option<Vec<Node>> = nodes.into_iter().collect();
-        let (Some(cluster), Some(nodes)) = (cluster, nodes) else {
-            return Checked {
-                topology: None,
-                errors,
-                warnings: Vec::new(),
-            };
-        };
-        let topology = Topology {
-            name: cluster.name,
-            token: cluster.token,
-            coherence: cluster.coherence,
-            simulate_caches: cluster.simulate_caches,
-            heartbeat: cluster.heartbeat,
-            lease: cluster.lease,
-            linger: cluster.linger,
-            quarantine: cluster.quarantine,
-            nodes,
-        };
-        errors.extend(crate::check::errors(&topology));
-        let mut warnings = Vec::new();
-        if errors.is_empty() {
-            if cluster.token_inline {
-                warnings.push(
-                    "[cluster] token is written in the file: keep the file owner-only (mode 600) \
-                     on every host, or move the token to token_file"
-                        .to_owned(),
-                );
-            }
-            warnings.extend(crate::check::warnings(&topology));
-        }
-        Checked {
-            topology: errors.is_empty().then_some(topology),
-            errors,
-            warnings,
-        }
     }
 
     /// Whether nodes `a` and `b` run on one host (the same [`Node::host`]).

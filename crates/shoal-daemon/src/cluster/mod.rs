@@ -36,6 +36,7 @@
 
 mod bulk;
 mod copies;
+mod copy_records;
 mod directory;
 mod fence_epochs;
 mod fencing;
@@ -58,7 +59,7 @@ mod remote_get;
 mod staging;
 mod state;
 
-pub use copies::CopyOf;
+pub use copy_records::CopyOf;
 pub use listener::ClusterListener;
 pub use peer_tables::PeerView;
 pub use remote_get::RemoteFound;

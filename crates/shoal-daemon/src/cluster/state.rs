@@ -17,7 +17,7 @@ use shoal_core::object_table::ClientId;
 use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
 
-use crate::cluster::copies::{CopyOf, OwedDrops};
+use crate::cluster::copy_records::{CopyOf, OwedDrops};
 use crate::cluster::fence_epochs::Fences;
 use crate::cluster::loans::Loans;
 use crate::cluster::peer_tables::PeerReads;
