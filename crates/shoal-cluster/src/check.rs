@@ -457,7 +457,7 @@ impl Topology {
             quarantine: cluster.quarantine,
             nodes,
         };
-        errors.extend(errors(&topology));
+        errors.extend(self::errors(&topology));
         let mut warnings = Vec::new();
         if errors.is_empty() {
             if cluster.token_inline {
@@ -467,7 +467,7 @@ impl Topology {
                         .to_owned(),
                 );
             }
-            warnings.extend(warnings(&topology));
+            warnings.extend(self::warnings(&topology));
         }
         Checked {
             topology: errors.is_empty().then_some(topology),
