@@ -423,6 +423,34 @@ class Cluster:
         assert not self.regions(), f"cluster left regions behind: {self.regions()}"
 
 
+def hold_namespaces(command: list[str], holders: list[subprocess.Popen], known: set[str]) -> int:
+    """Starts `command` (an unshare/nsenter chain ending in `cat`) to keep new namespaces
+    alive; returns its pid once it runs in a network namespace not in `known` (added to it),
+    i.e. once unshare made the namespaces, wrote the user namespace's id maps and ran
+    whatever setup came before the exec of cat. The process is appended to `holders`."""
+    holder = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    holders.append(holder)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with open(f"/proc/{holder.pid}/comm") as comm:
+                running = comm.read().strip()
+            namespace = os.readlink(f"/proc/{holder.pid}/ns/net")
+        except OSError:
+            running, namespace = "", None
+        if running == "cat" and namespace is not None and namespace not in known:
+            known.add(namespace)
+            return holder.pid
+        if holder.poll() is not None:
+            assert holder.stderr is not None
+            raise AssertionError(f"{' '.join(command)}: {holder.stderr.read().decode().strip()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{' '.join(command)} made no namespace within 10 s")
+        time.sleep(0.005)
+
+
 def home_of(oid: shoal.ObjectID, nodes: int) -> int:
     """An id's home node, as every daemon computes it (SplitMix64 over the id's bytes,
     crates/shoal-cluster/src/directory.rs)."""

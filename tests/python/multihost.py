@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from _shoal_testing import hold_namespaces, wait_for
 from multihost_agent import decode, encode
 
 import shoal
@@ -190,29 +191,7 @@ class Network:
 
     def _hold(self, command: list[str]) -> int:
         """Starts a process that keeps new namespaces alive; returns its pid once it is in them."""
-        holder = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        self._holders.append(holder)
-        deadline = time.monotonic() + 10
-        while True:
-            # Ready once `cat` runs: the namespaces exist, the user namespace's id maps are
-            # written and the host's mounts are made (each before the exec of cat).
-            try:
-                with open(f"/proc/{holder.pid}/comm") as comm:
-                    running = comm.read().strip()
-                namespace = os.readlink(f"/proc/{holder.pid}/ns/net")
-            except OSError:
-                running, namespace = "", None
-            if running == "cat" and namespace is not None and namespace not in self._known:
-                self._known.add(namespace)
-                return holder.pid
-            if holder.poll() is not None:
-                assert holder.stderr is not None
-                raise AssertionError(f"{' '.join(command)}: {holder.stderr.read().decode().strip()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{' '.join(command)} made no namespace within 10 s")
-            time.sleep(0.005)
+        return hold_namespaces(command, self._holders, self._known)
 
     def _wire(self) -> None:
         self._run(self.switch, "ip", "link", "set", "lo", "up")
@@ -572,8 +551,11 @@ class Hosts:
             self.wait_serving(host, timeout)
             reachable = set(range(self.count)) - set(self.network.down) - self.dead()
             if host not in self.network.down:
-                self.wait_for(
-                    lambda: h.sees() >= reachable, timeout, f"host {host} seeing {sorted(reachable)}"
+                wait_for(
+                    lambda: h.sees() >= reachable,
+                    timeout,
+                    interval=0.05,
+                    message=f"host {host} seeing {sorted(reachable)}",
                 )
 
     def wait_serving(self, host: int, timeout: float = STARTUP) -> None:
@@ -585,7 +567,7 @@ class Hosts:
                 raise AssertionError(f"host {host}'s daemon exited with {h.daemon.returncode}:\n{h.log()}")
             return h.serving()
 
-        self.wait_for(serving, timeout, f"host {host}'s daemon serving")
+        wait_for(serving, timeout, interval=0.05, message=f"host {host}'s daemon serving")
         h.agent.request(op="reconnect")  # a client of the daemon it ran before is gone
 
     def dead(self) -> set[int]:
@@ -596,20 +578,12 @@ class Hosts:
         for i in range(self.count):
             self.wait_serving(i, timeout)
         everyone = set(range(self.count))
-        self.wait_for(
-            lambda: all(h.sees() == everyone for h in self.hosts), timeout, "every host seeing every host"
+        wait_for(
+            lambda: all(h.sees() == everyone for h in self.hosts),
+            timeout,
+            interval=0.05,
+            message="every host seeing every host",
         )
-
-    @staticmethod
-    def wait_for(predicate: Callable[[], Any], timeout: float, message: str, interval: float = 0.05) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"not within {timeout} s: {message}")
-            time.sleep(interval)
 
     def spawn(self, host: int, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Starts a program on host `host` (a service beside its daemon: a coordinator, a

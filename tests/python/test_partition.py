@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from _shoal_testing import Cluster, home_of, ids_homed_at, short_dir, wait_for
+from _shoal_testing import Cluster, hold_namespaces, home_of, ids_homed_at, short_dir, wait_for
 
 import shoal
 
@@ -98,30 +98,8 @@ class Network:
             raise AssertionError(f"{' '.join(command)}: {result.stderr.strip()}")
 
     def _hold(self, command: list[str]) -> int:
-        """Starts a process that keeps a new namespace alive; returns its pid once it is in it."""
-        holder = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        self._holders.append(holder)
-        deadline = time.monotonic() + 10
-        while True:
-            # Ready once `cat` runs: unshare has made the namespaces and written the user
-            # namespace's id maps (nsenter into it fails before that).
-            try:
-                with open(f"/proc/{holder.pid}/comm") as comm:
-                    running = comm.read().strip()
-                namespace = os.readlink(f"/proc/{holder.pid}/ns/net")
-            except OSError:
-                running, namespace = "", None
-            if running == "cat" and namespace is not None and namespace not in self._known:
-                self._known.add(namespace)
-                return holder.pid
-            if holder.poll() is not None:
-                assert holder.stderr is not None
-                raise AssertionError(f"{' '.join(command)}: {holder.stderr.read().decode().strip()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{' '.join(command)} made no namespace within 10 s")
-            time.sleep(0.005)
+        """Starts a process that keeps new namespaces alive; returns its pid once it is in them."""
+        return hold_namespaces(command, self._holders, self._known)
 
     def _wire(self) -> None:
         self.run(self.router, "ip", "link", "set", "lo", "up")
