@@ -249,6 +249,10 @@ pub fn sample_requests() -> Vec<Request> {
             to: "b/c".into(),
         },
         Request::Unlink { name: "a/b".into() },
+        Request::SetMtime {
+            name: "a/b".into(),
+            mtime_ms: 1,
+        },
         Request::Abort { id: ids[1] },
         Request::Resize {
             id: ids[0],

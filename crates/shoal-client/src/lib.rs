@@ -1584,6 +1584,16 @@ impl Client {
         }
     }
 
+    /// Sets the modification time `name` shows (ms since the epoch), as
+    /// utimens does on the mount; the next binding of the name (a rewrite)
+    /// sets it to that seal's time.
+    pub fn set_mtime(&mut self, name: &str, mtime_ms: u64) -> Result<()> {
+        expect_ok(self.channel.call(&Request::SetMtime {
+            name: name.to_owned(),
+            mtime_ms,
+        })?)
+    }
+
     /// Puts `data` + `meta` as a new object under `name` (a fresh id);
     /// `durability`: as for [`seal_durable`](Self::seal_durable). The name
     /// switches to the new object at its seal.

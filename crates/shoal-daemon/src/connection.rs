@@ -411,6 +411,9 @@ impl Connection {
                 .map_or_else(|e| Reply::error(&e), |entries| Reply::Names { entries }),
             Request::Rename { from, to } => ok_or_error(self.ops.rename(&from, &to).await),
             Request::Unlink { name } => ok_or_error(self.ops.unlink(&name).await),
+            Request::SetMtime { name, mtime_ms } => {
+                ok_or_error(self.ops.set_mtime(&name, mtime_ms))
+            }
             Request::Subscribe => {
                 let notifications = self.ops.node.subscribe();
                 Reply::Ok.encode(out);

@@ -52,7 +52,9 @@ use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
 /// 12: `Staged`: the answer to a `CreateOn` for a node whose memory is
 /// reached over the network only: the client writes staging buffers in its
 /// own node's region, and the seal pushes them to that node.
-pub const PROTOCOL_VERSION: u32 = 12;
+/// 13: `SetMtime`: a name's modification time is settable (utimens on the
+/// mount).
+pub const PROTOCOL_VERSION: u32 = 13;
 
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
@@ -195,6 +197,11 @@ pub enum Request {
     /// Removes a name and deletes its object.
     Unlink {
         name: String,
+    },
+    /// Sets the modification time a name shows (until its next binding).
+    SetMtime {
+        name: String,
+        mtime_ms: u64,
     },
 }
 
@@ -418,6 +425,7 @@ mod op {
     pub const LEND: u16 = 0x1B;
     pub const PEER_READS: u16 = 0x1C;
     pub const RESIZE: u16 = 0x1D;
+    pub const SET_MTIME: u16 = 0x1E;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;
@@ -555,6 +563,10 @@ impl Request {
                 w.str(name);
                 op::UNLINK
             }
+            Request::SetMtime { name, mtime_ms } => {
+                w.str(name).u64(*mtime_ms);
+                op::SET_MTIME
+            }
             Request::Capacity { trace_since } => {
                 // -1: no trace wanted.
                 w.i64(trace_since.map_or(-1, |t| t.as_micros() as i64));
@@ -636,6 +648,10 @@ impl Request {
                 to: r.str()?,
             },
             op::UNLINK => Request::Unlink { name: r.str()? },
+            op::SET_MTIME => Request::SetMtime {
+                name: r.str()?,
+                mtime_ms: r.u64()?,
+            },
             op::CAPACITY => Request::Capacity {
                 trace_since: match r.i64()? {
                     -1 => None,

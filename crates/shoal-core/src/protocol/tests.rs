@@ -72,6 +72,10 @@ fn every_request_round_trips() {
             to: "runs/2".into(),
         },
         Request::Unlink { name: "x".into() },
+        Request::SetMtime {
+            name: "x".into(),
+            mtime_ms: 978_307_200_000,
+        },
         Request::Capacity { trace_since: None },
         Request::Capacity {
             trace_since: Some(std::time::Duration::from_millis(1500)),

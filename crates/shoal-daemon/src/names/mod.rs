@@ -166,6 +166,13 @@ impl NameIndex {
         Ok(renamed)
     }
 
+    /// Sets the modification time `name` shows.
+    pub fn set_mtime(&mut self, name: &str, mtime_ms: u64) -> Result<()> {
+        let bound = self.by_name.get_mut(name).ok_or_else(|| not_found(name))?;
+        bound.mtime_ms = mtime_ms;
+        Ok(())
+    }
+
     /// Removes a name; returns its object.
     pub fn unlink(&mut self, name: &str) -> Result<ObjectId> {
         let bound = self.by_name.remove(name).ok_or_else(|| not_found(name))?;

@@ -203,6 +203,15 @@ impl Ops {
         }
     }
 
+    /// Sets the modification time `name` shows (utimens on a mount), on
+    /// this node's binding of it; the next binding of the name sets the
+    /// seal time again. Kept in the index only: a restart shows the seal
+    /// time (the tiers' manifest record has no field for it).
+    pub fn set_mtime(&self, name: &str, mtime_ms: u64) -> Result<()> {
+        names::check(name)?;
+        self.node.names().borrow_mut().set_mtime(name, mtime_ms)
+    }
+
     /// The newest binding of `name`, and the node that binds it.
     async fn resolve_where(&self, name: &str) -> Result<(u32, NameEntry)> {
         let me = self.cluster.as_ref().map_or(0, |c| c.me);
