@@ -740,3 +740,369 @@ fn a_mount_on_one_node_serves_the_whole_clusters_names() {
         let _ = shoal().arg("umount").arg(&mnt).status();
     }
 }
+
+/// A second `shoal mount` of the fixture's daemon, at its own mount point.
+struct SecondMount {
+    mnt: PathBuf,
+    child: Child,
+}
+
+impl SecondMount {
+    fn new(f: &Fixture) -> Self {
+        let mnt = f.dir.path().join("mnt2");
+        fs::create_dir_all(&mnt).unwrap();
+        let child = shoal()
+            .arg("mount")
+            .arg("-s")
+            .arg(&f.socket)
+            .arg(&mnt)
+            .stdout(Stdio::null())
+            .stderr(log(f.dir.path(), "mount2.log"))
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !mounted(&mnt) {
+            assert!(
+                Instant::now() < deadline,
+                "the second mount did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Self { mnt, child }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.mnt.join(name)
+    }
+}
+
+impl Drop for SecondMount {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        if mounted(&self.mnt) {
+            let _ = shoal().arg("umount").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// Versions of one file, each a different length (so a read is matched by
+/// its length) and different bytes.
+struct Versions(Vec<Vec<u8>>);
+
+impl Versions {
+    fn new(count: usize, base: usize, step: usize) -> Self {
+        Self(
+            (0..count)
+                .map(|k| pattern(100 + k as u8, base + k * step + k))
+                .collect(),
+        )
+    }
+
+    /// None if `read` is one whole version, else what it is.
+    fn check(&self, read: &[u8]) -> Option<String> {
+        match self.0.iter().position(|v| v.len() == read.len()) {
+            Some(k) if self.0[k] == read => None,
+            Some(k) => {
+                let at = self.0[k].iter().zip(read).position(|(a, b)| a != b);
+                Some(format!(
+                    "{} bytes, version {k}'s length, differing from byte {at:?}",
+                    read.len()
+                ))
+            }
+            None => Some(format!("{} bytes: no version's length", read.len())),
+        }
+    }
+}
+
+/// Readers reading `path` whole until `stop`, each read checked against
+/// `versions`: (reads, what the wrong ones were).
+fn read_whole_until(
+    path: PathBuf,
+    versions: &Versions,
+    stop: &std::sync::atomic::AtomicBool,
+) -> (usize, Vec<String>) {
+    let (mut reads, mut wrong) = (0, Vec::new());
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let read = fs::read(&path).unwrap();
+        reads += 1;
+        if let Some(what) = versions.check(&read) {
+            wrong.push(what);
+        }
+    }
+    (reads, wrong)
+}
+
+/// Rewrites `path` with O_TRUNC in 256 KiB writes, version after version.
+fn rewrite_until(
+    path: &Path,
+    versions: &Versions,
+    first: usize,
+    stop: &std::sync::atomic::AtomicBool,
+) -> usize {
+    let mut k = first;
+    let mut writes = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut file = File::create(path).unwrap();
+        for chunk in versions.0[k].chunks(256 * 1024) {
+            file.write_all(chunk).unwrap();
+        }
+        close(file).unwrap();
+        writes += 1;
+        k = (k + 2) % versions.0.len();
+    }
+    writes
+}
+
+fn assert_all_whole(side: &str, results: Vec<(usize, Vec<String>)>) {
+    let reads: usize = results.iter().map(|r| r.0).sum();
+    let wrong: Vec<&String> = results.iter().flat_map(|r| &r.1).collect();
+    assert!(reads >= 10, "{side}: only {reads} reads");
+    assert!(
+        wrong.is_empty(),
+        "{side}: {} of {reads} reads were not one whole version: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+}
+
+#[test]
+#[ignore = "fails: two writers of one file on one mount (sharing an inode) leave versions \
+            that read as zeros from byte 0 (one writer: 0 of ~1,200 reads wrong); see docs/posix.md"]
+fn readers_on_two_mounts_see_whole_versions_while_two_writers_rewrite() {
+    need_fuse!("readers_on_two_mounts_see_whole_versions_while_two_writers_rewrite");
+    let f = Fixture::new(&["-m", "512MiB"]);
+    let second = SecondMount::new(&f);
+    let versions = Versions::new(6, 4 * MIB, 1536 * 1024);
+    fs::write(f.path("v"), &versions.0[0]).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (same, other, writes) = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let (path, versions, stop) = (f.path("v"), &versions, &stop);
+                s.spawn(move || rewrite_until(&path, versions, w, stop))
+            })
+            .collect();
+        let readers: Vec<_> = (0..4)
+            .map(|r| {
+                let path = if r % 2 == 0 {
+                    f.path("v")
+                } else {
+                    second.path("v")
+                };
+                let (versions, stop) = (&versions, &stop);
+                s.spawn(move || (r % 2, read_whole_until(path, versions, stop)))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(6));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let writes: usize = writers.into_iter().map(|w| w.join().unwrap()).sum();
+        let (mut same, mut other) = (Vec::new(), Vec::new());
+        for r in readers {
+            let (side, result) = r.join().unwrap();
+            if side == 0 {
+                same.push(result)
+            } else {
+                other.push(result)
+            }
+        }
+        (same, other, writes)
+    });
+    assert!(writes >= 4, "only {writes} rewrites");
+    assert_all_whole("readers on the writers' mount", same);
+    assert_all_whole("readers on a second mount", other);
+}
+
+#[test]
+fn mount_readers_see_whole_versions_while_the_api_rebinds_the_name() {
+    need_fuse!("mount_readers_see_whole_versions_while_the_api_rebinds_the_name");
+    let f = Fixture::new(&["-m", "512MiB"]);
+    let versions = Versions::new(5, 4 * MIB, 2 * MIB);
+    f.client()
+        .put_named("r", &versions.0[0], b"", None, 0)
+        .unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (results, rebinds) = std::thread::scope(|s| {
+        let rebinder = {
+            let (versions, stop, mut client) = (&versions, &stop, f.client());
+            s.spawn(move || {
+                let mut k = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    k = (k + 1) % versions.0.len();
+                    client.put_named("r", &versions.0[k], b"", None, 0).unwrap();
+                    std::thread::sleep(Duration::from_millis(30));
+                }
+                k
+            })
+        };
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let (path, versions, stop) = (f.path("r"), &versions, &stop);
+                s.spawn(move || read_whole_until(path, versions, stop))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(6));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let rebinds = rebinder.join().unwrap();
+        let results: Vec<_> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+        (results, rebinds)
+    });
+    let _ = rebinds;
+    assert_all_whole("mount readers beside API rebinds", results);
+}
+
+/// Reads all of `file` from `at` on, after dropping its cached pages (so
+/// every byte is asked of the mount again).
+fn read_rest_uncached(file: &mut File, at: u64) -> Vec<u8> {
+    // SAFETY: an advice on a descriptor we own.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    file.seek(SeekFrom::Start(at)).unwrap();
+    let mut rest = Vec::new();
+    file.read_to_end(&mut rest).unwrap();
+    rest
+}
+
+#[test]
+fn a_file_held_open_reads_its_version_whole_across_rewrites_and_renames() {
+    need_fuse!("a_file_held_open_reads_its_version_whole_across_rewrites_and_renames");
+    let f = Fixture::new(&["-m", "256MiB"]);
+    let second = SecondMount::new(&f);
+    let old = pattern(1, 9 * MIB + 5);
+    let news = [
+        pattern(2, 3 * MIB + 1),
+        pattern(3, 14 * MIB + 3),
+        pattern(4, 9 * MIB + 5),
+    ];
+    let ways = [
+        "O_TRUNC here",
+        "O_TRUNC on another mount",
+        "rename here",
+        "the API",
+    ];
+    for (w, way) in ways.iter().enumerate() {
+        for new in &news {
+            fs::write(f.path("held"), &old).unwrap();
+            let mut file = File::open(f.path("held")).unwrap();
+            let mut head = vec![0; MIB];
+            file.read_exact(&mut head).unwrap();
+            match w {
+                0 => fs::write(f.path("held"), new).unwrap(),
+                1 => fs::write(second.path("held"), new).unwrap(),
+                2 => {
+                    fs::write(f.path("held.tmp"), new).unwrap();
+                    fs::rename(f.path("held.tmp"), f.path("held")).unwrap();
+                }
+                _ => {
+                    f.client().put_named("held", new, b"", None, 0).unwrap();
+                }
+            }
+            // A file opened now reads the new version, on both mounts.
+            assert!(fs::read(f.path("held")).unwrap() == *new, "{way}: new open");
+            assert!(
+                fs::read(second.path("held")).unwrap() == *new,
+                "{way}: new open on the second mount"
+            );
+            // The one held open reads its own, its pages cached or not.
+            head.extend(read_rest_uncached(&mut file, MIB as u64));
+            assert!(head == old, "{way}: held open read {} bytes", head.len());
+            assert!(
+                read_rest_uncached(&mut file, 0) == old,
+                "{way}: held open, reread"
+            );
+        }
+    }
+}
+
+fn mtime_of(path: &Path) -> std::time::SystemTime {
+    fs::metadata(path).unwrap().modified().unwrap()
+}
+
+#[test]
+fn utimens_and_chmod_are_kept_chown_is_refused_and_rsync_is_idempotent() {
+    need_fuse!("utimens_and_chmod_are_kept_chown_is_refused_and_rsync_is_idempotent");
+    let mut f = Fixture::new(&["-m", "64MiB"]);
+    let epoch = std::time::UNIX_EPOCH;
+    fs::write(f.path("t"), b"times").unwrap();
+    // utime by path (no file open), then through an open file.
+    let when = epoch + Duration::from_millis(978_307_200_250);
+    let file = File::options().write(true).open(f.path("t")).unwrap();
+    file.set_modified(when).unwrap();
+    close(file).unwrap();
+    assert_eq!(mtime_of(&f.path("t")), when, "futimens");
+    run(Command::new("touch")
+        .args(["-m", "-d", "2002-02-02 02:02:02.5 UTC"])
+        .arg(f.path("t")));
+    let touched = epoch + Duration::from_millis(1_012_615_322_500);
+    assert_eq!(mtime_of(&f.path("t")), touched, "touch -d");
+    assert_eq!(fs::read(f.path("t")).unwrap(), b"times", "the bytes stay");
+    // Set while the file is being written: it holds after the close.
+    let mut file = File::create(f.path("new")).unwrap();
+    file.write_all(b"fresh").unwrap();
+    file.set_modified(when).unwrap();
+    close(file).unwrap();
+    assert_eq!(mtime_of(&f.path("new")), when, "set while written");
+    // Kept by the daemon: a new mount shows it.
+    f.stop_mount();
+    f.start_mount(&[]);
+    assert_eq!(mtime_of(&f.path("t")), touched, "after a remount");
+
+    // A mode is kept per name (by the mount, across a rename); a change of
+    // owner is refused.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&f.path("t")), 0o644);
+    fs::set_permissions(f.path("t"), fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(mode(&f.path("t")), 0o755, "chmod");
+    fs::rename(f.path("t"), f.path("t2")).unwrap();
+    assert_eq!(mode(&f.path("t2")), 0o755, "chmod, then rename");
+    fs::rename(f.path("t2"), f.path("t")).unwrap();
+    let c_path = std::ffi::CString::new(f.path("t").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid path; -1 leaves the group.
+    let chowned = unsafe { libc::chown(c_path.as_ptr(), 4242, u32::MAX) };
+    assert_eq!(chowned, -1, "chown to another user");
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EPERM)
+    );
+
+    // rsync -a twice: the second run finds every file up to date (modes
+    // and times kept, an executable among them).
+    let src = f.dir.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    for (i, size) in [10usize, 70_000, 2 * MIB].iter().enumerate() {
+        let path = src.join(format!("sub/f{i}"));
+        fs::write(&path, pattern(i as u8, *size)).unwrap();
+        if i == 0 {
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o750)).unwrap();
+        }
+        let old = File::options().write(true).open(&path).unwrap();
+        old.set_modified(epoch + Duration::from_secs(1_500_000_000 + i as u64 * 1000))
+            .unwrap();
+    }
+    let rsync = || {
+        let out = Command::new("rsync")
+            .args(["-a", "--stats"])
+            .arg(format!("{}/", src.display()))
+            .arg(format!("{}/", f.path("tree").display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stats = String::from_utf8_lossy(&out.stdout).into_owned();
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("Number of regular files transferred: "))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(rsync(), "3");
+    assert_eq!(rsync(), "0", "the second rsync -a transferred files again");
+    assert_eq!(mode(&f.path("tree/sub/f0")), 0o750);
+    assert_eq!(mode(&f.path("tree/sub/f1")), 0o644);
+    run(Command::new("diff").arg("-r").arg(&src).arg(f.path("tree")));
+}

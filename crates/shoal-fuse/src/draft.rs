@@ -107,8 +107,8 @@ impl Draft {
         }
     }
 
-    /// A draft holding a copy of `bytes` (a file another handle of this
-    /// mount is writing).
+    /// A draft holding a copy of `bytes` (the tests' files).
+    #[cfg(test)]
     pub fn from_bytes(store: &dyn DraftStore, bytes: &[u8]) -> Result<Self, c_int> {
         let mut draft = Self::default();
         if !bytes.is_empty() {

@@ -5,12 +5,20 @@
 //!   directory; a file being written here that has no version yet is a file
 //!   of its buffer's size.
 //! - open for reading: a reference to the object the name is bound to;
-//!   reads are slices of the mapped region. FOPEN_KEEP_CACHE when the object
-//!   is the one this inode's cache was filled from, so repeated reads (and
-//!   mmap) are served by the kernel's page cache without a call here.
+//!   reads are slices of the mapped region. An inode holds one version
+//!   (inodes.rs), so its page cache is kept (FOPEN_KEEP_CACHE): repeated
+//!   reads and mmap are served by the kernel without a call here. An open
+//!   of an inode whose version is no longer the name's (the kernel's entry
+//!   is up to TTL old) reads the current version without the page cache
+//!   (FOPEN_DIRECT_IO), whole all the same.
 //! - open for writing / create: a draft (draft.rs): the bytes go straight
 //!   into an unsealed store object that grows with the file, sealed under
-//!   the name at flush (close), fsync and release.
+//!   the name at flush (close), fsync and release. A writer takes an inode
+//!   of its own: one that files are open on (readers of a version, another
+//!   writer) is refused with ESTALE after a fresh inode is made for the
+//!   name, which the kernel's retry opens. Readers of an inode being
+//!   written read the name's sealed version without the page cache: no
+//!   reader sees a draft.
 //!
 //! Concurrency: fuser runs several session threads (`mount.rs`), each
 //! reading requests from its own clone of the /dev/fuse descriptor. The
@@ -29,7 +37,7 @@
 //! Once the daemon is gone every operation answers EIO at once; the mount
 //! itself is ended by `mount.rs`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -51,7 +59,7 @@ use shoal_core::ObjectId;
 use crate::draft::{Draft, DraftStore, Held};
 use crate::errno::{daemon_gone, errno};
 use crate::handles::{lock, slice_at, Handle, Handles, Sealed, Writer};
-use crate::inodes::Inodes;
+use crate::inodes::{Content, Inodes, Version};
 use crate::session::{configure_kernel, BLOCK};
 
 /// How long the kernel may trust an answer about a name. Short: other
@@ -60,11 +68,31 @@ const TTL: Duration = Duration::from_secs(1);
 /// A draft's create waits for room this long at a time, letting go of its
 /// connection in between.
 const CREATE_WAIT_SLICE: Duration = Duration::from_millis(50);
+/// An open for writing this soon after a lookup answered with the inode is
+/// not refused with ESTALE again (it may be the kernel's one retry).
+const RETRY_WINDOW: Duration = Duration::from_millis(50);
+/// Every file's and directory's mode (names have no mode of their own).
+const FILE_PERM: u16 = 0o644;
+const DIR_PERM: u16 = 0o755;
+/// How long an inode made for a writer's retry waits for it.
+const RESERVED_FOR: Duration = Duration::from_secs(1);
 
 /// What a path is.
 enum Node {
     File { size: u64, mtime: SystemTime },
     Dir,
+}
+
+fn mtime_of(entry: &NameEntry) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(entry.mtime_ms)
+}
+
+fn version_of(entry: &NameEntry) -> Version {
+    Version {
+        id: entry.id,
+        size: entry.data_size,
+        mtime: mtime_of(entry),
+    }
 }
 
 /// Replies with `errno`.
@@ -80,8 +108,9 @@ struct State {
     /// Directories made here by mkdir: a name prefix exists only while a
     /// name is under it, so empty directories live in the mount.
     dirs: BTreeSet<String>,
-    /// Per inode, the object its page cache was filled from.
-    cached: HashMap<u64, ObjectId>,
+    /// Modes set by chmod that are not the default (0644, 0755): names
+    /// have no mode in the store, so the mount keeps them (docs/posix.md).
+    modes: std::collections::HashMap<String, u16>,
 }
 
 pub struct ShoalFs {
@@ -176,10 +205,14 @@ impl ShoalFs {
         listed.map_err(|e| self.fail(&e))
     }
 
+    fn file_attr(&self, ino: u64, size: u64, mtime: SystemTime) -> FileAttr {
+        self.attr(ino, &Node::File { size, mtime })
+    }
+
     fn attr(&self, ino: u64, node: &Node) -> FileAttr {
         let (kind, size, mtime, perm, nlink) = match *node {
-            Node::File { size, mtime } => (FileType::RegularFile, size, mtime, 0o644, 1),
-            Node::Dir => (FileType::Directory, 0, SystemTime::now(), 0o755, 2),
+            Node::File { size, mtime } => (FileType::RegularFile, size, mtime, FILE_PERM, 1),
+            Node::Dir => (FileType::Directory, 0, SystemTime::now(), DIR_PERM, 2),
         };
         FileAttr {
             ino: INodeNo(ino),
@@ -219,22 +252,21 @@ impl ShoalFs {
             return Ok(());
         }
         let id = draft.seal(self, &path)?;
-        let (ino, shared) = {
-            let mut info = lock(&writer.info);
-            // A rename or unlink takes the draft first: not meanwhile.
-            info.dirty = false;
-            (info.ino, info.shared)
-        };
-        drop(draft);
-        // The kernel's cache of this inode holds what was just written
-        // (write-through): a reader may keep it, unless another writer's
-        // bytes are in it too.
-        let mut st = lock(&self.state);
-        if shared {
-            st.cached.remove(&ino);
-        } else {
-            st.cached.insert(ino, id);
+        let mtime_ms = lock(&writer.info).mtime_ms.take();
+        if let Some(ms) = mtime_ms {
+            // A time set while it was being written (touch -d, rsync).
+            let set = lock(&self.client).set_mtime(&path, ms);
+            set.map_err(|e| self.fail(&e))?;
         }
+        let mut info = lock(&writer.info);
+        // A rename or unlink takes the draft first: not meanwhile.
+        info.dirty = false;
+        info.sealed = Some(Version {
+            id,
+            size: draft.len(),
+            mtime: mtime_ms
+                .map_or_else(SystemTime::now, |ms| UNIX_EPOCH + Duration::from_millis(ms)),
+        });
         Ok(())
     }
 
@@ -248,6 +280,34 @@ impl ShoalFs {
             // The daemon is gone, and with it every object of ours.
             *draft = Draft::default();
         }
+    }
+
+    /// A file open on an inode was closed. The last writer of an inode
+    /// leaves it holding the version it sealed, when its pages are exactly
+    /// that version's (it alone wrote through them since its base);
+    /// otherwise what the inode holds is not known any more.
+    fn closed(&self, open: &crate::handles::Open) {
+        let sealed = match open.handle.as_ref() {
+            Handle::Writer(w) => {
+                let info = lock(&w.info);
+                let whole = !info.shared && !info.direct && !info.unlinked && !info.dirty;
+                Some(info.sealed.filter(|_| whole))
+            }
+            Handle::Reader(_) | Handle::Empty => None,
+        };
+        let mut st = lock(&self.state);
+        let writers_left = st.handles.writers().any(|w| lock(&w.info).ino == open.ino);
+        let Some(node) = st.inodes.get_mut(open.ino) else {
+            return;
+        };
+        node.opens = node.opens.saturating_sub(1);
+        node.cached_opens = node.cached_opens.saturating_sub(u32::from(open.cached));
+        if let Some(sealed) = sealed {
+            if node.content == Content::Draft && !writers_left {
+                node.content = sealed.map_or(Content::Stale, Content::Version);
+            }
+        }
+        st.inodes.forget(open.ino, 0);
     }
 
     fn release_object(&self, id: ObjectId) {
@@ -379,29 +439,42 @@ impl<'a> Op<'a> {
         Ok(path)
     }
 
-    /// The newest file written here for `path`, if a writer has it open:
-    /// (its length, or a copy of its bytes with `copy`).
-    fn open_writer(&self, path: &str, copy: bool) -> Option<(u64, Option<Vec<u8>>)> {
-        let mut best: Option<(bool, u64, Option<Vec<u8>>)> = None;
+    /// The length of the file a writer on this mount has open on `ino`
+    /// (the newest, when several), if one has.
+    fn writer_len(&self, ino: u64) -> Option<u64> {
+        self.newest_writer(|w| w.ino == ino)
+    }
+
+    /// The length of the file a writer on this mount has open for `path`.
+    fn path_writer_len(&self, path: &str) -> Option<u64> {
+        self.newest_writer(|w| w.path == path)
+    }
+
+    fn newest_writer(&self, pick: impl Fn(&crate::handles::WriterInfo) -> bool) -> Option<u64> {
+        self.newest_writer_attrs(pick).map(|(len, _)| len)
+    }
+
+    /// The newest writer's length and modification time (the one set
+    /// while it is open, else now).
+    fn newest_writer_attrs(
+        &self,
+        pick: impl Fn(&crate::handles::WriterInfo) -> bool,
+    ) -> Option<(u64, SystemTime)> {
+        let mut best: Option<(bool, u64, Option<u64>)> = None;
         for writer in self.st.handles.writers() {
-            let (dirty, len) = {
-                let w = lock(&writer.info);
-                if w.path != path || w.unlinked {
-                    continue;
-                }
-                (w.dirty, w.len)
-            };
-            if best
-                .as_ref()
-                .is_none_or(|(was_dirty, ..)| dirty && !was_dirty)
-            {
-                // A copy waits for a write under way (rare: an open of a
-                // file this mount is writing).
-                let bytes = copy.then(|| lock(&writer.draft).bytes().to_vec());
-                best = Some((dirty, len, bytes));
+            let w = lock(&writer.info);
+            if w.unlinked || !pick(&w) {
+                continue;
+            }
+            if best.is_none_or(|(was_dirty, ..)| w.dirty && !was_dirty) {
+                best = Some((w.dirty, w.len, w.mtime_ms));
             }
         }
-        best.map(|(_, len, bytes)| (len, bytes))
+        best.map(|(_, len, ms)| {
+            let mtime =
+                ms.map_or_else(SystemTime::now, |ms| UNIX_EPOCH + Duration::from_millis(ms));
+            (len, mtime)
+        })
     }
 
     fn is_dir(&self, path: &str) -> Result<bool, c_int> {
@@ -417,9 +490,11 @@ impl<'a> Op<'a> {
         Ok(made_under || !self.fs.list(path)?.is_empty())
     }
 
+    /// What `path` is: a file being written here, a sealed file, or a
+    /// directory.
     fn node(&self, path: &str) -> Result<Node, c_int> {
         self.fs.check_alive()?;
-        if let Some((size, _)) = self.open_writer(path, false) {
+        if let Some(size) = self.path_writer_len(path) {
             return Ok(Node::File {
                 size,
                 mtime: SystemTime::now(),
@@ -429,7 +504,7 @@ impl<'a> Op<'a> {
             if let Some(entry) = self.fs.resolve(path)? {
                 return Ok(Node::File {
                     size: entry.data_size,
-                    mtime: UNIX_EPOCH + Duration::from_millis(entry.mtime_ms),
+                    mtime: mtime_of(&entry),
                 });
             }
         }
@@ -440,10 +515,77 @@ impl<'a> Op<'a> {
         }
     }
 
-    fn stat(&mut self, path: &str) -> Result<FileAttr, c_int> {
-        let node = self.node(path)?;
-        let ino = self.st.inodes.ino(path);
-        Ok(self.fs.attr(ino, &node))
+    /// The inode a lookup of `path` answers with, and its attributes: the
+    /// inode a writer here has open, or the one of the name's version (a
+    /// new one for a new version), or the directory's.
+    fn lookup(&mut self, path: &str) -> Result<(u64, FileAttr), c_int> {
+        self.fs.check_alive()?;
+        if let Some(ino) = self.st.inodes.current(path) {
+            match self.st.inodes.get(ino).map(|n| n.content) {
+                Some(Content::Draft) => {
+                    if let Some(len) = self.writer_len(ino) {
+                        return Ok((ino, self.fs.file_attr(ino, len, SystemTime::now())));
+                    }
+                }
+                Some(Content::Reserved { version, until }) if Instant::now() < until => {
+                    return Ok((ino, self.reserved_attr(ino, version)));
+                }
+                _ => {}
+            }
+        }
+        if !path.is_empty() {
+            if let Some(entry) = self.fs.resolve(path)? {
+                let version = version_of(&entry);
+                let ino = self.st.inodes.version(path, version);
+                return Ok((ino, self.fs.file_attr(ino, version.size, version.mtime)));
+            }
+        }
+        if self.is_dir(path)? {
+            let ino = self.st.inodes.dir(path);
+            return Ok((ino, self.fs.attr(ino, &Node::Dir)));
+        }
+        Err(libc::ENOENT)
+    }
+
+    fn reserved_attr(&self, ino: u64, version: Option<Version>) -> FileAttr {
+        match version {
+            Some(v) => self.fs.file_attr(ino, v.size, v.mtime),
+            None => self.fs.file_attr(ino, 0, SystemTime::now()),
+        }
+    }
+
+    /// The attributes of inode `ino`: those of what it holds, so that the
+    /// kernel's size of it stays its version's (files open on it read
+    /// that version's pages up to that size).
+    fn getattr(&mut self, ino: u64) -> Result<FileAttr, c_int> {
+        self.fs.check_alive()?;
+        let node = self.st.inodes.get(ino).ok_or(libc::ENOENT)?;
+        let (path, content) = (node.path.clone(), node.content);
+        match content {
+            Content::Version(mut v) => {
+                // The name's modification time while the name holds it.
+                if self.st.inodes.current(&path) == Some(ino) {
+                    if let Some(entry) = self.fs.resolve(&path)? {
+                        if entry.id == v.id {
+                            v.mtime = mtime_of(&entry);
+                            self.st.inodes.version(&path, v);
+                        }
+                    }
+                }
+                Ok(self.fs.file_attr(ino, v.size, v.mtime))
+            }
+            Content::Draft if self.writer_len(ino).is_some() => {
+                let (len, mtime) = self
+                    .newest_writer_attrs(|w| w.ino == ino)
+                    .unwrap_or((0, SystemTime::now()));
+                Ok(self.fs.file_attr(ino, len, mtime))
+            }
+            Content::Reserved { version, .. } => Ok(self.reserved_attr(ino, version)),
+            Content::Dir | Content::Draft | Content::Stale => {
+                let node = self.node(&path)?;
+                Ok(self.fs.attr(ino, &node))
+            }
+        }
     }
 
     /// Whether a handle open for writing on this mount has inode `ino`.
@@ -451,43 +593,102 @@ impl<'a> Op<'a> {
         self.st.handles.writers().any(|w| lock(&w.info).ino == ino)
     }
 
-    /// Opens `path` for writing: its current bytes unless truncated (with
-    /// the write-back cache, EBUSY while another handle writes it).
-    fn open_writer_handle(&mut self, path: String, ino: u64, truncate: bool) -> Result<u64, c_int> {
+    /// Counts a file opened on `ino` and inserts its handle.
+    fn insert_open(&mut self, handle: Handle, ino: u64, cached: bool) -> u64 {
+        if let Some(node) = self.st.inodes.get_mut(ino) {
+            node.opens += 1;
+            node.cached_opens += u32::from(cached);
+        }
+        self.st.handles.insert(handle, ino, cached)
+    }
+
+    /// Whether the kernel may be retrying an open of `ino` it just looked
+    /// up (or a rewrite raced that lookup): not to be refused again.
+    fn just_looked_up(&self, ino: u64) -> bool {
+        self.st
+            .inodes
+            .get(ino)
+            .and_then(|n| n.looked_up)
+            .is_some_and(|at| at.elapsed() < RETRY_WINDOW)
+    }
+
+    /// Opens inode `ino` for writing: its current bytes unless the kernel
+    /// truncates them next (with the write-back cache, EBUSY while another
+    /// handle writes it). The writer takes the inode when nothing else has
+    /// it open and its pages are the draft's base; otherwise a fresh inode
+    /// is made the name's and the kernel is told to retry (ESTALE).
+    fn open_writer_handle(&mut self, ino: u64) -> Result<u64, c_int> {
         if self.fs.writeback_cache && self.writing(ino) {
             // The kernel writes cached pages back through any handle open
             // for writing on the inode: two writers' bytes would mix.
             return Err(libc::EBUSY);
         }
-        let draft = if truncate {
-            Draft::default()
-        } else if let Some((_, Some(bytes))) = self.open_writer(&path, true) {
-            Draft::from_bytes(self.fs, &bytes)?
-        } else {
-            self.draft_of_current(&path)?
+        let node = self.st.inodes.get(ino).ok_or(libc::ENOENT)?;
+        let (path, content, busy) = (node.path.clone(), node.content, node.cached_opens > 0);
+        let (draft, base) = self.draft_of_current(&path)?;
+        let holds_base = match content {
+            Content::Version(v) => base.is_some_and(|b| b.id == v.id),
+            Content::Reserved { version, .. } => version.map(|v| v.id) == base.map(|b| b.id),
+            Content::Dir | Content::Draft | Content::Stale => false,
         };
-        let writer = Writer::new(path, ino, draft, truncate);
-        for other in self.st.handles.writers() {
-            let mut other = lock(&other.info);
-            if other.ino == ino {
-                other.shared = true;
-                lock(&writer.info).shared = true;
+        let writer_here = content == Content::Draft && self.writing(ino);
+        let retry = self.just_looked_up(ino);
+        let (direct, shared) = if !busy && holds_base {
+            (false, false)
+        } else if retry && writer_here {
+            // Two writers opened it at once: they share its page cache
+            // (each still seals its own version).
+            (false, true)
+        } else if retry && !busy {
+            // Its pages are another version's: write around them.
+            (true, false)
+        } else {
+            // Readers (or a writer) have it open: the writer gets a fresh
+            // inode, which the kernel's retry of the open finds.
+            let mut draft = draft;
+            draft.finish(self.fs);
+            let until = Instant::now() + RESERVED_FOR;
+            self.st.inodes.fresh(
+                &path,
+                Content::Reserved {
+                    version: base,
+                    until,
+                },
+            );
+            return Err(libc::ESTALE);
+        };
+        let writer = Writer::new(path, ino, draft, false);
+        {
+            let mut info = lock(&writer.info);
+            info.sealed = base;
+            info.direct = direct;
+            info.shared = shared;
+        }
+        if shared {
+            for other in self.st.handles.writers() {
+                let mut other = lock(&other.info);
+                if other.ino == ino {
+                    other.shared = true;
+                }
             }
         }
-        Ok(self.st.handles.insert(Handle::Writer(writer)))
+        if let Some(node) = self.st.inodes.get_mut(ino) {
+            node.content = Content::Draft;
+        }
+        Ok(self.insert_open(Handle::Writer(writer), ino, !direct))
     }
 
-    /// A draft starting from the version bound to `path` (empty if none):
-    /// a reference to it, taken on a drafts connection (the draft lets it
-    /// go there), copied only when the file is changed.
-    fn draft_of_current(&self, path: &str) -> Result<Draft, c_int> {
+    /// A draft starting from the version bound to `path` (empty if none),
+    /// and that version: a reference to it, taken on a drafts connection
+    /// (the draft lets it go there), copied only when the file is changed.
+    fn draft_of_current(&self, path: &str) -> Result<(Draft, Option<Version>), c_int> {
         let fs = self.fs;
         let conn = fs.next_draft();
         let mut client = lock(&fs.drafts[conn]);
         let (entry, located) = match client.get_named(path, 0) {
             Ok(got) => got,
             Err(err) if errno(&err) == libc::ENOENT && !daemon_gone(&err) => {
-                return Ok(Draft::default())
+                return Ok((Draft::default(), None))
             }
             Err(err) => {
                 drop(client);
@@ -497,7 +698,8 @@ impl<'a> Op<'a> {
         match client.located_ptr(located) {
             Ok(ptr) => {
                 let held = Held { id: entry.id, conn };
-                Ok(Draft::from_sealed(held, ptr, entry.data_size))
+                let draft = Draft::from_sealed(held, ptr, entry.data_size);
+                Ok((draft, Some(version_of(&entry))))
             }
             Err(err) => {
                 let _ = client.release(&[entry.id]);
@@ -507,12 +709,13 @@ impl<'a> Op<'a> {
         }
     }
 
-    /// Opens the object bound to `path` for reading; `keep_cache` when it
-    /// is the one the inode's page cache holds.
-    fn open_reader(&mut self, path: &str, ino: u64) -> Result<(u64, bool), c_int> {
+    /// The version bound to `path` with a reference to it (a handle's),
+    /// or None when the name has none.
+    fn get_version(&self, path: &str) -> Result<Option<(Sealed, Version)>, c_int> {
         let mut client = lock(&self.fs.client);
         let (entry, located) = match client.get_named(path, 0) {
             Ok(got) => got,
+            Err(err) if errno(&err) == libc::ENOENT && !daemon_gone(&err) => return Ok(None),
             Err(err) => {
                 drop(client);
                 return Err(self.fs.fail(&err));
@@ -526,16 +729,137 @@ impl<'a> Op<'a> {
                 return Err(self.fs.fail(&err));
             }
         };
-        drop(client);
         // SAFETY: `ptr` is the object's data in our mapping, referenced by
         // the get above until the handle's release.
         let sealed = unsafe { Sealed::new(entry.id, ptr, entry.data_size as usize) };
-        let keep = self.st.cached.insert(ino, entry.id) == Some(entry.id);
-        Ok((self.st.handles.insert(Handle::Reader(sealed)), keep))
+        Ok(Some((sealed, version_of(&entry))))
     }
 
-    fn truncate_path(mut self, path: &str, ino: u64, size: u64) -> Result<(), c_int> {
-        let fh = self.open_writer_handle(path.to_owned(), ino, false)?;
+    /// Opens inode `ino` for reading: the version bound to its name now,
+    /// through the page cache when the inode holds that version (kept:
+    /// FOPEN_KEEP_CACHE), else without it (FOPEN_DIRECT_IO).
+    fn open_reader(&mut self, ino: u64) -> Result<(u64, FopenFlags), c_int> {
+        let node = self.st.inodes.get(ino).ok_or(libc::ENOENT)?;
+        let (path, content) = (node.path.clone(), node.content);
+        let got = self.get_version(&path)?;
+        let holds = match (content, &got) {
+            (Content::Version(v), Some((_, now))) => v.id == now.id,
+            _ => false,
+        };
+        if holds {
+            let (sealed, _) = got.expect("matched above");
+            let fh = self.insert_open(Handle::Reader(sealed), ino, true);
+            return Ok((fh, FopenFlags::FOPEN_KEEP_CACHE));
+        }
+        // Another version's inode (the kernel's entry is up to a second
+        // old, or a rewrite raced the lookup), one being written here,
+        // reserved for a writer or of unknown pages: the name's version,
+        // past the cache. (Not ESTALE: under load the kernel's one retry
+        // can land on an inode a rewrite has made stale again.)
+        let handle = match got {
+            Some((sealed, _)) => Handle::Reader(sealed),
+            None if matches!(content, Content::Version(_) | Content::Dir) => {
+                return Err(libc::ENOENT)
+            }
+            None => Handle::Empty,
+        };
+        let fh = self.insert_open(handle, ino, false);
+        Ok((fh, FopenFlags::FOPEN_DIRECT_IO))
+    }
+
+    /// Files are owned by the mounting user: a change of owner is refused
+    /// (EPERM), never answered with a success that changes nothing. A mode
+    /// is kept by the mount, per name (rsync makes its files 0600 while
+    /// writing them, then gives them the source's mode).
+    fn set_owner_and_mode(
+        &mut self,
+        ino: u64,
+        path: &str,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<(), c_int> {
+        if uid.is_some_and(|u| u != self.fs.uid) || gid.is_some_and(|g| g != self.fs.gid) {
+            return Err(libc::EPERM);
+        }
+        if let Some(mode) = mode {
+            let perm = (mode & 0o7777) as u16;
+            if perm == self.default_perm(ino) {
+                self.st.modes.remove(path);
+            } else {
+                self.st.modes.insert(path.to_owned(), perm);
+            }
+        }
+        Ok(())
+    }
+
+    fn default_perm(&self, ino: u64) -> u16 {
+        let dir = self
+            .st
+            .inodes
+            .get(ino)
+            .is_some_and(|n| n.content == Content::Dir);
+        if dir {
+            DIR_PERM
+        } else {
+            FILE_PERM
+        }
+    }
+
+    /// `attr` with the mode chmod gave its name, if any.
+    fn moded(&self, mut attr: FileAttr) -> FileAttr {
+        if let Some(path) = self.st.inodes.path(attr.ino.0) {
+            if let Some(&perm) = self.st.modes.get(path) {
+                attr.perm = perm;
+            }
+        }
+        attr
+    }
+
+    /// Sets the modification time of the file at `path` (inode `ino`):
+    /// the name's, kept by the daemon. A file being written here takes it
+    /// at its next seal (a write after it would set the seal time anyway).
+    fn set_mtime(&mut self, ino: u64, path: &str, mtime: TimeOrNow) -> Result<(), c_int> {
+        let at = match mtime {
+            TimeOrNow::SpecificTime(t) => t,
+            TimeOrNow::Now => SystemTime::now(),
+        };
+        let ms = at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        match self.st.inodes.get(ino).map(|n| n.content) {
+            Some(Content::Dir) | None => return Ok(()),
+            _ => {}
+        }
+        let mut pending = false;
+        for writer in self.st.handles.writers() {
+            let mut w = lock(&writer.info);
+            if w.ino == ino && !w.unlinked {
+                w.mtime_ms = Some(ms);
+                pending |= w.dirty;
+            }
+        }
+        if pending {
+            return Ok(());
+        }
+        let set = lock(&self.fs.client).set_mtime(path, ms);
+        set.map_err(|e| self.fs.fail(&e))?;
+        if let Some(node) = self.st.inodes.get_mut(ino) {
+            if let Content::Version(v) = &mut node.content {
+                v.mtime = UNIX_EPOCH + Duration::from_millis(ms);
+            }
+        }
+        Ok(())
+    }
+
+    /// A truncate by path (no handle): a new version of the kept bytes.
+    /// The inode takes it when nothing has it open; otherwise it keeps its
+    /// version (its readers') and the next lookup gives the new one its
+    /// own.
+    fn truncate_path(mut self, path: &str, ino: u64, size: u64) -> Result<FileAttr, c_int> {
+        let (draft, base) = self.draft_of_current(path)?;
+        let writer = Writer::new(path.to_owned(), ino, draft, false);
+        let fh = self.st.handles.insert(Handle::Writer(writer), ino, false);
         let max = self.fs.max_file;
         let handle = self.st.handles.get(fh);
         let resized = match handle.as_deref() {
@@ -545,13 +869,27 @@ impl<'a> Op<'a> {
         // The commit takes the writer and the client, not the state.
         drop(self.st);
         let result = resized.and_then(|()| self.fs.commit(FileHandle(fh)));
-        lock(&self.fs.state).handles.remove(fh);
+        let mut st = lock(&self.fs.state);
+        st.handles.remove(fh);
+        let sealed = match handle.as_deref() {
+            Some(Handle::Writer(w)) => lock(&w.info).sealed,
+            _ => None,
+        };
+        if let (Ok(()), Some(v)) = (&result, sealed) {
+            if let Some(node) = st.inodes.get_mut(ino) {
+                let held_base = base.is_some_and(|b| node.content == Content::Version(b));
+                if node.opens == 0 && held_base {
+                    node.content = Content::Version(v);
+                }
+            }
+        }
+        drop(st);
         if let Some(Handle::Writer(w)) = handle.as_deref() {
             self.fs.finish_writer(w);
         }
-        result
+        result?;
+        Op::new(self.fs).getattr(ino)
     }
-
     fn rename_paths(&mut self, from: &str, to: &str, flags: RenameFlags) -> Result<(), c_int> {
         self.fs.check_alive()?;
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
@@ -596,6 +934,18 @@ impl<'a> Op<'a> {
         for d in made {
             self.st.dirs.remove(&d);
             self.st.dirs.insert(format!("{to}{}", &d[from.len()..]));
+        }
+        let moded: Vec<(String, u16)> = self
+            .st
+            .modes
+            .iter()
+            .filter(|(p, _)| p.as_str() == from || names::is_under(p, from))
+            .map(|(p, &m)| (p.clone(), m))
+            .collect();
+        self.st.modes.remove(to);
+        for (p, m) in moded {
+            self.st.modes.remove(&p);
+            self.st.modes.insert(format!("{to}{}", &p[from.len()..]), m);
         }
         self.st.dirs.remove(to);
         if matches!(source, Node::Dir) {
@@ -671,16 +1021,24 @@ impl Filesystem for ShoalFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let mut op = Op::new(self);
-        match op.child(parent, name).and_then(|p| op.stat(&p)) {
-            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+        match op.child(parent, name).and_then(|p| op.lookup(&p)) {
+            Ok((ino, attr)) => {
+                op.st.inodes.looked_up(ino);
+                reply.entry(&TTL, &op.moded(attr), Generation(0));
+            }
             Err(e) => reply.error(errno_of(e)),
         }
     }
 
+    // fuser's batch_forget calls this for each inode.
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        lock(&self.state).inodes.forget(ino.0, nlookup);
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let mut op = Op::new(self);
-        match op.path_of(ino).and_then(|p| op.stat(&p)) {
-            Ok(attr) => reply.attr(&TTL, &attr),
+        match op.getattr(ino.0) {
+            Ok(attr) => reply.attr(&TTL, &op.moded(attr)),
             Err(e) => reply.error(errno_of(e)),
         }
     }
@@ -689,12 +1047,12 @@ impl Filesystem for ShoalFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
         _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
@@ -705,8 +1063,13 @@ impl Filesystem for ShoalFs {
     ) {
         let result = (|| {
             self.check_alive()?;
-            let op = Op::new(self);
+            let mut op = Op::new(self);
             let path = op.path_of(ino)?;
+            op.set_owner_and_mode(ino.0, &path, mode, uid, gid)?;
+            if let Some(mtime) = mtime {
+                op.set_mtime(ino.0, &path, mtime)?;
+            }
+            let op = op;
             if let Some(size) = size {
                 let max = self.max_file;
                 let writer = fh
@@ -718,7 +1081,7 @@ impl Filesystem for ShoalFs {
                         // file may wait for room.
                         drop(op);
                         w.change(|d| d.truncate(self, size, max))?;
-                        return Op::new(self).stat(&path);
+                        return Op::new(self).getattr(ino.0);
                     }
                     _ => {
                         // A truncate by path while writers have it open
@@ -735,17 +1098,16 @@ impl Filesystem for ShoalFs {
                             }
                         }
                         if !resized {
-                            op.truncate_path(&path, ino.0, size)?;
-                            return Op::new(self).stat(&path);
+                            return op.truncate_path(&path, ino.0, size);
                         }
                     }
                 }
             }
             let mut op = op;
-            op.stat(&path)
+            op.getattr(ino.0)
         })();
         match result {
-            Ok(attr) => reply.attr(&TTL, &attr),
+            Ok(attr) => reply.attr(&TTL, &Op::new(self).moded(attr)),
             Err(e) => reply.error(errno_of(e)),
         }
     }
@@ -767,16 +1129,20 @@ impl Filesystem for ShoalFs {
                 Err(e) => return Err(e),
             }
             op.st.dirs.insert(path.clone());
-            op.stat(&path)
+            let ino = op.st.inodes.dir(&path);
+            Ok((ino, self.attr(ino, &Node::Dir)))
         });
         match result {
-            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Ok((ino, attr)) => {
+                op.st.inodes.looked_up(ino);
+                reply.entry(&TTL, &attr, Generation(0));
+            }
             Err(e) => reply.error(errno_of(e)),
         }
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let op = Op::new(self);
+        let mut op = Op::new(self);
         let result = op.child(parent, name).and_then(|path| {
             self.check_alive()?;
             let mut open = false;
@@ -794,7 +1160,11 @@ impl Filesystem for ShoalFs {
             }
             let unlinked = lock(&self.client).unlink(&path);
             match unlinked {
-                Ok(()) => Ok(()),
+                Ok(()) => {
+                    op.st.inodes.unlinked(&path);
+                    op.st.modes.remove(&path);
+                    Ok(())
+                }
                 Err(err) if open && errno(&err) == libc::ENOENT => Ok(()),
                 Err(err) => Err(self.fail(&err)),
             }
@@ -851,24 +1221,22 @@ impl Filesystem for ShoalFs {
             let mut op = Op::new(self);
             let path = op.path_of(ino)?;
             if flags.acc_mode() == OpenAccMode::O_RDONLY {
-                if let Some((_, Some(bytes))) = op.open_writer(&path, true) {
-                    // Written here and not closed yet: read what it holds.
-                    let fh = op.st.handles.insert(Handle::Snapshot(bytes));
-                    return Ok((fh, FopenFlags::empty()));
-                }
-                let (fh, keep) = op.open_reader(&path, ino.0)?;
-                let flags = if keep {
-                    FopenFlags::FOPEN_KEEP_CACHE
-                } else {
-                    FopenFlags::empty()
-                };
-                Ok((fh, flags))
+                op.open_reader(ino.0)
             } else {
                 if matches!(op.node(&path)?, Node::Dir) {
                     return Err(libc::EISDIR);
                 }
-                let fh = op.open_writer_handle(path, ino.0, flags.0 & libc::O_TRUNC != 0)?;
-                Ok((fh, FopenFlags::empty()))
+                let fh = op.open_writer_handle(ino.0)?;
+                let direct = matches!(
+                    op.st.handles.get(fh).as_deref(),
+                    Some(Handle::Writer(w)) if lock(&w.info).direct
+                );
+                let flags = if direct {
+                    FopenFlags::FOPEN_DIRECT_IO
+                } else {
+                    FopenFlags::empty()
+                };
+                Ok((fh, flags))
             }
         })();
         match result {
@@ -898,12 +1266,23 @@ impl Filesystem for ShoalFs {
                 Err(libc::ENOENT) => false,
                 Err(e) => return Err(e),
             };
-            let ino = op.st.inodes.ino(&path);
             // A new file is dirty from the start: closing it empty still
             // makes it exist.
             let truncate = !existing || flags & libc::O_TRUNC != 0;
-            let fh = op.open_writer_handle(path.clone(), ino, truncate)?;
-            let attr = op.stat(&path)?;
+            let (draft, base) = if truncate {
+                (Draft::default(), None)
+            } else {
+                op.draft_of_current(&path)?
+            };
+            // An inode of its own: the kernel has none for the name (its
+            // entry was negative), files open elsewhere keep theirs.
+            let ino = op.st.inodes.fresh(&path, Content::Draft);
+            let writer = Writer::new(path, ino, draft, truncate);
+            lock(&writer.info).sealed = base;
+            let fh = op.insert_open(Handle::Writer(writer), ino, true);
+            let attr = op.getattr(ino)?;
+            let attr = op.moded(attr);
+            op.st.inodes.looked_up(ino);
             Ok((attr, fh))
         })();
         match result {
@@ -935,7 +1314,7 @@ impl Filesystem for ShoalFs {
         match self.handle(fh).as_deref() {
             Some(Handle::Reader(sealed)) => reply.data(slice_at(sealed.bytes(), offset, size)),
             Some(Handle::Writer(w)) => reply.data(slice_at(lock(&w.draft).bytes(), offset, size)),
-            Some(Handle::Snapshot(bytes)) => reply.data(slice_at(bytes, offset, size)),
+            Some(Handle::Empty) => reply.data(&[]),
             None => reply.error(Errno::EBADF),
         }
     }
@@ -1009,10 +1388,13 @@ impl Filesystem for ShoalFs {
         // Writes after the last flush (a shared mmap written back late).
         let result = self.commit(fh);
         let removed = lock(&self.state).handles.remove(fh.0);
-        match removed.as_deref() {
-            Some(Handle::Reader(sealed)) => self.release_object(sealed.id),
-            Some(Handle::Writer(writer)) => self.finish_writer(writer),
-            Some(Handle::Snapshot(_)) | None => {}
+        if let Some(open) = &removed {
+            match open.handle.as_ref() {
+                Handle::Reader(sealed) => self.release_object(sealed.id),
+                Handle::Writer(writer) => self.finish_writer(writer),
+                Handle::Empty => {}
+            }
+            self.closed(open);
         }
         match result {
             Ok(()) => reply.ok(),
@@ -1036,8 +1418,12 @@ impl Filesystem for ShoalFs {
                 return Err(libc::ENOTDIR);
             }
             let children = op.children(&dir)?;
+            let mut number = |path: &str| match op.st.inodes.current(path) {
+                Some(ino) => ino,
+                None => op.st.inodes.unkept_number(),
+            };
             let parent = match dir.rsplit_once('/') {
-                Some((up, _)) => op.st.inodes.ino(up),
+                Some((up, _)) => number(up),
                 None => INodeNo::ROOT.0,
             };
             let mut entries = vec![
@@ -1050,7 +1436,7 @@ impl Filesystem for ShoalFs {
                 } else {
                     format!("{dir}/{name}")
                 };
-                entries.push((op.st.inodes.ino(&path), kind, name));
+                entries.push((number(&path), kind, name));
             }
             Ok(entries)
         })();

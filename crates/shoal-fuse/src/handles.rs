@@ -4,7 +4,9 @@
 //! system). A file opened for writing gets its own draft (draft.rs): an
 //! unsealed store object, filled from the current version unless
 //! truncated, sealed under the name when closed: a version is always one
-//! writer's whole file, never a mix (last close wins).
+//! writer's whole file, never a mix (last close wins). Each open file
+//! knows its inode and whether it reads through the kernel's page cache
+//! of it (inodes.rs).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -12,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use shoal_core::ObjectId;
 
 use crate::draft::Draft;
+use crate::inodes::Version;
 
 /// A sealed object's bytes in this process's mapping of the region.
 pub struct Sealed {
@@ -60,10 +63,18 @@ pub struct WriterInfo {
     pub dirty: bool,
     /// Its name was unlinked while open: closing it writes nothing.
     pub unlinked: bool,
-    /// Another writer had the same file open meanwhile: the kernel's page
-    /// cache of the file mixes both writers' bytes, so it must not be kept
-    /// for the version this one writes.
+    /// Another writer had the same inode open meanwhile: the kernel's page
+    /// cache of it mixes both writers' bytes, so it must not be kept for
+    /// the version this one writes.
     pub shared: bool,
+    /// Opened without the page cache (the inode's pages were not its
+    /// draft's base): the inode's pages are not the version it seals.
+    pub direct: bool,
+    /// The version its last commit sealed (None once written again).
+    pub sealed: Option<Version>,
+    /// A modification time set while it is open (ms since the epoch):
+    /// what stat shows, and the name's after its next seal.
+    pub mtime_ms: Option<u64>,
 }
 
 impl Writer {
@@ -75,6 +86,9 @@ impl Writer {
             dirty,
             unlinked: false,
             shared: false,
+            direct: false,
+            sealed: None,
+            mtime_ms: None,
         };
         Self {
             info: Mutex::new(info),
@@ -89,7 +103,12 @@ impl Writer {
         let result = change(&mut draft);
         let mut info = lock(&self.info);
         info.len = draft.len();
-        info.dirty |= result.is_ok();
+        if result.is_ok() {
+            // A write after a time was set sets the seal time again.
+            info.dirty = true;
+            info.sealed = None;
+            info.mtime_ms = None;
+        }
         result
     }
 }
@@ -100,9 +119,9 @@ impl Writer {
 pub enum Handle {
     Reader(Sealed),
     Writer(Writer),
-    /// A read-only open of a file this mount is writing and has not closed
-    /// yet: its bytes at that open.
-    Snapshot(Vec<u8>),
+    /// A read-only open of a file that has no version yet (one this mount
+    /// is creating): empty, as readers never see a writer's draft.
+    Empty,
 }
 
 /// Locks `m`. A thread that panicked while holding it left a buffer that is
@@ -121,31 +140,44 @@ pub fn slice_at(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
     &bytes[start..end]
 }
 
+/// An open file in the table: its handle, its inode, and whether it uses
+/// the inode's page cache.
+pub struct Open {
+    pub handle: Arc<Handle>,
+    pub ino: u64,
+    pub cached: bool,
+}
+
 #[derive(Default)]
 pub struct Handles {
-    open: HashMap<u64, Arc<Handle>>,
+    open: HashMap<u64, Open>,
     next: u64,
 }
 
 impl Handles {
-    pub fn insert(&mut self, handle: Handle) -> u64 {
+    pub fn insert(&mut self, handle: Handle, ino: u64, cached: bool) -> u64 {
         self.next += 1;
-        self.open.insert(self.next, Arc::new(handle));
+        let open = Open {
+            handle: Arc::new(handle),
+            ino,
+            cached,
+        };
+        self.open.insert(self.next, open);
         self.next
     }
 
     pub fn get(&self, fh: u64) -> Option<Arc<Handle>> {
-        self.open.get(&fh).cloned()
+        self.open.get(&fh).map(|o| o.handle.clone())
     }
 
-    pub fn remove(&mut self, fh: u64) -> Option<Arc<Handle>> {
+    pub fn remove(&mut self, fh: u64) -> Option<Open> {
         self.open.remove(&fh)
     }
 
     pub fn writers(&self) -> impl Iterator<Item = &Writer> {
-        self.open.values().filter_map(|h| match h.as_ref() {
+        self.open.values().filter_map(|o| match o.handle.as_ref() {
             Handle::Writer(w) => Some(w),
-            Handle::Reader(_) | Handle::Snapshot(_) => None,
+            Handle::Reader(_) | Handle::Empty => None,
         })
     }
 }
