@@ -235,7 +235,9 @@ impl ShoalFs {
 
     /// Seals a writer's draft as the name's new version. Holds only the
     /// writer (and the client for each call): other files go on meanwhile.
-    fn commit(&self, fh: FileHandle) -> Result<(), c_int> {
+    /// `closer`: the thread whose close(2) this is (a flush); it commits
+    /// only what its process wrote (writers.rs).
+    fn commit(&self, fh: FileHandle, closer: Option<u32>) -> Result<(), c_int> {
         self.check_alive()?;
         let Some(handle) = self.handle(fh) else {
             return Ok(());
@@ -244,13 +246,15 @@ impl ShoalFs {
             return Ok(());
         };
         let mut draft = lock(&writer.draft);
-        let (path, dirty, unlinked) = {
+        let (path, dirty, unlinked, theirs) = {
             let info = lock(&writer.info);
-            (info.path.clone(), info.dirty, info.unlinked)
+            let theirs = closer.is_none_or(|tid| info.changers.commits_on_close_by(tid));
+            (info.path.clone(), info.dirty, info.unlinked, theirs)
         };
-        if !dirty || unlinked {
+        if !dirty || unlinked || !theirs {
             return Ok(());
         }
+        tracing::debug!(%path, len = draft.len(), ?closer, "commit");
         let id = draft.seal(self, &path)?;
         let mtime_ms = lock(&writer.info).mtime_ms.take();
         if let Some(ms) = mtime_ms {
@@ -261,6 +265,7 @@ impl ShoalFs {
         let mut info = lock(&writer.info);
         // A rename or unlink takes the draft first: not meanwhile.
         info.dirty = false;
+        info.changers.clear();
         info.sealed = Some(Version {
             id,
             size: draft.len(),
@@ -617,7 +622,10 @@ impl<'a> Op<'a> {
     /// handle writes it). The writer takes the inode when nothing else has
     /// it open and its pages are the draft's base; otherwise a fresh inode
     /// is made the name's and the kernel is told to retry (ESTALE).
-    fn open_writer_handle(&mut self, ino: u64) -> Result<u64, c_int> {
+    /// `truncated_by`: the thread of an `O_TRUNC` open (the kernel leaves
+    /// the truncation to the open, `FUSE_ATOMIC_O_TRUNC`): the file starts
+    /// empty and is that process's change.
+    fn open_writer_handle(&mut self, ino: u64, truncated_by: Option<u32>) -> Result<u64, c_int> {
         if self.fs.writeback_cache && self.writing(ino) {
             // The kernel writes cached pages back through any handle open
             // for writing on the inode: two writers' bytes would mix.
@@ -657,12 +665,23 @@ impl<'a> Op<'a> {
             );
             return Err(libc::ESTALE);
         };
-        let writer = Writer::new(path, ino, draft, false);
+        let draft = match truncated_by {
+            Some(_) => {
+                let mut draft = draft;
+                draft.finish(self.fs);
+                Draft::default()
+            }
+            None => draft,
+        };
+        let writer = Writer::new(path, ino, draft, truncated_by.is_some());
         {
             let mut info = lock(&writer.info);
             info.sealed = base;
             info.direct = direct;
             info.shared = shared;
+            if let Some(tid) = truncated_by {
+                info.changers.changed_by(tid);
+            }
         }
         if shared {
             for other in self.st.handles.writers() {
@@ -675,7 +694,7 @@ impl<'a> Op<'a> {
         if let Some(node) = self.st.inodes.get_mut(ino) {
             node.content = Content::Draft;
         }
-        Ok(self.insert_open(Handle::Writer(writer), ino, !direct))
+        Ok(self.insert_open(Handle::Writer(Box::new(writer)), ino, !direct))
     }
 
     /// A draft starting from the version bound to `path` (empty if none),
@@ -856,19 +875,25 @@ impl<'a> Op<'a> {
     /// The inode takes it when nothing has it open; otherwise it keeps its
     /// version (its readers') and the next lookup gives the new one its
     /// own.
-    fn truncate_path(mut self, path: &str, ino: u64, size: u64) -> Result<FileAttr, c_int> {
+    fn truncate_path(
+        mut self,
+        path: &str,
+        ino: u64,
+        size: u64,
+        by: u32,
+    ) -> Result<FileAttr, c_int> {
         let (draft, base) = self.draft_of_current(path)?;
         let writer = Writer::new(path.to_owned(), ino, draft, false);
-        let fh = self.st.handles.insert(Handle::Writer(writer), ino, false);
+        let fh = self.st.handles.insert(Handle::Writer(Box::new(writer)), ino, false);
         let max = self.fs.max_file;
         let handle = self.st.handles.get(fh);
         let resized = match handle.as_deref() {
-            Some(Handle::Writer(w)) => w.change(|d| d.truncate(self.fs, size, max)),
+            Some(Handle::Writer(w)) => w.change(by, |d| d.truncate(self.fs, size, max)),
             _ => Err(libc::EBADF),
         };
         // The commit takes the writer and the client, not the state.
         drop(self.st);
-        let result = resized.and_then(|()| self.fs.commit(FileHandle(fh)));
+        let result = resized.and_then(|()| self.fs.commit(FileHandle(fh), None));
         let mut st = lock(&self.fs.state);
         st.handles.remove(fh);
         let sealed = match handle.as_deref() {
@@ -1045,7 +1070,7 @@ impl Filesystem for ShoalFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -1080,7 +1105,7 @@ impl Filesystem for ShoalFs {
                         // Without the state: a truncate that grows the
                         // file may wait for room.
                         drop(op);
-                        w.change(|d| d.truncate(self, size, max))?;
+                        w.change(req.pid(), |d| d.truncate(self, size, max))?;
                         return Op::new(self).getattr(ino.0);
                     }
                     _ => {
@@ -1093,12 +1118,12 @@ impl Filesystem for ShoalFs {
                                 w.path == path && !w.unlinked
                             };
                             if open {
-                                writer.change(|d| d.truncate(self, size, max))?;
+                                writer.change(req.pid(), |d| d.truncate(self, size, max))?;
                                 resized = true;
                             }
                         }
                         if !resized {
-                            return op.truncate_path(&path, ino.0, size);
+                            return op.truncate_path(&path, ino.0, size, req.pid());
                         }
                     }
                 }
@@ -1215,7 +1240,7 @@ impl Filesystem for ShoalFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let result = (|| {
             self.check_alive()?;
             let mut op = Op::new(self);
@@ -1226,7 +1251,8 @@ impl Filesystem for ShoalFs {
                 if matches!(op.node(&path)?, Node::Dir) {
                     return Err(libc::EISDIR);
                 }
-                let fh = op.open_writer_handle(ino.0)?;
+                let truncated_by = (flags.0 & libc::O_TRUNC != 0).then(|| req.pid());
+                let fh = op.open_writer_handle(ino.0, truncated_by)?;
                 let direct = matches!(
                     op.st.handles.get(fh).as_deref(),
                     Some(Handle::Writer(w)) if lock(&w.info).direct
@@ -1247,7 +1273,7 @@ impl Filesystem for ShoalFs {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         _mode: u32,
@@ -1278,8 +1304,14 @@ impl Filesystem for ShoalFs {
             // entry was negative), files open elsewhere keep theirs.
             let ino = op.st.inodes.fresh(&path, Content::Draft);
             let writer = Writer::new(path, ino, draft, truncate);
-            lock(&writer.info).sealed = base;
-            let fh = op.insert_open(Handle::Writer(writer), ino, true);
+            {
+                let mut info = lock(&writer.info);
+                info.sealed = base;
+                if truncate {
+                    info.changers.changed_by(req.pid());
+                }
+            }
+            let fh = op.insert_open(Handle::Writer(Box::new(writer)), ino, true);
             let attr = op.getattr(ino)?;
             let attr = op.moded(attr);
             op.st.inodes.looked_up(ino);
@@ -1321,7 +1353,7 @@ impl Filesystem for ShoalFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1336,7 +1368,7 @@ impl Filesystem for ShoalFs {
         }
         match self.handle(fh).as_deref() {
             Some(Handle::Writer(w)) => {
-                match w.change(|d| d.write(self, offset, data, self.max_file)) {
+                match w.change(req.pid(), |d| d.write(self, offset, data, self.max_file)) {
                     Ok(n) => reply.written(n as u32),
                     Err(e) => reply.error(errno_of(e)),
                 }
@@ -1347,14 +1379,16 @@ impl Filesystem for ShoalFs {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // close(2) hears this one: a full store is its ENOSPC.
-        match self.commit(fh) {
+        // close(2) hears this one: a full store is its ENOSPC. A close by a
+        // process that did not write the file (a forked child's copy, closed
+        // at its exec) commits nothing: writers.rs.
+        match self.commit(fh, Some(req.pid())) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno_of(e)),
         }
@@ -1369,7 +1403,7 @@ impl Filesystem for ShoalFs {
         reply: ReplyEmpty,
     ) {
         // The seal waits for the node's default durability.
-        match self.commit(fh) {
+        match self.commit(fh, None) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno_of(e)),
         }
@@ -1385,8 +1419,9 @@ impl Filesystem for ShoalFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        // Writes after the last flush (a shared mmap written back late).
-        let result = self.commit(fh);
+        // Writes after the last flush (a shared mmap written back late, or
+        // a file whose writer's close came from another process).
+        let result = self.commit(fh, None);
         let removed = lock(&self.state).handles.remove(fh.0);
         if let Some(open) = &removed {
             match open.handle.as_ref() {

@@ -15,6 +15,7 @@ use shoal_core::ObjectId;
 
 use crate::draft::Draft;
 use crate::inodes::Version;
+use crate::writers::Changers;
 
 /// A sealed object's bytes in this process's mapping of the region.
 pub struct Sealed {
@@ -61,6 +62,8 @@ pub struct WriterInfo {
     pub len: u64,
     /// Written since the last commit.
     pub dirty: bool,
+    /// Who wrote it since the last commit (writers.rs: whose close commits).
+    pub changers: Changers,
     /// Its name was unlinked while open: closing it writes nothing.
     pub unlinked: bool,
     /// Another writer had the same inode open meanwhile: the kernel's page
@@ -84,6 +87,7 @@ impl Writer {
             ino,
             len: draft.len(),
             dirty,
+            changers: Changers::default(),
             unlinked: false,
             shared: false,
             direct: false,
@@ -96,9 +100,14 @@ impl Writer {
         }
     }
 
-    /// Runs `change` on the draft (holding it), then records its new
-    /// length and, if it succeeded, that the file is dirty.
-    pub fn change<T, E>(&self, change: impl FnOnce(&mut Draft) -> Result<T, E>) -> Result<T, E> {
+    /// Runs `change` on the draft (holding it) for thread `by` (FUSE's
+    /// pid of the request), then records its new length and, if it
+    /// succeeded, that the file is dirty and who changed it.
+    pub fn change<T, E>(
+        &self,
+        by: u32,
+        change: impl FnOnce(&mut Draft) -> Result<T, E>,
+    ) -> Result<T, E> {
         let mut draft = lock(&self.draft);
         let result = change(&mut draft);
         let mut info = lock(&self.info);
@@ -106,6 +115,7 @@ impl Writer {
         if result.is_ok() {
             // A write after a time was set sets the seal time again.
             info.dirty = true;
+            info.changers.changed_by(by);
             info.sealed = None;
             info.mtime_ms = None;
         }
@@ -118,7 +128,7 @@ impl Writer {
 /// threads at once; a writer has its own locks.
 pub enum Handle {
     Reader(Sealed),
-    Writer(Writer),
+    Writer(Box<Writer>),
     /// A read-only open of a file that has no version yet (one this mount
     /// is creating): empty, as readers never see a writer's draft.
     Empty,
@@ -176,7 +186,7 @@ impl Handles {
 
     pub fn writers(&self) -> impl Iterator<Item = &Writer> {
         self.open.values().filter_map(|o| match o.handle.as_ref() {
-            Handle::Writer(w) => Some(w),
+            Handle::Writer(w) => Some(w.as_ref()),
             Handle::Reader(_) | Handle::Empty => None,
         })
     }

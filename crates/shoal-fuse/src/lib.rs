@@ -10,6 +10,7 @@ mod handles;
 mod inodes;
 mod mount;
 mod session;
+mod writers;
 
 pub use ceiling::{mount_ceiling, CeilingFs};
 pub use mount::{mount, stop_on_signals, unmount, Ended, MountConfig, Mounted};

@@ -43,6 +43,16 @@ pub fn configure_kernel(config: &mut KernelConfig, writeback_cache: bool) {
     let _ = config.set_max_write(BLOCK);
     let _ = config.set_max_readahead(BLOCK);
     let _ = config.add_capabilities(InitFlags::FUSE_BIG_WRITES);
+    // An O_TRUNC open truncates in the open, not in a separate setattr by
+    // path, which would reach every draft of the file open here: a file
+    // another process still held open (a forked child's inherited copy)
+    // was then committed empty at its release.
+    if config
+        .add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC)
+        .is_err()
+    {
+        tracing::warn!("this kernel has no atomic O_TRUNC: truncating opens reach every writer");
+    }
     if writeback_cache
         && config
             .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
