@@ -609,6 +609,20 @@ fn files_closed_at_a_durable_level_survive_a_restart() {
         .arg("-a")
         .arg(format!("{}/", src.display()))
         .arg(format!("{}/", f.path("synced").display())));
+    // Times set after the file reached the tiers: kept in its record.
+    run(Command::new("touch")
+        .args(["-m", "-d", "2002-02-02 02:02:02.5 UTC"])
+        .arg(f.path("keep/f1")));
+    let touched = std::time::UNIX_EPOCH + Duration::from_millis(1_012_615_322_500);
+    // Times are kept in ms.
+    let ms =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    let synced = ms(mtime_of(&src.join("sub/r")));
+    assert_eq!(
+        ms(mtime_of(&f.path("synced/sub/r"))),
+        synced,
+        "rsync -a sets the time"
+    );
     f.kill_daemon(); // kill -9: only what reached the burst buffer is left
     f.stop_mount();
     f.start_daemon(&args);
@@ -621,6 +635,16 @@ fn files_closed_at_a_durable_level_survive_a_restart() {
         .arg("-r")
         .arg(&src)
         .arg(f.path("synced")));
+    assert_eq!(
+        mtime_of(&f.path("keep/f1")),
+        touched,
+        "touch -d after a restart"
+    );
+    assert_eq!(
+        ms(mtime_of(&f.path("synced/sub/r"))),
+        synced,
+        "rsync's time after a restart"
+    );
 }
 
 #[test]

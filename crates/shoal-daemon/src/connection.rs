@@ -412,7 +412,7 @@ impl Connection {
             Request::Rename { from, to } => ok_or_error(self.ops.rename(&from, &to).await),
             Request::Unlink { name } => ok_or_error(self.ops.unlink(&name).await),
             Request::SetMtime { name, mtime_ms } => {
-                ok_or_error(self.ops.set_mtime(&name, mtime_ms))
+                ok_or_error(self.ops.set_mtime(&name, mtime_ms).await)
             }
             Request::Subscribe => {
                 let notifications = self.ops.node.subscribe();

@@ -884,7 +884,10 @@ impl<'a> Op<'a> {
     ) -> Result<FileAttr, c_int> {
         let (draft, base) = self.draft_of_current(path)?;
         let writer = Writer::new(path.to_owned(), ino, draft, false);
-        let fh = self.st.handles.insert(Handle::Writer(Box::new(writer)), ino, false);
+        let fh = self
+            .st
+            .handles
+            .insert(Handle::Writer(Box::new(writer)), ino, false);
         let max = self.fs.max_file;
         let handle = self.st.handles.get(fh);
         let resized = match handle.as_deref() {

@@ -12,22 +12,33 @@
 //!
 //! FUSE names the calling *thread*; a process is its thread group, read
 //! from /proc (once per thread and open file). Where that cannot be told
-//! (no pid: a request from outside the mount's pid namespace, or writes the
-//! kernel makes on its own), any close commits, as before.
+//! (no pid: a request from outside the mount's pid namespace; pages the
+//! kernel writes back on its own with the write-back cache), any close
+//! commits, as before.
 
 use std::collections::{HashMap, HashSet};
 
 /// The thread group (process) of thread `tid`, as /proc sees it; `None`
-/// when it cannot be told.
+/// when it cannot be told, or for a kernel thread (with the write-back
+/// cache, a kworker writes pages back for whoever wrote them).
 pub fn process_of(tid: u32) -> Option<u32> {
     if tid == 0 {
         return None;
     }
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("Tgid:"))
-        .and_then(|tgid| tgid.trim().parse().ok())
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(key))
+            .map(str::trim)
+    };
+    // `Kthread:` is new (6.x); before it, kernel threads are kthreadd (2)
+    // and its children.
+    let kernel = field("Kthread:") == Some("1") || matches!(field("PPid:"), Some("0" | "2"));
+    if kernel {
+        return None;
+    }
+    field("Tgid:").and_then(|tgid| tgid.parse().ok())
 }
 
 /// The processes that changed a draft since its last commit.
@@ -124,5 +135,7 @@ mod tests {
         let tid = unsafe { libc::gettid() } as u32;
         assert_eq!(process_of(tid), Some(std::process::id()));
         assert_eq!(process_of(0), None);
+        // kthreadd, and init (whose parent is 0 as well: its closes commit).
+        assert_eq!(process_of(2), None);
     }
 }

@@ -71,6 +71,7 @@ fn main() -> anyhow::Result<()> {
                         tiers: TierSet::EMPTY.with(TierLevel::Burst),
                         durability: Durability::Local,
                         sealed_at_ms,
+                        modified_ms: sealed_at_ms,
                         name: None,
                         generation: 1,
                     },

@@ -58,6 +58,9 @@ pub struct WriteInfo {
     pub durability: Durability,
     /// Seal time in ms since the epoch; `None` = now.
     pub sealed_at_ms: Option<u64>,
+    /// The modification time its name shows, if set since the seal
+    /// (utimens); `None`: the record's (the seal time for a new one).
+    pub modified_ms: Option<u64>,
     pub name: Option<String>,
 }
 
@@ -85,12 +88,14 @@ fn merged(
     generation: u64,
     now_ms: u64,
 ) -> (ObjectRecord, TierSet) {
+    let sealed_at_ms = info.sealed_at_ms.unwrap_or(now_ms);
     let fresh = |tiers| ObjectRecord {
         sizes,
         checksum,
         tiers,
         durability: info.durability,
-        sealed_at_ms: info.sealed_at_ms.unwrap_or(now_ms),
+        sealed_at_ms,
+        modified_ms: info.modified_ms.unwrap_or(sealed_at_ms),
         name: info.name.clone(),
         generation,
     };
@@ -102,6 +107,7 @@ fn merged(
                         tiers: old.tiers.with(level),
                         durability: old.durability.max(info.durability),
                         name: info.name.clone().or(old.name),
+                        modified_ms: info.modified_ms.unwrap_or(old.modified_ms),
                         ..old
                     },
                     TierSet::EMPTY,
@@ -287,13 +293,27 @@ impl TierEngine {
         self.manifest(move |m| m.get(&id)).await
     }
 
-    /// Sets the name `id`'s record carries (a rename in the POSIX view);
-    /// an id without a record is skipped.
-    pub async fn set_name(&self, id: ObjectId, name: Option<String>) -> Result<()> {
+    /// Sets the name `id`'s record carries (a rename in the POSIX view)
+    /// and, if given, the modification time it shows (utimens); an id
+    /// without a record is skipped.
+    pub async fn set_name(
+        &self,
+        id: ObjectId,
+        name: Option<String>,
+        modified_ms: Option<u64>,
+    ) -> Result<()> {
         let _guard = self.locks.lock(id).await;
-        self.manifest(move |m| m.update(&id, |old| old.map(|r| ObjectRecord { name, ..r })))
-            .await
-            .map(drop)
+        self.manifest(move |m| {
+            m.update(&id, |old| {
+                old.map(|r| ObjectRecord {
+                    modified_ms: modified_ms.unwrap_or(r.modified_ms),
+                    name,
+                    ..r
+                })
+            })
+        })
+        .await
+        .map(drop)
     }
 
     /// Every record (for `shoal ls`, for re-queueing after a restart).

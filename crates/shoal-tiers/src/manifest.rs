@@ -322,6 +322,7 @@ mod tests {
             tiers,
             durability: Durability::Local,
             sealed_at_ms: 1,
+            modified_ms: 1,
             name: None,
             generation: 3,
         }

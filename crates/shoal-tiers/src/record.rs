@@ -103,8 +103,12 @@ pub struct ObjectRecord {
     /// The durability the object was sealed with (`Memory` for files adopted
     /// by recovery: no promise was made for them).
     pub durability: Durability,
-    /// Seal time, milliseconds since the Unix epoch.
+    /// Seal time, milliseconds since the Unix epoch: of two records naming
+    /// one file after a crash, the later seal is the file's version.
     pub sealed_at_ms: u64,
+    /// The modification time its name shows, ms since the epoch: the seal
+    /// time, or one set since (utimens on the mount, `SetMtime`).
+    pub modified_ms: u64,
     /// An optional path-like name (for the POSIX view).
     pub name: Option<String>,
     /// Which incarnation of the id this is (ids may be created again after a
@@ -116,16 +120,19 @@ pub struct ObjectRecord {
     pub generation: u64,
 }
 
-/// Version 1: without `generation`; still read.
-const RECORD_VERSION: u8 = 2;
+/// Version 1: without `generation`; version 2: without `modified_ms`;
+/// both still read.
+const RECORD_VERSION: u8 = 3;
 const V1_FIXED_LEN: usize = 1 + 8 + 4 + 4 + 1 + 1 + 8 + 4;
-const FIXED_LEN: usize = V1_FIXED_LEN + 8;
+const V2_FIXED_LEN: usize = V1_FIXED_LEN + 8;
+const FIXED_LEN: usize = V2_FIXED_LEN + 8;
 
 impl ObjectRecord {
     /// The record's bytes in the manifest (little-endian, versioned):
     /// version u8, data u64, meta u32, checksum u32, tiers u8, durability u8,
-    /// sealed_at_ms u64, generation u64, name length u32 (u32::MAX = no
-    /// name), name bytes. (Version 1 had no generation.)
+    /// sealed_at_ms u64, generation u64, modified_ms u64, name length u32
+    /// (u32::MAX = no name), name bytes. (Version 1 had no generation,
+    /// version 2 no modified_ms.)
     pub fn encode(&self) -> Vec<u8> {
         let name = self.name.as_deref().map(str::as_bytes);
         let mut out = Vec::with_capacity(FIXED_LEN + name.map_or(0, <[u8]>::len));
@@ -137,6 +144,7 @@ impl ObjectRecord {
         out.push(self.durability as u8);
         out.extend_from_slice(&self.sealed_at_ms.to_le_bytes());
         out.extend_from_slice(&self.generation.to_le_bytes());
+        out.extend_from_slice(&self.modified_ms.to_le_bytes());
         match name {
             Some(name) => {
                 out.extend_from_slice(&(name.len() as u32).to_le_bytes());
@@ -151,6 +159,7 @@ impl ObjectRecord {
         let bad = |why: &str| ShoalError::protocol(format!("manifest record: {why}"));
         let fixed = match bytes.first() {
             Some(1) => V1_FIXED_LEN,
+            Some(2) => V2_FIXED_LEN,
             Some(&RECORD_VERSION) => FIXED_LEN,
             Some(v) => return Err(bad(&format!("version {v}"))),
             None => return Err(bad("truncated")),
@@ -160,7 +169,13 @@ impl ObjectRecord {
         }
         let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
         let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-        let generation = if fixed == FIXED_LEN { u64_at(27) } else { 0 };
+        let generation = if fixed >= V2_FIXED_LEN { u64_at(27) } else { 0 };
+        let sealed_at_ms = u64_at(19);
+        let modified_ms = if fixed == FIXED_LEN {
+            u64_at(35)
+        } else {
+            sealed_at_ms
+        };
         let name_len = u32_at(fixed - 4);
         let name = if name_len == u32::MAX {
             None
@@ -178,7 +193,8 @@ impl ObjectRecord {
             checksum: u32_at(13),
             tiers: TierSet(bytes[17]),
             durability: Durability::from_u8(bytes[18]).ok_or_else(|| bad("durability"))?,
-            sealed_at_ms: u64_at(19),
+            sealed_at_ms,
+            modified_ms,
             name,
             generation,
         })
@@ -201,21 +217,32 @@ mod tests {
                 tiers: TierSet::of(TierLevel::Backing).with(TierLevel::Burst),
                 durability: Durability::Local,
                 sealed_at_ms: 1_700_000_000_000,
+                modified_ms: 946_684_800_000,
                 name,
                 generation: 77,
             };
             let bytes = record.encode();
-            assert_eq!(ObjectRecord::decode(&bytes).unwrap(), record);
-            // The same record as version 1 wrote it: generation 0.
+            assert_eq!(ObjectRecord::decode(&bytes).unwrap(), record.clone());
+            // The same record as version 2 wrote it: modified at the seal.
+            let mut v2 = bytes[..35].to_vec();
+            v2[0] = 2;
+            v2.extend_from_slice(&bytes[43..]);
+            let old = ObjectRecord::decode(&v2).unwrap();
+            let sealed = ObjectRecord {
+                modified_ms: record.sealed_at_ms,
+                ..record.clone()
+            };
+            assert_eq!(old, sealed.clone());
+            // As version 1 wrote it: generation 0 as well.
             let mut v1 = bytes[..27].to_vec();
             v1[0] = 1;
-            v1.extend_from_slice(&bytes[35..]);
+            v1.extend_from_slice(&bytes[43..]);
             let old = ObjectRecord::decode(&v1).unwrap();
             assert_eq!(
                 old,
                 ObjectRecord {
                     generation: 0,
-                    ..record
+                    ..sealed
                 }
             );
         }

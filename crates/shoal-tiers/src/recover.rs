@@ -175,6 +175,7 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
                         // never saw.
                         durability: Durability::Memory,
                         sealed_at_ms: now_ms(),
+                        modified_ms: now_ms(),
                         name: None,
                         generation: engine.next_generation(),
                     }),

@@ -51,6 +51,12 @@ impl NameIndex {
             .map(String::as_str)
     }
 
+    /// The modification time of the name bound to `id`.
+    pub fn mtime_of(&self, id: &ObjectId) -> Option<u64> {
+        let name = self.by_id.get(id)?;
+        self.by_name.get(name).map(|b| b.mtime_ms)
+    }
+
     /// Names an object that is still being written.
     pub fn set_pending(&mut self, id: ObjectId, name: String) {
         self.pending.insert(id, name);
@@ -75,14 +81,17 @@ impl NameIndex {
         })
     }
 
-    /// At restart, from the manifest: of two objects claiming one name (a
-    /// crash between a rebind and the old object's delete) the newer wins;
-    /// returns the loser.
-    pub fn recovered(&mut self, name: String, bound: Bound) -> Option<ObjectId> {
-        match self.by_name.get(&name) {
-            Some(held) if held.mtime_ms > bound.mtime_ms => Some(bound.id),
-            _ => self.bind(name, bound),
-        }
+    /// At restart, the names the manifest's records carry, each with its
+    /// object's seal time: of two objects claiming one name (a crash
+    /// between a rebind and the old object's delete) the later seal wins
+    /// (not the later modification time: a rewrite may be given an old one,
+    /// as `rsync -a` does). Returns the losers.
+    pub fn recover(&mut self, mut found: Vec<(String, Bound, u64)>) -> Vec<ObjectId> {
+        found.sort_by_key(|(_, bound, sealed_at_ms)| (*sealed_at_ms, bound.id.0));
+        found
+            .into_iter()
+            .filter_map(|(name, bound, _)| self.bind(name, bound))
+            .collect()
     }
 
     pub fn resolve(&self, name: &str) -> Option<NameEntry> {
@@ -166,11 +175,11 @@ impl NameIndex {
         Ok(renamed)
     }
 
-    /// Sets the modification time `name` shows.
-    pub fn set_mtime(&mut self, name: &str, mtime_ms: u64) -> Result<()> {
+    /// Sets the modification time `name` shows; returns its object.
+    pub fn set_mtime(&mut self, name: &str, mtime_ms: u64) -> Result<ObjectId> {
         let bound = self.by_name.get_mut(name).ok_or_else(|| not_found(name))?;
         bound.mtime_ms = mtime_ms;
-        Ok(())
+        Ok(bound.id)
     }
 
     /// Removes a name; returns its object.
@@ -303,14 +312,24 @@ mod tests {
     }
 
     #[test]
-    fn recovery_keeps_the_newer_object() {
-        let mut index = NameIndex::default();
-        let (older, newer) = (bound(1), bound(2));
-        assert_eq!(index.recovered("x".into(), newer), None);
-        assert_eq!(index.recovered("x".into(), older), Some(older.id));
-        assert_eq!(index.resolve("x").unwrap().id, newer.id);
-        let mut index = NameIndex::default();
-        index.recovered("x".into(), older);
-        assert_eq!(index.recovered("x".into(), newer), Some(older.id));
+    fn recovery_keeps_the_later_seal_whatever_its_time_shows() {
+        // The newer object was given an older modification time (rsync -a).
+        let (older, newer) = (
+            bound(1),
+            Bound {
+                mtime_ms: 0,
+                ..bound(2)
+            },
+        );
+        for found in [
+            vec![("x".into(), newer, 20), ("x".into(), older, 10)],
+            vec![("x".into(), older, 10), ("x".into(), newer, 20)],
+        ] {
+            let mut index = NameIndex::default();
+            assert_eq!(index.recover(found), vec![older.id]);
+            assert_eq!(index.resolve("x").unwrap().id, newer.id);
+            assert_eq!(index.mtime_of(&newer.id), Some(0));
+            assert_eq!(index.mtime_of(&older.id), None);
+        }
     }
 }

@@ -160,6 +160,11 @@ impl Node {
         self.names.borrow().name_of(id).map(str::to_owned)
     }
 
+    /// The modification time the object's name shows (a bound name only).
+    pub fn mtime_of(&self, id: &ObjectId) -> Option<u64> {
+        self.names.borrow().mtime_of(id)
+    }
+
     /// Installs the tiers below memory.
     pub fn set_below(&self, below: Weak<dyn Below>) {
         *self.below.borrow_mut() = Some(below);

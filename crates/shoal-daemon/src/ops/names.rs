@@ -205,11 +205,16 @@ impl Ops {
 
     /// Sets the modification time `name` shows (utimens on a mount), on
     /// this node's binding of it; the next binding of the name sets the
-    /// seal time again. Kept in the index only: a restart shows the seal
-    /// time (the tiers' manifest record has no field for it).
-    pub fn set_mtime(&self, name: &str, mtime_ms: u64) -> Result<()> {
+    /// seal time again. Answered once the tiers' record of the object
+    /// (if it has one yet; else its drain writes it) carries the time, so
+    /// a restart shows it.
+    pub async fn set_mtime(&self, name: &str, mtime_ms: u64) -> Result<()> {
         names::check(name)?;
-        self.node.names().borrow_mut().set_mtime(name, mtime_ms)
+        let id = self.node.names().borrow_mut().set_mtime(name, mtime_ms)?;
+        if let Some(tiers) = &self.tiers {
+            tiers.names_changed(&[id]).await?;
+        }
+        Ok(())
     }
 
     /// The newest binding of `name`, and the node that binds it.
@@ -253,7 +258,7 @@ impl Ops {
         if let Some(tiers) = &self.tiers {
             // Answered once the records carry the new names: a restart
             // finds the files where the rename put them.
-            tiers.renamed(&renamed.moved).await?;
+            tiers.names_changed(&renamed.moved).await?;
         }
         if let (Some(cluster), true) = (&self.cluster, was_name && from != to) {
             cluster.unlink_name_at_peers(to, UNLINK_ANY).await;

@@ -193,6 +193,7 @@ impl Tiers {
                 info: WriteInfo {
                     durability,
                     name: self.node.name_of(&id),
+                    modified_ms: self.node.mtime_of(&id),
                     ..Default::default()
                 },
             },
@@ -248,14 +249,18 @@ impl Tiers {
                     index.set_tiers(&id, record.tiers).expect("current").failure = None;
                     was_dirty
                 };
-                // Renamed while the job ran (`renamed` skips objects with
-                // no copy yet): the record holds the name the job was made
-                // with. The name is read again when the fix runs.
-                if record.name != self.node.name_of(&id) {
+                // Renamed or given a time while the job ran (`names_changed`
+                // skips objects with no copy yet): the record holds what the
+                // job was made with. Both are read again when the fix runs.
+                let modified = self.node.mtime_of(&id);
+                if record.name != self.node.name_of(&id)
+                    || modified.is_some_and(|ms| ms != record.modified_ms)
+                {
                     let (engine, node) = (self.engine.clone(), self.node.clone());
                     self.supervisor.spawn_local("record a rename", async move {
-                        if let Err(err) = engine.set_name(id, node.name_of(&id)).await {
-                            tracing::warn!(%id, %err, "the record keeps its old name");
+                        let (name, modified) = (node.name_of(&id), node.mtime_of(&id));
+                        if let Err(err) = engine.set_name(id, name, modified).await {
+                            tracing::warn!(%id, %err, "the record keeps its old name or time");
                         }
                     });
                 }

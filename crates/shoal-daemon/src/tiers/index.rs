@@ -270,6 +270,7 @@ mod tests {
             tiers: both,
             durability: Durability::Local,
             sealed_at_ms: 0,
+            modified_ms: 0,
             name: None,
             generation: 4,
         };

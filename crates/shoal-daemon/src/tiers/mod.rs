@@ -121,20 +121,21 @@ impl Tiers {
         let engine = Arc::new(engine);
         let mut index = Index::default();
         index.reserve(report.records.len());
+        let mut named = Vec::new();
         for (id, record) in &report.records {
             index.recovered(*id, record);
             if let Some(name) = &record.name {
-                node.names().borrow_mut().recovered(
-                    name.clone(),
-                    crate::names::Bound {
-                        id: *id,
-                        data_size: record.sizes.data_size,
-                        meta_size: record.sizes.meta_size,
-                        mtime_ms: record.sealed_at_ms,
-                    },
-                );
+                let bound = crate::names::Bound {
+                    id: *id,
+                    data_size: record.sizes.data_size,
+                    meta_size: record.sizes.meta_size,
+                    mtime_ms: record.modified_ms,
+                };
+                named.push((name.clone(), bound, record.sealed_at_ms));
             }
         }
+        // The loser of a name conflict is left unnamed (docs/posix.md).
+        node.names().borrow_mut().recover(named);
         let mut levels = TierSet::EMPTY;
         let background = background::Background::start(config.drain_nice)?;
         for level in TierLevel::ALL {
@@ -462,9 +463,10 @@ impl Tiers {
         self.changed.notify_waiters();
     }
 
-    /// Names changed (a rename): the records of objects already written
-    /// down get the new names, so a restart finds them there.
-    pub async fn renamed(&self, ids: &[ObjectId]) -> Result<()> {
+    /// Names changed (a rename) or were given a time (utimens): the
+    /// records of objects already written down get the new names and
+    /// times, so a restart finds them there.
+    pub async fn names_changed(&self, ids: &[ObjectId]) -> Result<()> {
         for id in ids {
             if self
                 .index
@@ -472,7 +474,8 @@ impl Tiers {
                 .get(id)
                 .is_some_and(|t| !t.tiers().is_empty())
             {
-                self.engine.set_name(*id, self.node.name_of(id)).await?;
+                let (name, modified) = (self.node.name_of(id), self.node.mtime_of(id));
+                self.engine.set_name(*id, name, modified).await?;
             }
         }
         Ok(())

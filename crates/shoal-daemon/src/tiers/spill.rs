@@ -117,6 +117,7 @@ impl Tiers {
             WriteInfo {
                 durability,
                 name: self.node.name_of(&victim.id),
+                modified_ms: self.node.mtime_of(&victim.id),
                 ..Default::default()
             },
             skip_burst,
