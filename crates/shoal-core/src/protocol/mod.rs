@@ -1123,4 +1123,6 @@ pub fn decode_request(bytes: &[u8]) -> Result<Option<(Request, usize)>> {
 }
 
 #[cfg(test)]
+mod doc_check;
+#[cfg(test)]
 mod tests;

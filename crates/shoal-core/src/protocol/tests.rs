@@ -24,10 +24,10 @@ fn round_trip_reply(reply: Reply) {
     );
 }
 
-#[test]
-fn every_request_round_trips() {
+/// One of every request (doc_check.rs reads their sizes too).
+pub(super) fn sample_requests() -> Vec<Request> {
     let ids = vec![ObjectId::random(), ObjectId::random()];
-    for request in [
+    vec![
         Request::Hello {
             version: PROTOCOL_VERSION,
             pid: 77,
@@ -110,20 +110,25 @@ fn every_request_round_trips() {
                 meta_size: 1,
             }],
         },
-    ] {
+    ]
+}
+
+#[test]
+fn every_request_round_trips() {
+    for request in sample_requests() {
         round_trip_request(request);
     }
 }
 
-#[test]
-fn every_reply_round_trips() {
+/// One of every reply (doc_check.rs reads their sizes too).
+pub(super) fn sample_replies() -> Vec<Reply> {
     let id = ObjectId::random();
     let loc = ObjectLocation {
         offset: 64,
         data_size: 1000,
         meta_size: 3,
     };
-    for reply in [
+    vec![
         Reply::Ok,
         Reply::Error {
             kind: ErrorKind::StoreFull,
@@ -299,7 +304,12 @@ fn every_reply_round_trips() {
             ],
             ..Default::default()
         }),
-    ] {
+    ]
+}
+
+#[test]
+fn every_reply_round_trips() {
+    for reply in sample_replies() {
         round_trip_reply(reply);
     }
 }
