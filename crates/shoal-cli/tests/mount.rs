@@ -421,6 +421,35 @@ fn a_program_started_while_a_file_is_written_publishes_nothing_unfinished() {
     assert!(fs::read(f.path("v")).unwrap() == third);
 }
 
+/// The kernel keeps a name's entry for a TTL: a file another client just
+/// removed is still known to it, and creating it again must not fail
+/// (fio_matrix clears the names through the API before each write).
+#[test]
+fn a_file_another_client_removed_can_be_created_again_at_once() {
+    need_fuse!("a_file_another_client_removed_can_be_created_again_at_once");
+    let f = Fixture::new(&["-m", "64MiB"]);
+    let mut client = f.client();
+    for round in 0..3u8 {
+        fs::write(f.path("again"), pattern(round, 100_000)).unwrap();
+        assert!(fs::metadata(f.path("again")).is_ok());
+        client.unlink("again").unwrap();
+        // O_CREAT | O_TRUNC, and O_CREAT alone, right after the unlink.
+        let mut file = if round % 2 == 0 {
+            File::create(f.path("again")).unwrap()
+        } else {
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(f.path("again"))
+                .unwrap()
+        };
+        file.write_all(b"new").unwrap();
+        close(file).unwrap();
+        assert_eq!(read_named(&mut client, "again"), b"new");
+    }
+}
+
 #[test]
 fn concurrent_writers_last_close_wins_and_never_mix() {
     need_fuse!("concurrent_writers_last_close_wins_and_never_mix");

@@ -622,10 +622,10 @@ impl<'a> Op<'a> {
     /// handle writes it). The writer takes the inode when nothing else has
     /// it open and its pages are the draft's base; otherwise a fresh inode
     /// is made the name's and the kernel is told to retry (ESTALE).
-    /// `truncated_by`: the thread of an `O_TRUNC` open (the kernel leaves
-    /// the truncation to the open, `FUSE_ATOMIC_O_TRUNC`): the file starts
-    /// empty and is that process's change.
-    fn open_writer_handle(&mut self, ino: u64, truncated_by: Option<u32>) -> Result<u64, c_int> {
+    /// `opener`: the thread that opens it; with `truncate` (`O_TRUNC`: the
+    /// kernel leaves the truncation to the open, `FUSE_ATOMIC_O_TRUNC`) the
+    /// file starts empty and is that process's change.
+    fn open_writer_handle(&mut self, ino: u64, opener: u32, truncate: bool) -> Result<u64, c_int> {
         if self.fs.writeback_cache && self.writing(ino) {
             // The kernel writes cached pages back through any handle open
             // for writing on the inode: two writers' bytes would mix.
@@ -665,22 +665,23 @@ impl<'a> Op<'a> {
             );
             return Err(libc::ESTALE);
         };
-        let draft = match truncated_by {
-            Some(_) => {
+        let draft = match truncate {
+            true => {
                 let mut draft = draft;
                 draft.finish(self.fs);
                 Draft::default()
             }
-            None => draft,
+            false => draft,
         };
-        let writer = Writer::new(path, ino, draft, truncated_by.is_some());
+        let writer = Writer::new(path, ino, draft, truncate);
         {
             let mut info = lock(&writer.info);
             info.sealed = base;
             info.direct = direct;
             info.shared = shared;
-            if let Some(tid) = truncated_by {
-                info.changers.changed_by(tid);
+            info.changers.opened_by(opener);
+            if truncate {
+                info.changers.changed_by(opener);
             }
         }
         if shared {
@@ -1251,11 +1252,18 @@ impl Filesystem for ShoalFs {
             if flags.acc_mode() == OpenAccMode::O_RDONLY {
                 op.open_reader(ino.0)
             } else {
-                if matches!(op.node(&path)?, Node::Dir) {
+                // The kernel's entry for a name another client removed is
+                // up to a TTL old: ESTALE makes it look the name up again,
+                // and an O_CREAT open then creates the file.
+                let node = op.node(&path).map_err(|e| match e {
+                    libc::ENOENT => libc::ESTALE,
+                    e => e,
+                })?;
+                if matches!(node, Node::Dir) {
                     return Err(libc::EISDIR);
                 }
-                let truncated_by = (flags.0 & libc::O_TRUNC != 0).then(|| req.pid());
-                let fh = op.open_writer_handle(ino.0, truncated_by)?;
+                let truncate = flags.0 & libc::O_TRUNC != 0;
+                let fh = op.open_writer_handle(ino.0, req.pid(), truncate)?;
                 let direct = matches!(
                     op.st.handles.get(fh).as_deref(),
                     Some(Handle::Writer(w)) if lock(&w.info).direct
@@ -1313,6 +1321,7 @@ impl Filesystem for ShoalFs {
                 if truncate {
                     info.changers.changed_by(req.pid());
                 }
+                info.changers.opened_by(req.pid());
             }
             let fh = op.insert_open(Handle::Writer(Box::new(writer)), ino, true);
             let attr = op.getattr(ino)?;

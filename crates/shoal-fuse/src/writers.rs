@@ -11,21 +11,32 @@
 //! the release (the last descriptor gone) commits whatever is left.
 //!
 //! FUSE names the calling *thread*; a process is its thread group, read
-//! from /proc (once per thread and open file). Where that cannot be told
-//! (no pid: a request from outside the mount's pid namespace; pages the
-//! kernel writes back on its own with the write-back cache), any close
-//! commits, as before.
+//! from /proc (once per thread and open file). The process that opened the
+//! file commits at its close too: with the write-back cache a kernel thread
+//! may have written its pages back (such writes count for nobody). Where a
+//! writer cannot be told (no pid: a request from outside the mount's pid
+//! namespace), any close commits, as before.
 
 use std::collections::{HashMap, HashSet};
 
-/// The thread group (process) of thread `tid`, as /proc sees it; `None`
-/// when it cannot be told, or for a kernel thread (with the write-back
-/// cache, a kworker writes pages back for whoever wrote them).
-pub fn process_of(tid: u32) -> Option<u32> {
+/// Who a request came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Process(u32),
+    /// A kernel thread (with the write-back cache, a kworker writes pages
+    /// back for whoever wrote them).
+    Kernel,
+    Unknown,
+}
+
+/// The origin of a request of thread `tid`, as /proc sees it.
+pub fn origin_of(tid: u32) -> Origin {
     if tid == 0 {
-        return None;
+        return Origin::Unknown;
     }
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+        return Origin::Unknown;
+    };
     let field = |key: &str| {
         status
             .lines()
@@ -36,57 +47,83 @@ pub fn process_of(tid: u32) -> Option<u32> {
     // and its children.
     let kernel = field("Kthread:") == Some("1") || matches!(field("PPid:"), Some("0" | "2"));
     if kernel {
-        return None;
+        return Origin::Kernel;
     }
-    field("Tgid:").and_then(|tgid| tgid.parse().ok())
+    match field("Tgid:").and_then(|tgid| tgid.parse().ok()) {
+        Some(tgid) => Origin::Process(tgid),
+        None => Origin::Unknown,
+    }
 }
 
 /// The processes that changed a draft since its last commit.
 #[derive(Debug, Default)]
 pub struct Changers {
-    /// Threads seen, with their process (`None`: not known).
-    threads: HashMap<u32, Option<u32>>,
+    /// Threads seen, with their origin.
+    threads: HashMap<u32, Origin>,
     processes: HashSet<u32>,
-    /// A change whose process is not known: every close commits.
+    /// The process that opened the file (kept across commits).
+    opener: Option<u32>,
+    /// A change whose origin is not known: every close commits.
     unknown: bool,
 }
 
 impl Changers {
-    /// Thread `tid` changed the file.
-    pub fn changed_by(&mut self, tid: u32) {
-        self.changed_by_with(tid, process_of);
+    /// Thread `tid` opened the file.
+    pub fn opened_by(&mut self, tid: u32) {
+        self.opened_by_with(tid, origin_of);
     }
 
-    fn changed_by_with(&mut self, tid: u32, process_of: impl Fn(u32) -> Option<u32>) {
-        let process = *self.threads.entry(tid).or_insert_with(|| process_of(tid));
-        match process {
-            Some(p) => {
-                self.processes.insert(p);
-            }
-            None => self.unknown = true,
+    fn opened_by_with(&mut self, tid: u32, origin_of: impl Fn(u32) -> Origin) {
+        if let Origin::Process(p) = self.origin(tid, origin_of) {
+            self.opener = Some(p);
         }
     }
 
-    /// Whether a close by thread `tid` commits: its process changed the
-    /// file (or some change's, or its own, process is not known).
-    pub fn commits_on_close_by(&self, tid: u32) -> bool {
-        self.commits_on_close_by_with(tid, process_of)
+    /// Thread `tid` changed the file.
+    pub fn changed_by(&mut self, tid: u32) {
+        self.changed_by_with(tid, origin_of);
     }
 
-    fn commits_on_close_by_with(&self, tid: u32, process_of: impl Fn(u32) -> Option<u32>) -> bool {
+    fn changed_by_with(&mut self, tid: u32, origin_of: impl Fn(u32) -> Origin) {
+        match self.origin(tid, origin_of) {
+            Origin::Process(p) => {
+                self.processes.insert(p);
+            }
+            Origin::Kernel => {}
+            Origin::Unknown => self.unknown = true,
+        }
+    }
+
+    fn origin(&mut self, tid: u32, origin_of: impl Fn(u32) -> Origin) -> Origin {
+        *self.threads.entry(tid).or_insert_with(|| origin_of(tid))
+    }
+
+    /// Whether a close by thread `tid` commits: its process opened the
+    /// file or changed it (or some change's, or its own, origin is not
+    /// known).
+    pub fn commits_on_close_by(&self, tid: u32) -> bool {
+        self.commits_on_close_by_with(tid, origin_of)
+    }
+
+    fn commits_on_close_by_with(&self, tid: u32, origin_of: impl Fn(u32) -> Origin) -> bool {
         if self.unknown {
             return true;
         }
-        let process = match self.threads.get(&tid) {
+        let origin = match self.threads.get(&tid) {
             Some(known) => *known,
-            None => process_of(tid),
+            None => origin_of(tid),
         };
-        process.is_none_or(|p| self.processes.contains(&p))
+        match origin {
+            Origin::Process(p) => self.opener == Some(p) || self.processes.contains(&p),
+            Origin::Kernel => false,
+            Origin::Unknown => true,
+        }
     }
 
     /// The file was committed: nobody changed it since.
     pub fn clear(&mut self) {
-        *self = Self::default();
+        self.processes.clear();
+        self.unknown = false;
     }
 }
 
@@ -94,12 +131,14 @@ impl Changers {
 mod tests {
     use super::*;
 
-    /// Threads 10, 11 are process 10; 20 is process 20; 30 is not known.
-    fn table(tid: u32) -> Option<u32> {
+    /// Threads 10, 11 are process 10; 20 is process 20; 2 is a kernel
+    /// thread; others are not known.
+    fn table(tid: u32) -> Origin {
         match tid {
-            10 | 11 => Some(10),
-            20 => Some(20),
-            _ => None,
+            10 | 11 => Origin::Process(10),
+            20 => Origin::Process(20),
+            2 => Origin::Kernel,
+            _ => Origin::Unknown,
         }
     }
 
@@ -131,11 +170,23 @@ mod tests {
     }
 
     #[test]
+    fn the_opener_commits_what_a_kernel_thread_wrote_back() {
+        let mut c = Changers::default();
+        c.opened_by_with(10, table);
+        c.changed_by_with(2, table);
+        assert!(c.commits_on_close_by_with(10, table));
+        assert!(!c.commits_on_close_by_with(20, table));
+        assert!(!c.commits_on_close_by_with(2, table));
+        // The opener stays one after a commit.
+        c.clear();
+        assert!(c.commits_on_close_by_with(11, table));
+    }
+
+    #[test]
     fn this_process_is_found() {
         let tid = unsafe { libc::gettid() } as u32;
-        assert_eq!(process_of(tid), Some(std::process::id()));
-        assert_eq!(process_of(0), None);
-        // kthreadd, and init (whose parent is 0 as well: its closes commit).
-        assert_eq!(process_of(2), None);
+        assert_eq!(origin_of(tid), Origin::Process(std::process::id()));
+        assert_eq!(origin_of(0), Origin::Unknown);
+        assert_eq!(origin_of(2), Origin::Kernel);
     }
 }
