@@ -55,7 +55,8 @@ pub fn origin_of(tid: u32) -> Origin {
     }
 }
 
-/// The processes that changed a draft since its last commit.
+/// Who opened a draft, and which processes changed it since its last
+/// commit.
 #[derive(Debug, Default)]
 pub struct Changers {
     /// Threads seen, with their origin.
