@@ -72,7 +72,8 @@ mutant() {
     local name=$1 file=$2 from=$3 to=$4 dir src
     dir="$SCRATCH/$name"
     mkdir -p "$dir"
-    cp -r Cargo.toml Cargo.lock crates "$dir/"
+    # docs/: shoal-core's doc_check test includes docs/protocol.md.
+    cp -r Cargo.toml Cargo.lock crates docs "$dir/"
     src="$dir/crates/shoal-core/src/coherence/$file"
     if [ "$(grep -cF -- "$from" "$src")" != 1 ]; then
         say "FAILED $name: \"$from\" is not in coherence/$file exactly once; update TARGETS" >&2
