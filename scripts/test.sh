@@ -16,9 +16,7 @@ ruff check python tests bench examples
 ruff format --check python tests bench examples
 
 step "module graph: no import cycle between the modules of a crate"
-# Known cycles, skipped until removed (then drop the --skip): shoal-daemon's
-# server/connection/cluster (issue 9, the Node layer); shoal-core's eviction
-# (mod.rs re-exports lru::Lru, lru.rs implements mod.rs's EvictionPolicy).
+# No known cycle is left; `--skip CRATE` would exempt a crate (loudly) while one is removed.
 ./scripts/check-module-cycles.sh
 # The same at the level of files (`crate::`/`super::` paths), where the team's tool is beside the checkout.
 if [ -f ../shared/tools/rust_cycles.py ]; then python3 ../shared/tools/rust_cycles.py .; fi

@@ -2,7 +2,8 @@
 //!
 //! On virtual machines a sleeping core is woken by an interrupt the host
 //! delivers late: a Unix-socket round trip between two cores measured
-//! 60–70 µs here against ~5 µs on one core (bench/results/single-object.md).
+//! 60–70 µs here against ~5 µs on one core (bench/results/single-object.md,
+//! run of 2026-11-24, in git history: 25752ba).
 //! So the client, waiting for a reply, and the daemon, waiting for a
 //! connection's next request, poll the socket for a short window before
 //! they block, yielding the core between polls (a peer on the same core

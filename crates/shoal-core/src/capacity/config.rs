@@ -14,7 +14,8 @@ use crate::error::{Result, ShoalError};
 /// much between steps (a restore landing, pages freed), so a quiet node
 /// at r_0 takes an urgent step now and then, at ~100 µs each. At 0.25 % a
 /// node 40 MiB over (a restore had just landed) waited a whole T while a
-/// burst began, which met it 390 MiB over (bench/results/elastic.md).
+/// burst began, which met it 390 MiB over (the run at a 0.25 % margin,
+/// bench/results/elastic.md/.json of 2026-11-25, in git history: d38310e).
 pub const URGENT_MARGIN: f64 = 0.001;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -40,7 +41,8 @@ pub struct ControllerConfig {
     /// factor 1 − λ·v/(r_0·M) is ≈ 0: a few % overshoot, no ringing), while
     /// growth keeps λ's slow, monotone approach. Shrinking too far costs
     /// cache for a few steps; shrinking too slowly costs the node swap or
-    /// the OOM killer, hence the asymmetry (bench/results/elastic.md).
+    /// the OOM killer, hence the asymmetry (bench/results/elastic.md of
+    /// 2026-11-24, in git history: b8a8e7e).
     pub shrink_gain: Option<f64>,
     /// Apply the law to the use expected at the next step: v_i plus the
     /// rise of the memory outside the store since the last step (a rise

@@ -11,7 +11,8 @@
 //! later, and each page touched after that faults in the host too. Here a
 //! huge-page tmpfs populates at 17 GiB/s right after a punch and at
 //! 0.4–0.8 GiB/s four seconds later; the pass after a burst took 3–4 s
-//! instead of 1.5 s (bench/results/elastic-forecast-huge.md).
+//! instead of 1.5 s (bench/results/elastic-forecast-huge.md, run of
+//! 2026-11-26, in git history: 8ede608).
 //!
 //! One thread per daemon does it, a huge page at a time, checking
 //! before each piece that the region still holds less than the target
@@ -40,7 +41,8 @@ const SLACK: u64 = 4 << 20;
 /// than this share of it (and SLACK): while a burst holds the store down,
 /// the law's target wavers by a few percent each step, and filling each
 /// rise only to punch it at the next step cost ~4 GiB of churn per burst
-/// (bench/results/elastic-cycles-huge.md: 28 GiB given back in 4 bursts).
+/// (bench/results/elastic-cycles-huge.md, run of 2026-11-27, in git history:
+/// 2ecf339: 28 GiB given back in 4 bursts).
 const START_SHARE: u64 = 16;
 
 /// A pass: the region and its free ranges in the allocator's order.
@@ -73,7 +75,8 @@ impl Populator {
         // At the daemon's own priority, not nice 19: each call holds the
         // inode lock the next shrink's punch needs, and a starved thread
         // preempted inside one held shrinks up for 0.4–1.6 s on a busy
-        // node (bench/results/elastic-cycles-huge-2.md). Its work comes in
+        // node (bench/results/elastic-cycles-huge-2.md, run of 2026-11-27, in git
+        // history: 2ecf339). Its work comes in
         // short bursts right after the store grows, when it must beat the
         // hypervisor's page reporting anyway.
         let started = std::thread::Builder::new()
