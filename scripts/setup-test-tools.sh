@@ -16,8 +16,8 @@ command -v cargo >/dev/null || { echo "setup-test-tools: shoal needs a Rust tool
 # aarch64 and ppc64le cache maintenance (scripts/check-cross-arch.sh).
 need_debs=()
 command -v spin >/dev/null || need_debs+=(spin)
-# prometheus scrapes an emulated cluster's /metrics (crates/shoal-cli/tests/prometheus.rs);
-# chromium renders the status page headless (crates/shoal-cli/tests/status_page.rs);
+# prometheus scrapes an emulated cluster's /metrics (crates/shoal-cli/tests/integration/prometheus.rs);
+# chromium renders the status page headless (crates/shoal-cli/tests/integration/status_page.rs);
 # tmux drives `shoal top`.
 command -v prometheus >/dev/null || need_debs+=(prometheus)
 command -v chromium >/dev/null || need_debs+=(chromium)
@@ -57,7 +57,7 @@ if ! cargo modules --version 2>/dev/null | grep -qx "cargo-modules $CARGO_MODULE
     cargo install --locked --quiet cargo-modules --version "$CARGO_MODULES_VERSION"
 fi
 # s3s-fs: the S3-compatible server the tier tests start on loopback
-# (crates/shoal-tiers/tests/s3.rs). Pinned: later releases need a newer rustc.
+# (crates/shoal-tiers/tests/integration/s3.rs). Pinned: later releases need a newer rustc.
 # Built from source: ~18 min measured on this 2-core machine under load (-j1).
 if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs" ]; then
     echo "setup-test-tools: installing s3s-fs 0.14.1 (cargo install, several minutes the first time)"

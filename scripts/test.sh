@@ -15,11 +15,13 @@ cargo clippy --workspace --all-targets --release -q -- -D warnings
 ruff check python tests bench examples
 ruff format --check python tests bench examples
 
-step "module graph: no import cycle between the modules of a crate"
+step "module graph: no import cycle between the modules of a crate or of the Python package"
 # No known cycle is left; `--skip CRATE` would exempt a crate (loudly) while one is removed.
 ./scripts/check-module-cycles.sh
 # The same at the level of files (`crate::`/`super::` paths), where the team's tool is beside the checkout.
 if [ -f ../shared/tools/rust_cycles.py ]; then python3 ../shared/tools/rust_cycles.py .; fi
+# And between the modules of the Python package (lazy and type-only imports count).
+python3 scripts/check-python-imports.py
 
 step "Rust unit and integration tests"
 cargo test --release -q

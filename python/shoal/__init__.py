@@ -71,13 +71,18 @@ def barrier(
     party: str | None = None,
     client: Client | None = None,
 ) -> int:
-    """Waits until every party of barrier `name` arrived, across the nodes of a cluster.
+    """Deprecated: use `Client.barrier` (the one barrier entry point).
 
-    Uses `client`, else a connection to $SHOAL_SOCKET (each process of a job points it
-    at its node's socket). Raises shoal.Timeout naming the missing parties."""
-    from shoal import sync
+    Kept for programs written against earlier releases: calls `client.barrier`, with
+    `client` defaulting to a connection to $SHOAL_SOCKET."""
+    import warnings
 
-    return sync.barrier(client or connect(), name, parties, timeout, party=party)
+    warnings.warn(
+        "shoal.barrier is deprecated; use client.barrier(name, parties, timeout, party=...)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return (client or connect()).barrier(name, parties, timeout, party=party)
 
 
 def connect(

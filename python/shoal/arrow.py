@@ -34,7 +34,8 @@ from shoal._ids import IdLike, ObjectID, as_bytes
 from shoal.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from shoal.client import Buffer, Client
+    from shoal._internal import Buffer
+    from shoal._store import ObjectStore
 
 
 def _column_view(buffer: Buffer, offset: int, field: pa.Field, num_rows: int) -> np.ndarray:
@@ -148,7 +149,7 @@ class TableBuilder:
 
     def __init__(
         self,
-        client: Client,
+        client: ObjectStore,
         schema: pa.Schema,
         num_rows: int,
         oid: IdLike | None = None,

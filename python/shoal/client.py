@@ -6,16 +6,14 @@ import math
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from shoal import _codec, _internal
+from shoal import _codec, _internal, _sync, errors, hugetable
 from shoal._ids import IdLike, ObjectID, as_bytes
+from shoal.arrow import TableBuilder
 from shoal.errors import HomeUnavailable, InvalidArgument, NodeUnavailable, ObjectNotFound
-
-if TYPE_CHECKING:
-    from shoal.arrow import TableBuilder
 
 Buffer = _internal.Buffer
 
@@ -85,8 +83,6 @@ def _raise_first(ids: Sequence[IdLike], kinds: list[str | None], what: str) -> N
     """Raises the first per-id error of a batch (every id was tried)."""
     for oid, kind in zip(ids, kinds, strict=True):
         if kind is not None:
-            from shoal import errors
-
             raise getattr(errors, kind)(f"{what} of object {as_bytes(oid).hex()}: {kind}")
 
 
@@ -252,8 +248,6 @@ class Client:
         ids = _ids(oids)
         for oid, kind in zip(ids, self._raw.delete(ids), strict=True):
             if kind is not None:
-                from shoal import errors
-
                 raise getattr(errors, kind)(f"cannot delete object {oid.hex()}: {kind}")
 
     def contains(self, oid: IdLike) -> bool:
@@ -388,8 +382,6 @@ class Client:
         """Lays out an Arrow table of fixed-width columns directly in store memory (zero-copy
         creation): fill `builder["col"]` (numpy views) in place, then seal — `with` does it.
         `get(builder.id)` returns a pyarrow.Table over the same bytes. See shoal.arrow."""
-        from shoal.arrow import TableBuilder
-
         return TableBuilder(self, schema, num_rows, oid, timeout_ms, node=node)
 
     def create_array(
@@ -413,24 +405,18 @@ class Client:
         buffer = self._raw.create(as_bytes(oid), size, metadata, timeout_ms, node)
         return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
-    # -- cluster: HugeTables, barriers, flags (see shoal.hugetable, shoal.sync) ------------------
+    # -- cluster: HugeTables, barriers, flags (see shoal.hugetable, shoal._sync) -----------------
 
     def put_chunk(self, name: str, index: int, value: Any, *, node: int | None = None) -> ObjectID:
         """Stores chunk `index` of HugeTable `name` (in `node`'s memory, default this node's)."""
-        from shoal import hugetable
-
         return hugetable.put_chunk(self, name, index, value, node=node)
 
     def get_table(self, name: str, parts: int, timeout_ms: int = -1) -> Any:
         """Assembles HugeTable `name` (chunks 0..parts-1, wherever they live) with no copy."""
-        from shoal import hugetable
-
         return hugetable.get_table(self, name, parts, timeout_ms)
 
     def delete_table(self, name: str, parts: int) -> None:
         """Frees every chunk of HugeTable `name` on the node that holds it."""
-        from shoal import hugetable
-
         hugetable.delete_table(self, name, parts)
 
     def barrier(
@@ -441,27 +427,28 @@ class Client:
         *,
         party: str | None = None,
     ) -> int:
-        """Waits for every party of barrier `name` (across nodes); see shoal.sync.barrier."""
-        from shoal import sync
+        """Waits until every party of barrier `name` has arrived, across the nodes of a
+        cluster; returns this arrival's slot.
 
-        return sync.barrier(self, name, parties, timeout, party=party)
+        `parties` is a count, or the names of the parties (then `party` says which one this
+        process is). After `timeout` seconds (None: forever) raises shoal.Timeout naming the
+        parties that did not arrive. A barrier name is used once; add a round number to reuse
+        it. Built on the store's ids alone, with no coordinator (shoal._sync)."""
+        return _sync.barrier(self, name, parties, timeout, party=party)
 
     def set_flag(self, name: str, value: Any, *, node: int | None = None) -> None:
-        from shoal import sync
-
-        sync.set_flag(self, name, value, node=node)
+        """Sets flag `name` to a small JSON value, kept in `node`'s memory (default: this one)."""
+        _sync.set_flag(self, name, value, node=node)
 
     def get_flag(self, name: str, *, node: int | None = None, default: Any = None) -> Any:
-        from shoal import sync
-
-        return sync.get_flag(self, name, node=node, default=default)
+        """Flag `name`'s value on `node` (default: this one), or `default` if it is not set."""
+        return _sync.get_flag(self, name, node=node, default=default)
 
     def wait_flag(
         self, name: str, value: Any, *, node: int | None = None, timeout: float | None = None
     ) -> None:
-        from shoal import sync
-
-        sync.wait_flag(self, name, value, node=node, timeout=timeout)
+        """Waits until flag `name` on `node` equals `value`; shoal.Timeout after `timeout` s."""
+        _sync.wait_flag(self, name, value, node=node, timeout=timeout)
 
     # -- misc -----------------------------------------------------------------------------------
 

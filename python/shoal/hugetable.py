@@ -22,7 +22,7 @@ from shoal._ids import ObjectID, derived_id
 from shoal.errors import InvalidArgument, Timeout
 
 if TYPE_CHECKING:
-    from shoal.client import Client
+    from shoal._store import ObjectStore
 
 
 def chunk_id(name: str, index: int) -> ObjectID:
@@ -40,12 +40,12 @@ def _as_table(value: Any) -> pa.Table:
     raise TypeError(f"a HugeTable chunk is a pyarrow Table or RecordBatch, got {type(value).__name__}")
 
 
-def put_chunk(client: Client, name: str, index: int, value: Any, *, node: int | None = None) -> ObjectID:
+def put_chunk(client: ObjectStore, name: str, index: int, value: Any, *, node: int | None = None) -> ObjectID:
     """Stores chunk `index` of table `name` (on `node`, default this client's node)."""
     return client.put(_as_table(value), chunk_id(name, index), node=node)
 
 
-def get_table(client: Client, name: str, parts: int, timeout_ms: int = -1) -> pa.Table:
+def get_table(client: ObjectStore, name: str, parts: int, timeout_ms: int = -1) -> pa.Table:
     """Assembles chunks 0..parts-1 of `name` into one Table over their nodes' memory.
 
     Waits up to `timeout_ms` (-1: forever) for missing chunks; then raises Timeout naming
@@ -72,6 +72,6 @@ def get_table(client: Client, name: str, parts: int, timeout_ms: int = -1) -> pa
     return pa.Table.from_batches([b for chunk in chunks for b in chunk.to_batches()], schema=schema)
 
 
-def delete_table(client: Client, name: str, parts: int) -> None:
+def delete_table(client: ObjectStore, name: str, parts: int) -> None:
     """Deletes every chunk on the node that holds it (chunks still in use go when released)."""
     client.delete([chunk_id(name, i) for i in range(parts)])

@@ -537,7 +537,7 @@ def test_a_barrier_across_nodes_releases_everyone_together(cluster, spawn):
             """
             client = shoal.Client(sys.argv[1])
             time.sleep(float(sys.argv[2]))
-            slot = shoal.barrier("phase-1", 3, timeout=20, client=client)
+            slot = client.barrier("phase-1", 3, timeout=20)
             emit({"slot": slot, "left": time.time()})
             """,
             cluster.socket(node),

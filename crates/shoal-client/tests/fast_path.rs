@@ -5,61 +5,14 @@
 //! bench, bounded here) leaves nothing held and nothing corrupted.
 
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shoal_client::shared::SharedClient;
 use shoal_client::Client;
-use shoal_core::error::Result;
 use shoal_core::ObjectId;
-use shoal_daemon::{DaemonConfig, Shutdown};
-
-struct Daemon {
-    socket: PathBuf,
-    shutdown: Shutdown,
-    thread: Option<JoinHandle<Result<()>>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Daemon {
-    fn start(capacity: u64) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("shoal.sock");
-        let mut config = DaemonConfig::new(&socket, capacity);
-        config.prefault = false;
-        let shutdown = Shutdown::new();
-        let thread = {
-            let shutdown = shutdown.clone();
-            std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "daemon did not start");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        Self {
-            socket,
-            shutdown,
-            thread: Some(thread),
-            _dir: dir,
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).unwrap()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-        if let Some(thread) = self.thread.take() {
-            thread.join().unwrap().unwrap();
-        }
-    }
-}
+use shoal_testing::{eventually, TestDaemon};
 
 /// The bytes object `n` holds: its number, repeated.
 fn pattern(n: usize, len: usize) -> Vec<u8> {
@@ -72,17 +25,9 @@ fn put_objects(client: &mut Client, ids: &[ObjectId], len: usize) {
     }
 }
 
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 #[test]
 fn a_get_of_a_sealed_object_takes_no_daemon_reference_and_maps_the_same_bytes() {
-    let daemon = Daemon::start(8 << 20);
+    let daemon = TestDaemon::start(8 << 20);
     let mut writer = daemon.client();
     let id = ObjectId::random();
     put_objects(&mut writer, &[id], 1000);
@@ -120,7 +65,7 @@ fn a_get_of_a_sealed_object_takes_no_daemon_reference_and_maps_the_same_bytes() 
 
 #[test]
 fn a_held_object_survives_eviction_and_delete_until_its_reader_lets_go() {
-    let daemon = Daemon::start(8 << 20);
+    let daemon = TestDaemon::start(8 << 20);
     let mut writer = daemon.client();
     let ids: Vec<ObjectId> = (0..4).map(|_| ObjectId::random()).collect();
     put_objects(&mut writer, &ids, 4096);
@@ -138,8 +83,26 @@ fn a_held_object_survives_eviction_and_delete_until_its_reader_lets_go() {
     assert!(!writer.contains(ids[0]).unwrap());
     assert!(reader.fast_reference(ids[0]).is_none());
     assert!(writer.stats().unwrap().used >= 4096);
+    // Created again while its bytes are still held: lent space cannot see a
+    // deleted object, so the seal rather than the create is refused
+    // (docs/fast-path.md, "Differences from the socket path", case 3), and
+    // the reader's bytes stay as they were.
+    match writer.create(ids[0], 100, 0, 0) {
+        Ok(again) => {
+            fill(&mut writer, again, 9);
+            let err = writer.seal(&[ids[0]], true).unwrap_err();
+            assert_eq!(err.kind(), shoal_core::error::ErrorKind::ObjectExists);
+            writer.abort(ids[0]).unwrap();
+        }
+        Err(err) => assert_eq!(err.kind(), shoal_core::error::ErrorKind::ObjectExists),
+    }
+    assert!(!writer.contains(ids[0]).unwrap());
+    let base = reader.with(|c| Ok(c.mapping().base())).unwrap();
+    // SAFETY: `held` keeps the deleted object's bytes mapped and allocated.
+    let bytes = unsafe { std::slice::from_raw_parts(base.add(location.offset as usize), 4096) };
+    assert_eq!(bytes, &pattern(0, 4096)[..]);
     drop(held);
-    wait_for("the deleted object's memory", || {
+    eventually("the deleted object's memory", || {
         writer.stats().unwrap().used == 0
     });
 }
@@ -228,7 +191,7 @@ fn readers_killed_at_random_points_leave_nothing_held_or_corrupted() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
-    let daemon = Daemon::start(8 << 20);
+    let daemon = TestDaemon::start(8 << 20);
     let mut writer = daemon.client();
     let ids: Vec<ObjectId> = (0..32).map(|_| ObjectId::random()).collect();
     let mut seed = 0x9e37_79b9_u64;
@@ -237,8 +200,8 @@ fn readers_killed_at_random_points_leave_nothing_held_or_corrupted() {
         // Two readers at once, so one dies while the other holds the same
         // objects.
         let mut children = [
-            spawn_child(&daemon.socket, &ids),
-            spawn_child(&daemon.socket, &ids),
+            spawn_child(daemon.socket(), &ids),
+            spawn_child(daemon.socket(), &ids),
         ];
         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
         std::thread::sleep(Duration::from_millis(20 + (seed >> 58)));
@@ -257,7 +220,7 @@ fn readers_killed_at_random_points_leave_nothing_held_or_corrupted() {
             writer.release(&[*id]).unwrap();
         }
         // Once the daemon saw both go: everything can leave memory.
-        wait_for("the killed readers' references to go", || {
+        eventually("the killed readers' references to go", || {
             writer.evict(u64::MAX).unwrap();
             let stats = writer.stats().unwrap();
             stats.used == 0 && stats.clients == 1
@@ -273,7 +236,7 @@ fn fill(client: &mut Client, location: shoal_core::store::ObjectLocation, n: usi
 
 #[test]
 fn creates_and_seals_in_lent_space_take_no_round_trip_and_behave_like_the_socket() {
-    let daemon = Daemon::start(64 << 20);
+    let daemon = TestDaemon::start(64 << 20);
     let mut c = daemon.client();
     assert!(c.has_fast_writes(), "the daemon offers write channels");
     let mut other = daemon.client();
@@ -305,7 +268,7 @@ fn creates_and_seals_in_lent_space_take_no_round_trip_and_behave_like_the_socket
         other.release(&[*id]).unwrap();
     }
     // Releases are one-way: the daemon takes them as it polls.
-    wait_for("the releases", || other.stats().unwrap().referenced == 0);
+    eventually("the releases", || other.stats().unwrap().referenced == 0);
     let stats = other.stats().unwrap();
     assert_eq!(stats.used, 101 * 1024, "objects only: lent space is apart");
     assert!(stats.lent > 0 && stats.lent <= 1 << 20, "{stats:?}");
@@ -314,7 +277,7 @@ fn creates_and_seals_in_lent_space_take_no_round_trip_and_behave_like_the_socket
 
 #[test]
 fn duplicate_ids_aborts_and_names_in_lent_space_follow_the_socket_rules() {
-    let daemon = Daemon::start(64 << 20);
+    let daemon = TestDaemon::start(64 << 20);
     let mut a = daemon.client();
     let mut b = daemon.client();
     // A sealed id is refused at create.
@@ -372,14 +335,14 @@ fn duplicate_ids_aborts_and_names_in_lent_space_follow_the_socket_rules() {
     b.seal(&[kept], true).unwrap();
     b.create(ObjectId::random(), 100, 0, 0).unwrap();
     drop(b);
-    wait_for("the writer's lent space to come back", || {
+    eventually("the writer's lent space to come back", || {
         let stats = a.stats().unwrap();
         stats.clients == 1 && stats.lent <= (1 << 20)
     });
     assert!(a.contains(kept).unwrap());
     drop(a);
     let mut c = daemon.client();
-    wait_for("every lease to come back", || {
+    eventually("every lease to come back", || {
         let stats = c.stats().unwrap();
         stats.clients == 1 && stats.lent == 0
     });
@@ -397,12 +360,12 @@ fn a_forged_write_channel_drops_only_its_client() {
     use std::io::{Read, Write};
     use std::os::fd::AsFd;
 
-    let daemon = Daemon::start(64 << 20);
+    let daemon = TestDaemon::start(64 << 20);
     let mut good = daemon.client();
     let id = ObjectId::random();
     good.put(id, &pattern(9, 1000), b"").unwrap();
 
-    let mut raw = UnixStream::connect(&daemon.socket).unwrap();
+    let mut raw = UnixStream::connect(daemon.socket()).unwrap();
     let call = |raw: &mut UnixStream, request: Request| {
         let mut out = Vec::new();
         request.encode(&mut out);
@@ -494,7 +457,7 @@ fn ring_doorbell(fd: &std::os::fd::OwnedFd) {
 
 #[test]
 fn a_closed_client_creates_nothing_in_lent_space() {
-    let daemon = Daemon::start(64 << 20);
+    let daemon = TestDaemon::start(64 << 20);
     let mut c = daemon.client();
     c.put(ObjectId::random(), b"lent", b"").unwrap();
     c.close();

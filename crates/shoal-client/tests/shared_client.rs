@@ -2,18 +2,14 @@
 //! are released (coalesced in bursts, at once when isolated), a seal with
 //! release is not released twice, and the release thread ends with the client.
 
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use shoal_client::shared::{SharedClient, RELEASE_QUIET};
 use shoal_client::Client;
-use shoal_core::error::Result;
 use shoal_core::protocol::CreateSpec;
 use shoal_core::ObjectId;
-use shoal_daemon::{DaemonConfig, Shutdown};
+use shoal_testing::TestDaemon;
 
 /// The thread test counts this process's release threads: the tests of this
 /// file take turns so that no other test's client is starting or ending then.
@@ -25,59 +21,8 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-struct Daemon {
-    socket: PathBuf,
-    shutdown: Shutdown,
-    thread: Option<JoinHandle<Result<()>>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Daemon {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("shoal.sock");
-        let mut config = DaemonConfig::new(&socket, 8 << 20);
-        config.prefault = false;
-        let shutdown = Shutdown::new();
-        let thread = {
-            let shutdown = shutdown.clone();
-            std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "daemon did not start");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        Self {
-            socket,
-            shutdown,
-            thread: Some(thread),
-            _dir: dir,
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).unwrap()
-    }
-
-    /// Through the socket only: these tests watch the release queue, which
-    /// fast-path references (released without a message) never enter.
-    fn shared(&self) -> SharedClient {
-        SharedClient::new(Client::connect_socket_only(&self.socket).unwrap())
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-        if let Some(thread) = self.thread.take() {
-            thread.join().unwrap().unwrap();
-        }
-    }
-}
-
 /// `count` sealed objects, put by another client.
-fn put_objects(daemon: &Daemon, count: usize) -> Vec<ObjectId> {
+fn put_objects(daemon: &TestDaemon, count: usize) -> Vec<ObjectId> {
     let mut writer = daemon.client();
     let ids: Vec<_> = (0..count).map(|_| ObjectId::random()).collect();
     for id in &ids {
@@ -113,13 +58,19 @@ fn wait_unreferenced(observer: &mut Client, ids: &[ObjectId]) {
     }
 }
 
+/// Through the socket only: these tests watch the release queue, which
+/// fast-path references (released without a message) never enter.
+fn socket_shared(daemon: &TestDaemon) -> SharedClient {
+    SharedClient::new(daemon.socket_client())
+}
+
 #[test]
 fn a_burst_of_dropped_references_is_released_in_few_messages() {
     let _turn = one_at_a_time();
-    let daemon = Daemon::start();
+    let daemon = TestDaemon::start(8 << 20);
     let mut observer = daemon.client();
     let ids = put_objects(&daemon, 1000);
-    let shared = daemon.shared();
+    let shared = socket_shared(&daemon);
     let found = shared.with(|c| c.get(&ids, 0)).unwrap();
     assert!(found.iter().all(Option::is_some));
     let references: Vec<_> = ids.iter().map(|&id| shared.reference(id, None)).collect();
@@ -141,10 +92,10 @@ fn a_burst_of_dropped_references_is_released_in_few_messages() {
 #[test]
 fn an_isolated_drop_is_released_at_once() {
     let _turn = one_at_a_time();
-    let daemon = Daemon::start();
+    let daemon = TestDaemon::start(8 << 20);
     let mut observer = daemon.client();
     let ids = put_objects(&daemon, 2);
-    let shared = daemon.shared();
+    let shared = socket_shared(&daemon);
     shared.with(|c| c.get(&ids, 0)).unwrap();
     let mut references: Vec<_> = ids.iter().map(|&id| shared.reference(id, None)).collect();
 
@@ -162,10 +113,10 @@ fn an_isolated_drop_is_released_at_once() {
 #[test]
 fn a_drop_between_calls_rides_with_the_next_request() {
     let _turn = one_at_a_time();
-    let daemon = Daemon::start();
+    let daemon = TestDaemon::start(8 << 20);
     let mut observer = daemon.client();
     let ids = put_objects(&daemon, 1);
-    let shared = daemon.shared();
+    let shared = socket_shared(&daemon);
     // One get + drop per call, as a loop over single objects does: each drop
     // follows a call within the quiet time, so it is queued, and the next
     // call carries it (the daemon handles it before that call's request).
@@ -187,10 +138,10 @@ fn a_drop_between_calls_rides_with_the_next_request() {
 #[test]
 fn a_drop_while_the_connection_is_busy_is_released_by_the_thread() {
     let _turn = one_at_a_time();
-    let daemon = Daemon::start();
+    let daemon = TestDaemon::start(8 << 20);
     let mut observer = daemon.client();
     let ids = put_objects(&daemon, 2);
-    let shared = daemon.shared();
+    let shared = socket_shared(&daemon);
     shared.with(|c| c.get(&ids, 0)).unwrap();
     let mut references: Vec<_> = ids.iter().map(|&id| shared.reference(id, None)).collect();
     // Dropped inside a call (as the garbage collector may): the connection is
@@ -209,9 +160,9 @@ fn a_drop_while_the_connection_is_busy_is_released_by_the_thread() {
 #[test]
 fn a_seal_with_release_is_not_released_again_by_the_creator_reference() {
     let _turn = one_at_a_time();
-    let daemon = Daemon::start();
+    let daemon = TestDaemon::start(8 << 20);
     let mut observer = daemon.client();
-    let shared = daemon.shared();
+    let shared = socket_shared(&daemon);
     let id = ObjectId::random();
     let spec = CreateSpec {
         id,
@@ -243,9 +194,9 @@ fn a_seal_with_release_is_not_released_again_by_the_creator_reference() {
 #[test]
 fn a_seal_without_release_leaves_the_creator_reference_to_release() {
     let _turn = one_at_a_time();
-    let daemon = Daemon::start();
+    let daemon = TestDaemon::start(8 << 20);
     let mut observer = daemon.client();
-    let shared = daemon.shared();
+    let shared = socket_shared(&daemon);
     let id = ObjectId::random();
     let spec = CreateSpec {
         id,
@@ -287,17 +238,17 @@ fn wait_release_threads(count: usize, what: &str) {
 #[test]
 fn no_thread_is_left_once_the_client_and_its_references_are_gone() {
     let _turn = one_at_a_time();
-    let daemon = Daemon::start();
+    let daemon = TestDaemon::start(8 << 20);
     let ids = put_objects(&daemon, 3);
     let before = release_threads();
 
-    let shared = daemon.shared();
+    let shared = socket_shared(&daemon);
     wait_release_threads(before + 1, "a new client");
     drop(shared);
     wait_release_threads(before, "dropping an idle client");
 
     // References keep the client (and its thread) alive past the last handle.
-    let shared = daemon.shared();
+    let shared = socket_shared(&daemon);
     shared.with(|c| c.get(&ids, 0)).unwrap();
     let mut references: Vec<_> = ids.iter().map(|&id| shared.reference(id, None)).collect();
     drop(shared);
@@ -320,11 +271,11 @@ fn drops_racing_the_release_thread_never_wait_for_the_next_call() {
     // Python partition test (`rejoins`, its fences confirmed once buffers are
     // deleted) did in 3 of 4 runs.
     let _turn = one_at_a_time();
-    let daemon = Daemon::start();
+    let daemon = TestDaemon::start(8 << 20);
     let mut observer = daemon.client();
     let burst = put_objects(&daemon, 500);
     let last = put_objects(&daemon, 4);
-    let shared = daemon.shared();
+    let shared = socket_shared(&daemon);
     for round in 0..20 {
         shared.with(|c| c.get(&burst, 0)).unwrap();
         shared.with(|c| c.get(&last, 0)).unwrap();

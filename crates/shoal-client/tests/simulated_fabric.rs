@@ -13,114 +13,48 @@
 //! on, and each fault has checks that depend on it alone, so CI runs the
 //! normal build and one build with both faults.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shoal_client::{Client, Located};
-use shoal_cluster::{Access, Node, Topology};
 use shoal_core::coherence::CoherenceMode;
-use shoal_core::error::Result;
 use shoal_core::protocol::CreateSpec;
 use shoal_core::region::Mapping;
 use shoal_core::ObjectId;
-use shoal_daemon::{ClusterConfig, DaemonConfig, Shutdown};
+use shoal_testing::TestCluster;
 
 const REGION_SIZE: u64 = 8 << 20;
 
-struct TestCluster {
-    sockets: Vec<PathBuf>,
-    regions: Vec<PathBuf>,
-    shutdown: Shutdown,
-    threads: Vec<JoinHandle<Result<()>>>,
-    _dir: tempfile::TempDir,
-}
+/// `nodes` nodes on a simulated non-coherent fabric (every process's
+/// caches simulated, 128-byte lines), each node's memory readable beside
+/// them.
+struct Simulated(TestCluster);
 
-impl TestCluster {
+impl Simulated {
     fn start(nodes: u32) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let ports: Vec<u16> = {
-            let held: Vec<_> = (0..2 * nodes)
-                .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap())
-                .collect();
-            held.iter()
-                .map(|l| l.local_addr().unwrap().port())
-                .collect()
-        };
-        // Unique per cluster: tests run in parallel threads of one process.
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let serial = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tag = format!("{}-{serial}", std::process::id());
-        let topology = Topology {
-            name: "simulated".into(),
-            token: "test-token".into(),
-            coherence: CoherenceMode::Noncoherent,
-            simulate_caches: true,
-            heartbeat: Duration::from_millis(100),
-            lease: Duration::from_millis(1000),
-            linger: Duration::from_millis(1000),
-            quarantine: None,
-            nodes: (0..nodes)
-                .map(|i| Node {
-                    id: i,
-                    rpc: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize])).into(),
-                    data: SocketAddr::from((Ipv4Addr::LOCALHOST, ports[2 * i as usize + 1])).into(),
-                    host: None,
-                    listen: None,
-                    data_listen: None,
-                    socket: dir.path().join(format!("n{i}.sock")),
-                    region: PathBuf::from(format!("/dev/shm/shoal-test-{tag}-{i}")),
-                    region_size: REGION_SIZE,
-                    access: Access::Mapped,
-                    elastic: None,
-                    tiers: Default::default(),
-                    metrics: None,
-                    identity: None,
-                })
-                .collect(),
-        };
-        let shutdown = Shutdown::new();
-        let threads = (0..nodes)
-            .map(|node| {
-                let mut config =
-                    DaemonConfig::new(&topology.nodes[node as usize].socket, REGION_SIZE);
-                config.prefault = false;
-                config.line_size = 128;
-                config.cluster = Some(ClusterConfig {
-                    topology: topology.clone(),
-                    node,
-                });
-                let shutdown = shutdown.clone();
-                std::thread::spawn(move || shoal_daemon::serve_blocking(config, shutdown))
-            })
-            .collect();
-        let sockets: Vec<PathBuf> = topology.nodes.iter().map(|n| n.socket.clone()).collect();
-        let regions = topology.nodes.iter().map(|n| n.region.clone()).collect();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for socket in &sockets {
-            while Client::connect(socket).is_err() {
-                assert!(Instant::now() < deadline, "node did not start");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-        Self {
-            sockets,
-            regions,
-            shutdown,
-            threads,
-            _dir: dir,
-        }
+        let cluster = TestCluster::start_with(
+            "simulated",
+            nodes,
+            REGION_SIZE,
+            Duration::from_millis(1000),
+            |topology| {
+                topology.coherence = CoherenceMode::Noncoherent;
+                topology.simulate_caches = true;
+                topology.lease = Duration::from_millis(1000);
+            },
+            |_, config, _| config.line_size = 128,
+        );
+        Self(cluster.checked())
     }
 
     fn client(&self, node: usize) -> Client {
-        Client::connect(&self.sockets[node]).unwrap()
+        self.0.client(node)
     }
 
     /// What node `node`'s memory itself holds of an object's range: no
     /// process's simulated cache in between.
     fn memory(&self, node: usize, located: Located) -> Vec<u8> {
-        let memory = Mapping::map_path_readonly(&self.regions[node], REGION_SIZE).unwrap();
+        let region = &self.0.topology.nodes[node].region;
+        let memory = Mapping::map_path_readonly(region, REGION_SIZE).unwrap();
         let l = located.location;
         assert!(memory.holds(&l));
         // SAFETY: inside the mapping (checked just above).
@@ -128,15 +62,6 @@ impl TestCluster {
             std::slice::from_raw_parts(memory.base().add(l.offset as usize), l.size() as usize)
         }
         .to_vec()
-    }
-}
-
-impl Drop for TestCluster {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-        for thread in self.threads.drain(..) {
-            thread.join().unwrap().unwrap();
-        }
     }
 }
 
@@ -173,7 +98,7 @@ fn check(seen: &[u8], written: &[u8], what: &str, broken: bool) {
 
 #[test]
 fn readers_on_other_nodes_see_exactly_the_sealed_bytes() {
-    let cluster = TestCluster::start(2);
+    let cluster = Simulated::start(2);
     let (mut writer, mut reader) = (cluster.client(0), cluster.client(1));
     assert!(writer.cluster().unwrap().simulated);
 
@@ -204,7 +129,7 @@ fn readers_on_other_nodes_see_exactly_the_sealed_bytes() {
 
 #[test]
 fn remote_allocation_is_flushed_by_its_writer() {
-    let cluster = TestCluster::start(2);
+    let cluster = Simulated::start(2);
     let (mut writer, mut reader) = (cluster.client(0), cluster.client(1));
     let id = ObjectId([3; 20]);
     let spec = CreateSpec {
@@ -247,7 +172,7 @@ fn put_on(writer: &mut Client, node: u32, id: ObjectId, size: u64, fill: u8) -> 
 
 #[test]
 fn the_owner_node_invalidates_what_a_peer_wrote_into_its_memory() {
-    let cluster = TestCluster::start(2);
+    let cluster = Simulated::start(2);
     let (mut owner, mut peer) = (cluster.client(0), cluster.client(1));
     const SIZE: usize = 4096;
 

@@ -2,9 +2,10 @@
 //! its peers when it is a node of a cluster.
 //!
 //! Layers, each importing only those below it:
-//! - [`supervisor`], [`principals`], `accept`, [`metrics`]: leaves
-//!   (background tasks, the store's client-id space, accept backoff, what a
-//!   node counts);
+//! - [`supervisor`], [`principals`], `accept`, [`metrics`], [`names`],
+//!   [`shutdown`]: leaves (background tasks, the store's client-id space,
+//!   accept backoff, what a node counts, the POSIX view's name index, the
+//!   stop signal);
 //! - [`node`]: the store, region, waiters, subscribers and listeners; every
 //!   change goes through it and is published by it;
 //! - [`tiers`]: the tiers below memory (drain, spill, burst pressure), a
@@ -12,10 +13,13 @@
 //! - [`cluster`]: this daemon as a node of a cluster, a listener of its node;
 //! - [`elastic`]: the capacity controller, which resizes the node's store
 //!   (taking the cluster's idle loans back first);
+//! - [`config`]: what a daemon serves ([`DaemonConfig`]), with the tiers',
+//!   cluster's and capacity controller's own configurations;
 //! - `ops`: the operations (create, get, seal, abort, release, delete,
-//!   evict), shared by local clients and peers;
-//! - `connection` (local clients) and `peer_service` (other nodes), which
-//!   serve requests with `ops`;
+//!   evict, restore, names, ...), shared by local clients and peers;
+//! - `connection` (local clients), `write_poller` (what local clients
+//!   record in their write channels: the fast path) and `peer_service`
+//!   (other nodes), which serve requests with `ops`;
 //! - `observe`: the `/metrics` endpoint and status page, fed by a
 //!   listener of the node and a snapshot of its store;
 //! - [`server`]: wires the layers, listens, and stops them all.

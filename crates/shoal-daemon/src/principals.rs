@@ -1,10 +1,12 @@
-//! Who holds references in the store: the one place that divides the store's
-//! client-id space.
+//! Who holds references in the store: how the daemon divides the store's
+//! client-id space. One id is not the daemon's to give: the store itself
+//! holds fast-path readers' references as `ClientId::MAX`
+//! ([`FAST_READERS`](shoal_core::store::FAST_READERS), in shoal-core).
 //!
 //! - `1 .. RESERVED_BASE`: local connections, numbered as they come;
 //! - `RESERVED_BASE .. PEER_BASE`: the daemon's own principals (network
 //!   copies being pulled, objects pinned while sent, the tiers, objects
-//!   held while pushed bytes arrive, staging buffers; later the POSIX view);
+//!   held while pushed bytes arrive, staging buffers);
 //! - `PEER_BASE + node`: each other node of the cluster (its references
 //!   here, its remote allocations);
 //! - `FENCED_BASE + node`: what a node cut off past its lease held here,

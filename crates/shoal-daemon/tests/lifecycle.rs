@@ -11,8 +11,6 @@ use shoal_cluster::Topology;
 use shoal_core::ObjectId;
 use shoal_daemon::{ClusterConfig, DaemonConfig, Shutdown};
 
-mod support;
-
 /// The process's threads and descriptors are counted: one test at a time.
 static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -114,7 +112,7 @@ fn starting_and_stopping_leaves_no_task_thread_or_descriptor() {
         config.prefault = i.is_multiple_of(2); // the prefault thread too
                                                // The metrics endpoint's thread too, scraped once.
         let metrics = (i % 3 != 1)
-            .then(|| std::net::SocketAddr::from(([127, 0, 0, 1], support::free_ports(1)[0])));
+            .then(|| std::net::SocketAddr::from(([127, 0, 0, 1], shoal_testing::free_ports(1)[0])));
         config.metrics = metrics;
         let shutdown = Shutdown::new();
         let daemon = start(config, shutdown.clone());
@@ -161,7 +159,7 @@ fn cluster_nodes_stop_their_heartbeats_data_channels_and_peer_service() {
         let text = format!(
             "[cluster]\nname = \"lifecycle\"\ntoken = \"t\"\nheartbeat_ms = 20\nlease_ms = 200\n{}",
             (0..2)
-                .map(|n| (n, support::free_ports(3)))
+                .map(|n| (n, shoal_testing::free_ports(3)))
                 .map(|(n, ports)| format!(
                     "[[node]]\nid = {n}\nrpc = \"127.0.0.1:{}\"\ndata = \"127.0.0.1:{}\"\nmetrics = \"127.0.0.1:{}\"\nsocket = \"{dir}/n{n}.sock\"\nregion = \"{dir}/r{i}-{n}\"\nregion_size = 1048576\n",
                     ports[0],

@@ -1,6 +1,6 @@
 //! The tier backend trait: one trait, many backends (a directory, an
 //! S3-compatible store, a fault-injecting wrapper), one conformance suite
-//! (`tests/conformance.rs`) that every backend passes.
+//! (`tests/integration/conformance.rs`) that every backend passes.
 //!
 //! A backend stores whole object images (`format.rs`) under their ids and
 //! knows nothing of the manifest or of other tiers: the engine

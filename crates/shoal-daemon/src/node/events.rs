@@ -1,6 +1,6 @@
-//! What a node tells the subsystems that listen to it (the cluster today;
-//! the tiers, the capacity controller and metrics next). The node calls its
-//! listeners; it never calls into a subsystem by name.
+//! What a node tells the subsystems that listen to it: the tiers, the
+//! cluster, the capacity controller's prefetch and the metrics' counts. The
+//! node calls its listeners; it never calls into a subsystem by name.
 
 use shoal_core::object_table::ClientId;
 use shoal_core::store::{Verdict, Victim};

@@ -1,7 +1,7 @@
 //! The node: this daemon's store, region, waiters, subscribers and
 //! listeners, below everything that serves them (local connections, the
-//! peer service) and everything that plugs into them (the cluster; next the
-//! tiers, the capacity controller, metrics).
+//! peer service) and everything that plugs into them (the tiers, the
+//! cluster, the capacity controller, the metrics).
 //!
 //! Every change to the store goes through [`Node::mutate`], which then
 //! publishes what happened itself: it wakes waiting gets (a seal) and

@@ -1,0 +1,16 @@
+//! The `shoal` command end to end, one test binary (one link instead of one
+//! per file; `cargo test -p shoal-cli --test integration mount::` runs one
+//! module): daemons as processes, mounts, kill -9 with tiers, the
+//! operations surface. Shared harnesses: `shoal-testing`, and `support`
+//! for what needs this crate's binary.
+
+mod cluster_check;
+mod connection_limits;
+mod logs;
+mod mount;
+mod prometheus;
+mod put_get;
+mod status_page;
+mod support;
+mod tier_crash;
+mod top;

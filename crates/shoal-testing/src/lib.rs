@@ -1,0 +1,37 @@
+//! What shoal's tests share, so that no test file starts a daemon its own
+//! way: a daemon on a thread of the test ([`TestDaemon`]) or as a process
+//! of its own ([`ServeProcess`]: kill -9, signals, restarts), clusters of
+//! them on loopback ([`TestCluster`], [`LoneNode`]), free ports, waiting
+//! with a deadline, logs and plain HTTP to the metrics endpoints.
+//!
+//! A dev-dependency only: every crate's integration tests use it; nothing
+//! shipped does. It depends on the daemon, so the daemon's own unit tests
+//! (inside `src/`) cannot use it; its integration tests (`tests/`) do.
+
+mod cluster;
+mod daemon;
+mod http;
+mod logs;
+mod ports;
+mod process;
+mod wait;
+
+pub use cluster::{loopback_topology, with_node_keys, with_peer, LoneNode, PeerRpc, TestCluster};
+pub use daemon::TestDaemon;
+pub use http::{encode, http_get, metric};
+pub use logs::init_logs;
+pub use ports::free_ports;
+pub use process::ServeProcess;
+pub use wait::{eventually, eventually_within, wait_started, START_WAIT};
+
+/// Bytes in a KiB and a MiB, as the tests size stores and objects.
+pub const KIB: u64 = 1024;
+/// See [`KIB`].
+pub const MIB: u64 = 1024 * KIB;
+
+/// Whether `program` is on PATH (tests that need fio, Prometheus or a
+/// browser skip, saying so, where it is not).
+pub fn installed(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}

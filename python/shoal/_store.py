@@ -1,0 +1,66 @@
+"""The calls shoal's feature modules make on a client.
+
+`arrow`, `hugetable` and `_sync` build tables, HugeTables, barriers and flags from a few
+client calls. They take any object with these methods rather than `shoal.client.Client`:
+the client imports them and they never import it, so the package has no import circle
+(`scripts/check-python-imports.py`, run by CI).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from shoal._ids import IdLike, ObjectID
+from shoal._internal import Buffer
+
+
+class ObjectStore(Protocol):
+    """What a table builder, a HugeTable or a barrier needs from a client."""
+
+    @property
+    def node(self) -> int:
+        """This client's node in its cluster (0 when not clustered)."""
+        ...
+
+    def create(
+        self,
+        oid: IdLike,
+        size: int,
+        metadata: bytes | None = None,
+        timeout_ms: int = 0,
+        *,
+        node: int | None = None,
+    ) -> Buffer: ...
+
+    def create_fresh(
+        self,
+        size: int,
+        metadata: bytes | None = None,
+        timeout_ms: int = 0,
+        *,
+        node: int | None = None,
+    ) -> tuple[ObjectID, Buffer]: ...
+
+    def seal(
+        self, oids: IdLike | Iterable[IdLike], release: bool = False, *, durability: str | None = None
+    ) -> None: ...
+
+    def abort(self, oid: IdLike) -> None: ...
+
+    def put(
+        self,
+        value: Any,
+        oid: IdLike | None = None,
+        *,
+        timeout_ms: int = 0,
+        node: int | None = None,
+        durability: str | None = None,
+        name: str | None = None,
+    ) -> ObjectID: ...
+
+    def get(self, oid: IdLike | Sequence[IdLike], timeout_ms: int = -1) -> Any: ...
+
+    def get_buffers(self, oids: Sequence[IdLike], timeout_ms: int = -1) -> list[Buffer | None]: ...
+
+    def delete(self, oids: IdLike | Iterable[IdLike]) -> None: ...
