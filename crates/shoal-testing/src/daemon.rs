@@ -21,10 +21,8 @@ pub struct TestDaemon {
     socket: PathBuf,
     shutdown: Shutdown,
     thread: Option<JoinHandle<Result<()>>>,
-    /// Whether a daemon error at the end fails the test (see
-    /// [`tolerate_errors_at_stop`](Self::tolerate_errors_at_stop)).
-    strict: bool,
-    dir: Option<tempfile::TempDir>,
+    /// The daemon's own directory (`start`, `start_configured`), removed with it.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl TestDaemon {
@@ -44,7 +42,7 @@ impl TestDaemon {
         let mut config = Self::config(dir.path(), capacity);
         configure(&mut config, dir.path());
         let mut daemon = Self::start_with(config);
-        daemon.dir = Some(dir);
+        daemon._dir = Some(dir);
         daemon
     }
 
@@ -87,19 +85,13 @@ impl TestDaemon {
             socket,
             shutdown,
             thread: Some(thread),
-            strict: true,
-            dir: None,
+            _dir: None,
         })
     }
 
     /// The socket clients connect to.
     pub fn socket(&self) -> &Path {
         &self.socket
-    }
-
-    /// The daemon's own directory, when it has one (`start`, `start_configured`).
-    pub fn dir(&self) -> Option<&Path> {
-        self.dir.as_ref().map(|d| d.path())
     }
 
     /// A new client of the daemon.
@@ -112,13 +104,6 @@ impl TestDaemon {
     /// refused at create (in lent space, at its seal).
     pub fn socket_client(&self) -> Client {
         Client::connect_socket_only(&self.socket).unwrap()
-    }
-
-    /// Lets the daemon end with an error when it stops (a test that broke
-    /// its tiers on purpose) without failing the test.
-    pub fn tolerate_errors_at_stop(mut self) -> Self {
-        self.strict = false;
-        self
     }
 
     /// Stops the daemon now: its memory, and every object only there, is
@@ -140,7 +125,7 @@ impl Drop for TestDaemon {
     fn drop(&mut self) {
         let outcome = self.finish();
         // A test already failing says why; a second panic would abort.
-        if self.strict && !std::thread::panicking() {
+        if !std::thread::panicking() {
             if let Some(outcome) = outcome {
                 outcome.unwrap().unwrap();
                 assert!(!self.socket.exists(), "socket removed on shutdown");

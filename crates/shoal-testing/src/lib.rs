@@ -24,11 +24,6 @@ pub use ports::free_ports;
 pub use process::ServeProcess;
 pub use wait::{eventually, eventually_within, wait_started, START_WAIT};
 
-/// Bytes in a KiB and a MiB, as the tests size stores and objects.
-pub const KIB: u64 = 1024;
-/// See [`KIB`].
-pub const MIB: u64 = 1024 * KIB;
-
 /// Whether `program` is on PATH (tests that need fio, Prometheus or a
 /// browser skip, saying so, where it is not).
 pub fn installed(program: &str) -> bool {
