@@ -15,11 +15,12 @@
 
 use shoal_core::error::ErrorKind;
 use shoal_core::ids::ObjectId;
+use shoal_core::location::ObjectLocation;
 use shoal_core::protocol::{
     decode_request, CreateSpec, FrameHeader, Located, NameEntry, Notification, PeerRegion, Reply,
     Request, FRAME_HEADER_LEN, MAX_FRAME_LEN, PROTOCOL_VERSION, WAIT_FOREVER,
 };
-use shoal_core::store::{ObjectInfo, ObjectLocation, StoreStats};
+use shoal_core::protocol::{ObjectInfo, StoreStats};
 
 /// What one input exercised (for the smoke test's coverage assertions).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use shoal_cluster::NodeElastic;
-use shoal_core::capacity::PsiAction;
 use shoal_core::protocol::CapacityReport;
+use shoal_core::protocol::PsiAction;
 use shoal_core::units::format_size;
 use shoal_daemon::elastic::{ElasticConfig, SourceChoice};
 

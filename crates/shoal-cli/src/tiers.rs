@@ -190,7 +190,7 @@ pub fn stage(args: StageArgs, out: bool) -> Result<()> {
 }
 
 /// Where an object is, for `shoal ls`: "memory", "burst", "backing", joined by "+".
-pub fn residence(o: &shoal_core::store::ObjectInfo) -> String {
+pub fn residence(o: &shoal_core::protocol::ObjectInfo) -> String {
     let mut parts = Vec::new();
     if o.resident {
         parts.push("memory");

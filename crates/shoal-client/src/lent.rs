@@ -14,13 +14,13 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use shoal_core::allocator::Block;
 use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fast_path::lease::Lease;
 use shoal_core::fast_path::readers::FastReads;
 use shoal_core::fast_path::writes::{Record, WriteSender};
-use shoal_core::store::ObjectLocation;
+use shoal_core::location::Block;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 /// Bytes asked for per lease (the daemon may lend less, or nothing).

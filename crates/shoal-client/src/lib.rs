@@ -23,12 +23,13 @@ pub use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fast_path::readers::FastReads;
 use shoal_core::fd_passing::{recv_with_fd, recv_with_fds};
+use shoal_core::location::ObjectLocation;
 use shoal_core::protocol::{
     CreateSpec, FrameHeader, Notification, Reply, Request, FRAME_HEADER_LEN, PROTOCOL_VERSION,
 };
 pub use shoal_core::protocol::{Located, NameEntry, PeerRegion, TierInfo, TierReport};
+use shoal_core::protocol::{ObjectInfo, StoreStats};
 use shoal_core::region::Mapping;
-use shoal_core::store::{ObjectInfo, ObjectLocation, StoreStats};
 use shoal_core::ObjectId;
 
 pub use shoal_core::protocol::WAIT_FOREVER;
@@ -547,7 +548,7 @@ impl Client {
                         "the daemon lent [{offset}, +{len}) outside its region"
                     )));
                 }
-                Some((lease, shoal_core::allocator::Block { offset, len }))
+                Some((lease, shoal_core::location::Block { offset, len }))
             }
             other => return Err(unexpected(other)),
         };

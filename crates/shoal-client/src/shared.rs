@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use shoal_core::error::Result;
 use shoal_core::fast_path::readers::FastReads;
+use shoal_core::location::ObjectLocation;
 use shoal_core::protocol::Located;
 use shoal_core::region::Mapping;
-use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
 
 use crate::Client;

@@ -229,7 +229,7 @@ fn readers_killed_at_random_points_leave_nothing_held_or_corrupted() {
 }
 
 /// Writes object `n`'s pattern into a created object.
-fn fill(client: &mut Client, location: shoal_core::store::ObjectLocation, n: usize) {
+fn fill(client: &mut Client, location: shoal_core::location::ObjectLocation, n: usize) {
     let data = pattern(n, location.data_size as usize);
     client.write(location, &data, &[]).unwrap();
 }
@@ -395,7 +395,7 @@ fn a_forged_write_channel_drops_only_its_client() {
     let seq = sender
         .stage(&Record::Create {
             id: ObjectId::random(),
-            location: shoal_core::store::ObjectLocation {
+            location: shoal_core::location::ObjectLocation {
                 offset: 0,
                 data_size: 64,
                 meta_size: 0,

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use shoal_core::error::ErrorKind;
-use shoal_core::store::ObjectLocation;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 /// The home node of `id` among `nodes` nodes. Stable across processes and

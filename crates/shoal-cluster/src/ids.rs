@@ -35,8 +35,8 @@ pub fn unpack(bytes: &[u8]) -> Result<Vec<ObjectId>, Status> {
 pub const LOCATION_RECORD: usize = 21;
 
 /// Appends one AcquireReply record: found flag and location.
-pub fn push_location(out: &mut Vec<u8>, found: Option<shoal_core::store::ObjectLocation>) {
-    let l = found.unwrap_or(shoal_core::store::ObjectLocation {
+pub fn push_location(out: &mut Vec<u8>, found: Option<shoal_core::location::ObjectLocation>) {
+    let l = found.unwrap_or(shoal_core::location::ObjectLocation {
         offset: 0,
         data_size: 0,
         meta_size: 0,
@@ -51,7 +51,7 @@ pub fn push_location(out: &mut Vec<u8>, found: Option<shoal_core::store::ObjectL
 pub fn locations(
     bytes: &[u8],
     expected: usize,
-) -> Result<Vec<Option<shoal_core::store::ObjectLocation>>, Status> {
+) -> Result<Vec<Option<shoal_core::location::ObjectLocation>>, Status> {
     if bytes.len() != expected * LOCATION_RECORD {
         return Err(Status::invalid_argument(format!(
             "{} bytes of locations for {expected} ids",
@@ -62,7 +62,7 @@ pub fn locations(
         .chunks_exact(LOCATION_RECORD)
         .map(|r| {
             let u64_at = |i: usize| u64::from_le_bytes(r[i..i + 8].try_into().expect("8 bytes"));
-            let location = shoal_core::store::ObjectLocation {
+            let location = shoal_core::location::ObjectLocation {
                 offset: u64_at(1),
                 data_size: u64_at(9),
                 meta_size: u32::from_le_bytes(r[17..21].try_into().expect("4 bytes")),
@@ -90,7 +90,7 @@ mod tests {
 
     #[test]
     fn location_records_round_trip_and_reject_forgeries() {
-        let l = shoal_core::store::ObjectLocation {
+        let l = shoal_core::location::ObjectLocation {
             offset: 1 << 40,
             data_size: 12345,
             meta_size: 7,

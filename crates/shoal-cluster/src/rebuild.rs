@@ -24,7 +24,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use shoal_core::store::ObjectLocation;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 /// Whether a starting node's directory can be trusted yet.

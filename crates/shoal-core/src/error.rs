@@ -4,7 +4,6 @@
 //! crosses the wire (as a `u16`) and what the Python package maps to an
 //! exception class. The message carries the context (id, sizes, path).
 
-use crate::capacity::ParseError;
 use crate::ids::ObjectId;
 use crate::local_auth::error::LocalAuthError;
 
@@ -202,12 +201,6 @@ impl From<LocalAuthError> for ShoalError {
             _ => ErrorKind::PermissionDenied,
         };
         ShoalError::new(kind, err.to_string())
-    }
-}
-
-impl From<ParseError> for ShoalError {
-    fn from(err: ParseError) -> Self {
-        ShoalError::io("read node memory", err)
     }
 }
 

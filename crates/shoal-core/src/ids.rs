@@ -1,4 +1,5 @@
-//! Object ids: 20 opaque bytes, unique cluster-wide (as in Plasma).
+//! Object ids: 20 opaque bytes, unique cluster-wide (as in Plasma); and the
+//! number a daemon gives each connected client.
 
 use std::fmt;
 
@@ -52,6 +53,10 @@ impl fmt::Debug for ObjectId {
         write!(f, "ObjectId({})", self.to_hex())
     }
 }
+
+/// A client of one daemon: the number its connection gets, unique while it
+/// is connected; the fast path's reference tables are kept by it.
+pub type ClientId = u32;
 
 #[cfg(test)]
 mod tests {

@@ -1,29 +1,27 @@
-//! shoal core: everything about the store that needs no runtime.
+//! shoal core: the contract every shoal process shares.
 //!
-//! The daemon (`shoal-daemon`) drives these types from its event loop; the
-//! client (`shoal-client`) shares the wire protocol and ids. Everything here is
-//! synchronous and deterministic so it can be tested without sockets or time.
+//! Ids, errors, the local wire protocol and the vocabulary it carries,
+//! fast-path layouts in shared memory, regions and their mappings, cache
+//! coherence, copies, fd passing and local authentication. The daemon's
+//! engine (`shoal-store`) and its capacity law (`shoal-capacity`) build on
+//! this crate; clients, the FUSE view and the Python binding need nothing
+//! else from the server side. Everything here is synchronous and needs no
+//! runtime.
 
-pub mod allocator;
 pub mod busy_poll;
-pub mod capacity;
 pub mod coherence;
 pub mod copy;
 pub mod durability;
 pub mod error;
-pub mod eviction;
 pub mod fast_path;
 pub mod fd_passing;
-pub mod ghost_reads;
 pub mod ids;
 pub mod local_auth;
 pub mod location;
 pub mod names;
-pub mod object_table;
 pub mod populate;
 pub mod protocol;
 pub mod region;
-pub mod store;
 pub mod units;
 
 pub use error::{ErrorKind, ShoalError};

@@ -20,8 +20,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use shoal_capacity::{read_meminfo, read_percpu_free_bytes, HOST_ZONEINFO};
 use shoal_client::{Client, Durability};
-use shoal_core::capacity::{read_meminfo, read_percpu_free_bytes, HOST_ZONEINFO};
 use shoal_core::ObjectId;
 use shoal_daemon::elastic::{ElasticConfig, SourceChoice};
 use shoal_daemon::tiers::TierConfig;

@@ -18,7 +18,7 @@ use shoal_core::protocol::{
     decode_request, CreateSpec, FrameHeader, Notification, PeerRegion, Reply, Request,
     FRAME_HEADER_LEN, PROTOCOL_VERSION,
 };
-use shoal_core::store::Placement;
+use shoal_store::store::Placement;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;

@@ -1,7 +1,7 @@
 //! Who holds references in the store: how the daemon divides the store's
 //! client-id space. One id is not the daemon's to give: the store itself
 //! holds fast-path readers' references as `ClientId::MAX`
-//! ([`FAST_READERS`](shoal_core::store::FAST_READERS), in shoal-core).
+//! ([`FAST_READERS`](shoal_store::store::FAST_READERS), in shoal-store).
 //!
 //! - `1 .. RESERVED_BASE`: local connections, numbered as they come;
 //! - `RESERVED_BASE .. PEER_BASE`: the daemon's own principals (network
@@ -12,7 +12,7 @@
 //! - `FENCED_BASE + node`: what a node cut off past its lease held here,
 //!   in quarantine until it confirms (`cluster/fencing.rs`).
 
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 
 const PEER_BASE: ClientId = 0xF000_0000;
 /// Nodes are numbered below 2^27; fence principals follow the peers'.

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::eviction;
 use shoal_core::region::Region;
-use shoal_core::store::Store;
+use shoal_store::eviction;
+use shoal_store::store::Store;
 use shoal_tiers::TierIdentity;
 use tokio::net::UnixListener;
 

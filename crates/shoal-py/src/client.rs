@@ -15,12 +15,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use shoal_client::shared::{ObjectRef, SharedClient};
 use shoal_client::{Client as RustClient, Located, StoreInfo, Subscription as RustSubscription};
-use shoal_core::capacity::PsiAction;
 use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::location::ObjectLocation;
+use shoal_core::protocol::PsiAction;
 use shoal_core::protocol::{CreateSpec, Notification};
 use shoal_core::region::Mapping;
-use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
 
 use crate::buffer::Buffer;

@@ -8,7 +8,7 @@
 //! simply returned with the rest; the daemon's allocator does the long-lived
 //! fitting.
 
-use crate::allocator::Block;
+use crate::location::Block;
 
 #[derive(Debug)]
 pub struct Lease {

@@ -7,15 +7,11 @@
 //!   it frees memory, and the client's get without a round trip.
 //! - [`writes`]: each client's write channel (seals, releases and lent
 //!   space given back, answered through shared memory).
-//! - [`lent`]: space lent to a client as the daemon records it;
-//!   [`lease`]: the same space as the client carves objects from it.
+//! - [`lease`]: space lent to a client, as the client carves objects from
+//!   it (the daemon's record of it is `shoal_store::lent`).
 
 pub mod index;
 pub mod lease;
-pub mod lent;
 pub mod readers;
 pub mod ring;
 pub mod writes;
-
-#[cfg(test)]
-mod store_tests;

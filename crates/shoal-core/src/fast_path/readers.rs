@@ -35,8 +35,8 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use super::index::{add_seals, sealed_memfd, Found, IndexReader, IndexWriter};
 use crate::error::{Result, ShoalError};
+use crate::ids::ClientId;
 use crate::ids::ObjectId;
-use crate::object_table::ClientId;
 
 /// Bytes of a reference table for an index of `slots` slots: a 64-byte
 /// header (u64 words: the client's fast-path gets so far; references it

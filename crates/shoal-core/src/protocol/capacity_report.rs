@@ -3,10 +3,39 @@
 
 use std::time::Duration;
 
-use crate::capacity::{PsiAction, TracePoint};
 use crate::error::{Result, ShoalError};
 
 use super::{Reader, Writer};
+
+/// What the guard decided for one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PsiAction {
+    /// No pressure signal, a calm one, or the guard is disabled.
+    #[default]
+    None,
+    /// Growth forbidden.
+    HoldGrowth,
+    /// Growth forbidden and shrinking at `boost_gain`.
+    Boost,
+}
+
+/// One control step as the trace keeps it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TracePoint {
+    pub time: Duration,
+    /// The controller's target for the store.
+    pub target: u64,
+    /// The store's capacity after the daemon applied the target (higher than
+    /// the target while objects in use keep it from shrinking).
+    pub capacity: u64,
+    /// Bytes the store held in memory at the sample.
+    pub store_used: u64,
+    /// v_i and M at the sample.
+    pub node_used: u64,
+    pub node_total: u64,
+    /// r_i.
+    pub utilisation: f64,
+}
 
 /// The controller of one node. With `enabled` false the store is static
 /// and every field but `capacity`, `used` and `pinned` is zero.

@@ -13,17 +13,19 @@
 mod capacity_report;
 mod codec;
 mod frame;
+mod store_report;
 mod tier_report;
 
-pub use capacity_report::CapacityReport;
+pub use capacity_report::{CapacityReport, PsiAction, TracePoint};
 pub use codec::{Reader, Writer};
 pub use frame::{FrameHeader, FRAME_HEADER_LEN, MAX_FRAME_LEN};
+pub use store_report::{ObjectInfo, StoreStats, POLICY_NAMES};
 pub use tier_report::{TierInfo, TierReport};
 
 use crate::durability::Durability;
 use crate::error::{ErrorKind, Result, ShoalError};
 use crate::ids::ObjectId;
-use crate::store::{ObjectInfo, ObjectLocation, StoreStats};
+use crate::location::ObjectLocation;
 
 /// 2: Get answers carry the node holding each object; `ClusterInfo`.
 /// 3: objects on other nodes (Get answers, `Created` for `CreateOn`) carry
@@ -998,7 +1000,7 @@ impl Reply {
                     policy: "",
                 };
                 let name = r.str()?;
-                s.policy = crate::eviction::POLICY_NAMES
+                s.policy = POLICY_NAMES
                     .into_iter()
                     .find(|known| *known == name)
                     .unwrap_or("other");

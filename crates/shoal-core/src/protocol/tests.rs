@@ -265,12 +265,12 @@ pub(super) fn sample_replies() -> Vec<Reply> {
             utilisation: 0.97,
             last_step: -(1 << 28),
             stall_share: Some(0.02),
-            psi_action: crate::capacity::PsiAction::HoldGrowth,
+            psi_action: PsiAction::HoldGrowth,
             steps: 12,
             cpu_seconds: 0.25,
             release_cpu_seconds: 0.125,
             urgent_steps: 7,
-            trace: vec![crate::capacity::TracePoint {
+            trace: vec![TracePoint {
                 time: std::time::Duration::from_millis(100),
                 target: 5,
                 capacity: 6,

@@ -26,7 +26,7 @@ use shoal_cluster::bulk::{
     answer_push, fetch_range, receive_range, send_error, send_range, Kind, Request,
 };
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::store::ObjectLocation;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 use tokio::net::{TcpListener, TcpStream};
 

@@ -19,7 +19,7 @@ use std::rc::Rc;
 
 use shoal_cluster::ids::pack;
 use shoal_cluster::proto::{CachedRequest, Ids};
-use shoal_core::store::ObjectLocation;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 use crate::cluster::copy_records::CopyOf;

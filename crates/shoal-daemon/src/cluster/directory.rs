@@ -5,7 +5,7 @@
 use shoal_cluster::proto::{Entry, LookupReply, Statuses};
 use shoal_cluster::rebuild::Holding;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::store::ObjectLocation;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 use crate::cluster::state::{to_proto, Cluster};

@@ -1,7 +1,7 @@
 //! As a holder: the references this node's clients hold on other nodes'
 //! objects, and the loans among them (`loans.rs` has the logic).
 
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 use shoal_core::ObjectId;
 
 use crate::cluster::ref_journal::{PendingRelease, Resend};

@@ -28,7 +28,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use shoal_core::store::ObjectLocation;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 use tokio::time::Instant;
 

@@ -30,7 +30,7 @@ use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{Result, ShoalError};
 use shoal_core::fast_path::index::IndexReader;
 use shoal_core::fast_path::readers::PeerTable;
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 use tonic::Status;
 
 use crate::cluster::peer_tables::{dup, Attached, OwnerIndex, PeerView};

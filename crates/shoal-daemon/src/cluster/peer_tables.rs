@@ -10,7 +10,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use shoal_core::error::{Result, ShoalError};
 use shoal_core::fast_path::index::IndexReader;
 use shoal_core::fast_path::readers::PeerTable;
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 
 /// An owner's index as this node opened it, for one incarnation.
 pub(crate) struct OwnerIndex {

@@ -11,8 +11,8 @@
 
 use shoal_cluster::bulk::{push_range, Kind, Request};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::object_table::ClientId;
-use shoal_core::store::ObjectLocation;
+use shoal_core::ids::ClientId;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 use crate::cluster::peers::{join_all, RPC_TIMEOUT};

@@ -4,7 +4,7 @@
 use shoal_cluster::ids::pack;
 use shoal_cluster::proto::{Ids, PublishRequest, RegisterRequest};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::store::ObjectLocation;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 use crate::cluster::peers::{by_node, join_all, Reach};

@@ -9,8 +9,8 @@ use std::time::Duration;
 use shoal_cluster::ids::pack;
 use shoal_cluster::proto::{AllocateRequest, Ids, Outcome, SealRequest};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::object_table::ClientId;
-use shoal_core::store::ObjectLocation;
+use shoal_core::ids::ClientId;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 use crate::cluster::peers::{pairs_by_node, Reach, RPC_TIMEOUT};

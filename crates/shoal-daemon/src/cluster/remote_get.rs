@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use shoal_cluster::ids::pack;
 use shoal_cluster::proto::{AcquireReply, AcquireRequest, Ids};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::object_table::ClientId;
-use shoal_core::store::ObjectLocation;
+use shoal_core::ids::ClientId;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 use crate::cluster::loans::{Grant, Loan};

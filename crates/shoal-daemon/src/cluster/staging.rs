@@ -4,8 +4,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use shoal_core::object_table::ClientId;
-use shoal_core::store::ObjectLocation;
+use shoal_core::ids::ClientId;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 /// Where a client writes an object allocated on a node reached over the

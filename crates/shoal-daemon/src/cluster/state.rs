@@ -13,8 +13,8 @@ use shoal_cluster::proto::Location;
 use shoal_cluster::rebuild::{Claims, Readiness};
 use shoal_cluster::{home_of, Directory, Topology};
 use shoal_core::error::{Result, ShoalError};
-use shoal_core::object_table::ClientId;
-use shoal_core::store::ObjectLocation;
+use shoal_core::ids::ClientId;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 use crate::cluster::copy_records::{CopyOf, OwedDrops};

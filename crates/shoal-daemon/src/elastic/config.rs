@@ -4,7 +4,7 @@
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
-use shoal_core::capacity::ControllerConfig;
+use shoal_capacity::ControllerConfig;
 
 /// Where the controller reads the node's memory use.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -31,7 +31,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
-use shoal_core::capacity::{CapacityTrace, Controller, ControllerState, MemorySample, TracePoint};
+use shoal_capacity::{CapacityTrace, Controller, ControllerState, MemorySample};
 use shoal_core::error::Result;
 use shoal_core::protocol::CapacityReport;
 
@@ -269,9 +269,7 @@ impl Elastic {
         self.give_back(target.max(used));
         release_cpu += thread_cpu_time().saturating_sub(giving);
         self.steps.set(self.steps.get() + 1);
-        self.trace
-            .borrow_mut()
-            .record(TracePoint::new(sample, state, capacity));
+        self.trace.borrow_mut().record_step(sample, state, capacity);
         let gauges = &self.node.metrics().controller;
         gauges.target_bytes.set(target as i64);
         gauges.ratio.set(state.utilisation);

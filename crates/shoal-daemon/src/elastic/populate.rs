@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 
 use prometheus_client::metrics::counter::Counter;
-use shoal_core::allocator::Block;
+use shoal_core::location::Block;
 use shoal_core::region::Region;
 
 /// Bytes allocated per system call: one huge page. Each call holds the

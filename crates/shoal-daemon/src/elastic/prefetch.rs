@@ -29,9 +29,9 @@ use std::future::Future;
 use std::pin::Pin;
 
 use shoal_core::error::Result;
-use shoal_core::object_table::{Access, Residency};
-use shoal_core::store::{Verdict, Victim};
 use shoal_core::ObjectId;
+use shoal_store::object_table::{Access, Residency};
+use shoal_store::store::{Verdict, Victim};
 
 use crate::node::{NodeEvent, NodeListener};
 
@@ -342,7 +342,7 @@ impl NodeListener for Prefetch {
 
 #[cfg(test)]
 mod tests {
-    use shoal_core::store::ObjectLocation;
+    use shoal_core::location::ObjectLocation;
 
     use super::*;
 

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use shoal_core::capacity::{read_meminfo, read_pressure, MemorySource, MemoryUsage, Pressure};
+use shoal_capacity::{read_meminfo, read_pressure, MemorySource, MemoryUsage, Pressure};
 use shoal_core::error::Result;
 
 use super::config::SourceChoice;

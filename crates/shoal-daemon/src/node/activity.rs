@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 
 use crate::metrics::top::ClientRow;
 

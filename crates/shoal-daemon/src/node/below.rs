@@ -3,7 +3,7 @@
 //! can tell "evicted and gone" from "evicted down a tier" without knowing
 //! the tiers.
 
-use shoal_core::store::ObjectLocation;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 pub trait Below {

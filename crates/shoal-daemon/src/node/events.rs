@@ -2,9 +2,9 @@
 //! cluster, the capacity controller's prefetch and the metrics' counts. The
 //! node calls its listeners; it never calls into a subsystem by name.
 
-use shoal_core::object_table::ClientId;
-use shoal_core::store::{Verdict, Victim};
+use shoal_core::ids::ClientId;
 use shoal_core::ObjectId;
+use shoal_store::store::{Verdict, Victim};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeEvent {

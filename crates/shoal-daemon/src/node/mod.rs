@@ -26,11 +26,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use foldhash::HashMap;
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 use shoal_core::protocol::Notification;
 use shoal_core::region::Region;
-use shoal_core::store::{EvictionGate, Store, StoreEvent, Verdict, Victim};
 use shoal_core::ObjectId;
+use shoal_store::store::{EvictionGate, Store, StoreEvent, Verdict, Victim};
 use tokio::sync::{mpsc, Notify};
 
 pub use activity::ClientActivity;
@@ -181,7 +181,7 @@ impl Node {
     }
 
     /// Objects held below and not in memory (see [`Below::held_only_below`]).
-    pub fn held_only_below(&self) -> Vec<(ObjectId, shoal_core::store::ObjectLocation)> {
+    pub fn held_only_below(&self) -> Vec<(ObjectId, shoal_core::location::ObjectLocation)> {
         self.below().map_or_else(Vec::new, |b| b.held_only_below())
     }
 
@@ -414,7 +414,7 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shoal_core::eviction::Lru;
+    use shoal_store::eviction::Lru;
 
     /// Records events; holds victims whose first id byte is odd.
     #[derive(Default)]

@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use foldhash::HashMap;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fast_path::writes::{Record, WriteChannel};
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 
 /// How many records one client's channel yields per poll round: a busy
 /// client cannot hold the daemon's thread for long.

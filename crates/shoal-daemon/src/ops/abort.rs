@@ -2,7 +2,7 @@
 //! that allocated it, for a remote creation).
 
 use shoal_core::error::Result;
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 use shoal_core::ObjectId;
 
 use crate::ops::Ops;

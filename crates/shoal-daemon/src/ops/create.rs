@@ -6,9 +6,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::object_table::ClientId;
-use shoal_core::store::{ObjectLocation, Placement};
+use shoal_core::ids::ClientId;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
+use shoal_store::store::Placement;
 use tokio::time::Instant;
 
 use crate::ops::Ops;

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 use shoal_core::protocol::Located;
-use shoal_core::store::Store;
 use shoal_core::ObjectId;
+use shoal_store::store::Store;
 use tokio::time::Instant;
 
 use crate::ops::Ops;

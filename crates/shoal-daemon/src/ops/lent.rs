@@ -10,7 +10,7 @@
 use shoal_core::durability::Durability;
 use shoal_core::error::{Result, ShoalError};
 use shoal_core::fast_path::writes::Record;
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 use shoal_core::ObjectId;
 
 use crate::ops::Ops;

@@ -1,7 +1,7 @@
 //! What a node holds, in memory and below: `contains`, `list`, `tiers`.
 
 use shoal_core::protocol::{CapacityReport, TierReport};
-use shoal_core::store::{ObjectInfo, StoreStats};
+use shoal_core::protocol::{ObjectInfo, StoreStats};
 use shoal_core::ObjectId;
 
 use crate::ops::Ops;

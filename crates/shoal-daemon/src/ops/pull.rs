@@ -4,7 +4,7 @@
 //! id's home (so a delete drops the copy) and answers it as a local object.
 
 use shoal_core::error::{ErrorKind, Result};
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 use shoal_core::protocol::Located;
 use shoal_core::ObjectId;
 

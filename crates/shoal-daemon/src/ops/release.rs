@@ -1,7 +1,7 @@
 //! Release: a client drops references. References on other nodes' objects
 //! go back to their owners (or linger as loans); no answer is awaited.
 
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 use shoal_core::ObjectId;
 
 use crate::ops::Ops;

@@ -2,7 +2,7 @@
 //! (the POSIX view writes a file into an object as it grows).
 
 use shoal_core::error::{Result, ShoalError};
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 use shoal_core::ObjectId;
 
 use crate::ops::Ops;

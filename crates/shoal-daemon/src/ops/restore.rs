@@ -7,8 +7,8 @@
 use std::future::pending;
 
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::store::Placement;
 use shoal_core::ObjectId;
+use shoal_store::store::Placement;
 
 use crate::elastic::Restorer;
 use crate::ops::Ops;

@@ -5,7 +5,7 @@
 
 use shoal_core::durability::Durability;
 use shoal_core::error::{Result, ShoalError};
-use shoal_core::object_table::ClientId;
+use shoal_core::ids::ClientId;
 use shoal_core::ObjectId;
 
 use crate::ops::Ops;

@@ -7,9 +7,10 @@
 use std::future::Future;
 
 use shoal_core::error::{Result, ShoalError};
-use shoal_core::object_table::ClientId;
-use shoal_core::store::{ObjectLocation, Placement};
+use shoal_core::ids::ClientId;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
+use shoal_store::store::Placement;
 
 use crate::ops::create::Spec;
 use crate::ops::Ops;

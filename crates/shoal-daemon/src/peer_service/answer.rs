@@ -10,7 +10,7 @@ use shoal_cluster::proto::{
     Statuses,
 };
 use shoal_core::error::{ErrorKind, Result};
-use shoal_core::store::Placement;
+use shoal_store::store::Placement;
 
 use crate::ops::Ops;
 use crate::peer_service::calls::PeerCall;

@@ -6,7 +6,7 @@ use shoal_cluster::proto::{
     AcquireReply, AllocateReply, AttachReadsReply, HeartbeatReply, ListReply, LookupReply,
     NamesReply, NodeStatus, Outcome, Statuses,
 };
-use shoal_core::store::ObjectLocation;
+use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 use tokio::sync::oneshot;
 use tonic::Status;

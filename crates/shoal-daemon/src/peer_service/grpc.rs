@@ -12,7 +12,7 @@ use shoal_cluster::proto::{
     ReleaseRequest, RenameNameRequest, RestoreRequest, RestoredRequest, RevokeRequest, SealRequest,
     Statuses, UnlinkNameRequest,
 };
-use shoal_core::store::ObjectLocation;
+use shoal_core::location::ObjectLocation;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 

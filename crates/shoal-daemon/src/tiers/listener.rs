@@ -3,7 +3,7 @@
 
 use std::rc::Weak;
 
-use shoal_core::store::{Verdict, Victim};
+use shoal_store::store::{Verdict, Victim};
 use shoal_tiers::ObjectSizes;
 
 use crate::node::{NodeEvent, NodeListener};

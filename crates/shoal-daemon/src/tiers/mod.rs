@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 use foldhash::HashMap;
 use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::location::ObjectLocation;
 use shoal_core::protocol::{TierInfo, TierReport};
-use shoal_core::store::ObjectLocation;
 use shoal_core::ObjectId;
 use shoal_tiers::{
     DestRange, Drainer, ObjectSizes, Restored, SourceRange, TierEngine, TierIdentity, TierLevel,
@@ -97,7 +97,7 @@ pub struct Tiers {
     /// Objects a failed spill left in memory, with when to readmit them.
     kept: RefCell<VecDeque<(Instant, ObjectId)>>,
     /// Spills waiting for the spill task.
-    spills: RefCell<Vec<shoal_core::store::Victim>>,
+    spills: RefCell<Vec<shoal_store::store::Victim>>,
     relieving: Cell<bool>,
     /// Bytes of memory pinned by drain jobs (queued or running), per lane.
     pinned: [Cell<u64>; 2],

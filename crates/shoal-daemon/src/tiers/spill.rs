@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use futures_util::StreamExt;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::store::Victim;
 use shoal_core::ObjectId;
+use shoal_store::store::Victim;
 use shoal_tiers::{
     ObjectRecord, ObjectSizes, SourceRange, TierLevel, TierSet, WriteClaim, WriteInfo, WriteItem,
 };

@@ -414,7 +414,7 @@ impl Burst {
 /// on the kernel's per-CPU lists, which it leaves out (as the controller
 /// counts them: shoal-core capacity/percpu.rs).
 fn host_memory() -> Option<(u64, u64)> {
-    use shoal_core::capacity::{read_meminfo, read_percpu_free_bytes, HOST_ZONEINFO};
+    use shoal_capacity::{read_meminfo, read_percpu_free_bytes, HOST_ZONEINFO};
     let info = read_meminfo(Path::new("/proc/meminfo")).ok()?;
     let percpu = read_percpu_free_bytes(Path::new(HOST_ZONEINFO));
     Some((info.total, (info.available + percpu).min(info.total)))

@@ -179,7 +179,8 @@ proptest! {
 // Inside the real store: the store's own calls (seal, get, release, delete,
 // evict, disconnect) keep every policy consistent with the object table.
 
-use crate::ids::ObjectId;
+use shoal_core::ids::ObjectId;
+
 use crate::store::Store;
 
 fn id(n: u8) -> ObjectId {

@@ -14,7 +14,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::ids::ObjectId;
+use shoal_core::ids::ObjectId;
+
 use crate::object_table::PackedAccess;
 
 /// Default bound: 2^18 ghosts, ~18 MiB at most (id, record, sequence and
@@ -102,7 +103,7 @@ mod tests {
     use super::*;
 
     fn id(n: u8) -> ObjectId {
-        ObjectId([n; crate::ids::ID_LEN])
+        ObjectId([n; shoal_core::ids::ID_LEN])
     }
 
     fn read_at(t: u64) -> PackedAccess {

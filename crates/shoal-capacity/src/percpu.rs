@@ -24,7 +24,7 @@ pub fn parse_percpu_free_pages(text: &str) -> u64 {
 /// read (then v_i is MemAvailable's, as before).
 pub fn read_percpu_free_bytes(path: &Path) -> u64 {
     std::fs::read_to_string(path)
-        .map(|text| parse_percpu_free_pages(&text) * crate::populate::page_size() as u64)
+        .map(|text| parse_percpu_free_pages(&text) * shoal_core::populate::page_size() as u64)
         .unwrap_or(0)
 }
 

@@ -1,6 +1,6 @@
 //! A node's memory use at one instant: the controller's v_i and M.
 
-use crate::error::{Result, ShoalError};
+use shoal_core::error::{Result, ShoalError};
 
 /// Bytes in use (v_i) out of the bytes the node may use (M). Built by the
 /// readers in `meminfo.rs` and `cgroup.rs`, or by tests.

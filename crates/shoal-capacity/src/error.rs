@@ -1,7 +1,7 @@
 //! Why a kernel memory file could not be read as expected.
 //!
 //! The parsers return this typed error (tests match on it); the readers fold
-//! it into a `ShoalError` of kind `Io` (`crate::error`), naming the file.
+//! it into a `ShoalError` of kind `Io`, naming the file.
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
@@ -25,4 +25,10 @@ pub enum ParseError {
         field: &'static str,
         value: u64,
     },
+}
+
+impl From<ParseError> for shoal_core::ShoalError {
+    fn from(err: ParseError) -> Self {
+        shoal_core::ShoalError::io("read node memory", err)
+    }
 }

@@ -6,9 +6,10 @@ use std::os::fd::AsFd;
 
 use proptest::prelude::*;
 
-use super::readers::FastReads;
+use shoal_core::fast_path::readers::FastReads;
+use shoal_core::ids::ObjectId;
+
 use crate::eviction::Lru;
-use crate::ids::ObjectId;
 use crate::store::{Store, FAST_READERS};
 
 const READER: u32 = 9;

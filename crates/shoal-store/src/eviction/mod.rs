@@ -23,8 +23,7 @@ pub use lrfu::{Lrfu, LrfuParams};
 pub use lru::Lru;
 pub use policy::{EvictionPolicy, Reads};
 
-/// The names [`by_name`] knows.
-pub const POLICY_NAMES: [&str; 4] = ["lru", "lfu", "lrfu", "forecast"];
+pub use shoal_core::protocol::POLICY_NAMES;
 
 /// Builds a policy by name (`lru`, `lfu`, `lrfu`, `forecast`; any case), with its
 /// default parameters.

@@ -1,5 +1,7 @@
-//! Elastic capacity (DynIMS): how many bytes of memory the store may use,
-//! recomputed every T from the node's memory use.
+//! shoal's elastic capacity (DynIMS): how many bytes of memory the store may
+//! use, recomputed every T from the node's memory use. Only the daemon
+//! compiles this crate; what `shoal stat` shows of it (`CapacityReport`,
+//! `PsiAction`, `TracePoint`) is the contract's (`shoal-core`).
 //!
 //! - `law.rs`: the control law u_{i+1} = u_i − λ·v_i·(r_i − r_0)/r_0 and why λ = 0.5 is stable;
 //! - `guard.rs`: the pressure-stall (PSI) guard beside it;
@@ -32,11 +34,11 @@ pub use cgroup::{
 pub use config::ControllerConfig;
 pub use controller::{Controller, ControllerState, MemorySample};
 pub use error::ParseError;
-pub use guard::{PsiAction, PsiGuardConfig};
+pub use guard::PsiGuardConfig;
 pub use law::{dynims_step, next_capacity};
 pub use meminfo::{parse_meminfo, read_meminfo, MemInfo, HOST_MEMINFO};
 pub use percpu::{parse_percpu_free_pages, read_percpu_free_bytes, HOST_ZONEINFO};
 pub use pressure::{parse_pressure, read_pressure, Pressure, PressureLine, HOST_PRESSURE};
 pub use source::MemorySource;
-pub use trace::{CapacityTrace, TracePoint};
+pub use trace::CapacityTrace;
 pub use usage::MemoryUsage;

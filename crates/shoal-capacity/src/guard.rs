@@ -27,8 +27,10 @@
 
 use std::time::Duration;
 
+use shoal_core::error::{Result, ShoalError};
+use shoal_core::protocol::PsiAction;
+
 use super::pressure::Pressure;
-use crate::error::{Result, ShoalError};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PsiGuardConfig {
@@ -51,18 +53,6 @@ impl Default for PsiGuardConfig {
             boost_gain: 1.0,
         }
     }
-}
-
-/// What the guard decided for one step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PsiAction {
-    /// No pressure signal, a calm one, or the guard is disabled.
-    #[default]
-    None,
-    /// Growth forbidden.
-    HoldGrowth,
-    /// Growth forbidden and shrinking at `boost_gain`.
-    Boost,
 }
 
 impl PsiGuardConfig {
@@ -127,7 +117,7 @@ pub(super) fn stall_share(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::pressure::PressureLine;
+    use crate::pressure::PressureLine;
 
     fn pressure(avg10: f64, total_us: u64) -> Pressure {
         Pressure {

@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use crate::allocator::Block;
-use crate::error::{Result, ShoalError};
+use shoal_core::error::{Result, ShoalError};
+use shoal_core::location::Block;
 
 #[derive(Debug, Default)]
 pub struct LentSpace {

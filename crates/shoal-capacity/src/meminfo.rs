@@ -8,9 +8,10 @@
 
 use std::path::Path;
 
+use shoal_core::error::{Result, ShoalError};
+
 use super::error::ParseError;
 use super::usage::MemoryUsage;
-use crate::error::{Result, ShoalError};
 
 pub const HOST_MEMINFO: &str = "/proc/meminfo";
 
@@ -151,7 +152,7 @@ mod tests {
             Err(ParseError::Impossible { .. })
         ));
         let err: ShoalError = parse_meminfo("").unwrap_err().into();
-        assert_eq!(err.kind(), crate::ErrorKind::Io);
+        assert_eq!(err.kind(), shoal_core::ErrorKind::Io);
     }
 
     #[test]

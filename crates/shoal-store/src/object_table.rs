@@ -11,10 +11,9 @@ use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
 
-use crate::ids::ObjectId;
+use shoal_core::ids::{ClientId, ObjectId};
 
 pub type Slot = u32;
-pub type ClientId = u32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ObjectState {

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use shoal_core::error::{Result, ShoalError};
+
 use super::guard::PsiGuardConfig;
-use crate::error::{Result, ShoalError};
 
 /// The share of M by which the node must be over r_0, or the memory outside
 /// the store must have risen since the last step, for the next step to come
@@ -233,7 +234,11 @@ mod tests {
             },
         ] {
             let err = bad.validate().unwrap_err();
-            assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{bad:?}");
+            assert_eq!(
+                err.kind(),
+                shoal_core::ErrorKind::InvalidArgument,
+                "{bad:?}"
+            );
         }
     }
 }

@@ -10,11 +10,11 @@
 //! 1/[`LENT_SHARE`] of the capacity, so a store near full serves creates
 //! through the socket as before.
 
-use crate::allocator::Block;
-use crate::error::{Result, ShoalError};
-use crate::ids::ObjectId;
-use crate::location::ObjectLocation;
-use crate::object_table::{ClientId, Slot};
+use shoal_core::error::{Result, ShoalError};
+use shoal_core::ids::{ClientId, ObjectId};
+use shoal_core::location::{Block, ObjectLocation};
+
+use crate::object_table::Slot;
 
 use super::Store;
 

@@ -12,8 +12,9 @@
 
 use std::path::Path;
 
+use shoal_core::error::{Result, ShoalError};
+
 use super::error::ParseError;
-use crate::error::{Result, ShoalError};
 
 pub const HOST_PRESSURE: &str = "/proc/pressure/memory";
 
@@ -204,7 +205,7 @@ mod tests {
         std::fs::write(&path, "garbage").unwrap();
         assert_eq!(
             read_pressure(&path).unwrap_err().kind(),
-            crate::ErrorKind::Io
+            shoal_core::ErrorKind::Io
         );
     }
 

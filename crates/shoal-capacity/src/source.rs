@@ -7,12 +7,13 @@
 
 use std::path::{Path, PathBuf};
 
+use shoal_core::error::Result;
+
 use super::cgroup::{own_cgroup_dir, CgroupMemory};
 use super::meminfo::{read_meminfo, HOST_MEMINFO};
 use super::percpu::{read_percpu_free_bytes, HOST_ZONEINFO};
 use super::pressure::{read_pressure, Pressure, HOST_PRESSURE};
 use super::usage::MemoryUsage;
-use crate::error::Result;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MemorySource {

@@ -15,9 +15,10 @@
 
 use std::path::{Path, PathBuf};
 
+use shoal_core::error::{Result, ShoalError};
+
 use super::error::ParseError;
 use super::usage::MemoryUsage;
-use crate::error::{Result, ShoalError};
 
 /// A cgroup's memory counters, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,7 +222,7 @@ mod tests {
         assert_eq!(CgroupMemory::read(dir.path()).unwrap().limit, None);
         write("memory.current", "lots\n");
         let err = CgroupMemory::read(dir.path()).unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::Io);
+        assert_eq!(err.kind(), shoal_core::ErrorKind::Io);
         std::fs::remove_file(dir.path().join("memory.stat")).unwrap();
         assert!(CgroupMemory::read(dir.path()).is_err());
     }

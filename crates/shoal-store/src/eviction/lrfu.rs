@@ -19,9 +19,10 @@
 //! CRFs at any common time. Smallest CRF leaves first. O(log n) per
 //! operation, 28 bytes per slot, no allocation per object.
 
+use shoal_core::error::{Result, ShoalError};
+
 use super::frequency::{FrequencyTracker, Scoring};
 use super::policy::EvictionPolicy;
-use crate::error::{Result, ShoalError};
 use crate::object_table::Slot;
 
 /// LRFU's two knobs (Alluxio's `lrfu.step.factor` / `lrfu.attenuation.factor`).
@@ -267,7 +268,7 @@ mod tests {
             })
             .err()
             .expect("invalid parameters are refused");
-            assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument);
+            assert_eq!(err.kind(), shoal_core::ErrorKind::InvalidArgument);
         }
     }
 

@@ -8,12 +8,14 @@
 
 use std::time::Duration;
 
+use shoal_core::error::Result;
+use shoal_core::protocol::PsiAction;
+
 use super::config::{ControllerConfig, URGENT_MARGIN};
-use super::guard::{stall_share, PressureMark, PsiAction};
+use super::guard::{stall_share, PressureMark};
 use super::law::{dynims_step, next_capacity};
 use super::pressure::Pressure;
 use super::usage::MemoryUsage;
-use crate::error::Result;
 
 /// What the controller is told at one step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -182,9 +184,9 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::cgroup::{parse_memory_stat, CgroupMemory};
-    use crate::capacity::guard::PsiGuardConfig;
-    use crate::capacity::pressure::PressureLine;
+    use crate::cgroup::{parse_memory_stat, CgroupMemory};
+    use crate::guard::PsiGuardConfig;
+    use crate::pressure::PressureLine;
     use proptest::prelude::*;
 
     const GIB: u64 = 1 << 30;

@@ -9,41 +9,9 @@ use std::collections::VecDeque;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+use shoal_core::protocol::TracePoint;
+
 use super::controller::{ControllerState, MemorySample};
-
-/// One control step as the trace keeps it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TracePoint {
-    pub time: Duration,
-    /// The controller's target for the store.
-    pub target: u64,
-    /// The store's capacity after the daemon applied the target (higher than
-    /// the target while objects in use keep it from shrinking).
-    pub capacity: u64,
-    /// Bytes the store held in memory at the sample.
-    pub store_used: u64,
-    /// v_i and M at the sample.
-    pub node_used: u64,
-    pub node_total: u64,
-    /// r_i.
-    pub utilisation: f64,
-}
-
-impl TracePoint {
-    /// The point for a step: its sample, the controller's answer and the
-    /// capacity the store actually took.
-    pub fn new(sample: &MemorySample, state: &ControllerState, capacity: u64) -> Self {
-        Self {
-            time: sample.time,
-            target: state.target,
-            capacity,
-            store_used: sample.store_resident,
-            node_used: sample.usage.used(),
-            node_total: sample.usage.total(),
-            utilisation: state.utilisation,
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct CapacityTrace {
@@ -60,6 +28,20 @@ impl CapacityTrace {
             limit: limit.get(),
             recorded: 0,
         }
+    }
+
+    /// Records one control step: its sample, the controller's answer and
+    /// the capacity the store actually took.
+    pub fn record_step(&mut self, sample: &MemorySample, state: &ControllerState, capacity: u64) {
+        self.record(TracePoint {
+            time: sample.time,
+            target: state.target,
+            capacity,
+            store_used: sample.store_resident,
+            node_used: sample.usage.used(),
+            node_total: sample.usage.total(),
+            utilisation: state.utilisation,
+        });
     }
 
     /// Appends a point, forgetting the oldest when full.
@@ -161,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_point_records_the_step() {
-        use crate::capacity::{Controller, ControllerConfig, MemoryUsage};
+        use crate::{Controller, ControllerConfig, MemoryUsage};
         let sample = MemorySample {
             time: Duration::from_secs(2),
             usage: MemoryUsage::new(600, 1000).unwrap(),
@@ -171,7 +153,9 @@ mod tests {
         let state = Controller::new(ControllerConfig::default(), 300)
             .unwrap()
             .step(&sample);
-        let p = TracePoint::new(&sample, &state, 310);
+        let mut trace = CapacityTrace::new(NonZeroUsize::new(1).unwrap());
+        trace.record_step(&sample, &state, 310);
+        let p = trace.latest().unwrap();
         assert_eq!(
             (p.target, p.capacity, p.store_used),
             (state.target, 310, 200)

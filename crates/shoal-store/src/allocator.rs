@@ -23,6 +23,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use shoal_core::location::Block;
+
 /// How many recently freed blocks are remembered for reuse.
 const RECENT: usize = 8;
 
@@ -48,13 +50,6 @@ const PAGE: u64 = 4096;
 /// How many misaligned best-fit candidates are tried before going to the
 /// smallest free block that holds the request from an aligned start anyway.
 const ALIGN_TRIES: usize = 16;
-
-/// A block of the region: `[offset, offset + len)`, both multiples of the line size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Block {
-    pub offset: u64,
-    pub len: u64,
-}
 
 #[derive(Debug)]
 pub struct Allocator {

@@ -20,32 +20,16 @@ use foldhash::HashMapExt;
 type HashMap<K, V> = foldhash::HashMap<K, V>;
 type HashSet<T> = foldhash::HashSet<T>;
 
-use crate::allocator::{Allocator, Block};
-use crate::error::{ErrorKind, Result, ShoalError};
+use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::fast_path::readers::Readers;
+use shoal_core::ids::{ClientId, ObjectId};
+use shoal_core::location::{Block, ObjectLocation};
+use shoal_core::protocol::{ObjectInfo, StoreStats};
+
+use crate::allocator::Allocator;
 use crate::eviction::{EvictionPolicy, Reads};
-use crate::fast_path::readers::Readers;
 use crate::ghost_reads::{GhostReads, DEFAULT_GHOSTS};
-use crate::ids::ObjectId;
-use crate::object_table::{
-    Access, ClientId, Entry, ObjectState, ObjectTable, Residency, Slot, CLOCK_MASK,
-};
-
-pub use crate::location::ObjectLocation;
-
-/// One row of `list`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectInfo {
-    pub id: ObjectId,
-    pub location: ObjectLocation,
-    pub sealed: bool,
-    pub refs: u32,
-    /// The bytes are in memory (`false`: only on tiers below; the daemon
-    /// adds such rows, the store itself lists only what it holds).
-    pub resident: bool,
-    /// Tiers holding a durable copy (bit 0 burst buffer, bit 1 backing
-    /// store), as the daemon's tiers know it; 0 from the store itself.
-    pub tiers: u8,
-}
+use crate::object_table::{Access, Entry, ObjectState, ObjectTable, Residency, Slot, CLOCK_MASK};
 
 /// Something subscribers hear about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,25 +78,6 @@ pub trait EvictionGate {
     fn decide(&mut self, victim: &Victim) -> Verdict;
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    pub capacity: u64,
-    pub region_size: u64,
-    pub used: u64,
-    pub objects: u64,
-    pub sealed: u64,
-    pub referenced: u64,
-    pub evictable: u64,
-    pub clients: u64,
-    pub evictions: u64,
-    pub evicted_bytes: u64,
-    pub line_size: u64,
-    pub policy: &'static str,
-    /// Bytes lent to clients for creates and not sealed yet: allocated, but
-    /// not in `used` (which counts objects).
-    pub lent: u64,
-}
-
 /// The principal holding references for clients that took them through the
 /// shared index (the fast path), which the store learns of only when it is
 /// about to free the memory: such an object is kept, with one reference in
@@ -132,7 +97,7 @@ struct ClientState {
     /// unsealed objects, and seal, abort and disconnect must stay O(ids).
     creating: HashSet<Slot>,
     /// Space lent to it (the fast path's creates).
-    lent: crate::fast_path::lent::LentSpace,
+    lent: crate::lent::LentSpace,
     /// Its unsealed objects created in lent space, and the lease of each:
     /// an abort gives the bytes back to that lease.
     from_lease: HashMap<Slot, u64>,
