@@ -15,7 +15,8 @@ cargo clippy --workspace --all-targets --release -q -- -D warnings
 ruff check python tests bench examples
 ruff format --check python tests bench examples
 
-step "module graph: no import cycle between the modules of a crate or of the Python package"
+step "crate layers as docs/hacking.md states them; no import cycle between the modules of a crate or of the Python package"
+python3 scripts/check-crate-layers.py
 # No known cycle is left; `--skip CRATE` would exempt a crate (loudly) while one is removed.
 ./scripts/check-module-cycles.sh
 # The same at the level of files (`crate::`/`super::` paths), where the team's tool is beside the checkout.

@@ -8,38 +8,54 @@ import subprocess
 import sys
 
 import pytest
-from _shoal_testing import ANSI, Daemon, MiB, short_dir, wait_for
+from _shoal_testing import ANSI, Daemon, MiB, shoal_command, short_dir, wait_for
 
 import shoal
 
 
-def shoal_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    env = dict(os.environ, NO_COLOR="1")
-    env.pop("SHOAL_SOCKET", None)
-    return subprocess.run(
-        [sys.executable, "-m", "shoal", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
-
-
 def test_help():
-    result = shoal_cli("--help")
+    result = shoal_command("--help")
     assert result.returncode == 0, result.stderr
     for command in ("serve", "stat", "ls"):
         assert command in result.stdout
-    serve = shoal_cli("serve", "--help")
+    serve = shoal_command("serve", "--help")
     assert serve.returncode == 0
     for option in ("--socket", "--capacity", "--idle-exit", "--line-size", "--no-prefault"):
         assert option in serve.stdout
 
 
 def test_version():
-    result = shoal_cli("--version")
+    result = shoal_command("--version")
     assert result.returncode == 0
     assert shoal.__version__ in result.stdout
 
 
+def test_a_binding_without_the_command_line_runs_shoal_bin(tmp_path):
+    """An extension built without its `cli` feature (py -> client -> core only) has no
+    `cli_main`: the `shoal` script then runs $SHOAL_BIN, or says how to get one."""
+    without_cli = "import shoal._internal as i; del i.cli_main; import shoal._cli as c; c.main()"
+    env = dict(os.environ, NO_COLOR="1")
+    env.pop("SHOAL_BIN", None)
+    refused = subprocess.run(
+        [sys.executable, "-c", without_cli, "--version"], capture_output=True, text=True, env=env
+    )
+    assert refused.returncode == 1
+    assert "SHOAL_BIN" in refused.stderr and "cli" in refused.stderr
+    echo = tmp_path / "shoal"
+    echo.write_text('#!/bin/sh\necho ran "$@"\n')
+    echo.chmod(0o755)
+    ran = subprocess.run(
+        [sys.executable, "-c", without_cli, "stat", "--json"],
+        capture_output=True,
+        text=True,
+        env=dict(env, SHOAL_BIN=str(echo)),
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "ran stat --json"
+
+
 def test_unknown_command_fails():
-    result = shoal_cli("frobnicate")
+    result = shoal_command("frobnicate")
     assert result.returncode != 0
     assert "frobnicate" in result.stderr
 
@@ -47,7 +63,7 @@ def test_unknown_command_fails():
 def test_stat(store):
     client = store.client()
     client.put(b"x" * 1000)
-    result = shoal_cli("stat", "--socket", store.socket)
+    result = shoal_command("stat", "--socket", store.socket)
     assert result.returncode == 0, result.stderr
     assert store.socket in result.stdout
     assert "capacity" in result.stdout and "64.00 MiB" in result.stdout
@@ -58,7 +74,7 @@ def test_stat_json(store):
     client = store.client()
     oids = [client.put(b"x" * n) for n in (10, 100, 1000)]
     held = client.get_buffer(oids[0])
-    result = shoal_cli("stat", "--json", "--socket", store.socket)
+    result = shoal_command("stat", "--json", "--socket", store.socket)
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)
     assert stats["capacity"] == 64 * MiB
@@ -81,7 +97,7 @@ def test_ls_json(store):
     sealed = {client.put(b"x" * n): n for n in (1, 500, 70_000)}
     unsealed = shoal.ObjectID.from_random()
     buffer = client.create(unsealed, 33, metadata=b"meta")
-    result = shoal_cli("ls", "--json", "--socket", store.socket)
+    result = shoal_command("ls", "--json", "--socket", store.socket)
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
     by_id = {row["id"]: row for row in rows}
@@ -99,21 +115,21 @@ def test_ls_json(store):
 def test_ls_plain(store):
     client = store.client()
     oid = client.put(b"hello")
-    result = shoal_cli("ls", "--socket", store.socket)
+    result = shoal_command("ls", "--socket", store.socket)
     assert result.returncode == 0, result.stderr
     assert "ID" in result.stdout.splitlines()[0]
     assert oid.hex() in result.stdout and "sealed" in result.stdout
 
 
 def test_ls_empty_store(store):
-    result = shoal_cli("ls", "--json", "--socket", store.socket)
+    result = shoal_command("ls", "--json", "--socket", store.socket)
     assert result.returncode == 0 and result.stdout.strip() == ""
 
 
 def test_stat_without_daemon_fails_clearly(tmp_path):
     missing = str(short_dir(tmp_path) / "none.sock")
     for command in ("stat", "ls"):
-        result = shoal_cli(command, "--socket", missing)
+        result = shoal_command(command, "--socket", missing)
         assert result.returncode != 0
         assert missing in result.stderr
         assert "Traceback" not in result.stderr
@@ -122,7 +138,7 @@ def test_stat_without_daemon_fails_clearly(tmp_path):
 @pytest.mark.parametrize("capacity", ["lots", "12 parsecs", "-1G", "", "1.2.3MiB"])
 def test_serve_rejects_a_bad_capacity(tmp_path, capacity):
     socket = str(short_dir(tmp_path) / "bad.sock")
-    result = shoal_cli("serve", "--socket", socket, f"--capacity={capacity}", "--no-prefault", timeout=15)
+    result = shoal_command("serve", "--socket", socket, f"--capacity={capacity}", "--no-prefault", timeout=15)
     assert result.returncode != 0
     assert "capacity" in result.stderr
     assert "Traceback" not in result.stderr
@@ -132,7 +148,7 @@ def test_serve_rejects_a_bad_capacity(tmp_path, capacity):
 @pytest.mark.parametrize("line_size", ["100", "0", "4"])
 def test_serve_rejects_a_bad_line_size(tmp_path, line_size):
     socket = str(short_dir(tmp_path) / "bad.sock")
-    result = shoal_cli(
+    result = shoal_command(
         "serve", "--socket", socket, "--line-size", line_size, "--capacity", "1MiB", timeout=15
     )
     assert result.returncode != 0
@@ -164,7 +180,9 @@ def test_small_capacity_through_the_client(make_store):
 
 
 def test_second_daemon_on_the_same_socket_refuses(store):
-    result = shoal_cli("serve", "--socket", store.socket, "--capacity", "1MiB", "--no-prefault", timeout=15)
+    result = shoal_command(
+        "serve", "--socket", store.socket, "--capacity", "1MiB", "--no-prefault", timeout=15
+    )
     assert result.returncode != 0
     assert "another shoal daemon" in result.stderr
     # The first one is untouched.

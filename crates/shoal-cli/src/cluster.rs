@@ -208,7 +208,7 @@ pub fn keygen(args: KeygenArgs) -> Result<()> {
 }
 
 pub fn default_dir() -> PathBuf {
-    crate::args::default_socket()
+    shoal_core::local_auth::default_socket()
         .parent()
         .map_or_else(|| PathBuf::from("/tmp"), Path::to_path_buf)
         .join("cluster")

@@ -8,7 +8,6 @@ mod cluster;
 mod elastic;
 mod mount;
 mod node_process;
-pub use args::default_socket;
 use args::{size, SocketArg};
 mod objects;
 mod progress;

@@ -9,6 +9,7 @@ mod ids;
 use pyo3::prelude::*;
 
 /// Runs the `shoal` command line (the wheel's `shoal` script lands here).
+#[cfg(feature = "cli")]
 #[pyfunction]
 fn cli_main(py: Python<'_>, argv: Vec<String>, self_command: Vec<String>) -> i32 {
     py.detach(|| shoal_cli::run(argv, self_command))
@@ -17,7 +18,9 @@ fn cli_main(py: Python<'_>, argv: Vec<String>, self_command: Vec<String>) -> i32
 /// The socket used when none is given.
 #[pyfunction]
 fn default_socket() -> String {
-    shoal_cli::default_socket().display().to_string()
+    shoal_core::local_auth::default_socket()
+        .display()
+        .to_string()
 }
 
 /// Creates the directory of `socket` owner-only if missing and refuses one
@@ -94,6 +97,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Client>()?;
     m.add_class::<client::Subscription>()?;
     m.add_class::<buffer::Buffer>()?;
+    #[cfg(feature = "cli")]
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(copy_into, m)?)?;
     m.add_function(wrap_pyfunction!(default_socket, m)?)?;

@@ -19,7 +19,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub mod error;
 
@@ -120,6 +120,24 @@ pub fn ensure_trusted_dir(dir: &Path) -> Result<()> {
             .map_err(|e| io_error("create", dir, e))?;
     }
     check_trusted_dir(dir)
+}
+
+/// The socket `shoal serve` and `shoal.connect()` use when none is given:
+/// `$XDG_RUNTIME_DIR/shoal/default.sock` when that directory is set and
+/// trusted (ours, not writable by others), else `/tmp/shoal-$UID/default.sock`.
+/// Either directory is checked again (and refused if another user made it)
+/// before a daemon binds there.
+pub fn default_socket() -> PathBuf {
+    default_socket_dir().join("default.sock")
+}
+
+fn default_socket_dir() -> PathBuf {
+    if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        if runtime.is_absolute() && check_trusted_dir(&runtime).is_ok() {
+            return runtime.join("shoal");
+        }
+    }
+    PathBuf::from(format!("/tmp/shoal-{}", my_uid()))
 }
 
 /// Makes sure the directory of `socket` exists and is trusted (see

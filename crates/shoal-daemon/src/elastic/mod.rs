@@ -44,6 +44,7 @@ use sampler::Sampler;
 use crate::cluster::Cluster;
 use crate::node::Node;
 use crate::supervisor::Supervisor;
+use crate::tiers::restore::RestoreOutcome;
 
 /// Memory the region may hold above the target before pages are punched:
 /// a block's partial pages stay (its neighbours use them), and punching a
@@ -327,12 +328,12 @@ impl Elastic {
                         break 'refill (!shrinking).then_some(room);
                     }
                     match restorer.restore_object(id).await {
-                        Ok(true) => {
+                        Ok(RestoreOutcome::Restored) => {
                             node.metrics().controller.prefetched.inc();
                         }
                         // In memory already, deleted meanwhile, or in no
                         // tier (a cluster's network copy): no bytes spent.
-                        Ok(false) => prefetch.refund(bytes),
+                        Ok(RestoreOutcome::NotBelow) => prefetch.refund(bytes),
                         Err(err) => {
                             prefetch.refund(bytes);
                             tracing::debug!(%id, %err, "prefetch restore failed");

@@ -34,6 +34,7 @@ use shoal_store::object_table::{Access, Residency};
 use shoal_store::store::{Verdict, Victim};
 
 use crate::node::{NodeEvent, NodeListener};
+use crate::tiers::restore::RestoreOutcome;
 
 /// Objects whose reads are remembered at most: 64 k records of ~64 bytes.
 /// Past it the half least likely to be read soon is forgotten (amortised
@@ -44,9 +45,12 @@ const MAX_REMEMBERED: usize = 1 << 16;
 /// (`ops/restore.rs`). A trait, because the controller sits below the
 /// operations in the daemon's layers and must not import them.
 pub trait Restorer {
-    /// Restores `id` from the tiers into memory: `Ok(true)` if it did,
-    /// `Ok(false)` if there was nothing to do (in memory, or gone).
-    fn restore_object(&self, id: ObjectId) -> Pin<Box<dyn Future<Output = Result<bool>> + '_>>;
+    /// Restores `id` from the tiers into memory (`NotBelow`: nothing to do,
+    /// in memory already or gone).
+    fn restore_object(
+        &self,
+        id: ObjectId,
+    ) -> Pin<Box<dyn Future<Output = Result<RestoreOutcome>> + '_>>;
 }
 
 /// One object that left memory while the store was shrunk.
@@ -479,7 +483,7 @@ mod tests {
             [3, 2]
         );
         assert!(!prefetch.start_refill(100), "the budget is spent");
-        // The second was in no tier (restore answered Ok(false)): refunded.
+        // The second was in no tier (restore answered NotBelow): refunded.
         prefetch.refund(10);
         assert!(prefetch.start_refill(100));
         assert_eq!(numbers(prefetch.take_batch(100, 5, NOTHING_RESIDENT)), [1]);

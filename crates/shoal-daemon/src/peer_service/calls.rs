@@ -1,6 +1,6 @@
 //! One peer request as the store thread receives it: the gRPC handlers
 //! (`grpc.rs`) turn each call into a [`PeerCall`] with a oneshot for the
-//! answer, and `answer.rs` answers it from the node.
+//! answer, and `answer/` answers it from the node.
 
 use shoal_cluster::proto::{
     AcquireReply, AllocateReply, AttachReadsReply, HeartbeatReply, ListReply, LookupReply,
@@ -9,156 +9,203 @@ use shoal_cluster::proto::{
 use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 use tokio::sync::oneshot;
-use tonic::Status;
 
-/// One peer request, for the store thread.
+/// One peer request, for the store thread: one variant per RPC method,
+/// each carrying its call (below) and, where the caller waits, the sender
+/// of its answer.
 pub enum PeerCall {
-    Heartbeat {
-        from: u32,
-        incarnation: u64,
-        /// `from`'s fence epoch for this node, and this node's it confirms.
-        fence_epoch: u64,
-        fence_confirmed: u64,
-        reply: oneshot::Sender<HeartbeatReply>,
-    },
-    Register {
-        ids: Vec<ObjectId>,
-        owner: u32,
-        /// The owner's incarnation (0: unknown).
-        incarnation: u64,
-        reply: oneshot::Sender<Statuses>,
-    },
-    Unregister {
-        ids: Vec<ObjectId>,
-        owner: u32,
-    },
-    Publish {
-        ids: Vec<ObjectId>,
-        locations: Vec<ObjectLocation>,
-        owner: u32,
-        reply: oneshot::Sender<()>,
-    },
-    /// Refused (the error) while this node's directory is being rebuilt.
-    Lookup {
-        ids: Vec<ObjectId>,
-        reply: oneshot::Sender<Result<LookupReply, Status>>,
-    },
-    /// A peer re-registers what it holds whose home is this node.
-    Restore {
-        from: u32,
-        /// The caller's incarnation (0: unknown).
-        incarnation: u64,
-        sealed: Vec<(ObjectId, ObjectLocation)>,
-        pending: Vec<ObjectId>,
-        copies: Vec<ObjectId>,
-        reply: oneshot::Sender<Statuses>,
-    },
-    /// A peer finished restoring for our incarnation `incarnation`.
-    Restored {
-        from: u32,
-        incarnation: u64,
-    },
-    /// A peer's client counts references here (`fd` of process `pid`;
-    /// `None`: only describe the index).
-    AttachReads {
-        from: u32,
-        incarnation: u64,
-        table: Option<(u32, i32)>,
-        key: u64,
-        reply: oneshot::Sender<Result<AttachReadsReply, Status>>,
-    },
-    Acquire {
-        ids: Vec<ObjectId>,
-        from: u32,
-        /// The caller's incarnation (0: unknown).
-        incarnation: u64,
-        /// Its number and the caller's settled mark (`cluster::ref_ledger`).
-        seq: u64,
-        settled: u64,
-        reply: oneshot::Sender<AcquireReply>,
-    },
-    Release {
-        ids: Vec<ObjectId>,
-        from: u32,
-        /// This node's fence epoch for `from`, as `from` knew it.
-        fence_epoch: u64,
-        /// Its number, the caller's settled mark and the Acquires it undoes
-        /// (`cluster::ref_ledger`).
-        seq: u64,
-        settled: u64,
-        undo: Vec<u64>,
-        /// This node's incarnation as `from` knew it (0: unknown).
-        callee_incarnation: u64,
-    },
-    Delete {
-        ids: Vec<ObjectId>,
-        reply: oneshot::Sender<Statuses>,
-    },
-    /// The owner `from` deleted these ids: stop lending them (`loans`).
-    Revoke {
-        ids: Vec<ObjectId>,
-        number: u64,
-        from: u32,
-        reply: oneshot::Sender<Vec<ObjectId>>,
-    },
-    /// The owner `from` is short of space: give up idle loans.
-    GiveBack {
-        from: u32,
-        reply: oneshot::Sender<Vec<ObjectId>>,
-    },
-    Allocate {
-        specs: Vec<(ObjectId, u64, u32)>,
-        timeout_ms: u32,
-        from: u32,
-        /// The caller's incarnation (0: unknown).
-        incarnation: u64,
-        reply: oneshot::Sender<AllocateReply>,
-    },
-    Seal {
-        ids: Vec<ObjectId>,
-        release: bool,
-        from: u32,
-        reply: oneshot::Sender<Outcome>,
-    },
-    Abort {
-        ids: Vec<ObjectId>,
-        from: u32,
-        reply: oneshot::Sender<Outcome>,
-    },
-    Cached {
-        ids: Vec<ObjectId>,
-        owner: u32,
-        locations: Vec<ObjectLocation>,
-        from: u32,
-        reply: oneshot::Sender<Statuses>,
-    },
-    Drop {
-        ids: Vec<ObjectId>,
-    },
-    Status {
-        reply: oneshot::Sender<NodeStatus>,
-    },
-    List {
-        reply: oneshot::Sender<ListReply>,
-    },
-    /// This node's own names (the cluster's namespace is their union).
-    Names {
-        prefix: String,
-        exact: bool,
-        reply: oneshot::Sender<NamesReply>,
-    },
-    UnlinkName {
-        name: String,
-        older_than_ms: u64,
-        from: u32,
-        reply: oneshot::Sender<Outcome>,
-    },
-    RenameName {
-        from: String,
-        to: String,
-        from_node: u32,
-        reply: oneshot::Sender<Outcome>,
-    },
+    Heartbeat(Heartbeat),
+    Register(Register),
+    Unregister(Unregister),
+    Publish(Publish),
+    Lookup(Lookup),
+    Restore(Restore),
+    Restored(Restored),
+    AttachReads(AttachReads),
+    Acquire(Acquire),
+    Release(Release),
+    Delete(Delete),
+    Revoke(Revoke),
+    GiveBack(GiveBack),
+    Allocate(Allocate),
+    Seal(Seal),
+    Abort(Abort),
+    Cached(Cached),
+    Drop(Drop),
+    Status(Status),
+    List(List),
+    Names(Names),
+    UnlinkName(UnlinkName),
+    RenameName(RenameName),
+}
+
+pub struct Heartbeat {
+    pub from: u32,
+    pub incarnation: u64,
+    /// `from`'s fence epoch for this node, and this node's it confirms.
+    pub fence_epoch: u64,
+    pub fence_confirmed: u64,
+    pub reply: oneshot::Sender<HeartbeatReply>,
+}
+
+pub struct Register {
+    pub ids: Vec<ObjectId>,
+    pub owner: u32,
+    /// The owner's incarnation (0: unknown).
+    pub incarnation: u64,
+    pub reply: oneshot::Sender<Statuses>,
+}
+
+pub struct Unregister {
+    pub ids: Vec<ObjectId>,
+    pub owner: u32,
+}
+
+pub struct Publish {
+    pub ids: Vec<ObjectId>,
+    pub locations: Vec<ObjectLocation>,
+    pub owner: u32,
+    pub reply: oneshot::Sender<()>,
+}
+
+/// Refused (the error) while this node's directory is being rebuilt.
+pub struct Lookup {
+    pub ids: Vec<ObjectId>,
+    pub reply: oneshot::Sender<Result<LookupReply, tonic::Status>>,
+}
+
+/// A peer re-registers what it holds whose home is this node.
+pub struct Restore {
+    pub from: u32,
+    /// The caller's incarnation (0: unknown).
+    pub incarnation: u64,
+    pub sealed: Vec<(ObjectId, ObjectLocation)>,
+    pub pending: Vec<ObjectId>,
+    pub copies: Vec<ObjectId>,
+    pub reply: oneshot::Sender<Statuses>,
+}
+
+/// A peer finished restoring for our incarnation `incarnation`.
+pub struct Restored {
+    pub from: u32,
+    pub incarnation: u64,
+}
+
+/// A peer's client counts references here (`fd` of process `pid`;
+/// `None`: only describe the index).
+pub struct AttachReads {
+    pub from: u32,
+    pub incarnation: u64,
+    pub table: Option<(u32, i32)>,
+    pub key: u64,
+    pub reply: oneshot::Sender<Result<AttachReadsReply, tonic::Status>>,
+}
+
+pub struct Acquire {
+    pub ids: Vec<ObjectId>,
+    pub from: u32,
+    /// The caller's incarnation (0: unknown).
+    pub incarnation: u64,
+    /// Its number and the caller's settled mark (`cluster::ref_ledger`).
+    pub seq: u64,
+    pub settled: u64,
+    pub reply: oneshot::Sender<AcquireReply>,
+}
+
+pub struct Release {
+    pub ids: Vec<ObjectId>,
+    pub from: u32,
+    /// This node's fence epoch for `from`, as `from` knew it.
+    pub fence_epoch: u64,
+    /// Its number, the caller's settled mark and the Acquires it undoes
+    /// (`cluster::ref_ledger`).
+    pub seq: u64,
+    pub settled: u64,
+    pub undo: Vec<u64>,
+    /// This node's incarnation as `from` knew it (0: unknown).
+    pub callee_incarnation: u64,
+}
+
+pub struct Delete {
+    pub ids: Vec<ObjectId>,
+    pub reply: oneshot::Sender<Statuses>,
+}
+
+/// The owner `from` deleted these ids: stop lending them (`loans`).
+pub struct Revoke {
+    pub ids: Vec<ObjectId>,
+    pub number: u64,
+    pub from: u32,
+    pub reply: oneshot::Sender<Vec<ObjectId>>,
+}
+
+/// The owner `from` is short of space: give up idle loans.
+pub struct GiveBack {
+    pub from: u32,
+    pub reply: oneshot::Sender<Vec<ObjectId>>,
+}
+
+pub struct Allocate {
+    pub specs: Vec<(ObjectId, u64, u32)>,
+    pub timeout_ms: u32,
+    pub from: u32,
+    /// The caller's incarnation (0: unknown).
+    pub incarnation: u64,
+    pub reply: oneshot::Sender<AllocateReply>,
+}
+
+pub struct Seal {
+    pub ids: Vec<ObjectId>,
+    pub release: bool,
+    pub from: u32,
+    pub reply: oneshot::Sender<Outcome>,
+}
+
+pub struct Abort {
+    pub ids: Vec<ObjectId>,
+    pub from: u32,
+    pub reply: oneshot::Sender<Outcome>,
+}
+
+pub struct Cached {
+    pub ids: Vec<ObjectId>,
+    pub owner: u32,
+    pub locations: Vec<ObjectLocation>,
+    pub from: u32,
+    pub reply: oneshot::Sender<Statuses>,
+}
+
+pub struct Drop {
+    pub ids: Vec<ObjectId>,
+}
+
+pub struct Status {
+    pub reply: oneshot::Sender<NodeStatus>,
+}
+
+pub struct List {
+    pub reply: oneshot::Sender<ListReply>,
+}
+
+/// This node's own names (the cluster's namespace is their union).
+pub struct Names {
+    pub prefix: String,
+    pub exact: bool,
+    pub reply: oneshot::Sender<NamesReply>,
+}
+
+pub struct UnlinkName {
+    pub name: String,
+    pub older_than_ms: u64,
+    pub from: u32,
+    pub reply: oneshot::Sender<Outcome>,
+}
+
+pub struct RenameName {
+    pub from: String,
+    pub to: String,
+    pub from_node: u32,
+    pub reply: oneshot::Sender<Outcome>,
 }
 
 impl PeerCall {
@@ -167,29 +214,29 @@ impl PeerCall {
     pub fn span(&self) -> tracing::Span {
         use PeerCall as C;
         let (method, from, ids): (&str, Option<u32>, &[ObjectId]) = match self {
-            C::Heartbeat { from, .. } => ("heartbeat", Some(*from), &[]),
-            C::Register { ids, owner, .. } => ("register", Some(*owner), ids),
-            C::Unregister { ids, owner } => ("unregister", Some(*owner), ids),
-            C::Publish { ids, owner, .. } => ("publish", Some(*owner), ids),
-            C::Lookup { ids, .. } => ("lookup", None, ids),
-            C::Restore { from, pending, .. } => ("restore", Some(*from), pending),
-            C::Restored { from, .. } => ("restored", Some(*from), &[]),
-            C::Acquire { ids, from, .. } => ("acquire", Some(*from), ids),
-            C::AttachReads { from, .. } => ("attach_reads", Some(*from), &[]),
-            C::Release { ids, from, .. } => ("release", Some(*from), ids),
-            C::Delete { ids, .. } => ("delete", None, ids),
-            C::Revoke { ids, from, .. } => ("revoke", Some(*from), ids),
-            C::GiveBack { from, .. } => ("give_back", Some(*from), &[]),
-            C::Allocate { from, .. } => ("allocate", Some(*from), &[]),
-            C::Seal { ids, from, .. } => ("seal", Some(*from), ids),
-            C::Abort { ids, from, .. } => ("abort", Some(*from), ids),
-            C::Cached { ids, from, .. } => ("cached", Some(*from), ids),
-            C::Drop { ids } => ("drop", None, ids),
-            C::Status { .. } => ("status", None, &[]),
-            C::List { .. } => ("list", None, &[]),
-            C::Names { .. } => ("names", None, &[]),
-            C::UnlinkName { from, .. } => ("unlink_name", Some(*from), &[]),
-            C::RenameName { from_node, .. } => ("rename_name", Some(*from_node), &[]),
+            C::Heartbeat(c) => ("heartbeat", Some(c.from), &[]),
+            C::Register(c) => ("register", Some(c.owner), &c.ids),
+            C::Unregister(c) => ("unregister", Some(c.owner), &c.ids),
+            C::Publish(c) => ("publish", Some(c.owner), &c.ids),
+            C::Lookup(c) => ("lookup", None, &c.ids),
+            C::Restore(c) => ("restore", Some(c.from), &c.pending),
+            C::Restored(c) => ("restored", Some(c.from), &[]),
+            C::Acquire(c) => ("acquire", Some(c.from), &c.ids),
+            C::AttachReads(c) => ("attach_reads", Some(c.from), &[]),
+            C::Release(c) => ("release", Some(c.from), &c.ids),
+            C::Delete(c) => ("delete", None, &c.ids),
+            C::Revoke(c) => ("revoke", Some(c.from), &c.ids),
+            C::GiveBack(c) => ("give_back", Some(c.from), &[]),
+            C::Allocate(c) => ("allocate", Some(c.from), &[]),
+            C::Seal(c) => ("seal", Some(c.from), &c.ids),
+            C::Abort(c) => ("abort", Some(c.from), &c.ids),
+            C::Cached(c) => ("cached", Some(c.from), &c.ids),
+            C::Drop(c) => ("drop", None, &c.ids),
+            C::Status(_) => ("status", None, &[]),
+            C::List(_) => ("list", None, &[]),
+            C::Names(_) => ("names", None, &[]),
+            C::UnlinkName(c) => ("unlink_name", Some(c.from), &[]),
+            C::RenameName(c) => ("rename_name", Some(c.from_node), &[]),
         };
         tracing::debug_span!(
             "peer_request",

@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 
 use shoal_cluster::auth::verified_peer;
 
-use crate::peer_service::calls::PeerCall;
+use crate::peer_service::calls::{self, PeerCall};
 
 pub struct PeerService {
     pub calls: mpsc::Sender<PeerCall>,
@@ -57,12 +57,14 @@ impl Peer for PeerService {
     ) -> Result<Response<HeartbeatReply>, Status> {
         let from = verified_peer(&request)?;
         let request = request.into_inner();
-        self.ask(|reply| PeerCall::Heartbeat {
-            from,
-            incarnation: request.incarnation,
-            fence_epoch: request.fence_epoch,
-            fence_confirmed: request.fence_confirmed,
-            reply,
+        self.ask(|reply| {
+            PeerCall::Heartbeat(calls::Heartbeat {
+                from,
+                incarnation: request.incarnation,
+                fence_epoch: request.fence_epoch,
+                fence_confirmed: request.fence_confirmed,
+                reply,
+            })
         })
         .await
         .map(Response::new)
@@ -81,11 +83,13 @@ impl Peer for PeerService {
         }
         let ids = unpack(&request.ids)?;
         let incarnation = request.incarnation;
-        self.ask(|reply| PeerCall::Register {
-            ids,
-            owner: from,
-            incarnation,
-            reply,
+        self.ask(|reply| {
+            PeerCall::Register(calls::Register {
+                ids,
+                owner: from,
+                incarnation,
+                reply,
+            })
         })
         .await
         .map(Response::new)
@@ -94,7 +98,8 @@ impl Peer for PeerService {
     async fn unregister(&self, request: Request<Ids>) -> Result<Response<Empty>, Status> {
         let owner = verified_peer(&request)?;
         let ids = unpack(&request.into_inner().ids)?;
-        self.tell(PeerCall::Unregister { ids, owner }).await?;
+        self.tell(PeerCall::Unregister(calls::Unregister { ids, owner }))
+            .await?;
         Ok(Response::new(Empty {}))
     }
 
@@ -109,11 +114,13 @@ impl Peer for PeerService {
         }
         let locations = request.locations.iter().map(location).collect();
         // Answered once applied: a get anywhere after the seal returns sees it.
-        self.ask(|reply| PeerCall::Publish {
-            ids,
-            locations,
-            owner,
-            reply,
+        self.ask(|reply| {
+            PeerCall::Publish(calls::Publish {
+                ids,
+                locations,
+                owner,
+                reply,
+            })
         })
         .await?;
         Ok(Response::new(Empty {}))
@@ -121,7 +128,7 @@ impl Peer for PeerService {
 
     async fn lookup(&self, request: Request<Ids>) -> Result<Response<LookupReply>, Status> {
         let ids = unpack(&request.into_inner().ids)?;
-        self.ask(|reply| PeerCall::Lookup { ids, reply })
+        self.ask(|reply| PeerCall::Lookup(calls::Lookup { ids, reply }))
             .await?
             .map(Response::new)
     }
@@ -145,13 +152,15 @@ impl Peer for PeerService {
         let pending = unpack(&request.pending)?;
         let copies = unpack(&request.copies)?;
         let incarnation = request.caller_incarnation;
-        self.ask(|reply| PeerCall::Restore {
-            from,
-            incarnation,
-            sealed,
-            pending,
-            copies,
-            reply,
+        self.ask(|reply| {
+            PeerCall::Restore(calls::Restore {
+                from,
+                incarnation,
+                sealed,
+                pending,
+                copies,
+                reply,
+            })
         })
         .await
         .map(Response::new)
@@ -160,7 +169,8 @@ impl Peer for PeerService {
     async fn restored(&self, request: Request<RestoredRequest>) -> Result<Response<Empty>, Status> {
         let from = verified_peer(&request)?;
         let incarnation = request.into_inner().incarnation;
-        self.tell(PeerCall::Restored { from, incarnation }).await?;
+        self.tell(PeerCall::Restored(calls::Restored { from, incarnation }))
+            .await?;
         Ok(Response::new(Empty {}))
     }
 
@@ -172,13 +182,15 @@ impl Peer for PeerService {
         let request = request.into_inner();
         let ids = unpack(&request.ids)?;
         let incarnation = request.incarnation;
-        self.ask(|reply| PeerCall::Acquire {
-            ids,
-            from,
-            incarnation,
-            seq: request.seq,
-            settled: request.settled,
-            reply,
+        self.ask(|reply| {
+            PeerCall::Acquire(calls::Acquire {
+                ids,
+                from,
+                incarnation,
+                seq: request.seq,
+                settled: request.settled,
+                reply,
+            })
         })
         .await
         .map(Response::new)
@@ -191,12 +203,14 @@ impl Peer for PeerService {
         let from = verified_peer(&request)?;
         let request = request.into_inner();
         let table = (request.fd >= 0).then_some((request.pid, request.fd));
-        self.ask(|reply| PeerCall::AttachReads {
-            from,
-            incarnation: request.incarnation,
-            table,
-            key: request.key,
-            reply,
+        self.ask(|reply| {
+            PeerCall::AttachReads(calls::AttachReads {
+                from,
+                incarnation: request.incarnation,
+                table,
+                key: request.key,
+                reply,
+            })
         })
         .await?
         .map(Response::new)
@@ -206,7 +220,7 @@ impl Peer for PeerService {
         let from = verified_peer(&request)?;
         let request = request.into_inner();
         let ids = unpack(&request.ids)?;
-        self.tell(PeerCall::Release {
+        self.tell(PeerCall::Release(calls::Release {
             ids,
             from,
             fence_epoch: request.fence_epoch,
@@ -214,14 +228,14 @@ impl Peer for PeerService {
             settled: request.settled,
             undo: request.undo,
             callee_incarnation: request.callee_incarnation,
-        })
+        }))
         .await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn delete(&self, request: Request<Ids>) -> Result<Response<Statuses>, Status> {
         let ids = unpack(&request.into_inner().ids)?;
-        self.ask(|reply| PeerCall::Delete { ids, reply })
+        self.ask(|reply| PeerCall::Delete(calls::Delete { ids, reply }))
             .await
             .map(Response::new)
     }
@@ -232,11 +246,13 @@ impl Peer for PeerService {
         let ids = unpack(&request.ids)?;
         let number = request.number;
         let dropped = self
-            .ask(|reply| PeerCall::Revoke {
-                ids,
-                number,
-                from,
-                reply,
+            .ask(|reply| {
+                PeerCall::Revoke(calls::Revoke {
+                    ids,
+                    number,
+                    from,
+                    reply,
+                })
             })
             .await?;
         Ok(Response::new(Ids {
@@ -246,7 +262,9 @@ impl Peer for PeerService {
 
     async fn give_back(&self, request: Request<Empty>) -> Result<Response<Ids>, Status> {
         let from = verified_peer(&request)?;
-        let dropped = self.ask(|reply| PeerCall::GiveBack { from, reply }).await?;
+        let dropped = self
+            .ask(|reply| PeerCall::GiveBack(calls::GiveBack { from, reply }))
+            .await?;
         Ok(Response::new(Ids {
             ids: pack(&dropped),
         }))
@@ -269,12 +287,14 @@ impl Peer for PeerService {
             .map(|((id, d), m)| (id, d, m))
             .collect();
         let (timeout_ms, incarnation) = (request.timeout_ms, request.incarnation);
-        self.ask(|reply| PeerCall::Allocate {
-            specs,
-            timeout_ms,
-            from,
-            incarnation,
-            reply,
+        self.ask(|reply| {
+            PeerCall::Allocate(calls::Allocate {
+                specs,
+                timeout_ms,
+                from,
+                incarnation,
+                reply,
+            })
         })
         .await
         .map(Response::new)
@@ -285,11 +305,13 @@ impl Peer for PeerService {
         let request = request.into_inner();
         let ids = unpack(&request.ids)?;
         let release = request.release;
-        self.ask(|reply| PeerCall::Seal {
-            ids,
-            release,
-            from,
-            reply,
+        self.ask(|reply| {
+            PeerCall::Seal(calls::Seal {
+                ids,
+                release,
+                from,
+                reply,
+            })
         })
         .await
         .map(Response::new)
@@ -298,7 +320,7 @@ impl Peer for PeerService {
     async fn abort(&self, request: Request<Ids>) -> Result<Response<Outcome>, Status> {
         let from = verified_peer(&request)?;
         let ids = unpack(&request.into_inner().ids)?;
-        self.ask(|reply| PeerCall::Abort { ids, from, reply })
+        self.ask(|reply| PeerCall::Abort(calls::Abort { ids, from, reply }))
             .await
             .map(Response::new)
     }
@@ -312,12 +334,14 @@ impl Peer for PeerService {
         }
         let locations = request.locations.iter().map(location).collect();
         let owner = request.owner;
-        self.ask(|reply| PeerCall::Cached {
-            ids,
-            owner,
-            locations,
-            from,
-            reply,
+        self.ask(|reply| {
+            PeerCall::Cached(calls::Cached {
+                ids,
+                owner,
+                locations,
+                from,
+                reply,
+            })
         })
         .await
         .map(Response::new)
@@ -325,28 +349,30 @@ impl Peer for PeerService {
 
     async fn drop(&self, request: Request<Ids>) -> Result<Response<Empty>, Status> {
         let ids = unpack(&request.into_inner().ids)?;
-        self.tell(PeerCall::Drop { ids }).await?;
+        self.tell(PeerCall::Drop(calls::Drop { ids })).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn status(&self, _: Request<Empty>) -> Result<Response<NodeStatus>, Status> {
-        self.ask(|reply| PeerCall::Status { reply })
+        self.ask(|reply| PeerCall::Status(calls::Status { reply }))
             .await
             .map(Response::new)
     }
 
     async fn list(&self, _: Request<Empty>) -> Result<Response<ListReply>, Status> {
-        self.ask(|reply| PeerCall::List { reply })
+        self.ask(|reply| PeerCall::List(calls::List { reply }))
             .await
             .map(Response::new)
     }
 
     async fn names(&self, request: Request<NamesRequest>) -> Result<Response<NamesReply>, Status> {
         let NamesRequest { prefix, exact } = request.into_inner();
-        self.ask(|reply| PeerCall::Names {
-            prefix,
-            exact,
-            reply,
+        self.ask(|reply| {
+            PeerCall::Names(calls::Names {
+                prefix,
+                exact,
+                reply,
+            })
         })
         .await
         .map(Response::new)
@@ -361,11 +387,13 @@ impl Peer for PeerService {
             name,
             older_than_ms,
         } = request.into_inner();
-        self.ask(|reply| PeerCall::UnlinkName {
-            name,
-            older_than_ms,
-            from,
-            reply,
+        self.ask(|reply| {
+            PeerCall::UnlinkName(calls::UnlinkName {
+                name,
+                older_than_ms,
+                from,
+                reply,
+            })
         })
         .await
         .map(Response::new)
@@ -377,11 +405,13 @@ impl Peer for PeerService {
     ) -> Result<Response<Outcome>, Status> {
         let from_node = verified_peer(&request)?;
         let RenameNameRequest { from, to } = request.into_inner();
-        self.ask(|reply| PeerCall::RenameName {
-            from,
-            to,
-            from_node,
-            reply,
+        self.ask(|reply| {
+            PeerCall::RenameName(calls::RenameName {
+                from,
+                to,
+                from_node,
+                reply,
+            })
         })
         .await
         .map(Response::new)

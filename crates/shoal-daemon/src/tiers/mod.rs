@@ -9,8 +9,9 @@
 //!   (`spill.rs`), and stays in memory if no tier takes it.
 //! - The burst buffer makes room by dropping copies the backing store also
 //!   holds, oldest use first (`burst.rs`).
-//! - Restores into memory are run by the operations (`ops/restore.rs`),
-//!   one at a time per object; seals wait here for the durability they ask.
+//! - A restore into memory is one call (`restore.rs`), one at a time per
+//!   object, with memory from the operations (its `RestoreTarget`); seals
+//!   wait here for the durability they ask.
 //!
 //! The node reaches the tiers only through its `Below` and `NodeListener`
 //! traits; the operations call them directly.
@@ -21,6 +22,7 @@ mod config;
 mod drain;
 mod index;
 mod listener;
+pub mod restore;
 mod restore_budget;
 mod spill;
 
@@ -40,10 +42,9 @@ use shoal_core::location::ObjectLocation;
 use shoal_core::protocol::{TierInfo, TierReport};
 use shoal_core::ObjectId;
 use shoal_tiers::{
-    DestRange, Drainer, ObjectSizes, Restored, SourceRange, TierEngine, TierIdentity, TierLevel,
-    TierSet,
+    Drainer, ObjectSizes, SourceRange, TierEngine, TierIdentity, TierLevel, TierSet,
 };
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
 pub use config::{Backing, TierConfig};
 
@@ -56,9 +57,6 @@ use index::{Index, Lane};
 const KEPT_RETRY: Duration = Duration::from_secs(5);
 /// Drain rate window.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
-
-/// A restore in flight: its outcome, once known.
-pub type RestoreOutcome = watch::Receiver<Option<std::result::Result<(), ShoalError>>>;
 
 #[derive(Default)]
 struct Counters {
@@ -90,7 +88,7 @@ pub struct Tiers {
     /// feeders' bells.
     backlog: [[RefCell<VecDeque<ObjectId>>; 2]; 2],
     bell: [[Notify; 2]; 2],
-    restoring: RefCell<HashMap<ObjectId, RestoreOutcome>>,
+    restoring: RefCell<HashMap<ObjectId, restore::InFlight>>,
     /// What restores may run at once.
     restore_budget: RestoreBudget,
     counters: RefCell<Counters>,
@@ -402,65 +400,6 @@ impl Tiers {
             }
             _ => None,
         }
-    }
-
-    /// The outcome of the restore of `id` in flight, if one is.
-    pub fn restore_in_flight(&self, id: &ObjectId) -> Option<RestoreOutcome> {
-        self.restoring.borrow().get(id).cloned()
-    }
-
-    /// Records a restore starting; the caller sends its outcome and calls
-    /// [`restore_done`](Self::restore_done).
-    pub fn restore_started(
-        &self,
-        id: ObjectId,
-    ) -> watch::Sender<Option<std::result::Result<(), ShoalError>>> {
-        let (tx, rx) = watch::channel(None);
-        self.restoring.borrow_mut().insert(id, rx);
-        tx
-    }
-
-    /// Waits until a restore of `bytes` may start; it runs while the permit
-    /// lives. An object larger than the whole budget takes all of it.
-    pub async fn restore_permit(&self, bytes: u64) -> RestorePermit<'_> {
-        self.restore_budget.permit(bytes).await
-    }
-
-    pub fn restore_done(&self, id: &ObjectId) {
-        self.restoring.borrow_mut().remove(id);
-    }
-
-    /// Fills `location` (allocated for `id` by the tiers principal) from the
-    /// nearest intact copy.
-    pub async fn fill(&self, id: ObjectId, location: ObjectLocation) -> Result<Restored> {
-        let region = self.node.region().clone();
-        let len = location.size() as usize;
-        // SAFETY: the block at `location` was just allocated in the region
-        // for an unsealed object of the tiers principal: no client may write
-        // or read it before it is sealed, and the store keeps it allocated
-        // until then (an abort is the only other way out, after this returns
-        // or is cancelled; the region outlives the handle through the Arc).
-        let dst = unsafe {
-            DestRange::new(
-                region.base().add(location.offset as usize),
-                len,
-                region.clone(),
-            )
-        };
-        let restored = self.engine.restore(id, dst).await?;
-        let mut index = self.index.borrow_mut();
-        index.set_tiers(&id, restored.record.tiers);
-        index.touch(&id);
-        let mut counters = self.counters.borrow_mut();
-        counters.restores += 1;
-        counters.restored_bytes += len as u64;
-        Ok(restored)
-    }
-
-    /// `id` is lost (every copy failed its checksum, or none is left).
-    pub fn forget(&self, id: &ObjectId) {
-        self.index.borrow_mut().remove(id);
-        self.changed.notify_waiters();
     }
 
     /// Names changed (a rename) or were given a time (utimens): the

@@ -6,23 +6,25 @@
 
 use std::cell::Cell;
 use std::future::pending;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::time::Instant;
 
 use shoal_core::busy_poll;
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use shoal_core::fd_passing::send_with_fds;
 use shoal_core::protocol::{
     decode_request, CreateSpec, FrameHeader, Notification, PeerRegion, Reply, Request,
-    FRAME_HEADER_LEN, PROTOCOL_VERSION,
+    FRAME_HEADER_LEN,
 };
+use shoal_core::ObjectId;
 use shoal_store::store::Placement;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tracing::Instrument;
+
+mod attached;
 
 use crate::node::{ClientActivity, Reservation, SMALL_FRAME};
 use crate::ops::Ops;
@@ -210,37 +212,21 @@ impl Connection {
             return Err(ShoalError::protocol("the first request must be Hello"));
         }
         let reply = match request {
-            Request::Hello { version, pid } => {
-                if self.welcomed {
-                    return Err(ShoalError::protocol("Hello sent twice"));
-                }
-                if version != PROTOCOL_VERSION {
-                    Reply::Error {
-                        kind: ErrorKind::VersionMismatch,
-                        message: format!(
-                            "client speaks protocol {version}, daemon {PROTOCOL_VERSION}"
-                        ),
-                    }
-                    .encode(out);
-                    return Ok(Next::Continue);
-                }
-                self.welcomed = true;
-                self.activity.hello(pid);
-                tracing::debug!(client = self.client, pid, "client connected");
-                self.send_welcome(out).await?;
-                return Ok(Next::Continue);
+            Request::Hello { version, pid } => return self.hello(version, pid, out).await,
+            Request::Create {
+                timeout_ms,
+                objects,
+                growing: false,
+            } => {
+                self.create(self.ops.me(), timeout_ms, &objects, Placement::Packed)
+                    .await?
             }
             Request::Create {
                 timeout_ms,
                 objects,
-                growing,
+                growing: true,
             } => {
-                let placement = if growing {
-                    Placement::Growing
-                } else {
-                    Placement::Packed
-                };
-                self.create(self.ops.me(), timeout_ms, &objects, placement)
+                self.create(self.ops.me(), timeout_ms, &objects, Placement::Growing)
                     .await?
             }
             Request::CreateOn {
@@ -260,30 +246,13 @@ impl Connection {
                 release,
                 durability,
                 ids,
-            } => {
-                let result = self.ops.seal(self.client, &ids, release, durability).await;
-                result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
-            }
-            Request::Abort { id } => {
-                let result = self.ops.abort(self.client, &[id]).await;
-                result.map_or_else(|e| Reply::error(&e), |()| Reply::Ok)
-            }
+            } => ok_or_error(self.ops.seal(self.client, &ids, release, durability).await),
+            Request::Abort { id } => ok_or_error(self.ops.abort(self.client, &[id]).await),
             Request::Resize { id, data_size } => self
                 .ops
                 .resize(self.client, &id, data_size)
                 .map_or_else(|e| Reply::error(&e), Reply::Bool),
-            Request::Get { timeout_ms, ids } => {
-                let found = self
-                    .ops
-                    .get(self.client, &ids, timeout_ms, peer_gone(&self.stream))
-                    .await;
-                // A restore that failed (a corrupt copy) is the client's
-                // answer; a client that hung up ends the connection.
-                match kept(found)? {
-                    Ok(objects) => Reply::Objects { objects },
-                    Err(err) => Reply::error(&err),
-                }
-            }
+            Request::Get { timeout_ms, ids } => self.get(timeout_ms, &ids).await?,
             Request::Release { ids } => {
                 self.ops.release(self.client, &ids);
                 return Ok(Next::Continue);
@@ -310,94 +279,11 @@ impl Connection {
             Request::Evict { bytes } => Reply::Evicted {
                 bytes: self.ops.evict(bytes).await,
             },
-            Request::ClusterInfo => match &self.ops.cluster {
-                None => Reply::error(&ShoalError::invalid("this daemon is not part of a cluster")),
-                Some(cluster) => Reply::ClusterInfo {
-                    node: cluster.me,
-                    coherent: cluster.topology.coherence == CoherenceMode::Coherent,
-                    simulated: cluster.topology.simulate_caches,
-                    nodes: cluster
-                        .topology
-                        .nodes
-                        .iter()
-                        .map(|n| PeerRegion {
-                            node: n.id,
-                            mapped: cluster.topology.maps(cluster.me, n.id),
-                            alive: cluster.is_alive(n.id),
-                            region_size: n.region_size,
-                            path: n.region.display().to_string(),
-                        })
-                        .collect(),
-                },
-            },
-            Request::FastReads => {
-                let client = self.client;
-                match self.ops.node.mutate(|s| {
-                    let slots = s.fast_reads().map(|r| r.index().slots());
-                    s.add_fast_reader(client).map(|fds| fds.zip(slots))
-                }) {
-                    Ok(Some(((index, table), slots))) => {
-                        let mut frame = Vec::new();
-                        Reply::FastReads { slots }.encode(&mut frame);
-                        self.send_attached(out, &frame, &[index.as_fd(), table.as_fd()])
-                            .await?;
-                        return Ok(Next::Continue);
-                    }
-                    Ok(None) => Reply::error(&ShoalError::invalid(
-                        "this daemon does not offer the fast path",
-                    )),
-                    Err(err) => Reply::error(&err),
-                }
-            }
-            Request::FastWrites => {
-                let offered = self.ops.cluster.is_none()
-                    && self
-                        .ops
-                        .node
-                        .read(|s| s.fast_reads().is_some_and(|r| r.has_client(self.client)));
-                if !offered {
-                    Reply::error(&ShoalError::invalid(
-                        "this daemon offers write channels only to fast-path readers of a single node",
-                    ))
-                } else {
-                    match self.ops.node.write_channels().open(self.client) {
-                        Ok((channel, doorbell)) => {
-                            let mut frame = Vec::new();
-                            Reply::FastWrites {
-                                records: shoal_core::fast_path::writes::RECORDS,
-                            }
-                            .encode(&mut frame);
-                            self.send_attached(out, &frame, &[channel.as_fd(), doorbell.as_fd()])
-                                .await?;
-                            return Ok(Next::Continue);
-                        }
-                        Err(err) => Reply::error(&err),
-                    }
-                }
-            }
-            Request::PeerReads => {
-                let views = match &self.ops.cluster {
-                    Some(cluster) => cluster.peer_reads_for(self.client).await,
-                    None => Vec::new(),
-                };
-                // Two fds per owner, within what one message carries.
-                let views = &views[..views.len().min(shoal_core::fd_passing::MAX_FDS / 2)];
-                let mut frame = Vec::new();
-                Reply::PeerReads {
-                    owners: views.iter().map(|v| (v.owner, v.generation)).collect(),
-                }
-                .encode(&mut frame);
-                let fds: Vec<_> = views
-                    .iter()
-                    .flat_map(|v| [v.index.as_fd(), v.table.as_fd()])
-                    .collect();
-                self.send_attached(out, &frame, &fds).await?;
-                return Ok(Next::Continue);
-            }
-            Request::Lend { bytes } => {
-                let (lease, offset, len) = self.ops.lend(self.client, bytes).unwrap_or((0, 0, 0));
-                Reply::Lent { lease, offset, len }
-            }
+            Request::ClusterInfo => cluster_info(&self.ops),
+            Request::FastReads => return self.open_fast_reads(out).await,
+            Request::FastWrites => return self.open_fast_writes(out).await,
+            Request::PeerReads => return self.send_peer_reads(out).await,
+            Request::Lend { bytes } => self.lend(bytes),
             Request::Name { id, name } => ok_or_error(self.ops.name(id, name).await),
             Request::Resolve { name } => self
                 .ops
@@ -422,6 +308,28 @@ impl Connection {
         };
         reply.encode(out);
         Ok(Next::Continue)
+    }
+
+    /// Gets `ids` (waiting up to `timeout_ms` for the unsealed, restoring
+    /// the ones held below).
+    async fn get(&self, timeout_ms: i64, ids: &[ObjectId]) -> Result<Reply> {
+        let found = self
+            .ops
+            .get(self.client, ids, timeout_ms, peer_gone(&self.stream))
+            .await;
+        // A restore that failed (a corrupt copy) is the client's answer; a
+        // client that hung up ends the connection.
+        Ok(match kept(found)? {
+            Ok(objects) => Reply::Objects { objects },
+            Err(err) => Reply::error(&err),
+        })
+    }
+
+    /// Lends `bytes` of free space for the fast path's creates (all zero:
+    /// none to lend now).
+    fn lend(&self, bytes: u64) -> Reply {
+        let (lease, offset, len) = self.ops.lend(self.client, bytes).unwrap_or((0, 0, 0));
+        Reply::Lent { lease, offset, len }
     }
 
     /// Creates on `node` (this one, or another by remote allocation) and
@@ -488,53 +396,6 @@ impl Connection {
         })
     }
 
-    /// Sends pending replies, then the Welcome with the region's fd attached.
-    async fn send_welcome(&mut self, out: &mut Vec<u8>) -> Result<()> {
-        // (Not `stats()`: that walks every object.)
-        let (region_size, capacity, line_size) = self
-            .ops
-            .node
-            .read(|s| (s.region_size(), s.capacity(), s.line_size()));
-        let mut frame = Vec::new();
-        Reply::Welcome {
-            version: PROTOCOL_VERSION,
-            client_id: self.client,
-            region_size,
-            capacity,
-            line_size,
-            resident: self.ops.node.resident(),
-            clustered: self.ops.cluster.is_some(),
-        }
-        .encode(&mut frame);
-        let region = self.ops.node.region().clone();
-        self.send_attached(out, &frame, &[region.fd()]).await
-    }
-
-    /// Sends pending replies, then `frame` with `fds` attached.
-    async fn send_attached(
-        &mut self,
-        out: &mut Vec<u8>,
-        frame: &[u8],
-        fds: &[std::os::fd::BorrowedFd<'_>],
-    ) -> Result<()> {
-        if !out.is_empty() {
-            self.stream.write_all(out).await?;
-            out.clear();
-        }
-        if fds.is_empty() {
-            self.stream.write_all(frame).await?;
-            return Ok(());
-        }
-        let sent = self
-            .stream
-            .async_io(Interest::WRITABLE, || {
-                send_with_fds(self.stream.as_fd(), frame, fds)
-            })
-            .await?;
-        self.stream.write_all(&frame[sent..]).await?;
-        Ok(())
-    }
-
     async fn stream_notifications(
         &mut self,
         mut notifications: mpsc::Receiver<Notification>,
@@ -557,6 +418,31 @@ impl Connection {
                 }
             }
         }
+    }
+}
+
+/// This daemon's place in its cluster: the nodes, which it maps, which are
+/// alive.
+fn cluster_info(ops: &Ops) -> Reply {
+    let Some(cluster) = &ops.cluster else {
+        return Reply::error(&ShoalError::invalid("this daemon is not part of a cluster"));
+    };
+    let topology = &cluster.topology;
+    Reply::ClusterInfo {
+        node: cluster.me,
+        coherent: topology.coherence == CoherenceMode::Coherent,
+        simulated: topology.simulate_caches,
+        nodes: topology
+            .nodes
+            .iter()
+            .map(|n| PeerRegion {
+                node: n.id,
+                mapped: topology.maps(cluster.me, n.id),
+                alive: cluster.is_alive(n.id),
+                region_size: n.region_size,
+                path: n.region.display().to_string(),
+            })
+            .collect(),
     }
 }
 
