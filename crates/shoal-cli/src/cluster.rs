@@ -284,7 +284,7 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
     let coherence: CoherenceMode = args.coherence.parse()?;
     args.durability
         .parse::<shoal_core::durability::Durability>()?;
-    let uid = unsafe { libc::getuid() };
+    let uid = shoal_core::local_auth::my_uid();
     let identities = node_identities(&dir, args.nodes)?;
     // Ports picked free are released before the daemons bind them, so another
     // process may take one meanwhile: then the cluster is started again on
@@ -468,6 +468,8 @@ fn start_daemons(
             .stdout(log.try_clone()?)
             .stderr(log);
         // Its own session: the daemons outlive this command and a ^C to it.
+        // SAFETY: the hook runs in the child between fork and exec and calls
+        // only setsid(2), which is async-signal-safe.
         unsafe {
             use std::os::unix::process::CommandExt;
             command.pre_exec(|| {

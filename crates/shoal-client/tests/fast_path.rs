@@ -122,6 +122,7 @@ fn reader_loop(socket: &Path, ids: &[ObjectId]) -> ! {
         match pick {
             0..=39 => {
                 if let Some(found) = client.get(&[id], 0).unwrap()[0] {
+                    // SAFETY: a referenced object of at least one byte.
                     let first = unsafe { *client.located_ptr(found).unwrap() };
                     std::hint::black_box(first);
                     held.push(id);
@@ -214,6 +215,7 @@ fn readers_killed_at_random_points_leave_nothing_held_or_corrupted() {
         for (n, id) in ids.iter().enumerate() {
             let found = writer.get(&[*id], 0).unwrap()[0]
                 .unwrap_or_else(|| panic!("round {round}: object {n} lost"));
+            // SAFETY: a referenced, sealed object of 1000 bytes, mapped.
             let bytes =
                 unsafe { std::slice::from_raw_parts(writer.located_ptr(found).unwrap(), 1000) };
             assert_eq!(bytes, &pattern(n, 1000)[..], "round {round}: object {n}");
@@ -263,6 +265,7 @@ fn creates_and_seals_in_lent_space_take_no_round_trip_and_behave_like_the_socket
     // Everyone sees them, at once, whole; and nothing stays referenced.
     for (n, id) in ids.iter().enumerate() {
         let found = other.get(&[*id], 0).unwrap()[0].expect("visible to others");
+        // SAFETY: a referenced, sealed object of 1000 bytes, mapped.
         let bytes = unsafe { std::slice::from_raw_parts(other.located_ptr(found).unwrap(), 1000) };
         assert_eq!(bytes, &pattern(n, 1000)[..]);
         other.release(&[*id]).unwrap();
@@ -308,6 +311,7 @@ fn duplicate_ids_aborts_and_names_in_lent_space_follow_the_socket_rules() {
         }
     }
     let found = b.get(&[id], 0).unwrap()[0].unwrap();
+    // SAFETY: a referenced, sealed object of 100 bytes, mapped.
     let bytes = unsafe { std::slice::from_raw_parts(b.located_ptr(found).unwrap(), 100) };
     assert_eq!(bytes, &pattern(1, 100)[..]);
     b.release(&[id]).unwrap();
@@ -429,6 +433,8 @@ fn a_forged_write_channel_drops_only_its_client() {
         )
     } as *mut u8;
     assert_ne!(base as *mut libc::c_void, libc::MAP_FAILED);
+    // SAFETY: both writes fall inside the CHANNEL_BYTES mapped above; the
+    // tail is an aligned u64 the daemon reads atomically.
     unsafe {
         // Record slot 1 (the ring's records start at byte 192, 64 each):
         // kind 77; then publish tail = 2.
@@ -441,6 +447,7 @@ fn a_forged_write_channel_drops_only_its_client() {
     assert_eq!(raw.read(&mut ring).unwrap(), 0, "the daemon closed it");
     // The others are fine.
     let found = good.get(&[id], 0).unwrap()[0].unwrap();
+    // SAFETY: a referenced, sealed object of 1000 bytes, mapped.
     let bytes = unsafe { std::slice::from_raw_parts(good.located_ptr(found).unwrap(), 1000) };
     assert_eq!(bytes, &pattern(9, 1000)[..]);
     good.release(&[id]).unwrap();

@@ -63,9 +63,12 @@ pub fn method_for(len: usize) -> CopyMethod {
 /// `dst` must be valid for `src.len()` bytes of writes and not overlap `src`.
 pub unsafe fn copy_to_shared(dst: *mut u8, src: &[u8]) {
     match method_for(src.len()) {
-        // SAFETY (all three): the caller's contract.
+        // SAFETY: the caller's contract (`dst` valid for `src.len()` bytes,
+        // no overlap), which each copy needs and no more.
         CopyMethod::RepMovsb => unsafe { rep_movsb_copy(dst, src) },
+        // SAFETY: as above.
         CopyMethod::Stream => unsafe { stream_copy(dst, src) },
+        // SAFETY: as above.
         CopyMethod::Memcpy => unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len())
         },

@@ -180,12 +180,11 @@ pub(crate) mod tests {
 
     /// Minor page faults this thread took so far (region.rs's tests too).
     pub(crate) fn minor_faults() -> i64 {
-        // SAFETY: getrusage writes into the struct we own.
+        // SAFETY: rusage is plain integers, for which all zeroes is valid.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        assert_eq!(
-            unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) },
-            0
-        );
+        // SAFETY: getrusage writes into the struct we own.
+        let read = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+        assert_eq!(read, 0);
         usage.ru_minflt
     }
 

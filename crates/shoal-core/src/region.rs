@@ -585,6 +585,7 @@ impl Mapping {
 // SAFETY: the mapping is plain shared memory; synchronisation of the bytes is
 // the object protocol's job (write before seal, read after), not the pointer's.
 unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`: shared references hand out only the pointer.
 unsafe impl Sync for Mapping {}
 
 #[cfg(test)]

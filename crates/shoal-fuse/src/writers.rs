@@ -185,6 +185,7 @@ mod tests {
 
     #[test]
     fn this_process_is_found() {
+        // SAFETY: gettid(2) reads nothing of ours and cannot fail.
         let tid = unsafe { libc::gettid() } as u32;
         assert_eq!(origin_of(tid), Origin::Process(std::process::id()));
         assert_eq!(origin_of(0), Origin::Unknown);

@@ -116,12 +116,15 @@ pub(super) unsafe fn flush_range(ptr: *const u8, len: usize) {
     // of those bytes, in the same page, so it is mapped too. The instructions
     // change no architectural state but the cache, and no flags.
     if f.clwb {
+        // SAFETY: as above.
         for_each_line(addr, len, STRIDE, |line| unsafe { clwb(line) });
         sfence();
     } else if f.clflushopt {
+        // SAFETY: as above.
         for_each_line(addr, len, STRIDE, |line| unsafe { clflushopt(line) });
         sfence();
     } else {
+        // SAFETY: as above.
         for_each_line(addr, len, STRIDE, |line| unsafe { clflush(line) });
         mfence();
     }
@@ -134,10 +137,11 @@ pub(super) unsafe fn invalidate_range(ptr: *const u8, len: usize) {
         return;
     }
     let addr = ptr as usize;
-    // SAFETY: as in `flush_range`.
     if features().clflushopt {
+        // SAFETY: as in `flush_range`.
         for_each_line(addr, len, STRIDE, |line| unsafe { clflushopt(line) });
     } else {
+        // SAFETY: as in `flush_range`.
         for_each_line(addr, len, STRIDE, |line| unsafe { clflush(line) });
     }
     mfence();

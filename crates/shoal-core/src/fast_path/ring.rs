@@ -270,6 +270,7 @@ impl Consumer {
 // the memory is shared memory whose cross-thread protocol is the atomics
 // above.
 unsafe impl Send for Producer {}
+// SAFETY: as for `Producer`.
 unsafe impl Send for Consumer {}
 
 #[cfg(test)]

@@ -96,9 +96,9 @@ fn push_request(from: u32, token: &str, id: ObjectId, offset: u64, len: u64) -> 
 fn push(node: &LoneNode, request: &Request, data: &[u8]) -> Result<()> {
     let mut file = tempfile::tempfile().unwrap();
     file.write_all(data).unwrap();
+    assert!(request.len as usize <= data.len());
     // SAFETY: `data` is a copy of the file, alive for the call; the range
     // (offset 0, request.len ≤ data.len()) lies inside both.
-    assert!(request.len as usize <= data.len());
     unsafe {
         push_range(
             0,

@@ -42,7 +42,7 @@ pub(super) struct HugeBuf {
     len: usize,
 }
 
-// The mapping is owned by this value alone.
+// SAFETY: the mapping is owned by this value alone (no other pointer to it).
 unsafe impl Send for HugeBuf {}
 
 impl HugeBuf {

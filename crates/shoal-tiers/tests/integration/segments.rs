@@ -392,10 +392,8 @@ fn drop_cache(path: &Path) {
     let file = std::fs::File::open(path).unwrap();
     file.sync_all().unwrap();
     // SAFETY: an advisory call on a descriptor we own.
-    assert_eq!(
-        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) },
-        0
-    );
+    let advised = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(advised, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
