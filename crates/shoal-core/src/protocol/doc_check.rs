@@ -10,7 +10,7 @@ use super::tests::{sample_replies, sample_requests};
 use super::*;
 
 const DOC: &str = include_str!("../../../../docs/protocol.md");
-const SOURCE: &str = include_str!("mod.rs");
+const SOURCE: &str = include_str!("opcodes.rs");
 
 /// A table row of the document: opcode → (name, payload size formula).
 fn doc_table(section: &str) -> BTreeMap<u16, (String, String)> {

@@ -1,4 +1,7 @@
 use super::*;
+use crate::error::ErrorKind;
+use crate::ids::ObjectId;
+use crate::location::ObjectLocation;
 use proptest::prelude::*;
 
 fn round_trip_request(request: Request) {
