@@ -136,7 +136,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{id, store};
+    use super::super::test_support::{id, store};
     use super::*;
 
     fn at(offset: u64, data_size: u64) -> ObjectLocation {
