@@ -14,11 +14,12 @@
 //!   exercised); a reply that decodes survives encode → decode unchanged.
 
 use shoal_core::error::ErrorKind;
+use shoal_core::event::ObjectEvent;
 use shoal_core::ids::ObjectId;
 use shoal_core::location::ObjectLocation;
 use shoal_core::protocol::{
-    decode_request, CreateSpec, FrameHeader, Located, NameEntry, Notification, PeerRegion, Reply,
-    Request, FRAME_HEADER_LEN, MAX_FRAME_LEN, PROTOCOL_VERSION, WAIT_FOREVER,
+    decode_request, CreateSpec, FrameHeader, Located, NameEntry, PeerRegion, Reply, Request,
+    FRAME_HEADER_LEN, MAX_FRAME_LEN, PROTOCOL_VERSION, WAIT_FOREVER,
 };
 use shoal_core::protocol::{ObjectInfo, StoreStats};
 
@@ -361,12 +362,20 @@ pub fn sample_replies() -> Vec<Reply> {
             policy: "lru",
             ..Default::default()
         }),
-        Reply::Notification(Notification::Sealed {
+        Reply::Notification(ObjectEvent::Sealed {
             id: id(2),
             data_size: 5,
             meta_size: 1,
         }),
-        Reply::Notification(Notification::Removed { id: id(2) }),
+        Reply::Notification(ObjectEvent::Removed {
+            id: id(2),
+            deleted: false,
+        }),
+        Reply::Notification(ObjectEvent::Removed {
+            id: id(3),
+            deleted: true,
+        }),
+        Reply::Notification(ObjectEvent::Aborted { id: id(4) }),
         Reply::Statuses {
             errors: vec![
                 None,

@@ -21,11 +21,12 @@ use std::time::{Duration, Instant};
 use shoal_core::busy_poll;
 pub use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::event::ObjectEvent;
 use shoal_core::fast_path::readers::FastReads;
 use shoal_core::fd_passing::{recv_with_fd, recv_with_fds};
 use shoal_core::location::ObjectLocation;
 use shoal_core::protocol::{
-    CreateSpec, FrameHeader, Notification, Reply, Request, FRAME_HEADER_LEN, PROTOCOL_VERSION,
+    CreateSpec, FrameHeader, Reply, Request, FRAME_HEADER_LEN, PROTOCOL_VERSION,
 };
 pub use shoal_core::protocol::{Located, NameEntry, PeerRegion, TierInfo, TierReport};
 use shoal_core::protocol::{ObjectInfo, StoreStats};
@@ -1664,7 +1665,7 @@ impl Subscription {
 
     /// The next notification, waiting at most `timeout` (`None`: forever).
     /// `Ok(None)` on timeout.
-    pub fn next(&mut self, timeout: Option<Duration>) -> Result<Option<Notification>> {
+    pub fn next(&mut self, timeout: Option<Duration>) -> Result<Option<ObjectEvent>> {
         if self.channel.pending().len() < FRAME_HEADER_LEN {
             self.channel.stream.set_read_timeout(timeout)?;
             let result = self.channel.fill(FRAME_HEADER_LEN);

@@ -13,6 +13,7 @@ pub mod coherence;
 pub mod copy;
 pub mod durability;
 pub mod error;
+pub mod event;
 pub mod fast_path;
 pub mod fd_passing;
 pub mod ids;

@@ -17,9 +17,10 @@ use shoal_client::shared::{ObjectRef, SharedClient};
 use shoal_client::{Client as RustClient, Located, StoreInfo, Subscription as RustSubscription};
 use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::event::ObjectEvent;
 use shoal_core::location::ObjectLocation;
+use shoal_core::protocol::CreateSpec;
 use shoal_core::protocol::PsiAction;
-use shoal_core::protocol::{CreateSpec, Notification};
 use shoal_core::region::Mapping;
 use shoal_core::ObjectId;
 
@@ -760,12 +761,14 @@ impl Subscription {
             })
             .py()?;
         Ok(next.map(|n| match n {
-            Notification::Sealed {
+            ObjectEvent::Sealed {
                 id,
                 data_size,
                 meta_size,
             } => (PyBytes::new(py, &id.0), "sealed", data_size, meta_size),
-            Notification::Removed { id } => (PyBytes::new(py, &id.0), "removed", 0, 0),
+            ObjectEvent::Removed { id, .. } => (PyBytes::new(py, &id.0), "removed", 0, 0),
+            // Never sent to subscribers (they see sealed objects only).
+            ObjectEvent::Aborted { id } => (PyBytes::new(py, &id.0), "aborted", 0, 0),
         }))
     }
 }

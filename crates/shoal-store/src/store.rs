@@ -31,6 +31,7 @@ use foldhash::HashMapExt;
 type HashMap<K, V> = foldhash::HashMap<K, V>;
 type HashSet<T> = foldhash::HashSet<T>;
 
+use shoal_core::event::ObjectEvent;
 use shoal_core::fast_path::readers::Readers;
 use shoal_core::ids::{ClientId, ObjectId};
 use shoal_core::location::{Block, ObjectLocation};
@@ -39,26 +40,6 @@ use crate::allocator::Allocator;
 use crate::eviction::EvictionPolicy;
 use crate::ghost_reads::{GhostReads, DEFAULT_GHOSTS};
 use crate::object_table::{Access, Entry, ObjectTable, Slot};
-
-/// Something subscribers hear about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreEvent {
-    Sealed {
-        id: ObjectId,
-        data_size: u64,
-        meta_size: u32,
-    },
-    Removed {
-        id: ObjectId,
-        /// By a delete (whose caller unregisters the id in a cluster), not
-        /// an eviction.
-        deleted: bool,
-    },
-    /// An unsealed object went (aborted, or its creator disconnected). Not a
-    /// notification for subscribers (they never saw it), but a cluster node
-    /// unregisters the id.
-    Aborted { id: ObjectId },
-}
 
 /// An object the policy chose to leave memory, told to the gate while its
 /// bytes are still valid.
@@ -134,7 +115,7 @@ pub struct Store {
     /// Memory was freed, an object became evictable or the capacity grew
     /// since the last [`take_space_changed`](Self::take_space_changed).
     space_changed: bool,
-    events: Vec<StoreEvent>,
+    events: Vec<ObjectEvent>,
     /// The fast path's shared index and clients' reference tables (docs/
     /// fast-path.md); `None` when the daemon does not offer it.
     readers: Option<Readers>,
@@ -205,8 +186,9 @@ impl Store {
         }
     }
 
-    /// Events since the last call (seals, removals), for subscribers.
-    pub fn take_events(&mut self) -> Vec<StoreEvent> {
+    /// Events since the last call (seals, removals, aborts), for the node
+    /// to hand on.
+    pub fn take_events(&mut self) -> Vec<ObjectEvent> {
         std::mem::take(&mut self.events)
     }
 

@@ -16,7 +16,6 @@ mod create_spec;
 mod frame;
 mod located;
 mod name_entry;
-mod notification;
 mod opcodes;
 mod peer_region;
 mod reply;
@@ -30,7 +29,6 @@ pub use create_spec::CreateSpec;
 pub use frame::{FrameHeader, FRAME_HEADER_LEN, MAX_FRAME_LEN};
 pub use located::Located;
 pub use name_entry::NameEntry;
-pub use notification::Notification;
 pub use peer_region::PeerRegion;
 pub use reply::Reply;
 pub use request::{decode_request, Request, WAIT_FOREVER};
@@ -66,7 +64,10 @@ pub use tier_report::{TierInfo, TierReport};
 /// own node's region, and the seal pushes them to that node.
 /// 13: `SetMtime`: a name's modification time is settable (utimens on the
 /// mount).
-pub const PROTOCOL_VERSION: u32 = 13;
+/// 14: a `Notification` says whether a removed object was deleted (kind 3)
+/// or evicted (kind 2): the wire carries the store's own event
+/// (`ObjectEvent`).
+pub const PROTOCOL_VERSION: u32 = 14;
 
 #[cfg(test)]
 mod doc_check;

@@ -1,6 +1,7 @@
 //! What a daemon answers, and its encoding.
 
 use crate::error::{ErrorKind, Result, ShoalError};
+use crate::event::ObjectEvent;
 use crate::location::ObjectLocation;
 
 use super::capacity_report::CapacityReport;
@@ -8,7 +9,6 @@ use super::codec::{Reader, Writer};
 use super::frame::FrameHeader;
 use super::located::Located;
 use super::name_entry::{decode_name_entry, encode_name_entry, NameEntry};
-use super::notification::Notification;
 use super::opcodes::op;
 use super::peer_region::PeerRegion;
 use super::store_report::{ObjectInfo, StoreStats, POLICY_NAMES};
@@ -62,7 +62,9 @@ pub enum Reply {
         entries: Vec<NameEntry>,
     },
     Capacity(CapacityReport),
-    Notification(Notification),
+    /// On a subscribed connection: an object sealed or removed (never
+    /// `Aborted`: subscribers see sealed objects only).
+    Notification(ObjectEvent),
     /// One status per id: `None` for success.
     Statuses {
         errors: Vec<Option<ErrorKind>>,
@@ -268,12 +270,15 @@ impl Reply {
             }
             Reply::Notification(n) => {
                 match n {
-                    Notification::Sealed {
+                    ObjectEvent::Sealed {
                         id,
                         data_size,
                         meta_size,
                     } => w.u8(1).id(id).u64(*data_size).u32(*meta_size),
-                    Notification::Removed { id } => w.u8(2).id(id).u64(0).u32(0),
+                    ObjectEvent::Removed { id, deleted } => {
+                        w.u8(if *deleted { 3 } else { 2 }).id(id).u64(0).u32(0)
+                    }
+                    ObjectEvent::Aborted { id } => w.u8(4).id(id).u64(0).u32(0),
                 };
                 op::NOTIFICATION
             }
@@ -458,12 +463,14 @@ impl Reply {
                 let id = r.id()?;
                 let (data_size, meta_size) = (r.u64()?, r.u32()?);
                 Reply::Notification(match kind {
-                    1 => Notification::Sealed {
+                    1 => ObjectEvent::Sealed {
                         id,
                         data_size,
                         meta_size,
                     },
-                    2 => Notification::Removed { id },
+                    2 => ObjectEvent::Removed { id, deleted: false },
+                    3 => ObjectEvent::Removed { id, deleted: true },
+                    4 => ObjectEvent::Aborted { id },
                     other => {
                         return Err(ShoalError::protocol(format!(
                             "unknown notification kind {other}"

@@ -1,5 +1,6 @@
 use super::*;
 use crate::error::ErrorKind;
+use crate::event::ObjectEvent;
 use crate::ids::ObjectId;
 use crate::location::ObjectLocation;
 use proptest::prelude::*;
@@ -216,12 +217,14 @@ pub(super) fn sample_replies() -> Vec<Reply> {
             policy: "lrfu",
             ..Default::default()
         }),
-        Reply::Notification(Notification::Sealed {
+        Reply::Notification(ObjectEvent::Sealed {
             id,
             data_size: 5,
             meta_size: 1,
         }),
-        Reply::Notification(Notification::Removed { id }),
+        Reply::Notification(ObjectEvent::Removed { id, deleted: false }),
+        Reply::Notification(ObjectEvent::Removed { id, deleted: true }),
+        Reply::Notification(ObjectEvent::Aborted { id }),
         Reply::Statuses {
             errors: vec![None, Some(ErrorKind::ObjectNotFound)],
         },

@@ -7,6 +7,7 @@
 use std::cell::RefCell;
 use std::rc::{Rc, Weak};
 
+use shoal_core::event::ObjectEvent;
 use shoal_core::ObjectId;
 
 use crate::cluster::state::Cluster;
@@ -49,7 +50,7 @@ impl NodeListener for ClusterListener {
             return;
         };
         match *event {
-            NodeEvent::Removed { id, deleted } => {
+            NodeEvent::Object(ObjectEvent::Removed { id, deleted }) => {
                 let was_copy = !cluster.forget_copies(&[id]).is_empty();
                 // (A copy was never registered: nothing to unregister. An
                 // object evicted down a tier still lives here.)
@@ -57,7 +58,7 @@ impl NodeListener for ClusterListener {
                     self.unregister_later(cluster, id);
                 }
             }
-            NodeEvent::Aborted { id } => {
+            NodeEvent::Object(ObjectEvent::Aborted { id }) => {
                 if cluster.is_stage(&id) {
                     return; // a staging buffer's id was never registered
                 }
@@ -77,7 +78,7 @@ impl NodeListener for ClusterListener {
                     cluster.release(held).await;
                 });
             }
-            NodeEvent::Sealed { .. } | NodeEvent::CapacityChanged { .. } => {}
+            NodeEvent::Object(ObjectEvent::Sealed { .. }) | NodeEvent::CapacityChanged { .. } => {}
         }
     }
 }

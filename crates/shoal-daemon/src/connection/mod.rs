@@ -13,9 +13,9 @@ use std::time::Instant;
 use shoal_core::busy_poll;
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::event::ObjectEvent;
 use shoal_core::protocol::{
-    decode_request, CreateSpec, FrameHeader, Notification, PeerRegion, Reply, Request,
-    FRAME_HEADER_LEN,
+    decode_request, CreateSpec, FrameHeader, PeerRegion, Reply, Request, FRAME_HEADER_LEN,
 };
 use shoal_core::ObjectId;
 use shoal_store::store::Placement;
@@ -103,7 +103,7 @@ struct Connection {
 enum Next {
     Continue,
     /// Registered before its `Ok` was queued, so no seal after the reply is missed.
-    Subscribe(mpsc::Receiver<Notification>),
+    Subscribe(mpsc::Receiver<ObjectEvent>),
 }
 
 impl Connection {
@@ -398,7 +398,7 @@ impl Connection {
 
     async fn stream_notifications(
         &mut self,
-        mut notifications: mpsc::Receiver<Notification>,
+        mut notifications: mpsc::Receiver<ObjectEvent>,
     ) -> Result<()> {
         let mut frame = Vec::new();
         let mut scratch = [0u8; 256];

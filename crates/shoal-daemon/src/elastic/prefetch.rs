@@ -29,6 +29,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use shoal_core::error::Result;
+use shoal_core::event::ObjectEvent;
 use shoal_core::ObjectId;
 use shoal_store::object_table::{Access, Residency};
 use shoal_store::store::{Verdict, Victim};
@@ -324,7 +325,7 @@ impl Prefetch {
 
 impl NodeListener for Prefetch {
     fn on_event(&self, event: &NodeEvent) {
-        if let NodeEvent::Removed { id, deleted: true } = event {
+        if let NodeEvent::Object(ObjectEvent::Removed { id, deleted: true }) = event {
             if self
                 .victims
                 .borrow_mut()
@@ -461,10 +462,10 @@ mod tests {
         prefetch.on_evicting(&victim(2, 1, 98, 2));
         prefetch.on_evicting(&victim(3, 1, 20, 10));
         prefetch.on_evicting(&victim(4, 1, 99, 0));
-        prefetch.on_event(&NodeEvent::Removed {
+        prefetch.on_event(&NodeEvent::Object(ObjectEvent::Removed {
             id: oid(4),
             deleted: true,
-        });
+        }));
         assert_eq!(
             numbers(prefetch.take_all(1 << 20, 100, NOTHING_RESIDENT)),
             [2, 1, 3]

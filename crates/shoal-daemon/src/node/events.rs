@@ -2,27 +2,15 @@
 //! cluster, the capacity controller's prefetch and the metrics' counts. The
 //! node calls its listeners; it never calls into a subsystem by name.
 
+use shoal_core::event::ObjectEvent;
 use shoal_core::ids::ClientId;
-use shoal_core::ObjectId;
 use shoal_store::store::{Verdict, Victim};
 
+/// What listeners hear: what the store did to an object (the one event type
+/// shared with the store and subscribers), or a change only the node sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeEvent {
-    Sealed {
-        id: ObjectId,
-        data_size: u64,
-        meta_size: u32,
-    },
-    /// Gone from view: deleted (its memory freed when the last reference
-    /// goes), or evicted (its memory freed now).
-    Removed {
-        id: ObjectId,
-        deleted: bool,
-    },
-    /// An unsealed object went: aborted, or its creator disconnected.
-    Aborted {
-        id: ObjectId,
-    },
+    Object(ObjectEvent),
     /// A local client disconnected; its references here are already gone.
     ClientGone {
         client: ClientId,

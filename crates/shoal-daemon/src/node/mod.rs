@@ -26,11 +26,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use foldhash::HashMap;
+use shoal_core::event::ObjectEvent;
 use shoal_core::ids::ClientId;
-use shoal_core::protocol::Notification;
 use shoal_core::region::Region;
 use shoal_core::ObjectId;
-use shoal_store::store::{EvictionGate, Store, StoreEvent, Verdict, Victim};
+use shoal_store::store::{EvictionGate, Store, Verdict, Victim};
 use tokio::sync::{mpsc, Notify};
 
 pub use activity::ClientActivity;
@@ -226,7 +226,7 @@ impl Node {
         &self.space
     }
 
-    pub fn subscribe(&self) -> mpsc::Receiver<Notification> {
+    pub fn subscribe(&self) -> mpsc::Receiver<ObjectEvent> {
         self.subscribers.subscribe()
     }
 
@@ -351,19 +351,7 @@ impl Node {
         }
         {
             let mut queue = self.queue.borrow_mut();
-            queue.extend(events.into_iter().map(|event| match event {
-                StoreEvent::Sealed {
-                    id,
-                    data_size,
-                    meta_size,
-                } => NodeEvent::Sealed {
-                    id,
-                    data_size,
-                    meta_size,
-                },
-                StoreEvent::Removed { id, deleted } => NodeEvent::Removed { id, deleted },
-                StoreEvent::Aborted { id } => NodeEvent::Aborted { id },
-            }));
+            queue.extend(events.into_iter().map(NodeEvent::Object));
             queue.extend(extra);
         }
         if self.telling.replace(true) {
@@ -379,23 +367,13 @@ impl Node {
     }
 
     fn tell(&self, event: &NodeEvent) {
-        match event {
-            NodeEvent::Sealed {
-                id,
-                data_size,
-                meta_size,
-            } => {
+        if let NodeEvent::Object(object) = event {
+            if matches!(object, ObjectEvent::Sealed { .. }) {
                 self.sealed.notify_waiters();
-                self.subscribers.send(&Notification::Sealed {
-                    id: *id,
-                    data_size: *data_size,
-                    meta_size: *meta_size,
-                });
             }
-            NodeEvent::Removed { id, .. } => {
-                self.subscribers.send(&Notification::Removed { id: *id });
+            if object.is_for_subscribers() {
+                self.subscribers.send(object);
             }
-            _ => {}
         }
         // By index, the list borrowed only to take each one: a listener may
         // add listeners, and a copy of the list would cost an allocation
@@ -481,15 +459,15 @@ mod tests {
         assert_eq!(
             events
                 .iter()
-                .filter(|e| matches!(e, NodeEvent::Sealed { .. }))
+                .filter(|e| matches!(e, NodeEvent::Object(ObjectEvent::Sealed { .. })))
                 .count(),
             2
         );
-        assert!(events.contains(&NodeEvent::Removed {
+        assert!(events.contains(&NodeEvent::Object(ObjectEvent::Removed {
             id: id(1),
             deleted: false
-        }));
+        })));
         assert_eq!(events.last(), Some(&NodeEvent::ClientGone { client }));
-        assert!(events.contains(&NodeEvent::Aborted { id: id(3) }));
+        assert!(events.contains(&NodeEvent::Object(ObjectEvent::Aborted { id: id(3) })));
     }
 }

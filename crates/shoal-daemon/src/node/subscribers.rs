@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 
-use shoal_core::protocol::Notification;
+use shoal_core::event::ObjectEvent;
 use tokio::sync::mpsc;
 
 /// Notifications a subscriber may fall behind before it is disconnected, so a
@@ -11,20 +11,20 @@ pub const SUBSCRIBER_QUEUE: usize = 65_536;
 
 #[derive(Default)]
 pub struct Subscribers {
-    senders: RefCell<Vec<mpsc::Sender<Notification>>>,
+    senders: RefCell<Vec<mpsc::Sender<ObjectEvent>>>,
 }
 
 impl Subscribers {
-    pub fn subscribe(&self) -> mpsc::Receiver<Notification> {
+    pub fn subscribe(&self) -> mpsc::Receiver<ObjectEvent> {
         let (sender, receiver) = mpsc::channel(SUBSCRIBER_QUEUE);
         self.senders.borrow_mut().push(sender);
         receiver
     }
 
-    pub fn send(&self, notification: &Notification) {
+    pub fn send(&self, notification: &ObjectEvent) {
         self.senders
             .borrow_mut()
-            .retain(|s| match s.try_send(notification.clone()) {
+            .retain(|s| match s.try_send(*notification) {
                 Ok(()) => true,
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     // Dropping the sender ends the stream once the queued

@@ -4,6 +4,8 @@
 
 use std::cell::Cell;
 
+use shoal_core::event::ObjectEvent;
+
 use crate::metrics::EventCounters;
 use crate::node::{NodeEvent, NodeListener};
 
@@ -32,19 +34,19 @@ impl MetricsListener {
 impl NodeListener for MetricsListener {
     fn on_event(&self, event: &NodeEvent) {
         match *event {
-            NodeEvent::Sealed {
+            NodeEvent::Object(ObjectEvent::Sealed {
                 data_size,
                 meta_size,
                 ..
-            } => {
+            }) => {
                 add(&self.sealed, 1);
                 add(&self.sealed_bytes, data_size + u64::from(meta_size));
             }
-            NodeEvent::Aborted { .. } => add(&self.aborted, 1),
-            NodeEvent::Removed { deleted: true, .. } => add(&self.deleted, 1),
+            NodeEvent::Object(ObjectEvent::Aborted { .. }) => add(&self.aborted, 1),
+            NodeEvent::Object(ObjectEvent::Removed { deleted: true, .. }) => add(&self.deleted, 1),
             // Evictions are counted from the store's own totals (with their
             // bytes) by the snapshot.
-            NodeEvent::Removed { deleted: false, .. }
+            NodeEvent::Object(ObjectEvent::Removed { deleted: false, .. })
             | NodeEvent::ClientGone { .. }
             | NodeEvent::CapacityChanged { .. } => {}
         }

@@ -6,6 +6,8 @@ use std::rc::Weak;
 use shoal_store::store::{Verdict, Victim};
 use shoal_tiers::ObjectSizes;
 
+use shoal_core::event::ObjectEvent;
+
 use crate::node::{NodeEvent, NodeListener};
 use crate::principals;
 use crate::tiers::Tiers;
@@ -26,11 +28,11 @@ impl NodeListener for TierListener {
         let Some(tiers) = self.tiers.upgrade() else {
             return;
         };
-        if let NodeEvent::Sealed {
+        if let NodeEvent::Object(ObjectEvent::Sealed {
             id,
             data_size,
             meta_size,
-        } = *event
+        }) = *event
         {
             // A network copy of another node's object: its owner keeps it.
             if tiers.node.read(|s| s.creator(&id)) == Some(principals::COPY) {

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use shoal_client::{Client, Subscription};
 use shoal_core::error::{ErrorKind, Result};
-use shoal_core::protocol::{Notification, Request, PROTOCOL_VERSION};
+use shoal_core::event::ObjectEvent;
+use shoal_core::protocol::{Request, PROTOCOL_VERSION};
 use shoal_core::ObjectId;
 use shoal_daemon::{DaemonConfig, Shutdown};
 use shoal_testing::TestDaemon;
@@ -270,7 +271,7 @@ fn subscribers_hear_seals_and_removals() {
     let timeout = Some(Duration::from_secs(5));
     assert_eq!(
         subscription.next(timeout).unwrap(),
-        Some(Notification::Sealed {
+        Some(ObjectEvent::Sealed {
             id,
             data_size: 3,
             meta_size: 1
@@ -278,7 +279,7 @@ fn subscribers_hear_seals_and_removals() {
     );
     assert_eq!(
         subscription.next(timeout).unwrap(),
-        Some(Notification::Removed { id })
+        Some(ObjectEvent::Removed { id, deleted: true })
     );
     assert_eq!(
         subscription.next(Some(Duration::from_millis(20))).unwrap(),

@@ -2,10 +2,11 @@
 //! and the objects it is still writing), and what becomes of that when a
 //! client disconnects or its holdings move to another principal.
 
+use shoal_core::event::ObjectEvent;
 use shoal_core::ids::{ClientId, ObjectId};
 use shoal_core::location::Block;
 
-use super::{ClientState, Store, StoreEvent};
+use super::{ClientState, Store};
 
 impl Store {
     pub fn register_client(&mut self, client: ClientId) {
@@ -66,7 +67,7 @@ impl Store {
             self.note_creating(&id, false);
             self.drop_unsealed(*slot);
             // Like an abort: a cluster node unregisters the id.
-            self.events.push(StoreEvent::Aborted { id });
+            self.events.push(ObjectEvent::Aborted { id });
         }
         for (slot, count) in state.refs {
             if state.creating.contains(&slot) {

@@ -310,9 +310,9 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::super::test_support::{id, store, HoldAll};
-    use super::super::StoreEvent;
     use super::*;
     use crate::object_table::Access;
+    use shoal_core::event::ObjectEvent;
 
     #[test]
     fn full_store_evicts_lru_and_never_referenced() {
@@ -450,7 +450,7 @@ mod tests {
         assert!(!s
             .take_events()
             .iter()
-            .any(|e| matches!(e, StoreEvent::Removed { .. })));
+            .any(|e| matches!(e, ObjectEvent::Removed { .. })));
         s.check_invariants();
         // Asking again chooses no second victim: the first one covers it.
         assert!(s.create(1, id(9), 64, 0).is_err());
@@ -461,7 +461,7 @@ mod tests {
         assert!(s.take_space_changed());
         assert_eq!(
             s.take_events(),
-            vec![StoreEvent::Removed {
+            vec![ObjectEvent::Removed {
                 id: id(0),
                 deleted: false
             }]
@@ -505,11 +505,11 @@ mod tests {
         let removals = s
             .take_events()
             .into_iter()
-            .filter(|e| matches!(e, StoreEvent::Removed { .. }))
+            .filter(|e| matches!(e, ObjectEvent::Removed { .. }))
             .collect::<Vec<_>>();
         assert_eq!(
             removals,
-            vec![StoreEvent::Removed {
+            vec![ObjectEvent::Removed {
                 id: id(0),
                 deleted: true
             }]

@@ -4,12 +4,13 @@
 //! it will succeed; and the lookups of where an object stands in it.
 
 use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::event::ObjectEvent;
 use shoal_core::ids::{ClientId, ObjectId};
 use shoal_core::location::ObjectLocation;
 
 use crate::object_table::{Entry, ObjectState, Residency, Slot};
 
-use super::{Placement, Store, StoreEvent};
+use super::{Placement, Store};
 
 impl Store {
     /// Creates an unsealed object and gives its creator one reference.
@@ -160,7 +161,7 @@ impl Store {
         if entry.state == ObjectState::Sealed && !entry.delete_pending {
             // Evicted: it lives on below, and so does its read history.
             self.ghosts.remember(entry.id, entry.access);
-            self.events.push(StoreEvent::Removed {
+            self.events.push(ObjectEvent::Removed {
                 id: entry.id,
                 deleted: false,
             });
@@ -221,7 +222,7 @@ impl Store {
             let entry = self.table.get_mut(*slot).expect("validated");
             entry.state = ObjectState::Sealed;
             let (data_size, meta_size) = (entry.data_size, entry.meta_size);
-            self.events.push(StoreEvent::Sealed {
+            self.events.push(ObjectEvent::Sealed {
                 id: *id,
                 data_size,
                 meta_size,
@@ -270,7 +271,7 @@ impl Store {
             Some(lease) => self.return_to_lease(client, slot, lease),
             None => self.drop_unsealed(slot),
         }
-        self.events.push(StoreEvent::Aborted { id });
+        self.events.push(ObjectEvent::Aborted { id });
     }
 
     /// Frees an aborted object's memory, unless a transfer still holds it
@@ -459,7 +460,7 @@ impl Store {
         entry.delete_pending = true;
         let free_now = entry.refs == 0 && entry.residency != Residency::Evicting;
         let position = entry.fast_position();
-        self.events.push(StoreEvent::Removed {
+        self.events.push(ObjectEvent::Removed {
             id: *id,
             deleted: true,
         });
@@ -662,7 +663,7 @@ mod tests {
         let removals = s
             .take_events()
             .iter()
-            .filter(|e| matches!(e, StoreEvent::Removed { .. }))
+            .filter(|e| matches!(e, ObjectEvent::Removed { .. }))
             .count();
         assert_eq!(removals, 1, "one removal notification per object");
         s.check_invariants();
