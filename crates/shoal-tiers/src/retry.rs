@@ -86,10 +86,19 @@ mod tests {
         assert_eq!(b.delay(40), Duration::from_secs(5));
     }
 
-    #[tokio::test(start_paused = true)]
+    /// Waits of 1-4 ms: the test runs in real time (no paused clock, whose
+    /// `test-util` feature would make tokio build twice, for tests and not).
+    const FAST: Backoff = Backoff {
+        initial: Duration::from_millis(1),
+        max: Duration::from_millis(4),
+        factor: 2.0,
+        attempts: None,
+    };
+
+    #[tokio::test]
     async fn retries_transient_errors_only() {
         let calls = Cell::new(0);
-        let got = with_backoff(Backoff::default(), || {
+        let got = with_backoff(FAST, || {
             calls.set(calls.get() + 1);
             let n = calls.get();
             async move {
@@ -104,7 +113,7 @@ mod tests {
         assert_eq!(got.unwrap(), 4);
 
         calls.set(0);
-        let err = with_backoff(Backoff::default(), || {
+        let err = with_backoff(FAST, || {
             calls.set(calls.get() + 1);
             async { Err::<(), _>(ShoalError::new(ErrorKind::StoreFull, "full")) }
         })
@@ -119,7 +128,7 @@ mod tests {
         calls.set(0);
         let limited = Backoff {
             attempts: Some(3),
-            ..Backoff::default()
+            ..FAST
         };
         let err = with_backoff(limited, || {
             calls.set(calls.get() + 1);
