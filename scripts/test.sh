@@ -2,11 +2,13 @@
 # Quick start, part two: set up, then run every check and test CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step is stamped with the seconds since the start, so a run's log says what took the time.
+step() { printf '\n== [%d s] %s\n' "$SECONDS" "$*"; }
+step "setup: .venv and the extension (the quick start's setup)"
 ./scripts/setup.sh
+step "setup: the tools only the checks need"
 ./scripts/setup-test-tools.sh
 . .venv/bin/activate
-
-step() { printf '\n== %s\n' "$*"; }
 
 step "format and lints"
 cargo fmt --all --check
@@ -26,7 +28,9 @@ if [ -f ../shared/tools/rust_cycles.py ]; then python3 ../shared/tools/rust_cycl
 # And between the modules of the Python package (lazy and type-only imports count).
 python3 scripts/check-python-imports.py
 
-step "Rust unit and integration tests"
+step "Rust unit and integration tests: build"
+cargo test --release -q --no-run
+step "Rust unit and integration tests: run"
 cargo test --release -q
 
 step "simulated non-coherent fabric: a client built without its flush, and without the owner node's invalidate, must be caught"
@@ -45,3 +49,5 @@ step "aarch64 and ppc64le cache maintenance under qemu-user; a misspelled and a 
 
 step "Python tests"
 python -m pytest -q tests/python
+
+step "done"
