@@ -229,6 +229,14 @@ pub(super) fn reopen_direct(file: &File) -> Option<File> {
 /// images below `CHUNK` (larger ones are read in `CHUNK` blocks).
 pub(super) const RANGE_DIRECT_MAX: usize = CHUNK + HEADER_LEN;
 
+/// Payloads at least this large are restored with direct I/O and a reader
+/// thread (below: one direct read of the whole image is cheaper).
+pub(super) const DIRECT_MIN: u64 = CHUNK as u64;
+/// Images (packed or not) at least this large are restored with direct
+/// I/O where the file system has it (below: buffered reads, whose readahead
+/// also brings the next small images of a segment in).
+pub(super) const PACKED_DIRECT_MIN: u64 = 256 << 10;
+
 /// Reads bytes `at..at + len` of `direct` (opened with O_DIRECT) in one
 /// direct read of the aligned blocks around them, and hands them to `f`.
 /// Fewer bytes than `len` (the file ends first) are an `UnexpectedEof`.

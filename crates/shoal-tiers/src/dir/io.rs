@@ -1,8 +1,8 @@
 //! File-system helpers of a directory tier: error mapping, directory
-//! fsyncs, and fsyncs in parallel.
+//! fsyncs, fsyncs in parallel, and small files written durably.
 
-use std::fs::File;
-use std::io;
+use std::fs::{self, File};
+use std::io::{self, Write};
 use std::path::Path;
 
 use shoal_core::error::{ErrorKind, Result, ShoalError};
@@ -75,6 +75,23 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_error(&format!("fsync directory {}", dir.display()), e))
+}
+
+/// Writes `dir/name` whole or not at all: temp file, fsync, rename, dir fsync.
+pub(crate) fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let path = dir.join(name);
+    let result = (|| {
+        let mut file = File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&tmp, &path)
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_error(&format!("write {}", path.display()), e));
+    }
+    sync_dir(dir)
 }
 
 /// Bytes copied and then checksummed at a time by [`copy_checksummed`]:

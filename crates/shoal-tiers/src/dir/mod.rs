@@ -19,16 +19,26 @@
 //! file system takes it (`direct.rs`), packed ones through the page cache.
 //! Blocking file I/O runs on tokio's blocking pool.
 //!
-//! Modules: `tier` (the `DirTier`: file images, packed puts, reads, deletes
-//! and compaction, the walk at open), `segments` (the segment files' layout
-//! and state), `direct` (O_DIRECT image writes and restores), `bounce`
-//! (their huge-page buffers), `io` (error mapping and fsync
-//! helpers). Children never import this module or each other in a circle.
+//! Modules: `tier` (the `DirTier`: its state, construction, capacity
+//! accounting and the `Tier` implementation, which dispatches to the rest),
+//! `walk` (the walk at open, the count, `list` and `sweep`), `images` (one
+//! file per object: staging, naming, reads, verifies and deletes), `packed`
+//! (the tier's side of packed objects: segments staged and installed, reads,
+//! deletes and compaction), `batch` (a batch of puts staged and published in
+//! one fsync wave), `segments` (the segment files' layout and state),
+//! `direct` (O_DIRECT image writes and restores), `bounce` (their huge-page
+//! buffers), `io` (error mapping and fsync helpers). Children never import
+//! this module or each other in a circle: `walk`, `images`, `packed` and
+//! `batch` import `tier`, never the reverse.
 
+mod batch;
 mod bounce;
 mod direct;
+mod images;
 mod io;
+mod packed;
 mod segments;
 mod tier;
+mod walk;
 
 pub use tier::DirTier;

@@ -117,6 +117,14 @@ pub(super) struct State {
     pub(super) segments: BTreeMap<u64, Segment>,
 }
 
+/// What a segment needs after its live images changed (packed.rs decides
+/// it, with the state locked, and then does it).
+pub(super) enum Tidy {
+    Nothing,
+    Remove(u64, u64),
+    Compact(u64, Arc<File>, Vec<(ObjectId, Slot)>),
+}
+
 /// What loading the segments at open found.
 #[derive(Default)]
 pub(super) struct Loaded {
