@@ -8,7 +8,7 @@ const FIRST_DELAY: Duration = Duration::from_millis(1);
 const MAX_DELAY: Duration = Duration::from_secs(1);
 const LOG_EVERY: Duration = Duration::from_secs(1);
 
-pub struct AcceptBackoff {
+pub(crate) struct AcceptBackoff {
     what: &'static str,
     delay: Duration,
     last_log: Option<Instant>,
@@ -16,7 +16,7 @@ pub struct AcceptBackoff {
 }
 
 impl AcceptBackoff {
-    pub fn new(what: &'static str) -> Self {
+    pub(crate) fn new(what: &'static str) -> Self {
         Self {
             what,
             delay: FIRST_DELAY,
@@ -25,12 +25,12 @@ impl AcceptBackoff {
         }
     }
 
-    pub fn succeeded(&mut self) {
+    pub(crate) fn succeeded(&mut self) {
         self.delay = FIRST_DELAY;
     }
 
     /// Logs (rate-limited) and sleeps before the next accept.
-    pub async fn failed(&mut self, err: std::io::Error) {
+    pub(crate) async fn failed(&mut self, err: std::io::Error) {
         if self.last_log.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
             tracing::warn!(
                 %err,

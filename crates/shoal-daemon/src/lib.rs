@@ -30,6 +30,10 @@
 //! daemon only does bookkeeping, which one core handles at millions of
 //! operations per second.
 
+// What is `pub` is reachable from outside the crate: the rest is `pub(crate)`,
+// so the daemon's API is what `lib.rs` exports and nothing else.
+#![warn(unreachable_pub)]
+
 mod accept;
 pub mod cluster;
 pub mod config;

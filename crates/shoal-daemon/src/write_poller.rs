@@ -24,7 +24,7 @@ use crate::ops::Ops;
 /// sleep between two records of one burst.
 const MIN_WINDOW: Duration = Duration::from_micros(20);
 
-pub fn spawn(ops: &Rc<Ops>) {
+pub(crate) fn spawn(ops: &Rc<Ops>) {
     let Some(doorbell) = ops.node.write_channels().doorbell() else {
         return;
     };

@@ -16,12 +16,12 @@ pub struct CopyOf {
 
 /// As a home: drops not yet delivered, per id the holders still to tell.
 #[derive(Default)]
-pub struct OwedDrops {
+pub(crate) struct OwedDrops {
     by_id: HashMap<ObjectId, Vec<u32>>,
 }
 
 impl OwedDrops {
-    pub fn owe(&mut self, pairs: &[(u32, ObjectId)]) {
+    pub(crate) fn owe(&mut self, pairs: &[(u32, ObjectId)]) {
         for &(node, id) in pairs {
             let holders = self.by_id.entry(id).or_default();
             if !holders.contains(&node) {
@@ -31,7 +31,7 @@ impl OwedDrops {
     }
 
     /// `node` dropped (or no longer holds) its copies of `ids`.
-    pub fn settle(&mut self, node: u32, ids: &[ObjectId]) {
+    pub(crate) fn settle(&mut self, node: u32, ids: &[ObjectId]) {
         for id in ids {
             if let Some(holders) = self.by_id.get_mut(id) {
                 holders.retain(|&n| n != node);
@@ -43,7 +43,7 @@ impl OwedDrops {
     }
 
     /// Ids whose drop `node` is still owed.
-    pub fn to(&self, node: u32) -> Vec<ObjectId> {
+    pub(crate) fn to(&self, node: u32) -> Vec<ObjectId> {
         self.by_id
             .iter()
             .filter(|(_, holders)| holders.contains(&node))
@@ -52,19 +52,19 @@ impl OwedDrops {
     }
 
     /// `node` restarted: it holds no copy of before.
-    pub fn forget_node(&mut self, node: u32) {
+    pub(crate) fn forget_node(&mut self, node: u32) {
         self.by_id.retain(|_, holders| {
             holders.retain(|&n| n != node);
             !holders.is_empty()
         });
     }
 
-    pub fn owes(&self, id: &ObjectId) -> bool {
+    pub(crate) fn owes(&self, id: &ObjectId) -> bool {
         !self.by_id.is_empty() && self.by_id.contains_key(id)
     }
 
     /// How many ids' drops `node` is owed.
-    pub fn count_to(&self, node: u32) -> usize {
+    pub(crate) fn count_to(&self, node: u32) -> usize {
         self.by_id
             .values()
             .filter(|holders| holders.contains(&node))

@@ -19,7 +19,7 @@ fn codes(statuses: Vec<Option<ErrorKind>>) -> Statuses {
     }
 }
 
-pub fn rebuilding(node: u32) -> ShoalError {
+pub(super) fn rebuilding(node: u32) -> ShoalError {
     ShoalError::new(
         ErrorKind::NodeUnavailable,
         format!("node {node} is rebuilding its directory after a restart"),

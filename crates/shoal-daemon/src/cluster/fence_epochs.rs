@@ -18,7 +18,7 @@ pub(crate) struct Fences {
 }
 
 impl Fences {
-    pub fn new(nodes: usize) -> Self {
+    pub(crate) fn new(nodes: usize) -> Self {
         Self {
             given: vec![0; nodes],
             quarantined_since: vec![None; nodes],

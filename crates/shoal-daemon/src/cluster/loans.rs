@@ -118,7 +118,7 @@ pub(crate) type Returned = (u32, ObjectId);
 
 impl Loans {
     /// `linger` zero: no loans, every reference is direct.
-    pub fn new(linger: Duration) -> Self {
+    pub(crate) fn new(linger: Duration) -> Self {
         Self {
             linger,
             max_idle: MAX_IDLE,
@@ -134,7 +134,7 @@ impl Loans {
     /// Gets served from this node's loans, per id the loan if there is one
     /// that `usable` accepts (its owner is not known to be down, and is at
     /// the same incarnation): one more user each.
-    pub fn borrow(
+    pub(crate) fn borrow(
         &mut self,
         client: ClientId,
         ids: &[ObjectId],
@@ -164,7 +164,7 @@ impl Loans {
 
     /// `client`'s get took a reference at `grant.owner`. Becomes the node's
     /// loan if `lend` and nothing stands in the way, else a direct reference.
-    pub fn acquired(&mut self, client: ClientId, id: ObjectId, grant: Grant, lend: bool) {
+    pub(crate) fn acquired(&mut self, client: ClientId, id: ObjectId, grant: Grant, lend: bool) {
         let Grant {
             owner,
             generation,
@@ -207,7 +207,7 @@ impl Loans {
     /// (its remote creations, network-mode gets) — unless `fenced`: `owner`
     /// fenced it already (granted before the fence, answered after this node
     /// heard of it), so it is counted until the client lets go, never released.
-    pub fn direct(&mut self, client: ClientId, id: ObjectId, owner: u32, fenced: bool) {
+    pub(crate) fn direct(&mut self, client: ClientId, id: ObjectId, owner: u32, fenced: bool) {
         self.holds
             .entry(client)
             .or_default()
@@ -219,7 +219,7 @@ impl Loans {
 
     /// Whether `client` holds a reference to `id` on another node.
     #[cfg(test)]
-    pub fn holds(&self, client: ClientId, id: &ObjectId) -> bool {
+    pub(crate) fn holds(&self, client: ClientId, id: &ObjectId) -> bool {
         self.holds
             .get(&client)
             .is_some_and(|held| held.contains_key(id))
@@ -227,13 +227,13 @@ impl Loans {
 
     /// Drops one of `client`'s references per id; returns those to release
     /// at their owners now (direct ones, and revoked loans left unused).
-    pub fn release(&mut self, client: ClientId, ids: &[ObjectId]) -> Vec<Returned> {
+    pub(crate) fn release(&mut self, client: ClientId, ids: &[ObjectId]) -> Vec<Returned> {
         self.release_held(client, ids, |_| ())
     }
 
     /// As [`release`](Self::release); ids `client` holds no remote
     /// reference to go to `not_held` (they are local objects).
-    pub fn release_held(
+    pub(crate) fn release_held(
         &mut self,
         client: ClientId,
         ids: &[ObjectId],
@@ -273,7 +273,7 @@ impl Loans {
     }
 
     /// Every reference of a client that went away.
-    pub fn drop_client(&mut self, client: ClientId) -> Vec<Returned> {
+    pub(crate) fn drop_client(&mut self, client: ClientId) -> Vec<Returned> {
         let now = Instant::now();
         let mut out = Vec::new();
         for (id, hold) in self.holds.remove(&client).unwrap_or_default() {
@@ -324,7 +324,7 @@ impl Loans {
     /// a reference taken since. (If the owner did not reclaim them, they stay
     /// referenced there until this node restarts: safe, not free.) Returns
     /// how many loans that was.
-    pub fn owner_lost(&mut self, owner: u32) -> usize {
+    pub(crate) fn owner_lost(&mut self, owner: u32) -> usize {
         let mut lost = 0;
         let idle = &mut self.idle;
         self.loans.retain(|_, loan| {
@@ -346,7 +346,7 @@ impl Loans {
     /// node had there in quarantine. Loans serve no new get and are never
     /// returned; direct references are not released. Returns how many
     /// references were fenced now (loans not already lost, direct ones).
-    pub fn fence(&mut self, owner: u32) -> usize {
+    pub(crate) fn fence(&mut self, owner: u32) -> usize {
         // Loans as when the owner went silent (lost, never returned).
         let mut fenced = self.owner_lost(owner);
         for held in self.holds.values_mut() {
@@ -367,7 +367,7 @@ impl Loans {
     /// How many references at `owner` this node's clients still hold that
     /// are fenced or lost (loans in use, direct references): the owner's
     /// quarantine may be freed only at zero.
-    pub fn fenced_held(&self, owner: u32) -> usize {
+    pub(crate) fn fenced_held(&self, owner: u32) -> usize {
         let lent = self
             .loans
             .values()
@@ -386,7 +386,7 @@ impl Loans {
     /// `owner` deleted `ids` (its revoke number `number`): their loans serve
     /// no new get. Returns the ids whose loans were idle and are dropped
     /// (the owner drops those references itself).
-    pub fn revoke(&mut self, owner: u32, number: u64, ids: &[ObjectId]) -> Vec<ObjectId> {
+    pub(crate) fn revoke(&mut self, owner: u32, number: u64, ids: &[ObjectId]) -> Vec<ObjectId> {
         let heard = self.revokes_heard.entry(owner).or_default();
         *heard = (*heard).max(number);
         let mut dropped = Vec::new();
@@ -407,7 +407,7 @@ impl Loans {
 
     /// `owner` needs space: its idle loans are dropped (it drops the
     /// references of the ids returned itself).
-    pub fn give_back_idle(&mut self, owner: u32) -> Vec<ObjectId> {
+    pub(crate) fn give_back_idle(&mut self, owner: u32) -> Vec<ObjectId> {
         let mut dropped = Vec::new();
         self.loans.retain(|id, loan| {
             let idle = loan.owner == owner && loan.users == 0;
@@ -424,7 +424,7 @@ impl Loans {
     /// [`MAX_IDLE`] (a get that touched many objects once pins them only so
     /// far), dropped here: release them. Called every heartbeat tick; looks
     /// at the longest idle only.
-    pub fn expired(&mut self) -> Vec<Returned> {
+    pub(crate) fn expired(&mut self) -> Vec<Returned> {
         let now = Instant::now();
         let mut out = Vec::new();
         while let Some(&(at, mark, id)) = self.idle_order.front() {
@@ -444,7 +444,7 @@ impl Loans {
 
     /// `owner` restarted: every reference there is gone with its previous
     /// incarnation. Returns how many local references that was.
-    pub fn forget_owner(&mut self, owner: u32) -> usize {
+    pub(crate) fn forget_owner(&mut self, owner: u32) -> usize {
         let mut forgotten = 0;
         let mut lent_gone = foldhash::HashSet::default();
         let idle = &mut self.idle;
@@ -476,7 +476,7 @@ impl Loans {
     }
 
     /// How many loans this node holds (in use or idle).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.loans.len()
     }
 }

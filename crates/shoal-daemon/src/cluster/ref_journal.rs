@@ -16,18 +16,18 @@ use shoal_core::ObjectId;
 
 /// Calls kept to send again per owner; past it the oldest are given up
 /// (logged): an owner that never answers cannot make us keep more.
-pub const MAX_PENDING: usize = 1 << 16;
+pub(super) const MAX_PENDING: usize = 1 << 16;
 
 /// A call's number and the caller's settled mark to send with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Numbered {
+pub(crate) struct Numbered {
     pub seq: u64,
     pub settled: u64,
 }
 
 /// A Release to send again.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingRelease {
+pub(crate) struct PendingRelease {
     pub seq: u64,
     pub ids: Vec<ObjectId>,
     /// The owner's fence epoch for us it was sent under.
@@ -36,7 +36,7 @@ pub struct PendingRelease {
 
 /// What to send an owner again now.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Resend {
+pub(crate) struct Resend {
     pub releases: Vec<PendingRelease>,
     /// Acquires to undo.
     pub undo: Vec<u64>,
@@ -44,7 +44,7 @@ pub struct Resend {
 }
 
 impl Resend {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.releases.is_empty() && self.undo.is_empty()
     }
 }
@@ -89,13 +89,13 @@ impl Owner {
 
 /// The journals of every owner.
 #[derive(Debug, Default)]
-pub struct RefJournal {
+pub(crate) struct RefJournal {
     owners: HashMap<u32, Owner>,
 }
 
 impl RefJournal {
     /// Numbers a new call to `owner`.
-    pub fn begin(&mut self, owner: u32) -> Numbered {
+    pub(crate) fn begin(&mut self, owner: u32) -> Numbered {
         let o = self.owners.entry(owner).or_default();
         o.last += 1;
         let seq = o.last;
@@ -107,14 +107,14 @@ impl RefJournal {
     }
 
     /// Call `seq` to `owner` was answered (or undone, and the undo answered).
-    pub fn answered(&mut self, owner: u32, seq: u64) {
+    pub(crate) fn answered(&mut self, owner: u32, seq: u64) {
         if let Some(o) = self.owners.get_mut(&owner) {
             o.open.remove(&seq);
         }
     }
 
     /// A Release failed: sent again later under its number.
-    pub fn release_failed(&mut self, owner: u32, release: PendingRelease) {
+    pub(crate) fn release_failed(&mut self, owner: u32, release: PendingRelease) {
         let Some(o) = self.owners.get_mut(&owner) else {
             return;
         };
@@ -125,7 +125,7 @@ impl RefJournal {
     }
 
     /// An Acquire failed: its references (if it was applied) are undone later.
-    pub fn acquire_failed(&mut self, owner: u32, seq: u64, fence_epoch: u64) {
+    pub(crate) fn acquire_failed(&mut self, owner: u32, seq: u64, fence_epoch: u64) {
         let Some(o) = self.owners.get_mut(&owner) else {
             return;
         };
@@ -138,7 +138,7 @@ impl RefJournal {
     /// Takes what to send `owner` again. Calls from before a fence it has
     /// told us of since are settled instead: it ignores such releases, and
     /// the fence moved what such acquires took to quarantine.
-    pub fn take_resend(&mut self, owner: u32, fence_epoch: u64) -> Resend {
+    pub(crate) fn take_resend(&mut self, owner: u32, fence_epoch: u64) -> Resend {
         let Some(o) = self.owners.get_mut(&owner) else {
             return Resend::default();
         };
@@ -163,12 +163,12 @@ impl RefJournal {
 
     /// The settled mark for `owner`.
     #[cfg(test)]
-    pub fn settled(&self, owner: u32) -> u64 {
+    pub(crate) fn settled(&self, owner: u32) -> u64 {
         self.owners.get(&owner).map_or(0, Owner::settled)
     }
 
     /// Calls to `owner` kept to send again.
-    pub fn pending(&self, owner: u32) -> usize {
+    pub(crate) fn pending(&self, owner: u32) -> usize {
         self.owners
             .get(&owner)
             .map_or(0, |o| o.releases.len() + o.undo.len())
@@ -176,7 +176,7 @@ impl RefJournal {
 
     /// `owner` restarted: what its previous incarnation held is gone, so
     /// nothing is sent again; numbers go on rising.
-    pub fn forget(&mut self, owner: u32) {
+    pub(crate) fn forget(&mut self, owner: u32) {
         if let Some(o) = self.owners.get_mut(&owner) {
             o.open.clear();
             o.releases.clear();

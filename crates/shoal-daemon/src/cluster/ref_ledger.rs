@@ -25,7 +25,7 @@ use shoal_core::ObjectId;
 /// Calls kept per peer above its settled mark. A holder keeps a call
 /// unsettled only while the owner cannot answer it; this bounds what a
 /// peer that never settles can make us keep (the oldest go first, logged).
-pub const MAX_UNSETTLED: usize = 1 << 16;
+pub(super) const MAX_UNSETTLED: usize = 1 << 16;
 
 /// What this node applied of one numbered call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,14 +72,14 @@ impl Ledger {
 
 /// The ledgers of every peer.
 #[derive(Debug, Default)]
-pub struct RefLedger {
+pub(crate) struct RefLedger {
     peers: HashMap<u32, Ledger>,
 }
 
 impl RefLedger {
     /// An Acquire `seq` from `peer` (whose calls up to `settled` are settled):
     /// whether to apply it. Unnumbered calls are always applied.
-    pub fn admit_acquire(&mut self, peer: u32, seq: u64, settled: u64) -> bool {
+    pub(crate) fn admit_acquire(&mut self, peer: u32, seq: u64, settled: u64) -> bool {
         if seq == 0 {
             return true;
         }
@@ -89,7 +89,7 @@ impl RefLedger {
     }
 
     /// Acquire `seq` from `peer` was applied and took references on `taken`.
-    pub fn acquired(&mut self, peer: u32, seq: u64, taken: Vec<ObjectId>) {
+    pub(crate) fn acquired(&mut self, peer: u32, seq: u64, taken: Vec<ObjectId>) {
         if seq == 0 {
             return;
         }
@@ -102,7 +102,7 @@ impl RefLedger {
     /// A Release `seq` from `peer` that undoes the Acquires `undo`: whether
     /// to apply its ids, and the ids whose references the undone Acquires
     /// took (one reference each, to drop).
-    pub fn release(
+    pub(crate) fn release(
         &mut self,
         peer: u32,
         seq: u64,
@@ -136,7 +136,7 @@ impl RefLedger {
 
     /// `peer`'s references moved to quarantine (fenced): undoing an Acquire
     /// from before must not drop references taken since.
-    pub fn fenced(&mut self, peer: u32) {
+    pub(crate) fn fenced(&mut self, peer: u32) {
         if let Some(ledger) = self.peers.get_mut(&peer) {
             for applied in ledger.calls.values_mut() {
                 if matches!(applied, Applied::Acquired(_)) {
@@ -148,13 +148,13 @@ impl RefLedger {
 
     /// `peer` restarted: its references were dropped and it numbers its
     /// calls afresh.
-    pub fn forget(&mut self, peer: u32) {
+    pub(crate) fn forget(&mut self, peer: u32) {
         self.peers.remove(&peer);
     }
 
     /// Calls kept for `peer`.
     #[cfg(test)]
-    pub fn unsettled(&self, peer: u32) -> usize {
+    pub(crate) fn unsettled(&self, peer: u32) -> usize {
         self.peers.get(&peer).map_or(0, |l| l.calls.len())
     }
 }

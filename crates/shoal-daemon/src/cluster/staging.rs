@@ -11,7 +11,7 @@ use shoal_core::ObjectId;
 /// Where a client writes an object allocated on a node reached over the
 /// network.
 #[derive(Debug, Clone, Copy)]
-pub struct Stage {
+pub(crate) struct Stage {
     /// The buffer's own id in this node's store.
     pub id: ObjectId,
     pub location: ObjectLocation,
@@ -22,7 +22,7 @@ pub struct Stage {
 
 /// The staging buffers of this node's clients.
 #[derive(Debug, Default)]
-pub struct Staging {
+pub(crate) struct Staging {
     /// client → object id → its buffer.
     by_client: HashMap<ClientId, HashMap<ObjectId, Stage>>,
     /// The buffers' own ids: freeing one unregisters nothing.
@@ -32,7 +32,7 @@ pub struct Staging {
 impl Staging {
     /// Records the buffers `stages` (at `locations`) a client writes
     /// `objects` into.
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         client: ClientId,
         objects: &[ObjectId],
@@ -54,17 +54,17 @@ impl Staging {
     }
 
     /// Whether `id` is a buffer's own id.
-    pub fn is_stage(&self, id: &ObjectId) -> bool {
+    pub(crate) fn is_stage(&self, id: &ObjectId) -> bool {
         self.ids.contains(id)
     }
 
     /// The buffer of `client`'s object `id`.
-    pub fn get(&self, client: ClientId, id: &ObjectId) -> Option<Stage> {
+    pub(crate) fn get(&self, client: ClientId, id: &ObjectId) -> Option<Stage> {
         self.by_client.get(&client)?.get(id).copied()
     }
 
     /// Marks the buffers of `ids` pushed and sealed.
-    pub fn sealed(&mut self, client: ClientId, ids: &[ObjectId]) {
+    pub(crate) fn sealed(&mut self, client: ClientId, ids: &[ObjectId]) {
         if let Some(mine) = self.by_client.get_mut(&client) {
             for id in ids {
                 if let Some(stage) = mine.get_mut(id) {
@@ -77,7 +77,7 @@ impl Staging {
     /// Takes out the buffers of `client`'s objects `ids` (`None`: all of
     /// them; `sealed_only`: of those, the ones sealed), still counted as
     /// buffers' ids until [`forget`](Self::forget).
-    pub fn take(
+    pub(crate) fn take(
         &mut self,
         client: ClientId,
         ids: Option<&[ObjectId]>,
@@ -106,7 +106,7 @@ impl Staging {
     }
 
     /// Forgets freed buffers' ids.
-    pub fn forget(&mut self, stages: &[Stage]) {
+    pub(crate) fn forget(&mut self, stages: &[Stage]) {
         for stage in stages {
             self.ids.remove(&stage.id);
         }

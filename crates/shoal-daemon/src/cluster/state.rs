@@ -47,7 +47,7 @@ pub struct Remote {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Progress {
+pub(crate) enum Progress {
     Running,
     Done,
     Failed,
@@ -55,14 +55,14 @@ pub enum Progress {
 
 /// What this node restored at a peer: for which incarnation, how far.
 #[derive(Clone, Copy, Debug)]
-pub struct Told {
+pub(crate) struct Told {
     pub incarnation: u64,
     pub progress: Progress,
 }
 
 /// The directory rebuild (`rebuild.rs`): this node's, and the ones it
 /// takes part in at restarted peers.
-pub struct Rebuild {
+pub(crate) struct Rebuild {
     /// This node's own directory: ready to register and look up?
     pub readiness: Readiness,
     /// Registrations in flight or not in the store yet (restored too).
@@ -93,12 +93,12 @@ impl Rebuild {
 /// Owners cached at most; past it, half of the entries (any half) go. A
 /// node reading millions of remote ids would otherwise keep one entry per id
 /// until it is deleted; losing an entry costs one home Lookup on its next get.
-pub const OWNER_CACHE_MAX: usize = 1 << 20;
+pub(super) const OWNER_CACHE_MAX: usize = 1 << 20;
 
 /// Owners of ids seen on other nodes; on every remote get: foldhash.
-pub type OwnerCache = foldhash::HashMap<ObjectId, u32>;
+pub(super) type OwnerCache = foldhash::HashMap<ObjectId, u32>;
 
-pub fn remember_owner(cache: &mut OwnerCache, id: ObjectId, owner: u32) {
+pub(super) fn remember_owner(cache: &mut OwnerCache, id: ObjectId, owner: u32) {
     if cache.len() >= OWNER_CACHE_MAX && !cache.contains_key(&id) {
         let mut keep = false;
         cache.retain(|_, _| {
@@ -109,7 +109,7 @@ pub fn remember_owner(cache: &mut OwnerCache, id: ObjectId, owner: u32) {
     cache.insert(id, owner);
 }
 
-pub fn to_proto(l: &ObjectLocation) -> Location {
+pub(super) fn to_proto(l: &ObjectLocation) -> Location {
     Location {
         offset: l.offset,
         data_size: l.data_size,

@@ -31,7 +31,7 @@ use crate::ops::Ops;
 
 const READ_CHUNK: usize = 64 * 1024;
 
-pub async fn serve(ops: Rc<Ops>, stream: UnixStream) {
+pub(crate) async fn serve(ops: Rc<Ops>, stream: UnixStream) {
     let client = ops.node.new_client();
     let mut connection = Connection {
         ops: ops.clone(),

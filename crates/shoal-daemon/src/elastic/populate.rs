@@ -51,7 +51,7 @@ struct Job {
     ranges: Vec<Block>,
 }
 
-pub struct Populator {
+pub(super) struct Populator {
     jobs: mpsc::Sender<Job>,
     /// The target the thread fills up to (0 stops it).
     limit: Arc<AtomicU64>,
@@ -63,7 +63,7 @@ impl Populator {
     /// Starts the thread; `None` (with a warning) if it cannot be started,
     /// when the region simply fills as it is used.
     /// `populated` counts the bytes the region grew by its passes.
-    pub fn start(limit: u64, populated: Counter) -> Option<Self> {
+    pub(super) fn start(limit: u64, populated: Counter) -> Option<Self> {
         let (jobs, work) = mpsc::channel::<Job>();
         let limit = Arc::new(AtomicU64::new(limit));
         let busy = Arc::new(AtomicBool::new(false));
@@ -95,7 +95,7 @@ impl Populator {
     /// blocks). The caller says no while a burst is still growing: memory
     /// allocated between its steps only pushes the node over its threshold
     /// again at the next one.
-    pub fn follow(
+    pub(super) fn follow(
         &self,
         region: &Arc<Region>,
         target: u64,

@@ -84,7 +84,7 @@ impl Remembered {
 
 /// Where a remembered victim is now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InMemory {
+pub(super) enum InMemory {
     /// Not in memory: to bring back.
     No,
     /// Back (a get restored it): nothing to bring.
@@ -95,7 +95,7 @@ pub enum InMemory {
 
 impl InMemory {
     /// From the store's view of a visible object.
-    pub fn of(residency: Option<Residency>) -> Self {
+    pub(super) fn of(residency: Option<Residency>) -> Self {
         match residency {
             None => InMemory::No,
             Some(Residency::Evicting) => InMemory::Leaving,
@@ -108,7 +108,7 @@ impl InMemory {
 /// this many restores).
 const BATCH: usize = 32;
 
-pub struct Prefetch {
+pub(super) struct Prefetch {
     /// Bytes brought back per shrink at most.
     budget: u64,
     /// Bytes taken since the store last shrank below its full size.
@@ -129,7 +129,7 @@ pub struct Prefetch {
 }
 
 impl Prefetch {
-    pub fn new(budget: u64) -> Self {
+    pub(super) fn new(budget: u64) -> Self {
         Self {
             budget,
             spent: Cell::new(0),
@@ -144,26 +144,26 @@ impl Prefetch {
 
     /// Whether the controller's last step lowered the capacity: a refill
     /// stops at its next victim.
-    pub fn set_shrinking(&self, shrinking: bool) {
+    pub(super) fn set_shrinking(&self, shrinking: bool) {
         self.shrinking.set(shrinking);
         if shrinking {
             self.blocked_at.set(None);
         }
     }
 
-    pub fn shrinking(&self) -> bool {
+    pub(super) fn shrinking(&self) -> bool {
         self.shrinking.get()
     }
 
     /// Victims still to bring back.
-    pub fn pending(&self) -> usize {
+    pub(super) fn pending(&self) -> usize {
         self.pending.get()
     }
 
     /// Claims the refill loop for a caller that will run it, given the
     /// store's free `room`: false while one runs, the store shrinks,
     /// nothing is pending, or the last loop stopped at no less room.
-    pub fn start_refill(&self, room: u64) -> bool {
+    pub(super) fn start_refill(&self, room: u64) -> bool {
         if self.refilling.get()
             || self.shrinking.get()
             || self.pending.get() == 0
@@ -179,20 +179,20 @@ impl Prefetch {
 
     /// The loop ended; `blocked_at`: the room it stopped at, if its next
     /// victim did not fit (rather than none being left).
-    pub fn refill_done(&self, blocked_at: Option<u64>) {
+    pub(super) fn refill_done(&self, blocked_at: Option<u64>) {
         self.refilling.set(false);
         self.blocked_at.set(blocked_at);
     }
 
     /// A taken victim whose restore brought nothing back (in memory
     /// already, gone, or failed): its bytes back in the budget.
-    pub fn refund(&self, bytes: u64) {
+    pub(super) fn refund(&self, bytes: u64) {
         self.spent.set(self.spent.get().saturating_sub(bytes));
     }
 
     /// A victim taken but not restored (no room by the time its turn came,
     /// or the store shrank): pending again, its bytes back in the budget.
-    pub fn put_back(&self, id: &ObjectId) {
+    pub(super) fn put_back(&self, id: &ObjectId) {
         if let Some(r) = self.victims.borrow_mut().get_mut(id) {
             if !r.pending {
                 r.pending = true;
@@ -204,7 +204,7 @@ impl Prefetch {
 
     /// Whether evictions from now on are remembered: true while the store
     /// is below its full size. Each shrink from full starts a new budget.
-    pub fn set_recording(&self, recording: bool) {
+    pub(super) fn set_recording(&self, recording: bool) {
         if recording && !self.recording.replace(recording) {
             self.spent.set(0);
         }
@@ -213,7 +213,7 @@ impl Prefetch {
 
     /// [`take`](Self::take) at most [`BATCH`] victims: the refill loop's
     /// next ones.
-    pub fn take_batch(
+    pub(super) fn take_batch(
         &self,
         room: u64,
         now: u64,

@@ -9,7 +9,7 @@ use crate::node::Node;
 
 /// What one pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pass {
+pub(super) struct Pass {
     /// Bytes the region held less after the pass: the memory given back.
     /// (Not the punched ranges' length: the largest free range is usually
     /// the region's never-used tail, a hole already; counting it made the
@@ -27,7 +27,7 @@ pub struct Pass {
 /// punching them no create can take one (a hole punched under a new object
 /// would zero it). Only whole pages inside a free range are released, so
 /// the objects beside it keep their bytes.
-pub fn release_above(node: &Node, budget: u64) -> Result<Pass> {
+pub(super) fn release_above(node: &Node, budget: u64) -> Result<Pass> {
     let region = node.region();
     let mut resident = region.resident_bytes()?;
     let mut released = 0;

@@ -9,7 +9,7 @@ use shoal_core::error::Result;
 
 use super::config::SourceChoice;
 
-pub enum Sampler {
+pub(super) enum Sampler {
     Source(MemorySource),
     Files {
         meminfo: PathBuf,
@@ -18,7 +18,7 @@ pub enum Sampler {
 }
 
 impl Sampler {
-    pub fn new(choice: &SourceChoice) -> Result<Self> {
+    pub(super) fn new(choice: &SourceChoice) -> Result<Self> {
         Ok(match choice {
             SourceChoice::Detect => Self::Source(MemorySource::detect()?),
             SourceChoice::Host => Self::Source(MemorySource::Host),
@@ -31,7 +31,7 @@ impl Sampler {
     }
 
     /// v_i and M now.
-    pub fn usage(&self) -> Result<MemoryUsage> {
+    pub(super) fn usage(&self) -> Result<MemoryUsage> {
         match self {
             Self::Source(source) => source.read_usage(),
             Self::Files { meminfo, .. } => Ok(read_meminfo(meminfo)?.usage()),
@@ -39,7 +39,7 @@ impl Sampler {
     }
 
     /// Memory pressure now; `None` when the source has none.
-    pub fn pressure(&self) -> Result<Option<Pressure>> {
+    pub(super) fn pressure(&self) -> Result<Option<Pressure>> {
         match self {
             Self::Source(source) => source.read_pressure(),
             Self::Files {
@@ -51,7 +51,7 @@ impl Sampler {
     }
 
     /// For `shoal stat` and the log: where the numbers come from.
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         match self {
             Self::Source(MemorySource::Host) => "host".into(),
             Self::Source(MemorySource::Cgroup(dir)) => format!("cgroup {}", dir.display()),

@@ -67,12 +67,12 @@ impl ClientActivity {
 
 /// Every connected client's activity.
 #[derive(Default)]
-pub struct Activity {
+pub(super) struct Activity {
     clients: RefCell<BTreeMap<ClientId, Rc<ClientActivity>>>,
 }
 
 impl Activity {
-    pub fn start(&self, client: ClientId) -> Rc<ClientActivity> {
+    pub(super) fn start(&self, client: ClientId) -> Rc<ClientActivity> {
         let activity = Rc::new(ClientActivity {
             client,
             pid: Cell::new(0),
@@ -91,27 +91,27 @@ impl Activity {
 
     /// `client` sent `objects` objects' worth of records through its write
     /// channel: activity as a request would be.
-    pub fn count_for(&self, client: ClientId, objects: usize) {
+    pub(super) fn count_for(&self, client: ClientId, objects: usize) {
         if let Some(activity) = self.clients.borrow().get(&client) {
             activity.count(objects);
         }
     }
 
     /// Ends `client`'s connection (its write channel broke the protocol).
-    pub fn kick(&self, client: ClientId) {
+    pub(super) fn kick(&self, client: ClientId) {
         if let Some(activity) = self.clients.borrow().get(&client) {
             activity.kicked.notify_one();
         }
     }
 
-    pub fn end(&self, client: ClientId) {
+    pub(super) fn end(&self, client: ClientId) {
         self.clients.borrow_mut().remove(&client);
     }
 
     /// Wakes the connection of the client idle the longest, at least
     /// `min_idle`, that is not subscribed and for which `holds_nothing`;
     /// returns its id.
-    pub fn shed_longest_idle(
+    pub(super) fn shed_longest_idle(
         &self,
         min_idle: Duration,
         holds_nothing: impl Fn(ClientId) -> bool,
@@ -128,7 +128,7 @@ impl Activity {
 
     /// The `n` clients with the most requests since the last call, `seconds`
     /// ago, busiest first (ties: the most requests overall).
-    pub fn busiest(&self, n: usize, seconds: f64) -> Vec<ClientRow> {
+    pub(super) fn busiest(&self, n: usize, seconds: f64) -> Vec<ClientRow> {
         let seconds = seconds.max(1e-3);
         let mut rows: Vec<ClientRow> = self
             .clients

@@ -14,7 +14,7 @@ use shoal_core::error::{ErrorKind, Result, ShoalError};
 /// Frames up to this many bytes are buffered without a reservation.
 pub const SMALL_FRAME: u64 = 1 << 20;
 /// Bytes of large frames buffered at once by all connections.
-pub const DEFAULT_LIMIT: u64 = 128 << 20;
+pub(super) const DEFAULT_LIMIT: u64 = 128 << 20;
 
 pub struct InputBudget {
     limit: u64,

@@ -10,18 +10,18 @@ use tokio::sync::mpsc;
 pub const SUBSCRIBER_QUEUE: usize = 65_536;
 
 #[derive(Default)]
-pub struct Subscribers {
+pub(super) struct Subscribers {
     senders: RefCell<Vec<mpsc::Sender<ObjectEvent>>>,
 }
 
 impl Subscribers {
-    pub fn subscribe(&self) -> mpsc::Receiver<ObjectEvent> {
+    pub(super) fn subscribe(&self) -> mpsc::Receiver<ObjectEvent> {
         let (sender, receiver) = mpsc::channel(SUBSCRIBER_QUEUE);
         self.senders.borrow_mut().push(sender);
         receiver
     }
 
-    pub fn send(&self, notification: &ObjectEvent) {
+    pub(super) fn send(&self, notification: &ObjectEvent) {
         self.senders
             .borrow_mut()
             .retain(|s| match s.try_send(*notification) {

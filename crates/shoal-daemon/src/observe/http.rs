@@ -48,7 +48,7 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 /// address bound.
 /// `peers`: the other nodes' metrics addresses (for the status page's
 /// cluster table), by node id.
-pub fn start(
+pub(super) fn start(
     address: SocketAddr,
     metrics: Arc<Metrics>,
     peers: Vec<(u32, Option<SocketAddr>)>,

@@ -10,7 +10,7 @@ use crate::metrics::EventCounters;
 use crate::node::{NodeEvent, NodeListener};
 
 #[derive(Default)]
-pub struct MetricsListener {
+pub(super) struct MetricsListener {
     sealed: Cell<u64>,
     sealed_bytes: Cell<u64>,
     aborted: Cell<u64>,
@@ -23,7 +23,7 @@ fn add(cell: &Cell<u64>, n: u64) {
 
 impl MetricsListener {
     /// Adds what was counted since the last call to `counters`.
-    pub fn publish(&self, counters: &EventCounters) {
+    pub(super) fn publish(&self, counters: &EventCounters) {
         counters.sealed.inc_by(self.sealed.take());
         counters.sealed_bytes.inc_by(self.sealed_bytes.take());
         counters.aborted.inc_by(self.aborted.take());

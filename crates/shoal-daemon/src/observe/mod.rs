@@ -17,7 +17,7 @@ use crate::ops::Ops;
 
 /// Starts counting for `ops`' node and, with an address, serves it there.
 /// Returns the address served (the port an address with port 0 got).
-pub fn start(ops: &Rc<Ops>, address: Option<SocketAddr>) -> Result<Option<SocketAddr>> {
+pub(crate) fn start(ops: &Rc<Ops>, address: Option<SocketAddr>) -> Result<Option<SocketAddr>> {
     let metrics = ops.node.metrics().clone();
     let nodes = ops.cluster.as_ref().map_or(1, |c| c.topology.len() as u32);
     metrics.info.identify(ops.me(), nodes);

@@ -24,9 +24,9 @@ svg{border:1px solid #ccc;background:#fafafa}.used{fill:#4a8;fill-opacity:.5;str
 .cap{fill:none;stroke:#c33;stroke-dasharray:4 3}";
 
 /// Another node: its id, metrics address, and its samples if it answered.
-pub type PeerFigures = (u32, Option<SocketAddr>, Option<Vec<exposition::Sample>>);
+pub(super) type PeerFigures = (u32, Option<SocketAddr>, Option<Vec<exposition::Sample>>);
 
-pub fn render(metrics: &Metrics, peers: &[PeerFigures]) -> String {
+pub(super) fn render(metrics: &Metrics, peers: &[PeerFigures]) -> String {
     let store = &metrics.store;
     let node = metrics.info.id();
     let nodes = metrics.info.nodes();

@@ -12,7 +12,7 @@ use crate::ops::Ops;
 
 const EVERY: Duration = Duration::from_secs(1);
 
-pub async fn publish(ops: Rc<Ops>, counted: Rc<MetricsListener>) {
+pub(super) async fn publish(ops: Rc<Ops>, counted: Rc<MetricsListener>) {
     let mut ticker = tokio::time::interval(EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = Instant::now();

@@ -9,7 +9,7 @@ use crate::ops::Ops;
 
 impl Ops {
     /// Aborts each id; every id is tried, and the last failure is returned.
-    pub async fn abort(&self, client: ClientId, ids: &[ObjectId]) -> Result<()> {
+    pub(crate) async fn abort(&self, client: ClientId, ids: &[ObjectId]) -> Result<()> {
         let _timed = self.node.metrics().time(crate::metrics::Op::Abort);
         let (remote, here): (Vec<ObjectId>, Vec<ObjectId>) = ids
             .iter()

@@ -18,14 +18,14 @@ use crate::ops::Ops;
 /// out) however short its own timeout: the space is coming, not maybe.
 const EVICTION_WAIT: Duration = Duration::from_secs(30);
 
-pub type Spec = (ObjectId, u64, u32);
+pub(super) type Spec = (ObjectId, u64, u32);
 
 impl Ops {
     /// Creates all objects or none for `client`, their blocks placed as
     /// `placement` says. On a full store, waits up to `timeout_ms` for
     /// memory to come free before failing `StoreFull`; `gone` resolving (the
     /// client hung up) ends the wait with `Disconnected`.
-    pub async fn create(
+    pub(crate) async fn create(
         &self,
         client: ClientId,
         specs: &[Spec],
@@ -55,7 +55,7 @@ impl Ops {
     /// Remote allocation: creates on `node` (this one, or another whose
     /// allocator runs there). Returns the node's region generation (0 here).
     /// `placement` applies here; another node packs.
-    pub async fn create_on(
+    pub(crate) async fn create_on(
         &self,
         client: ClientId,
         node: u32,

@@ -13,7 +13,7 @@ impl Ops {
     /// Per id, `None` or why it could not be deleted. With `forward`, ids
     /// not here are deleted at their owners (a local client's delete; a
     /// peer's delete names only ids it found here).
-    pub async fn delete(&self, ids: &[ObjectId], forward: bool) -> Vec<Option<ErrorKind>> {
+    pub(crate) async fn delete(&self, ids: &[ObjectId], forward: bool) -> Vec<Option<ErrorKind>> {
         let _timed = self.node.metrics().time(crate::metrics::Op::Delete);
         let cluster = self.cluster.as_ref();
         let mut errors: Vec<Option<ErrorKind>> = self.node.mutate(|store| {

@@ -17,7 +17,7 @@ use crate::tiers::check_level;
 impl Ops {
     /// Per id: `None` once it has a copy at `level`, else why not (within
     /// `timeout_ms`; -1 waits as long as it takes).
-    pub async fn wait_durable(
+    pub(crate) async fn wait_durable(
         &self,
         ids: &[ObjectId],
         level: Durability,
@@ -42,7 +42,7 @@ impl Ops {
 
     /// Brings each object into memory (no reference is taken: a get that
     /// follows finds it there). Per id `None`, or why not.
-    pub async fn stage_in(&self, ids: &[ObjectId]) -> Vec<Option<ShoalError>> {
+    pub(crate) async fn stage_in(&self, ids: &[ObjectId]) -> Vec<Option<ShoalError>> {
         let restores = ids.iter().map(|id| async move {
             match self.restore(*id).await {
                 Ok(_) if self.node.read(|s| s.contains(id)) => None,
@@ -56,7 +56,7 @@ impl Ops {
     /// Writes each object down to the lowest tier (backing store, else burst
     /// buffer) and frees its memory unless a client holds it. Per id `None`,
     /// or why not (`ObjectInUse`: durable below, but referenced in memory).
-    pub async fn stage_out(&self, ids: &[ObjectId]) -> Vec<Option<ShoalError>> {
+    pub(crate) async fn stage_out(&self, ids: &[ObjectId]) -> Vec<Option<ShoalError>> {
         let Some(tiers) = &self.tiers else {
             return ids
                 .iter()

@@ -6,7 +6,7 @@ use crate::ops::Ops;
 
 impl Ops {
     /// Returns the bytes evicted (freed, or held for freeing by a tier).
-    pub async fn evict(&self, bytes: u64) -> u64 {
+    pub(crate) async fn evict(&self, bytes: u64) -> u64 {
         let _timed = self.node.metrics().time(crate::metrics::Op::Evict);
         let mut freed = self.node.mutate(|store| store.evict(bytes));
         if freed < bytes {

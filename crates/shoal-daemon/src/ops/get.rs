@@ -44,7 +44,7 @@ impl Ops {
     /// Gets every id, waiting up to `timeout_ms` (-1: forever) for ones not
     /// sealed yet. Each object found holds one reference for this client.
     /// `gone` resolving (the client hung up) ends the wait.
-    pub async fn get(
+    pub(crate) async fn get(
         &self,
         client: ClientId,
         ids: &[ObjectId],

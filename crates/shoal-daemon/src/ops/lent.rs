@@ -18,14 +18,14 @@ use crate::tiers::check_level;
 
 /// The block a client is lent when it asks: objects up to an eighth of it
 /// are created in it (the client decides; larger ones take the socket).
-pub const LEASE: u64 = 1 << 20;
+pub(super) const LEASE: u64 = 1 << 20;
 
 impl Ops {
     /// Lends `client` a block for creates without a round trip: `None` when
     /// the store is too full to lend, or this daemon does not offer write
     /// channels (a cluster node: a seal there must reach the id's home
     /// before it is answered, which the channel does not wait for).
-    pub fn lend(&self, client: ClientId, bytes: u64) -> Option<(u64, u64, u64)> {
+    pub(crate) fn lend(&self, client: ClientId, bytes: u64) -> Option<(u64, u64, u64)> {
         if self.cluster.is_some() || !self.node.write_channels().has(client) {
             return None;
         }
@@ -37,7 +37,7 @@ impl Ops {
 
     /// Applies the records `client` published (up to a round's worth).
     /// Returns how many; a broken channel ends the client's connection.
-    pub fn apply_writes(&self, client: ClientId) -> usize {
+    pub(crate) fn apply_writes(&self, client: ClientId) -> usize {
         let records = match self.node.write_channels().take(client) {
             Ok(records) => records,
             Err(err) => {
@@ -90,7 +90,7 @@ impl Ops {
     }
 
     /// Applies every client's pending records; returns how many.
-    pub fn apply_all_writes(&self) -> usize {
+    pub(crate) fn apply_all_writes(&self) -> usize {
         let clients = self.node.write_channels().pending();
         clients.into_iter().map(|c| self.apply_writes(c)).sum()
     }

@@ -8,13 +8,13 @@ use crate::ops::Ops;
 
 impl Ops {
     /// Whether the object exists here, in memory or on a tier below.
-    pub fn contains(&self, id: &ObjectId) -> bool {
+    pub(crate) fn contains(&self, id: &ObjectId) -> bool {
         self.node.read(|s| s.contains(id)) || self.node.held_below(id)
     }
 
     /// Every object here: those in memory (with the tiers that also hold
     /// them), then those only on tiers.
-    pub fn list(&self) -> Vec<ObjectInfo> {
+    pub(crate) fn list(&self) -> Vec<ObjectInfo> {
         let mut objects = self.node.read(|s| s.list());
         if let Some(tiers) = &self.tiers {
             for o in &mut objects {
@@ -34,13 +34,16 @@ impl Ops {
         objects
     }
 
-    pub fn stats(&self) -> StoreStats {
+    pub(crate) fn stats(&self) -> StoreStats {
         self.node.read(|s| s.stats())
     }
 
     /// The tiers below memory (an empty report when there are none).
     /// The capacity controller's state (a static store: its capacity and use).
-    pub fn capacity_report(&self, trace_since: Option<std::time::Duration>) -> CapacityReport {
+    pub(crate) fn capacity_report(
+        &self,
+        trace_since: Option<std::time::Duration>,
+    ) -> CapacityReport {
         match &self.elastic {
             Some(elastic) => elastic.report(trace_since),
             None => self.node.read(|s| CapacityReport {
@@ -54,7 +57,7 @@ impl Ops {
         }
     }
 
-    pub fn tier_report(&self) -> TierReport {
+    pub(crate) fn tier_report(&self) -> TierReport {
         self.tiers
             .as_ref()
             .map_or_else(TierReport::default, |t| t.report())

@@ -29,7 +29,7 @@ use crate::node::Node;
 use crate::supervisor::Supervisor;
 use crate::tiers::Tiers;
 
-pub struct Ops {
+pub(crate) struct Ops {
     pub node: Rc<Node>,
     /// This daemon as a node of a cluster (`None`: a single store).
     pub cluster: Option<Rc<Cluster>>,
@@ -43,7 +43,7 @@ pub struct Ops {
 }
 
 impl Ops {
-    pub fn new(
+    pub(crate) fn new(
         node: Rc<Node>,
         cluster: Option<Rc<Cluster>>,
         tiers: Option<Rc<Tiers>>,
@@ -65,7 +65,7 @@ impl Ops {
     }
 
     /// This node's id in its cluster (0 for a single store).
-    pub fn me(&self) -> u32 {
+    pub(crate) fn me(&self) -> u32 {
         self.cluster.as_ref().map_or(0, |c| c.me)
     }
 }

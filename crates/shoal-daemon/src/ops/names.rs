@@ -25,7 +25,7 @@ use crate::ops::Ops;
 impl Ops {
     /// Names `id`: pending until its seal if it is still being written, at
     /// once if it is sealed (and in memory).
-    pub async fn name(&self, id: ObjectId, name: String) -> Result<()> {
+    pub(crate) async fn name(&self, id: ObjectId, name: String) -> Result<()> {
         names::check(&name)?;
         let replaced = {
             let (unsealed, location) = self.node.read(|s| (s.is_unsealed(&id), s.location(&id)));
@@ -109,14 +109,14 @@ impl Ops {
 
     /// The object `name` names (in a cluster: the newest binding of any
     /// node that answers).
-    pub async fn resolve(&self, name: &str) -> Result<NameEntry> {
+    pub(crate) async fn resolve(&self, name: &str) -> Result<NameEntry> {
         names::check(name)?;
         Ok(self.resolve_where(name).await?.1)
     }
 
     /// Every name under directory `prefix` (`""`: all), sorted; in a
     /// cluster, every answering node's, the newest binding of each name.
-    pub async fn list_names(&self, prefix: &str) -> Result<Vec<NameEntry>> {
+    pub(crate) async fn list_names(&self, prefix: &str) -> Result<Vec<NameEntry>> {
         names::check_prefix(prefix)?;
         let mut merged: std::collections::BTreeMap<String, NameEntry> = self
             .names_here(prefix, false)?
@@ -140,7 +140,7 @@ impl Ops {
     /// renamed by the node that binds its newest binding; a directory by
     /// every node that binds names under it (after the cluster-wide
     /// checks that it may: `to` is no name and no non-empty directory).
-    pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
+    pub(crate) async fn rename(&self, from: &str, to: &str) -> Result<()> {
         names::check(from)?;
         names::check(to)?;
         let Some(cluster) = &self.cluster else {
@@ -185,7 +185,7 @@ impl Ops {
     }
 
     /// Unlinks `name` on every node that binds it.
-    pub async fn unlink(&self, name: &str) -> Result<()> {
+    pub(crate) async fn unlink(&self, name: &str) -> Result<()> {
         names::check(name)?;
         let here = match self.unlink_here(name, UNLINK_ANY).await {
             Ok(()) => true,
@@ -208,7 +208,7 @@ impl Ops {
     /// seal time again. Answered once the tiers' record of the object
     /// (if it has one yet; else its drain writes it) carries the time, so
     /// a restart shows it.
-    pub async fn set_mtime(&self, name: &str, mtime_ms: u64) -> Result<()> {
+    pub(crate) async fn set_mtime(&self, name: &str, mtime_ms: u64) -> Result<()> {
         names::check(name)?;
         let id = self.node.names().borrow_mut().set_mtime(name, mtime_ms)?;
         if let Some(tiers) = &self.tiers {
@@ -233,7 +233,7 @@ impl Ops {
 
     /// This node's own bindings: of `prefix` itself (`exact`), or of every
     /// name under it.
-    pub fn names_here(&self, prefix: &str, exact: bool) -> Result<Vec<NameEntry>> {
+    pub(crate) fn names_here(&self, prefix: &str, exact: bool) -> Result<Vec<NameEntry>> {
         let index = self.node.names();
         let mut entries = if exact {
             names::check(prefix)?;
@@ -249,7 +249,7 @@ impl Ops {
     /// Renames a name or directory among this node's names. For a name,
     /// other nodes then drop their bindings of both names: `to` now means
     /// this object, and an older `from` elsewhere must not reappear.
-    pub async fn rename_here(&self, from: &str, to: &str) -> Result<()> {
+    pub(crate) async fn rename_here(&self, from: &str, to: &str) -> Result<()> {
         names::check(from)?;
         names::check(to)?;
         let was_name = self.node.names().borrow().resolve(from).is_some();
@@ -269,7 +269,7 @@ impl Ops {
 
     /// Unlinks this node's binding of `name` if it was bound before
     /// `older_than_ms` ([`UNLINK_ANY`]: whatever it is bound to).
-    pub async fn unlink_here(&self, name: &str, older_than_ms: u64) -> Result<()> {
+    pub(crate) async fn unlink_here(&self, name: &str, older_than_ms: u64) -> Result<()> {
         names::check(name)?;
         let id = {
             let mut index = self.node.names().borrow_mut();

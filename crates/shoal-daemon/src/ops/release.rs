@@ -7,7 +7,7 @@ use shoal_core::ObjectId;
 use crate::ops::Ops;
 
 impl Ops {
-    pub fn release(&self, client: ClientId, ids: &[ObjectId]) {
+    pub(crate) fn release(&self, client: ClientId, ids: &[ObjectId]) {
         let _timed = self.node.metrics().time(crate::metrics::Op::Release);
         let remote = self.node.mutate(|store| {
             let release_here = |id: &ObjectId| {

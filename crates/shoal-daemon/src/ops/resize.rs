@@ -11,7 +11,7 @@ impl Ops {
     /// True when resized; false when a growth found no room right after the
     /// object (unchanged: the client creates a larger one). A shrink wakes
     /// creates waiting for room (the store says so when it frees).
-    pub fn resize(&self, client: ClientId, id: &ObjectId, data_size: u64) -> Result<bool> {
+    pub(crate) fn resize(&self, client: ClientId, id: &ObjectId, data_size: u64) -> Result<bool> {
         if self.remote_creation(client, id).is_some() {
             return Err(ShoalError::invalid(format!(
                 "object {id} was allocated on another node and cannot be resized"

@@ -62,7 +62,7 @@ impl Restorer for Ops {
 
 impl Ops {
     /// Brings `id` into memory if a tier holds it and memory does not.
-    pub async fn restore(&self, id: ObjectId) -> Result<RestoreOutcome> {
+    pub(crate) async fn restore(&self, id: ObjectId) -> Result<RestoreOutcome> {
         match &self.tiers {
             Some(tiers) => tiers.restore(id, self.rc()).await,
             None => Ok(RestoreOutcome::NotBelow),
@@ -71,7 +71,7 @@ impl Ops {
 
     /// Starts restores of `ids` without waiting (a peer's Acquire: the peer
     /// asks again shortly).
-    pub fn restore_in_background(&self, ids: Vec<ObjectId>) {
+    pub(crate) fn restore_in_background(&self, ids: Vec<ObjectId>) {
         let ops = self.rc();
         self.supervisor.spawn_local("restore for peer", async move {
             let restores = ids.iter().map(|id| ops.restore(*id));

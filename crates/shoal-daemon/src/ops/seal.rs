@@ -16,7 +16,7 @@ impl Ops {
     /// node's default). A durability this node cannot give is refused
     /// before anything is sealed. Objects a client allocated on other nodes
     /// get their owner's default.
-    pub async fn seal(
+    pub(crate) async fn seal(
         &self,
         client: ClientId,
         ids: &[ObjectId],
@@ -72,7 +72,7 @@ impl Ops {
     }
 
     /// The node on which `client` is writing `id`, if it allocated it there.
-    pub fn remote_creation(&self, client: ClientId, id: &ObjectId) -> Option<u32> {
+    pub(crate) fn remote_creation(&self, client: ClientId, id: &ObjectId) -> Option<u32> {
         self.cluster.as_ref()?.creation(client, id)
     }
 }

@@ -19,7 +19,7 @@ use crate::principals;
 impl Ops {
     /// Whether objects created on `node` are written here and pushed there
     /// (its memory cannot be mapped here).
-    pub fn pushes_to(&self, node: u32) -> bool {
+    pub(crate) fn pushes_to(&self, node: u32) -> bool {
         self.cluster.as_ref().is_some_and(|c| c.is_network(node))
     }
 
@@ -28,7 +28,7 @@ impl Ops {
     /// staging buffers in this node's region. The wait for space, up to
     /// `timeout_ms`, is `node`'s and then this node's for the buffers;
     /// `gone` (the client hung up) ends the latter.
-    pub async fn create_staged(
+    pub(crate) async fn create_staged(
         &self,
         client: ClientId,
         node: u32,

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 /// One peer request, for the store thread: one variant per RPC method,
 /// each carrying its call (below) and, where the caller waits, the sender
 /// of its answer.
-pub enum PeerCall {
+pub(super) enum PeerCall {
     Heartbeat(Heartbeat),
     Register(Register),
     Unregister(Unregister),
@@ -39,7 +39,7 @@ pub enum PeerCall {
     RenameName(RenameName),
 }
 
-pub struct Heartbeat {
+pub(super) struct Heartbeat {
     pub from: u32,
     pub incarnation: u64,
     /// `from`'s fence epoch for this node, and this node's it confirms.
@@ -48,7 +48,7 @@ pub struct Heartbeat {
     pub reply: oneshot::Sender<HeartbeatReply>,
 }
 
-pub struct Register {
+pub(super) struct Register {
     pub ids: Vec<ObjectId>,
     pub owner: u32,
     /// The owner's incarnation (0: unknown).
@@ -56,12 +56,12 @@ pub struct Register {
     pub reply: oneshot::Sender<Statuses>,
 }
 
-pub struct Unregister {
+pub(super) struct Unregister {
     pub ids: Vec<ObjectId>,
     pub owner: u32,
 }
 
-pub struct Publish {
+pub(super) struct Publish {
     pub ids: Vec<ObjectId>,
     pub locations: Vec<ObjectLocation>,
     pub owner: u32,
@@ -69,13 +69,13 @@ pub struct Publish {
 }
 
 /// Refused (the error) while this node's directory is being rebuilt.
-pub struct Lookup {
+pub(super) struct Lookup {
     pub ids: Vec<ObjectId>,
     pub reply: oneshot::Sender<Result<LookupReply, tonic::Status>>,
 }
 
 /// A peer re-registers what it holds whose home is this node.
-pub struct Restore {
+pub(super) struct Restore {
     pub from: u32,
     /// The caller's incarnation (0: unknown).
     pub incarnation: u64,
@@ -86,14 +86,14 @@ pub struct Restore {
 }
 
 /// A peer finished restoring for our incarnation `incarnation`.
-pub struct Restored {
+pub(super) struct Restored {
     pub from: u32,
     pub incarnation: u64,
 }
 
 /// A peer's client counts references here (`fd` of process `pid`;
 /// `None`: only describe the index).
-pub struct AttachReads {
+pub(super) struct AttachReads {
     pub from: u32,
     pub incarnation: u64,
     pub table: Option<(u32, i32)>,
@@ -101,7 +101,7 @@ pub struct AttachReads {
     pub reply: oneshot::Sender<Result<AttachReadsReply, tonic::Status>>,
 }
 
-pub struct Acquire {
+pub(super) struct Acquire {
     pub ids: Vec<ObjectId>,
     pub from: u32,
     /// The caller's incarnation (0: unknown).
@@ -112,7 +112,7 @@ pub struct Acquire {
     pub reply: oneshot::Sender<AcquireReply>,
 }
 
-pub struct Release {
+pub(super) struct Release {
     pub ids: Vec<ObjectId>,
     pub from: u32,
     /// This node's fence epoch for `from`, as `from` knew it.
@@ -126,13 +126,13 @@ pub struct Release {
     pub callee_incarnation: u64,
 }
 
-pub struct Delete {
+pub(super) struct Delete {
     pub ids: Vec<ObjectId>,
     pub reply: oneshot::Sender<Statuses>,
 }
 
 /// The owner `from` deleted these ids: stop lending them (`loans`).
-pub struct Revoke {
+pub(super) struct Revoke {
     pub ids: Vec<ObjectId>,
     pub number: u64,
     pub from: u32,
@@ -140,12 +140,12 @@ pub struct Revoke {
 }
 
 /// The owner `from` is short of space: give up idle loans.
-pub struct GiveBack {
+pub(super) struct GiveBack {
     pub from: u32,
     pub reply: oneshot::Sender<Vec<ObjectId>>,
 }
 
-pub struct Allocate {
+pub(super) struct Allocate {
     pub specs: Vec<(ObjectId, u64, u32)>,
     pub timeout_ms: u32,
     pub from: u32,
@@ -154,20 +154,20 @@ pub struct Allocate {
     pub reply: oneshot::Sender<AllocateReply>,
 }
 
-pub struct Seal {
+pub(super) struct Seal {
     pub ids: Vec<ObjectId>,
     pub release: bool,
     pub from: u32,
     pub reply: oneshot::Sender<Outcome>,
 }
 
-pub struct Abort {
+pub(super) struct Abort {
     pub ids: Vec<ObjectId>,
     pub from: u32,
     pub reply: oneshot::Sender<Outcome>,
 }
 
-pub struct Cached {
+pub(super) struct Cached {
     pub ids: Vec<ObjectId>,
     pub owner: u32,
     pub locations: Vec<ObjectLocation>,
@@ -175,33 +175,33 @@ pub struct Cached {
     pub reply: oneshot::Sender<Statuses>,
 }
 
-pub struct Drop {
+pub(super) struct Drop {
     pub ids: Vec<ObjectId>,
 }
 
-pub struct Status {
+pub(super) struct Status {
     pub reply: oneshot::Sender<NodeStatus>,
 }
 
-pub struct List {
+pub(super) struct List {
     pub reply: oneshot::Sender<ListReply>,
 }
 
 /// This node's own names (the cluster's namespace is their union).
-pub struct Names {
+pub(super) struct Names {
     pub prefix: String,
     pub exact: bool,
     pub reply: oneshot::Sender<NamesReply>,
 }
 
-pub struct UnlinkName {
+pub(super) struct UnlinkName {
     pub name: String,
     pub older_than_ms: u64,
     pub from: u32,
     pub reply: oneshot::Sender<Outcome>,
 }
 
-pub struct RenameName {
+pub(super) struct RenameName {
     pub from: String,
     pub to: String,
     pub from_node: u32,
@@ -211,7 +211,7 @@ pub struct RenameName {
 impl PeerCall {
     /// A debug-level span for answering this call: the method, the calling
     /// node where the call names it, the first object id and how many.
-    pub fn span(&self) -> tracing::Span {
+    pub(super) fn span(&self) -> tracing::Span {
         use PeerCall as C;
         let (method, from, ids): (&str, Option<u32>, &[ObjectId]) = match self {
             C::Heartbeat(c) => ("heartbeat", Some(c.from), &[]),

@@ -20,7 +20,7 @@ use shoal_cluster::auth::verified_peer;
 
 use crate::peer_service::calls::{self, PeerCall};
 
-pub struct PeerService {
+pub(super) struct PeerService {
     pub calls: mpsc::Sender<PeerCall>,
 }
 

@@ -26,7 +26,7 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(500
 /// and starts, under the supervisor: the gRPC server (its own tasks, fed to
 /// the store thread through a channel), the task answering its calls, the
 /// data channel, and the heartbeats.
-pub async fn start(ops: &Rc<Ops>) -> Result<()> {
+pub(crate) async fn start(ops: &Rc<Ops>) -> Result<()> {
     let cluster = ops.cluster.clone().expect("cluster mode");
     let node = cluster.topology.node(cluster.me)?;
     // `listen` (default: rpc, a host name resolved now) may differ from the

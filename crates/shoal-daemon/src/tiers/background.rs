@@ -18,14 +18,14 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// A runtime on its own thread whose threads (its blocking pool's too) run
 /// `nice` steps below the daemon's priority (0: at it).
-pub struct Background {
+pub(super) struct Background {
     handle: Handle,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Background {
-    pub fn start(nice: i32) -> Result<Self> {
+    pub(super) fn start(nice: i32) -> Result<Self> {
         // Relative to the caller's (the daemon's) priority, set as one
         // absolute value on every thread: threads the runtime starts from
         // its own (already lowered) threads must not be lowered twice.
@@ -56,7 +56,7 @@ impl Background {
     }
 
     /// Runs `task` on the drain's runtime.
-    pub fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
+    pub(super) fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,

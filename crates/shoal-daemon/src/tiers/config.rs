@@ -13,7 +13,7 @@ use shoal_tiers::{
 };
 
 /// The drain's default priority, in nice steps below the daemon's.
-pub const DEFAULT_DRAIN_NICE: i32 = 10;
+pub(super) const DEFAULT_DRAIN_NICE: i32 = 10;
 
 /// Where the backing store is.
 #[derive(Debug, Clone)]

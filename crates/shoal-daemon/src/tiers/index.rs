@@ -10,7 +10,7 @@ use shoal_core::ObjectId;
 use shoal_tiers::{ObjectRecord, ObjectSizes, TierLevel, TierSet};
 
 #[derive(Debug)]
-pub struct Tracked {
+pub(super) struct Tracked {
     pub sizes: ObjectSizes,
     /// Tiers with a complete, durable copy (empty: dirty, memory only).
     /// Private: changed through [`Index::set_tiers`], which keeps the count
@@ -36,7 +36,7 @@ pub struct Tracked {
 
 /// Which of a tier's two queues a drain job is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Lane {
+pub(super) enum Lane {
     /// Write-behind nobody waits for: runs below the daemon's priority.
     Background = 0,
     /// A seal, `wait_durable` or `stage_out` waits for it: at the daemon's
@@ -45,12 +45,12 @@ pub enum Lane {
 }
 
 impl Lane {
-    pub const ALL: [Lane; 2] = [Lane::Background, Lane::Urgent];
+    pub(super) const ALL: [Lane; 2] = [Lane::Background, Lane::Urgent];
 }
 
 /// A drain job the node submitted.
 #[derive(Debug, Clone, Copy)]
-pub struct Job {
+pub(super) struct Job {
     pub id: ObjectId,
     pub lane: Lane,
     pub generation: u64,
@@ -64,13 +64,13 @@ pub struct Job {
 
 impl Tracked {
     /// Tiers with a complete, durable copy (empty: dirty, memory only).
-    pub fn tiers(&self) -> TierSet {
+    pub(super) fn tiers(&self) -> TierSet {
         self.tiers
     }
 }
 
 #[derive(Default)]
-pub struct Index {
+pub(super) struct Index {
     objects: HashMap<ObjectId, Tracked>,
     /// Objects with a copy on some tier, kept with every change of a
     /// `Tracked::tiers` (the metrics read it every second: no walk over a
@@ -82,27 +82,27 @@ pub struct Index {
 }
 
 impl Index {
-    pub fn get(&self, id: &ObjectId) -> Option<&Tracked> {
+    pub(super) fn get(&self, id: &ObjectId) -> Option<&Tracked> {
         self.objects.get(id)
     }
 
-    pub fn get_mut(&mut self, id: &ObjectId) -> Option<&mut Tracked> {
+    pub(super) fn get_mut(&mut self, id: &ObjectId) -> Option<&mut Tracked> {
         self.objects.get_mut(id)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&ObjectId, &Tracked)> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&ObjectId, &Tracked)> {
         self.objects.iter()
     }
 
     /// Objects with a copy on some tier.
-    pub fn durable(&self) -> u64 {
+    pub(super) fn durable(&self) -> u64 {
         self.durable
     }
 
     /// Records the tiers holding `id`'s copies (from a record the engine
     /// returned); the object, or `None` if it is not tracked (deleted
     /// meanwhile).
-    pub fn set_tiers(&mut self, id: &ObjectId, tiers: TierSet) -> Option<&mut Tracked> {
+    pub(super) fn set_tiers(&mut self, id: &ObjectId, tiers: TierSet) -> Option<&mut Tracked> {
         let t = self.objects.get_mut(id)?;
         match (t.tiers.is_empty(), tiers.is_empty()) {
             (true, false) => self.durable += 1,
@@ -114,7 +114,7 @@ impl Index {
     }
 
     /// Marks a use of `id` (a seal, a restore) for the burst buffer's order.
-    pub fn touch(&mut self, id: &ObjectId) {
+    pub(super) fn touch(&mut self, id: &ObjectId) {
         self.tick += 1;
         let tick = self.tick;
         if let Some(t) = self.objects.get_mut(id) {
@@ -125,7 +125,12 @@ impl Index {
     /// A newly sealed object, dirty (no copy below yet), of a `generation`
     /// the engine issued. An object already tracked (sealed by a restore)
     /// keeps what is known of it, its generation too.
-    pub fn sealed(&mut self, id: ObjectId, sizes: ObjectSizes, generation: u64) -> &mut Tracked {
+    pub(super) fn sealed(
+        &mut self,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        generation: u64,
+    ) -> &mut Tracked {
         self.tick += 1;
         let used = self.tick;
         self.objects.entry(id).or_insert(Tracked {
@@ -142,11 +147,11 @@ impl Index {
 
     /// An object found in the manifest at start (on tiers only).
     /// Room for `more` objects (a restart loads a million at once).
-    pub fn reserve(&mut self, more: usize) {
+    pub(super) fn reserve(&mut self, more: usize) {
         self.objects.reserve(more);
     }
 
-    pub fn recovered(&mut self, id: ObjectId, record: &ObjectRecord) {
+    pub(super) fn recovered(&mut self, id: ObjectId, record: &ObjectRecord) {
         self.remove(&id);
         if !record.tiers.is_empty() {
             self.durable += 1;
@@ -168,7 +173,7 @@ impl Index {
 
     /// Tracks `id` again as it was before [`remove`](Self::remove) (its
     /// delete failed), unless a newer object of that id is tracked by now.
-    pub fn reinstate(&mut self, id: ObjectId, mut tracked: Tracked) {
+    pub(super) fn reinstate(&mut self, id: ObjectId, mut tracked: Tracked) {
         if self.objects.contains_key(&id) {
             return;
         }
@@ -181,7 +186,7 @@ impl Index {
     }
 
     /// Forgets `id` (deleted, or lost). Its jobs' outcomes are then ignored.
-    pub fn remove(&mut self, id: &ObjectId) -> Option<Tracked> {
+    pub(super) fn remove(&mut self, id: &ObjectId) -> Option<Tracked> {
         let removed = self.objects.remove(id)?;
         if !removed.tiers.is_empty() {
             self.durable -= 1;
@@ -189,7 +194,7 @@ impl Index {
         Some(removed)
     }
 
-    pub fn add_job(&mut self, seq: u64, job: Job) {
+    pub(super) fn add_job(&mut self, seq: u64, job: Job) {
         if let Some(t) = self.objects.get_mut(&job.id) {
             t.in_flight[job.target as usize] = true;
         }
@@ -198,7 +203,12 @@ impl Index {
 
     /// The job of an outcome; `current` says whether it is for the object
     /// tracked now under its id (not one deleted since).
-    pub fn finish_job(&mut self, lane: Lane, target: TierLevel, seq: u64) -> Option<(Job, bool)> {
+    pub(super) fn finish_job(
+        &mut self,
+        lane: Lane,
+        target: TierLevel,
+        seq: u64,
+    ) -> Option<(Job, bool)> {
         let job = self.jobs.remove(&(lane, target, seq))?;
         let current = match self.objects.get_mut(&job.id) {
             Some(t) if t.generation == job.generation => {
@@ -212,7 +222,7 @@ impl Index {
 
     /// Objects with copies on both tiers, oldest use first: what burst-buffer
     /// pressure may drop from the burst buffer.
-    pub fn burst_evictable(&self) -> Vec<(ObjectId, u64)> {
+    pub(super) fn burst_evictable(&self) -> Vec<(ObjectId, u64)> {
         let both = TierSet::of(TierLevel::Burst).with(TierLevel::Backing);
         let mut found: Vec<(u64, ObjectId, u64)> = self
             .objects

@@ -13,12 +13,12 @@ use crate::principals;
 use crate::tiers::Tiers;
 
 /// Weak: the node holds its listeners, and the tiers hold the node.
-pub struct TierListener {
+pub(super) struct TierListener {
     tiers: Weak<Tiers>,
 }
 
 impl TierListener {
-    pub fn new(tiers: Weak<Tiers>) -> Self {
+    pub(super) fn new(tiers: Weak<Tiers>) -> Self {
         Self { tiers }
     }
 }

@@ -27,7 +27,7 @@ use crate::ops::Ops;
 use crate::peer_service::calls::PeerCall;
 
 /// Answers one call.
-pub fn answer(ops: &Rc<Ops>, call: PeerCall) {
+pub(super) fn answer(ops: &Rc<Ops>, call: PeerCall) {
     let cluster = ops
         .cluster
         .as_ref()
