@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -52,7 +53,7 @@ from table1 import (
     machine,
     shared_pages,
     socket_round_trip,
-    start_server,
+    start_plasma,
     stop,
     table,
 )
@@ -252,14 +253,20 @@ def shoal_env():
     return env
 
 
-def shoal_cli(errlog, *args):
-    """`python -m shoal ARGS`, output to the log; raises on failure."""
-    cmd = [sys.executable, "-m", "shoal", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=shoal_env(), timeout=300)
-    errlog.write(f"$ {' '.join(cmd)}\n{done.stdout}{done.stderr}")
-    errlog.flush()
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(args[:2])} failed ({done.returncode}): {done.stderr.strip()}")
+def cluster_up(directory, errlog, **options):
+    """An emulated cluster (`python -m shoal cluster up`, shoal.testing.Cluster) in
+    `directory`, with the burst buffer and backing store `cluster up` gives each node unless
+    `tiers=False`; other options as Cluster's; the `cluster` commands and their output go to
+    errlog. A cluster that does not come up is taken down (whatever it started) before the
+    error is raised. Stop it with `down(check=False)`."""
+    from shoal.testing import Cluster, shoal_command
+
+    options.setdefault("tiers", True)
+    try:
+        return Cluster(Path(directory), timeout=300, log=errlog, **options)
+    except BaseException:
+        shoal_command("cluster", "down", "--dir", str(directory), timeout=300, log=errlog)
+        raise
 
 
 def checkout():
@@ -320,18 +327,20 @@ class Cluster:
     def __init__(self, directory, capacity, errlog):
         self.directory, self.errlog = directory, errlog
         self.readers = {}
-        self.name = f"bench{os.getpid()}"
         self.writer = None
-        shoal_cli(errlog, "cluster", "up", "--nodes", str(NODES), "--dir", directory,
-                  "--capacity", f"{capacity // MiB}MiB", "--name", self.name)  # fmt: skip
-        self.capacity = self.check_capacity(capacity)
+        self.cluster = cluster_up(directory, errlog, nodes=NODES, capacity=f"{capacity // MiB}MiB")
+        try:
+            self.capacity = self.check_capacity(capacity)
+        except BaseException:
+            self.cluster.down(check=False)
+            raise
 
     def connect(self):
         """The writer (a client of node 0 in this process) and the readers."""
         import shoal
 
         self.shoal = shoal
-        self.writer = shoal.Client(self.socket(0))
+        self.writer = self.cluster.client(0)
         self.readers["local"] = ReaderProcess(self.socket(0), self.errlog)
         self.readers["remote"] = ReaderProcess(self.socket(1), self.errlog)
 
@@ -348,19 +357,17 @@ class Cluster:
         return capacity
 
     def socket(self, node):
-        return os.path.join(self.directory, f"n{node}.sock")
+        return self.cluster.socket(node)
 
     def daemon_cpu(self):
         return daemons_cpu(self.directory, NODES)
 
     def down(self):
-        """Stops the readers and the cluster; returns the daemons' CPU seconds."""
+        """Stops the readers, the writer and the cluster; returns the daemons' CPU seconds."""
         for reader in self.readers.values():
             reader.close()
-        if self.writer is not None:
-            self.writer.close()
         used = self.daemon_cpu()
-        shoal_cli(self.errlog, "cluster", "down", "--dir", self.directory)
+        self.cluster.down(check=False)
         return used
 
 
@@ -483,7 +490,7 @@ def bench_get_plasma(args, tmp, errlog):
     )
     python = setup.stdout.strip().splitlines()[-1]
     sock = os.path.join(tmp, "plasma.sock")
-    server = start_server("plasma", sock, errlog, python)
+    server = start_plasma(sock, errlog, python)
     workers = []
     try:
         workers = [Worker(python, "plasma", sock, errlog) for _ in range(2)]
@@ -654,11 +661,6 @@ def run_cluster(args, rows, capacity, results, errlog):
     finally:
         if cl is not None:
             results["daemon_cpu_s"] = cl.down()
-        else:  # `cluster up` failed half-way: stop whatever it started
-            try:
-                shoal_cli(errlog, "cluster", "down", "--dir", directory)
-            except Exception as e:  # noqa: BLE001 - report the original failure
-                log(f"cluster down: {e}")
         shutil.rmtree(directory, ignore_errors=True)
 
 

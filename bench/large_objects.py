@@ -81,16 +81,16 @@ def serving(store, name, args, pythons, tmp, env):
     """A store's server (resident) and a writer worker: yields (writer, start a worker)."""
     _, server_kind, python = table1.STORES[store]
     sock = os.path.join(tmp, f"{name}-{store}.sock")
-    with environment(env), open(os.path.join(args.raw_dir, f"raw-{name}-{store}.log"), "w") as errlog:
-        server = table1.start_server(server_kind, sock, errlog, pythons["plasma"])
+    with (
+        environment(env),
+        open(os.path.join(args.raw_dir, f"raw-{name}-{store}.log"), "w") as errlog,
+        table1.server(server_kind, sock, errlog, pythons["plasma"]) as sock,
+    ):
+        writer = table1.Worker(pythons[python], store, sock, errlog)
         try:
-            writer = table1.Worker(pythons[python], store, sock, errlog)
-            try:
-                yield writer, lambda: table1.Worker(pythons[python], store, sock, errlog)
-            finally:
-                writer.close()
+            yield writer, lambda: table1.Worker(pythons[python], store, sock, errlog)
         finally:
-            table1.stop(server)
+            writer.close()
 
 
 def fresh_gets(store, args, pythons, tmp, env):

@@ -1,24 +1,22 @@
 """1,000,000 small objects in one store: daemon memory per object and get latency.
 
-Starts `shoal serve` as its own process, measures its anonymous RSS (heap: the object
-table, allocator and policy; the region is shared memory and not counted) before and
-after storing N objects, and the latency of a batched get of 1000 ids with 1000 vs N
-objects in the store. Run: python bench/million.py [--objects 1000000] [--size 100]
+Starts `shoal serve` as its own process (shoal.testing.Daemon), measures its anonymous
+RSS (heap: the object table, allocator and policy; the region is shared memory and not
+counted) before and after storing N objects, and the latency of a batched get of 1000 ids
+with 1000 vs N objects in the store. Run: python bench/million.py [--objects 1000000] [--size 100]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from pathlib import Path
 
 import shoal
+from shoal.testing import Daemon
 
 
 def rss_anon_kib(pid: int) -> int:
@@ -47,22 +45,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        socket = os.path.join(tmp, "s.sock")
         capacity = max(256 << 20, args.objects * (args.size + 64) * 2)
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "shoal", "serve", "--socket", socket, "--capacity", str(capacity)],
-            stderr=subprocess.DEVNULL,
-        )
+        # Prefaulted, as `serve` is by default; its output goes to a log in tmp.
+        daemon = Daemon(Path(tmp), str(capacity), prefault=True, connect=False, timeout=20)
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    client = shoal.Client(socket)
-                    break
-                except shoal.Disconnected:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
+            client = shoal.Client(daemon.socket)
             payload = bytes(args.size)
             small = [shoal.ObjectID.from_random() for _ in range(1000)]
             client.put_batch(small, [payload] * len(small))
@@ -89,8 +76,7 @@ def main() -> None:
             )
             client.close()
         finally:
-            daemon.send_signal(signal.SIGTERM)
-            daemon.wait(timeout=30)
+            daemon.teardown(check=False, timeout=30)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from adapters import payload
 from cluster import (
     cell,
     checkout,
+    cluster_up,
     daemons_cpu,
     machine_busy,
     own_cpu,
@@ -57,7 +58,6 @@ from cluster import (
     process_cpu,
     ratio,
     save_run,
-    shoal_cli,
     shoal_env,
 )
 from table1 import GiB, best_bandwidth, fmt, log, machine, shared_pages, table
@@ -265,28 +265,26 @@ class Shoal:
 
     def __init__(self, directory, errlog):
         self.directory, self.errlog = directory, errlog
-        self.reader, self.writer, self.up = None, None, False
-        self.name = f"net{os.getpid()}"
+        self.reader, self.writer, self.cluster = None, None, None
 
     def start(self):
         import shoal
 
         self.shoal = shoal
-        self.up = True  # from here on, `cluster down` runs whatever fails
-        shoal_cli(self.errlog, "cluster", "up", "--nodes", "2", "--modes", "mapped,network",
-                  "--dir", self.directory, "--capacity", f"{CAPACITY // MiB}MiB",
-                  "--name", self.name)  # fmt: skip
+        self.cluster = cluster_up(
+            self.directory, self.errlog, nodes=2, modes="mapped,network", capacity=f"{CAPACITY // MiB}MiB"
+        )
         with open(os.path.join(self.directory, "cluster.toml")) as f:
             modes = [line.split("=")[1].strip().strip('"') for line in f if line.startswith("access")]
         assert modes == ["mapped", "network"], f"node access modes {modes}"
-        self.writer = shoal.Client(self.socket(1))
+        self.writer = self.cluster.client(1)
         cmd = [sys.executable, os.path.abspath(__file__), "--reader", self.socket(0)]
         self.reader = JsonWorker(cmd, self.errlog, env=shoal_env())
         self.reader.read()
         self.version = shoal.__version__
 
     def socket(self, node):
-        return os.path.join(self.directory, f"n{node}.sock")
+        return self.cluster.socket(node)
 
     def pull(self, size, stamp):
         """Puts one object on node 1 (untimed), then the reader pulls it."""
@@ -307,11 +305,9 @@ class Shoal:
         """Reader, writer, cluster; returns the daemons' CPU seconds."""
         if self.reader is not None:
             self.reader.close()
-        if self.writer is not None:
-            self.writer.close()
         used = self.daemon_cpu()
-        if self.up:
-            shoal_cli(self.errlog, "cluster", "down", "--dir", self.directory)
+        if self.cluster is not None:
+            self.cluster.down(check=False)
         return used
 
 

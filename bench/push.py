@@ -31,20 +31,13 @@ import numpy as np
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
-from cluster import checkout, machine_busy, shoal_cli  # noqa: E402
+from cluster import checkout, cluster_up, machine_busy  # noqa: E402
 from table1 import GiB, fmt, log, machine, table  # noqa: E402
 
 import shoal  # noqa: E402
+from shoal.testing import wait_for  # noqa: E402
 
 MiB = 2**20
-
-
-def wait(predicate, what, timeout=30):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not within {timeout} s")
-        time.sleep(0.01)
 
 
 def push_round(writer, owner, src):
@@ -74,7 +67,7 @@ def pull_round(reader, owner, src):
     assert np.array_equal(np.frombuffer(got, np.uint8), src), "pulled bytes differ"
     del got
     owner.delete(oid)
-    wait(lambda: not reader.contains(oid), "the pulled copy dropped")
+    wait_for(lambda: not reader.contains(oid), timeout=30, message="the pulled copy dropped")
     return {"get": t1 - t0}
 
 
@@ -146,12 +139,11 @@ def main():
     directory = tempfile.mkdtemp(prefix="shoal-push-")
     errlog = open(os.path.join(directory, "cli.log"), "w")
     load_before, busy_before, started = os.getloadavg()[0], machine_busy(), time.monotonic()
-    shoal_cli(errlog, "cluster", "up", "--nodes", "2", "--modes", "network", "--dir", directory,
-              "--capacity", capacity, "--no-tiers")  # fmt: skip
+    cluster = cluster_up(directory, errlog, nodes=2, modes="network", capacity=capacity, tiers=False)
     samples = {k: [] for k in ["pull.get", "push.seal", "push.put", "push.write", "push.create"]}
     try:
-        writer = shoal.Client(os.path.join(directory, "n0.sock"))
-        owner = shoal.Client(os.path.join(directory, "n1.sock"))
+        writer = cluster.client(0)
+        owner = cluster.client(1)
         src = np.random.default_rng(38).integers(0, 256, size, dtype=np.uint8)
         for r in range(args.warmup + args.rounds):
             order = [push_round, pull_round] if r % 2 == 0 else [pull_round, push_round]
@@ -163,10 +155,8 @@ def main():
                 for k, v in results.items():
                     samples[k].append(v)
             log(f"round {r}: " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in sorted(results.items())))
-        writer.close()
-        owner.close()
     finally:
-        shoal_cli(errlog, "cluster", "down", "--dir", directory)
+        cluster.down(check=False)
         errlog.close()
         shutil.rmtree(directory, ignore_errors=True)
     seconds = time.monotonic() - started

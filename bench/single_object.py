@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -286,20 +287,33 @@ class Store:
         self.name, self.kind = name, kind
         self.sock = os.path.join(tmp, f"{name}.sock")
         self.log = open(os.path.join(tmp, f"{name}.log"), "w")  # noqa: SIM115 - closed in stop()
-        self.daemon = None
+        self.daemon = None  # the daemon's process: plasma_store, or the shoal daemon's
+        self.shoal = None  # the shoal daemon (shoal.testing.Daemon)
         if kind == "plasma":
             cmd = [plasma_store, "-m", "1000000000", "-s", self.sock]
-        elif kind == "shoal":
-            cmd = [python, "-m", "shoal", "serve", "--socket", self.sock, "--capacity", "1GiB"]
-        else:
-            cmd = None
-        if cmd:
             t0 = time.monotonic()
             self.daemon = subprocess.Popen(pinned(cmd, pin, -1), stdout=self.log, stderr=self.log, env=env)
             while not os.path.exists(self.sock):
                 if self.daemon.poll() is not None or time.monotonic() - t0 > 60:
                     raise RuntimeError(f"{name}: the daemon did not start (see {self.log.name})")
                 time.sleep(0.005)
+        elif kind == "shoal":
+            from shoal.testing import Daemon
+
+            # `python -m shoal serve` of the store's build (env), prefaulted as by default.
+            self.shoal = Daemon(
+                Path(tmp) / name,
+                "1GiB",
+                connect=False,
+                prefault=True,
+                program=[python, "-m", "shoal"],
+                prefix=pinned([], pin, -1),
+                env=env,
+                log=self.log,
+                timeout=60,
+            )
+            self.sock = self.shoal.socket
+            self.daemon = self.shoal.process
         self.worker = subprocess.Popen(
             pinned([python, os.path.abspath(__file__), "--worker", kind, self.sock], pin, 0),
             stdin=subprocess.PIPE,
@@ -332,7 +346,9 @@ class Store:
             self.worker.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             self.worker.kill()
-        if self.daemon:
+        if self.shoal:
+            self.shoal.teardown(check=False)
+        elif self.daemon:
             self.daemon.terminate()
             try:
                 self.daemon.wait(timeout=10)

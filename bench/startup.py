@@ -5,12 +5,13 @@
 
 For each build (the project's, and each `--variant NAME=DIR` whose DIR holds
 another build of the `shoal` package), in a child process: start
-`python -m shoal serve --capacity C`, then time, from the start, the socket's
-appearance, the first client's connection (Hello → Welcome → mapped; the
-child imports pyarrow first, which the first `Client()` would otherwise do) and its
-first put of 1 kB; then, for `--seconds`, one 1 kB create + write + seal every
-millisecond (latency p50 / p99 / max while the region is still being faulted
-in) and finally one 100 MB put. The daemon is stopped before the next build.
+`python -m shoal serve --capacity C` (this tree's shoal.testing.Daemon, not waited
+for), then time, from the start, the socket's appearance, the first client's
+connection (Hello → Welcome → mapped; the child imports pyarrow first, which the
+first `Client()` would otherwise do) and its first put of 1 kB; then, for
+`--seconds`, one 1 kB create + write + seal every millisecond (latency p50 / p99 /
+max while the region is still being faulted in) and finally one 100 MB put. The
+daemon is stopped before the next build.
 """
 
 import argparse
@@ -21,20 +22,26 @@ import subprocess
 import sys
 import tempfile
 
+import shoal.testing
+
 CHILD = r"""
-import json, os, subprocess, sys, time
+import importlib.util, json, os, sys, time
+from pathlib import Path
 import numpy as np
 import pyarrow  # imported by the first Client() otherwise (~0.1 s): not the daemon's time
 import shoal
 
-sock, capacity, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+directory, capacity, seconds, harness = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
+# This tree's shoal.testing, whichever build `shoal` is (an older one may have none).
+spec = importlib.util.spec_from_file_location("shoal_testing", harness)
+testing = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(testing)
 big = np.ones(100_000_000, np.uint8)
 src = np.zeros(1000, np.uint8)
-t0 = time.monotonic()
-daemon = subprocess.Popen(
-    [sys.executable, "-m", "shoal", "serve", "--socket", sock, "--capacity", capacity],
-    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-)
+# Prefaulted, as `serve` is by default; not waited for: the loop below times the start.
+daemon = testing.Daemon(directory, capacity, prefault=True, wait=False)
+t0 = daemon.started
+sock = daemon.socket
 try:
     while not os.path.exists(sock):
         time.sleep(0.0005)
@@ -67,8 +74,7 @@ try:
         "put_100mb_ms": t_big * 1e3, "version": os.path.dirname(shoal.__file__),
     }))
 finally:
-    daemon.terminate()
-    daemon.wait()
+    daemon.teardown(check=False, timeout=120)
 """
 
 
@@ -88,10 +94,11 @@ def main():
                 env = dict(os.environ)
                 if path:
                     env["PYTHONPATH"] = os.path.abspath(path)
-                sock = os.path.join(tmp, f"{name}-{rnd}.sock")
+                directory = os.path.join(tmp, f"{name}-{rnd}")
+                child = [CHILD, directory, args.capacity, str(args.seconds), shoal.testing.__file__]
                 load = os.getloadavg()[0]
                 out = subprocess.run(
-                    [sys.executable, "-c", CHILD, sock, args.capacity, str(args.seconds)],
+                    [sys.executable, "-c", *child],
                     env=env,
                     check=True,
                     capture_output=True,

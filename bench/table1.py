@@ -15,6 +15,7 @@ taken from this run only. See bench/README.md.
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import mmap
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -169,12 +171,43 @@ class Worker:
             self.proc.wait()
 
 
-def start_server(kind, sock, errlog, plasma_python):
-    if kind == "plasma":
-        store_bin = os.path.join(os.path.dirname(plasma_python), "plasma_store")
-        cmd = [store_bin, "-m", str(CAPACITY), "-s", sock]
+@contextlib.contextmanager
+def server(kind, sock, errlog, plasma_python):
+    """A store's server while the block runs; yields the socket its clients connect to.
+    plasma: plasma_store on `sock`; shoal: a daemon (shoal.testing.Daemon: the `shoal`
+    command on PATH, prefaulted as `serve` is by default) in a directory of its own, `sock`
+    without ".sock"; None: no server (yields `sock`). Both servers' output goes to errlog."""
+    if kind is None:
+        yield sock
+    elif kind == "shoal":
+        from shoal.testing import Daemon
+
+        daemon = Daemon(
+            Path(sock).with_suffix(""),
+            "2560MiB",
+            connect=False,
+            prefault=True,
+            program=["shoal"],
+            log=errlog,
+            timeout=20,
+        )
+        try:
+            if WAIT_RESIDENT:
+                wait_resident(daemon.socket)
+            yield daemon.socket
+        finally:
+            daemon.teardown(check=False)
     else:
-        cmd = ["shoal", "serve", "--socket", sock, "--capacity", "2560MiB"]
+        proc = start_plasma(sock, errlog, plasma_python)
+        try:
+            yield sock
+        finally:
+            stop(proc)
+
+
+def start_plasma(sock, errlog, plasma_python):
+    store_bin = os.path.join(os.path.dirname(plasma_python), "plasma_store")
+    cmd = [store_bin, "-m", str(CAPACITY), "-s", sock]
     proc = subprocess.Popen(cmd, stdout=errlog, stderr=errlog)
     deadline = time.monotonic() + 20
     while not os.path.exists(sock):
@@ -185,13 +218,6 @@ def start_server(kind, sock, errlog, plasma_python):
                 f" (see raw-{os.path.basename(sock)[:-5]}.log)"
             )
         time.sleep(0.01)
-    if kind == "shoal" and WAIT_RESIDENT:
-        try:
-            wait_resident(sock)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
     return proc
 
 
@@ -251,12 +277,12 @@ def run_store(store, args, pythons, tmp):
     """Every workload on one store: {"version", "workloads"} or raises."""
     _, server_kind, python = STORES[store]
     sock = os.path.join(tmp, f"{store}.sock")
-    with open(os.path.join(args.raw_dir, f"raw-{store}.log"), "w") as errlog:
-        server = None
+    with (
+        open(os.path.join(args.raw_dir, f"raw-{store}.log"), "w") as errlog,
+        server(server_kind, sock, errlog, pythons["plasma"]) as sock,
+    ):
         workers = []
         try:
-            if server_kind:
-                server = start_server(server_kind, sock, errlog, pythons["plasma"])
             for _ in range(2):
                 workers.append(Worker(pythons[python], store, sock, errlog))
             writer, getter = workers
@@ -276,8 +302,6 @@ def run_store(store, args, pythons, tmp):
         finally:
             for w in workers:
                 w.close()
-            if server:
-                stop(server)
 
 
 # ---------------------------------------------------------------- report

@@ -51,12 +51,12 @@ sys.path.insert(0, BENCH)
 from cluster import (
     ReaderProcess,
     checkout,
+    cluster_up,
     daemons_cpu,
     machine_busy,
     own_cpu,
     save_run,
     serve_worker,
-    shoal_cli,
 )
 from table1 import GiB, fmt, log, machine, socket_round_trip, table
 
@@ -160,20 +160,20 @@ class Cluster:
     def __init__(self, directory, coherence, errlog):
         self.directory, self.errlog = directory, errlog
         self.writer = self.reader = None
-        shoal_cli(errlog, "cluster", "up", "--nodes", str(NODES), "--dir", directory,
-                  "--capacity", f"{CAPACITY // MiB}MiB", "--coherence", coherence,
-                  "--name", f"t55x{os.getpid()}")  # fmt: skip
-        self.wait_resident()
+        self.cluster = cluster_up(
+            directory, errlog, nodes=NODES, capacity=f"{CAPACITY // MiB}MiB", coherence=coherence
+        )
+        try:
+            self.wait_resident()
+        except BaseException:
+            self.cluster.down(check=False)
+            raise
 
     def socket(self, node):
-        return os.path.join(self.directory, f"n{node}.sock")
+        return self.cluster.socket(node)
 
     def pids(self):
-        out = []
-        for node in range(NODES):
-            with open(os.path.join(self.directory, f"n{node}.pid")) as f:
-                out.append(int(f.read()))
-        return out
+        return [self.cluster.pid(node) for node in range(NODES)]
 
     def wait_resident(self, timeout=120):
         """Waits until every daemon's prefault thread has faulted its whole
@@ -208,7 +208,7 @@ class Cluster:
         if self.writer is not None:
             self.writer.close()
         used = self.daemon_cpu()
-        shoal_cli(self.errlog, "cluster", "down", "--dir", self.directory)
+        self.cluster.down(check=False)
         return used
 
 
@@ -340,11 +340,6 @@ def run_variant(coherence, args, errlog):
         gc.enable()
         if cl is not None:
             out["daemon_cpu_s"] = cl.down()
-        else:
-            try:
-                shoal_cli(errlog, "cluster", "down", "--dir", directory)
-            except Exception as e:  # noqa: BLE001 - report the original failure
-                log(f"cluster down: {e}")
         shutil.rmtree(directory, ignore_errors=True)
     return out
 

@@ -37,12 +37,12 @@ import datetime
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -107,44 +107,36 @@ def dd_once(directory, size, total):
 # -- shoal -----------------------------------------------------------------------------------
 
 
-class Daemon:
-    """A `shoal serve` in the foreground of a child process, stopped on exit."""
+def start_daemon(directory, name, capacity, *args, wait=True):
+    """A `shoal serve` (shoal.testing.Daemon, prefaulted as `serve` is by default) with its
+    socket in `directory/name` and its output in `directory/name.log`; with `wait=False`
+    not waited for (`served` times the start)."""
+    from shoal.testing import Daemon
 
-    def __init__(self, directory, name, *args):
-        self.socket = os.path.join(directory, f"{name}.sock")
-        self.log = open(os.path.join(directory, f"{name}.log"), "a")
-        cmd = [sys.executable, "-m", "shoal", "serve", "--socket", self.socket, *args]
-        self.started = time.perf_counter()
-        self.process = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+    log = os.path.join(directory, f"{name}.log")
+    return Daemon(
+        Path(directory) / name, capacity, args, connect=False, prefault=True, log=log, wait=wait, timeout=60
+    )
 
-    def client(self, timeout=60.0, probe=None):
-        """Connects, retrying until the daemon serves; with `probe`, until it holds that id.
-        Returns (client, seconds since the start of the process)."""
-        import shoal
 
-        deadline = time.perf_counter() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"daemon exited ({self.process.returncode}), see {self.log.name}")
-            try:
-                client = shoal.connect(self.socket)
-                if probe is None or client.contains(probe):
-                    return client, time.perf_counter() - self.started
-            except shoal.ShoalError:
-                pass
-            if time.perf_counter() > deadline:
-                raise RuntimeError(f"daemon at {self.socket} did not serve within {timeout} s")
-            time.sleep(0.002)
+def served(daemon, timeout, probe=None):
+    """Connects, retrying until the daemon serves; with `probe`, until it holds that id.
+    Returns the seconds since the start of its process."""
+    import shoal
 
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
+    deadline = time.monotonic() + timeout
+    while True:
+        if daemon.process.poll() is not None:
+            raise RuntimeError(f"daemon exited ({daemon.process.returncode}), see {daemon.log_path}")
+        try:
+            client = shoal.connect(daemon.socket)
+            if probe is None or client.contains(probe):
+                return time.monotonic() - daemon.started
+        except shoal.ShoalError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"daemon at {daemon.socket} did not serve within {timeout} s")
+        time.sleep(0.002)
 
 
 def put_many(client, payload, count, batch_bytes=64 * MiB):
@@ -162,10 +154,10 @@ def shoal_spill_restore(directory, total):
     import numpy as np
 
     burst = os.path.join(directory, "burst")
-    daemon = Daemon(directory, "spill", "--capacity", "2GiB", "--burst", burst)
+    daemon = start_daemon(directory, "spill", "2GiB", "--burst", burst)
     out = {}
     try:
-        client, _ = daemon.client()
+        client = daemon.client()
         for size in SIZES:
             payload = memoryview(np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)).cast("B")
             count = count_for(size, total)
@@ -215,7 +207,7 @@ def shoal_spill_restore(directory, total):
         out["get100"] = {"seconds": min(times), "all": times}
         out["tiers"] = client.tiers()
     finally:
-        daemon.stop()
+        daemon.teardown(check=False, timeout=30)
     return out
 
 
@@ -224,11 +216,11 @@ def restart(directory, million):
     `million` objects in it."""
     burst = os.path.join(directory, "restart")
     out = {}
-    daemon = Daemon(directory, "restart0", "--capacity", "64MiB", "--burst", burst)
+    daemon = start_daemon(directory, "restart0", "64MiB", "--burst", burst, wait=False)
     try:
-        _, out["empty"] = daemon.client()
+        out["empty"] = served(daemon, timeout=60)
     finally:
-        daemon.stop()
+        daemon.teardown(check=False, timeout=30)
     log(f"restart, empty manifest: {out['empty']:.3f} s; filling {million} objects")
     fill = subprocess.run(
         [os.path.join(ROOT, "target", "release", "examples", "fill_manifest"), burst, str(million)],
@@ -240,12 +232,12 @@ def restart(directory, million):
     os.sync()
     times = []
     for attempt in range(2):
-        daemon = Daemon(directory, f"restart{attempt + 1}", "--capacity", "64MiB", "--burst", burst)
+        daemon = start_daemon(directory, f"restart{attempt + 1}", "64MiB", "--burst", burst, wait=False)
         try:
-            _, seconds = daemon.client(timeout=600, probe=probe)
+            seconds = served(daemon, timeout=600, probe=probe)
             times.append(seconds)
         finally:
-            daemon.stop()
+            daemon.teardown(check=False, timeout=30)
         log(f"restart with {million} objects: {seconds:.3f} s")
     out["full"] = times
     return out
@@ -260,7 +252,7 @@ def drain_cost(directory, total, rounds=3):
     rates = {"none": [], "tiers": []}
     for r in range(rounds):
         for kind in ("none", "tiers"):
-            args = ["--capacity", "2GiB"]
+            args = []
             if kind == "tiers":
                 args += [
                     "--burst",
@@ -268,16 +260,16 @@ def drain_cost(directory, total, rounds=3):
                     "--backing",
                     os.path.join(directory, f"dk{r}"),
                 ]
-            daemon = Daemon(directory, f"drain-{kind}{r}", *args)
+            daemon = start_daemon(directory, f"drain-{kind}{r}", "2GiB", *args)
             try:
-                client, _ = daemon.client()
+                client = daemon.client()
                 start = time.perf_counter()
                 put_many(client, payload, count, batch_bytes=8 * MiB)
                 rates[kind].append(count * MiB / (time.perf_counter() - start))
                 if kind == "tiers":
                     rates.setdefault("drained", []).append(client.tiers())
             finally:
-                daemon.stop()
+                daemon.teardown(check=False, timeout=30)
             shutil.rmtree(os.path.join(directory, f"db{r}"), ignore_errors=True)
             shutil.rmtree(os.path.join(directory, f"dk{r}"), ignore_errors=True)
         log(f"drain round {r}: none {mibs(rates['none'][-1])} MiB/s, tiers {mibs(rates['tiers'][-1])} MiB/s")

@@ -73,6 +73,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(BENCH)
@@ -266,7 +267,11 @@ def compute_job(args):
 # -- the daemon ---------------------------------------------------------------------------------
 
 
-class Daemon:
+class Store:
+    """One configuration's store: a shoal daemon (shoal.testing.Daemon: `binary serve`, its
+    socket in `work/name`, its output in `work/name.log`) with the experiment's options and
+    its region at a path of ours, and what the experiment reads of it."""
+
     def __init__(
         self,
         binary,
@@ -284,15 +289,10 @@ class Daemon:
         urgent_ms=None,
         prefault=False,
     ):
-        self.socket = os.path.join(work, f"{name}.sock")
+        from shoal.testing import Daemon  # here: the compute job (this file) does not load shoal
+
         self.region = os.path.join(region_dir, f"shoal-mixed-{os.getpid()}-{name}")
-        cmd = [
-            binary,
-            "serve",
-            "--socket",
-            self.socket,
-            "--capacity",
-            str(capacity),
+        options = [
             "--region",
             self.region,
             "--burst",
@@ -303,14 +303,9 @@ class Daemon:
             policy,
         ]
         if region_size:
-            cmd += ["--region-size", str(region_size)]
-        if not prefault:
-            # Static stores fill as the cold pass restores into them; an
-            # elastic one populates its region up to the target itself (and
-            # again each time it grows back after a shrink).
-            cmd += ["--no-prefault"]
+            options += ["--region-size", str(region_size)]
         if elastic_threshold is not None:
-            cmd += [
+            options += [
                 "--elastic",
                 "--elastic-source",
                 "host",
@@ -320,27 +315,34 @@ class Daemon:
                 f"{elastic_threshold:.6f}",
             ]
             if shrink_gain is not None:
-                cmd += ["--elastic-shrink-gain", str(shrink_gain)]
+                options += ["--elastic-shrink-gain", str(shrink_gain)]
             if feed_forward:
-                cmd += ["--elastic-feed-forward"]
+                options += ["--elastic-feed-forward"]
             if prefetch:
-                cmd += ["--elastic-prefetch", prefetch]
+                options += ["--elastic-prefetch", prefetch]
             if urgent_ms is not None:
-                cmd += ["--elastic-urgent-interval-ms", str(urgent_ms)]
+                options += ["--elastic-urgent-interval-ms", str(urgent_ms)]
         self.binary = binary
-        self.log = open(os.path.join(work, f"{name}.log"), "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 30
-        while not os.path.exists(self.socket):
-            if self.proc.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"the daemon did not start; see {self.log.name}")
-            time.sleep(0.05)
+        # Without prefault, static stores fill as the cold pass restores into them; an
+        # elastic one populates its region up to the target itself (and again each time
+        # it grows back after a shrink).
+        self.daemon = Daemon(
+            Path(work) / name,
+            str(capacity),
+            options,
+            connect=False,
+            prefault=prefault,
+            program=[binary],
+            log=os.path.join(work, f"{name}.log"),
+            timeout=30,
+        )
+        self.socket = self.daemon.socket
 
     def resident(self):
         """Bytes the region file holds in memory (tmpfs pages). The daemon unlinks the
         region's name once mapped: its file is found among the daemon's descriptors."""
         if getattr(self, "region_fd", None) is None:
-            fds = f"/proc/{self.proc.pid}/fd"
+            fds = f"/proc/{self.daemon.pid}/fd"
             for fd in os.listdir(fds):
                 try:
                     if os.readlink(os.path.join(fds, fd)).startswith(self.region):
@@ -358,7 +360,7 @@ class Daemon:
     def thread_cpu_s(self, comm):
         """CPU seconds of the daemon's threads named `comm` (as /proc shows it, 15 chars)."""
         total = 0
-        task = f"/proc/{self.proc.pid}/task"
+        task = f"/proc/{self.daemon.pid}/task"
         for tid in os.listdir(task):
             try:
                 with open(f"{task}/{tid}/comm") as f:
@@ -391,13 +393,7 @@ class Daemon:
         return [[float(x) for x in row.split(",")] for row in rows]
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        self.daemon.teardown(check=False, timeout=30)
         if os.path.exists(self.region):
             os.unlink(self.region)
 
@@ -500,7 +496,7 @@ def run_config(
         return {"name": name, "skipped": f"MemAvailable {available / GiB:.1f} GiB at start"}
     threshold = int(used + args.budget_gib * GiB)
     r0 = threshold / total
-    daemon = Daemon(
+    daemon = Store(
         args.shoal,
         work,
         name,
@@ -1225,9 +1221,7 @@ def main():
             raise SystemExit(f"MemAvailable {available / GiB:.1f} GiB: not enough to load the data")
         log(f"loading {n} tables onto the burst buffer ({work})")
         large = int(args.large_gib * GiB)
-        loader = Daemon(
-            args.shoal, work, "load", large, burst, policy=args.policy, region_dir=args.region_dir
-        )
+        loader = Store(args.shoal, work, "load", large, burst, policy=args.policy, region_dir=args.region_dir)
         try:
             ids = load(shoal.Client(loader.socket), n)
         finally:

@@ -133,26 +133,15 @@ class Shoal:
     """A daemon (with tiers unless `tiers` is false) and its mounts, for the run."""
 
     def __init__(self, root: Path, capacity: str, tiers: bool = True) -> None:
-        self.root = root
-        self.socket = str(root / "s.sock")
-        log = open(root / "daemon.log", "ab")
-        below = ["--burst", str(root / "burst"), "--backing", str(root / "backing")] if tiers else []
-        self.daemon = subprocess.Popen(
-            # Prefaulted (the daemon's default): store memory is warm, as the ceiling's is.
-            [*shoal_cmd(), "serve", "-s", self.socket, "-m", capacity, *below],
-            stdout=log,
-            stderr=log,
-        )
-        import shoal
+        from shoal.testing import Daemon
 
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                shoal.Client(self.socket).close()
-                break
-            except Exception:
-                assert time.monotonic() < deadline, "daemon did not start"
-                time.sleep(0.05)
+        self.root = root
+        below = ["--burst", str(root / "burst"), "--backing", str(root / "backing")] if tiers else []
+        # Prefaulted (the daemon's default): store memory is warm, as the ceiling's is.
+        self.daemon = Daemon(
+            root, capacity, below, prefault=True, program=shoal_cmd(), log=root / "daemon.log", timeout=30
+        )
+        self.socket = self.daemon.socket
         self.mounts: dict[str, tuple[Path, subprocess.Popen]] = {}
         for name, extra in MOUNTS.items():
             mnt = root / name
@@ -209,8 +198,7 @@ class Shoal:
         for _, proc in self.mounts.values():
             proc.terminate()
             proc.wait(10)
-        self.daemon.terminate()
-        self.daemon.wait(30)
+        self.daemon.teardown(check=False, timeout=30)
 
 
 def fio(

@@ -11,6 +11,11 @@ deadline, and the home node of an id as every daemon computes it.
     client = daemon.client()
     ...
     daemon.teardown()
+
+The keyword-only options are for benchmarks (bench/): another shoal program, a command
+prefix (CPU pinning), extra environment, a log of their choosing, starting without waiting
+(to time the start), and a teardown that reports instead of failing (`check=False`).
+Their defaults are what the tests use.
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import shoal
 
@@ -57,6 +62,11 @@ def short_dir(base: Path) -> Path:
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def _report(problem: object) -> None:
+    """What a lenient teardown (`check=False`) found, for the reader of stderr."""
+    print(f"shoal.testing: {problem}", file=sys.stderr, flush=True)
+
+
 class Daemon:
     """A `python -m shoal serve` subprocess owned by one test."""
 
@@ -67,21 +77,47 @@ class Daemon:
         args: Sequence[str] = (),
         connect: bool = True,
         prefault: bool = False,
+        *,
+        program: Sequence[str] | None = None,
+        prefix: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        log: str | os.PathLike[str] | IO[Any] | None = None,
+        wait: bool = True,
+        timeout: float = 15.0,
     ) -> None:
         """Starts the daemon and waits until it serves: by connecting a client, or with
         `connect=False` by watching the socket file and the log (a client maps and
-        faults in the whole region, which is slow for huge capacities)."""
+        faults in the whole region, which is slow for huge capacities).
+
+        Keyword-only (benchmarks):
+        - `program`: the shoal command to run `serve` with, instead of this interpreter's
+          `python -m shoal`: e.g. `["shoal"]`, the release binary, another interpreter's
+          `[python, "-m", "shoal"]`;
+        - `prefix`: put before the command line, e.g. `["taskset", "-c", "1"]` (the prefix
+          must exec the daemon, so that `pid` is the daemon's);
+        - `env`: variables set in the daemon's environment on top of this process's
+          (SHOAL_SOCKET is still removed);
+        - `log`: where its stdout and stderr go, a path (appended to) or an open file (read
+          back through its name, as `connect=False` does; default `directory/shoal-daemon.log`);
+        - `wait=False`: return once the process is started, without waiting (`started` is
+          its `time.monotonic()` start; `wait_ready` waits later);
+        - `timeout`: seconds the wait gives the daemon to serve."""
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.socket = str(directory / "shoal.sock")
-        self.log_path = directory / "shoal-daemon.log"
+        output: IO[Any] | None = None  # the file we open for the log, closed once it is passed on
+        if log is None or isinstance(log, (str, os.PathLike)):
+            self.log_path: Path | None = Path(log or directory / "shoal-daemon.log")
+            output = open(self.log_path, "ab")  # noqa: SIM115 - closed below
+        else:  # an open file: read back through its name, if it has one
+            name = getattr(log, "name", None)
+            self.log_path = Path(name) if isinstance(name, str) else None
         self.killed = False
         self.returncode: int | None = None
         self._clients: list[shoal.Client] = []
         command = [
-            sys.executable,
-            "-m",
-            "shoal",
+            *prefix,
+            *(program or [sys.executable, "-m", "shoal"]),
             "serve",
             "--socket",
             self.socket,
@@ -90,13 +126,20 @@ class Daemon:
             *([] if prefault else ["--no-prefault"]),
             *args,
         ]
-        env = dict(os.environ, NO_COLOR="1")
-        env.pop("SHOAL_SOCKET", None)
-        with open(self.log_path, "ab") as log:
+        environment = dict(os.environ, NO_COLOR="1")
+        environment.update(env or {})
+        environment.pop("SHOAL_SOCKET", None)
+        sink = output if output is not None else log
+        try:
+            self.started = time.monotonic()
             self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
+                command, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, env=environment
             )
-        self._wait_ready(connect)
+        finally:
+            if output is not None:
+                output.close()
+        if wait:
+            self.wait_ready(connect, timeout)
 
     def _serving(self, connect: bool) -> bool:
         if not connect:
@@ -107,7 +150,9 @@ class Daemon:
         except shoal.Disconnected:
             return False
 
-    def _wait_ready(self, connect: bool, timeout: float = 15.0) -> None:
+    def wait_ready(self, connect: bool = True, timeout: float = 15.0) -> None:
+        """Waits until the daemon serves (see `connect` in `__init__`); fails, killing it,
+        if it exits first or does not serve within `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
@@ -127,6 +172,8 @@ class Daemon:
         return self.process.pid
 
     def log(self) -> str:
+        if self.log_path is None:
+            return ""
         try:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
@@ -158,14 +205,23 @@ class Daemon:
         self.returncode = self.process.returncode
         return self.returncode
 
-    def teardown(self) -> None:
+    def teardown(self, *, check: bool = True, timeout: float = 10.0) -> None:
+        """Stops the daemon (SIGTERM; `timeout` seconds, then SIGKILL) and checks that it exited
+        0 and left neither socket nor region behind; closes the clients of `client()`.
+        `check=False` (benchmarks): the same, but what the checks find goes to stderr
+        instead of failing."""
         try:
             if self.killed:
                 return
-            code = self.stop()
-            assert code == 0, f"daemon exited with code {code}:\n{self.log()}"
-            assert not os.path.exists(self.socket), "daemon left its socket file behind"
-            assert not self.region_files(), f"daemon left its region behind: {self.region_files()}"
+            try:
+                code = self.stop(timeout)
+                assert code == 0, f"daemon exited with code {code}:\n{self.log()}"
+                assert not os.path.exists(self.socket), "daemon left its socket file behind"
+                assert not self.region_files(), f"daemon left its region behind: {self.region_files()}"
+            except AssertionError as problem:
+                if check:
+                    raise
+                _report(problem)
         finally:
             if self.process.poll() is None:
                 self.process.kill()
@@ -179,6 +235,10 @@ class Daemon:
 class Cluster:
     """An emulated cluster from `python -m shoal cluster up`, owned by one test."""
 
+    # What `__init__` sets; here too for subclasses that make their cluster another way.
+    timeout: float = 60.0
+    command_log: IO[str] | None = None
+
     def __init__(
         self,
         directory: Path,
@@ -189,14 +249,21 @@ class Cluster:
         simulate_caches: bool = False,
         linger_ms: int | None = None,
         tiers: bool = False,
+        *,
+        timeout: float = 60.0,
+        log: IO[str] | None = None,
     ) -> None:
         """`tiers`: give each node the burst buffer and backing directory `cluster up` gives
         by default; off here, so tests of memory behaviour (eviction forgets, a restarted
-        node comes back empty) see memory alone."""
+        node comes back empty) see memory alone. Keyword-only (benchmarks): `timeout`,
+        seconds each `shoal cluster` command (up, status, down) may take; `log`, an open
+        text file those commands and their output are appended to."""
         self.directory = directory
         self.name = f"t{os.getpid()}x{directory.name}"[-24:]
         self.nodes = nodes
         self.simulate_caches = simulate_caches
+        self.timeout = timeout
+        self.command_log = log
         self._clients: list[shoal.Client] = []
         result = shoal_command(
             "cluster", "up", "--nodes", str(nodes), "--dir", str(directory), "--capacity", capacity,
@@ -204,6 +271,7 @@ class Cluster:
             *(["--simulate-caches"] if simulate_caches else []),
             *([] if linger_ms is None else ["--linger-ms", str(linger_ms)]),
             *([] if tiers else ["--no-tiers"]),
+            timeout=timeout, log=log,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr + result.stdout
         self.file = directory / "cluster.toml"
@@ -262,20 +330,34 @@ class Cluster:
             message=f"node {node} up again",
         )
 
+    def _command(self, *args: str) -> subprocess.CompletedProcess:
+        """`shoal cluster ARGS --dir DIRECTORY`."""
+        return shoal_command(
+            "cluster", *args, "--dir", str(self.directory), timeout=self.timeout, log=self.command_log
+        )
+
     def status(self) -> list[dict]:
-        result = shoal_command("cluster", "status", "--dir", str(self.directory), "--json")
+        result = self._command("status", "--json")
         assert result.returncode == 0, result.stderr
         return [json.loads(line) for line in result.stdout.splitlines()]
 
     def regions(self) -> list[str]:
         return glob.glob(f"/dev/shm/shoal-*-{self.name}-n*")
 
-    def down(self) -> None:
+    def down(self, *, check: bool = True) -> None:
+        """Closes the clients of `client()` and stops the cluster (`shoal cluster down`),
+        checking that it stopped and left no region behind. `check=False` (benchmarks): what
+        the checks find goes to stderr instead of failing."""
         for client in self._clients:
             client.close()
-        result = shoal_command("cluster", "down", "--dir", str(self.directory))
-        assert result.returncode == 0, result.stderr + result.stdout
-        assert not self.regions(), f"cluster left regions behind: {self.regions()}"
+        result = self._command("down")
+        try:
+            assert result.returncode == 0, result.stderr + result.stdout
+            assert not self.regions(), f"cluster left regions behind: {self.regions()}"
+        except AssertionError as problem:
+            if check:
+                raise
+            _report(problem)
 
 
 def home_of(oid: shoal.ObjectID, nodes: int) -> int:
@@ -303,10 +385,14 @@ def ids_homed_at(node: int, count: int, nodes: int = 3) -> list[shoal.ObjectID]:
     return found
 
 
-def shoal_command(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Runs `python -m shoal ARGS` (this interpreter's shoal) and captures its output."""
+def shoal_command(*args: str, timeout: float = 60, log: IO[str] | None = None) -> subprocess.CompletedProcess:
+    """Runs `python -m shoal ARGS` (this interpreter's shoal) and captures its output; with
+    `log` (an open text file), also appends the command line and its output there."""
     env = dict(os.environ, NO_COLOR="1")
     env.pop("SHOAL_SOCKET", None)
-    return subprocess.run(
-        [sys.executable, "-m", "shoal", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    command = [sys.executable, "-m", "shoal", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    if log is not None:
+        log.write(f"$ {' '.join(command)}\n{result.stdout}{result.stderr}")
+        log.flush()
+    return result
