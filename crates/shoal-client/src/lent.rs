@@ -11,7 +11,7 @@
 //! which checks every record against its own record of the lent block.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use shoal_core::durability::Durability;
@@ -40,9 +40,24 @@ pub trait Daemon {
     fn alive(&self) -> bool;
 }
 
+/// Whether the daemon's end of the connection `socket` is still open: a
+/// poll for hang-up, without waiting.
+pub fn daemon_alive(socket: BorrowedFd<'_>) -> bool {
+    let mut poll = libc::pollfd {
+        fd: socket.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on a descriptor we hold, no waiting.
+    let n = unsafe { libc::poll(&mut poll, 1, 0) };
+    n == 0 || poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) == 0
+}
+
 pub struct FastWrites {
     sender: WriteSender,
     doorbell: OwnedFd,
+    /// A duplicate of the connection's socket, to see the daemon go.
+    socket: OwnedFd,
     fast: std::sync::Arc<FastReads>,
     line: u64,
     lease: Option<Lease>,
@@ -59,15 +74,20 @@ pub struct FastWrites {
 }
 
 impl FastWrites {
+    /// The channel and doorbell the daemon sent; `socket`, a duplicate of
+    /// the connection's, tells a full ring whose daemon is gone from a busy
+    /// one.
     pub fn attach(
         channel: BorrowedFd<'_>,
         doorbell: OwnedFd,
+        socket: OwnedFd,
         fast: std::sync::Arc<FastReads>,
         line: u64,
     ) -> Result<Self> {
         Ok(Self {
             sender: WriteSender::attach(channel)?,
             doorbell,
+            socket,
             fast,
             line,
             lease: None,
@@ -211,7 +231,9 @@ impl FastWrites {
         Ok(true)
     }
 
-    /// Stages a record, publishing and waiting for room while the ring is full.
+    /// Stages a record, publishing and waiting for room while the ring is
+    /// full; `Disconnected` if the daemon goes meanwhile (nobody would ever
+    /// make room: a release or a close would hang).
     fn stage(&mut self, record: &Record) -> Result<u64> {
         let mut pause = Duration::from_micros(10);
         loop {
@@ -219,6 +241,12 @@ impl FastWrites {
                 return Ok(sequence);
             }
             self.publish();
+            if !daemon_alive(self.socket.as_fd()) {
+                return Err(ShoalError::new(
+                    ErrorKind::Disconnected,
+                    "the daemon closed the connection while its write channel was full",
+                ));
+            }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
         }

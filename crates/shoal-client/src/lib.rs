@@ -12,7 +12,7 @@ mod peer_reads;
 pub mod shared;
 
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -425,14 +425,7 @@ struct Connected<'a>(&'a UnixStream);
 
 impl lent::Daemon for Connected<'_> {
     fn alive(&self) -> bool {
-        let mut poll = libc::pollfd {
-            fd: self.0.as_raw_fd(),
-            events: libc::POLLRDHUP,
-            revents: 0,
-        };
-        // SAFETY: one pollfd on our own socket, no waiting.
-        let n = unsafe { libc::poll(&mut poll, 1, 0) };
-        n == 0 || poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) == 0
+        lent::daemon_alive(self.0.as_fd())
     }
 }
 
@@ -508,8 +501,9 @@ impl Client {
         match self.channel.call_with_fds(&Request::FastWrites)? {
             (Reply::FastWrites { .. }, mut fds) if fds.len() == 2 => {
                 let doorbell = fds.pop().expect("two fds");
-                match lent::FastWrites::attach(fds[0].as_fd(), doorbell, fast, self.info.line_size)
-                {
+                let socket = OwnedFd::from(self.channel.stream.try_clone()?);
+                let line = self.info.line_size;
+                match lent::FastWrites::attach(fds[0].as_fd(), doorbell, socket, fast, line) {
                     Ok(writes) => Ok(Some(writes)),
                     Err(err) if err.kind() == ErrorKind::Io => Ok(None),
                     Err(err) => Err(err),

@@ -472,3 +472,35 @@ fn a_closed_client_creates_nothing_in_lent_space() {
     assert_eq!(err.kind(), shoal_core::error::ErrorKind::Disconnected);
     assert!(c.get(&[ObjectId::random()], 0).is_err());
 }
+
+/// A client whose daemon is gone does not hang on a full write channel:
+/// creates in lent space stage a record each, and once the ring is full and
+/// nobody reads it they fail with `Disconnected` (before the fix, the
+/// client waited for room forever, and so did its `close`).
+#[test]
+fn a_full_write_channel_of_a_gone_daemon_fails_rather_than_hangs() {
+    let daemon = TestDaemon::start(64 << 20);
+    let mut client = daemon.client();
+    assert!(client.has_fast_writes(), "the daemon offers write channels");
+    // A lease first, so the creates below need no request.
+    let first = ObjectId::random();
+    client.create(first, 64, 0, 0).unwrap();
+    client.seal(&[first], false).unwrap();
+    daemon.stop();
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let records = shoal_core::fast_path::writes::RECORDS as usize;
+        let result = (0..2 * records)
+            .try_for_each(|_| client.create(ObjectId::random(), 64, 0, 0).map(|_| ()));
+        let _ = done.send(result);
+    });
+    let result = outcome
+        .recv_timeout(Duration::from_secs(30))
+        .expect("creates into a full write channel of a gone daemon hung");
+    let err = result.expect_err("nothing read the ring: a create must fail");
+    assert_eq!(
+        err.kind(),
+        shoal_core::error::ErrorKind::Disconnected,
+        "{err}"
+    );
+}
