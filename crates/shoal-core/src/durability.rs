@@ -6,6 +6,8 @@ use std::str::FromStr;
 
 use crate::error::{Result, ShoalError};
 
+/// When a seal is acknowledged; ordered from the weakest (`Memory`) to the strongest
+/// (`Backing`). The discriminant is the wire byte (`Seal`, `WaitDurable`, `Tiers`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 #[repr(u8)]
 pub enum Durability {
@@ -19,8 +21,10 @@ pub enum Durability {
 }
 
 impl Durability {
+    /// Every level, weakest first.
     pub const ALL: [Durability; 3] = [Durability::Memory, Durability::Local, Durability::Backing];
 
+    /// The level's name in configuration, flags and the Python API: `memory`, `local`, `backing`.
     pub fn name(self) -> &'static str {
         match self {
             Durability::Memory => "memory",
@@ -29,6 +33,8 @@ impl Durability {
         }
     }
 
+    /// The level whose wire byte is `v`; `None` for any other byte (no default byte here:
+    /// `Seal`'s 0xFF is decoded by the protocol).
     pub fn from_u8(v: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|d| *d as u8 == v)
     }

@@ -59,10 +59,12 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// The wire code (`Error`'s `kind`, a `Statuses` entry); never 0, which means success.
     pub fn code(self) -> u16 {
         self as u16
     }
 
+    /// The kind with wire code `code`; `None` for 0 and unknown codes, which a decoder refuses.
     pub fn from_code(code: u16) -> Option<Self> {
         use ErrorKind::*;
         Some(match code {
@@ -96,6 +98,8 @@ impl ErrorKind {
         matches!(self, Self::NodeUnavailable | Self::HomeUnavailable)
     }
 
+    /// The name Python's exception classes and messages use: the variant's, except
+    /// `ProtocolError` for `Protocol` and `IoError` for `Io`.
     pub fn name(self) -> &'static str {
         use ErrorKind::*;
         match self {
@@ -137,6 +141,7 @@ pub struct ShoalError {
 }
 
 impl ShoalError {
+    /// An error of `kind` with a message that gives the context.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Self {
             kind,
@@ -144,18 +149,22 @@ impl ShoalError {
         }
     }
 
+    /// What went wrong, as the wire and the Python package see it.
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
 
+    /// The human message: the context (id, sizes, path), without the kind.
     pub fn message(&self) -> &str {
         &self.message
     }
 
+    /// `ObjectNotFound`, naming the id.
     pub fn not_found(id: &ObjectId) -> Self {
         Self::new(ErrorKind::ObjectNotFound, format!("object {id} not found"))
     }
 
+    /// `ObjectExists`, naming the id.
     pub fn exists(id: &ObjectId) -> Self {
         Self::new(
             ErrorKind::ObjectExists,
@@ -163,14 +172,17 @@ impl ShoalError {
         )
     }
 
+    /// `Protocol`: a frame or shared-memory record that does not decode.
     pub fn protocol(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Protocol, message)
     }
 
+    /// `InvalidArgument`: a request that decodes but makes no sense.
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, message)
     }
 
+    /// `Io`, with what was being done (`context`) before the operating system's error.
     pub fn io(context: &str, err: impl std::fmt::Display) -> Self {
         Self::new(ErrorKind::Io, format!("{context}: {err}"))
     }
@@ -189,6 +201,7 @@ impl From<std::io::Error> for ShoalError {
     }
 }
 
+/// A result whose error is a [`ShoalError`] unless said otherwise.
 pub type Result<T, E = ShoalError> = std::result::Result<T, E>;
 
 // Conversions from the typed errors of modules that need none of this one

@@ -10,19 +10,30 @@ use crate::ids::ObjectId;
 pub enum ObjectEvent {
     /// Sealed: readable from now on, with these sizes.
     Sealed {
+        /// The object sealed.
         id: ObjectId,
+        /// Bytes of data, not counting metadata.
         data_size: u64,
+        /// Bytes of metadata, stored right after the data.
         meta_size: u32,
     },
     /// A sealed object left memory: `deleted` by a delete (its memory freed
     /// when the last reference goes; in a cluster its caller unregisters
     /// the id), else evicted (down a tier if one takes it, else gone). Each
     /// sealed object is removed once.
-    Removed { id: ObjectId, deleted: bool },
+    Removed {
+        /// The object that left.
+        id: ObjectId,
+        /// True for a delete (notification kind 3), false for an eviction (kind 2).
+        deleted: bool,
+    },
     /// An unsealed object went: aborted, or its creator disconnected.
     /// Subscribers never saw it and are not told; a cluster node
     /// unregisters the id.
-    Aborted { id: ObjectId },
+    Aborted {
+        /// The unsealed object that went.
+        id: ObjectId,
+    },
 }
 
 impl ObjectEvent {

@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+/// Bytes in an object id, on the wire and in the fast path's index (there zero-padded to 24).
 pub const ID_LEN: usize = 20;
 
 /// A 20-byte object id. Callers choose ids (a content hash, a task id) or draw
@@ -11,6 +12,7 @@ pub const ID_LEN: usize = 20;
 pub struct ObjectId(pub [u8; ID_LEN]);
 
 impl ObjectId {
+    /// The id in `bytes`; `None` unless they are exactly [`ID_LEN`] long.
     pub fn from_slice(bytes: &[u8]) -> Option<Self> {
         bytes.try_into().ok().map(ObjectId)
     }
@@ -22,14 +24,18 @@ impl ObjectId {
         ObjectId(bytes)
     }
 
+    /// The id's 20 raw bytes, as they go on the wire.
     pub fn as_bytes(&self) -> &[u8; ID_LEN] {
         &self.0
     }
 
+    /// The id as 40 lower-case hex digits: how logs, the CLI and names of tier files show it.
     pub fn to_hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
     }
 
+    /// The id written as 40 hex digits (either case), as [`ObjectId::to_hex`] writes it; `None`
+    /// for any other length or a pair of characters `u8::from_str_radix` refuses.
     pub fn from_hex(hex: &str) -> Option<Self> {
         if hex.len() != 2 * ID_LEN || !hex.is_ascii() {
             return None;

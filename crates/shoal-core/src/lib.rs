@@ -8,6 +8,8 @@
 //! else from the server side. Everything here is synchronous and needs no
 //! runtime.
 
+#![warn(missing_docs)]
+
 pub mod busy_poll;
 pub mod coherence;
 pub mod copy;

@@ -4,8 +4,12 @@
 /// Where an object lives and how big it is: what a client needs to map it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ObjectLocation {
+    /// Bytes from the start of the region of the object's node to its data (the start of its
+    /// block, which the allocator places on a line boundary).
     pub offset: u64,
+    /// Bytes of data, not counting metadata or padding.
     pub data_size: u64,
+    /// Bytes of metadata, right after the data (at `offset + data_size`).
     pub meta_size: u32,
 }
 
@@ -21,6 +25,8 @@ impl ObjectLocation {
 /// line size (an object's bytes, or space lent to a client).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block {
+    /// Where the block starts, in bytes from the start of the region.
     pub offset: u64,
+    /// Its length in bytes, padding included.
     pub len: u64,
 }

@@ -50,6 +50,7 @@ pub unsafe fn populate(ptr: *mut u8, len: usize, write: bool) {
     }
 }
 
+/// The system's base page size in bytes (`_SC_PAGESIZE`), 4096 if it cannot be read.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };

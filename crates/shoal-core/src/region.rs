@@ -140,22 +140,29 @@ impl Region {
         })
     }
 
+    /// Where the region was created or opened. After [`Region::create`] the name is already
+    /// unlinked: only for messages then.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The region's length in bytes: what the daemon mapped and clients map (a shared region's
+    /// trailer not counted).
     pub fn len(&self) -> u64 {
         self.map.len() as u64
     }
 
+    /// Whether the region has no bytes (never, as built: a region's length is positive).
     pub fn is_empty(&self) -> bool {
         self.map.len() == 0
     }
 
+    /// The region's file: what the daemon passes to each client at the handshake (SCM_RIGHTS).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
     }
 
+    /// The start of the daemon's mapping: offsets on the wire count from here.
     pub fn base(&self) -> *mut u8 {
         self.map.as_mut_ptr()
     }
@@ -469,14 +476,18 @@ impl Mapping {
         }
     }
 
+    /// The start of this process's mapping: an offset from the daemon (of this mapping's
+    /// node) is added to it, after a bounds check ([`Mapping::holds`]).
     pub fn base(&self) -> *mut u8 {
         self.map.as_mut_ptr()
     }
 
+    /// Bytes mapped: the region's length as the Welcome or the cluster file gave it.
     pub fn len(&self) -> u64 {
         self.map.len() as u64
     }
 
+    /// Whether nothing is mapped (a zero-length region).
     pub fn is_empty(&self) -> bool {
         self.map.len() == 0
     }

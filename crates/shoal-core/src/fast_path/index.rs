@@ -142,6 +142,7 @@ pub struct Found {
     /// The slot's version when read: unchanged after the reference was
     /// counted means the entry was still live.
     pub version: u64,
+    /// Where the object is in this node's region, as the slot said at `version`.
     pub location: ObjectLocation,
 }
 
@@ -186,11 +187,6 @@ impl IndexWriter {
         })
     }
 
-    /// Tells readers the daemon is stopping: every lookup misses from now
-    /// on, so clients ask the daemon (and learn it is gone) instead of
-    /// answering from an index nobody maintains. (A daemon killed outright
-    /// cannot say so: its clients keep reading what it had published, whose
-    /// memory stays theirs while mapped, until their next request fails.)
     /// Says whether the daemon sleeps until a client rings its doorbell
     /// (clients that published a write record then ring it).
     pub fn set_asleep(&self, asleep: bool) {
@@ -210,6 +206,11 @@ impl IndexWriter {
         }
     }
 
+    /// Tells readers the daemon is stopping: every lookup misses from now
+    /// on, so clients ask the daemon (and learn it is gone) instead of
+    /// answering from an index nobody maintains. (A daemon killed outright
+    /// cannot say so: its clients keep reading what it had published, whose
+    /// memory stays theirs while mapped, until their next request fails.)
     pub fn close(&mut self) {
         self.words.word(2).store(1, Ordering::SeqCst);
     }
@@ -219,6 +220,7 @@ impl IndexWriter {
         self.file.as_fd()
     }
 
+    /// The slot count (a power of two), as the `FastReads` reply and the header say it.
     pub fn slots(&self) -> u32 {
         self.words.slots as u32
     }
@@ -228,6 +230,7 @@ impl IndexWriter {
         self.live
     }
 
+    /// Whether no entry is live.
     pub fn is_empty(&self) -> bool {
         self.live == 0
     }
@@ -379,6 +382,8 @@ impl IndexReader {
         })
     }
 
+    /// The slot count the header gives (a power of two, checked at attach): the length a
+    /// reference table for this index has.
     pub fn slots(&self) -> u32 {
         self.words.slots as u32
     }

@@ -10,6 +10,9 @@
 
 use crate::location::Block;
 
+/// One block the daemon lent this client (`Lent`), and how far it is carved. The daemon
+/// keeps its own record and checks every `Create` record against it; this is only the
+/// client's bookkeeping.
 #[derive(Debug)]
 pub struct Lease {
     /// The daemon's number for it.
@@ -22,6 +25,7 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// A lease not carved yet: `number` and `block` as the `Lent` reply gave them.
     pub fn new(number: u64, block: Block) -> Self {
         Self {
             number,

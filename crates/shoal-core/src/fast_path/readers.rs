@@ -157,6 +157,8 @@ pub struct Readers {
 }
 
 impl Readers {
+    /// A new, empty index of `slots` slots (a power of two: see `index::slots_for`) and no
+    /// tables yet.
     pub fn new(slots: u32) -> Result<Self> {
         Ok(Self {
             index: IndexWriter::create(slots)?,
@@ -240,10 +242,12 @@ impl Readers {
         }
     }
 
+    /// The index, for lookups of what is published where.
     pub fn index(&self) -> &IndexWriter {
         &self.index
     }
 
+    /// The index, to publish and unpublish in (the store does so as objects come and go).
     pub fn index_mut(&mut self) -> &mut IndexWriter {
         &mut self.index
     }
@@ -337,6 +341,8 @@ impl Readers {
         })
     }
 
+    /// Local clients with a reference table (peer tables not counted: see
+    /// [`Readers::peer_tables`]).
     pub fn clients(&self) -> usize {
         self.tables.len()
     }
@@ -498,6 +504,8 @@ impl PeerTable {
         Ok(Self { counts, fd })
     }
 
+    /// The table's memfd: handed to the client (which maps it as its own table) and to the
+    /// owner (which attaches it through `/proc/PID/fd`).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }

@@ -6,7 +6,7 @@
 //!
 //! | offset | field |
 //! | --- | --- |
-//! | 0 | a [`ring`](super::ring) of [`RECORDS`] records of [`RECORD`] bytes (client → daemon) |
+//! | 0 | a [`ring`] of [`RECORDS`] records of [`RECORD`] bytes (client → daemon) |
 //! | [`RESULTS`] | one u32 per ring slot: the daemon's answer to the record last taken from it |
 //! | [`WAITING`] | u32, written by the client: 1 while it sleeps on an answer (futex) |
 //!
@@ -60,26 +60,44 @@ pub enum Record {
     /// This client creates object `id` at `location`, inside space lent to
     /// it: as the socket's Create would (unsealed, one creator reference).
     Create {
+        /// The new object's id (bytes 8..28).
         id: ObjectId,
+        /// Where and how big: a line-aligned block inside a part of this client's leases
+        /// not claimed yet (offset bytes 32..40, data size 40..48, metadata size 4..8).
         location: ObjectLocation,
     },
     /// Object `id`, created by this client, is written: seal it (and with
     /// `release` drop the creator's reference), as the socket's Seal does.
     Seal {
+        /// The object to seal (bytes 8..28).
         id: ObjectId,
+        /// Also drop the creator's reference once sealed (byte 1).
         release: bool,
+        /// The level to reach before the answer; `None` for the node's default (byte 2:
+        /// the level's byte + 1, 0 for the default).
         durability: Option<Durability>,
     },
     /// Drops object `id`, created by this client and not sealed.
-    Abort { id: ObjectId },
+    Abort {
+        /// The unsealed object to drop (bytes 8..28).
+        id: ObjectId,
+    },
     /// Drops one reference this client took through the daemon.
-    Release { id: ObjectId },
+    Release {
+        /// The object whose reference goes (bytes 8..28).
+        id: ObjectId,
+    },
     /// Lease number `lease` is given back: what of it was not sealed
     /// returns to the daemon's free space.
-    GiveBack { lease: u64 },
+    GiveBack {
+        /// The lease's number, as the `Lent` reply gave it (bytes 32..40).
+        lease: u64,
+    },
 }
 
 impl Record {
+    /// The record's 64 bytes as they go into the ring (layout in docs/protocol.md,
+    /// "FastWrites"; every byte not listed there is 0).
     pub fn encode(&self) -> [u8; RECORD as usize] {
         let mut out = [0u8; RECORD as usize];
         match *self {
@@ -116,7 +134,7 @@ impl Record {
         out
     }
 
-    /// Decodes a record a client wrote: anything but what [`encode`]
+    /// Decodes a record a client wrote: anything but what [`encode`](Self::encode)
     /// makes is a protocol error.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         if bytes.len() != RECORD as usize {

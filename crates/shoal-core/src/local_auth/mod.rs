@@ -31,6 +31,7 @@ pub use error::LocalAuthError;
 /// The superuser's uid.
 pub const ROOT: u32 = 0;
 
+/// A result whose error is a [`LocalAuthError`] unless said otherwise.
 pub type Result<T, E = LocalAuthError> = std::result::Result<T, E>;
 
 /// This process's effective uid: the owner of what it creates, and what

@@ -22,6 +22,7 @@ pub enum PsiAction {
 /// One control step as the trace keeps it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TracePoint {
+    /// When the step was taken, since the daemon started (µs on the wire).
     pub time: Duration,
     /// The controller's target for the store.
     pub target: u64,
@@ -32,6 +33,7 @@ pub struct TracePoint {
     pub store_used: u64,
     /// v_i and M at the sample.
     pub node_used: u64,
+    /// M: the node's memory in bytes (the host's, or the cgroup's limit).
     pub node_total: u64,
     /// r_i.
     pub utilisation: f64,
@@ -41,14 +43,20 @@ pub struct TracePoint {
 /// and every field but `capacity`, `used` and `pinned` is zero.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct CapacityReport {
+    /// Whether the store is elastic (`false`: a static store, whose report sets only
+    /// `target` = `capacity`, `used`, `pinned` and `resident`).
     pub enabled: bool,
     /// Where v_i and M are read: "host", "cgroup PATH" or "meminfo PATH".
     pub source: String,
     /// T, r_0, λ, U_min and the last step's U_max.
     pub interval: Duration,
+    /// r_0: the share of the node's memory the law steers its use to (the paper's 0.95).
     pub threshold: f64,
+    /// λ: how much of the measured excess one step takes (the paper's 0.5).
     pub gain: f64,
+    /// U_min: the target never goes below this many bytes.
     pub min_capacity: u64,
+    /// The last step's U_max: α·M capped by `--capacity`, in bytes.
     pub max_capacity: u64,
     /// u_i: the controller's target.
     pub target: u64,
@@ -56,6 +64,8 @@ pub struct CapacityReport {
     pub capacity: u64,
     /// Bytes allocated to objects, and of them the ones no eviction can free.
     pub used: u64,
+    /// Bytes of objects no eviction can free now (referenced or unsealed): a shrink stops
+    /// there.
     pub pinned: u64,
     /// Bytes of memory the region holds now (its allocated pages).
     pub resident: u64,
@@ -63,19 +73,24 @@ pub struct CapacityReport {
     pub over_target: bool,
     /// r_i, v_i and M of the last sample.
     pub utilisation: f64,
+    /// v_i: the node's memory in use, in bytes.
     pub node_used: u64,
+    /// M: the node's memory, in bytes.
     pub node_total: u64,
     /// The last step's change of the target (negative: shrink).
     pub last_step: i64,
     /// Share of the last interval some task stalled on memory (PSI).
     pub stall_share: Option<f64>,
+    /// What the PSI guard decided at the last step.
     pub psi_action: PsiAction,
     /// Steps taken, bytes given back to the kernel, since the daemon started.
     pub steps: u64,
+    /// Bytes of the region given back to the kernel since the daemon started.
     pub released_bytes: u64,
     /// CPU time the controller spent, in seconds, and of it the part spent
     /// carrying shrinks out: evicting (down a tier) and giving pages back.
     pub cpu_seconds: f64,
+    /// Of `cpu_seconds`, the part spent carrying shrinks out.
     pub release_cpu_seconds: f64,
     /// Steps after which the next came at the urgent interval.
     pub urgent_steps: u64,

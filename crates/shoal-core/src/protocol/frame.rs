@@ -2,15 +2,20 @@
 
 use crate::error::{Result, ShoalError};
 
+/// Bytes of a frame header, before the payload.
 pub const FRAME_HEADER_LEN: usize = 8;
 
 /// Largest payload accepted (a get of ~3 million ids). Larger frames are a
 /// protocol error: the daemon drops the client rather than buffer it.
 pub const MAX_FRAME_LEN: u32 = 64 << 20;
 
+/// A parsed frame header: flags are checked (0) and not kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
+    /// Bytes of payload that follow the header; at most [`MAX_FRAME_LEN`] (checked at parse).
     pub len: u32,
+    /// What the payload is: a request's opcode (0x0001 up) or a reply's (0x0080 up), not
+    /// checked here (an unknown one is refused once the payload is in).
     pub opcode: u16,
 }
 

@@ -9,9 +9,13 @@ use super::codec::{Reader, Writer};
 /// An object's name and what a file listing shows of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NameEntry {
+    /// The name: `/`-separated components, relative (the rules of `names::check`).
     pub name: String,
+    /// The object the name is bound to.
     pub id: ObjectId,
+    /// The object's bytes of data: a file's length on the mount.
     pub data_size: u64,
+    /// The object's bytes of metadata.
     pub meta_size: u32,
     /// When the name was bound to this object (its seal), ms since the epoch.
     pub mtime_ms: u64,

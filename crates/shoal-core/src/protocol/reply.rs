@@ -14,19 +14,33 @@ use super::peer_region::PeerRegion;
 use super::store_report::{ObjectInfo, StoreStats, POLICY_NAMES};
 use super::tier_report::TierReport;
 
+/// What the daemon answers: one frame per request (none for `Release`), opcodes 0x0080 up
+/// (docs/protocol.md §3); on a subscribed connection, notifications only.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
+    /// Success with nothing to say (`Seal`, `Abort`, `Subscribe`, the names' changes): an
+    /// empty payload.
     Ok,
+    /// The request failed; nothing else is said. (A malformed request gets no reply at
+    /// all: the daemon drops the connection.)
     Error {
+        /// What went wrong; a code the decoder does not know is a protocol error.
         kind: ErrorKind,
+        /// The context, for people (id, sizes, path).
         message: String,
     },
     /// Sent with the region's fd attached.
     Welcome {
+        /// The daemon's [`PROTOCOL_VERSION`](super::PROTOCOL_VERSION).
         version: u32,
+        /// This connection's id, unique while it is connected; never 0.
         client_id: u32,
+        /// Bytes to map from offset 0 of the fd; every offset sent later is below it.
         region_size: u64,
+        /// Bytes the store may use, at connect time (an elastic store's moves later).
         capacity: u64,
+        /// The unit objects are aligned and padded to, in bytes (a power of two: 64 by
+        /// default, at least `coherence::LINE` on a non-coherent cluster).
         line_size: u64,
         /// The daemon keeps the whole region resident (prefaulted): a client
         /// can populate its page tables for all of it at connect without
@@ -38,7 +52,11 @@ pub enum Reply {
     /// `generation`: of the node's region the offsets are in (`CreateOn`
     /// on another node); 0 for the daemon's own region.
     Created {
+        /// The generation of that node's region: a client whose mapping of it shows
+        /// another maps the file anew, or fails if the node restarted meanwhile.
         generation: u64,
+        /// Where each object's block starts in that region, in request order (sizes are
+        /// the request's); the data comes first, the metadata right after it.
         offsets: Vec<u64>,
     },
     /// `CreateOn` a node whose memory cannot be mapped here: the objects
@@ -46,65 +64,92 @@ pub enum Reply {
     /// offsets of its own node's region (staging buffers); their seal
     /// pushes the bytes to that node.
     Staged {
+        /// Each object's staging buffer in this daemon's own region, in request order.
         offsets: Vec<u64>,
     },
+    /// The answer to `Get`, also when ids were not found in time.
     Objects {
+        /// One entry per requested id, in request order: `None` not found (no reference
+        /// taken), else where it is (one reference taken for this connection).
         objects: Vec<Option<Located>>,
     },
+    /// A yes or no: `Contains`, `Resize` (false: no room to grow in place).
     Bool(bool),
+    /// The answer to `List`.
     List {
+        /// Every object but the delete-pending ones, in no particular order: those in
+        /// memory, then those only on a tier.
         objects: Vec<ObjectInfo>,
     },
+    /// The answer to `Stats`: the store's counters.
     Stats(StoreStats),
+    /// The answer to `Tiers`: the tiers below memory and the drain's progress.
     Tiers(TierReport),
+    /// The answer to `Resolve`: the name and the object it is bound to.
     Named(NameEntry),
+    /// The answer to `ListNames`.
     Names {
+        /// Every name under the directory asked for, recursively, sorted by bytes.
         entries: Vec<NameEntry>,
     },
+    /// The answer to `Capacity`: the capacity controller's state and trace.
     Capacity(CapacityReport),
     /// On a subscribed connection: an object sealed or removed (never
     /// `Aborted`: subscribers see sealed objects only).
     Notification(ObjectEvent),
     /// One status per id: `None` for success.
     Statuses {
+        /// In request order: `None` (0 on the wire) for success, else the error's kind.
         errors: Vec<Option<ErrorKind>>,
     },
+    /// The answer to `Evict`.
     Evicted {
+        /// Bytes actually freed (block lengths, padding included); may exceed the request.
         bytes: u64,
     },
     /// Sent with two fds attached: the object index (map it read-only) and
     /// this client's reference table of `slots` u32 counts.
     FastReads {
+        /// The index's slot count (a power of two; the index's header says it too).
         slots: u32,
     },
     /// Sent with two fds attached: this client's write channel (`records`
     /// records in its ring) and the daemon's doorbell.
     FastWrites {
+        /// Records in the channel's ring (`fast_path::writes::RECORDS`, 256).
         records: u32,
     },
     /// A block of the region lent to this client as lease number `lease`
     /// (`len` 0: none).
     Lent {
+        /// The lease's number, unique in the store's life: what a `GiveBack` record names.
         lease: u64,
+        /// Where the block starts in the region (a multiple of the line size).
         offset: u64,
+        /// The block's length in bytes, whole lines; 0: nothing lent now (create through
+        /// `Create`).
         len: u64,
     },
     /// Sent with two fds per entry attached (the owner's index, then this
     /// client's table there): per owner node, its incarnation (its region's
     /// generation).
     PeerReads {
+        /// `(node, generation)` per owner, in the order of the fds; at most 32.
         owners: Vec<(u32, u64)>,
     },
     /// `node` is this daemon's id; `coherent` false means clients flush
     /// before seal and invalidate before the first read of remote objects
     /// (and of local ones marked `Located::invalidate`).
     ClusterInfo {
+        /// This daemon's node id.
         node: u32,
+        /// Whether the fabric keeps caches coherent (`false`: flush and invalidate).
         coherent: bool,
         /// Emulation only: clients keep a private copy of every region as
         /// their "cache", synchronised only by flush and invalidate, so the
         /// coherency protocol is exercised on one host.
         simulated: bool,
+        /// Every node of the cluster, this one included, as seen from this host.
         nodes: Vec<PeerRegion>,
     },
 }
@@ -118,6 +163,7 @@ mod entry {
 }
 
 impl Reply {
+    /// The `Error` reply for `err`: its kind and message.
     pub fn error(err: &ShoalError) -> Self {
         Reply::Error {
             kind: err.kind(),
@@ -125,6 +171,9 @@ impl Reply {
         }
     }
 
+    /// Appends the whole frame (header + payload) to `out`. Counts are not checked
+    /// against [`MAX_FRAME_LEN`](super::MAX_FRAME_LEN): the client's decoder refuses an
+    /// oversized reply.
     pub fn encode(&self, out: &mut Vec<u8>) {
         let mut w = Writer::frame(out);
         let opcode = match self {
@@ -316,6 +365,9 @@ impl Reply {
         w.finish(opcode);
     }
 
+    /// Decodes one reply's payload (`header` already parsed). What the wire does not
+    /// carry is left out: a not-found `Objects` entry's location, a `Removed`
+    /// notification's sizes; a `Stats` policy name not in [`POLICY_NAMES`] becomes `other`.
     pub fn decode(header: FrameHeader, payload: &[u8]) -> Result<Self> {
         let mut r = Reader::new(payload);
         let reply = match header.opcode {

@@ -12,10 +12,17 @@ use super::opcodes::op;
 /// A timeout meaning "wait forever".
 pub const WAIT_FOREVER: i64 = -1;
 
+/// What a client asks its daemon: one frame each, opcodes 0x0001 up (docs/protocol.md §2).
+/// The daemon answers each in order with one [`Reply`](super::Reply), except `Release`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
+    /// The first request of every connection; answered by `Welcome` with the region's fd,
+    /// or `Error(VersionMismatch)`.
     Hello {
+        /// The client's [`PROTOCOL_VERSION`](super::PROTOCOL_VERSION): the daemon's must be
+        /// the same.
         version: u32,
+        /// The client's process id, for the daemon's logs only.
         pid: u32,
     },
     /// Create all or none; wait up to `timeout_ms` for space if the store is full.
@@ -23,18 +30,29 @@ pub enum Request {
     /// written): each is placed with free room after it where the store has
     /// some, not packed beside the last one created.
     Create {
+        /// How long to wait for space on a full store, in ms from when the request is
+        /// handled; 0 tries once. Running out is `StoreFull`, not `Timeout`.
         timeout_ms: u32,
+        /// The objects, created in this order; answered by one offset each.
         objects: Vec<CreateSpec>,
+        /// The objects will grow through `Resize`: placement only.
         growing: bool,
     },
     /// `durability`: acknowledged only once every object reached it
     /// (`None`: the node's default).
     Seal {
+        /// Also drop the creator's reference once sealed, if the connection still holds it.
         release: bool,
+        /// The level to reach before the `Ok`; on the wire 0 memory, 1 local, 2 backing,
+        /// 0xFF (`None`) the node's default.
         durability: Option<Durability>,
+        /// Unsealed objects this connection created, each once; all are checked before
+        /// any is sealed.
         ids: Vec<ObjectId>,
     },
+    /// Frees an unsealed object this connection created, at once.
     Abort {
+        /// The object to drop.
         id: ObjectId,
     },
     /// Resizes an unsealed object this client created (socket-created, no
@@ -43,29 +61,49 @@ pub enum Request {
     /// Answered by `Bool`: false when a growth found no room there (the
     /// object is unchanged; create a larger one instead).
     Resize {
+        /// The object, created through `Create` by this connection.
         id: ObjectId,
+        /// Its new size in bytes of data.
         data_size: u64,
     },
     /// Wait until every id is sealed or `timeout_ms` passes (-1: forever).
     Get {
+        /// ms to wait from when the request is handled: negative waits forever
+        /// ([`WAIT_FOREVER`] by convention), 0 looks once. Ids still missing then are
+        /// answered not found, not `Timeout`.
         timeout_ms: i64,
+        /// The objects, answered in this order; each one found takes a reference (an id
+        /// listed twice takes two).
         ids: Vec<ObjectId>,
     },
     /// One-way: no reply.
     Release {
+        /// One reference dropped per id; errors (unknown id, no reference) are ignored.
         ids: Vec<ObjectId>,
     },
+    /// Deletes each id on its own (not all or nothing); answered by `Statuses`. A
+    /// referenced object goes from view at once and is freed at its last release.
     Delete {
+        /// The objects to delete.
         ids: Vec<ObjectId>,
     },
+    /// Whether an object is sealed and not deleted, in memory or only on a tier; answered
+    /// by `Bool`.
     Contains {
+        /// The object asked about.
         id: ObjectId,
     },
+    /// Every object but the delete-pending ones, sealed or not, in memory or only on a
+    /// tier; answered by `List`.
     List,
+    /// The store's counters; answered by `Stats`.
     Stats,
     /// Turns this connection into a stream of `Notification` replies.
     Subscribe,
+    /// Evicts unreferenced sealed objects in the policy's order until at least `bytes`
+    /// are freed or no candidate is left; answered by `Evicted`.
     Evict {
+        /// Bytes to free (block lengths, padding included).
         bytes: u64,
     },
     /// The cluster this daemon belongs to, so the client can map peers' regions.
@@ -81,6 +119,8 @@ pub enum Request {
     /// Asks for a block of about `bytes` of free space to create objects
     /// in without a round trip each; answered by `Lent` (len 0: none now).
     Lend {
+        /// How much the client would like; the daemon lends at most 1 MiB and 1/256 of its
+        /// capacity, and nothing while it is short of free room.
         bytes: u64,
     },
     /// In a cluster: the indexes of the owners whose objects this client may
@@ -91,24 +131,36 @@ pub enum Request {
     /// allocation); offsets in a `Created` reply are in that node's region.
     /// For a node reached over the network only the reply is `Staged`.
     CreateOn {
+        /// The node whose region holds the objects; this daemon's own node is a plain
+        /// `Create`.
         node: u32,
+        /// As `Create`'s: ms to wait for space, 0 tries once.
         timeout_ms: u32,
+        /// The objects, in order (no `growing`: an object on another node is never
+        /// resized).
         objects: Vec<CreateSpec>,
     },
     /// Waits until every id has a durable copy at `level` or `timeout_ms`
     /// passes (-1: forever); one status per id.
     WaitDurable {
+        /// The level each object must reach; one the node has no tier for is answered
+        /// `InvalidArgument`.
         level: Durability,
+        /// ms to wait; -1 waits as long as it takes. An id not there in time is `Timeout`.
         timeout_ms: i64,
+        /// The objects, answered in this order by `Statuses`.
         ids: Vec<ObjectId>,
     },
     /// Brings objects into memory from the tiers below (no reference taken).
     StageIn {
+        /// The objects, answered in this order by `Statuses`.
         ids: Vec<ObjectId>,
     },
     /// Writes objects down to the lowest tier and frees their memory (unless
     /// referenced).
     StageOut {
+        /// The objects, answered in this order by `Statuses` (`ObjectInUse` for one
+        /// still referenced: written down, kept in memory).
         ids: Vec<ObjectId>,
     },
     /// The node's tiers, their use and the drain's progress.
@@ -116,6 +168,7 @@ pub enum Request {
     /// The elastic capacity controller's state; with `trace_since`, also
     /// its trace points later than that time (since the daemon started).
     Capacity {
+        /// Since the daemon started, at µs resolution on the wire (`None` is -1: no trace).
         trace_since: Option<std::time::Duration>,
     },
     /// Gives object `id` the name `name`. On an object this client is still
@@ -123,30 +176,40 @@ pub enum Request {
     /// tiers); on a sealed object, at once. A name already bound moves to the
     /// new object and the old one is deleted (readers holding it keep it).
     Name {
+        /// The object to name; unknown is `ObjectNotFound`.
         id: ObjectId,
+        /// The name, checked by [`names::check`](crate::names::check): `InvalidArgument`
+        /// or `NameTooLong` otherwise.
         name: String,
     },
     /// The object a name is bound to: `Named`.
     Resolve {
+        /// The name to look up; unbound is `ObjectNotFound`.
         name: String,
     },
     /// Every name under directory `prefix` (`""`: all), sorted: `Names`.
     ListNames {
+        /// The directory, without a trailing `/`; its names are listed recursively.
         prefix: String,
     },
     /// Moves a name, or every name under directory `from`, to `to`; a name
     /// bound at `to` is replaced (its object deleted).
     Rename {
+        /// The name or directory that moves; nothing there is `ObjectNotFound`.
         from: String,
+        /// Where it goes.
         to: String,
     },
     /// Removes a name and deletes its object.
     Unlink {
+        /// The name to remove.
         name: String,
     },
     /// Sets the modification time a name shows (until its next binding).
     SetMtime {
+        /// A name bound on this node (else `ObjectNotFound`).
         name: String,
+        /// The time to show, ms since the epoch.
         mtime_ms: u64,
     },
 }
@@ -302,6 +365,9 @@ impl Request {
         w.finish(opcode);
     }
 
+    /// Decodes one request's payload (`header` already parsed). An unknown opcode, a
+    /// truncated payload, a count larger than the payload, a bad bool, durability, trace
+    /// time or UTF-8 string, or trailing bytes are a protocol error.
     pub fn decode(header: FrameHeader, payload: &[u8]) -> Result<Self> {
         let mut r = Reader::new(payload);
         let request = match header.opcode {

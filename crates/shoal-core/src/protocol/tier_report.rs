@@ -13,12 +13,16 @@ pub struct TierInfo {
     pub level: u8,
     /// A path or URL.
     pub describe: String,
+    /// Bytes the tier may hold; `u64::MAX` for an unbounded one (an S3 prefix).
     pub capacity: u64,
+    /// Bytes it holds now.
     pub used: u64,
+    /// Objects it holds a copy of.
     pub objects: u64,
 }
 
 impl TierInfo {
+    /// The level as `shoal stat` shows it: `burst` for 0, `backing` for anything else.
     pub fn level_name(&self) -> &'static str {
         match self.level {
             0 => "burst",
@@ -34,13 +38,17 @@ pub struct TierReport {
     pub default_durability: Durability,
     /// Drain jobs queued or running.
     pub queue_depth: u64,
+    /// Objects the drain copied down.
     pub drained_objects: u64,
+    /// Bytes the drain copied down.
     pub drained_bytes: u64,
     /// Bytes per second drained over the last few seconds.
     pub drain_rate: u64,
     /// Dirty objects written out because they were evicted.
     pub spilled_bytes: u64,
+    /// Objects brought back into memory from a tier.
     pub restores: u64,
+    /// Bytes brought back into memory from a tier.
     pub restored_bytes: u64,
     /// Objects with at least one durable copy below memory.
     pub durable_objects: u64,
