@@ -34,11 +34,12 @@ impl Region {
     /// is not world-accessible), maps it and unlinks the name. Fails if the path exists: two
     /// daemons must never share a region by accident.
     pub fn create(path: &Path, len: u64) -> Result<Self> {
-        let region = Self::create_file(path, len, false);
+        let region = Self::create_file(path, len, false)?;
         // Clients receive the fd, never the path: unlinking at once means a
-        // daemon that crashes leaves no shared memory behind.
+        // daemon that crashes leaves no shared memory behind. (Only a file
+        // this call made: a path that existed is someone else's.)
         let _ = std::fs::remove_file(path);
-        region
+        Ok(region)
     }
 
     /// A new 0600 file of `len` bytes at `path`, mapped.
@@ -53,10 +54,15 @@ impl Region {
             .mode(0o600)
             .open(path)
             .map_err(|e| ShoalError::io(&format!("create region {}", path.display()), e))?;
-        file.set_len(len).map_err(|e| {
+        let sized = file.set_len(len).map_err(|e| {
             ShoalError::io(&format!("size region {} to {len} bytes", path.display()), e)
-        })?;
-        Self::map(path, file, len, unlink_on_drop)
+        });
+        let region = sized.and_then(|()| Self::map(path, file, len, unlink_on_drop));
+        if region.is_err() {
+            // The file is ours (created above): leave nothing behind.
+            let _ = std::fs::remove_file(path);
+        }
+        region
     }
 
     /// Creates a region file that stays at `path` while the daemon runs, so
@@ -624,6 +630,24 @@ mod tests {
             "the name is gone as soon as the region is mapped"
         );
         drop(region);
+    }
+
+    #[test]
+    fn a_path_that_exists_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("region");
+        std::fs::write(&path, b"another daemon's region").unwrap();
+        let err = Region::create(&path, 1 << 20).err().expect("the path exists");
+        assert_eq!(err.kind(), crate::ErrorKind::Io, "{err}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"another daemon's region",
+            "a refused create leaves the file that was there"
+        );
+        // A create that fails after making its file (length 0) leaves none.
+        let fresh = dir.path().join("fresh");
+        assert!(Region::create(&fresh, 0).is_err());
+        assert!(!fresh.exists());
     }
 
     #[test]
