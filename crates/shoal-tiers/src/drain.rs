@@ -33,23 +33,36 @@ pub enum DrainJob {
     /// incarnation `claim` names ([`TierEngine::claim`], taken when the job
     /// is made: a delete from then on makes the job write nothing).
     Write {
+        /// The object and incarnation written.
         claim: WriteClaim,
+        /// The tier written to.
         level: TierLevel,
+        /// Data and metadata sizes; `src` is exactly their sum long.
         sizes: ObjectSizes,
+        /// The payload in memory. The job keeps it (and so the daemon's pin,
+        /// its keep-alive) until its outcome: a retry reads it again.
         src: SourceRange,
+        /// What the record gets besides sizes and checksum.
         info: WriteInfo,
     },
     /// Copy the object from one tier to another (it is no longer in memory),
     /// if its record is still of incarnation `generation`.
     Copy {
+        /// The object copied.
         id: ObjectId,
+        /// The incarnation copied: a record of another one (deleted, or the
+        /// id created again since) fails the job with `ObjectNotFound`,
+        /// nothing written.
         generation: u64,
+        /// The tier read (normally the burst buffer).
         from: TierLevel,
+        /// The tier written (normally the backing store).
         to: TierLevel,
     },
 }
 
 impl DrainJob {
+    /// The object the job writes.
     pub fn id(&self) -> ObjectId {
         match self {
             DrainJob::Write { claim, .. } => claim.id(),
@@ -71,18 +84,26 @@ impl DrainJob {
 pub struct DrainEvent {
     /// The number `submit` returned for the job.
     pub seq: u64,
+    /// The object the job wrote, or tried to.
     pub id: ObjectId,
+    /// The tier the job wrote, or tried to (`DrainJob::target`).
     pub target: TierLevel,
     /// The record after the job, or why it failed for good (a cancelled job
     /// fails with `ObjectNotFound`).
     pub result: Result<ObjectRecord>,
+    /// Attempts made, the first included: more than 1 when transient
+    /// failures were retried.
     pub attempts: u32,
 }
 
 /// A job `try_submit` could not queue, with the reason.
 #[derive(Debug)]
 pub struct Refused {
+    /// `StoreFull` if the queue was full, `Disconnected` if the drainer has
+    /// stopped.
     pub error: ShoalError,
+    /// The job, not queued: its object stays where it is until the caller
+    /// submits it again.
     pub job: DrainJob,
 }
 

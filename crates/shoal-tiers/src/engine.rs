@@ -45,8 +45,14 @@ use crate::tier::{PutItem, Tier, TierUsage};
 /// owner), then [`TierEngine::open`] runs recovery.
 #[derive(Debug)]
 pub struct EngineConfig {
+    /// The node's manifest, opened for the same owner as the tiers.
     pub manifest: Manifest,
+    /// The burst buffer, if the node has one (a `DirTier`, normally on
+    /// local NVMe).
     pub burst: Option<Arc<dyn Tier>>,
+    /// The backing store, if any (a `DirTier` on a shared file system, or an
+    /// `S3Tier`). With one, recovery lists what it lacks for re-draining
+    /// (`RecoveryReport::to_drain`).
     pub backing: Option<Arc<dyn Tier>>,
 }
 
@@ -61,6 +67,9 @@ pub struct WriteInfo {
     /// The modification time its name shows, if set since the seal
     /// (utimens); `None`: the record's (the seal time for a new one).
     pub modified_ms: Option<u64>,
+    /// The path-like name the record carries (POSIX view). `None` keeps the
+    /// name of a record of the same incarnation and bytes; any other write
+    /// records exactly this.
     pub name: Option<String>,
 }
 
@@ -69,9 +78,11 @@ pub struct WriteInfo {
 pub struct WriteItem {
     /// The object (`claim.id()`) and its incarnation.
     pub claim: WriteClaim,
+    /// Data and metadata sizes; `src` is exactly their sum long.
     pub sizes: ObjectSizes,
     /// The payload (data then metadata), from memory.
     pub src: SourceRange,
+    /// What the record gets besides sizes and checksum.
     pub info: WriteInfo,
 }
 
@@ -237,6 +248,7 @@ impl TierEngine {
         }
     }
 
+    /// The tier at `level`; `None` if this node has none there.
     pub fn tier(&self, level: TierLevel) -> Option<&Arc<dyn Tier>> {
         self.shared.tier(level)
     }

@@ -31,7 +31,9 @@ pub enum FaultTiming {
 /// Operations [`FaultyTier::hold`] can stop at a gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Held {
+    /// `put`, and so `put_batch` (the default one, which runs `put`s).
     Puts = 0,
+    /// `delete`.
     Deletes = 1,
 }
 
@@ -52,6 +54,8 @@ pub struct FaultyTier {
 }
 
 impl FaultyTier {
+    /// Wraps `inner`, with no fault armed and no gate held: until told
+    /// otherwise it behaves as `inner`, counting operations.
     pub fn new(inner: Arc<dyn Tier>) -> Self {
         Self {
             inner,

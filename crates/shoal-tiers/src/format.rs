@@ -25,15 +25,26 @@
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::{ObjectId, ID_LEN};
 
+/// The first 8 bytes of every image: a file or key of other bytes is
+/// refused (`ObjectCorrupt`) before anything in it is trusted.
 pub const MAGIC: [u8; 8] = *b"SHOALOBJ";
+/// The image format this build writes and reads. An image of another
+/// version is `VersionMismatch`, not `ObjectCorrupt`: it may be intact.
 pub const VERSION: u32 = 1;
+/// Bytes of the header: the payload starts at this offset in its image, so
+/// never at a page boundary of the file (why direct I/O goes through a
+/// bounce buffer).
 pub const HEADER_LEN: usize = 64;
 
 /// The header of a stored object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ObjectHeader {
+    /// The object the image holds. Readers check it against the id they
+    /// asked for: another object's bytes under this name are `ObjectCorrupt`.
     pub id: ObjectId,
+    /// Bytes of data: the payload's first section.
     pub data_size: u64,
+    /// Bytes of metadata, right after the data.
     pub meta_size: u32,
     /// CRC-32C of the payload (data then metadata).
     pub checksum: u32,
@@ -50,6 +61,7 @@ impl ObjectHeader {
         HEADER_LEN as u64 + self.payload_len()
     }
 
+    /// The header's bytes (layout above), its own CRC-32C in the last four.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
         out[0..8].copy_from_slice(&MAGIC);
@@ -110,11 +122,16 @@ impl ObjectHeader {
 /// Sizes of an object's two sections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ObjectSizes {
+    /// Bytes of data: the payload's first section.
     pub data_size: u64,
+    /// Bytes of metadata, right after the data.
     pub meta_size: u32,
 }
 
 impl ObjectSizes {
+    /// Bytes of data and metadata. Saturates instead of wrapping, so
+    /// impossible sizes fail the capacity check (`ObjectHeader::decode`
+    /// refuses them as corrupt).
     pub fn payload_len(&self) -> u64 {
         self.data_size.saturating_add(u64::from(self.meta_size))
     }

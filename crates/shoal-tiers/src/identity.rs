@@ -14,7 +14,10 @@ use shoal_core::error::{ErrorKind, Result, ShoalError};
 /// The owner of a tier: a cluster name and a node id (0 for a single node).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TierIdentity {
+    /// The cluster's name (the daemon's `single-node` for a store on its
+    /// own); written on one line, so it holds no line break.
     pub cluster: String,
+    /// The node's id in its cluster; 0 for a single store.
     pub node: u32,
 }
 
@@ -22,6 +25,7 @@ pub struct TierIdentity {
 const FIRST_LINE: &str = "shoal tier identity v1";
 
 impl TierIdentity {
+    /// Node `node` of cluster `cluster`.
     pub fn new(cluster: impl Into<String>, node: u32) -> Self {
         Self {
             cluster: cluster.into(),
@@ -44,6 +48,9 @@ impl TierIdentity {
         ))
     }
 
+    /// Parses a marker `encode` wrote; `what` (the file or key read) names
+    /// it in errors. Anything else is `InvalidArgument`: a tier with an
+    /// unreadable marker is refused like another node's.
     pub fn decode(text: &str, what: &str) -> Result<Self> {
         let bad = || {
             ShoalError::new(

@@ -6,11 +6,13 @@
 //! what to drain, evict and restore (docs/tiers.md).
 //!
 //! - [`range`]: the memory ranges a spill reads and a restore fills, in place.
-//! - [`format`]: the image of an object on a tier (header + checksummed payload).
+//! - [`format`](mod@format): the image of an object on a tier (header + checksummed payload).
 //! - [`tier`]: the backend trait; [`dir`], [`s3`] backends; [`faulty`] injects faults.
 //! - [`identity`]: which node owns a tier; another node's tier is refused.
 //! - [`manifest`] (redb) of [`record`]s; [`engine`]: the write order over
 //!   tiers and manifest, and recovery at open.
+
+#![warn(missing_docs)]
 
 pub mod dir;
 pub mod drain;

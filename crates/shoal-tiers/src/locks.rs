@@ -60,10 +60,14 @@ struct Claim {
 }
 
 impl WriteClaim {
+    /// The object the claimed write is for.
     pub fn id(&self) -> ObjectId {
         self.0.id
     }
 
+    /// The incarnation the claimed write is for: the generation
+    /// `TierEngine::next_generation` issued when the object was sealed in
+    /// memory.
     pub fn generation(&self) -> u64 {
         self.0.generation
     }

@@ -38,8 +38,15 @@ impl std::fmt::Debug for Manifest {
 /// One change of a batch ([`Manifest::apply`]).
 #[derive(Debug, Clone)]
 pub enum Change {
+    /// Writes the id's record, replacing any (recovery: a copy adopted or
+    /// forgotten). Unlike the engine's writes, no generation is checked:
+    /// recovery runs before any write.
     Put(ObjectId, ObjectRecord),
+    /// Removes the id's record, if any (recovery: no copy left, or a
+    /// generation its tombstone ended).
     Remove(ObjectId),
+    /// Removes the id's tombstone, whatever generation it holds: the files
+    /// of its delete are gone from every tier.
     ClearTombstone(ObjectId),
 }
 
@@ -89,6 +96,7 @@ impl Manifest {
         Ok(manifest)
     }
 
+    /// The manifest's file (named in errors and logs).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -103,6 +111,8 @@ impl Manifest {
             .map_err(|e| self.error("begin write", e))
     }
 
+    /// The record of `id` as last committed; `None` if no tier holds a copy
+    /// of it (never written down, deleted, or its last copy dropped).
     pub fn get(&self, id: &ObjectId) -> Result<Option<ObjectRecord>> {
         let txn = self
             .db
@@ -250,6 +260,7 @@ impl Manifest {
         Ok(out)
     }
 
+    /// Records: objects with at least one tier copy (tombstones not counted).
     pub fn len(&self) -> Result<u64> {
         let txn = self
             .db
@@ -261,6 +272,7 @@ impl Manifest {
         table.len().map_err(|e| self.error("count", e))
     }
 
+    /// Whether there is no record (tombstones not counted).
     pub fn is_empty(&self) -> Result<bool> {
         Ok(self.len()? == 0)
     }

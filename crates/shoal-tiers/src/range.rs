@@ -61,14 +61,18 @@ impl SourceRange {
         unsafe { Self::new(ptr, len, owner) }
     }
 
+    /// Bytes in the range: the object's payload (data + metadata).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the range is 0 bytes long (an object with neither data nor
+    /// metadata).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The bytes, in place: no copy is made.
     pub fn as_slice(&self) -> &[u8] {
         if self.len == 0 {
             return &[];
@@ -144,14 +148,19 @@ impl DestRange {
         (range, DestBuffer(owner))
     }
 
+    /// Bytes the restore fills: exactly the object's payload length (a tier
+    /// refuses any other).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the range is 0 bytes long (an object with neither data nor
+    /// metadata).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The bytes to fill, in place.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         if self.len == 0 {
             return &mut [];
@@ -160,6 +169,7 @@ impl DestRange {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 
+    /// The bytes as filled so far; unspecified after a failed read.
     pub fn as_slice(&self) -> &[u8] {
         if self.len == 0 {
             return &[];

@@ -18,8 +18,11 @@ pub enum TierLevel {
 }
 
 impl TierLevel {
+    /// Every level, nearest first: the order a restore tries them in.
     pub const ALL: [TierLevel; 2] = [TierLevel::Burst, TierLevel::Backing];
 
+    /// The level's name (its `Display` too) in logs and errors: `burst` or
+    /// `backing`.
     pub fn name(self) -> &'static str {
         match self {
             TierLevel::Burst => "burst",
@@ -43,24 +46,31 @@ impl fmt::Display for TierLevel {
 pub struct TierSet(u8);
 
 impl TierSet {
+    /// No tier: an object in memory only (dirty). A record never keeps it:
+    /// a record left with no copy is removed.
     pub const EMPTY: TierSet = TierSet(0);
 
+    /// `level` alone.
     pub fn of(level: TierLevel) -> Self {
         TierSet(level.bit())
     }
 
+    /// Whether `level` holds a copy.
     pub fn contains(self, level: TierLevel) -> bool {
         self.0 & level.bit() != 0
     }
 
+    /// This set and `level` (a copy written).
     pub fn with(self, level: TierLevel) -> Self {
         TierSet(self.0 | level.bit())
     }
 
+    /// This set but `level` (a copy evicted, lost or found corrupt).
     pub fn without(self, level: TierLevel) -> Self {
         TierSet(self.0 & !level.bit())
     }
 
+    /// Whether no tier holds a copy.
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
@@ -95,6 +105,8 @@ impl TierSet {
 /// The manifest's record of one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectRecord {
+    /// Bytes of data and of metadata, as in every copy's header; a restore
+    /// needs a destination of exactly their sum.
     pub sizes: ObjectSizes,
     /// CRC-32C of the payload, as in every copy's header.
     pub checksum: u32,
@@ -155,6 +167,11 @@ impl ObjectRecord {
         out
     }
 
+    /// Reads a record of any version `encode` has written (1 to 3): version
+    /// 1 reads as generation 0, versions 1 and 2 as modified at the seal. An
+    /// unknown version, a truncated record, an unknown durability or a name
+    /// that is not UTF-8 is `Protocol`: the manifest is damaged, not the
+    /// object.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let bad = |why: &str| ShoalError::protocol(format!("manifest record: {why}"));
         let fixed = match bytes.first() {

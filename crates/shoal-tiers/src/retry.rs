@@ -12,8 +12,11 @@ use tracing::debug;
 /// How long to wait between attempts, and how many to make.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
+    /// The wait after the first failed attempt.
     pub initial: Duration,
+    /// The longest wait between two attempts; the growth stops there.
     pub max: Duration,
+    /// Each wait is the one before times this (2.0: doubling).
     pub factor: f64,
     /// Attempts in all (the first included); `None` = until it succeeds or
     /// fails for a reason that is not retried.

@@ -38,11 +38,17 @@ use crate::tier::{Tier, TierUsage};
 pub struct S3Config {
     /// e.g. `http://127.0.0.1:8014`.
     pub endpoint: String,
+    /// The bucket, which must exist: the tier does not create it.
     pub bucket: String,
     /// Key prefix of this node's tier (e.g. `cluster/node-3`); may be empty.
     pub prefix: String,
+    /// Access key id of the credentials.
     pub access_key: String,
+    /// Secret access key of the credentials. The derived `Debug` prints it:
+    /// do not log a config.
     pub secret_key: String,
+    /// Region the requests are signed for; `us-east-1` from
+    /// [`S3Config::new`], what most S3-compatible stores expect.
     pub region: String,
     /// Plain HTTP (a store on loopback or a private network).
     pub allow_http: bool,
@@ -50,6 +56,8 @@ pub struct S3Config {
     pub capacity: u64,
     /// Per-request retries inside `object_store`; keep them short.
     pub retry: RetryConfig,
+    /// How long a connection may take to set up before the request fails;
+    /// 2 s from [`S3Config::new`], so a store that is down surfaces quickly.
     pub connect_timeout: Duration,
 }
 

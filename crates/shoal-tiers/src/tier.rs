@@ -19,8 +19,15 @@ use crate::range::{DestRange, SourceRange};
 /// Bytes a tier may hold and holds now (object images, headers included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TierUsage {
+    /// Bytes of images the tier may hold, as configured (`u64::MAX` for an
+    /// S3 tier given no limit). A put past it fails `StoreFull` at once.
     pub capacity: u64,
+    /// Bytes of images held now, header + payload each. A directory tier
+    /// counts a packed image, dead or not, until its segment is removed or
+    /// compacted, and is short until it has summed what it found at open
+    /// (`DirTier::wait_counted`).
     pub used: u64,
+    /// Images held now: one per object id, live ones only.
     pub objects: u64,
 }
 
@@ -30,8 +37,12 @@ const PUT_BATCH_PARALLEL: usize = 4;
 /// One image of a [`Tier::put_batch`].
 #[derive(Debug)]
 pub struct PutItem {
+    /// The id the image is stored under; distinct within one batch.
     pub id: ObjectId,
+    /// Data and metadata sizes, which the header records; `src` is exactly
+    /// their sum long.
     pub sizes: ObjectSizes,
+    /// The payload (data then metadata), read in place from memory.
     pub src: SourceRange,
 }
 

@@ -163,6 +163,7 @@ impl DirTier {
         Ok(tier)
     }
 
+    /// The tier's directory, as given to `open`.
     pub fn root(&self) -> &Path {
         &self.inner.root
     }
