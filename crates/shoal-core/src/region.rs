@@ -637,7 +637,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("region");
         std::fs::write(&path, b"another daemon's region").unwrap();
-        let err = Region::create(&path, 1 << 20).err().expect("the path exists");
+        let err = Region::create(&path, 1 << 20)
+            .err()
+            .expect("the path exists");
         assert_eq!(err.kind(), crate::ErrorKind::Io, "{err}");
         assert_eq!(
             std::fs::read(&path).unwrap(),

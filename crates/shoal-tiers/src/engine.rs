@@ -606,7 +606,7 @@ impl TierEngine {
         // Final from here: what is left undone, recovery finishes.
         if self.remove_files(id, TierSet::EMPTY).await {
             let cleared = self
-                .manifest(move |m| m.apply(&[Change::ClearTombstone(id)]))
+                .manifest(move |m| m.apply(&[Change::ClearTombstone(id, generation)]))
                 .await;
             if let Err(err) = cleared {
                 warn!("object {id}: tombstone not cleared yet: {err}");
@@ -629,7 +629,9 @@ impl TierEngine {
                 _ => TierSet::EMPTY,
             };
             if self.remove_files(id, keep).await {
-                done.push(Change::ClearTombstone(id));
+                // Of this generation only: the lock is let go before the
+                // clears commit, and a newer delete may tombstone it again.
+                done.push(Change::ClearTombstone(id, generation));
             }
         }
         let n = done.len() as u64;

@@ -45,9 +45,12 @@ pub enum Change {
     /// Removes the id's record, if any (recovery: no copy left, or a
     /// generation its tombstone ended).
     Remove(ObjectId),
-    /// Removes the id's tombstone, whatever generation it holds: the files
-    /// of its delete are gone from every tier.
-    ClearTombstone(ObjectId),
+    /// Removes the id's tombstone of the given generation (or an older one):
+    /// the files of that delete are gone from every tier. A tombstone of a
+    /// newer generation stays: it belongs to a later delete whose files may
+    /// still be there (a clear committed after its lock was let go would
+    /// otherwise wipe it, and recovery would adopt the files).
+    ClearTombstone(ObjectId, u64),
 }
 
 /// What [`Manifest::tombstone`] did.
@@ -302,10 +305,16 @@ impl Manifest {
                             .remove(id.as_bytes())
                             .map_err(|e| self.error("remove", e))?;
                     }
-                    Change::ClearTombstone(id) => {
-                        tombs
-                            .remove(id.as_bytes())
-                            .map_err(|e| self.error("remove", e))?;
+                    Change::ClearTombstone(id, generation) => {
+                        let held = tombs
+                            .get(id.as_bytes())
+                            .map_err(|e| self.error("read", e))?
+                            .map(|v| v.value());
+                        if held.is_some_and(|held| held <= *generation) {
+                            tombs
+                                .remove(id.as_bytes())
+                                .map_err(|e| self.error("remove", e))?;
+                        }
                     }
                 }
             }
@@ -377,7 +386,10 @@ mod tests {
         );
         assert_eq!(m.get(&b).unwrap(), None);
         assert_eq!(m.tombstones().unwrap(), vec![(b, 3)]);
-        m.apply(&[Change::ClearTombstone(b), Change::Remove(a)])
+        // A clear of an older delete leaves a newer delete's tombstone.
+        m.apply(&[Change::ClearTombstone(b, 2)]).unwrap();
+        assert_eq!(m.tombstones().unwrap(), vec![(b, 3)]);
+        m.apply(&[Change::ClearTombstone(b, 3), Change::Remove(a)])
             .unwrap();
         assert!(m.tombstones().unwrap().is_empty() && m.is_empty().unwrap());
         drop(m);

@@ -118,7 +118,7 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
             tombstoned.insert(*id);
         }
         if engine.remove_files(*id, keep).await {
-            cleared.push(Change::ClearTombstone(*id));
+            cleared.push(Change::ClearTombstone(*id, *generation));
         }
     }
     if !removed.is_empty() {
