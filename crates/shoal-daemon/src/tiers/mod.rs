@@ -9,7 +9,7 @@
 //!   (`spill.rs`), and stays in memory if no tier takes it.
 //! - The burst buffer makes room by dropping copies the backing store also
 //!   holds, oldest use first (`burst.rs`).
-//! - A restore into memory is one call (`restore.rs`), one at a time per
+//! - A restore into memory is one call (`restoring.rs`; its types in `restore.rs`), one at a time per
 //!   object, with memory from the operations (its `RestoreTarget`); seals
 //!   wait here for the durability they ask.
 //!
@@ -24,6 +24,7 @@ mod index;
 mod listener;
 pub mod restore;
 mod restore_budget;
+mod restoring;
 mod spill;
 
 use restore_budget::RestoreBudget;

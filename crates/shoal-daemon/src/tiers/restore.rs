@@ -1,25 +1,15 @@
-//! Restore: an object held only below memory comes back into it, as one
-//! call ([`Tiers::restore`]) that returns what it came to.
-//!
-//! A block allocated as for a create (evicting others down a tier if
-//! needed), filled from the nearest intact copy, sealed. One restore per
-//! object at a time: concurrent callers wait for the same one, which runs
-//! as a task of its own, so a caller that gives up (a get timing out) does
-//! not cancel it halfway. The lower copies stay (inclusive tiers: evicting
-//! it again writes nothing).
+//! What a restore ([`Tiers::restore`](super::Tiers::restore), in
+//! `restoring.rs`) comes to, and what gives it memory. A leaf: the tiers'
+//! methods name these types, so this module names nothing of the tiers'.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
 
-use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::error::{Result, ShoalError};
 use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
-use shoal_tiers::{DestRange, ObjectSizes};
+use shoal_tiers::ObjectSizes;
 use tokio::sync::watch;
-
-use super::Tiers;
-use crate::principals;
 
 /// What a restore came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +28,7 @@ pub enum RestoreOutcome {
 /// and a cluster's home learns where the object lives now.
 pub trait RestoreTarget {
     /// An unsealed block for `id` of `sizes`, allocated for the tiers
-    /// principal ([`principals::TIERS`]).
+    /// principal (`principals::TIERS`).
     fn allocate(
         &self,
         id: ObjectId,
@@ -51,95 +41,3 @@ pub trait RestoreTarget {
 
 /// A restore in flight: its outcome, once known.
 pub(super) type InFlight = watch::Receiver<Option<std::result::Result<(), ShoalError>>>;
-
-impl Tiers {
-    /// Brings `id` into memory if a tier holds it and memory does not.
-    pub async fn restore(
-        self: &Rc<Self>,
-        id: ObjectId,
-        target: Rc<dyn RestoreTarget>,
-    ) -> Result<RestoreOutcome> {
-        loop {
-            let in_flight = self.restoring.borrow().get(&id).cloned();
-            if let Some(mut outcome) = in_flight {
-                let done = outcome.wait_for(Option::is_some).await;
-                return match done.as_deref() {
-                    Ok(Some(Ok(()))) => Ok(RestoreOutcome::Restored),
-                    Ok(Some(Err(err))) => Err(err.clone()),
-                    // The restore's task ended without an outcome (the
-                    // daemon is stopping): look again.
-                    _ => continue,
-                };
-            }
-            if !self.tracks(&id) || self.node.read(|s| s.contains(&id) || s.is_unsealed(&id)) {
-                return Ok(RestoreOutcome::NotBelow);
-            }
-            let (tx, rx) = watch::channel(None);
-            self.restoring.borrow_mut().insert(id, rx);
-            let (tiers, target) = (self.clone(), target.clone());
-            self.supervisor.spawn_local("restore", async move {
-                let result = tiers.restore_now(id, &*target).await;
-                tiers.restoring.borrow_mut().remove(&id);
-                let _ = tx.send(Some(result));
-            });
-        }
-    }
-
-    async fn restore_now(&self, id: ObjectId, target: &dyn RestoreTarget) -> Result<()> {
-        let sizes = self.sizes(&id).ok_or_else(|| ShoalError::not_found(&id))?;
-        let _running = self.restore_budget.permit(sizes.payload_len()).await;
-        let location = target.allocate(id, sizes).await?;
-        match self.fill(id, location).await {
-            // Deleted while restoring: the delete took it off the tiers.
-            Ok(()) if !self.tracks(&id) => {
-                let _ = self.node.mutate(|s| s.abort(principals::TIERS, &id));
-                Err(ShoalError::not_found(&id))
-            }
-            Ok(()) => {
-                self.node
-                    .mutate(|s| s.seal(principals::TIERS, &[id], true))?;
-                target.restored(id).await;
-                Ok(())
-            }
-            Err(err) => {
-                if matches!(
-                    err.kind(),
-                    ErrorKind::ObjectCorrupt | ErrorKind::ObjectNotFound
-                ) {
-                    // No intact copy is left: the object is gone.
-                    self.index.borrow_mut().remove(&id);
-                    self.changed.notify_waiters();
-                }
-                let _ = self.node.mutate(|s| s.abort(principals::TIERS, &id));
-                Err(err)
-            }
-        }
-    }
-
-    /// Fills `location` (allocated for `id` by the tiers principal) from the
-    /// nearest intact copy.
-    async fn fill(&self, id: ObjectId, location: ObjectLocation) -> Result<()> {
-        let region = self.node.region().clone();
-        let len = location.size() as usize;
-        // SAFETY: the block at `location` was just allocated in the region
-        // for an unsealed object of the tiers principal: no client may write
-        // or read it before it is sealed, and the store keeps it allocated
-        // until then (an abort is the only other way out, after this returns
-        // or is cancelled; the region outlives the handle through the Arc).
-        let dst = unsafe {
-            DestRange::new(
-                region.base().add(location.offset as usize),
-                len,
-                region.clone(),
-            )
-        };
-        let restored = self.engine.restore(id, dst).await?;
-        let mut index = self.index.borrow_mut();
-        index.set_tiers(&id, restored.record.tiers);
-        index.touch(&id);
-        let mut counters = self.counters.borrow_mut();
-        counters.restores += 1;
-        counters.restored_bytes += len as u64;
-        Ok(())
-    }
-}
