@@ -1,6 +1,6 @@
 //! How a FUSE session is set up: mount options, session threads and what
 //! the kernel is asked for at init. Shared by the store's file system
-//! (`fs.rs`) and the transport's ceiling (`ceiling.rs`), so the two are
+//! (`fs/`) and the transport's ceiling (`ceiling.rs`), so the two are
 //! measured under the same settings.
 
 use fuser::{InitFlags, KernelConfig, MountOption};
