@@ -54,7 +54,8 @@ def main() -> int:
             file=sys.stderr,
         )
     if not differ:
-        print(f"check-feature-unity: the {len(extension)} crates the extension compiles build once for tests too")
+        crates = len(extension)
+        print(f"check-feature-unity: the {crates} crates the extension compiles build once for tests too")
     return 1 if differ else 0
 
 
