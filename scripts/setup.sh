@@ -49,8 +49,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-pip install -q --disable-pip-version-check "maturin>=1.5,<2" "numpy>=1.24" "pyarrow>=14"
+pip install -q --disable-pip-version-check "maturin>=1.5,<2"
+# numpy and pyarrow download while the extension compiles (the build needs neither): the
+# quick start waits for the longer of the two, not for both.
+pip install -q --disable-pip-version-check "numpy>=1.24" "pyarrow>=14" &
+deps=$!
 echo "setup: building the extension (features: ${SHOAL_FEATURES:-none of the optional parts})"
 # The filter drops maturin's progress lines; a failed build still fails the script (pipefail).
-maturin develop --release -q ${features[@]+"${features[@]}"} 2>&1 | { grep -vE "^(📦|✏️|🛠|🔗|🐍|⚠️)" || true; }
+quiet() { grep -vE "^(📦|✏️|🛠|🔗|🐍|⚠️|🍹|📡)" || true; }
+maturin develop --release -q --skip-install ${features[@]+"${features[@]}"} 2>&1 | quiet
+wait "$deps"
+# Installs it into .venv; the build above is current, so this compiles nothing.
+maturin develop --release -q ${features[@]+"${features[@]}"} 2>&1 | quiet
 python -c "import shoal; print('setup: shoal', shoal.__version__, 'ready in .venv; optional parts:', ', '.join(sorted(shoal.features() - {'cli'})) or 'none')"

@@ -215,22 +215,28 @@ pub fn run(args: Vec<String>, self_command: Vec<String>) -> i32 {
 /// `EnvFilter` (span and field matches too) brought a regex engine, 5 % of the
 /// extension's compile time.
 fn init_logs(format: LogFormat) {
+    use tracing_subscriber::fmt;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
 
     let filter = log_filter(std::env::var("SHOAL_LOG").ok().as_deref());
-    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    // The filter alone decides: `fmt()`'s own subscriber would drop debug lines.
+    let logs = tracing_subscriber::registry().with(filter);
     let _ = match format {
         LogFormat::Text => logs
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .finish()
-            .with(filter)
+            .with(
+                fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+            )
             .try_init(),
         LogFormat::Json => logs
-            .json()
-            .with_span_list(true)
-            .finish()
-            .with(filter)
+            .with(
+                fmt::layer()
+                    .json()
+                    .with_span_list(true)
+                    .with_writer(std::io::stderr),
+            )
             .try_init(),
     };
 }

@@ -12,9 +12,8 @@ pub fn init_logs() {
         .ok()
         .and_then(|text| text.parse::<Targets>().ok())
         .unwrap_or_else(|| Targets::new().with_default(LevelFilter::WARN));
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .finish()
+    let _ = tracing_subscriber::registry()
         .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_test_writer())
         .try_init();
 }
