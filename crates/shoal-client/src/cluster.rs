@@ -321,6 +321,18 @@ impl crate::Client {
         self.address(located, write)
     }
 
+    /// Where a found object is read in this process: in our own region
+    /// (`None`: the client keeps it mapped), or in the returned mapping —
+    /// another node's region, or the simulated fabric's cache of an object
+    /// to invalidate — which must be held while the bytes are read.
+    pub fn read_place(&mut self, located: Located) -> Result<(Option<Arc<Mapping>>, *const u8)> {
+        if located.node != self.node() || located.invalidate {
+            let (region, address) = self.address(located, false)?;
+            return Ok((Some(region), address.cast_const()));
+        }
+        Ok((None, self.data_ptr(located.location).cast_const()))
+    }
+
     fn address(&mut self, located: Located, write: bool) -> Result<(Arc<Mapping>, *mut u8)> {
         let region = self.peer_mapping(located.node, located.generation, write)?;
         let mapping = match self.simulated_cache(&located, write)? {

@@ -5,7 +5,9 @@
 //! into that mapping: a get is a lookup, never a copy. The client is
 //! synchronous (one request in flight); batch calls exist so that many
 //! objects cost one round trip. [`shared::SharedClient`] shares one
-//! connection between threads, with references released when dropped.
+//! connection between threads, with references released when dropped, and
+//! hands out [`shared::ObjectView`]s: an object's bytes with the reference
+//! that keeps them.
 //!
 //! [`Client`] is one struct; its methods are grouped by concern, one
 //! `impl Client` block per file:
@@ -23,7 +25,7 @@
 //! | `store.rs` | the store as a whole: statistics, eviction, the capacity controller |
 //! | `subscriptions.rs` | [`Subscription`], notifications of seals and removals |
 //! | `lent.rs`, `peer_reads.rs` | the fast path's bookkeeping (lent space, other nodes' indexes) |
-//! | `shared.rs` | [`shared::SharedClient`], [`shared::ObjectRef`] |
+//! | `shared.rs` | [`shared::SharedClient`], [`shared::ObjectRef`], [`shared::ObjectView`] |
 
 mod channel;
 mod cluster;

@@ -287,11 +287,13 @@ impl crate::Client {
         }
     }
 
-    /// create + write + seal of many objects in two round trips; no
-    /// references are left behind.
+    /// create + write + seal of many objects in two round trips, sealed at
+    /// `durability` (`None`: the node's default; see
+    /// [`seal_durable`](Self::seal_durable)); no references are left behind.
     pub fn put_batch(
         &mut self,
         objects: &[(ObjectId, &[u8], &[u8])],
+        durability: Option<Durability>,
         timeout_ms: u32,
     ) -> Result<()> {
         let specs: Vec<_> = objects
@@ -307,11 +309,11 @@ impl crate::Client {
             self.write(*location, data, meta)?;
         }
         let ids: Vec<_> = objects.iter().map(|(id, _, _)| *id).collect();
-        self.seal(&ids, true)
+        self.seal_durable(&ids, true, durability)
     }
 
     pub fn put(&mut self, id: ObjectId, data: &[u8], meta: &[u8]) -> Result<()> {
-        self.put_batch(&[(id, data, meta)], 0)
+        self.put_batch(&[(id, data, meta)], None, 0)
     }
 
     /// Gets objects, waiting up to `timeout_ms` (or [`crate::WAIT_FOREVER`])
