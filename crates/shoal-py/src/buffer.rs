@@ -2,7 +2,7 @@
 //! store memory, exported with no copy (`memoryview`, `numpy.frombuffer`,
 //! `pyarrow.py_buffer` all see the region's address). It keeps the object
 //! referenced; when the last view is gone the reference is released. And
-//! `bytes_of`: the bytes of a buffer Python exports to us.
+//! the buffers Python exports to us: `bytes_of` (their bytes), `copy_into`.
 
 use std::ffi::c_int;
 
@@ -110,4 +110,32 @@ pub fn bytes_of(buffer: &PyBuffer<u8>) -> PyResult<&[u8]> {
     // buffer handed to code that releases the GIL, the exporter's owner
     // must not resize or write it meanwhile.
     Ok(unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, len) })
+}
+
+/// Copies the bytes of `src` into the writable buffer `dst` (same length)
+/// with the GIL released, streaming large copies past the caches
+/// (`shoal_core::copy`).
+pub fn copy_into(py: Python<'_>, dst: &PyBuffer<u8>, src: &PyBuffer<u8>) -> PyResult<()> {
+    if dst.readonly() {
+        return Err(PyValueError::new_err("the destination is read-only"));
+    }
+    if !dst.is_c_contiguous() {
+        return Err(PyValueError::new_err("buffers must be C-contiguous"));
+    }
+    let from = bytes_of(src)?;
+    if dst.len_bytes() != from.len() {
+        return Err(PyValueError::new_err(format!(
+            "copy of {} bytes into a buffer of {}",
+            from.len(),
+            dst.len_bytes()
+        )));
+    }
+    let to = dst.buf_ptr() as usize;
+    py.detach(|| {
+        // SAFETY: `dst` is a writable, contiguous export of `from.len()`
+        // bytes, held for the whole call; a destination distinct from the
+        // source (a created object's memory).
+        unsafe { shoal_core::copy::copy_to_shared(to as *mut u8, from) }
+    });
+    Ok(())
 }
