@@ -21,9 +21,13 @@ use crate::lent;
 /// What the daemon told us at connect.
 #[derive(Debug, Clone, Copy)]
 pub struct StoreInfo {
+    /// This connection's id at the daemon (what its references are held by).
     pub client_id: u32,
+    /// Bytes of the region mapped here (objects' offsets are into it).
     pub region_size: u64,
+    /// Bytes the store may use, at connect time (an elastic store's moves later).
     pub capacity: u64,
+    /// The unit objects are aligned and padded to, in bytes.
     pub line_size: u64,
     /// The daemon keeps the region resident; the mapping was populated.
     pub resident: bool,

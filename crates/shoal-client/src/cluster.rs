@@ -16,8 +16,12 @@ use crate::channel::unexpected;
 /// The cluster as this client sees it: which node its daemon is, and the
 /// peers' regions it maps (read-only) when a get returns objects there.
 pub struct ClusterView {
+    /// This client's daemon's node number.
     pub node: u32,
+    /// Whether the fabric is cache-coherent (else seals flush and reads
+    /// invalidate: docs/cluster.md).
     pub coherent: bool,
+    /// Every node's region, as the daemon reported them at connect.
     pub nodes: Vec<PeerRegion>,
     /// Simulated non-coherent fabric: this process's private "cache" copy of
     /// each node's region. Writes of new objects go to the copy and reach the

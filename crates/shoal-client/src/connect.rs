@@ -128,6 +128,7 @@ impl crate::Client {
         }
     }
 
+    /// What the daemon said at connect.
     pub fn info(&self) -> StoreInfo {
         self.info
     }

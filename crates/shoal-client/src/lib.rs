@@ -27,6 +27,8 @@
 //! | `lent.rs`, `peer_reads.rs` | the fast path's bookkeeping (lent space, other nodes' indexes) |
 //! | `shared.rs` | [`shared::SharedClient`], [`shared::ObjectRef`], [`shared::ObjectView`] |
 
+#![warn(missing_docs)]
+
 mod channel;
 mod cluster;
 mod coherence;

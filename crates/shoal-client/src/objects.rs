@@ -237,6 +237,8 @@ impl crate::Client {
             .map_or(Ok(()), Err)
     }
 
+    /// Gives up an object this client created and has not sealed: its
+    /// space is freed and the id is free again.
     pub fn abort(&mut self, id: ObjectId) -> Result<()> {
         if let Some(writes) = self.writes.as_mut() {
             if writes.abort(&id)? {
@@ -312,6 +314,8 @@ impl crate::Client {
         self.seal_durable(&ids, true, durability)
     }
 
+    /// Creates, writes and seals one object (at the node's default
+    /// durability), holding no reference afterwards.
     pub fn put(&mut self, id: ObjectId, data: &[u8], meta: &[u8]) -> Result<()> {
         self.put_batch(&[(id, data, meta)], None, 0)
     }
@@ -422,6 +426,8 @@ impl crate::Client {
         per_id(reply, ids, "delete of object")
     }
 
+    /// Whether a sealed object `id` is in the store (the shared index
+    /// answers without a round trip when it has it).
     pub fn contains(&mut self, id: ObjectId) -> Result<bool> {
         if self.fast.as_ref().is_some_and(|f| f.published(&id)) {
             return Ok(true);
@@ -432,6 +438,7 @@ impl crate::Client {
         }
     }
 
+    /// Every object in the store, sealed or not.
     pub fn list(&mut self) -> Result<Vec<ObjectInfo>> {
         match self.channel.call(&Request::List)? {
             Reply::List { objects } => Ok(objects),

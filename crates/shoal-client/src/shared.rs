@@ -579,6 +579,7 @@ pub struct ObjectRef {
 }
 
 impl ObjectRef {
+    /// The object this reference holds.
     pub fn id(&self) -> ObjectId {
         self.id
     }
@@ -658,6 +659,7 @@ impl ObjectView {
         }
     }
 
+    /// The object viewed.
     #[inline]
     pub fn id(&self) -> ObjectId {
         self.reference.id()
@@ -682,11 +684,13 @@ impl ObjectView {
         self.writable.then_some(self.address.cast_mut())
     }
 
+    /// Bytes of data viewed (the metadata is [`metadata`](Self::metadata)).
     #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the object has no data bytes.
     #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -717,6 +721,7 @@ impl ObjectView {
 /// they call (Python's GIL) lets go of it here, and only here: a call the
 /// shared indexes answer keeps it.
 pub trait Blocking {
+    /// Runs `call`, which may wait for the daemon, and returns its result.
     fn run<R: Send>(self, call: impl FnOnce() -> R + Send) -> R;
 }
 

@@ -9,6 +9,7 @@ use shoal_core::protocol::{CapacityReport, Reply, Request, StoreStats};
 use crate::channel::unexpected;
 
 impl crate::Client {
+    /// The store's counters: objects, bytes, references, evictions.
     pub fn stats(&mut self) -> Result<StoreStats> {
         match self.channel.call(&Request::Stats)? {
             Reply::Stats(stats) => Ok(stats),

@@ -16,6 +16,7 @@ pub struct Subscription {
 }
 
 impl Subscription {
+    /// Subscribes on a connection of its own to the daemon at `socket`.
     pub fn connect(socket: impl AsRef<Path>) -> Result<Self> {
         let (mut channel, _, _fd) = Channel::handshake(socket.as_ref())?;
         expect_ok(channel.call(&Request::Subscribe)?)?;
