@@ -12,7 +12,7 @@ use shoal_core::protocol::{Reply, Request};
 use shoal_core::region::Mapping;
 
 use crate::channel::{unexpected, Channel, StoreInfo};
-use crate::cluster::ClusterView;
+use crate::cluster_view::ClusterView;
 use crate::{lent, peer_reads};
 
 /// Whether clients ask for the fast path (`SHOAL_FAST_READS=0`: every get

@@ -13,14 +13,8 @@ use shoal_core::protocol::{CreateSpec, Located, Reply, Request};
 use shoal_core::ObjectId;
 
 use crate::channel::unexpected;
+use crate::fast_held::FastHeld;
 use crate::{lent, peer_reads};
-
-/// A reference taken without a round trip: counted at an index position in
-/// this client's table at its own node (`table` `None`) or at an owner.
-pub(crate) struct FastHeld {
-    table: Option<Arc<FastReads>>,
-    position: u32,
-}
 
 impl crate::Client {
     /// The fast path's shared state, if this client has it (a

@@ -18,7 +18,9 @@
 //! | `connect.rs` | connecting, asking for the fast paths, what the daemon said, hanging up |
 //! | `objects.rs` | create, write, seal, abort, resize, get, release, delete, contains, list, put |
 //! | `fast.rs` | the fast path: gets through the shared indexes, creates in lent space |
+//! | `fast_held.rs` | a reference the fast path took |
 //! | `cluster.rs` | other nodes: their regions mapped here, remote allocation, addresses |
+//! | `cluster_view.rs` | [`ClusterView`]: the nodes, and what this process maps of each |
 //! | `coherence.rs` | non-coherent fabrics: flush before a seal, invalidate before a read |
 //! | `names.rs` | the POSIX view's names |
 //! | `tiers.rs` | durability and the tiers below memory |
@@ -31,9 +33,11 @@
 
 mod channel;
 mod cluster;
+mod cluster_view;
 mod coherence;
 mod connect;
 mod fast;
+mod fast_held;
 mod lent;
 mod names;
 mod objects;
@@ -51,7 +55,7 @@ use shoal_core::region::Mapping;
 use shoal_core::ObjectId;
 
 pub use channel::StoreInfo;
-pub use cluster::ClusterView;
+pub use cluster_view::ClusterView;
 pub use shoal_core::durability::Durability;
 pub use shoal_core::protocol::WAIT_FOREVER;
 pub use shoal_core::protocol::{Located, NameEntry, PeerRegion, TierInfo, TierReport};
@@ -72,7 +76,7 @@ pub struct Client {
     fast: Option<Arc<FastReads>>,
     /// References taken through the fast path, by id: where each is
     /// counted (one per reference).
-    fast_held: HashMap<ObjectId, Vec<fast::FastHeld>>,
+    fast_held: HashMap<ObjectId, Vec<fast_held::FastHeld>>,
     /// In a cluster: other nodes' indexes and this client's tables there
     /// (docs/fast-path.md "Gets of other nodes' objects"), asked for at
     /// the first get that misses the local index.
