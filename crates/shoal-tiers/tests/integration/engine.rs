@@ -565,6 +565,60 @@ async fn recovery_never_keeps_a_record_its_tombstone_ended() {
     );
 }
 
+/// A write that replaces a packed copy whose dead record cannot be written
+/// (an I/O error on the old segment's `.dead`) fails, and the old copy is
+/// still live on disk. A delete must then bury it too, or fail and keep its
+/// tombstone: otherwise, once the newer segment is removed, nothing outranks
+/// the old copy and recovery adopts the deleted object.
+#[tokio::test]
+async fn a_replaced_packed_copy_that_could_not_be_marked_dead_never_comes_back() {
+    let (node, _) = Node::new().await;
+    let (passing, lasting) = (ObjectId::random(), ObjectId::random());
+    let mut faults = Vec::new();
+    for (seed, id) in [passing, lasting].into_iter().enumerate() {
+        let bytes = payload(1000, 20 + seed as u64);
+        node.write(id, TierLevel::Burst, &bytes).await.unwrap();
+        let (segment, _, _) = node.burst_dir.image_location(&id).unwrap();
+        // A directory where the old segment's `.dead` goes: opening it fails.
+        let dead = segment.with_extension("dead");
+        std::fs::create_dir(&dead).unwrap();
+        // The object written again (a drain retried): the old copy cannot
+        // be marked dead, so the write fails; the new copy serves.
+        let err = node.write(id, TierLevel::Burst, &bytes).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+        assert_eq!(node.restore(id, bytes.len()).await.unwrap().1, bytes);
+        faults.push(dead);
+    }
+
+    // The first fault passes before its delete; the second lasts through
+    // it: the file stays, and so does the tombstone.
+    std::fs::remove_dir(&faults[0]).unwrap();
+    assert!(node.delete(passing).await.unwrap());
+    assert!(!node.has(TierLevel::Burst, passing));
+    assert!(node.delete(lasting).await.unwrap());
+    assert_eq!(node.tiers_of(lasting).await, None);
+    assert!(
+        node.has(TierLevel::Burst, lasting),
+        "the delete could not bury the old copy: it failed on the tier"
+    );
+    std::fs::remove_dir(&faults[1]).unwrap();
+
+    let (node, report) = node.restart().await;
+    assert!(report.adopted.is_empty(), "deletes came back: {report:?}");
+    assert_eq!((report.objects, report.deletes_finished), (0, 1));
+    for id in [passing, lasting] {
+        assert_eq!(node.tiers_of(id).await, None);
+        assert!(!node.has(TierLevel::Burst, id));
+    }
+    let (node, report) = node.restart().await;
+    assert!(
+        report.adopted.is_empty() && report.objects == 0,
+        "{report:?}"
+    );
+    node.burst_dir.wait_counted();
+    assert_eq!(node.engine.usage()[0].1.used, 0, "no segment is left");
+}
+
 #[tokio::test]
 async fn recovery_after_a_crash_at_each_step_of_the_write_order() {
     let (node, _) = Node::new().await;
