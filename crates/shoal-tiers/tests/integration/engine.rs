@@ -352,6 +352,41 @@ async fn corrupt_copies_are_detected_skipped_and_removed() {
     }
 }
 
+/// A copy down the tiers checks the source's bytes against the record, in
+/// release builds too, as a restore does: an image that verifies but holds
+/// other bytes is removed, never copied and recorded as the object.
+#[tokio::test]
+async fn a_copy_refuses_a_source_image_of_other_bytes() {
+    let (node, _) = Node::new().await;
+    for len in [10_000, 2 << 20] {
+        let id = ObjectId::random();
+        let bytes = payload(len, 30);
+        node.write(id, TierLevel::Burst, &bytes).await.unwrap();
+        // Other bytes of the same sizes under the id: an intact image.
+        let other = payload(len, 31);
+        crate::common::write(&node.burst_dir, id, &other, 0)
+            .await
+            .unwrap();
+        let err = node
+            .copy(id, TierLevel::Burst, TierLevel::Backing)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ObjectCorrupt, "{len}: {err}");
+        assert!(err.message().contains(&id.to_hex()), "{err}");
+        assert!(!node.has(TierLevel::Backing, id), "{len}: nothing copied");
+        assert!(
+            !node.has(TierLevel::Burst, id),
+            "{len}: the bad copy is gone"
+        );
+        assert_eq!(node.tiers_of(id).await, None, "{len}: no copy was left");
+    }
+    let (_, report) = node.restart().await;
+    assert!(
+        report.adopted.is_empty() && report.objects == 0,
+        "{report:?}"
+    );
+}
+
 #[tokio::test]
 async fn deletes_are_final_even_when_a_tier_is_down_or_the_node_crashes() {
     let (node, _) = Node::new().await;
