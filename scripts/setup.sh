@@ -7,8 +7,8 @@
 # parts"); SHOAL_FEATURES=full builds every one (scripts/test.sh sets it), or
 # name some: SHOAL_FEATURES=s3,fuse (unset: as the extension already in .venv
 # has them). What only the checks need (pytest, ruff,
-# the libraries the tests drive, model checker, cross compilers, the module
-# graph, an S3 server) is installed by scripts/setup-test-tools.sh, which
+# the libraries the tests drive, model checker, cross compilers, an S3
+# server) is installed by scripts/setup-test-tools.sh, which
 # scripts/test.sh runs next; the quick start does not wait for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -29,7 +29,7 @@ python3 scripts/check-crate-layers.py
 # The extension's build and the test build ask for the same features of every shared crate.
 python3 scripts/check-feature-unity.py
 # No known cycle is left; `--skip CRATE` would exempt a crate (loudly) while one is removed.
-./scripts/check-module-cycles.sh
+python3 scripts/check-module-cycles.py
 # The same at the level of files (`crate::`/`super::` paths), where the team's tool is beside the checkout.
 if [ -f ../shared/tools/rust_cycles.py ]; then python3 ../shared/tools/rust_cycles.py .; fi
 # And between the modules of the Python package (lazy and type-only imports count).

@@ -215,7 +215,7 @@ pub fn run(args: BenchArgs, self_command: Vec<String>) -> Result<()> {
                 .map(|id| (*id, source.as_slice(), &[][..]))
                 .collect();
             let started = Instant::now();
-            client.put_batch(&objects, 0)?;
+            client.put_batch(&objects, None, 0)?;
             let put = started.elapsed();
             writeln!(to_reader, "go {rep}")?;
             to_reader.flush()?;

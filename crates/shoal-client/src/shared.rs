@@ -1,5 +1,13 @@
-//! A [`Client`] shared between threads, and [`ObjectRef`]: one store
-//! reference, released when dropped.
+//! A [`Client`] shared between threads; [`ObjectRef`]: one store
+//! reference, released when dropped; and [`ObjectView`]: an object's bytes
+//! in this process with the reference that keeps them.
+//!
+//! [`SharedClient::get`] is the whole get: objects the shared indexes have
+//! are referenced without the connection (no lock, no round trip), and only
+//! if one is missing does the call go to the daemon, through the
+//! [`Blocking`] the caller passes (a binding lets go of its own lock there).
+//! Creates return writable views the same way. A binding converts views; it
+//! computes no address and registers no reference itself.
 //!
 //! The connection sits behind a mutex. References are dropped by whoever
 //! holds them last, on any thread at any time (even inside another call on
@@ -14,13 +22,15 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use shoal_core::error::Result;
+use shoal_core::error::{Result, ShoalError};
+use shoal_core::fast_path::index::Found;
 use shoal_core::fast_path::readers::FastReads;
 use shoal_core::location::ObjectLocation;
-use shoal_core::protocol::Located;
+use shoal_core::protocol::{CreateSpec, Located};
 use shoal_core::region::Mapping;
 use shoal_core::ObjectId;
 
+use crate::peer_reads::{PeerView, PeerViews};
 use crate::Client;
 
 /// How long the release thread waits for more dropped references before it
@@ -52,7 +62,7 @@ struct Inner {
     /// The client's mapping of the region, for fast-path gets.
     mapping: Arc<Mapping>,
     /// Other nodes' indexes (a cluster), read without the connection.
-    peers: Arc<crate::peer_reads::PeerViews>,
+    peers: Arc<PeerViews>,
     releases: Arc<ReleaseQueue>,
     /// The creator references of objects created and not sealed yet, so a
     /// seal with release can disarm them.
@@ -237,15 +247,7 @@ impl SharedClient {
             .fast
             .as_ref()?
             .acquire_in(&id, &self.inner.mapping)?;
-        let reference = Arc::new(ObjectRef {
-            client: self.clone(),
-            id,
-            released: AtomicBool::new(false),
-            region: None,
-            fast_position: Some(found.position),
-            fast_table: None,
-        });
-        Some((found.location, reference))
+        Some((found.location, self.counted(id, None, found.position, None)))
     }
 
     /// [`fast_reference`](Self::fast_reference) for an object of another
@@ -254,19 +256,207 @@ impl SharedClient {
     /// owner's region mapped. `None`: ask the daemon (a get through
     /// [`with`](Self::with) also fetches the owners' indexes the first time).
     pub fn fast_peer_reference(&self, id: ObjectId) -> Option<(Located, Arc<ObjectRef>)> {
+        let (view, found) = self.acquire_at_owner(&id)?;
+        let reference = self.counted_at_owner(id, &view, &found);
+        Some((view.located(&found), reference))
+    }
+
+    /// A reference to `id` through the first owner's index that has it.
+    fn acquire_at_owner(&self, id: &ObjectId) -> Option<(Arc<PeerView>, Found)> {
         if self.inner.fast.as_ref().is_none_or(|f| f.is_closed()) {
             return None;
         }
-        let (view, found) = self.inner.peers.acquire(&id)?;
-        let reference = Arc::new(ObjectRef {
+        self.inner.peers.acquire(id)
+    }
+
+    /// The [`ObjectRef`] of a reference counted at an owner's index.
+    fn counted_at_owner(&self, id: ObjectId, view: &PeerView, found: &Found) -> Arc<ObjectRef> {
+        self.counted(
+            id,
+            Some(view.mapping.clone()),
+            found.position,
+            Some(view.fast.clone()),
+        )
+    }
+
+    /// The [`ObjectRef`] of a reference counted at index `position` (in
+    /// `table`, or this client's own table).
+    #[inline]
+    fn counted(
+        &self,
+        id: ObjectId,
+        region: Option<Arc<Mapping>>,
+        position: u32,
+        table: Option<Arc<FastReads>>,
+    ) -> Arc<ObjectRef> {
+        Arc::new(ObjectRef {
             client: self.clone(),
             id,
             released: AtomicBool::new(false),
-            region: Some(view.mapping.clone()),
-            fast_position: Some(found.position),
-            fast_table: Some(view.fast.clone()),
-        });
-        Some((view.located(&found), reference))
+            region,
+            fast_position: Some(position),
+            fast_table: table,
+        })
+    }
+
+    /// Gets objects, waiting up to `timeout_ms` (or [`crate::WAIT_FOREVER`])
+    /// for the ones not sealed yet: a read-only view of each found one
+    /// (`None` for those still missing), holding its reference.
+    ///
+    /// The fast path first: objects the shared indexes have (this node's,
+    /// then other nodes' in a mapped cluster) are referenced without the
+    /// connection — no lock, no round trip, and `blocking` is not called.
+    /// Only if one is missing does the whole call go to the daemon
+    /// ([`Client::get`], which serves what it can from the indexes again),
+    /// run through `blocking`.
+    pub fn get(
+        &self,
+        ids: &[ObjectId],
+        timeout_ms: i64,
+        blocking: impl Blocking,
+    ) -> Result<Vec<Option<ObjectView>>> {
+        if self.inner.fast.is_some() {
+            let mut views = Vec::with_capacity(ids.len());
+            for &id in ids {
+                match self.fast_view(id) {
+                    Some(view) => views.push(Some(view)),
+                    None => break,
+                }
+            }
+            if views.len() == ids.len() {
+                return Ok(views);
+            }
+            // (Those taken are dropped here: released with no message.)
+        }
+        blocking.run(|| self.get_through_connection(ids, timeout_ms))
+    }
+
+    /// A read-only view of `id` through this node's index, then the
+    /// owners' indexes; `None`: ask the daemon.
+    #[inline]
+    fn fast_view(&self, id: ObjectId) -> Option<ObjectView> {
+        if let Some((location, reference)) = self.fast_reference(id) {
+            let address = address_in(&self.inner.mapping, &location);
+            return Some(ObjectView::new(reference, address, location, false));
+        }
+        // Another node's object, through its index (a cluster).
+        let (view, found) = self.acquire_at_owner(&id)?;
+        let address = address_in(&view.mapping, &found.location);
+        let reference = self.counted_at_owner(id, &view, &found);
+        Some(ObjectView::new(reference, address, found.location, false))
+    }
+
+    /// The get on the connection: [`Client::get`], then a view of each
+    /// found object where this process reads it.
+    fn get_through_connection(
+        &self,
+        ids: &[ObjectId],
+        timeout_ms: i64,
+    ) -> Result<Vec<Option<ObjectView>>> {
+        let places = self.with(|c| {
+            let found = c.get(ids, timeout_ms)?;
+            // Objects on other nodes: in those nodes' regions; objects to
+            // invalidate: in the simulated fabric's cache.
+            found
+                .into_iter()
+                .map(|o| {
+                    o.map(|l| {
+                        let (region, address) = c.read_place(l)?;
+                        Ok((l.location, region, address))
+                    })
+                    .transpose()
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
+        Ok(ids
+            .iter()
+            .zip(places)
+            .map(|(&id, place)| {
+                place.map(|(location, region, address)| {
+                    ObjectView::new(self.reference(id, region), address, location, false)
+                })
+            })
+            .collect())
+    }
+
+    /// Whether `id` is in the store: the shared index first (no lock, no
+    /// round trip, `blocking` not called), then the daemon through
+    /// `blocking`.
+    pub fn contains(&self, id: ObjectId, blocking: impl Blocking) -> Result<bool> {
+        // Published in the shared index: present, no round trip.
+        if self.fast_contains(&id) {
+            return Ok(true);
+        }
+        blocking.run(|| self.with(|c| c.contains(id)))
+    }
+
+    /// Creates one object of `data_size` data bytes followed by `metadata`,
+    /// on `node` (remote allocation, as [`Client::create_on`]; `None`: this
+    /// client's node), and writes the metadata. Returns a writable view of
+    /// the data — where this process writes it: in place, in a staging
+    /// buffer, or in the simulated fabric's cache — holding the creator's
+    /// reference ([`creator_reference`](Self::creator_reference)). Seal it
+    /// once written.
+    pub fn create(
+        &self,
+        id: ObjectId,
+        data_size: u64,
+        metadata: &[u8],
+        node: Option<u32>,
+        timeout_ms: u32,
+    ) -> Result<ObjectView> {
+        let meta_size = u32::try_from(metadata.len())
+            .map_err(|_| ShoalError::invalid("metadata larger than 4 GiB"))?;
+        let spec = CreateSpec {
+            id,
+            data_size,
+            meta_size,
+        };
+        let (location, region, address) = self.with(|c| {
+            let node = node.unwrap_or_else(|| c.node());
+            let located = c.create_on(node, &[spec], timeout_ms)?[0];
+            let (region, address) = c.located_region(located, true)?;
+            Ok((located.location, region, address))
+        })?;
+        // SAFETY: the object was just allocated for us with `meta_size`
+        // bytes after its data, and `address` is its first byte inside
+        // `region` (bounds-checked by `located_region`), held here; nothing
+        // else writes an unsealed object.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                metadata.as_ptr(),
+                address.add(data_size as usize),
+                metadata.len(),
+            )
+        };
+        let reference = self.creator_reference(id, Some(region));
+        Ok(ObjectView::new(
+            reference,
+            address.cast_const(),
+            location,
+            true,
+        ))
+    }
+
+    /// Creates several objects on this client's node in one round trip,
+    /// all or none (as [`Client::create_batch`]): a writable view of each,
+    /// holding its creator's reference. Seal them once written.
+    pub fn create_batch(&self, objects: &[CreateSpec], timeout_ms: u32) -> Result<Vec<ObjectView>> {
+        let created = self.with(|c| {
+            let me = c.node();
+            c.create_batch(objects, timeout_ms)?
+                .into_iter()
+                .map(|location| Ok((location, c.located_ptr_mut(Located::local(me, location))?)))
+                .collect::<Result<Vec<_>>>()
+        })?;
+        Ok(objects
+            .iter()
+            .zip(created)
+            .map(|(o, (location, address))| {
+                let reference = self.creator_reference(o.id, None);
+                ObjectView::new(reference, address.cast_const(), location, true)
+            })
+            .collect())
     }
 
     /// Whether this client has the fast path.
@@ -389,6 +579,7 @@ pub struct ObjectRef {
 }
 
 impl ObjectRef {
+    /// The object this reference holds.
     pub fn id(&self) -> ObjectId {
         self.id
     }
@@ -413,5 +604,133 @@ impl Drop for ObjectRef {
             _ if !self.released() => self.client.release_later(self.id),
             _ => {}
         }
+    }
+}
+
+/// Where `location` starts in `mapping`.
+#[inline]
+fn address_in(mapping: &Mapping, location: &ObjectLocation) -> *const u8 {
+    debug_assert!(mapping.holds(location));
+    // SAFETY: every location given here was checked against `mapping` by
+    // the index lookup that found it (`FastReads::acquire_in`).
+    unsafe { mapping.base().add(location.offset as usize) }
+}
+
+/// An object's bytes in this process, with the reference that keeps them:
+/// read-only for a get, writable for a create until it is sealed. The
+/// bytes stay mapped while the view (or a clone of its
+/// [`reference`](Self::reference)) lives: the reference holds the mapping
+/// they are in, or the client whose region it is.
+///
+/// A read-only view's bytes are sealed and immutable. A client that hangs
+/// up ([`Client::close`]) drops its references at the daemon: its views
+/// must not be read afterwards (their memory may be reused).
+pub struct ObjectView {
+    reference: Arc<ObjectRef>,
+    /// The first data byte.
+    address: *const u8,
+    len: usize,
+    /// Metadata bytes stored right after the data.
+    meta_len: usize,
+    writable: bool,
+}
+
+// SAFETY: the view only hands its address out, never reads or writes
+// through it itself; the memory it points into is shared memory kept mapped
+// by `reference` (Send and Sync), whichever thread holds the view.
+unsafe impl Send for ObjectView {}
+// SAFETY: as for Send: `&ObjectView` gives out the address and sizes only.
+unsafe impl Sync for ObjectView {}
+
+impl ObjectView {
+    #[inline]
+    fn new(
+        reference: Arc<ObjectRef>,
+        address: *const u8,
+        location: ObjectLocation,
+        writable: bool,
+    ) -> Self {
+        Self {
+            reference,
+            address,
+            len: location.data_size as usize,
+            meta_len: location.meta_size as usize,
+            writable,
+        }
+    }
+
+    /// The object viewed.
+    #[inline]
+    pub fn id(&self) -> ObjectId {
+        self.reference.id()
+    }
+
+    /// The reference this view holds (released when the last clone goes).
+    #[inline]
+    pub fn reference(&self) -> &Arc<ObjectRef> {
+        &self.reference
+    }
+
+    /// The first byte; [`len`](Self::len) bytes are readable from here
+    /// while the view lives.
+    #[inline]
+    pub fn as_ptr(&self) -> *const u8 {
+        self.address
+    }
+
+    /// The first byte, for writing: `None` for a read-only view.
+    #[inline]
+    pub fn as_mut_ptr(&self) -> Option<*mut u8> {
+        self.writable.then_some(self.address.cast_mut())
+    }
+
+    /// Bytes of data viewed (the metadata is [`metadata`](Self::metadata)).
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the object has no data bytes.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the bytes may be written (an object being created).
+    #[inline]
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// A read-only view of the object's metadata (stored right after its
+    /// data), sharing this view's reference.
+    pub fn metadata(&self) -> ObjectView {
+        Self {
+            reference: self.reference.clone(),
+            // The metadata follows the data inside the same object.
+            address: self.address.wrapping_add(self.len),
+            len: self.meta_len,
+            meta_len: 0,
+            writable: false,
+        }
+    }
+}
+
+/// How the part of a call that may wait for the daemon runs. The fast path
+/// never calls it. A binding whose callers hold a lock of their own while
+/// they call (Python's GIL) lets go of it here, and only here: a call the
+/// shared indexes answer keeps it.
+pub trait Blocking {
+    /// Runs `call`, which may wait for the daemon, and returns its result.
+    fn run<R: Send>(self, call: impl FnOnce() -> R + Send) -> R;
+}
+
+/// Runs the call on this thread, holding nothing of its own: what a Rust
+/// caller passes.
+pub struct OnThisThread;
+
+impl Blocking for OnThisThread {
+    fn run<R: Send>(self, call: impl FnOnce() -> R + Send) -> R {
+        call()
     }
 }

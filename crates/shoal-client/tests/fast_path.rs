@@ -2,15 +2,17 @@
 //! objects through the shared index take no round trip and no daemon
 //! reference, yet keep their bytes from being evicted or freed by a delete;
 //! and a reader killed at any point (SIGKILL, thousands of times in the
-//! bench, bounded here) leaves nothing held and nothing corrupted.
+//! bench, bounded here) leaves nothing held and nothing corrupted; a shared
+//! client's get decides the fast path itself and hands out views.
 
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use shoal_client::shared::SharedClient;
+use shoal_client::shared::{Blocking, ObjectView, OnThisThread, SharedClient};
 use shoal_client::Client;
+use shoal_core::protocol::CreateSpec;
 use shoal_core::ObjectId;
 use shoal_testing::{eventually, TestDaemon};
 
@@ -503,4 +505,127 @@ fn a_full_write_channel_of_a_gone_daemon_fails_rather_than_hangs() {
         shoal_core::error::ErrorKind::Disconnected,
         "{err}"
     );
+}
+
+/// A [`Blocking`] that must not be called: the fast path answered.
+struct MustNotWait;
+
+impl Blocking for MustNotWait {
+    fn run<R: Send>(self, _call: impl FnOnce() -> R + Send) -> R {
+        panic!("the indexes had every object: nothing may wait for the daemon")
+    }
+}
+
+/// A [`Blocking`] that counts its calls.
+struct Counted<'a>(&'a std::cell::Cell<usize>);
+
+impl Blocking for Counted<'_> {
+    fn run<R: Send>(self, call: impl FnOnce() -> R + Send) -> R {
+        self.0.set(self.0.get() + 1);
+        call()
+    }
+}
+
+/// A view's bytes.
+fn bytes(view: &ObjectView) -> &[u8] {
+    // SAFETY: the view holds the object's reference and keeps it mapped.
+    unsafe { std::slice::from_raw_parts(view.as_ptr(), view.len()) }
+}
+
+#[test]
+fn a_shared_get_decides_the_fast_path_and_returns_views_of_the_bytes() {
+    let daemon = TestDaemon::start(8 << 20);
+    let mut writer = daemon.client();
+    let ids: Vec<ObjectId> = (0..3).map(|_| ObjectId::random()).collect();
+    put_objects(&mut writer, &ids, 1000);
+    let shared = SharedClient::new(daemon.client());
+    let requests = || shared.with(|c| Ok(c.requests())).unwrap();
+    let before = requests();
+    // All published: views from the indexes, no request, nothing waits.
+    let views = shared.get(&ids, 0, MustNotWait).unwrap();
+    assert_eq!(requests(), before);
+    let region = shared
+        .with(|c| Ok(c.mapping().base() as usize..c.mapping().base() as usize + (8 << 20)))
+        .unwrap();
+    for (n, view) in views.iter().enumerate() {
+        let view = view.as_ref().expect("published");
+        assert_eq!(view.id(), ids[n]);
+        assert!(!view.is_writable() && view.as_mut_ptr().is_none());
+        assert!(
+            region.contains(&(view.as_ptr() as usize)),
+            "in the region, not a copy"
+        );
+        assert_eq!(bytes(view), &pattern(n, 1000)[..]);
+        let meta = view.metadata();
+        assert_eq!((bytes(&meta), meta.id()), (&b"m"[..], ids[n]));
+    }
+    assert_eq!(writer.stats().unwrap().referenced, 3);
+    drop(views);
+    assert_eq!(writer.stats().unwrap().referenced, 0);
+    assert!(shared.contains(ids[0], MustNotWait).unwrap());
+
+    // One missing: the whole call goes to the daemon, through `blocking`,
+    // once; the others are still found, where they were.
+    let waits = std::cell::Cell::new(0);
+    let missing = ObjectId::random();
+    let views = shared.get(&[ids[1], missing], 0, Counted(&waits)).unwrap();
+    assert_eq!(waits.get(), 1);
+    assert!(views[1].is_none());
+    assert_eq!(bytes(views[0].as_ref().unwrap()), &pattern(1, 1000)[..]);
+    assert!(!shared.contains(missing, Counted(&waits)).unwrap());
+    assert_eq!(waits.get(), 2);
+    drop(views);
+
+    // Creates hand out writable views holding the creator's reference.
+    let id = ObjectId::random();
+    let view = shared.create(id, 100, b"meta", None, 0).unwrap();
+    assert!(view.is_writable() && view.len() == 100);
+    let address = view.as_mut_ptr().expect("writable");
+    // SAFETY: the object is ours until sealed, 100 bytes at `address`.
+    unsafe { std::ptr::copy_nonoverlapping(pattern(7, 100).as_ptr(), address, 100) };
+    let specs: Vec<CreateSpec> = (0..2)
+        .map(|_| CreateSpec {
+            id: ObjectId::random(),
+            data_size: 10,
+            meta_size: 0,
+        })
+        .collect();
+    let batch = shared.create_batch(&specs, 0).unwrap();
+    assert!(batch.iter().all(|v| v.is_writable() && v.len() == 10));
+    let mut sealed = vec![id];
+    sealed.extend(specs.iter().map(|s| s.id));
+    shared.seal(&sealed, true).unwrap();
+    assert!(view.reference().released() && batch[0].reference().released());
+    let got = shared
+        .get(&[id], 0, OnThisThread)
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert_eq!(got.as_ptr(), view.as_ptr(), "read where it was written");
+    assert_eq!(bytes(&got), &pattern(7, 100)[..]);
+    assert_eq!(bytes(&got.metadata()), b"meta");
+    drop((view, batch, got));
+    eventually("every reference to go", || {
+        writer.stats().unwrap().referenced == 0
+    });
+}
+
+#[test]
+fn a_socket_only_shared_get_returns_the_same_views_through_the_daemon() {
+    let daemon = TestDaemon::start(8 << 20);
+    let mut writer = daemon.client();
+    let ids: Vec<ObjectId> = (0..2).map(|_| ObjectId::random()).collect();
+    put_objects(&mut writer, &ids, 500);
+    let shared = SharedClient::new(daemon.socket_client());
+    let waits = std::cell::Cell::new(0);
+    let views = shared.get(&ids, 0, Counted(&waits)).unwrap();
+    assert_eq!(waits.get(), 1, "no index: the daemon answers");
+    for (n, view) in views.iter().enumerate() {
+        assert_eq!(bytes(view.as_ref().unwrap()), &pattern(n, 500)[..]);
+    }
+    assert_eq!(writer.stats().unwrap().referenced, 2);
+    drop(views);
+    eventually("the released references", || {
+        writer.stats().unwrap().referenced == 0
+    });
 }

@@ -1,30 +1,30 @@
-//! `Client` and `Subscription` for Python.
+//! `Client` and `Subscription` for Python: conversions only.
 //!
-//! The connection is a `shoal_client::shared::SharedClient` and every
-//! blocking call releases the GIL. Buffers release their object when Python
-//! frees them, which can happen on any thread at any time (even inside
-//! another call on this client); the shared client queues those releases and
-//! sends them coalesced, never blocking a drop on the connection.
+//! The connection is a `shoal_client::shared::SharedClient`. It decides
+//! every call's path (the fast path first, the daemon for the rest), hands
+//! out views of objects' bytes with their references, and releases the
+//! references when Python frees the buffers, on any thread at any time
+//! (queued and sent coalesced, never blocking a drop on the connection).
+//! Every call that may wait for the daemon releases the GIL; a get or
+//! contains the shared index answers keeps it.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use shoal_client::shared::{ObjectRef, SharedClient};
-use shoal_client::{Client as RustClient, Located, StoreInfo, Subscription as RustSubscription};
+use shoal_client::shared::{Blocking, SharedClient};
+use shoal_client::{Client as RustClient, StoreInfo, Subscription as RustSubscription};
 use shoal_core::durability::Durability;
-use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::error::{ErrorKind, ShoalError};
 use shoal_core::event::ObjectEvent;
-use shoal_core::location::ObjectLocation;
 use shoal_core::protocol::CreateSpec;
 use shoal_core::protocol::PsiAction;
-use shoal_core::region::Mapping;
 use shoal_core::ObjectId;
 
-use crate::buffer::Buffer;
+use crate::buffer::{bytes_of, Buffer};
 use crate::errors::IntoPyResult;
 use crate::ids::{PyId, PyIds};
 
@@ -42,78 +42,25 @@ type NameRow<'py> = (String, Bound<'py, PyBytes>, u64, u32, u64);
 /// One notification: (id, kind, data_size, metadata_size).
 type NotificationRow<'py> = (Bound<'py, PyBytes>, &'static str, u64, u32);
 
+/// What may wait for the daemon runs with the GIL released; what the shared
+/// indexes answer keeps it.
+struct Detached<'py>(Python<'py>);
+
+impl Blocking for Detached<'_> {
+    fn run<R: Send>(self, call: impl FnOnce() -> R + Send) -> R {
+        self.0.detach(call)
+    }
+}
+
 #[pyclass(module = "shoal._internal", frozen)]
 pub struct Client {
     shared: SharedClient,
-    mapping: Arc<Mapping>,
     info: StoreInfo,
     /// This client's node in a cluster (0 for a single store).
     info_node: u32,
+    /// Where the region is mapped in this process.
+    region_address: usize,
     socket: String,
-}
-
-impl Client {
-    fn buffer(&self, id: ObjectId, location: ObjectLocation, writable: bool) -> Buffer {
-        // SAFETY: locations are bounds-checked against the mapping by the Rust client.
-        let address = unsafe { self.mapping.base().add(location.offset as usize) };
-        self.buffer_at(id, address, location, writable, None)
-    }
-
-    /// A read-only buffer over an object in our region, holding `reference`.
-    fn buffer_from(&self, reference: Arc<ObjectRef>, location: ObjectLocation) -> Buffer {
-        Self::read_only_buffer(&self.mapping, reference, location)
-    }
-
-    /// A read-only buffer over an object in the region `reference` keeps
-    /// mapped (another node's), holding `reference`.
-    fn buffer_in_region(&self, reference: Arc<ObjectRef>, location: ObjectLocation) -> Buffer {
-        let region = reference
-            .region()
-            .expect("a peer reference keeps its region")
-            .clone();
-        Self::read_only_buffer(&region, reference, location)
-    }
-
-    fn read_only_buffer(
-        mapping: &Mapping,
-        reference: Arc<ObjectRef>,
-        location: ObjectLocation,
-    ) -> Buffer {
-        // SAFETY: the fast path checked the location against that mapping,
-        // which `reference` (or the client) keeps mapped.
-        let address = unsafe { mapping.base().add(location.offset as usize) };
-        Buffer::new(
-            reference,
-            address,
-            location.data_size as usize,
-            location.meta_size as usize,
-            false,
-        )
-    }
-
-    /// A buffer over an object at `address` (in our region, or in `region`:
-    /// a peer's region or a simulated cache of it, kept mapped by the buffer).
-    fn buffer_at(
-        &self,
-        id: ObjectId,
-        address: *mut u8,
-        location: ObjectLocation,
-        writable: bool,
-        region: Option<Arc<Mapping>>,
-    ) -> Buffer {
-        let reference = if writable {
-            self.shared.creator_reference(id, region)
-        } else {
-            self.shared.reference(id, region)
-        };
-        Buffer::new(
-            reference,
-            address,
-            location.data_size as usize,
-            location.meta_size as usize,
-            writable,
-        )
-    }
 }
 
 #[pymethods]
@@ -130,14 +77,14 @@ impl Client {
                 }
             })
             .py()?;
-        let mapping = client.mapping().clone();
+        let region_address = client.mapping().base() as usize;
         let info = client.info();
         let info_node = client.node();
         Ok(Self {
             shared: SharedClient::new(client),
-            mapping,
             info,
             info_node,
+            region_address,
             socket,
         })
     }
@@ -190,7 +137,7 @@ impl Client {
     /// Where the region is mapped in this process.
     #[getter]
     fn region_address(&self) -> usize {
-        self.mapping.base() as usize
+        self.region_address
     }
 
     /// Creates an object and returns its writable data buffer. `metadata` is
@@ -209,35 +156,11 @@ impl Client {
         timeout_ms: u32,
         node: Option<u32>,
     ) -> PyResult<Buffer> {
-        let meta = metadata.unwrap_or_default();
-        let meta_size = u32::try_from(meta.len())
-            .map_err(|_| PyValueError::new_err("metadata larger than 4 GiB"))?;
-        let id = id.0;
-        let node = node.unwrap_or(self.info_node);
-        let spec = CreateSpec {
-            id,
-            data_size: size,
-            meta_size,
-        };
-        // Here or on another node (remote allocation, or its staging buffer
-        // here); the address is where this process writes (a simulated
-        // fabric's cache copy, if any).
-        let (located, region, address) = py
-            .detach(|| {
-                self.shared.with(|c| {
-                    let located = c.create_on(node, &[spec], timeout_ms)?[0];
-                    let (region, address) = c.located_region(located, true)?;
-                    Ok((located, region, address as usize))
-                })
-            })
+        let metadata = metadata.unwrap_or_default();
+        let view = py
+            .detach(|| self.shared.create(id.0, size, metadata, node, timeout_ms))
             .py()?;
-        let address = address as *mut u8;
-        // SAFETY: the metadata range follows the data inside the object just
-        // allocated for us, bounds-checked against the node's mapping.
-        unsafe {
-            std::ptr::copy_nonoverlapping(meta.as_ptr(), address.add(size as usize), meta.len())
-        };
-        Ok(self.buffer_at(id, address, located.location, true, Some(region)))
+        Ok(view.into())
     }
 
     /// Creates many objects (no metadata) in one round trip, all or none.
@@ -262,26 +185,10 @@ impl Client {
                 meta_size: 0,
             })
             .collect();
-        let me = self.info_node;
-        let created = py
-            .detach(|| {
-                self.shared.with(|c| {
-                    let locations = c.create_batch(&specs, timeout_ms)?;
-                    locations
-                        .into_iter()
-                        .map(|location| {
-                            let address = c.located_ptr_mut(Located::local(me, location))?;
-                            Ok((location, address as usize))
-                        })
-                        .collect::<Result<Vec<_>>>()
-                })
-            })
+        let views = py
+            .detach(|| self.shared.create_batch(&specs, timeout_ms))
             .py()?;
-        Ok(specs
-            .iter()
-            .zip(created)
-            .map(|(s, (l, address))| self.buffer_at(s.id, address as *mut u8, l, true, None))
-            .collect())
+        Ok(views.into_iter().map(Buffer::from).collect())
     }
 
     /// Seals objects this client created. With `release`, the creator's
@@ -457,62 +364,12 @@ impl Client {
     /// store memory.
     #[pyo3(signature = (ids, timeout_ms=-1))]
     fn get(&self, py: Python<'_>, ids: PyIds, timeout_ms: i64) -> PyResult<Vec<Option<Buffer>>> {
-        let object_ids = ids.0;
-        // The fast path first: objects the shared index has are referenced
-        // without the connection (no lock, no round trip, the GIL kept).
-        // Only if one is missing does the whole call go to the daemon.
-        if self.shared.has_fast_reads() {
-            let mut buffers = Vec::with_capacity(object_ids.len());
-            for id in &object_ids {
-                if let Some((location, reference)) = self.shared.fast_reference(*id) {
-                    buffers.push(Some(self.buffer_from(reference, location)));
-                    continue;
-                }
-                // Another node's object, through its index (a cluster).
-                match self.shared.fast_peer_reference(*id) {
-                    Some((located, reference)) => {
-                        buffers.push(Some(self.buffer_in_region(reference, located.location)))
-                    }
-                    None => break,
-                }
-            }
-            if buffers.len() == object_ids.len() {
-                return Ok(buffers);
-            }
-            // (Those taken are dropped here: released with no message.)
-        }
-        let me = self.info_node;
-        let found = py
-            .detach(|| {
-                self.shared.with(|c| {
-                    let found = c.get(&object_ids, timeout_ms)?;
-                    // Objects on other nodes: addresses in those nodes' regions;
-                    // objects to invalidate: in the simulated fabric's cache.
-                    found
-                        .into_iter()
-                        .map(|o| match o {
-                            Some(l) if l.node != me || l.invalidate => {
-                                let (region, address) = c.located_region(l, false)?;
-                                Ok(Some((l, Some((region, address as usize)))))
-                            }
-                            Some(l) => Ok(Some((l, None))),
-                            None => Ok(None),
-                        })
-                        .collect::<Result<Vec<_>>>()
-                })
-            })
-            .py()?;
-        Ok(object_ids
-            .iter()
-            .zip(found)
-            .map(|(id, found)| {
-                found.map(|(l, remote)| match remote {
-                    Some((region, address)) => {
-                        self.buffer_at(*id, address as *mut u8, l.location, false, Some(region))
-                    }
-                    None => self.buffer(*id, l.location, false),
-                })
-            })
+        // The shared client takes the fast path, and releases the GIL only
+        // if it has to ask the daemon.
+        let views = self.shared.get(&ids.0, timeout_ms, Detached(py)).py()?;
+        Ok(views
+            .into_iter()
+            .map(|view| view.map(Buffer::from))
             .collect())
     }
 
@@ -535,42 +392,21 @@ impl Client {
                 "ids, buffers and metadata differ in length",
             ));
         }
-        let mut sources = Vec::with_capacity(buffers.len());
-        for buffer in &buffers {
-            if !buffer.is_c_contiguous() {
-                return Err(PyValueError::new_err("buffers must be C-contiguous"));
-            }
-            sources.push((buffer.buf_ptr() as usize, buffer.len_bytes()));
-        }
-        let empty: Vec<u8> = Vec::new();
-        let specs: Vec<_> = ids
+        let data = buffers.iter().map(bytes_of).collect::<PyResult<Vec<_>>>()?;
+        let objects: Vec<(ObjectId, &[u8], &[u8])> = ids
             .iter()
+            .zip(&data)
             .enumerate()
-            .map(|(i, &id)| CreateSpec {
-                id,
-                data_size: sources[i].1 as u64,
-                meta_size: metadata.as_ref().map_or(0, |m| m[i].len() as u32),
+            .map(|(i, (&id, &data))| {
+                let meta = metadata.as_ref().map_or(&[][..], |m| &m[i][..]);
+                (id, data, meta)
             })
             .collect();
         py.detach(|| {
-            self.shared.with(|c| {
-                let locations = c.create_batch(&specs, timeout_ms)?;
-                for (i, location) in locations.iter().enumerate() {
-                    // SAFETY: each source is a contiguous exported buffer held
-                    // by `buffers` for the whole call.
-                    let data = unsafe {
-                        std::slice::from_raw_parts(sources[i].0 as *const u8, sources[i].1)
-                    };
-                    let meta = metadata.as_ref().map_or(&empty, |m| &m[i]);
-                    c.write(*location, data, meta)?;
-                }
-                let ids: Vec<_> = specs.iter().map(|s| s.id).collect();
-                c.seal_durable(&ids, true, durability)
-            })
+            self.shared
+                .with(|c| c.put_batch(&objects, durability, timeout_ms))
         })
-        .py()?;
-        drop(buffers);
-        Ok(())
+        .py()
     }
 
     /// Deletes objects; returns, per id, `None` or the error kind's name.
@@ -584,11 +420,7 @@ impl Client {
     }
 
     fn contains(&self, py: Python<'_>, id: PyId) -> PyResult<bool> {
-        // Published in the shared index: present, no round trip.
-        if self.shared.fast_contains(&id.0) {
-            return Ok(true);
-        }
-        py.detach(|| self.shared.with(|c| c.contains(id.0))).py()
+        self.shared.contains(id.0, Detached(py)).py()
     }
 
     /// Names an object: bound at its seal if still being written, at once

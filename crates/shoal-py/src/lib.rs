@@ -76,40 +76,7 @@ fn copy_into(
     dst: pyo3::buffer::PyBuffer<u8>,
     src: pyo3::buffer::PyBuffer<u8>,
 ) -> PyResult<()> {
-    if dst.readonly() {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "the destination is read-only",
-        ));
-    }
-    if !dst.is_c_contiguous() || !src.is_c_contiguous() {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "buffers must be C-contiguous",
-        ));
-    }
-    if dst.len_bytes() != src.len_bytes() {
-        return Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "copy of {} bytes into a buffer of {}",
-            src.len_bytes(),
-            dst.len_bytes()
-        )));
-    }
-    let (to, from, len) = (
-        dst.buf_ptr() as usize,
-        src.buf_ptr() as usize,
-        src.len_bytes(),
-    );
-    py.detach(|| {
-        // SAFETY: both buffers are contiguous, `len` bytes long and held
-        // (exported) by `dst` and `src` for the whole call; a writable
-        // destination distinct from the source (a created object's memory).
-        unsafe {
-            shoal_core::copy::copy_to_shared(
-                to as *mut u8,
-                std::slice::from_raw_parts(from as *const u8, len),
-            )
-        }
-    });
-    Ok(())
+    buffer::copy_into(py, &dst, &src)
 }
 
 #[pymodule]

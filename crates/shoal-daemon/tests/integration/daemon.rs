@@ -306,7 +306,7 @@ fn many_small_objects_batch() {
     let ids: Vec<_> = (0..5000).map(|_| ObjectId::random()).collect();
     let payload = [7u8; 100];
     let objects: Vec<_> = ids.iter().map(|id| (*id, &payload[..], &[][..])).collect();
-    client.put_batch(&objects, 0).unwrap();
+    client.put_batch(&objects, None, 0).unwrap();
     let found = client.get(&ids, 0).unwrap();
     assert!(found.iter().all(Option::is_some));
     let mut offsets: Vec<_> = found.iter().map(|l| l.unwrap().location.offset).collect();

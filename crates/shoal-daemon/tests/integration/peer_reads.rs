@@ -25,7 +25,7 @@ fn put_all(client: &mut Client, ids: &[ObjectId], byte: u8) {
     let data = vec![byte; 1000];
     let objects: Vec<(ObjectId, &[u8], &[u8])> =
         ids.iter().map(|id| (*id, &data[..], &b""[..])).collect();
-    client.put_batch(&objects, 0).unwrap();
+    client.put_batch(&objects, None, 0).unwrap();
 }
 
 /// Gets every id through `client`, checks each is node 0's and holds
