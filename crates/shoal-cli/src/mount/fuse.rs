@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use shoal_fuse::{Ended, MountConfig};
 
-use super::MountArgs;
+use super::args::MountArgs;
 
 /// Mounts and serves until stopped, unmounted or the daemon goes.
 pub fn run(args: MountArgs) -> Result<()> {

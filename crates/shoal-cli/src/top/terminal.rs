@@ -15,7 +15,7 @@ use shoal_daemon::metrics::exposition::Sample;
 use shoal_daemon::metrics::scrape::{fetch, scrape};
 use shoal_daemon::metrics::top::{TopView, ROWS};
 
-use super::TopArgs;
+use super::args::TopArgs;
 
 /// Refreshes a second; usage kept for this many of them (5 minutes).
 const REFRESH: Duration = Duration::from_secs(1);

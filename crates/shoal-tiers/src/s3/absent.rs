@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use shoal_core::error::{MissingFeature, Result};
 use shoal_core::ids::ObjectId;
 
-use super::S3Config;
+use super::config::S3Config;
 use crate::format::{ObjectHeader, ObjectSizes};
 use crate::identity::TierIdentity;
 use crate::range::{DestRange, SourceRange};

@@ -14,7 +14,7 @@ use object_store::{BackoffConfig, ClientOptions, ObjectStore, PutPayload, RetryC
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::ObjectId;
 
-use super::S3Config;
+use super::config::S3Config;
 use crate::format::{check_destination, checksum_mismatch, ObjectHeader, ObjectSizes, HEADER_LEN};
 use crate::identity::TierIdentity;
 use crate::range::{DestRange, SourceRange};
