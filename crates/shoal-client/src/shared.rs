@@ -64,6 +64,10 @@ struct Inner {
     /// Other nodes' indexes (a cluster), read without the connection.
     peers: Arc<PeerViews>,
     releases: Arc<ReleaseQueue>,
+    /// Releases go through a write channel (a record in shared memory, no
+    /// system call): each drop sends its own at once when the connection
+    /// is free, rather than waking the release thread to gather them.
+    cheap_releases: bool,
     /// The creator references of objects created and not sealed yet, so a
     /// seal with release can disarm them.
     creating: Mutex<HashMap<ObjectId, Weak<ObjectRef>>>,
@@ -154,6 +158,7 @@ impl SharedClient {
             fast: client.fast_reads().cloned(),
             mapping: client.mapping().clone(),
             peers: client.peer_views(),
+            cheap_releases: client.has_fast_writes(),
             connection: Mutex::new(client),
             releases: releases.clone(),
             creating: Mutex::default(),
@@ -183,10 +188,11 @@ impl SharedClient {
     }
 
     /// Queues the release of one reference this client holds: sent at once
-    /// if the connection is free and no release went out in the last
-    /// [`RELEASE_QUIET`] (or the backlog reached [`RELEASE_BATCH`]),
-    /// otherwise by the release thread or the next call, whichever is first.
-    /// Never waits for the connection.
+    /// if the connection is free and releases cost no system call (a write
+    /// channel), or no release went out in the last [`RELEASE_QUIET`] (or
+    /// the backlog reached [`RELEASE_BATCH`]); otherwise by the release
+    /// thread or the next call, whichever is first. Never waits for the
+    /// connection.
     pub fn release_later(&self, id: ObjectId) {
         let releases = &self.inner.releases;
         let backlog = {
@@ -194,7 +200,8 @@ impl SharedClient {
             ids.push(id);
             ids.len()
         };
-        let quiet = lock(&releases.last_sent).is_none_or(|t| t.elapsed() >= RELEASE_QUIET);
+        let quiet = self.inner.cheap_releases
+            || lock(&releases.last_sent).is_none_or(|t| t.elapsed() >= RELEASE_QUIET);
         if quiet || backlog >= RELEASE_BATCH || releases.closed.load(Ordering::Acquire) {
             if let Ok(mut connection) = self.inner.connection.try_lock() {
                 self.inner.flush(&mut connection);

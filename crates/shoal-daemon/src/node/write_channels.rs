@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use foldhash::HashMap;
+use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fast_path::writes::{Record, WriteChannel};
 use shoal_core::ids::ClientId;
@@ -44,7 +45,7 @@ impl WriteChannels {
 
     /// Opens `client`'s channel: its fd and a copy of the doorbell, for the
     /// client. A second request replaces nothing (an error).
-    pub fn open(&self, client: ClientId) -> Result<(OwnedFd, OwnedFd)> {
+    pub fn open(&self, client: ClientId, default_level: Durability) -> Result<(OwnedFd, OwnedFd)> {
         let doorbell = self
             .doorbell
             .as_ref()
@@ -57,7 +58,7 @@ impl WriteChannels {
                 "this client has a write channel already",
             ));
         }
-        let (channel, fd) = WriteChannel::create()?;
+        let (channel, fd) = WriteChannel::create(default_level)?;
         channels.insert(client, channel);
         Ok((fd, doorbell))
     }

@@ -84,6 +84,9 @@ impl Ops {
                     let outcome = self.node.mutate(|s| s.give_back(client, lease));
                     self.answer(client, sequence, outcome);
                 }
+                Record::Delete { .. } | Record::Contains { .. } => {
+                    self.answer_query(client, sequence, record)
+                }
             }
         }
         n
@@ -101,6 +104,28 @@ impl Ops {
             e.kind()
         });
         self.node.write_channels().answer(client, sequence, kind);
+    }
+
+    /// A delete or contains asked through the write channel: answered as
+    /// the socket's, after every record published before it — its client's
+    /// and every other client's (a seal there before this delete here) —
+    /// is applied. On a task of its own, after this round: a delete may
+    /// wait for the tiers, and the round applying records must not be
+    /// entered again.
+    fn answer_query(&self, client: ClientId, sequence: u64, record: Record) {
+        let ops = self.rc();
+        self.supervisor
+            .spawn_local("write channel query", async move {
+                while ops.apply_all_writes() > 0 {}
+                let outcome = match record {
+                    Record::Delete { id } => ops.delete(&[id], true).await.remove(0),
+                    Record::Contains { id } => {
+                        (!ops.contains(&id)).then_some(shoal_core::error::ErrorKind::ObjectNotFound)
+                    }
+                    _ => unreachable!("only queries are answered here"),
+                };
+                ops.node.write_channels().answer(client, sequence, outcome);
+            });
     }
 
     /// A seal record: applied like the socket's seal, answered now (memory
