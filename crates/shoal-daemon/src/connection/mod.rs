@@ -52,8 +52,10 @@ pub(crate) async fn serve(ops: Rc<Ops>, stream: UnixStream) {
         Err(err) => tracing::warn!(client, %err, "dropping client"),
     }
     // What it published before it went still counts (a seal record whose
-    // bytes were written); then its channel and lent space go.
-    ops.apply_writes(client);
+    // bytes were written), and a query it asked is answered now, not after
+    // it is gone (a delete then would remove a later object of that id);
+    // then its channel and lent space go.
+    while ops.apply_all_writes() > 0 {}
     ops.node.write_channels().close(client);
     ops.node.client_gone(client);
 }

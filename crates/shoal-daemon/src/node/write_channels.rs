@@ -21,6 +21,10 @@ pub const ROUND: usize = 64;
 
 pub struct WriteChannels {
     channels: RefCell<HashMap<ClientId, WriteChannel>>,
+    /// Queries (deletes, contains) taken and not answered yet: each is
+    /// answered once a round finds no record left, so after every record
+    /// any client published before it.
+    queries: RefCell<Vec<(ClientId, u64, Record)>>,
     /// `None`: no eventfd could be made; the daemon offers no channels.
     doorbell: Option<OwnedFd>,
 }
@@ -31,6 +35,7 @@ impl Default for WriteChannels {
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         Self {
             channels: RefCell::default(),
+            queries: RefCell::default(),
             // SAFETY: a fresh descriptor this process owns.
             doorbell: (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) }),
         }
@@ -102,6 +107,16 @@ impl WriteChannels {
             }
         }
         Ok(records)
+    }
+
+    /// Keeps a query taken from `client`'s ring until [`take_queries`](Self::take_queries).
+    pub fn defer_query(&self, client: ClientId, sequence: u64, record: Record) {
+        self.queries.borrow_mut().push((client, sequence, record));
+    }
+
+    /// The queries kept so far, in the order they were taken.
+    pub fn take_queries(&self) -> Vec<(ClientId, u64, Record)> {
+        std::mem::take(&mut *self.queries.borrow_mut())
     }
 
     /// Answers `client`'s record `sequence` (nothing if the client is gone).
