@@ -10,7 +10,13 @@ proc-macros are host builds, resolved apart), the features each build turns on, 
 on a difference. Fix one by turning the feature on in a normal dependency (with a comment
 saying why) or by not needing it in tests.
 
-Reads `cargo tree` (no build). Exit 1 on a difference.
+The extension's build here is scripts/test.sh's: every optional part on (SHOAL_FEATURES=full,
+`--features full`). The quick start builds it without them (shoal-py's default features);
+that build must compile none of the optional parts' own crates (OPTIONAL_CRATES), or the
+quick start waits for them again (docs/hacking.md, "Optional parts").
+
+Reads `cargo tree` (no build). Exit 1 on a difference, or on an optional crate in the quick
+start's build.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# What scripts/test.sh asks of the extension (SHOAL_FEATURES=full in scripts/setup.sh).
+TEST_FEATURES = "full"
+# The optional parts' crates (features `s3`, `fuse`, `top`), kept out of the quick start's build.
+OPTIONAL_CRATES = {"object_store", "reqwest", "rustls", "fuser", "shoal-fuse", "ratatui", "crossterm"}
 
 
 def features(*args: str) -> dict[str, set[str]]:
@@ -40,7 +50,7 @@ def features(*args: str) -> dict[str, set[str]]:
 
 
 def main() -> int:
-    extension = features("-p", "shoal-py", "-e", "normal")
+    extension = features("-p", "shoal-py", "--features", TEST_FEATURES, "-e", "normal")
     tests = features("-e", "normal,dev")
     differ = {
         crate: (sorted(tests[crate] - have), sorted(have - tests[crate]))
@@ -53,10 +63,22 @@ def main() -> int:
             f"{fewer or '-'}; it and every crate above it would compile twice",
             file=sys.stderr,
         )
-    if not differ:
+    quick_start = features("-p", "shoal-py", "-e", "normal,build", "--target", "all")
+    optional = sorted(c for c in quick_start if c.split(" ")[0] in OPTIONAL_CRATES)
+    for crate in optional:
+        print(
+            f"check-feature-unity: the quick start's build (shoal-py's default features) compiles "
+            f"{crate}, a crate of an optional part",
+            file=sys.stderr,
+        )
+    if not differ and not optional:
         crates = len(extension)
-        print(f"check-feature-unity: the {crates} crates the extension compiles build once for tests too")
-    return 1 if differ else 0
+        print(
+            f"check-feature-unity: the {crates} crates the extension compiles (--features {TEST_FEATURES}) "
+            f"build once for tests too; the quick start's build ({len(quick_start)} crates) has none of "
+            f"{', '.join(sorted(OPTIONAL_CRATES))}"
+        )
+    return 1 if differ or optional else 0
 
 
 if __name__ == "__main__":

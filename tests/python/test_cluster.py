@@ -22,7 +22,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from _shoal_testing import home_of, ids_homed_at, in_region, peer_credential, snapshot, wait_for
+from _shoal_testing import (
+    home_of,
+    ids_homed_at,
+    in_region,
+    needs_library,
+    peer_credential,
+    snapshot,
+    wait_for,
+)
 
 import shoal
 
@@ -496,13 +504,13 @@ def test_a_hugetable_assembled_from_every_nodes_memory(cluster, spawn):
             continue
         assert in_region(reader, address) == (holder == 0)
     # Engines run on it in place.
-    duckdb = pytest.importorskip("duckdb")
+    duckdb = needs_library("duckdb")
     con = duckdb.connect()
     con.register("sales", table)
     assert con.sql("select count(*), sum(v) from sales where k = 3").fetchall()[0] == (
         sum(1 for r in range(6000) if r % 7 == 3), float(sum(r for r in range(6000) if r % 7 == 3)),
     )  # fmt: skip
-    polars = pytest.importorskip("polars")
+    polars = needs_library("polars")
     frame = polars.from_arrow(table)
     assert frame.filter(polars.col("k") == 3).height == sum(1 for r in range(6000) if r % 7 == 3)
     con.close()

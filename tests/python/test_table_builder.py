@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from _shoal_testing import MiB, in_region, snapshot, wait_for
+from _shoal_testing import MiB, in_region, needs_library, snapshot, wait_for
 
 import shoal
 
@@ -246,7 +246,7 @@ def test_column_views_kept_after_seal_keep_the_object(store):
 
 
 def test_engines_query_the_built_table(store):
-    duckdb = pytest.importorskip("duckdb")
+    duckdb = needs_library("duckdb")
     client = store.client()
     with client.create_table(pa.schema([("k", pa.int32()), ("v", pa.float64())]), 1000) as builder:
         builder["k"][:] = np.arange(1000) % 10

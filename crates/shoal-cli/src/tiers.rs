@@ -93,6 +93,8 @@ impl TierArgs {
                 capacity,
             });
         };
+        // Before anything else, so a build without the client says so and starts nothing.
+        shoal_tiers::s3::require(&format!("the backing store {text}"))?;
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
             bail!("{text}: no bucket");

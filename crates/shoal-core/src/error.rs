@@ -201,6 +201,33 @@ impl From<std::io::Error> for ShoalError {
     }
 }
 
+/// A part of shoal this build leaves out: the Cargo feature that has it was
+/// off (`s3`, `fuse`, `top`: docs/hacking.md, "Optional parts"). A command
+/// or configuration that needs it refuses with this before it starts anything.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "{needed_for} needs the `{feature}` feature, which this build of shoal leaves out; build \
+     with it: `SHOAL_FEATURES=full ./scripts/setup.sh` (the Python package; or `maturin develop \
+     --release --features {feature}`), `cargo build --release -p shoal-cli` (the `shoal` \
+     binary, every feature on)"
+)]
+pub struct MissingFeature {
+    /// The Cargo feature, e.g. `s3`.
+    pub feature: &'static str,
+    /// What needs it, e.g. "an s3:// backing store".
+    pub needed_for: String,
+}
+
+impl MissingFeature {
+    /// `needed_for` needs `feature`.
+    pub fn new(feature: &'static str, needed_for: impl Into<String>) -> Self {
+        Self {
+            feature,
+            needed_for: needed_for.into(),
+        }
+    }
+}
+
 /// A result whose error is a [`ShoalError`] unless said otherwise.
 pub type Result<T, E = ShoalError> = std::result::Result<T, E>;
 
@@ -214,6 +241,12 @@ impl From<LocalAuthError> for ShoalError {
             _ => ErrorKind::PermissionDenied,
         };
         ShoalError::new(kind, err.to_string())
+    }
+}
+
+impl From<MissingFeature> for ShoalError {
+    fn from(err: MissingFeature) -> Self {
+        ShoalError::invalid(err.to_string())
     }
 }
 
@@ -233,5 +266,27 @@ mod tests {
             Some(ErrorKind::VersionMismatch)
         );
         assert_eq!(ErrorKind::from_code(0), None);
+    }
+
+    #[test]
+    fn a_missing_feature_names_it_and_how_to_build_with_it() {
+        let err = MissingFeature::new("fuse", "`shoal mount`");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("`shoal mount` needs the `fuse` feature"),
+            "{text}"
+        );
+        assert!(
+            text.contains("SHOAL_FEATURES=full ./scripts/setup.sh"),
+            "{text}"
+        );
+        assert!(text.contains("--features fuse"), "{text}");
+        assert!(
+            text.contains("cargo build --release -p shoal-cli"),
+            "{text}"
+        );
+        let err = ShoalError::from(err);
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        assert_eq!(err.message(), text);
     }
 }

@@ -35,9 +35,10 @@ impl ObjectId {
     }
 
     /// The id written as 40 hex digits (either case), as [`ObjectId::to_hex`] writes it; `None`
-    /// for any other length or a pair of characters `u8::from_str_radix` refuses.
+    /// for any other length or character. `u8::from_str_radix` alone takes a sign ("+f" is
+    /// 0x0f): a tier walking its files would take a name `+f…` for the id whose file is `0f…`.
     pub fn from_hex(hex: &str) -> Option<Self> {
-        if hex.len() != 2 * ID_LEN || !hex.is_ascii() {
+        if hex.len() != 2 * ID_LEN || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         let mut bytes = [0u8; ID_LEN];
@@ -75,5 +76,30 @@ mod tests {
         assert_eq!(ObjectId::from_hex("zz"), None);
         assert_eq!(ObjectId::from_hex(&"g".repeat(40)), None);
         assert_ne!(ObjectId::random(), ObjectId::random());
+    }
+
+    #[test]
+    fn from_hex_takes_exactly_hex_digits() {
+        let zeros = "0".repeat(38);
+        assert_eq!(
+            ObjectId::from_hex(&format!("0f{zeros}")).unwrap().0[0],
+            0x0f
+        );
+        assert_eq!(
+            ObjectId::from_hex(&"Ab".repeat(20)).unwrap().0,
+            [0xab; ID_LEN]
+        );
+        for pair in ["+f", "-0", "+0", " f", "f ", "0x"] {
+            assert_eq!(
+                ObjectId::from_hex(&format!("{pair}{zeros}")),
+                None,
+                "{pair}"
+            );
+            assert_eq!(
+                ObjectId::from_hex(&format!("{zeros}{pair}")),
+                None,
+                "{pair}"
+            );
+        }
     }
 }

@@ -27,5 +27,5 @@ pub mod protocol;
 pub mod region;
 pub mod units;
 
-pub use error::{ErrorKind, ShoalError};
+pub use error::{ErrorKind, MissingFeature, ShoalError};
 pub use ids::ObjectId;

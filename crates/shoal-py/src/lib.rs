@@ -15,6 +15,26 @@ fn cli_main(py: Python<'_>, argv: Vec<String>, self_command: Vec<String>) -> i32
     py.detach(|| shoal_cli::run(argv, self_command))
 }
 
+/// The optional parts this extension has: "cli" (the command line inside),
+/// then those of the command line ("s3", "fuse", "top"; docs/hacking.md,
+/// "Optional parts").
+#[pyfunction]
+fn features() -> Vec<&'static str> {
+    cli_features()
+}
+
+#[cfg(feature = "cli")]
+fn cli_features() -> Vec<&'static str> {
+    std::iter::once("cli")
+        .chain(shoal_cli::features::built())
+        .collect()
+}
+
+#[cfg(not(feature = "cli"))]
+fn cli_features() -> Vec<&'static str> {
+    Vec::new()
+}
+
 /// The socket used when none is given.
 #[pyfunction]
 fn default_socket() -> String {
@@ -68,6 +88,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(copy_into, m)?)?;
     m.add_function(wrap_pyfunction!(default_socket, m)?)?;
+    m.add_function(wrap_pyfunction!(features, m)?)?;
     m.add_function(wrap_pyfunction!(flush_instruction, m)?)?;
     m.add_function(wrap_pyfunction!(ensure_socket_dir, m)?)?;
     m.add_function(wrap_pyfunction!(open_private_log, m)?)?;

@@ -1,13 +1,19 @@
 //! Daemon logs in a test's output.
 
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
 /// Daemon logs in the test's output, at warn (`SHOAL_LOG=debug` shows what
-/// the daemons do). Once per process; later calls change nothing.
+/// the daemons do; the `shoal` command's syntax, `debug,h2=info`). Once per
+/// process; later calls change nothing.
 pub fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_test_writer()
+    let filter = std::env::var("SHOAL_LOG")
+        .ok()
+        .and_then(|text| text.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::WARN));
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_test_writer())
         .try_init();
 }

@@ -425,10 +425,11 @@ impl TierEngine {
     /// Copies `id` from tier `from` to tier `to` without it being in memory
     /// (a drain of an evicted object, or burst-buffer pressure), through a
     /// bounce buffer of the object's size. Same guarantees as
-    /// [`TierEngine::write`]; a corrupt source copy is removed and reported as
-    /// `ObjectCorrupt`. Only the record of incarnation `generation` is
-    /// copied: if the id is gone or is another incarnation now, nothing is
-    /// written (`ObjectNotFound`).
+    /// [`TierEngine::write`]; a corrupt source copy, or one that verifies
+    /// but holds other bytes than the record's, is removed (manifest first,
+    /// as a restore does) and reported as `ObjectCorrupt`. Only the record
+    /// of incarnation `generation` is copied: if the id is gone or is
+    /// another incarnation now, nothing is written (`ObjectNotFound`).
     pub async fn copy(
         &self,
         id: ObjectId,
@@ -457,17 +458,51 @@ impl TierEngine {
             let (dst, buffer) = DestRange::buffer(record.sizes.payload_len() as usize);
             let (dst, got) = source.get(id, dst).await;
             drop(dst);
-            if let Err(err) = got {
-                if err.kind() == ErrorKind::ObjectCorrupt {
-                    shared.forget_copy(id, from, &source).await;
+            let source_header = match got {
+                Ok(header) => header,
+                Err(err) => {
+                    if err.kind() == ErrorKind::ObjectCorrupt {
+                        shared.forget_copy(id, from, &source).await;
+                    }
+                    return Err(err);
                 }
-                return Err(err);
+            };
+            // A verified image of other bytes than the record's (as a restore
+            // finds it): never copied down and recorded as this object.
+            if source_header.checksum != record.checksum
+                || source_header.data_size != record.sizes.data_size
+                || source_header.meta_size != record.sizes.meta_size
+            {
+                warn!(
+                    "object {id}: {from} copy has checksum {:#x}, the manifest {:#x}",
+                    source_header.checksum, record.checksum
+                );
+                shared.forget_copy(id, from, &source).await;
+                return Err(ShoalError::new(
+                    ErrorKind::ObjectCorrupt,
+                    format!(
+                        "object {id}: its {from} copy holds other bytes than the manifest \
+                         records (checksum {:#x}, not {:#x}); removed, not copied to {to}",
+                        source_header.checksum, record.checksum
+                    ),
+                ));
             }
             let bytes = buffer.take().expect("the destination range was dropped");
             let header = target
                 .put(id, record.sizes, SourceRange::from_vec(bytes))
                 .await?;
-            debug_assert_eq!(header.checksum, record.checksum);
+            if header.checksum != record.checksum {
+                // The buffer verified and is ours alone: this cannot happen
+                // short of a memory fault. Record nothing, keep no image.
+                let _ = target.delete(id).await;
+                return Err(ShoalError::new(
+                    ErrorKind::ObjectCorrupt,
+                    format!(
+                        "object {id}: written to {to} with checksum {:#x}, not {:#x}; not recorded",
+                        header.checksum, record.checksum
+                    ),
+                ));
+            }
             let record = shared
                 .manifest(move |m| {
                     m.update(&id, |r| {

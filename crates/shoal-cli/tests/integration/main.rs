@@ -1,16 +1,20 @@
 //! The `shoal` command end to end, one test binary (one link instead of one
 //! per file; `cargo test -p shoal-cli --test integration mount::` runs one
 //! module): daemons as processes, mounts, kill -9 with tiers, the
-//! operations surface. Shared harnesses: `shoal-testing`, and `support`
-//! for what needs this crate's binary.
+//! operations surface; what a build without an optional part says
+//! (`features`). Shared harnesses: `shoal-testing`, and `support` for what
+//! needs this crate's binary.
 
 mod cluster_check;
 mod connection_limits;
+mod features;
 mod logs;
+#[cfg(feature = "fuse")]
 mod mount;
 mod prometheus;
 mod put_get;
 mod status_page;
 mod support;
 mod tier_crash;
+#[cfg(feature = "top")]
 mod top;

@@ -7,7 +7,7 @@
 //! serving every node's names.
 //!
 //! Every test needs /dev/fuse and either root or fusermount3 (Debian's
-//! fuse3, installed by scripts/setup.sh); without them each says SKIPPED
+//! fuse3, installed by `SHOAL_FEATURES=full scripts/setup.sh`); without them each says SKIPPED
 //! and why.
 
 use std::fs::{self, File, OpenOptions};
@@ -39,8 +39,9 @@ fn fuse_missing() -> Option<String> {
         .stderr(Stdio::null())
         .status()
         .is_ok();
-    (!root && !helper)
-        .then(|| "not root and no fusermount3 (scripts/setup.sh installs fuse3)".into())
+    (!root && !helper).then(|| {
+        "not root and no fusermount3 (SHOAL_FEATURES=full ./scripts/setup.sh installs fuse3)".into()
+    })
 }
 
 macro_rules! need_fuse {
@@ -189,7 +190,7 @@ fn close(file: File) -> std::io::Result<()> {
 
 fn run(command: &mut Command) {
     let output = command.output().unwrap_or_else(|e| {
-        panic!("{command:?}: {e} (scripts/setup.sh installs cp, dd, rsync and fio)")
+        panic!("{command:?}: {e} (scripts/setup-test-tools.sh installs rsync and fio)")
     });
     assert!(
         output.status.success(),

@@ -57,37 +57,101 @@ fn io_error(context: &'static str, path: &Path, source: std::io::Error) -> Local
 /// Checks that only this user (and root) can change the entries of `dir` and
 /// of every directory above it: each is owned by us or root and not writable
 /// by group or others, except root-owned sticky directories (`/tmp`), where
-/// nobody may remove or rename another user's entry. A symbolic link on the
-/// way must itself be owned by us or root, or another user could point it
-/// elsewhere after the check.
+/// nobody may remove or rename another user's entry. Every symbolic link on
+/// the way, not only a last one, must be owned by us or root and sit in a
+/// directory that passes the same rule: the path is resolved again at each
+/// later use (bind, connect, open), and whoever could replace a link on it
+/// could lead it elsewhere after the check.
 pub fn check_trusted_dir(dir: &Path) -> Result<()> {
     let dir = if dir.as_os_str().is_empty() {
         Path::new(".")
     } else {
         dir
     };
-    let given = std::fs::symlink_metadata(dir).map_err(|e| io_error("inspect", dir, e))?;
-    if given.file_type().is_symlink() && !is_trusted_uid(given.uid()) {
-        return Err(LocalAuthError::ForeignOwner {
-            path: dir.to_path_buf(),
-            owner: given.uid(),
-            me: my_uid(),
-        });
-    }
-    let real = dir
-        .canonicalize()
-        .map_err(|e| io_error("resolve", dir, e))?;
+    let real = resolve_checking_links(dir)?;
     let meta = std::fs::metadata(&real).map_err(|e| io_error("inspect", &real, e))?;
     if !meta.is_dir() {
         return Err(LocalAuthError::NotADirectory { path: real });
     }
     // The directory itself, then each one above it: whoever may rename an
     // ancestor may swap the whole subtree.
+    check_ancestors(&real)
+}
+
+/// Checks `real` (a path without symbolic links) and every directory above it.
+fn check_ancestors(real: &Path) -> Result<()> {
     for path in real.ancestors() {
         let meta = std::fs::metadata(path).map_err(|e| io_error("inspect", path, e))?;
         check_dir_entry(path, meta.uid(), meta.mode())?;
     }
     Ok(())
+}
+
+/// Symbolic links followed at most while resolving a path (Linux's limit).
+const MAX_LINKS: usize = 40;
+
+/// `dir` resolved one component at a time, as the kernel does, into a path
+/// without symbolic links; each link met on the way must be ours or root's,
+/// in a directory that [`check_ancestors`] accepts.
+fn resolve_checking_links(dir: &Path) -> Result<PathBuf> {
+    let start = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        // The working directory as the kernel names it: no links in it.
+        std::env::current_dir()
+            .map_err(|e| io_error("resolve", dir, e))?
+            .join(dir)
+    };
+    // Components still to resolve, the next one last.
+    let mut pending: Vec<PathBuf> = start
+        .components()
+        .rev()
+        .map(|c| PathBuf::from(c.as_os_str()))
+        .collect();
+    let mut real = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(part) = pending.pop() {
+        match part.to_str() {
+            Some("/") => real = PathBuf::from("/"),
+            Some(".") => {}
+            // `real` has no links: its lexical parent is the real one.
+            Some("..") => {
+                real.pop();
+            }
+            _ => {
+                let next = real.join(&part);
+                let meta =
+                    std::fs::symlink_metadata(&next).map_err(|e| io_error("inspect", &next, e))?;
+                if !meta.file_type().is_symlink() {
+                    real = next;
+                    continue;
+                }
+                links += 1;
+                if links > MAX_LINKS {
+                    let looped = std::io::Error::from_raw_os_error(libc::ELOOP);
+                    return Err(io_error("resolve", dir, looped));
+                }
+                if !is_trusted_uid(meta.uid()) {
+                    return Err(LocalAuthError::ForeignOwner {
+                        path: next,
+                        owner: meta.uid(),
+                        me: my_uid(),
+                    });
+                }
+                // Whoever may change the link's directory may replace it.
+                check_ancestors(&real)?;
+                let target =
+                    std::fs::read_link(&next).map_err(|e| io_error("resolve", &next, e))?;
+                pending.extend(
+                    target
+                        .components()
+                        .rev()
+                        .map(|c| PathBuf::from(c.as_os_str())),
+                );
+            }
+        }
+    }
+    Ok(real)
 }
 
 /// The rule [`check_trusted_dir`] applies to one directory.
@@ -366,6 +430,42 @@ mod tests {
             matches!(err, LocalAuthError::ForeignOwner { owner: NOBODY, .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_symlink_anywhere_on_the_path_must_sit_in_a_trusted_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let safe = tmp.path().join("safe");
+        std::fs::create_dir_all(safe.join("inner")).unwrap();
+        chmod(&safe, 0o700);
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        let link = open.join("link");
+        std::os::unix::fs::symlink(&safe, &link).unwrap();
+        // Our own link to a private directory, in a directory anyone may
+        // change: anyone may replace the link after the check, last on the
+        // path or earlier.
+        chmod(&open, 0o777);
+        for dir in [link.clone(), link.join("inner")] {
+            match check_trusted_dir(&dir).unwrap_err() {
+                LocalAuthError::WritableByOthers { path, .. } => {
+                    assert_eq!(path, open.canonicalize().unwrap())
+                }
+                err => panic!("{}: {err}", dir.display()),
+            }
+        }
+        chmod(&open, 0o755);
+        check_trusted_dir(&link).unwrap();
+        check_trusted_dir(&link.join("inner")).unwrap();
+        // Relative targets and `..` resolve as the kernel resolves them.
+        let relative = open.join("relative");
+        std::os::unix::fs::symlink("../safe/inner/..", &relative).unwrap();
+        check_trusted_dir(&relative.join("inner")).unwrap();
+        // A loop is an error, not a hang.
+        std::os::unix::fs::symlink(open.join("b"), open.join("a")).unwrap();
+        std::os::unix::fs::symlink(open.join("a"), open.join("b")).unwrap();
+        let err = check_trusted_dir(&open.join("a")).unwrap_err();
+        assert!(matches!(err, LocalAuthError::Io { .. }), "{err}");
     }
 
     #[test]

@@ -168,7 +168,8 @@ pub enum Request {
     /// The elastic capacity controller's state; with `trace_since`, also
     /// its trace points later than that time (since the daemon started).
     Capacity {
-        /// Since the daemon started, at µs resolution on the wire (`None` is -1: no trace).
+        /// Since the daemon started, at µs resolution on the wire (`None` is -1: no trace);
+        /// sent as at most `i64::MAX` µs.
         trace_since: Option<std::time::Duration>,
     },
     /// Gives object `id` the name `name`. On an object this client is still
@@ -357,8 +358,10 @@ impl Request {
                 op::SET_MTIME
             }
             Request::Capacity { trace_since } => {
-                // -1: no trace wanted.
-                w.i64(trace_since.map_or(-1, |t| t.as_micros() as i64));
+                // -1: no trace wanted. A time past i64::MAX µs (292,000 years)
+                // saturates, which asks the same (no point is later); a
+                // wrapping cast could have sent -1 or an earlier time.
+                w.i64(trace_since.map_or(-1, |t| i64::try_from(t.as_micros()).unwrap_or(i64::MAX)));
                 op::CAPACITY
             }
         };

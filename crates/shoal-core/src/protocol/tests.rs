@@ -356,6 +356,44 @@ fn malformed_frames_are_typed_errors() {
     assert_eq!(kind(&wait), ErrorKind::Protocol);
 }
 
+/// A trace time past what the wire's i64 of µs holds saturates (no trace
+/// point is later either way) instead of wrapping into -1 ("no trace"), a
+/// negative time the daemon refuses, or an earlier time; a negative time
+/// other than -1 on the wire is a protocol error.
+#[test]
+fn capacity_trace_times_saturate_and_malformed_ones_are_refused() {
+    use std::time::Duration;
+    let decoded = |since: Duration| {
+        let mut buf = Vec::new();
+        Request::Capacity {
+            trace_since: Some(since),
+        }
+        .encode(&mut buf);
+        match decode_request(&buf).unwrap().unwrap().0 {
+            Request::Capacity { trace_since } => trace_since,
+            other => panic!("decoded {other:?}"),
+        }
+    };
+    let most = Duration::from_micros(i64::MAX as u64);
+    assert_eq!(decoded(most), Some(most));
+    let micros = |n: u128| Duration::new((n / 1_000_000) as u64, (n % 1_000_000) as u32 * 1000);
+    for over in [
+        1u128 << 63,
+        (1 << 64) - 1,    // wrapped to -1
+        (1 << 64) + 1500, // wrapped to 1.5 ms
+        Duration::MAX.as_micros(),
+    ] {
+        assert_eq!(decoded(micros(over)), Some(most), "{over} µs");
+    }
+    for bad in [-2i64, i64::MIN] {
+        let mut frame = vec![8, 0, 0, 0, 0x18, 0, 0, 0];
+        frame.extend_from_slice(&bad.to_le_bytes());
+        let err = decode_request(&frame).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Protocol, "{bad}");
+        assert!(err.message().contains("trace time"), "{err}");
+    }
+}
+
 #[test]
 fn an_objects_entry_with_an_unknown_state_is_a_typed_error() {
     let mut buf = Vec::new();

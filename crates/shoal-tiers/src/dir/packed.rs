@@ -146,6 +146,7 @@ impl Inner {
                     images: n as u64,
                     live: staged.images.iter().map(|(_, s)| s.stored).sum(),
                     busy: 0,
+                    unburied: 0,
                     compacting: false,
                     dead: None,
                 },
@@ -170,6 +171,8 @@ impl Inner {
         }
         let mut failed: HashMap<ObjectId, ShoalError> = HashMap::new();
         for (seq, ids) in replaced {
+            // A copy not marked dead stays live on disk: the put fails, and
+            // `retire` keeps the copy for the id's next delete to bury.
             if let Err(err) = self.retire(seq, &ids, false) {
                 for (id, _) in ids {
                     failed.insert(id, err.clone());
@@ -208,8 +211,9 @@ impl Inner {
     /// Marks copies in segment `seq` dead durably (they are out of the index
     /// already, and the caller counted the segment `busy` once), then
     /// accounts for them: an emptied segment is removed, a thinned one
-    /// compacted. If the mark fails and `reinstate`, the copies go back into
-    /// the index (they are still live on disk).
+    /// compacted. If the mark fails the copies are still live on disk: with
+    /// `reinstate` they go back into the index (a delete that failed), else
+    /// (a newer copy replaced them) into `unburied`, for `bury_unburied`.
     fn retire(&self, seq: u64, ids: &[(ObjectId, Slot)], reinstate: bool) -> Result<()> {
         let file = {
             let mut state = self.segments.lock();
@@ -227,6 +231,11 @@ impl Inner {
             if reinstate {
                 for (id, slot) in ids {
                     state.index.insert(*id, *slot);
+                }
+            } else {
+                seg.unburied += ids.len() as u32;
+                for (id, slot) in ids {
+                    state.unburied.entry(*id).or_default().push(*slot);
                 }
             }
             return Err(err);
@@ -246,7 +255,7 @@ impl Inner {
         let Some(seg) = state.segments.get_mut(&seq) else {
             return Tidy::Nothing;
         };
-        if seg.busy > 0 || seg.compacting {
+        if seg.busy > 0 || seg.compacting || seg.unburied > 0 {
             return Tidy::Nothing;
         }
         if seg.images == 0 {
@@ -370,6 +379,7 @@ impl Inner {
                     images: live.len() as u64,
                     live: live_bytes,
                     busy: 0,
+                    unburied: 0,
                     compacting: false,
                     dead: None,
                 },
@@ -425,9 +435,40 @@ impl Inner {
         self.get_packed(id, &mut buf)
     }
 
+    /// Marks dead the older copies of `id` a put replaced but could not
+    /// mark dead then (`retire`). Until they are, no delete of `id` may
+    /// succeed: once the newer copy's segment is gone, nothing would outrank
+    /// them at the next open, and the deleted object would be adopted again.
+    fn bury_unburied(&self, id: &ObjectId) -> Result<()> {
+        let slots = {
+            let mut state = self.segments.lock();
+            let Some(slots) = state.unburied.remove(id) else {
+                return Ok(());
+            };
+            for slot in &slots {
+                let seg = state
+                    .segments
+                    .get_mut(&slot.seq)
+                    .expect("a segment with unburied copies is kept");
+                seg.unburied -= 1;
+                seg.busy += 1;
+            }
+            slots
+        };
+        let mut outcome = Ok(());
+        for slot in slots {
+            // A failure puts the copy back into `unburied`.
+            if let Err(err) = self.retire(slot.seq, &[(*id, slot)], false) {
+                outcome = Err(err);
+            }
+        }
+        outcome
+    }
+
     /// Deletes `id`'s packed image durably. `Ok(None)`: not packed here;
     /// else the bytes of the image.
     pub(super) fn delete_packed(&self, id: &ObjectId) -> Result<Option<u64>> {
+        self.bury_unburied(id)?;
         let slot = {
             let mut state = self.segments.lock();
             loop {

@@ -37,7 +37,10 @@
 //!   dead when the tier is swept at open.
 //! - A delete appends a dead record to the segment's `.dead` file and
 //!   fdatasyncs it before it returns; a put that replaces an id marks the
-//!   old copy dead the same way before it returns.
+//!   old copy dead the same way before it returns. If that mark fails, the
+//!   put fails and the old copy is remembered (`State::unburied`): the id's
+//!   next delete marks it dead first or fails, since once the newer segment
+//!   is gone nothing on disk would outrank the old copy.
 //! - Space comes back when a segment holds no live image (its file is
 //!   removed) or when its live bytes fall under half its length: then the
 //!   live images are copied into a new segment (compaction) and the old one
@@ -97,6 +100,9 @@ pub(super) struct Segment {
     pub(super) live: u64,
     /// Deletes and replaces of its images in flight.
     pub(super) busy: u32,
+    /// Its copies in `State::unburied`: while there are any, it is neither
+    /// removed nor compacted, so their dead records can still be written.
+    pub(super) unburied: u32,
     pub(super) compacting: bool,
     /// Its `.dead` file, once opened.
     pub(super) dead: Option<Arc<File>>,
@@ -115,6 +121,10 @@ pub(super) struct Segments {
 pub(super) struct State {
     pub(super) index: HashMap<ObjectId, Slot>,
     pub(super) segments: BTreeMap<u64, Segment>,
+    /// Older copies a put replaced whose dead records could not be written
+    /// (an I/O error): still live on disk, out of the index. The id's next
+    /// delete writes them first, or fails.
+    pub(super) unburied: HashMap<ObjectId, Vec<Slot>>,
 }
 
 /// What a segment needs after its live images changed (packed.rs decides
@@ -258,6 +268,7 @@ impl Segments {
                     images: 0,
                     live: 0,
                     busy: 0,
+                    unburied: 0,
                     compacting: false,
                     dead: None,
                 },
@@ -265,7 +276,9 @@ impl Segments {
         }
         // `.dead` files whose segment is gone.
         loaded.strays.extend(deads.into_values());
-        let State { index, segments } = &mut *state;
+        let State {
+            index, segments, ..
+        } = &mut *state;
         for slot in index.values() {
             let seg = segments.get_mut(&slot.seq).expect("indexed segments exist");
             seg.images += 1;

@@ -272,16 +272,38 @@ impl Tier for DirTier {
     }
 
     async fn get(&self, id: ObjectId, dst: DestRange) -> (DestRange, Result<ObjectHeader>) {
+        // The range waits here until the task takes it, so a task cancelled
+        // before it ran (the runtime shutting down) can hand it back.
+        let parked = Arc::new(Mutex::new(Some(dst)));
         let inner = self.inner.clone();
+        let handed = parked.clone();
         let task = tokio::task::spawn_blocking(move || {
-            let mut dst = dst;
+            let mut dst = handed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .expect("the range is taken once");
             let got = inner.get(id, &mut dst);
             (dst, got)
         });
         match task.await {
             Ok(done) => done,
             // The task panicked and took the range with it: nothing to hand back.
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled: a blocking task is only ever cancelled before it
+            // starts, so the range is still parked.
+            Err(e) => {
+                let dst = parked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .expect("a cancelled blocking task never ran");
+                let err = ShoalError::io(
+                    &format!("read of {id} from {}", self.inner.root.display()),
+                    e,
+                );
+                (dst, Err(err))
+            }
         }
     }
 

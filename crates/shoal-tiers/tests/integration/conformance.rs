@@ -96,6 +96,52 @@ fn another_nodes_or_clusters_directory_is_refused() {
     );
 }
 
+/// A read whose blocking task the runtime cancels (it was shutting down
+/// before the task ran) fails with a typed error and hands the range back,
+/// for the next tier to fill; it does not panic.
+#[test]
+fn a_read_cancelled_at_shutdown_is_an_error_not_a_panic() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let dir = tempfile::tempdir().unwrap();
+    let tier = DirTier::open(
+        &dir.path().join("burst"),
+        &TierIdentity::new("test", 0),
+        1 << 30,
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap();
+    let (id, bytes) = (ObjectId::random(), payload(5000, 1));
+    runtime.block_on(write(&tier, id, &bytes, 0)).unwrap();
+    let handle = runtime.handle().clone();
+    runtime.shutdown_background();
+
+    // Polled here, outside any runtime, with the shut-down one as context:
+    // its blocking pool cancels the read's task instead of running it.
+    let _context = handle.enter();
+    let (dst, buffer) = shoal_tiers::DestRange::buffer(bytes.len());
+    let mut read = std::pin::pin!(tier.get(id, dst));
+    let mut cx = Context::from_waker(Waker::noop());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (dst, got) = loop {
+        if let Poll::Ready(out) = read.as_mut().poll(&mut cx) {
+            break out;
+        }
+        assert!(std::time::Instant::now() < deadline, "the read never ended");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    let err = got.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert!(err.message().contains("cancelled"), "{err}");
+    assert_eq!(dst.len(), bytes.len(), "the range comes back");
+    drop(dst);
+    assert!(buffer.take().is_some());
+}
+
 #[tokio::test]
 async fn sweep_removes_temp_files_and_foreign_names_and_reopen_counts_usage() {
     let dir = tempfile::tempdir().unwrap();

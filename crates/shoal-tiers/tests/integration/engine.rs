@@ -352,6 +352,41 @@ async fn corrupt_copies_are_detected_skipped_and_removed() {
     }
 }
 
+/// A copy down the tiers checks the source's bytes against the record, in
+/// release builds too, as a restore does: an image that verifies but holds
+/// other bytes is removed, never copied and recorded as the object.
+#[tokio::test]
+async fn a_copy_refuses_a_source_image_of_other_bytes() {
+    let (node, _) = Node::new().await;
+    for len in [10_000, 2 << 20] {
+        let id = ObjectId::random();
+        let bytes = payload(len, 30);
+        node.write(id, TierLevel::Burst, &bytes).await.unwrap();
+        // Other bytes of the same sizes under the id: an intact image.
+        let other = payload(len, 31);
+        crate::common::write(&node.burst_dir, id, &other, 0)
+            .await
+            .unwrap();
+        let err = node
+            .copy(id, TierLevel::Burst, TierLevel::Backing)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ObjectCorrupt, "{len}: {err}");
+        assert!(err.message().contains(&id.to_hex()), "{err}");
+        assert!(!node.has(TierLevel::Backing, id), "{len}: nothing copied");
+        assert!(
+            !node.has(TierLevel::Burst, id),
+            "{len}: the bad copy is gone"
+        );
+        assert_eq!(node.tiers_of(id).await, None, "{len}: no copy was left");
+    }
+    let (_, report) = node.restart().await;
+    assert!(
+        report.adopted.is_empty() && report.objects == 0,
+        "{report:?}"
+    );
+}
+
 #[tokio::test]
 async fn deletes_are_final_even_when_a_tier_is_down_or_the_node_crashes() {
     let (node, _) = Node::new().await;
@@ -563,6 +598,60 @@ async fn recovery_never_keeps_a_record_its_tombstone_ended() {
         node.engine.next_generation() > generation,
         "generations go on above the manifest's"
     );
+}
+
+/// A write that replaces a packed copy whose dead record cannot be written
+/// (an I/O error on the old segment's `.dead`) fails, and the old copy is
+/// still live on disk. A delete must then bury it too, or fail and keep its
+/// tombstone: otherwise, once the newer segment is removed, nothing outranks
+/// the old copy and recovery adopts the deleted object.
+#[tokio::test]
+async fn a_replaced_packed_copy_that_could_not_be_marked_dead_never_comes_back() {
+    let (node, _) = Node::new().await;
+    let (passing, lasting) = (ObjectId::random(), ObjectId::random());
+    let mut faults = Vec::new();
+    for (seed, id) in [passing, lasting].into_iter().enumerate() {
+        let bytes = payload(1000, 20 + seed as u64);
+        node.write(id, TierLevel::Burst, &bytes).await.unwrap();
+        let (segment, _, _) = node.burst_dir.image_location(&id).unwrap();
+        // A directory where the old segment's `.dead` goes: opening it fails.
+        let dead = segment.with_extension("dead");
+        std::fs::create_dir(&dead).unwrap();
+        // The object written again (a drain retried): the old copy cannot
+        // be marked dead, so the write fails; the new copy serves.
+        let err = node.write(id, TierLevel::Burst, &bytes).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+        assert_eq!(node.restore(id, bytes.len()).await.unwrap().1, bytes);
+        faults.push(dead);
+    }
+
+    // The first fault passes before its delete; the second lasts through
+    // it: the file stays, and so does the tombstone.
+    std::fs::remove_dir(&faults[0]).unwrap();
+    assert!(node.delete(passing).await.unwrap());
+    assert!(!node.has(TierLevel::Burst, passing));
+    assert!(node.delete(lasting).await.unwrap());
+    assert_eq!(node.tiers_of(lasting).await, None);
+    assert!(
+        node.has(TierLevel::Burst, lasting),
+        "the delete could not bury the old copy: it failed on the tier"
+    );
+    std::fs::remove_dir(&faults[1]).unwrap();
+
+    let (node, report) = node.restart().await;
+    assert!(report.adopted.is_empty(), "deletes came back: {report:?}");
+    assert_eq!((report.objects, report.deletes_finished), (0, 1));
+    for id in [passing, lasting] {
+        assert_eq!(node.tiers_of(id).await, None);
+        assert!(!node.has(TierLevel::Burst, id));
+    }
+    let (node, report) = node.restart().await;
+    assert!(
+        report.adopted.is_empty() && report.objects == 0,
+        "{report:?}"
+    );
+    node.burst_dir.wait_counted();
+    assert_eq!(node.engine.usage()[0].1.used, 0, "no segment is left");
 }
 
 #[tokio::test]

@@ -92,7 +92,8 @@ pub fn damage_dir_image(tier: &shoal_tiers::DirTier, id: &ObjectId, damage: Dama
     }
 }
 
-/// Applies `damage` to an image's bytes.
+/// Applies `damage` to an image's bytes (for the S3 tests: the `s3` feature).
+#[cfg_attr(not(feature = "s3"), allow(dead_code))]
 pub fn damaged(mut image: Vec<u8>, damage: Damage) -> Vec<u8> {
     match damage {
         Damage::Truncate(n) => image.truncate(n as usize),

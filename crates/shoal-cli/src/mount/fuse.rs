@@ -1,33 +1,14 @@
-//! `shoal mount`: the store as a file system, in the foreground.
+//! `shoal mount` and `shoal umount` through shoal-fuse (the `fuse` feature).
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use shoal_fuse::{Ended, MountConfig};
 
-#[derive(clap::Args, Debug)]
-pub struct MountArgs {
-    #[command(flatten)]
-    pub socket: crate::args::SocketArg,
-    /// An existing directory to mount on.
-    pub mountpoint: PathBuf,
-    /// Let other users use the mount (root, or `user_allow_other` in /etc/fuse.conf).
-    #[arg(long)]
-    pub allow_other: bool,
-    /// How long a close waits for memory on a full store (the drain may free
-    /// some) before it fails with ENOSPC, in ms.
-    #[arg(long, default_value_t = 10_000)]
-    pub space_wait_ms: u32,
-    /// Session threads serving the mount (default: two per CPU, 4 to 16).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Let the kernel cache writes and hand them over in large batches
-    /// (faster small writes; rules in docs/posix.md).
-    #[arg(long)]
-    pub writeback_cache: bool,
-}
+use super::args::MountArgs;
 
+/// Mounts and serves until stopped, unmounted or the daemon goes.
 pub fn run(args: MountArgs) -> Result<()> {
     let mut config = MountConfig::new(args.socket.path(), &args.mountpoint);
     config.allow_other = args.allow_other;
@@ -54,4 +35,10 @@ pub fn run(args: MountArgs) -> Result<()> {
         ),
         Ended::Stopped | Ended::Unmounted => Ok(()),
     }
+}
+
+/// Unmounts a `shoal mount` (lazily: the mount point is free at once).
+pub fn unmount(mountpoint: &Path) -> Result<()> {
+    shoal_fuse::unmount(mountpoint)?;
+    Ok(())
 }

@@ -1,12 +1,7 @@
-//! `shoal top`: a live terminal view of a cluster's nodes (or of single
-//! daemons), read from their `/metrics` once a second: memory, objects,
-//! clients, operations and bytes sealed per second, the busiest clients and
-//! the largest objects (from their `/top`), and each node's usage over the
-//! last minutes as a sparkline. `q`, Esc or Ctrl-C quits.
+//! `shoal top` drawn with ratatui and crossterm (the `top` feature).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -20,24 +15,12 @@ use shoal_daemon::metrics::exposition::Sample;
 use shoal_daemon::metrics::scrape::{fetch, scrape};
 use shoal_daemon::metrics::top::{TopView, ROWS};
 
+use super::args::TopArgs;
+
 /// Refreshes a second; usage kept for this many of them (5 minutes).
 const REFRESH: Duration = Duration::from_secs(1);
 const KEPT: usize = 300;
 const SCRAPE_TIMEOUT: Duration = Duration::from_millis(700);
-
-#[derive(clap::Args, Debug)]
-pub struct TopArgs {
-    /// The cluster's directory (`cluster up --dir`) [default: cluster/ beside the default socket].
-    #[arg(long)]
-    dir: Option<PathBuf>,
-    /// A cluster file instead of a directory.
-    #[arg(long, conflicts_with = "dir")]
-    file: Option<PathBuf>,
-    /// Watch the daemon serving metrics at this address (repeatable)
-    /// instead of a cluster's nodes (`shoal serve --metrics-addr`).
-    #[arg(long = "metrics", value_name = "ADDRESS", conflicts_with_all = ["dir", "file"])]
-    addresses: Vec<SocketAddr>,
-}
 
 /// One node as last read, and what it did between the last two reads.
 struct Watched {
@@ -103,6 +86,7 @@ impl Watched {
     }
 }
 
+/// Draws until `q`, Esc or Ctrl-C.
 pub fn run(args: TopArgs) -> Result<()> {
     let (title, mut nodes) = if args.addresses.is_empty() {
         let topology = crate::cluster::load(&crate::cluster::DirArgs {
