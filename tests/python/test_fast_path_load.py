@@ -145,10 +145,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wake_ups(pid: int) -> int:
+    """Context switches of every thread of a process so far: how often its threads ran."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{tid}/status") as f:
+            total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    return total
+
+
 def test_an_idle_client_and_daemon_spend_no_cpu_after_the_last_call(store: Daemon) -> None:
     """After a burst of every single-object call, the client's process (its release thread
-    included) and the daemon (its write poller included) sleep: under 2% of a core over
-    a second, measured from /proc/PID/stat."""
+    included) and the daemon (its write poller and fast-path sweeper included) sleep: under
+    2% of a core over a second, measured from /proc/PID/stat; and once the daemon has been
+    idle a second, its threads run at most a few times a second (the sweeper rests: it ran
+    every 20 ms, ~50 wake-ups a second, for as long as the daemon lived)."""
     client = store.client()
     kept = []
     for i in range(2000):
@@ -170,4 +181,20 @@ def test_an_idle_client_and_daemon_spend_no_cpu_after_the_last_call(store: Daemo
     mine, spent = cpu_seconds(me) - mine0, cpu_seconds(daemon) - daemon0
     assert mine <= 0.02, f"the idle client spent {mine:.3f} s of CPU in 1 s"
     assert spent <= 0.02, f"the idle daemon spent {spent:.3f} s of CPU in 1 s"
+    woke0 = wake_ups(daemon)
+    time.sleep(2.0)
+    woke = wake_ups(daemon) - woke0
+    assert woke <= 20, f"the idle daemon's threads ran {woke} times in 2 s"
     assert len(kept) == 2000 and all(client.contains(oid) for oid in kept[-10:])
+    # A client's call wakes the sweeper back to its busy pace: a kept object (deleted while
+    # a fast-path reader holds it) is given back within moments of its release.
+    oid = os.urandom(20)
+    client.put(b"x" * 100, oid)
+    [held] = client.get_buffers([oid], timeout_ms=0)
+    client.delete(oid)
+    used = client.stats()["used"]
+    del held
+    deadline = time.monotonic() + 0.5
+    while client.stats()["used"] >= used:
+        assert time.monotonic() < deadline, "a deleted object's memory did not come back"
+        time.sleep(0.01)
