@@ -441,6 +441,8 @@ def report(run):
     for phase in run["phases"]:
         title = "Quiet" if phase == "quiet" else f"Under {os.cpu_count()} CPU hogs (one per core)"
         lines += ["", f"## {title}: mean / p50 / p99 (µs)", ""]
+        at = ", ".join(f"{x:.2f}" for x in run["loads"][phase])
+        lines += [f"Load average (1 min) as each round's {phase} phase began, before its hogs: {at}.", ""]
         lines.append("| operation | " + " | ".join(names) + " |")
         lines.append("|---" * (len(names) + 1) + "|")
         for op in OPS:
@@ -551,6 +553,7 @@ def main():
         "variants": args.variant,
     }
     samples = {name: {p: {op: [] for op in OPS} for p in phases} for name, *_ in specs}
+    loads = {p: [] for p in phases}
     results = {}
     with tempfile.TemporaryDirectory(prefix="shoal-single-") as tmp:
         stores = {}
@@ -563,6 +566,8 @@ def main():
             rtt = socket_round_trip()
             for rnd in range(args.rounds):
                 for phase in phases:
+                    # Before this script's hogs start: what the rest of the machine runs.
+                    loads[phase].append(os.getloadavg()[0])
                     with Hogs() if phase == "hog" else contextlib.nullcontext():
                         # Stores in a different order each round: none always goes first.
                         order = list(stores.items())
@@ -586,6 +591,7 @@ def main():
     run["rtt"] = rtt
     run["results"] = results
     run["load_end"] = load()
+    run["loads"] = loads
     run["phases"] = phases
     text = report(run)
     with open(args.out, "w") as f:
