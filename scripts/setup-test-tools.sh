@@ -26,6 +26,13 @@ command -v spin >/dev/null || need_debs+=(spin)
 command -v prometheus >/dev/null || need_debs+=(prometheus)
 command -v chromium >/dev/null || need_debs+=(chromium)
 command -v tmux >/dev/null || need_debs+=(tmux)
+# Membership on etcd: real etcd servers and etcdctl for its tests; protoc and
+# protobuf's well-known .proto files for the etcd client's build (etcd-client
+# compiles etcd's API with protoc).
+command -v etcd >/dev/null || need_debs+=(etcd-server)
+command -v etcdctl >/dev/null || need_debs+=(etcd-client)
+command -v protoc >/dev/null || need_debs+=(protobuf-compiler)
+[ -e /usr/include/google/protobuf/descriptor.proto ] || need_debs+=(libprotobuf-dev)
 for cross in "aarch64-linux-gnu arm64" "powerpc64le-linux-gnu ppc64el"; do
     read -r gnu debarch <<<"$cross"
     command -v "$gnu-gcc" >/dev/null || need_debs+=("gcc-$gnu")

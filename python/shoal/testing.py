@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -360,19 +360,32 @@ class Cluster:
             _report(problem)
 
 
-def home_of(oid: shoal.ObjectID, nodes: int) -> int:
-    """An id's home node, as every daemon computes it (SplitMix64 over the id's bytes,
-    crates/shoal-cluster/src/directory.rs)."""
-    mask = (1 << 64) - 1
+_MASK = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def id_hash(raw: bytes) -> int:
+    """SplitMix64 over an id's bytes, 8 at a time (crates/shoal-cluster/src/view.rs)."""
     h = 0x9E3779B97F4A7C15
-    raw = oid.binary()
     for start in range(0, len(raw), 8):
-        h ^= int.from_bytes(raw[start : start + 8].ljust(8, b"\0"), "little")
-        z = (h + 0x9E3779B97F4A7C15) & mask
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-        h = z ^ (z >> 31)
-    return h % nodes
+        h = _mix(h ^ int.from_bytes(raw[start : start + 8].ljust(8, b"\0"), "little"))
+    return h
+
+
+def home_of(oid: shoal.ObjectID | bytes, nodes: int | Iterable[int]) -> int:
+    """An id's home as every daemon computes it: rendezvous hashing over the view's members
+    (`nodes` of them numbered 0..nodes, or the member ids), the highest weight wins, the
+    lower id on a tie (crates/shoal-cluster/src/view.rs; tests/vectors/homes.txt)."""
+    raw = oid if isinstance(oid, bytes) else oid.binary()
+    members = range(nodes) if isinstance(nodes, int) else nodes
+    h = id_hash(raw)
+    return max(members, key=lambda node: (_mix(h ^ ((node * 0xD6E8FEB86659FD93) & _MASK)), -node))
 
 
 def ids_homed_at(node: int, count: int, nodes: int = 3) -> list[shoal.ObjectID]:

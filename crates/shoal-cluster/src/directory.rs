@@ -1,8 +1,7 @@
 //! Which node knows about an id, and what it knows.
 //!
-//! Every id has a *home* node, `home_of(id)`: a fixed hash of the id's bytes
-//! modulo the node count (membership is static, so homes never move). The
-//! home keeps a [`Directory`] entry for each of its ids: the owner (the node
+//! Every id has a *home* node, the member of the cluster's view that wins it
+//! (`view::View::home`, rendezvous hashing). The home keeps a [`Directory`] entry for each of its ids: the owner (the node
 //! whose region holds the object) and, once sealed, where in that region it
 //! lives. Creating an id registers it at its home first, so an id that exists
 //! anywhere fails with `ObjectExists`; a get of an id held elsewhere asks the
@@ -13,26 +12,6 @@ use std::collections::HashMap;
 use shoal_core::error::ErrorKind;
 use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
-
-/// The home node of `id` among `nodes` nodes. Stable across processes and
-/// builds (callers on every node must agree): SplitMix64 over the id's bytes.
-pub fn home_of(id: &ObjectId, nodes: usize) -> u32 {
-    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
-    for chunk in id.0.chunks(8) {
-        let mut word = [0u8; 8];
-        word[..chunk.len()].copy_from_slice(chunk);
-        h ^= u64::from_le_bytes(word);
-        h = mix(h);
-    }
-    (h % nodes.max(1) as u64) as u32
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DirectoryEntry {
@@ -232,21 +211,6 @@ mod tests {
 
     fn id(n: u8) -> ObjectId {
         ObjectId([n; 20])
-    }
-
-    #[test]
-    fn homes_are_stable_and_spread() {
-        assert_eq!(home_of(&id(7), 4), home_of(&id(7), 4));
-        let mut counts = [0usize; 4];
-        for a in 0..=255u8 {
-            for b in 0..16u8 {
-                let mut raw = [a; 20];
-                raw[19] = b;
-                counts[home_of(&ObjectId(raw), 4) as usize] += 1;
-            }
-        }
-        assert!(counts.iter().all(|&c| c > 4096 / 4 * 8 / 10), "{counts:?}");
-        assert_eq!(home_of(&id(1), 1), 0);
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //! - [`topology`]: the cluster file (static membership, access modes);
 //!   [`address`]: its addresses (IP or host name); [`check`]: the rules a
 //!   file keeps (errors, warnings) and which nodes share a host.
-//! - [`directory`]: which node is an id's home, and the home's table of
-//!   owners and locations (ids are unique cluster-wide).
+//! - [`view`]: the members now, numbered by epochs, and which member is an
+//!   id's home (rendezvous hashing).
+//! - [`directory`]: the home's table of owners and locations (ids are unique
+//!   cluster-wide).
 //! - [`proto`]: the peer RPC messages and gRPC service (tonic), generated from
 //!   `proto/shoal/peer/v1/peer.proto` (checked in: `generated/`, by `proto/codegen`).
 //! - [`auth`]: the check on every peer call (per-node credentials, or the
@@ -23,6 +25,7 @@ pub mod ids;
 pub mod node_keys;
 pub mod rebuild;
 pub mod topology;
+pub mod view;
 
 /// Generated from proto/shoal/peer/v1/peer.proto by `proto/codegen` and checked
 /// in, so that no build runs protox and tonic-build; after a change to the
@@ -34,5 +37,6 @@ pub mod proto {
 }
 
 pub use address::Address;
-pub use directory::{home_of, Directory, DirectoryEntry};
+pub use directory::{Directory, DirectoryEntry};
 pub use topology::{Access, Checked, Node, NodeElastic, NodeIdentity, NodeTiers, Topology};
+pub use view::{home_of, View};

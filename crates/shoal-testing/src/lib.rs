@@ -2,7 +2,8 @@
 //! way: a daemon on a thread of the test ([`TestDaemon`]) or as a process
 //! of its own ([`ServeProcess`]: kill -9, signals, restarts), clusters of
 //! them on loopback ([`TestCluster`], [`LoneNode`]), free ports, waiting
-//! with a deadline, logs and plain HTTP to the metrics endpoints.
+//! with a deadline, logs, plain HTTP to the metrics endpoints, and real etcd
+//! servers ([`EtcdCluster`]).
 //!
 //! A dev-dependency only: every crate's integration tests use it; nothing
 //! shipped does. It depends on the daemon, so the daemon's own unit tests
@@ -10,6 +11,7 @@
 
 mod cluster;
 mod daemon;
+mod etcd;
 mod http;
 mod logs;
 mod ports;
@@ -18,6 +20,7 @@ mod wait;
 
 pub use cluster::{loopback_topology, with_node_keys, with_peer, LoneNode, PeerRpc, TestCluster};
 pub use daemon::TestDaemon;
+pub use etcd::EtcdCluster;
 pub use http::{encode, http_get, metric};
 pub use logs::init_logs;
 pub use ports::free_ports;

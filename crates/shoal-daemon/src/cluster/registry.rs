@@ -162,13 +162,19 @@ impl Cluster {
             return;
         };
         // Not an id this node holds now (created since, or a claim whose
-        // register answer was lost while this node already held the id).
+        // register answer was lost while this node already held the id). A
+        // deleted object that references still keep here (a peer cut off
+        // when it was deleted, its references quarantined) is not held: its
+        // id leaves the home now, as a delete's does when the home answers.
+        // Counting it as held dropped the unregister for good whenever the
+        // home answered a heartbeat before the fence was confirmed: the id
+        // stayed taken and the home's copy of it kept serving.
         let ids: Vec<ObjectId> = {
             let rebuild = self.rebuild.borrow();
             self.node.read(|store| {
                 ids.into_iter()
                     .filter(|id| {
-                        !store.knows(id)
+                        (!store.knows(id) || store.is_deleted(id))
                             && !self.node.held_below(id)
                             && !rebuild.claims.is_claimed(id)
                     })

@@ -516,6 +516,15 @@ impl Store {
         self.table.find(id).is_some()
     }
 
+    /// Whether `id`'s entry here is a deleted object that references still
+    /// keep (its memory goes with the last one): known, but no longer held.
+    pub fn is_deleted(&self, id: &ObjectId) -> bool {
+        self.table
+            .find(id)
+            .and_then(|s| self.table.get(s))
+            .is_some_and(|e| e.delete_pending)
+    }
+
     pub fn contains(&self, id: &ObjectId) -> bool {
         self.table
             .find(id)
@@ -654,12 +663,18 @@ mod tests {
         s.create(1, id(1), 10, 0).unwrap();
         s.seal(1, &[id(1)], true).unwrap();
         s.get(2, &id(1)).unwrap();
+        assert!(!s.is_deleted(&id(1)));
         s.delete(&id(1)).unwrap();
         assert!(!s.contains(&id(1)));
+        assert!(
+            s.knows(&id(1)) && s.is_deleted(&id(1)),
+            "known, but deleted"
+        );
         assert_eq!(s.get(3, &id(1)), None);
         assert!(s.stats().used > 0, "memory stays while referenced");
         s.release(2, &id(1)).unwrap();
         assert_eq!(s.stats().used, 0);
+        assert!(!s.knows(&id(1)) && !s.is_deleted(&id(1)));
         let removals = s
             .take_events()
             .iter()
