@@ -1,37 +1,39 @@
-"""Single-object operations, one object per call, beside Plasma (issue 14).
+"""Single-object operations, one object per call, beside Plasma, quiet and under a CPU hog per core.
 
     python3 bench/single_object.py --rounds 3 --out bench/results/single-object.md \
         [--variant before=/path/to/site-dir]
 
-For every store, in a worker process of its own, one 1 kB object per call:
-  create_seal  create + write 1 kB + seal, then drop the writable buffer;
-  get          get_buffers([id]) of one sealed object, then drop the buffer;
-  put          put(numpy array of 1000 B) (Plasma: its put, pickle-free
-               serialisation of pyarrow 11; shoal: Client.put);
-  contains     contains(id) of a present object (one bare round trip).
-Each call is timed alone (perf_counter_ns): p50 and p99 per operation. CPU
-per operation is the sum of the run time of every thread (schedstat, ns) of
-the client process (the worker, with its release thread) and of the store's
-daemon process, over the whole loop, divided by the calls.
+For every store, in a worker process of its own, one 1 kB object per call, in a loop
+as a user's Python program runs it:
+  create_seal      create + write 1 kB + seal, then drop the writable buffer;
+  get              get_buffers([id]) of one sealed object, then drop the buffer;
+  put              put(numpy array of 1000 B) (Plasma: its put; shoal: Client.put);
+  delete           delete(id) of a sealed, unreferenced object;
+  contains         contains(id) of a present object;
+  contains_absent  contains(id) of an id never stored (the store must ask its daemon).
+Each loop is timed whole (mean per call = loop time / calls: what a program pays) and
+every call alone (perf_counter_ns: p50 and p99). CPU per call is the run time of every
+thread of the client process and of the store's daemon, over the loop, per call.
 
-The stores: Plasma (pyarrow 11, in bench/.venv-plasma), the project's shoal,
-each `--variant NAME=DIR` (a directory holding another build of the `shoal`
-package, put first on PYTHONPATH for both its daemon and its worker: the
-before/after comparison of one run), and multiprocessing.shared_memory (one
-POSIX segment per object; `contains` is a stat of /dev/shm). Rounds alternate
-the stores so that machine noise spreads over all of them. The machine's
-Unix-socket round trip (1 byte, two processes pinned to the same core, and to
-two cores) is measured in the same run.
+Every round measures every store twice, interleaved: on a quiet machine, then with one
+CPU-bound process per core (`while :; do :; done` in a shell, started and stopped by
+this script), so that the same load falls on every store.
+
+The stores: Plasma (pyarrow 11, in bench/.venv-plasma), shoal (the fast path), socket
+(shoal with SHOAL_FAST_READS=0: every call a round trip to the daemon), each
+`--variant NAME=DIR[,KEY=VALUE...]` (another build of the `shoal` package, put first on
+PYTHONPATH, with these environment variables), and optionally shm
+(multiprocessing.shared_memory: one POSIX segment per object).
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
 import select
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,14 +44,19 @@ import numpy as np
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 SIZE = 1000
-OPS = ("create_seal", "get", "put", "contains")
-WORKER_TIMEOUT = 120
+OPS = ("create_seal", "get", "put", "delete", "contains", "contains_absent")
+PHASES = ("quiet", "hog")
+WORKER_TIMEOUT = 300
 LABELS = {
     "create_seal": "create + write + seal (1 kB)",
     "get": "get of one object, then drop",
     "put": "put(numpy 1 kB)",
-    "contains": "contains(id) (one round trip)",
+    "delete": "delete(id)",
+    "contains": "contains(id), present",
+    "contains_absent": "contains(id), absent",
 }
+# Issue 40's targets: loop mean / Plasma's loop mean, p99 / Plasma's p99.
+TARGETS = {"quiet": (0.1, 0.25), "hog": (0.5, 1.0)}
 
 
 def log(msg):
@@ -100,6 +107,9 @@ class PlasmaStore:
     def put(self, value):
         self.client.put(value)
 
+    def delete(self, oid):
+        self.client.delete([oid])
+
     def contains(self, oid):
         return self.client.contains(oid)
 
@@ -131,11 +141,15 @@ class ShoalStore:
     def put(self, value):
         self.client.put(value)
 
+    def delete(self, oid):
+        self.client.delete(oid)
+
     def contains(self, oid):
         return self.client.contains(oid)
 
     def cleanup(self, ids):
-        self.client.delete(ids)
+        for oid in ids:
+            self.client.delete(oid)
 
 
 class ShmStore:
@@ -145,7 +159,7 @@ class ShmStore:
         self.version = f"python {sys.version.split()[0]}"
         self.SharedMemory = shared_memory.SharedMemory
         self.tracker = resource_tracker
-        self.live = []
+        self.live = {}
         warm = self.SharedMemory(create=True, size=1)  # starts the resource tracker
         warm.close()
         warm.unlink()
@@ -156,7 +170,7 @@ class ShmStore:
     def create_seal(self, name, src):
         shm = self.SharedMemory(name, create=True, size=SIZE)
         shm.buf[:SIZE] = src
-        self.live.append(shm)
+        self.live[name] = shm
 
     def get(self, name):
         shm = self.SharedMemory(name)
@@ -168,14 +182,19 @@ class ShmStore:
     def put(self, value):
         self.create_seal(self.new_id(), value.view(np.uint8))
 
+    def delete(self, name):
+        shm = self.live.pop(name)
+        shm.close()
+        shm.unlink()
+
     def contains(self, name):
         return os.path.exists("/dev/shm/" + name)
 
     def cleanup(self, ids):
-        for shm in self.live:
+        for shm in self.live.values():
             shm.close()
             shm.unlink()
-        self.live = []
+        self.live = {}
 
 
 STORES = {"plasma": PlasmaStore, "shoal": ShoalStore, "shm": ShmStore}
@@ -193,6 +212,14 @@ def run_op(store, op, n, warmup):
         def call(i):
             store.create_seal(ids[i], src)
 
+    elif op == "delete":
+        ids = [store.new_id() for _ in range(n + warmup)]
+        for oid in ids:
+            store.create_seal(oid, src)
+
+        def call(i):
+            store.delete(ids[i])
+
     elif op in ("get", "contains"):
         oid = store.new_id()
         store.create_seal(oid, src)
@@ -201,6 +228,13 @@ def run_op(store, op, n, warmup):
 
         def call(i):
             fn(oid)
+
+    elif op == "contains_absent":
+        oid = store.new_id()
+
+        def call(i):
+            if store.contains(oid):
+                raise AssertionError("an id never stored is present")
 
     else:
 
@@ -212,14 +246,16 @@ def run_op(store, op, n, warmup):
         call(i)
     clock = time.perf_counter_ns
     cpu0 = cpu_ns()
+    start = clock()
     for i in range(warmup, warmup + n):
         t0 = clock()
         call(i)
         times.append(clock() - t0)
+    loop = clock() - start
     cpu = cpu_ns() - cpu0
-    if op != "put":
+    if made:
         store.cleanup(made)
-    return {"times": times, "client_cpu_ns": cpu}
+    return {"times": times, "loop_ns": loop, "client_cpu_ns": cpu}
 
 
 def worker(kind, sock):
@@ -244,21 +280,16 @@ def worker(kind, sock):
 # ---------------------------------------------------------------- orchestrator
 
 
-def socket_round_trip(same_core, n=20_000):
+def socket_round_trip(n=20_000):
     """1-byte ping-pong between two processes, in ns per round trip (list)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    mine = cpus[0]
-    theirs = cpus[0] if same_core else cpus[-1]
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:
         a.close()
-        os.sched_setaffinity(0, {theirs})
         while msg := b.recv(1):
             b.sendall(msg)
         os._exit(0)
     b.close()
-    os.sched_setaffinity(0, {mine})
     times = []
     clock = time.perf_counter_ns
     for _ in range(n):
@@ -268,22 +299,31 @@ def socket_round_trip(same_core, n=20_000):
         times.append(clock() - t0)
     a.close()
     os.waitpid(pid, 0)
-    os.sched_setaffinity(0, set(cpus))
     return times[n // 10 :]
 
 
-def pinned(cmd, pin, which):
-    """cmd run on one CPU (the first or the last) with --pin cross."""
-    if pin != "cross":
-        return cmd
-    cpu = sorted(os.sched_getaffinity(0))[which]
-    return ["taskset", "-c", str(cpu), *cmd]
+class Hogs:
+    """One CPU-bound shell loop per core, while in use."""
+
+    def __enter__(self):
+        self.procs = [
+            subprocess.Popen(["bash", "-c", "while :; do :; done"], start_new_session=True)
+            for _ in range(os.cpu_count())
+        ]
+        time.sleep(0.2)  # let the scheduler spread them
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
 
 
 class Store:
     """A store's daemon (if any) and its worker process."""
 
-    def __init__(self, name, kind, python, env, tmp, plasma_store, pin):
+    def __init__(self, name, kind, python, env, tmp, plasma_store):
         self.name, self.kind = name, kind
         self.sock = os.path.join(tmp, f"{name}.sock")
         self.log = open(os.path.join(tmp, f"{name}.log"), "w")  # noqa: SIM115 - closed in stop()
@@ -292,7 +332,7 @@ class Store:
         if kind == "plasma":
             cmd = [plasma_store, "-m", "1000000000", "-s", self.sock]
             t0 = time.monotonic()
-            self.daemon = subprocess.Popen(pinned(cmd, pin, -1), stdout=self.log, stderr=self.log, env=env)
+            self.daemon = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env)
             while not os.path.exists(self.sock):
                 if self.daemon.poll() is not None or time.monotonic() - t0 > 60:
                     raise RuntimeError(f"{name}: the daemon did not start (see {self.log.name})")
@@ -307,7 +347,6 @@ class Store:
                 connect=False,
                 prefault=True,
                 program=[python, "-m", "shoal"],
-                prefix=pinned([], pin, -1),
                 env=env,
                 log=self.log,
                 timeout=60,
@@ -315,7 +354,7 @@ class Store:
             self.sock = self.shoal.socket
             self.daemon = self.shoal.process
         self.worker = subprocess.Popen(
-            pinned([python, os.path.abspath(__file__), "--worker", kind, self.sock], pin, 0),
+            [python, os.path.abspath(__file__), "--worker", kind, self.sock],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -362,19 +401,16 @@ def pct(times, q):
     return s[min(len(s) - 1, int(q * len(s)))] / 1e3
 
 
-def summarise(samples, n):
-    """Per-round p50/p99 (µs) and CPU per op (µs); median over rounds."""
-    p50 = [pct(s["times"], 0.5) for s in samples]
-    p99 = [pct(s["times"], 0.99) for s in samples]
-    client = [s["client_cpu_ns"] / n / 1e3 for s in samples]
-    daemon = [s["daemon_cpu_ns"] / n / 1e3 for s in samples]
-    med = statistics.median
+def summarise(samples):
+    """Every round's calls pooled: loop mean, p50, p99 (µs) and CPU per call (µs)."""
+    times = [t for s in samples for t in s["times"]]
+    calls = len(times)
     return {
-        "p50": med(p50),
-        "p50_best": min(p50),
-        "p99": med(p99),
-        "client_cpu": med(client),
-        "daemon_cpu": med(daemon),
+        "mean": sum(s["loop_ns"] for s in samples) / calls / 1e3,
+        "p50": pct(times, 0.5),
+        "p99": pct(times, 0.99),
+        "client_cpu": sum(s["client_cpu_ns"] for s in samples) / calls / 1e3,
+        "daemon_cpu": sum(s["daemon_cpu_ns"] for s in samples) / calls / 1e3,
     }
 
 
@@ -383,55 +419,66 @@ def load():
 
 
 def report(run):
+    names = [s for s in run["stores"] if "ops" in run["results"][s]]
     lines = [
-        "# Single-object operations (issue 14)",
+        "# Single-object operations, quiet and under a CPU hog per core (issue 40)",
         "",
         f"Generated {run['date']} by `{run['command']}`.",
         "",
         f"Machine: {run['cpu']}, nproc {os.cpu_count()}, {platform.system()} {platform.release()};"
-        f" load average at start {run['load_start']}, at end {run['load_end']}.",
+        f" load average at start {run['load_start']}, at end {run['load_end']}"
+        " (the machine is shared: other processes' load is part of every phase).",
         "",
-        f"{run['n']} timed calls per operation and round (after {run['warmup']} untimed), "
-        f"{run['rounds']} rounds alternating the stores; pinning: {run['pin']}"
-        " (cross: daemons on the last CPU, clients on the first). Cells: p50 / p99 in µs (medians "
-        "over rounds; the best round's p50 in brackets); CPU in µs per call, client process "
-        "(all threads) and daemon process.",
+        f"{run['n']} timed calls per operation, store, phase and round (after {run['warmup']}"
+        f" untimed), {run['rounds']} rounds; each round runs every store quiet, then every store"
+        f" with {os.cpu_count()} CPU-bound shell loops (`while :; do :; done`, one per core)."
+        " Cells: loop mean / p50 / p99 in µs over every round's calls (mean = loop time / calls,"
+        " what a program pays per call; p50 and p99 of the calls timed alone).",
         "",
-        "## Machine: Unix-socket round trip, 1 byte (µs)",
-        "",
-        "| pinning | p50 | p99 |",
-        "| --- | --- | --- |",
+        "Machine: Unix-socket round trip, 1 byte, quiet:"
+        f" p50 {pct(run['rtt'], 0.5):.1f} µs, p99 {pct(run['rtt'], 0.99):.1f} µs.",
     ]
-    for key, label in (("same", "both processes on one core"), ("cross", "two cores")):
-        t = run["rtt"][key]
-        lines.append(f"| {label} | {pct(t, 0.5):.1f} | {pct(t, 0.99):.1f} |")
-    lines += ["", "## Per call", ""]
-    names = [s for s in run["stores"] if "ops" in run["results"][s]]
-    lines.append("| operation | " + " | ".join(names) + " |")
-    lines.append("|---" * (len(names) + 1) + "|")
-    for op in OPS:
-        cells = []
-        for s in names:
-            r = run["results"][s]["ops"][op]
-            cells.append(f"{r['p50']:.1f} / {r['p99']:.1f} ({r['p50_best']:.1f})")
-        lines.append(f"| {LABELS[op]} | " + " | ".join(cells) + " |")
-    lines += ["", "## CPU per call (µs): client / daemon", ""]
-    lines.append("| operation | " + " | ".join(names) + " |")
-    lines.append("|---" * (len(names) + 1) + "|")
-    for op in OPS:
-        cells = []
-        for s in names:
-            r = run["results"][s]["ops"][op]
-            cells.append(f"{r['client_cpu']:.1f} / {r['daemon_cpu']:.1f}")
-        lines.append(f"| {LABELS[op]} | " + " | ".join(cells) + " |")
-    if "plasma" in names:
-        lines += ["", "## Ratios to Plasma (p50 / p50, below 1 favours the store)", ""]
-        others = [s for s in names if s != "plasma"]
-        lines.append("| operation | " + " | ".join(others) + " |")
-        lines.append("|---" * (len(others) + 1) + "|")
+    for phase in run["phases"]:
+        title = "Quiet" if phase == "quiet" else f"Under {os.cpu_count()} CPU hogs (one per core)"
+        lines += ["", f"## {title}: mean / p50 / p99 (µs)", ""]
+        at = ", ".join(f"{x:.2f}" for x in run["loads"][phase])
+        lines += [f"Load average (1 min) as each round's {phase} phase began, before its hogs: {at}.", ""]
+        lines.append("| operation | " + " | ".join(names) + " |")
+        lines.append("|---" * (len(names) + 1) + "|")
         for op in OPS:
-            base = run["results"]["plasma"]["ops"][op]["p50"]
-            cells = [f"{run['results'][s]['ops'][op]['p50'] / base:.2f}" for s in others]
+            cells = []
+            for s in names:
+                r = run["results"][s]["ops"][phase][op]
+                cells.append(f"{r['mean']:.1f} / {r['p50']:.1f} / {r['p99']:.1f}")
+            lines.append(f"| {LABELS[op]} | " + " | ".join(cells) + " |")
+        if "plasma" in names:
+            mean_t, p99_t = TARGETS[phase]
+            lines += [
+                "",
+                f"Ratios to Plasma, {phase}: mean / mean and p99 / p99 (targets: mean ≤ {mean_t},"
+                f" p99 ≤ {p99_t}; ✗ marks a miss):",
+                "",
+            ]
+            others = [s for s in names if s != "plasma"]
+            lines.append("| operation | " + " | ".join(others) + " |")
+            lines.append("|---" * (len(others) + 1) + "|")
+            for op in OPS:
+                base = run["results"]["plasma"]["ops"][phase][op]
+                cells = []
+                for s in others:
+                    r = run["results"][s]["ops"][phase][op]
+                    m, p = r["mean"] / base["mean"], r["p99"] / base["p99"]
+                    mark = "" if m <= mean_t and p <= p99_t else " ✗"
+                    cells.append(f"{m:.2f} / {p:.2f}{mark}")
+                lines.append(f"| {LABELS[op]} | " + " | ".join(cells) + " |")
+        lines += ["", f"CPU per call, {phase} (µs): client (all threads) / daemon", ""]
+        lines.append("| operation | " + " | ".join(names) + " |")
+        lines.append("|---" * (len(names) + 1) + "|")
+        for op in OPS:
+            cells = []
+            for s in names:
+                r = run["results"][s]["ops"][phase][op]
+                cells.append(f"{r['client_cpu']:.1f} / {r['daemon_cpu']:.1f}")
             lines.append(f"| {LABELS[op]} | " + " | ".join(cells) + " |")
     lines += ["", "Stores:", ""]
     for s in run["stores"]:
@@ -448,9 +495,10 @@ def main():
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("-n", type=int, default=5000, help="timed calls per operation and round")
-    ap.add_argument("--warmup", type=int, default=500)
-    ap.add_argument("--stores", default="plasma,shoal,shm")
+    ap.add_argument("-n", type=int, default=1000, help="timed calls per operation, phase and round")
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--stores", default="plasma,shoal,socket", help="of plasma, shoal, socket, shm")
+    ap.add_argument("--phases", default=",".join(PHASES), help="quiet, hog or both")
     ap.add_argument(
         "--variant",
         action="append",
@@ -458,14 +506,9 @@ def main():
         help="NAME=DIR[,KEY=VALUE...]: another shoal build (DIR holds its `shoal` package; empty:"
         " the project's) with these environment variables, measured as a store",
     )
-    ap.add_argument(
-        "--pin",
-        choices=("none", "cross"),
-        default="none",
-        help="cross: every daemon on the last CPU, every client on the first (two cores, always)",
-    )
     ap.add_argument("--out", default=os.path.join(BENCH, "results", "single-object.md"))
     args = ap.parse_args()
+    phases = args.phases.split(",")
 
     plasma_python = subprocess.run(
         ["bash", os.path.join(BENCH, "setup_plasma.sh")], stdout=subprocess.PIPE, check=True, text=True
@@ -477,18 +520,20 @@ def main():
             specs.append(("plasma", "plasma", plasma_python, None))
         elif s == "shoal":
             specs.append(("shoal", "shoal", sys.executable, None))
+        elif s == "socket":
+            specs.append(("socket", "shoal", sys.executable, dict(os.environ, SHOAL_FAST_READS="0")))
         elif s == "shm":
             specs.append(("shm", "shm", sys.executable, None))
         else:
             ap.error(f"unknown store {s}")
-    for v in reversed(args.variant):
+    for v in args.variant:
         name, rest = v.split("=", 1)
         path, *assignments = rest.split(",")
         env = dict(os.environ)
         if path:
             env["PYTHONPATH"] = os.path.abspath(path)
         env.update(a.split("=", 1) for a in assignments)
-        specs.insert(1, (name, "shoal", sys.executable, env))
+        specs.append((name, "shoal", sys.executable, env))
 
     cpu = "?"
     with open("/proc/cpuinfo") as f:
@@ -503,39 +548,51 @@ def main():
         "n": args.n,
         "warmup": args.warmup,
         "rounds": args.rounds,
-        "pin": args.pin,
         "load_start": load(),
         "stores": [s[0] for s in specs],
         "variants": args.variant,
     }
-    samples = {name: {op: [] for op in OPS} for name, *_ in specs}
+    samples = {name: {p: {op: [] for op in OPS} for p in phases} for name, *_ in specs}
+    loads = {p: [] for p in phases}
     results = {}
     with tempfile.TemporaryDirectory(prefix="shoal-single-") as tmp:
         stores = {}
         try:
             for name, kind, python, env in specs:
-                stores[name] = Store(name, kind, python, env, tmp, plasma_store, args.pin)
+                stores[name] = Store(name, kind, python, env, tmp, plasma_store)
                 results[name] = {"version": stores[name].hello.get("version")}
                 if "unavailable" in stores[name].hello:
                     results[name]["unavailable"] = stores[name].hello["unavailable"]
-            rtt = {"same": socket_round_trip(True), "cross": socket_round_trip(False)}
+            rtt = socket_round_trip()
             for rnd in range(args.rounds):
-                for name, store in stores.items():
-                    if "unavailable" in results[name]:
-                        continue
-                    for op in OPS:
-                        samples[name][op].append(store.run(op, args.n, args.warmup))
-                    last = {op: round(pct(samples[name][op][-1]["times"], 0.5), 1) for op in OPS}
-                    log(f"round {rnd} {name:8s} p50 µs {json.dumps(last)}")
+                for phase in phases:
+                    # Before this script's hogs start: what the rest of the machine runs.
+                    loads[phase].append(os.getloadavg()[0])
+                    with Hogs() if phase == "hog" else contextlib.nullcontext():
+                        # Stores in a different order each round: none always goes first.
+                        order = list(stores.items())
+                        order = order[rnd % len(order) :] + order[: rnd % len(order)]
+                        for name, store in order:
+                            if "unavailable" in results[name]:
+                                continue
+                            for op in OPS:
+                                samples[name][phase][op].append(store.run(op, args.n, args.warmup))
+                            last = {
+                                op: round(samples[name][phase][op][-1]["loop_ns"] / args.n / 1e3, 1)
+                                for op in OPS
+                            }
+                            log(f"round {rnd} {phase:5s} {name:8s} mean µs {json.dumps(last)} load {load()}")
         finally:
             for store in stores.values():
                 store.stop()
     for name in samples:
         if "unavailable" not in results[name]:
-            results[name]["ops"] = {op: summarise(samples[name][op], args.n) for op in OPS}
+            results[name]["ops"] = {p: {op: summarise(samples[name][p][op]) for op in OPS} for p in phases}
     run["rtt"] = rtt
     run["results"] = results
     run["load_end"] = load()
+    run["loads"] = loads
+    run["phases"] = phases
     text = report(run)
     with open(args.out, "w") as f:
         f.write(text)

@@ -79,6 +79,12 @@ def _tier_names(bits: int) -> tuple[str, ...]:
     return tuple(name for bit, name in ((1, "burst"), (2, "backing")) if bits & bit)
 
 
+def _delete_failed(oid: IdLike, kind: str | None) -> None:
+    """Raises the error of a delete that failed (`kind` not None)."""
+    if kind is not None:
+        raise getattr(errors, kind)(f"cannot delete object {oid.hex()}: {kind}")
+
+
 def _raise_first(ids: Sequence[IdLike], kinds: list[str | None], what: str) -> None:
     """Raises the first per-id error of a batch (every id was tried)."""
     for oid, kind in zip(ids, kinds, strict=True):
@@ -86,13 +92,19 @@ def _raise_first(ids: Sequence[IdLike], kinds: list[str | None], what: str) -> N
             raise getattr(errors, kind)(f"{what} of object {as_bytes(oid).hex()}: {kind}")
 
 
+# isinstance against these tuples, made once: a union written in the call (`list | tuple`)
+# builds a new object every time, ~0.3 µs of a single-object call.
+_ONE_ID = (ObjectID, bytes)
+_SEQUENCE = (list, tuple)
+
+
 def _ids(ids: IdLike | Iterable[IdLike]) -> Sequence[IdLike]:
     """A sequence of ids; the extension reads each ObjectID's bytes itself (and raises
     TypeError for anything that is not an id), so a batch costs no Python-level loop."""
-    if isinstance(ids, list | tuple):
-        return ids
-    if isinstance(ids, ObjectID | bytes):
+    if isinstance(ids, _ONE_ID):
         return [ids]
+    if isinstance(ids, _SEQUENCE):
+        return ids
     try:
         return list(ids)
     except TypeError:
@@ -245,10 +257,14 @@ class Client:
         """Deletes sealed objects (a referenced one is freed when released).
 
         Raises the first error (e.g. ObjectNotFound) after deleting every other id."""
+        if isinstance(oids, _ONE_ID):
+            # One id, the common call: no list or loop around the round trip.
+            (kind,) = self._raw.delete(oids)
+            _delete_failed(oids, kind)
+            return
         ids = _ids(oids)
         for oid, kind in zip(ids, self._raw.delete(ids), strict=True):
-            if kind is not None:
-                raise getattr(errors, kind)(f"cannot delete object {oid.hex()}: {kind}")
+            _delete_failed(oid, kind)
 
     def contains(self, oid: IdLike) -> bool:
         return self._raw.contains(as_bytes(oid))

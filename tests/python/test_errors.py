@@ -415,7 +415,7 @@ def frame(opcode: int, payload: bytes = b"", flags: int = 0, length: int | None 
     return struct.pack("<IHH", len(payload) if length is None else length, opcode, flags) + payload
 
 
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 
 
 def hello(version: int = PROTOCOL_VERSION) -> bytes:

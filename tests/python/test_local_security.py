@@ -146,7 +146,7 @@ def test_a_daemon_another_user_runs_is_refused(other_uid, shared_dir, monkeypatc
 
 
 # crates/shoal-core/src/protocol/mod.rs PROTOCOL_VERSION (tests/python/test_errors.py too).
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 
 HANDSHAKE = """
 import socket, struct, sys

@@ -124,9 +124,10 @@ impl Channel {
 
     /// Reads what has arrived, polling for the busy-poll window before it
     /// sleeps (see [`shoal_core::busy_poll`]): a reply that comes within it
-    /// costs no wake-up of this thread.
+    /// costs no wake-up of this thread. On a machine with no free core it
+    /// sleeps at once (woken with priority when the reply comes).
     fn read_some(&mut self) -> std::io::Result<usize> {
-        let window = busy_poll::window();
+        let window = busy_poll::window_now();
         if !window.is_zero() {
             let deadline = Instant::now() + window;
             let fd = self.stream.as_raw_fd();
@@ -151,10 +152,9 @@ impl Channel {
                     std::io::ErrorKind::Interrupted => continue,
                     _ => return Err(err),
                 }
-                if Instant::now() >= deadline {
+                if Instant::now() >= deadline || !busy_poll::pause() {
                     break;
                 }
-                busy_poll::pause();
             }
         }
         self.stream.read(&mut self.input[self.end..])

@@ -65,6 +65,20 @@ impl crate::Client {
                 }
             }
         }
+        if !missed.is_empty() && self.settle_seals(missed.iter().map(|&i| ids[i]))? {
+            // Seals of ours the daemon had not applied yet: it has now.
+            missed.retain(|&i| {
+                let Some((location, position)) = self.fast_get(&ids[i]) else {
+                    return true;
+                };
+                self.fast_held.entry(ids[i]).or_default().push(FastHeld {
+                    table: None,
+                    position,
+                });
+                found[i] = Some(Located::local(me, location));
+                false
+            });
+        }
         if missed.is_empty() {
             return Ok(());
         }
@@ -194,6 +208,16 @@ impl crate::Client {
             return Ok(None);
         }
         writes.carve(spec.id, spec.data_size, spec.meta_size)
+    }
+
+    /// Waits until the daemon applied this client's unanswered seals of
+    /// `ids` (seals to memory return before it does): whether any was.
+    pub(crate) fn settle_seals(&mut self, ids: impl IntoIterator<Item = ObjectId>) -> Result<bool> {
+        let daemon = self.channel.daemon();
+        match self.writes.as_mut() {
+            Some(writes) => writes.settle(ids, &daemon),
+            None => Ok(false),
+        }
     }
 
     /// Whether `id` is an object this client is writing in lent space.

@@ -5,7 +5,9 @@
 //! the daemon go there too. The daemon answers each seal through shared
 //! memory, so a seal still returns the daemon's verdict (an id another
 //! client took meanwhile, a durability the tiers could not give) — it only
-//! skips the socket.
+//! skips the socket. A seal to memory of an object whose `Create` the
+//! daemon already took is not waited for at all: nothing can refuse it, and
+//! the daemon applies published records before it answers anything.
 //!
 //! This is the client's bookkeeping; none of it is trusted by the daemon,
 //! which checks every record against its own record of the lent block.
@@ -18,7 +20,7 @@ use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fast_path::lease::Lease;
 use shoal_core::fast_path::readers::FastReads;
-use shoal_core::fast_path::writes::{Record, WriteSender};
+use shoal_core::fast_path::writes::{Record, WriteSender, RECORDS};
 use shoal_core::location::Block;
 use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
@@ -33,6 +35,9 @@ pub const MAX_OBJECT: u64 = LEASE / 8;
 const REFUSED_PAUSE: Duration = Duration::from_millis(100);
 /// How often a client waiting for an answer checks that the daemon lives.
 const LIVENESS: Duration = Duration::from_millis(100);
+/// Deletes or contains asked through the write channel at once; more take
+/// the socket.
+pub const MAX_QUERIES: usize = 16;
 
 /// What a seal through the write channel needs from the client around it.
 pub trait Daemon {
@@ -67,6 +72,10 @@ pub struct FastWrites {
     /// number of each one's `Create` record (its answer explains a refused
     /// seal).
     writing: HashMap<ObjectId, (ObjectLocation, u64)>,
+    /// Seals to memory returned without their answer: the seal record's
+    /// sequence number, until the daemon applied it (a get of the object
+    /// from this client waits for that rather than ask the socket).
+    unsettled: HashMap<ObjectId, u64>,
     refused_until: Option<Instant>,
     /// Objects up to this size go into lent space: an eighth of the last
     /// lease (a small store lends small blocks).
@@ -93,6 +102,7 @@ impl FastWrites {
             lease: None,
             retiring: Vec::new(),
             writing: HashMap::new(),
+            unsettled: HashMap::new(),
             refused_until: None,
             max_object: MAX_OBJECT,
         })
@@ -290,14 +300,28 @@ impl FastWrites {
             sequences.push((sequence, location, created));
         }
         self.publish();
+        // A seal to memory of an object whose create the daemon took cannot
+        // be refused (it is this client's, unsealed, named once): its answer
+        // is not waited for. The record is published, and the daemon applies
+        // every published record before it answers any request, so a get
+        // anywhere on the node that misses the index finds the object there.
+        let to_memory = durability.unwrap_or(self.sender.default_level()) == Durability::Memory;
         let mut outcomes = Vec::with_capacity(ids.len());
         for (id, (sequence, location, created)) in ids.iter().zip(sequences) {
-            let answer = self.sender.wait(
-                sequence,
-                shoal_core::busy_poll::window().max(Duration::from_micros(20)),
-                LIVENESS,
-                || daemon.alive(),
-            )?;
+            let taken = to_memory && self.sender.answered(created) == Some(None);
+            let answer = if taken {
+                None
+            } else {
+                self.sender.wait(
+                    sequence,
+                    shoal_core::busy_poll::window_now(),
+                    LIVENESS,
+                    || daemon.alive(),
+                )?
+            };
+            if taken {
+                self.unsettled.insert(*id, sequence);
+            }
             outcomes.push(match answer {
                 None => {
                     self.writing.remove(id);
@@ -312,7 +336,69 @@ impl FastWrites {
                 }
             });
         }
+        if self.unsettled.len() > RECORDS as usize {
+            // Most of them are applied long since: forget those.
+            let sender = &self.sender;
+            self.unsettled
+                .retain(|_, &mut sequence| !sender.settled(sequence));
+        }
         Ok(outcomes)
+    }
+
+    /// Waits until the daemon applied this client's seals of `ids` that
+    /// returned without an answer (then the index has them). Returns
+    /// whether any was pending.
+    pub fn settle(
+        &mut self,
+        ids: impl IntoIterator<Item = ObjectId>,
+        daemon: &impl Daemon,
+    ) -> Result<bool> {
+        if self.unsettled.is_empty() {
+            return Ok(false);
+        }
+        let mut any = false;
+        for id in ids {
+            let Some(sequence) = self.unsettled.remove(&id) else {
+                continue;
+            };
+            any = true;
+            self.sender.wait_settled(
+                sequence,
+                shoal_core::busy_poll::window_now(),
+                LIVENESS,
+                || daemon.alive(),
+            )?;
+        }
+        Ok(any)
+    }
+
+    /// Asks the daemon through the write channel — deletes, contains — and
+    /// waits for the answers, one per record, in order: a round trip
+    /// without the socket (no system call while the daemon polls, futexes
+    /// otherwise). At most [`MAX_QUERIES`] at once (each answer has its
+    /// ring slot's word until a later record takes the slot).
+    pub fn ask(
+        &mut self,
+        records: &[Record],
+        daemon: &impl Daemon,
+    ) -> Result<Vec<Option<ErrorKind>>> {
+        debug_assert!(records.len() <= MAX_QUERIES && records.iter().all(Record::is_query));
+        let mut sequences = Vec::with_capacity(records.len());
+        for record in records {
+            sequences.push(self.stage(record)?);
+        }
+        self.publish();
+        sequences
+            .into_iter()
+            .map(|sequence| {
+                self.sender.wait(
+                    sequence,
+                    shoal_core::busy_poll::window_now(),
+                    LIVENESS,
+                    || daemon.alive(),
+                )
+            })
+            .collect()
     }
 
     /// Releases references taken through the daemon, without waiting.

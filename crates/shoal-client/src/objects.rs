@@ -4,11 +4,13 @@
 
 use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
+use shoal_core::fast_path::writes::Record;
 use shoal_core::location::ObjectLocation;
 use shoal_core::protocol::{CreateSpec, Located, ObjectInfo, Reply, Request};
 use shoal_core::ObjectId;
 
 use crate::channel::{expect_ok, per_id, unexpected};
+use crate::lent;
 
 /// Random ids a create that chooses its own id tries before giving up: with
 /// one node of n unreachable each try fails with probability 1/n (3^-32 for
@@ -420,22 +422,74 @@ impl crate::Client {
         self.channel.flush()
     }
 
-    /// Deletes objects; one result per id.
+    /// Deletes objects; one result per id. A few at a time go through the
+    /// write channel when there is one (answered once no get on the node
+    /// can find them, as on the socket).
     pub fn delete(&mut self, ids: &[ObjectId]) -> Result<Vec<Result<()>>> {
+        if let Some(answers) = self.ask_lent(ids, |id| Record::Delete { id })? {
+            return Ok(answers
+                .into_iter()
+                .zip(ids)
+                .map(|(answer, id)| match answer {
+                    None => Ok(()),
+                    Some(ErrorKind::ObjectNotFound) => Err(ShoalError::not_found(id)),
+                    Some(kind) => Err(ShoalError::new(
+                        kind,
+                        format!("delete of object {id}: {kind:?}"),
+                    )),
+                })
+                .collect());
+        }
         let reply = self.channel.call(&Request::Delete { ids: ids.to_vec() })?;
         per_id(reply, ids, "delete of object")
     }
 
     /// Whether a sealed object `id` is in the store (the shared index
-    /// answers without a round trip when it has it).
+    /// answers without a round trip when it has it; the daemon otherwise,
+    /// through the write channel when there is one).
     pub fn contains(&mut self, id: ObjectId) -> Result<bool> {
         if self.fast.as_ref().is_some_and(|f| f.published(&id)) {
             return Ok(true);
+        }
+        if self.settle_seals([id])? && self.fast.as_ref().is_some_and(|f| f.published(&id)) {
+            return Ok(true);
+        }
+        if let Some(answers) = self.ask_lent(&[id], |id| Record::Contains { id })? {
+            return match answers[0] {
+                None => Ok(true),
+                Some(ErrorKind::ObjectNotFound) => Ok(false),
+                Some(kind) => Err(ShoalError::new(kind, format!("contains {id}: {kind:?}"))),
+            };
         }
         match self.channel.call(&Request::Contains { id })? {
             Reply::Bool(b) => Ok(b),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// One query record per id through the write channel, and the answers;
+    /// `None`: no channel (or too many ids), ask on the socket. Records
+    /// queued for the socket go first, so the daemon sees them before.
+    fn ask_lent(
+        &mut self,
+        ids: &[ObjectId],
+        record: impl Fn(ObjectId) -> Record,
+    ) -> Result<Option<Vec<Option<ErrorKind>>>> {
+        if self.fast.as_ref().is_some_and(|f| f.is_closed()) {
+            // The connection failed: the socket says so.
+            self.writes = None;
+        }
+        let Some(writes) = self.writes.as_mut() else {
+            return Ok(None);
+        };
+        if ids.is_empty() || ids.len() > lent::MAX_QUERIES {
+            return Ok(None);
+        }
+        // Releases queued for the socket (a client without room in its
+        // ring) are sent first: the daemon reads them before the records.
+        self.channel.flush()?;
+        let records: Vec<Record> = ids.iter().map(|&id| record(id)).collect();
+        writes.ask(&records, &self.channel.daemon()).map(Some)
     }
 
     /// Every object in the store, sealed or not.

@@ -43,6 +43,9 @@ pub const RELEASE_COALESCE: Duration = Duration::from_micros(200);
 pub const RELEASE_QUIET: Duration = Duration::from_millis(1);
 /// A backlog this long is sent at once by whoever drops the next reference.
 pub const RELEASE_BATCH: usize = 4096;
+/// How long the release thread, once woken, keeps watching the queue after
+/// the client's last call before it sleeps until the next drop wakes it.
+pub const RELEASE_IDLE: Duration = Duration::from_millis(4);
 
 /// A client usable from many threads: calls take turns on one connection,
 /// and references dropped anywhere are released in coalesced messages.
@@ -64,6 +67,10 @@ struct Inner {
     /// Other nodes' indexes (a cluster), read without the connection.
     peers: Arc<PeerViews>,
     releases: Arc<ReleaseQueue>,
+    /// Releases go through a write channel (a record in shared memory, no
+    /// system call): each drop sends its own at once when the connection
+    /// is free, rather than waking the release thread to gather them.
+    cheap_releases: bool,
     /// The creator references of objects created and not sealed yet, so a
     /// seal with release can disarm them.
     creating: Mutex<HashMap<ObjectId, Weak<ObjectRef>>>,
@@ -85,6 +92,10 @@ struct ReleaseQueue {
     last_sent: Mutex<Option<Instant>>,
     /// Release messages sent so far.
     messages: AtomicU64,
+    /// Uses of the connection so far (each takes the queue along).
+    calls: AtomicU64,
+    /// Times a drop woke the release thread.
+    wakeups: AtomicU64,
 }
 
 impl ReleaseQueue {
@@ -92,11 +103,21 @@ impl ReleaseQueue {
     /// sends them. Ends with the client. Any request on the connection also
     /// sends the queue first, so the daemon sees a client's releases before
     /// its next request.
+    ///
+    /// Once woken it watches the queue rather than wait to be woken again:
+    /// while the client calls (each call carries the queue: a loop of gets
+    /// and drops), it sends nothing and looks once per [`RELEASE_QUIET`];
+    /// drops meanwhile wake nobody. It sends what is queued when a window
+    /// passes without a call, and sleeps until the next drop once the
+    /// queue is empty and the client made no call for [`RELEASE_IDLE`].
+    /// (Woken per drop, it cost the client a wake-up of a third thread
+    /// every few calls: on a machine whose cores are all busy, now and then
+    /// a wait behind a neighbour's time slice.)
     fn run(self: Arc<Self>, shared: Weak<Inner>) {
         loop {
             {
                 let mut ids = lock(&self.ids);
-                while ids.is_empty() && !self.closed.load(Ordering::Acquire) {
+                if ids.is_empty() && !self.closed.load(Ordering::Acquire) {
                     // Disarmed before sleeping, under the queue's lock: a drop
                     // after this wakes us. (Left armed — when a flush took the
                     // ids a drop had armed it for — the next drops would wait
@@ -107,24 +128,44 @@ impl ReleaseQueue {
                         .wait(ids)
                         .unwrap_or_else(|poisoned| poisoned.into_inner());
                 }
-                if ids.is_empty() {
+                if ids.is_empty() && self.closed.load(Ordering::Acquire) {
                     return;
                 }
+                // Woken by a drop (whose id a call may have carried off
+                // already: the client is busy) or by nothing: watch.
             }
-            std::thread::sleep(RELEASE_COALESCE);
-            let Some(shared) = shared.upgrade() else {
-                return;
-            };
-            // Drops from now on wake us again; ids queued before are still
-            // in the queue, so the loop comes back for them.
-            self.armed.store(false, Ordering::Release);
-            // A busy connection is not waited for: its holder sends the
-            // queue with its request, or we try again after the next
-            // window (never blocking on the lock, which would cost the
-            // holder a wake-up of this thread when it lets go).
-            if let Ok(mut connection) = shared.connection.try_lock() {
-                shared.flush(&mut connection);
-            };
+            let mut window = RELEASE_COALESCE;
+            let mut last_call = Instant::now();
+            loop {
+                let calls = self.calls.load(Ordering::Relaxed);
+                std::thread::sleep(window);
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
+                if self.calls.load(Ordering::Relaxed) != calls {
+                    // The client is calling, and its calls carry the queue.
+                    last_call = Instant::now();
+                    window = RELEASE_QUIET;
+                    continue;
+                }
+                if lock(&self.ids).is_empty() {
+                    if last_call.elapsed() >= RELEASE_IDLE {
+                        // Quiet, nothing left: sleep until the next drop.
+                        break;
+                    }
+                    window = RELEASE_QUIET;
+                    continue;
+                }
+                // A window without a call: send what is queued. A busy
+                // connection is not waited for: its holder sends the queue
+                // with its request, or we try again after the next window
+                // (never blocking on the lock, which would cost the holder
+                // a wake-up of this thread when it lets go).
+                if let Ok(mut connection) = shared.connection.try_lock() {
+                    shared.flush(&mut connection);
+                };
+                window = RELEASE_COALESCE;
+            }
         }
     }
 
@@ -154,6 +195,7 @@ impl SharedClient {
             fast: client.fast_reads().cloned(),
             mapping: client.mapping().clone(),
             peers: client.peer_views(),
+            cheap_releases: client.has_fast_writes(),
             connection: Mutex::new(client),
             releases: releases.clone(),
             creating: Mutex::default(),
@@ -183,10 +225,11 @@ impl SharedClient {
     }
 
     /// Queues the release of one reference this client holds: sent at once
-    /// if the connection is free and no release went out in the last
-    /// [`RELEASE_QUIET`] (or the backlog reached [`RELEASE_BATCH`]),
-    /// otherwise by the release thread or the next call, whichever is first.
-    /// Never waits for the connection.
+    /// if the connection is free and releases cost no system call (a write
+    /// channel), or no release went out in the last [`RELEASE_QUIET`] (or
+    /// the backlog reached [`RELEASE_BATCH`]); otherwise by the release
+    /// thread or the next call, whichever is first. Never waits for the
+    /// connection.
     pub fn release_later(&self, id: ObjectId) {
         let releases = &self.inner.releases;
         let backlog = {
@@ -194,7 +237,8 @@ impl SharedClient {
             ids.push(id);
             ids.len()
         };
-        let quiet = lock(&releases.last_sent).is_none_or(|t| t.elapsed() >= RELEASE_QUIET);
+        let quiet = self.inner.cheap_releases
+            || lock(&releases.last_sent).is_none_or(|t| t.elapsed() >= RELEASE_QUIET);
         if quiet || backlog >= RELEASE_BATCH || releases.closed.load(Ordering::Acquire) {
             if let Ok(mut connection) = self.inner.connection.try_lock() {
                 self.inner.flush(&mut connection);
@@ -202,6 +246,7 @@ impl SharedClient {
             }
         }
         if !releases.armed.swap(true, Ordering::AcqRel) {
+            releases.wakeups.fetch_add(1, Ordering::Relaxed);
             // Under the queue's lock, as the thread checks the queue under it.
             let _ids = lock(&releases.ids);
             releases.queued.notify_one();
@@ -218,6 +263,13 @@ impl SharedClient {
     /// well releases coalesce.
     pub fn release_messages(&self) -> u64 {
         self.inner.releases.messages.load(Ordering::Relaxed)
+    }
+
+    /// How many times a dropped reference woke the release thread (once
+    /// awake it watches the queue until the client made no call for
+    /// [`RELEASE_IDLE`], so a loop of calls and drops wakes it about once).
+    pub fn release_wakeups(&self) -> u64 {
+        self.inner.releases.wakeups.load(Ordering::Relaxed)
     }
 
     /// A reference this client holds to object `id` (taken by a get),
@@ -530,6 +582,7 @@ impl Inner {
     /// Moves the queued releases onto the connection, to go out with its
     /// next request.
     fn take_queue(&self, connection: &mut Client) {
+        self.releases.calls.fetch_add(1, Ordering::Relaxed);
         let ids = std::mem::take(&mut *lock(&self.releases.ids));
         if !ids.is_empty() {
             *lock(&self.releases.last_sent) = Some(Instant::now());

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use shoal_client::shared::{Blocking, ObjectView, OnThisThread, SharedClient};
 use shoal_client::Client;
+use shoal_core::error::ErrorKind;
 use shoal_core::protocol::CreateSpec;
 use shoal_core::ObjectId;
 use shoal_testing::{eventually, TestDaemon};
@@ -278,6 +279,57 @@ fn creates_and_seals_in_lent_space_take_no_round_trip_and_behave_like_the_socket
     assert_eq!(stats.used, 101 * 1024, "objects only: lent space is apart");
     assert!(stats.lent > 0 && stats.lent <= 1 << 20, "{stats:?}");
     assert_eq!(other.evict(u64::MAX).unwrap(), 101 * 1024);
+}
+
+#[test]
+fn seals_return_unanswered_yet_deletes_and_contains_anywhere_see_them() {
+    let daemon = TestDaemon::start(64 << 20);
+    let mut c = daemon.client();
+    let mut other = daemon.client();
+    let warm = ObjectId::random();
+    let l = c.create(warm, 1000, 0, 0).unwrap();
+    fill(&mut c, l, 0);
+    c.seal(&[warm], true).unwrap();
+    let before = c.requests();
+    for n in 0..200 {
+        let id = ObjectId::random();
+        let l = c.create(id, 1000, 0, 0).unwrap();
+        fill(&mut c, l, n);
+        c.seal(&[id], true).unwrap();
+        if n % 2 == 0 {
+            // The writer's own get waits for its seal rather than ask the socket.
+            let mine = c.get(&[id], 0).unwrap()[0].expect("sealed means found");
+            assert_eq!(mine.location, l);
+            c.release(&[id]).unwrap();
+        }
+        // Another client asks right away: the daemon applies the seal
+        // record before it answers, by the socket or the write channel.
+        assert!(other.contains(id).unwrap(), "round {n}");
+        let found = other.get(&[id], 0).unwrap()[0].expect("sealed means found");
+        // SAFETY: a referenced, sealed object of 1000 bytes, mapped.
+        let bytes = unsafe { std::slice::from_raw_parts(other.located_ptr(found).unwrap(), 1000) };
+        assert_eq!(bytes, &pattern(n, 1000)[..], "round {n}");
+        other.release(&[id]).unwrap();
+        assert!(!other.contains(ObjectId::random()).unwrap());
+        // Once delete returns, nobody finds it, by index or socket.
+        c.delete(&[id]).unwrap().remove(0).unwrap();
+        assert!(other.get(&[id], 0).unwrap()[0].is_none(), "round {n}");
+        assert!(!other.contains(id).unwrap(), "round {n}");
+        assert!(!c.contains(id).unwrap());
+        let again = c.delete(&[id]).unwrap().remove(0).unwrap_err();
+        assert_eq!(again.kind(), ErrorKind::ObjectNotFound);
+    }
+    assert_eq!(
+        c.requests(),
+        before,
+        "create, seal, get, contains and delete through shared memory"
+    );
+    eventually("the releases", || other.stats().unwrap().referenced == 0);
+    assert_eq!(
+        other.stats().unwrap().objects,
+        1,
+        "only the first object left"
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use shoal_client::shared::{SharedClient, RELEASE_QUIET};
+use shoal_client::shared::{SharedClient, RELEASE_IDLE, RELEASE_QUIET};
 use shoal_client::Client;
 use shoal_core::protocol::CreateSpec;
 use shoal_core::ObjectId;
@@ -136,6 +136,52 @@ fn a_drop_between_calls_rides_with_the_next_request() {
 }
 
 #[test]
+fn a_loop_of_calls_and_drops_wakes_the_release_thread_about_once() {
+    let _turn = one_at_a_time();
+    let daemon = TestDaemon::start(8 << 20);
+    let mut observer = daemon.client();
+    let ids = put_objects(&daemon, 1);
+    let shared = socket_shared(&daemon);
+    let before = shared.release_wakeups();
+    let start = Instant::now();
+    for _ in 0..2000 {
+        shared.with(|c| c.get(&ids, 0)).unwrap();
+        drop(shared.reference(ids[0], None));
+    }
+    let elapsed = start.elapsed();
+    let wakeups = shared.release_wakeups() - before;
+    // The first drop wakes it; it then watches while the calls carry the
+    // releases, and sleeps again only after RELEASE_IDLE without a call
+    // (a stall of this thread that long, on a loaded machine, costs one
+    // more). Woken per drop once its window passed, it took one wake-up
+    // per RELEASE_COALESCE of the loop.
+    let allowed = 2 + (elapsed.as_micros() / RELEASE_IDLE.as_micros()) as u64;
+    assert!(
+        wakeups <= allowed,
+        "2000 calls in {elapsed:?} woke the release thread {wakeups} times (allowed {allowed})"
+    );
+    // The last drop is still released, by the thread.
+    wait_unreferenced(&mut observer, &ids);
+    assert_eq!(shared.pending_releases(), 0);
+    // And then it sleeps: within a moment, a tenth of a second in which it
+    // does not run at all while the client is idle.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut last = release_thread_switches();
+    loop {
+        std::thread::sleep(RELEASE_IDLE * 25);
+        let now = release_thread_switches();
+        if now == last {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the release thread of an idle client keeps running ({now} context switches)"
+        );
+        last = now;
+    }
+}
+
+#[test]
 fn a_drop_while_the_connection_is_busy_is_released_by_the_thread() {
     let _turn = one_at_a_time();
     let daemon = TestDaemon::start(8 << 20);
@@ -219,6 +265,27 @@ fn release_threads() -> usize {
         .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
         .filter(|name| name.trim_end() == "shoal-release")
         .count()
+}
+
+/// Context switches (voluntary + involuntary) of this process's release
+/// threads so far: how often they ran.
+fn release_thread_switches() -> u64 {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| {
+            let path = task.ok()?.path();
+            let name = std::fs::read_to_string(path.join("comm")).ok()?;
+            (name.trim_end() == "shoal-release").then_some(path)
+        })
+        .filter_map(|path| std::fs::read_to_string(path.join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 /// Waits up to 1 s for this process to have `count` release threads (a

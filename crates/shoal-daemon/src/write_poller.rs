@@ -1,13 +1,16 @@
 //! The task that takes clients' write records (seals in lent space,
 //! releases, blocks given back; docs/fast-path.md pieces 2 and 3).
 //!
-//! While records come it polls every channel between yields to the runtime
-//! (a client waiting for its seal's answer then costs no wake-up of the
-//! daemon); after the busy-poll window without one it says in the index
-//! header that it sleeps, looks once more, and waits for the doorbell. A
-//! client publishes its record, then reads that word (both sequentially
-//! consistent): either the poller's last look sees the record or the client
-//! sees it asleep and rings.
+//! While records come, and some core is free ([`busy_poll::worth_polling`]),
+//! it polls every channel between yields to the runtime (a client's next
+//! record then costs no wake-up of the daemon); after the busy-poll window
+//! without one, or at once on a machine with no free core (where a yield
+//! would hand the core to a neighbour for a whole time slice, and a sleeper
+//! is woken with priority instead), it says in the index header that it
+//! sleeps, looks once more, and waits for the doorbell. A client publishes
+//! its record, then reads that word (both sequentially consistent): either
+//! the poller's last look sees the record or the client sees it asleep and
+//! rings.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
@@ -18,11 +21,6 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::ops::Ops;
-
-/// How long the poller keeps polling after the last record when the
-/// process's busy-poll window is zero (`SHOAL_POLL_US=0`): it still must not
-/// sleep between two records of one burst.
-const MIN_WINDOW: Duration = Duration::from_micros(20);
 
 pub(crate) fn spawn(ops: &Rc<Ops>) {
     let Some(doorbell) = ops.node.write_channels().doorbell() else {
@@ -50,17 +48,26 @@ pub(crate) fn spawn(ops: &Rc<Ops>) {
 }
 
 async fn run(ops: Rc<Ops>, doorbell: AsyncFd<OwnedFd>) {
-    let window = busy_poll::window().max(MIN_WINDOW);
     loop {
-        // Busy: poll until a window passes without a record.
+        // Busy: poll until a window passes without a record (no window
+        // when no core is free: take what is there and sleep).
+        while ops.apply_all_writes() > 0 {}
+        let window = busy_poll::window_now();
         let mut last = Instant::now();
-        loop {
+        while !window.is_zero() {
             if ops.apply_all_writes() > 0 {
+                // Queries taken in a round are answered by the next round
+                // that finds no record: run it now, not after a yield.
+                while ops.apply_all_writes() > 0 {}
                 last = Instant::now();
             } else if last.elapsed() >= window {
                 break;
             }
-            busy_poll::pause();
+            if !busy_poll::pause() {
+                // The core was taken meanwhile: sleep, to be woken first.
+                while ops.apply_all_writes() > 0 {}
+                break;
+            }
             tokio::task::yield_now().await;
         }
         // Idle: say so, look once more, sleep until the doorbell rings.

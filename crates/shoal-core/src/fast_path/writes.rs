@@ -9,6 +9,7 @@
 //! | 0 | a [`ring`] of [`RECORDS`] records of [`RECORD`] bytes (client → daemon) |
 //! | [`RESULTS`] | one u32 per ring slot: the daemon's answer to the record last taken from it |
 //! | [`WAITING`] | u32, written by the client: 1 while it sleeps on an answer (futex) |
+//! | [`LEVEL`] | u32, written by the daemon before it hands the channel over: the node's default durability (0 memory, 1 local, 2 backing) |
 //!
 //! An answer is `(sequence + 1) << 8 | outcome` (24 bits of the record's
 //! sequence number, so a client tells its answer from the slot's previous
@@ -45,6 +46,9 @@ pub const RECORDS: u32 = 256;
 pub const RESULTS: usize = ring::bytes_needed(RECORD, RECORDS).next_multiple_of(64);
 /// Where the client's "asleep on an answer" word is.
 pub const WAITING: usize = (RESULTS + 4 * RECORDS as usize).next_multiple_of(64);
+/// Where the node's default durability is (what a seal without a level
+/// waits for: a client need not wait for a seal's answer to memory).
+pub const LEVEL: usize = WAITING + 8;
 /// Bytes of a write channel.
 pub const CHANNEL_BYTES: usize = WAITING + 64;
 
@@ -53,6 +57,8 @@ const RELEASE: u8 = 2;
 const GIVE_BACK: u8 = 3;
 const CREATE: u8 = 4;
 const ABORT: u8 = 5;
+const DELETE: u8 = 6;
+const CONTAINS: u8 = 7;
 
 /// What a client tells the daemon through its ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +99,26 @@ pub enum Record {
         /// The lease's number, as the `Lent` reply gave it (bytes 32..40).
         lease: u64,
     },
+    /// Deletes object `id`, as the socket's Delete does (answered once no
+    /// get on the node can find it).
+    Delete {
+        /// The object to delete (bytes 8..28).
+        id: ObjectId,
+    },
+    /// Whether object `id` is in the store, as the socket's Contains (answer
+    /// 0: yes; `ObjectNotFound`: no).
+    Contains {
+        /// The object asked about (bytes 8..28).
+        id: ObjectId,
+    },
+}
+
+impl Record {
+    /// Whether the record asks something the client waits for (applied
+    /// after every client's records published before it).
+    pub fn is_query(&self) -> bool {
+        matches!(self, Record::Delete { .. } | Record::Contains { .. })
+    }
 }
 
 impl Record {
@@ -124,6 +150,14 @@ impl Record {
             }
             Record::Release { id } => {
                 out[0] = RELEASE;
+                out[8..8 + ID_LEN].copy_from_slice(id.as_bytes());
+            }
+            Record::Delete { id } => {
+                out[0] = DELETE;
+                out[8..8 + ID_LEN].copy_from_slice(id.as_bytes());
+            }
+            Record::Contains { id } => {
+                out[0] = CONTAINS;
                 out[8..8 + ID_LEN].copy_from_slice(id.as_bytes());
             }
             Record::GiveBack { lease } => {
@@ -166,6 +200,8 @@ impl Record {
             },
             ABORT if zero(1..8) && zero(28..64) => Record::Abort { id: id() },
             RELEASE if zero(1..8) && zero(28..64) => Record::Release { id: id() },
+            DELETE if zero(1..8) && zero(28..64) => Record::Delete { id: id() },
+            CONTAINS if zero(1..8) && zero(28..64) => Record::Contains { id: id() },
             GIVE_BACK if zero(1..32) && zero(40..64) => Record::GiveBack { lease: u64_at(32) },
             _ => {
                 return Err(ShoalError::protocol(format!(
@@ -225,6 +261,10 @@ impl Channel {
     fn waiting(&self) -> &AtomicU32 {
         self.word(WAITING)
     }
+
+    fn level(&self) -> &AtomicU32 {
+        self.word(LEVEL)
+    }
 }
 
 /// The daemon's end of one client's channel.
@@ -235,12 +275,16 @@ pub struct WriteChannel {
 }
 
 impl WriteChannel {
-    /// A new channel; the fd goes to the client (the daemon keeps only its
+    /// A new channel on a node whose seals without a level reach
+    /// `default_level`; the fd goes to the client (the daemon keeps only its
     /// mapping, no descriptor per client).
-    pub fn create() -> Result<(Self, OwnedFd)> {
+    pub fn create(default_level: Durability) -> Result<(Self, OwnedFd)> {
         let fd = sealed_memfd("shoal-writes", CHANNEL_BYTES as u64)?;
         add_seals(fd.as_fd(), libc::F_SEAL_SEAL)?;
         let channel = Channel::map(fd.as_fd())?;
+        channel
+            .level()
+            .store(default_level as u32, Ordering::SeqCst);
         let base = channel.map.as_mut_ptr();
         let len = ring::bytes_needed(RECORD, RECORDS);
         // SAFETY: the mapping is page-aligned and CHANNEL_BYTES ≥ len long;
@@ -294,6 +338,8 @@ pub struct WriteSender {
     producer: Producer,
     /// Sequence number of the next record staged.
     next: u64,
+    /// What a seal without a level waits for on this node.
+    default_level: Durability,
 }
 
 // SAFETY: the producer's memory is the channel's mapping, owned by the same
@@ -314,11 +360,24 @@ impl WriteSender {
             )?
         };
         let next = producer.staged();
+        // A level this build does not know is taken as the strongest: the
+        // client then waits for every seal's answer, as it always may.
+        let default_level = u8::try_from(channel.level().load(Ordering::SeqCst))
+            .ok()
+            .and_then(Durability::from_u8)
+            .unwrap_or(Durability::Backing);
         Ok(Self {
             channel,
             producer,
             next,
+            default_level,
         })
+    }
+
+    /// The level a seal without one reaches on this node (a seal to
+    /// memory needs no answer from the daemon once its create was taken).
+    pub fn default_level(&self) -> Durability {
+        self.default_level
     }
 
     /// Stages `record` (not visible yet): its sequence number, or `None`
@@ -349,43 +408,87 @@ impl WriteSender {
         })
     }
 
-    /// Waits for the answer to record `sequence`: polls for `spin`, then
-    /// sleeps on the answer word, asking `alive` every `check` whether the
-    /// daemon is still there (`false`: `Disconnected`).
+    /// Whether record `sequence` was answered, or its slot already holds
+    /// the answer to a later record (the daemon answered it before: records
+    /// applied on the spot are answered in order).
+    pub fn settled(&self, sequence: u64) -> bool {
+        let word = self.channel.answer(sequence).load(Ordering::SeqCst);
+        let want = ((sequence + 1) & 0xff_ffff) as u32;
+        word != 0 && (word >> 8).wrapping_sub(want) & 0xff_ffff < 1 << 23
+    }
+
+    /// Waits for the answer to record `sequence`: polls for `spin` (while
+    /// polling pays: [`crate::busy_poll::pause`]), then sleeps on the
+    /// answer word, asking `alive` every `check` whether the daemon is
+    /// still there (`false`: `Disconnected`).
     pub fn wait(
         &self,
         sequence: u64,
         spin: Duration,
         check: Duration,
-        mut alive: impl FnMut() -> bool,
+        alive: impl FnMut() -> bool,
     ) -> Result<Option<ErrorKind>> {
+        self.wait_for(sequence, spin, check, alive, |s| s.answered(sequence))
+    }
+
+    /// [`wait`](Self::wait) until record `sequence` is [`settled`](Self::settled).
+    pub fn wait_settled(
+        &self,
+        sequence: u64,
+        spin: Duration,
+        check: Duration,
+        alive: impl FnMut() -> bool,
+    ) -> Result<()> {
+        self.wait_for(sequence, spin, check, alive, |s| {
+            s.settled(sequence).then_some(())
+        })
+    }
+
+    fn wait_for<R>(
+        &self,
+        sequence: u64,
+        spin: Duration,
+        check: Duration,
+        mut alive: impl FnMut() -> bool,
+        look: impl Fn(&Self) -> Option<R>,
+    ) -> Result<R> {
         let start = Instant::now();
         loop {
-            if let Some(answer) = self.answered(sequence) {
+            if let Some(answer) = look(self) {
                 return Ok(answer);
             }
-            if start.elapsed() >= spin {
+            if start.elapsed() >= spin || !crate::busy_poll::pause() {
                 break;
             }
-            crate::busy_poll::pause();
+        }
+        if spin.is_zero() {
+            let busy = crate::busy_poll::busy_spin();
+            while start.elapsed() < busy {
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+                if let Some(answer) = look(self) {
+                    return Ok(answer);
+                }
+            }
         }
         let word = self.channel.answer(sequence);
         loop {
             self.channel.waiting().store(1, Ordering::SeqCst);
             let seen = word.load(Ordering::SeqCst);
-            if let Some(answer) = self.answered(sequence) {
+            if let Some(answer) = look(self) {
                 self.channel.waiting().store(0, Ordering::Relaxed);
                 return Ok(answer);
             }
             futex_wait(word, seen, check);
             self.channel.waiting().store(0, Ordering::Relaxed);
-            if let Some(answer) = self.answered(sequence) {
+            if let Some(answer) = look(self) {
                 return Ok(answer);
             }
             if !alive() {
                 return Err(ShoalError::new(
                     ErrorKind::Disconnected,
-                    "the daemon went away before it answered a seal",
+                    "the daemon went away before it answered a record",
                 ));
             }
         }
@@ -457,6 +560,8 @@ mod tests {
             Record::Abort { id: id(4) },
             Record::Release { id: id(3) },
             Record::GiveBack { lease: 1 << 40 },
+            Record::Delete { id: id(5) },
+            Record::Contains { id: id(6) },
         ];
         for record in records {
             let bytes = record.encode();
@@ -476,7 +581,7 @@ mod tests {
 
     #[test]
     fn a_record_is_answered_through_the_shared_file_and_a_waiter_wakes() {
-        let (mut daemon, fd) = WriteChannel::create().unwrap();
+        let (mut daemon, fd) = WriteChannel::create(Durability::Memory).unwrap();
         let mut client = WriteSender::attach(fd.as_fd()).unwrap();
         assert_eq!(daemon.take().unwrap(), None);
         let record = Record::Release { id: id(9) };
@@ -503,11 +608,43 @@ mod tests {
         daemon.take().unwrap();
         daemon.answer(seq2, None);
         assert_eq!(client.answered(seq2), Some(None));
+        assert!(client.settled(seq2));
+        // A record not taken yet is not settled; once a later record has
+        // its slot, it is (its answer came first).
+        let seq3 = client.stage(&record).unwrap().unwrap();
+        client.publish();
+        assert!(!client.settled(seq3));
+        daemon.take().unwrap();
+        daemon.answer(seq3, None);
+        for _ in 0..RECORDS {
+            let later = client.stage(&record).unwrap().unwrap();
+            client.publish();
+            daemon.take().unwrap();
+            daemon.answer(later, None);
+        }
+        assert_eq!(client.answered(seq3), None, "its slot holds a later answer");
+        assert!(client.settled(seq3));
+    }
+
+    #[test]
+    fn the_nodes_default_level_reaches_the_client() {
+        for level in Durability::ALL {
+            let (_daemon, fd) = WriteChannel::create(level).unwrap();
+            assert_eq!(
+                WriteSender::attach(fd.as_fd()).unwrap().default_level(),
+                level
+            );
+        }
+        // A level the client does not know: it waits for every answer.
+        let (daemon, fd) = WriteChannel::create(Durability::Memory).unwrap();
+        daemon.channel.level().store(77, Ordering::SeqCst);
+        let client = WriteSender::attach(fd.as_fd()).unwrap();
+        assert_eq!(client.default_level(), Durability::Backing);
     }
 
     #[test]
     fn a_waiter_gives_up_when_the_daemon_is_gone() {
-        let (_daemon, fd) = WriteChannel::create().unwrap();
+        let (_daemon, fd) = WriteChannel::create(Durability::Memory).unwrap();
         let mut client = WriteSender::attach(fd.as_fd()).unwrap();
         let seq = client
             .stage(&Record::GiveBack { lease: 0 })
@@ -522,7 +659,7 @@ mod tests {
 
     #[test]
     fn a_forged_ring_tail_is_an_error_for_the_daemon_not_a_crash() {
-        let (mut daemon, fd) = WriteChannel::create().unwrap();
+        let (mut daemon, fd) = WriteChannel::create(Durability::Memory).unwrap();
         let channel = Channel::map(fd.as_fd()).unwrap();
         // The tail lives at byte 64 of the ring (ring.rs): a client writes
         // nonsense there.

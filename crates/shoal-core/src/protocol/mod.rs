@@ -67,7 +67,7 @@ pub use tier_report::{TierInfo, TierReport};
 /// 14: a `Notification` says whether a removed object was deleted (kind 3)
 /// or evicted (kind 2): the wire carries the store's own event
 /// (`ObjectEvent`).
-pub const PROTOCOL_VERSION: u32 = 14;
+pub const PROTOCOL_VERSION: u32 = 15;
 
 #[cfg(test)]
 mod doc_check;

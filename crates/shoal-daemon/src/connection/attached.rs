@@ -6,6 +6,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 
+use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fd_passing::send_with_fds;
 use shoal_core::protocol::{Reply, PROTOCOL_VERSION};
@@ -79,7 +80,19 @@ impl Connection {
             .encode(out);
             return Ok(Next::Continue);
         }
-        match self.ops.node.write_channels().open(self.client) {
+        // A seal without a level reaches the node's default: the client
+        // waits for its answer only when that is above memory.
+        let default_level = self
+            .ops
+            .tiers
+            .as_ref()
+            .map_or(Durability::Memory, |t| t.default_durability());
+        match self
+            .ops
+            .node
+            .write_channels()
+            .open(self.client, default_level)
+        {
             Ok((channel, doorbell)) => {
                 let mut frame = Vec::new();
                 Reply::FastWrites {

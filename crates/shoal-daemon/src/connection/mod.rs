@@ -52,8 +52,10 @@ pub(crate) async fn serve(ops: Rc<Ops>, stream: UnixStream) {
         Err(err) => tracing::warn!(client, %err, "dropping client"),
     }
     // What it published before it went still counts (a seal record whose
-    // bytes were written); then its channel and lent space go.
-    ops.apply_writes(client);
+    // bytes were written), and a query it asked is answered now, not after
+    // it is gone (a delete then would remove a later object of that id);
+    // then its channel and lent space go.
+    while ops.apply_all_writes() > 0 {}
     ops.node.write_channels().close(client);
     ops.node.client_gone(client);
 }
@@ -478,9 +480,12 @@ thread_local! {
 /// daemon thread does it by yielding to the runtime in a loop (each yield
 /// polls every socket without sleeping, and wakes the connections in the
 /// order their requests arrived, as a sleeping poll would); it ends once
-/// the window passes without a request.
+/// the window passes without a request. Not at all while no core is free
+/// ([`busy_poll::worth_polling`]): then the thread sleeps in the kernel and
+/// is woken with priority when the next request comes, where a yield would
+/// have queued it behind a neighbour for a whole time slice.
 fn keep_polling() {
-    let window = busy_poll::window();
+    let window = busy_poll::window_now();
     if window.is_zero() {
         return;
     }
@@ -489,9 +494,9 @@ fn keep_polling() {
         return;
     }
     tokio::task::spawn_local(async {
-        while Instant::now() < POLL_UNTIL.get() {
-            // Any thread waiting for this core (a client on it) runs first.
-            busy_poll::pause();
+        // Any thread waiting for this core (a client on it) runs first; a
+        // yield that came back late means the cores are taken: stop.
+        while Instant::now() < POLL_UNTIL.get() && busy_poll::pause() {
             tokio::task::yield_now().await;
         }
         POLLING.set(false);

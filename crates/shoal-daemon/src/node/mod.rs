@@ -17,6 +17,7 @@ mod events;
 pub mod fast_reads;
 mod input_budget;
 mod subscribers;
+pub mod sweep_pace;
 pub mod write_channels;
 
 use std::cell::{Cell, RefCell};
@@ -78,6 +79,8 @@ pub struct Node {
     names: RefCell<NameIndex>,
     /// Clients' write channels (the fast path's seals and releases).
     write_channels: write_channels::WriteChannels,
+    /// How often the fast path's sweeper looks (it rests on an idle node).
+    sweep_pace: Rc<sweep_pace::SweepPace>,
 }
 
 /// Asks the listeners about each victim; any `Hold` keeps its memory.
@@ -130,12 +133,17 @@ impl Node {
             metrics: Arc::default(),
             names: RefCell::default(),
             write_channels: write_channels::WriteChannels::default(),
+            sweep_pace: Rc::default(),
         })
     }
 
     /// Clients' write channels.
     pub fn write_channels(&self) -> &write_channels::WriteChannels {
         &self.write_channels
+    }
+
+    pub fn sweep_pace(&self) -> &Rc<sweep_pace::SweepPace> {
+        &self.sweep_pace
     }
 
     /// Counts `objects` objects' worth of write-channel records as
@@ -211,6 +219,7 @@ impl Node {
     /// Changes the store, then publishes what changed.
     pub fn mutate<T>(&self, f: impl FnOnce(&mut Store) -> T) -> T {
         let result = f(&mut self.store.borrow_mut());
+        self.sweep_pace.changed();
         self.publish(None);
         result
     }

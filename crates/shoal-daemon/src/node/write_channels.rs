@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use foldhash::HashMap;
+use shoal_core::durability::Durability;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fast_path::writes::{Record, WriteChannel};
 use shoal_core::ids::ClientId;
@@ -20,6 +21,10 @@ pub const ROUND: usize = 64;
 
 pub struct WriteChannels {
     channels: RefCell<HashMap<ClientId, WriteChannel>>,
+    /// Queries (deletes, contains) taken and not answered yet: each is
+    /// answered once a round finds no record left, so after every record
+    /// any client published before it.
+    queries: RefCell<Vec<(ClientId, u64, Record)>>,
     /// `None`: no eventfd could be made; the daemon offers no channels.
     doorbell: Option<OwnedFd>,
 }
@@ -30,6 +35,7 @@ impl Default for WriteChannels {
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         Self {
             channels: RefCell::default(),
+            queries: RefCell::default(),
             // SAFETY: a fresh descriptor this process owns.
             doorbell: (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) }),
         }
@@ -44,7 +50,7 @@ impl WriteChannels {
 
     /// Opens `client`'s channel: its fd and a copy of the doorbell, for the
     /// client. A second request replaces nothing (an error).
-    pub fn open(&self, client: ClientId) -> Result<(OwnedFd, OwnedFd)> {
+    pub fn open(&self, client: ClientId, default_level: Durability) -> Result<(OwnedFd, OwnedFd)> {
         let doorbell = self
             .doorbell
             .as_ref()
@@ -57,7 +63,7 @@ impl WriteChannels {
                 "this client has a write channel already",
             ));
         }
-        let (channel, fd) = WriteChannel::create()?;
+        let (channel, fd) = WriteChannel::create(default_level)?;
         channels.insert(client, channel);
         Ok((fd, doorbell))
     }
@@ -101,6 +107,16 @@ impl WriteChannels {
             }
         }
         Ok(records)
+    }
+
+    /// Keeps a query taken from `client`'s ring until [`take_queries`](Self::take_queries).
+    pub fn defer_query(&self, client: ClientId, sequence: u64, record: Record) {
+        self.queries.borrow_mut().push((client, sequence, record));
+    }
+
+    /// The queries kept so far, in the order they were taken.
+    pub fn take_queries(&self) -> Vec<(ClientId, u64, Record)> {
+        std::mem::take(&mut *self.queries.borrow_mut())
     }
 
     /// Answers `client`'s record `sequence` (nothing if the client is gone).

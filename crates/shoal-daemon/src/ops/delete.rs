@@ -15,8 +15,20 @@ impl Ops {
     /// peer's delete names only ids it found here).
     pub(crate) async fn delete(&self, ids: &[ObjectId], forward: bool) -> Vec<Option<ErrorKind>> {
         let _timed = self.node.metrics().time(crate::metrics::Op::Delete);
+        let errors = self.delete_here(ids, forward);
+        self.finish_delete(ids, errors, forward).await
+    }
+
+    /// The first half of [`delete`](Self::delete), which never waits: the
+    /// objects leave the store and the name index (no get here finds them
+    /// from now on). Per id, `None` or why not; [`finish_delete`] commits
+    /// it below and in the cluster, and is needed only where there are
+    /// tiers or peers ([`delete_waits`](Self::delete_waits)).
+    ///
+    /// [`finish_delete`]: Self::finish_delete
+    pub(crate) fn delete_here(&self, ids: &[ObjectId], forward: bool) -> Vec<Option<ErrorKind>> {
         let cluster = self.cluster.as_ref();
-        let mut errors: Vec<Option<ErrorKind>> = self.node.mutate(|store| {
+        let errors: Vec<Option<ErrorKind>> = self.node.mutate(|store| {
             ids.iter()
                 .map(|id| {
                     // Deleting a network-mode copy deletes the object at its owner.
@@ -33,12 +45,31 @@ impl Ops {
                 })
                 .collect()
         });
-        {
-            let mut names = self.node.names().borrow_mut();
-            for (id, _) in ids.iter().zip(&errors).filter(|(_, e)| e.is_none()) {
-                names.forget(id);
-            }
+        let mut names = self.node.names().borrow_mut();
+        for (id, _) in ids.iter().zip(&errors).filter(|(_, e)| e.is_none()) {
+            names.forget(id);
         }
+        errors
+    }
+
+    /// Whether a delete has more to do after [`delete_here`](Self::delete_here):
+    /// tiers to commit it to, or peers to tell.
+    pub(crate) fn delete_waits(&self) -> bool {
+        self.tiers.is_some() || self.cluster.is_some()
+    }
+
+    /// The second half of [`delete`](Self::delete): the deletes
+    /// [`delete_here`](Self::delete_here) made (`errors[i]` is `None`) are
+    /// committed on the tiers, the cluster's loans revoked and its
+    /// directory told; with `forward`, ids not here are deleted at their
+    /// owners.
+    pub(crate) async fn finish_delete(
+        &self,
+        ids: &[ObjectId],
+        mut errors: Vec<Option<ErrorKind>>,
+        forward: bool,
+    ) -> Vec<Option<ErrorKind>> {
+        let cluster = self.cluster.as_ref();
         if let Some(tiers) = &self.tiers {
             // Answered only once the deletes are committed below: no crash
             // brings these objects back.

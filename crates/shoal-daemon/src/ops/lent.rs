@@ -8,7 +8,7 @@
 //! through the socket.
 
 use shoal_core::durability::Durability;
-use shoal_core::error::{Result, ShoalError};
+use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::fast_path::writes::Record;
 use shoal_core::ids::ClientId;
 use shoal_core::ObjectId;
@@ -37,7 +37,7 @@ impl Ops {
 
     /// Applies the records `client` published (up to a round's worth).
     /// Returns how many; a broken channel ends the client's connection.
-    pub(crate) fn apply_writes(&self, client: ClientId) -> usize {
+    fn apply_writes(&self, client: ClientId) -> usize {
         let records = match self.node.write_channels().take(client) {
             Ok(records) => records,
             Err(err) => {
@@ -84,15 +84,28 @@ impl Ops {
                     let outcome = self.node.mutate(|s| s.give_back(client, lease));
                     self.answer(client, sequence, outcome);
                 }
+                Record::Delete { .. } | Record::Contains { .. } => self
+                    .node
+                    .write_channels()
+                    .defer_query(client, sequence, record),
             }
         }
         n
     }
 
-    /// Applies every client's pending records; returns how many.
+    /// Applies every client's pending records (a round: up to [`ROUND`]
+    /// of each); returns how many. A round that finds none answers the
+    /// queries taken before it: every record published before them is
+    /// applied by then. Callers repeat rounds until one returns 0.
+    ///
+    /// [`ROUND`]: crate::node::write_channels::ROUND
     pub(crate) fn apply_all_writes(&self) -> usize {
         let clients = self.node.write_channels().pending();
-        clients.into_iter().map(|c| self.apply_writes(c)).sum()
+        let n = clients.into_iter().map(|c| self.apply_writes(c)).sum();
+        if n == 0 {
+            self.answer_queries();
+        }
+        n
     }
 
     fn answer(&self, client: ClientId, sequence: u64, outcome: Result<()>) {
@@ -101,6 +114,45 @@ impl Ops {
             e.kind()
         });
         self.node.write_channels().answer(client, sequence, kind);
+    }
+
+    /// The deletes and contains asked through write channels, answered as
+    /// the socket's, in the order they were taken. Called when a round
+    /// found no record: every record published before them — their
+    /// client's and every other client's (a seal there before this delete
+    /// here) — is applied. Answered on the spot, no task: a delete leaves
+    /// the store here and now, and only its commit to the tiers (a store
+    /// with tiers) is waited for on a task of its own.
+    fn answer_queries(&self) {
+        for (client, sequence, record) in self.node.write_channels().take_queries() {
+            match record {
+                Record::Contains { id } => {
+                    let absent = (!self.contains(&id)).then_some(ErrorKind::ObjectNotFound);
+                    self.node.write_channels().answer(client, sequence, absent);
+                }
+                Record::Delete { id } => self.delete_written(client, sequence, id),
+                _ => unreachable!("only queries are deferred"),
+            }
+        }
+    }
+
+    /// A delete record: the object leaves the store now; answered now, or
+    /// once the tiers committed the delete.
+    fn delete_written(&self, client: ClientId, sequence: u64, id: ObjectId) {
+        let timed = self.node.metrics().time(crate::metrics::Op::Delete);
+        let here = self.delete_here(&[id], true);
+        if !self.delete_waits() {
+            self.node.write_channels().answer(client, sequence, here[0]);
+            return;
+        }
+        drop(timed);
+        let ops = self.rc();
+        self.supervisor
+            .spawn_local("write channel delete", async move {
+                let _timed = ops.node.metrics().time(crate::metrics::Op::Delete);
+                let outcome = ops.finish_delete(&[id], here, true).await.remove(0);
+                ops.node.write_channels().answer(client, sequence, outcome);
+            });
     }
 
     /// A seal record: applied like the socket's seal, answered now (memory
