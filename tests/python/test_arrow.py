@@ -382,6 +382,26 @@ def test_numpy_round_trip(client, name):
         assert in_region(client, result.ctypes.data, result.nbytes)
 
 
+def test_arrays_of_one_shape_and_equal_itemsize_keep_their_own_dtype(client):
+    # The metadata is kept per (shape, dtype): arrays alike but for the dtype must not
+    # share it (byte order, kind, field layout).
+    fields = [("a", "u1"), ("b", "<i4")]
+    arrays = [
+        np.arange(4, dtype="<i4"),
+        np.arange(4, dtype=">i4"),
+        np.arange(4, dtype="<f4"),
+        np.arange(4, dtype="<u4"),
+        np.zeros(2, dtype=np.dtype(fields, align=True)),
+        np.zeros(2, dtype=np.dtype(fields, align=False)),
+        np.zeros(2, dtype=[("x", "<i4"), ("y", "<i4")]),
+    ]
+    for _ in range(2):  # the second time, from the kept metadata
+        for array in arrays:
+            result = client.get(client.put(array))
+            assert result.dtype == array.dtype, f"{array.dtype} came back as {result.dtype}"
+            np.testing.assert_array_equal(result, array)
+
+
 def test_numpy_structured_dtype_round_trip(client):
     array = np.array([(1, 2.5), (3, -1.0)], dtype=[("a", "<i4"), ("b", "<f8")])
     result = client.get(client.put(array))
