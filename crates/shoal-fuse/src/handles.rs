@@ -78,6 +78,11 @@ pub struct WriterInfo {
     /// A modification time set while it is open (ms since the epoch):
     /// what stat shows, and the name's after its next seal.
     pub mtime_ms: Option<u64>,
+    /// Its writer's process closed a descriptor of it (a flush; a forked
+    /// child's close at its exec does not count) and nothing was written
+    /// since: its release, which the kernel sends after that close
+    /// returned, is probably on its way.
+    pub closing: bool,
 }
 
 impl Writer {
@@ -93,6 +98,7 @@ impl Writer {
             direct: false,
             sealed: None,
             mtime_ms: None,
+            closing: false,
         };
         Self {
             info: Mutex::new(info),
@@ -118,6 +124,7 @@ impl Writer {
             info.changers.changed_by(by);
             info.sealed = None;
             info.mtime_ms = None;
+            info.closing = false;
         }
         result
     }

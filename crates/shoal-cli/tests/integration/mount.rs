@@ -744,6 +744,13 @@ fn the_writeback_cache_keeps_versions_whole_and_refuses_a_second_writer() {
     assert!(f.client().resolve("wb").is_err());
     close(file).unwrap();
     assert!(read_named(&mut f.client(), "wb") == want);
+    // Closed and at once opened for writing again: the kernel sends the old
+    // handle's RELEASE after close() returned, and the open must not take
+    // it for a second writer.
+    for round in 0..200 {
+        let again = OpenOptions::new().write(true).open(f.path("wb"));
+        close(again.unwrap_or_else(|e| panic!("reopen {round}: {e}"))).unwrap();
+    }
     // Unaligned writes into the existing file: the kernel reads the rest of
     // each page through the handle open for writing.
     let mut file = OpenOptions::new().write(true).open(f.path("wb")).unwrap();

@@ -3,7 +3,7 @@
 //! replies with what that gives, or with its errno.
 
 use std::ffi::OsStr;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig,
@@ -22,6 +22,10 @@ use crate::session::{configure_kernel, BLOCK};
 /// How long the kernel may trust an answer about a name. Short: other
 /// clients rename and rewrite names behind the mount's back.
 const TTL: Duration = Duration::from_secs(1);
+
+/// How long an open for writing waits for another writer's handle to be
+/// released before it is refused (EBUSY, with the write-back cache).
+const RELEASE_WAIT: Duration = Duration::from_millis(200);
 
 /// Replies with `errno`.
 fn errno_of(e: c_int) -> Errno {
@@ -178,13 +182,29 @@ impl Filesystem for ShoalFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let result = (|| {
             self.check_alive()?;
-            let mut op = Op::new(self);
-            let path = op.path_of(ino)?;
-            if flags.acc_mode() == OpenAccMode::O_RDONLY {
-                op.open_reader(ino.0)
-            } else {
+            let waited = Instant::now();
+            loop {
+                let mut op = Op::new(self);
+                let path = op.path_of(ino)?;
+                if flags.acc_mode() == OpenAccMode::O_RDONLY {
+                    return op.open_reader(ino.0);
+                }
                 let truncate = flags.0 & libc::O_TRUNC != 0;
-                op.open_writer(ino.0, &path, req.pid(), truncate)
+                match op.open_writer(ino.0, &path, req.pid(), truncate) {
+                    // A writer's close returns before the kernel sends its
+                    // RELEASE: a program that closes and opens again for
+                    // writing would find its own old handle still writing.
+                    // Wait for that release (another session thread takes
+                    // it) before refusing a second writer; a writer still
+                    // open is refused at once.
+                    Err(libc::EBUSY)
+                        if waited.elapsed() < RELEASE_WAIT && op.writers_closing(ino.0) =>
+                    {
+                        drop(op);
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    opened => return opened,
+                }
             }
         })();
         answer(reply, result, |reply, (fh, open_flags)| {
@@ -277,7 +297,22 @@ impl Filesystem for ShoalFs {
         // close(2) hears this one: a full store is its ENOSPC. A close by a
         // process that did not write the file (a forked child's copy, closed
         // at its exec) commits nothing: writers.rs.
-        let committed = self.commit(fh, Some(req.pid()));
+        let closer = req.pid();
+        let own = self.handle(fh).and_then(|handle| match handle.as_ref() {
+            // The writer's own close, not a forked child's copy closed at
+            // its exec (which leaves the writer open).
+            Handle::Writer(w) => lock(&w.info)
+                .changers
+                .commits_on_close_by(closer)
+                .then_some(handle.clone()),
+            Handle::Reader(_) | Handle::Empty => None,
+        });
+        let committed = self.commit(fh, Some(closer));
+        if let Some(handle) = own {
+            if let Handle::Writer(writer) = handle.as_ref() {
+                lock(&writer.info).closing = true;
+            }
+        }
         answer(reply, committed, |reply, ()| reply.ok());
     }
 

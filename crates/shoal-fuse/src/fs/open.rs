@@ -27,6 +27,18 @@ impl Op<'_> {
         self.st.handles.writers().any(|w| lock(&w.info).ino == ino)
     }
 
+    /// Whether handles open for writing on `ino` exist and each was closed
+    /// (a flush) since its last write: their releases are on the way.
+    pub(super) fn writers_closing(&self, ino: u64) -> bool {
+        let mut writers = self
+            .st
+            .handles
+            .writers()
+            .filter(|w| lock(&w.info).ino == ino)
+            .peekable();
+        writers.peek().is_some() && writers.all(|w| lock(&w.info).closing)
+    }
+
     /// Counts a file opened on `ino` and inserts its handle.
     fn insert_open(&mut self, handle: Handle, ino: u64, cached: bool) -> u64 {
         if let Some(node) = self.st.inodes.get_mut(ino) {
