@@ -4,12 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each step is stamped with the seconds since the start, so a run's log says what took the time.
 step() { printf '\n== [%d s] %s\n' "$SECONDS" "$*"; }
-# Test executables (`cargo test --release` builds them with the `bench` profile) link
-# without LTO: thin LTO re-optimises every crate at each of the ~30 executables' link
-# (a few minutes of CPU each), and tests check behaviour, not speed. Libraries, the
-# `shoal` binary and the extension keep the release profile's LTO, and the test build
-# reuses their compiled crates (bench/results/release-profile.md).
-export CARGO_PROFILE_BENCH_LTO=off
 step "setup: .venv and the extension with every optional part (the quick start's setup, SHOAL_FEATURES=full)"
 # The tests drive every optional part, and the extension's build and the tests' share every
 # crate only with all of them on (scripts/check-feature-unity.py).
