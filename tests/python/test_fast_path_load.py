@@ -59,6 +59,13 @@ def readers(store: Daemon) -> list[Child]:
     return out
 
 
+def ask(children: list[Child], oid_hex: str) -> list[dict]:
+    """Sends an id to every reader, then takes each one's answer."""
+    for child in children:
+        child.send(oid_hex)
+    return [child.json() for child in children]
+
+
 def test_after_seal_returns_every_get_on_the_node_finds_the_object_under_load(store: Daemon) -> None:
     """The seal publishes its record and returns; a get that misses the index asks the
     daemon, which applies published records first — from this process, another process's
@@ -81,10 +88,7 @@ def test_after_seal_returns_every_get_on_the_node_finds_the_object_under_load(st
                 assert mine is not None and bytes(memoryview(mine)[:8]) == stamp, i
                 del mine
                 assert writer.contains(oid), i
-                for child in others:
-                    child.send(oid.hex())
-                for child in others:
-                    answer = child.json()
+                for answer in ask(others, oid.hex()):
                     assert answer == {"got": stamp.hex(), "contains": True}, (i, answer)
     finally:
         for child in others:
@@ -100,10 +104,7 @@ def test_after_put_returns_the_object_is_found_by_a_reader_that_never_waits(stor
         with cpu_hogs():
             for i in range(ROUNDS // 2):
                 oid = writer.put(np.full(125, i, dtype=np.int64))
-                for child in others:
-                    child.send(oid.binary().hex())
-                for child in others:
-                    answer = child.json()
+                for answer in ask(others, oid.binary().hex()):
                     assert answer["got"] == np.full(1, i, dtype=np.int64).tobytes().hex(), (i, answer)
                     assert answer["contains"], (i, answer)
     finally:
@@ -122,17 +123,13 @@ def test_after_delete_returns_no_get_on_the_node_finds_the_object_under_load(sto
             for i in range(ROUNDS):
                 oid = os.urandom(20)
                 writer.put_batch([oid], [i.to_bytes(8, "little") + bytes(992)])
-                for child in others:
-                    child.send(oid.hex())
-                for child in others:
-                    assert child.json()["got"] == i.to_bytes(8, "little").hex(), i
+                for answer in ask(others, oid.hex()):
+                    assert answer["got"] == i.to_bytes(8, "little").hex(), i
                 writer.delete(oid)
                 assert writer.get_buffers([oid], timeout_ms=0) == [None], i
                 assert not writer.contains(oid), i
-                for child in others:
-                    child.send(oid.hex())
-                for child in others:
-                    assert child.json() == {"got": None, "contains": False}, i
+                for answer in ask(others, oid.hex()):
+                    assert answer == {"got": None, "contains": False}, i
     finally:
         for child in others:
             child.kill()

@@ -78,8 +78,8 @@ pub struct WriterInfo {
     /// A modification time set while it is open (ms since the epoch):
     /// what stat shows, and the name's after its next seal.
     pub mtime_ms: Option<u64>,
-    /// Its writer's process closed a descriptor of it (a flush; a forked
-    /// child's close at its exec does not count) and nothing was written
+    /// The process that opened it closed a descriptor of it (a flush; a
+    /// forked child's close at its exec does not count) and nothing was written
     /// since: its release, which the kernel sends after that close
     /// returned, is probably on its way.
     pub closing: bool,

@@ -121,6 +121,18 @@ impl Changers {
         }
     }
 
+    /// Whether thread `tid` is known to belong to the process that opened
+    /// the file (a thread whose process is gone, or outside the mount's pid
+    /// namespace, is not).
+    pub fn is_opener(&self, tid: u32) -> bool {
+        let origin = self
+            .threads
+            .get(&tid)
+            .copied()
+            .unwrap_or_else(|| origin_of(tid));
+        matches!(origin, Origin::Process(p) if self.opener == Some(p))
+    }
+
     /// The file was committed: nobody changed it since.
     pub fn clear(&mut self) {
         self.processes.clear();

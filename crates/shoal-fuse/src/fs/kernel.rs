@@ -298,20 +298,18 @@ impl Filesystem for ShoalFs {
         // process that did not write the file (a forked child's copy, closed
         // at its exec) commits nothing: writers.rs.
         let closer = req.pid();
-        let own = self.handle(fh).and_then(|handle| match handle.as_ref() {
-            // The writer's own close, not a forked child's copy closed at
-            // its exec (which leaves the writer open).
-            Handle::Writer(w) => lock(&w.info)
-                .changers
-                .commits_on_close_by(closer)
-                .then_some(handle.clone()),
-            Handle::Reader(_) | Handle::Empty => None,
-        });
+        let handle = self.handle(fh);
+        let writer = match handle.as_deref() {
+            Some(Handle::Writer(w)) => Some(w),
+            _ => None,
+        };
+        // The opener's own close, not a forked child's copy closed at its
+        // exec (which leaves the writer open), nor one whose process is
+        // gone before its origin could be read.
+        let own = writer.is_some_and(|w| lock(&w.info).changers.is_opener(closer));
         let committed = self.commit(fh, Some(closer));
-        if let Some(handle) = own {
-            if let Handle::Writer(writer) = handle.as_ref() {
-                lock(&writer.info).closing = true;
-            }
+        if let (Some(w), true) = (writer, own) {
+            lock(&w.info).closing = true;
         }
         answer(reply, committed, |reply, ()| reply.ok());
     }
