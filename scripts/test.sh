@@ -37,17 +37,18 @@ python3 scripts/check-python-imports.py
 
 step "Rust unit and integration tests: build"
 # --timings leaves target/cargo-timings/cargo-timing.html: what the build spent its time on.
-# `--tests` (libraries, binaries and integration tests) leaves out the examples: they are
-# measuring tools the bench scripts build (clippy --all-targets above checks them), and
-# building them (LTO links) took 366 of the build's 2,635 CPU-seconds.
-cargo test --release -q --no-run --timings --tests
+# The `checks` profile (Cargo.toml) is release without LTO at opt-level 1: half the build
+# time of `--release` (docs/decisions.md). `--tests` (libraries, binaries and integration
+# tests) leaves out the examples: measuring tools the bench scripts build (clippy
+# --all-targets above checks them).
+cargo test --profile checks -q --no-run --timings --tests
 step "Rust unit and integration tests: run"
-cargo test --release -q --tests
-cargo test --release -q --doc
+cargo test --profile checks -q --tests
+cargo test --profile checks -q --doc
 
 step "simulated non-coherent fabric: a client built without its flush, and without the owner node's invalidate, must be caught"
 # One build with both faults: each fault has checks in the test that depend on it alone.
-cargo test --release -q -p shoal-client --features broken-skip-flush,broken-skip-owner-invalidate \
+cargo test --profile checks -q -p shoal-client --features broken-skip-flush,broken-skip-owner-invalidate \
     --test simulated_fabric
 
 step "frame decoder fuzz smoke (stable; the libFuzzer target is fuzz/)"

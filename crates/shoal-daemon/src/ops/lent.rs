@@ -178,12 +178,7 @@ impl Ops {
             // write its record (so the name is durable with it) and before
             // the answer (so a resolve after the seal finds it).
             let replaced = self.bind_pending(&[id]);
-            if !replaced.is_empty() {
-                let ops = self.rc();
-                self.supervisor.spawn_local("delete renamed", async move {
-                    ops.delete_replaced(replaced).await;
-                });
-            }
+            self.delete_replaced_soon(replaced);
         }
         if sealed.is_err() || level == Durability::Memory {
             if sealed.is_ok() {

@@ -294,17 +294,43 @@ impl Ops {
         if ids.is_empty() {
             return;
         }
-        for (id, err) in ids.iter().zip(self.delete(&ids, true).await) {
-            if let Some(kind) = err.filter(|k| *k != ErrorKind::ObjectNotFound) {
-                tracing::warn!(%id, %kind, "deleting the object a name left");
-            }
+        warn_replaced(&ids, self.delete(&ids, true).await);
+    }
+
+    /// [`delete_replaced`](Self::delete_replaced) for a caller that cannot
+    /// wait (the write poller's seal): the objects leave the store and the
+    /// name index now, with the switch, so nothing asked after the seal
+    /// finds the old version; tiers and peers are told in the background.
+    pub(super) fn delete_replaced_soon(&self, ids: Vec<ObjectId>) {
+        if ids.is_empty() {
+            return;
         }
+        let errors = self.delete_here(&ids, true);
+        if !self.delete_waits() {
+            warn_replaced(&ids, errors);
+            return;
+        }
+        let ops = self.rc();
+        self.supervisor.spawn_local("delete renamed", async move {
+            let errors = ops.finish_delete(&ids, errors, true).await;
+            warn_replaced(&ids, errors);
+        });
     }
 
     /// Whether a named object still exists (in memory or below): without
     /// tiers an evicted object is gone, and so is its name.
     fn still_here(&self, id: &ObjectId) -> bool {
         self.node.read(|s| s.contains(id)) || self.node.held_below(id)
+    }
+}
+
+/// Logs what deleting the objects names left failed with (one already gone
+/// is fine).
+fn warn_replaced(ids: &[ObjectId], errors: Vec<Option<ErrorKind>>) {
+    for (id, err) in ids.iter().zip(errors) {
+        if let Some(kind) = err.filter(|k| *k != ErrorKind::ObjectNotFound) {
+            tracing::warn!(%id, %kind, "deleting the object a name left");
+        }
     }
 }
 

@@ -21,11 +21,16 @@ fn ids(n: usize) -> Vec<ObjectId> {
     (0..n).map(|_| ObjectId::random()).collect()
 }
 
+/// Puts `ids` on `client`'s node, and returns once its daemon published
+/// them in its index: a fast-path seal returns before the daemon applied
+/// it, and any request waits for that (a get from another node finds them
+/// either way, but by a round trip until then).
 fn put_all(client: &mut Client, ids: &[ObjectId], byte: u8) {
     let data = vec![byte; 1000];
     let objects: Vec<(ObjectId, &[u8], &[u8])> =
         ids.iter().map(|id| (*id, &data[..], &b""[..])).collect();
     client.put_batch(&objects, None, 0).unwrap();
+    client.stats().unwrap();
 }
 
 /// Gets every id through `client`, checks each is node 0's and holds
