@@ -29,8 +29,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # What scripts/test.sh asks of the extension (SHOAL_FEATURES=full in scripts/setup.sh).
 TEST_FEATURES = "full"
-# The optional parts' crates (features `s3`, `fuse`, `top`), kept out of the quick start's build.
-OPTIONAL_CRATES = {"object_store", "reqwest", "rustls", "fuser", "shoal-fuse", "ratatui", "crossterm"}
+# The optional parts' crates (features `s3`, `fuse`, `top`, `etcd`), kept out of the quick
+# start's build.
+OPTIONAL_CRATES = {
+    "object_store",
+    "reqwest",
+    "rustls",
+    "fuser",
+    "shoal-fuse",
+    "ratatui",
+    "crossterm",
+    "etcd-client",
+    "shoal-membership",
+}
 
 
 def features(*args: str) -> dict[str, set[str]]:

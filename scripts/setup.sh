@@ -22,7 +22,7 @@ if [ -z "${SHOAL_FEATURES+set}" ] && [ -x .venv/bin/python ]; then
     SHOAL_FEATURES=$(.venv/bin/python -c "
 import shoal
 have = shoal.features() - {'cli'}
-print('full' if have >= {'s3', 'fuse', 'top'} else ','.join(sorted(have)))" 2>/dev/null || true)
+print('full' if have >= {'s3', 'fuse', 'top', 'etcd'} else ','.join(sorted(have)))" 2>/dev/null || true)
 fi
 features=()
 if [ -n "${SHOAL_FEATURES:-}" ]; then
@@ -34,6 +34,14 @@ fi
 need_debs=()
 case ",${SHOAL_FEATURES:-}," in
     *,full,* | *,fuse,*) command -v fusermount3 >/dev/null || need_debs+=(fuse3) ;;
+esac
+# With membership on etcd (the etcd feature), protoc and protobuf's well-known .proto files:
+# the etcd client compiles etcd's API with them.
+case ",${SHOAL_FEATURES:-}," in
+    *,full,* | *,etcd,*)
+        command -v protoc >/dev/null || need_debs+=(protobuf-compiler)
+        [ -e /usr/include/google/protobuf/descriptor.proto ] || need_debs+=(libprotobuf-dev)
+        ;;
 esac
 if [ ${#need_debs[@]} -gt 0 ]; then
     SUDO=""

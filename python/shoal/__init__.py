@@ -88,7 +88,8 @@ def barrier(
 def features() -> frozenset[str]:
     """The optional parts this build of shoal has: "cli" (the `shoal` command line inside
     the extension), and of the command line "s3" (an S3 backing store), "fuse" (`shoal
-    mount`), "top" (`shoal top`). The quick start's build has "cli" alone;
+    mount`), "top" (`shoal top`), "etcd" (membership on etcd). The quick start's build
+    has "cli" alone;
     `SHOAL_FEATURES=full ./scripts/setup.sh` builds every one (docs/hacking.md, "Optional
     parts"). Without one, what needs it fails saying so."""
     return frozenset(_internal.features())

@@ -351,6 +351,7 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
             lease: Duration::from_millis(2000),
             linger: Duration::from_millis(args.linger_ms),
             quarantine: None,
+            membership: None,
             nodes,
         };
         let bar = crate::progress::bar(

@@ -1,13 +1,13 @@
 //! The optional parts of this build of `shoal` (Cargo features; docs/hacking.md,
 //! "Optional parts"): `s3` (an S3 backing store), `fuse` (`shoal mount`), `top`
-//! (`shoal top`). The commands and settings that need one are there in every
+//! (`shoal top`), `etcd` (membership on etcd). The commands and settings that need one are there in every
 //! build; without the feature they refuse with a [`MissingFeature`] before
 //! they start anything.
 
 use shoal_core::MissingFeature;
 
 /// Every optional feature, in the order [`built`] lists them.
-pub const ALL: [&str; 3] = ["s3", "fuse", "top"];
+pub const ALL: [&str; 4] = ["s3", "fuse", "top", "etcd"];
 
 /// The optional features this build has (the Python package's
 /// `shoal.features()`).
@@ -17,6 +17,8 @@ pub fn built() -> Vec<&'static str> {
         shoal_tiers::s3::BUILT,
         cfg!(feature = "fuse"),
         cfg!(feature = "top"),
+        // The daemon's: it is the one that joins etcd.
+        shoal_daemon::ETCD_BUILT,
     ];
     ALL.iter()
         .zip(on)

@@ -102,6 +102,12 @@ enum Command {
         /// This node's id in the cluster file.
         #[arg(long, requires = "cluster")]
         node: Option<u32>,
+        /// Keep which of the file's nodes are members in etcd
+        /// (`etcd://host:2379[,host:2379…]/prefix`): nodes join and leave the
+        /// running cluster [default: the file's `membership`, else every
+        /// node of the file, always].
+        #[arg(long, requires = "cluster")]
+        membership: Option<shoal_cluster::membership_url::MembershipUrl>,
         /// Also serve clients of this user id (repeatable); by default only
         /// the daemon's own user and root are served. They need access to the
         /// socket too.
@@ -274,6 +280,7 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
             idle_exit,
             cluster,
             node,
+            membership,
             allow_uids,
             tiers,
             elastic,
@@ -287,7 +294,16 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
             let mut node_tiers = None;
             let mut node_elastic = None;
             if let (Some(file), Some(node)) = (cluster, node) {
-                let topology = shoal_cluster::Topology::load(&file)?.sorted();
+                let mut topology = shoal_cluster::Topology::load(&file)?.sorted();
+                if let Some(url) = membership {
+                    if !shoal_daemon::ETCD_BUILT {
+                        return Err(features::missing("etcd", "`--membership`"));
+                    }
+                    topology.membership = Some(match topology.membership.take() {
+                        Some(kept) => shoal_cluster::MembershipConfig { url, ..kept },
+                        None => shoal_cluster::MembershipConfig::new(url),
+                    });
+                }
                 let me = topology.node(node)?.clone();
                 node_tiers = Some(me.tiers.clone());
                 node_elastic = me.elastic.clone();

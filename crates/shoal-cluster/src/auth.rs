@@ -18,6 +18,7 @@ use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
+use crate::epoch::{self, Epoch, EPOCH_HEADER};
 use crate::node_keys::NodeKey;
 use crate::topology::Topology;
 
@@ -36,6 +37,10 @@ pub struct PeerIdentity {
     /// What this node's calls to node j carry, by j.
     outgoing: Arc<[AsciiMetadataValue]>,
     per_node: bool,
+    /// A daemon's view epoch, carried by its calls and checked on the calls
+    /// it answers (`epoch`); `None` for the command line, whose calls carry
+    /// none.
+    epoch: Option<Epoch>,
 }
 
 /// Why a peer's claim was refused.
@@ -94,6 +99,7 @@ impl PeerIdentity {
             incoming: (0..nodes).map(|_| token.as_bytes().into()).collect(),
             outgoing: (0..nodes).map(|_| value.clone()).collect(),
             per_node: false,
+            epoch: None,
         })
     }
 
@@ -142,6 +148,7 @@ impl PeerIdentity {
             incoming: incoming.into(),
             outgoing: outgoing.into(),
             per_node: true,
+            epoch: None,
         })
     }
 
@@ -170,6 +177,18 @@ impl PeerIdentity {
     /// This node.
     pub fn me(&self) -> u32 {
         self.me
+    }
+
+    /// This identity as a daemon's: its calls carry `epoch` and the calls
+    /// it answers are checked against it ([`crate::epoch`]).
+    pub fn with_epoch(mut self, epoch: Epoch) -> Self {
+        self.epoch = Some(epoch);
+        self
+    }
+
+    /// The view epoch this identity carries, if it is a daemon's.
+    pub fn epoch(&self) -> Option<&Epoch> {
+        self.epoch.as_ref()
     }
 
     /// Whether callers prove their node id (per-node identities).
@@ -210,6 +229,7 @@ impl PeerIdentity {
         Ok(Credentials {
             token,
             node: AsciiMetadataValue::from(self.me),
+            epoch: self.epoch.clone(),
         })
     }
 }
@@ -238,6 +258,11 @@ impl Interceptor for TokenCheck {
         let claimed = caller_node(request.metadata()).ok();
         match self.identity.verify(token, claimed) {
             Ok(node) => {
+                if let Some(mine) = &self.identity.epoch {
+                    if let Some(caller) = epoch::of_call(request.metadata())? {
+                        epoch::check(mine.get(), caller)?;
+                    }
+                }
                 request.extensions_mut().insert(VerifiedPeer(node));
                 Ok(request)
             }
@@ -277,6 +302,7 @@ pub fn caller_node(metadata: &MetadataMap) -> Result<u32, Status> {
 pub struct Credentials {
     token: AsciiMetadataValue,
     node: AsciiMetadataValue,
+    epoch: Option<Epoch>,
 }
 
 impl Credentials {
@@ -286,6 +312,7 @@ impl Credentials {
         Ok(Self {
             token: ascii(token)?,
             node: AsciiMetadataValue::from(node),
+            epoch: None,
         })
     }
 }
@@ -295,6 +322,16 @@ impl Interceptor for Credentials {
         let metadata = request.metadata_mut();
         metadata.insert(TOKEN_HEADER, self.token.clone());
         metadata.insert(NODE_HEADER, self.node.clone());
+        // Only where the view gives the call its meaning (`epoch`).
+        let directory = request
+            .extensions()
+            .get::<tonic::GrpcMethod>()
+            .is_some_and(|m| epoch::carries_epoch(m.method()));
+        if let (Some(epoch), true) = (&self.epoch, directory) {
+            request
+                .metadata_mut()
+                .insert(EPOCH_HEADER, AsciiMetadataValue::from(epoch.get()));
+        }
         Ok(request)
     }
 }

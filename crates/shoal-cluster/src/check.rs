@@ -455,6 +455,7 @@ impl Topology {
             lease: cluster.lease,
             linger: cluster.linger,
             quarantine: cluster.quarantine,
+            membership: cluster.membership,
             nodes,
         };
         errors.extend(self::errors(&topology));

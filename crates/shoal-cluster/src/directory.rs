@@ -192,6 +192,18 @@ impl Directory {
         (gone.len(), self.unregister(&gone, owner))
     }
 
+    /// A new view moved some of this home's ids to other members: their
+    /// entries (and the copies recorded with them) go, since the new homes
+    /// get them from the owners and a later view that brings an id back
+    /// must not find an entry its delete never reached. Returns how many
+    /// entries went.
+    pub fn keep_homed(&mut self, homed_here: impl Fn(&ObjectId) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|id, _| homed_here(id));
+        self.copies.retain(|id, _| homed_here(id));
+        before - self.entries.len()
+    }
+
     pub fn lookup(&self, id: &ObjectId) -> Option<DirectoryEntry> {
         self.entries.get(id).copied()
     }
@@ -230,6 +242,19 @@ mod tests {
             vec![None, Some(ErrorKind::ObjectExists)]
         );
         assert_eq!(d.len(), 2);
+    }
+
+    #[test]
+    fn a_view_change_keeps_only_the_ids_still_homed_here() {
+        let mut d = Directory::default();
+        d.register(&[id(1), id(2), id(3)], 0);
+        d.add_copies(&[id(2)], 4);
+        assert_eq!(d.keep_homed(|i| *i != id(2)), 1);
+        assert!(d.lookup(&id(2)).is_none());
+        assert!(d.lookup(&id(1)).is_some() && d.lookup(&id(3)).is_some());
+        // The id comes back by a later view: no stale entry, no stale copy.
+        assert_eq!(d.register(&[id(2)], 1), vec![None]);
+        assert_eq!(d.unregister(&[id(2)], 1), vec![]);
     }
 
     fn at(offset: u64) -> ObjectLocation {

@@ -3,6 +3,9 @@
 //! - [`topology`]: the cluster file (static membership, access modes);
 //!   [`address`]: its addresses (IP or host name); [`check`]: the rules a
 //!   file keeps (errors, warnings) and which nodes share a host.
+//! - [`epoch`]: the view epoch every peer call carries, and the check on it.
+//! - [`membership_url`]: `etcd://host:port,…/prefix`, where a cluster's
+//!   membership lives when it is not the file's static list.
 //! - [`view`]: the members now, numbered by epochs, and which member is an
 //!   id's home (rendezvous hashing).
 //! - [`directory`]: the home's table of owners and locations (ids are unique
@@ -21,7 +24,9 @@ pub mod auth;
 pub mod bulk;
 pub mod check;
 pub mod directory;
+pub mod epoch;
 pub mod ids;
+pub mod membership_url;
 pub mod node_keys;
 pub mod rebuild;
 pub mod topology;
@@ -38,5 +43,7 @@ pub mod proto {
 
 pub use address::Address;
 pub use directory::{Directory, DirectoryEntry};
-pub use topology::{Access, Checked, Node, NodeElastic, NodeIdentity, NodeTiers, Topology};
+pub use topology::{
+    Access, Checked, MembershipConfig, Node, NodeElastic, NodeIdentity, NodeTiers, Topology,
+};
 pub use view::{home_of, View};

@@ -67,6 +67,15 @@ impl Readiness {
         self.ready
     }
 
+    /// A new view gave this node homes it did not have: its directory waits
+    /// again for every live peer to restore (for that view) or for the
+    /// bound, counted from `now`. What heartbeats said of peers is kept.
+    pub fn again(&mut self, now: Instant) {
+        self.started = now;
+        self.restored.iter_mut().for_each(|done| *done = false);
+        self.ready = false;
+    }
+
     /// `node` finished restoring what it holds for us.
     pub fn restored(&mut self, node: u32) {
         if let Some(done) = self.restored.get_mut(node as usize) {
@@ -215,6 +224,31 @@ mod tests {
         assert_eq!(r.check(t0), Some(Ready::Restored));
         assert!(r.is_ready());
         assert_eq!(r.check(t0), None, "reported once");
+    }
+
+    #[test]
+    fn a_view_that_brings_homes_waits_for_every_live_peer_again() {
+        let t0 = Instant::now();
+        let mut r = Readiness::new(3, 1, LEASE, t0);
+        r.restored(0);
+        r.restored(2);
+        assert_eq!(r.check(t0), Some(Ready::Restored));
+        r.heartbeat(2, false);
+        let t1 = t0 + LEASE;
+        r.again(t1);
+        assert!(!r.is_ready());
+        assert_eq!(r.waiting_for(), vec![0], "node 2 is down: not waited for");
+        assert_eq!(r.check(t1), None);
+        r.restored(0);
+        assert_eq!(r.check(t1), Some(Ready::Restored));
+        r.again(t1);
+        assert_eq!(
+            r.check(t1 + LEASE),
+            Some(Ready::TimedOut {
+                waiting_for: vec![0]
+            }),
+            "the bound counts from the view change"
+        );
     }
 
     #[test]

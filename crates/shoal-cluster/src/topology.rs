@@ -16,6 +16,10 @@
 //! linger_ms = 1000              # keep a released remote reference this long (0: off)
 //! quarantine_ms = 0             # free a fenced node's memory after this long (0: only
 //!                               # when it confirms or restarts; docs/cluster.md "Fencing")
+//! membership = "etcd://10.0.0.9:2379/shoal/demo"  # optional: which of the nodes below are
+//!                               # members now is kept in etcd (docs/cluster.md "Membership")
+//! membership_ttl_ms = 3000      # a member that stops renewing its etcd lease this long is gone
+//! membership_grace_ms = 0       # ... and leaves the view this much later
 //!
 //! [[node]]
 //! id = 0
@@ -50,6 +54,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::membership_url::MembershipUrl;
 use serde::Deserialize;
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::{Result, ShoalError};
@@ -230,7 +235,35 @@ pub struct Topology {
     /// How long an owner keeps what a fenced node held quarantined before
     /// freeing it unconfirmed; `None`: until the node confirms or restarts.
     pub quarantine: Option<Duration>,
+    /// Where the members are kept when they are not all of `nodes`: with
+    /// it, `nodes` are the nodes that may be members, and etcd says which
+    /// are now (docs/cluster.md, "Membership").
+    pub membership: Option<MembershipConfig>,
     pub nodes: Vec<Node>,
+}
+
+/// The `[cluster]` keys of a membership kept in etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MembershipConfig {
+    pub url: MembershipUrl,
+    /// A member whose etcd lease is not renewed this long loses its
+    /// liveness key (whole seconds, at least 1: etcd's unit).
+    pub ttl: Duration,
+    /// How long a member may be without its liveness key before it leaves
+    /// the view (a restart within it keeps its place).
+    pub grace: Duration,
+}
+
+impl MembershipConfig {
+    /// The membership at `url` with the file's defaults: a TTL of 3 s, no
+    /// grace.
+    pub fn new(url: MembershipUrl) -> Self {
+        Self {
+            url,
+            ttl: Duration::from_millis(default_membership_ttl()),
+            grace: Duration::ZERO,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -259,6 +292,11 @@ struct ClusterRepr {
     linger_ms: u64,
     #[serde(default)]
     quarantine_ms: u64,
+    membership: Option<String>,
+    #[serde(default = "default_membership_ttl")]
+    membership_ttl_ms: u64,
+    #[serde(default)]
+    membership_grace_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -328,6 +366,9 @@ fn default_lease() -> u64 {
 fn default_linger() -> u64 {
     1000
 }
+fn default_membership_ttl() -> u64 {
+    3000
+}
 fn default_access() -> String {
     "mapped".into()
 }
@@ -353,6 +394,7 @@ pub(crate) struct ClusterPart {
     pub(crate) lease: Duration,
     pub(crate) linger: Duration,
     pub(crate) quarantine: Option<Duration>,
+    pub(crate) membership: Option<MembershipConfig>,
 }
 
 pub(crate) fn cluster_part(
@@ -395,6 +437,27 @@ pub(crate) fn cluster_part(
             None
         }
     };
+    let membership = match repr.membership.as_deref().map(str::parse::<MembershipUrl>) {
+        None => None,
+        Some(Ok(url)) => {
+            if repr.membership_ttl_ms < 1000 || !repr.membership_ttl_ms.is_multiple_of(1000) {
+                errors.push(format!(
+                    "[cluster] membership_ttl_ms: {} is not whole seconds of at least 1 (etcd's \
+                     leases count seconds)",
+                    repr.membership_ttl_ms
+                ));
+            }
+            Some(MembershipConfig {
+                url,
+                ttl: Duration::from_millis(repr.membership_ttl_ms),
+                grace: Duration::from_millis(repr.membership_grace_ms),
+            })
+        }
+        Some(Err(e)) => {
+            errors.push(format!("[cluster] membership: {}", ShoalError::message(&e)));
+            None
+        }
+    };
     if token.as_ref().is_some_and(String::is_empty) {
         errors.push(format!(
             "[cluster] {}: the cluster token is empty",
@@ -411,6 +474,7 @@ pub(crate) fn cluster_part(
         lease: Duration::from_millis(repr.lease_ms),
         linger: Duration::from_millis(repr.linger_ms),
         quarantine: (repr.quarantine_ms > 0).then(|| Duration::from_millis(repr.quarantine_ms)),
+        membership,
     })
 }
 
@@ -635,6 +699,32 @@ impl Topology {
         !self.nodes.is_empty() && self.nodes.iter().all(|n| n.identity.is_some())
     }
 
+    /// What a node joining a membership service brings, so that only nodes
+    /// of this cluster with its token share a prefix: the cluster's name
+    /// and a digest of its token (never the token itself).
+    pub fn membership_stamp(&self) -> String {
+        let digest = ring::digest::digest(&ring::digest::SHA256, self.token.as_bytes());
+        let hex: String = digest.as_ref()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("name={} token-sha256={hex}", self.name)
+    }
+
+    /// Node `id`'s `[[node]]` table as this file would write it: what a
+    /// member publishes of itself in a membership service.
+    pub fn node_record(&self, id: u32) -> Result<String> {
+        let node = self.node(id)?.clone();
+        let alone = Self {
+            nodes: vec![node],
+            membership: None,
+            ..self.clone()
+        };
+        let text = alone.to_toml();
+        let start = text.find("[[node]]").unwrap_or(0);
+        Ok(text[start..].trim().to_owned())
+    }
+
     /// Nodes sorted by id (the file may list them in any order).
     pub fn sorted(mut self) -> Self {
         self.nodes.sort_by_key(|n| n.id);
@@ -658,6 +748,15 @@ impl Topology {
         );
         if let Some(quarantine) = self.quarantine {
             let _ = writeln!(out, "quarantine_ms = {}", quarantine.as_millis());
+        }
+        if let Some(m) = &self.membership {
+            let _ = writeln!(
+                out,
+                "membership = \"{}\"\nmembership_ttl_ms = {}\nmembership_grace_ms = {}",
+                m.url,
+                m.ttl.as_millis(),
+                m.grace.as_millis()
+            );
         }
         for n in &self.nodes {
             let _ = writeln!(

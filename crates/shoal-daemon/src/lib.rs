@@ -52,6 +52,10 @@ pub mod supervisor;
 pub mod tiers;
 mod write_poller;
 
+/// Whether this build can keep a cluster's membership in etcd (the `etcd`
+/// feature).
+pub const ETCD_BUILT: bool = cfg!(feature = "etcd");
+
 pub use cluster::ClusterConfig;
 pub use config::DaemonConfig;
 pub use server::{run, serve_blocking};

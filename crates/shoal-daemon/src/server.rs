@@ -21,6 +21,7 @@ use shoal_tiers::TierIdentity;
 use tokio::net::UnixListener;
 
 use crate::accept::AcceptBackoff;
+use crate::cluster::membership::Members;
 use crate::cluster::{Cluster, ClusterListener};
 use crate::config::DaemonConfig;
 use crate::connection;
@@ -162,11 +163,16 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     }
     let cluster = match &config.cluster {
         Some(c) => {
+            // With a membership service, every node of the file until this
+            // node joins (after its peer service listens) and adopts the
+            // view etcd keeps.
+            let view = shoal_cluster::View::of_file(c.topology.len());
             let cluster = Rc::new(Cluster::new(
                 c,
                 node.clone(),
                 supervisor.clone(),
                 incarnation,
+                view,
             )?);
             node.listen(Rc::new(ClusterListener::new(Rc::downgrade(&cluster))));
             Some(cluster)
@@ -246,6 +252,15 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         Ok(_) if ops.cluster.is_some() => peer_service::start(&ops).await,
         observed => observed.map(drop),
     };
+    // A member of a membership service joins once peers can call it, and
+    // before its clients may create anything.
+    let (started, members) = match (started, &ops.cluster) {
+        (Ok(()), Some(cluster)) => match Members::join(cluster).await {
+            Ok(members) => (Ok(()), members),
+            Err(err) => (Err(err), None),
+        },
+        (started, _) => (started, None),
+    };
     let prefault_stop = Arc::new(AtomicBool::new(false));
     // An elastic store's controller populates the region itself, up to its
     // target and again after shrinks (elastic/populate.rs).
@@ -253,6 +268,9 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         .then(|| spawn_prefault(node.region(), prefault_stop.clone()));
     if started.is_ok() {
         serve_clients(&ops, listener, &config, &shutdown).await;
+    }
+    if let Some(members) = members {
+        members.leave().await;
     }
     // Clients stop answering gets from the index: theirs go to the socket,
     // which closes now.

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::keys::{Key, Keys};
 use crate::roster::{Roster, Steward};
-use crate::url::MembershipUrl;
+use shoal_cluster::membership_url::MembershipUrl;
 
 /// How a member keeps its place.
 #[derive(Debug, Clone, Copy)]
@@ -166,8 +166,8 @@ impl Membership {
         let (mut roster, revision) = snapshot(&mut client, &keys)
             .await
             .map_err(|e| unavailable(url, e))?;
-        let (sender, receiver) = watch::channel(roster.clone());
-        // Add this node to the view (or found it) before anyone may count on it.
+        // Add this node to the view (or found it) before anyone may count on
+        // it; the roster a member starts with has the view with it.
         loop {
             let next = if roster.view_revision == 0 {
                 View::new(1, [me])?
@@ -177,10 +177,12 @@ impl Membership {
                     None => break,
                 }
             };
-            if propose(&mut client, &keys, roster.view_revision, &next)
+            if let Some(written) = propose(&mut client, &keys, roster.view_revision, &next)
                 .await
                 .map_err(|e| unavailable(url, e))?
             {
+                roster.view = next;
+                roster.view_revision = written;
                 break;
             }
             roster = snapshot(&mut client, &keys)
@@ -188,6 +190,7 @@ impl Membership {
                 .map_err(|e| unavailable(url, e))?
                 .0;
         }
+        let (sender, receiver) = watch::channel(roster.clone());
         tracing::info!(node = me, %url, "joined the cluster's membership");
 
         let tasks = vec![
@@ -254,6 +257,7 @@ impl Membership {
             if propose(&mut self.client, &self.keys, roster.view_revision, &next)
                 .await
                 .map_err(fail)?
+                .is_some()
             {
                 break;
             }
@@ -278,13 +282,14 @@ fn get_one(answer: &etcd_client::TxnResponse) -> Option<String> {
     })
 }
 
-/// Writes `next` if the view is still at `revision` (0: absent).
+/// Writes `next` if the view is still at `revision` (0: absent); the
+/// revision it was written at, or `None` if another view won.
 async fn propose(
     client: &mut Client,
     keys: &Keys,
     revision: i64,
     next: &View,
-) -> std::result::Result<bool, etcd_client::Error> {
+) -> std::result::Result<Option<i64>, etcd_client::Error> {
     let compare = if revision == 0 {
         Compare::create_revision(keys.view(), CompareOp::Equal, 0)
     } else {
@@ -293,11 +298,12 @@ async fn propose(
     let txn = Txn::new()
         .when([compare])
         .and_then([TxnOp::put(keys.view(), next.encode(), None)]);
-    let won = client.txn(txn).await?.succeeded();
-    if won {
-        tracing::info!(view = %next, "proposed the view");
+    let answer = client.txn(txn).await?;
+    if !answer.succeeded() {
+        return Ok(None);
     }
-    Ok(won)
+    tracing::info!(view = %next, "proposed the view");
+    Ok(Some(answer.header().map_or(0, |h| h.revision())))
 }
 
 /// Every key of the cluster, read at one revision.

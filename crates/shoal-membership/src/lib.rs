@@ -1,7 +1,8 @@
 //! shoal's cluster membership on etcd: nodes join and leave a running
 //! cluster, and every change of who is a member is a numbered view.
 //!
-//! - [`url`]: `etcd://host:port,…/prefix`, where a cluster's keys live.
+//! - `MembershipUrl` (in shoal-cluster, which the cluster file parses it
+//!   with): `etcd://host:port,…/prefix`, where a cluster's keys live.
 //! - [`keys`]: the 2N + 2 keys of N nodes (never one per object).
 //! - [`roster`]: what etcd says now, and the [`roster::Steward`]'s rules for
 //!   the next view (live nodes join, members gone longer than the grace
@@ -15,8 +16,7 @@
 pub mod etcd;
 pub mod keys;
 pub mod roster;
-pub mod url;
 
 pub use etcd::{Joining, Membership, Settings};
 pub use roster::Roster;
-pub use url::MembershipUrl;
+pub use shoal_cluster::membership_url::MembershipUrl;

@@ -16,7 +16,7 @@ fn cli_main(py: Python<'_>, argv: Vec<String>, self_command: Vec<String>) -> i32
 }
 
 /// The optional parts this extension has: "cli" (the command line inside),
-/// then those of the command line ("s3", "fuse", "top"; docs/hacking.md,
+/// then those of the command line ("s3", "fuse", "top", "etcd"; docs/hacking.md,
 /// "Optional parts").
 #[pyfunction]
 fn features() -> Vec<&'static str> {

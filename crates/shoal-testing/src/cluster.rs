@@ -44,6 +44,7 @@ pub fn loopback_topology(
         lease: Duration::from_secs(5),
         linger,
         quarantine: None,
+        membership: None,
         nodes: (0..nodes)
             .map(|i| Node {
                 id: i,
@@ -196,6 +197,60 @@ impl Drop for LoneNode {
             if !std::thread::panicking() {
                 outcome.unwrap().unwrap();
             }
+        }
+    }
+}
+
+/// One node of a cluster on a thread of the test, started and stopped on
+/// its own (a node that joins or leaves a running cluster); stopped
+/// cleanly when dropped.
+pub struct ClusterNode {
+    pub socket: PathBuf,
+    shutdown: Shutdown,
+    thread: Option<JoinHandle<Result<()>>>,
+}
+
+impl ClusterNode {
+    /// Node `node` of `topology`, serving before this returns.
+    pub fn start(topology: &Topology, node: u32) -> Self {
+        init_logs();
+        let spec = &topology.nodes[node as usize];
+        let mut config = DaemonConfig::new(&spec.socket, spec.region_size);
+        config.prefault = false;
+        config.cluster = Some(ClusterConfig {
+            topology: topology.clone(),
+            node,
+        });
+        let shutdown = Shutdown::new();
+        let stop = shutdown.clone();
+        let mut threads = vec![std::thread::spawn(move || {
+            shoal_daemon::serve_blocking(config, stop)
+        })];
+        wait_started(&spec.socket, &mut threads, Instant::now() + START_WAIT);
+        Self {
+            socket: spec.socket.clone(),
+            shutdown,
+            thread: threads.pop(),
+        }
+    }
+
+    /// A new client of this node.
+    pub fn client(&self) -> Client {
+        Client::connect(&self.socket).unwrap()
+    }
+
+    /// Stops the node cleanly and returns how its daemon ended.
+    pub fn stop(mut self) -> Result<()> {
+        self.shutdown.trigger();
+        self.thread.take().expect("running").join().unwrap()
+    }
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }

@@ -160,6 +160,23 @@ impl EtcdCluster {
         )
     }
 
+    /// The value of `key` as `etcdctl get` reads it (`None`: absent).
+    pub fn get(&self, key: &str) -> Option<String> {
+        let output = Command::new("etcdctl")
+            .arg(format!("--endpoints={}", self.endpoints().join(",")))
+            .args(["get", key, "--print-value-only"])
+            .env("ETCDCTL_API", "3")
+            .output()
+            .expect("run etcdctl");
+        assert!(
+            output.status.success(),
+            "etcdctl get {key}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let value = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        (!value.is_empty()).then_some(value)
+    }
+
     /// kill -9 of member `i` (its data stays, [`EtcdCluster::restart`] brings it back).
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.members[i].child.take() {

@@ -1,7 +1,8 @@
 //! What shoal's tests share, so that no test file starts a daemon its own
 //! way: a daemon on a thread of the test ([`TestDaemon`]) or as a process
 //! of its own ([`ServeProcess`]: kill -9, signals, restarts), clusters of
-//! them on loopback ([`TestCluster`], [`LoneNode`]), free ports, waiting
+//! them on loopback ([`TestCluster`], [`LoneNode`], [`ClusterNode`]), objects
+//! a test tells apart ([`pattern`], [`read_object`]), free ports, waiting
 //! with a deadline, logs, plain HTTP to the metrics endpoints, and real etcd
 //! servers ([`EtcdCluster`]).
 //!
@@ -14,15 +15,19 @@ mod daemon;
 mod etcd;
 mod http;
 mod logs;
+mod objects;
 mod ports;
 mod process;
 mod wait;
 
-pub use cluster::{loopback_topology, with_node_keys, with_peer, LoneNode, PeerRpc, TestCluster};
+pub use cluster::{
+    loopback_topology, with_node_keys, with_peer, ClusterNode, LoneNode, PeerRpc, TestCluster,
+};
 pub use daemon::TestDaemon;
 pub use etcd::EtcdCluster;
 pub use http::{encode, http_get, metric};
 pub use logs::init_logs;
+pub use objects::{pattern, read_object};
 pub use ports::free_ports;
 pub use process::ServeProcess;
 pub use wait::{eventually, eventually_within, wait_started, START_WAIT};

@@ -1,4 +1,4 @@
-//! The optional parts (the `s3`, `fuse` and `top` features): in a build
+//! The optional parts (the `s3`, `fuse`, `top` and `etcd` features): in a build
 //! without one, what needs it exits 1 with a message naming the feature and
 //! how to build with it, having started nothing; in a build with it, the
 //! same command gets past that point (and fails later, for want of an S3
@@ -82,6 +82,32 @@ fn top_needs_the_top_feature() {
         .output()
         .unwrap();
     check(&output, cfg!(feature = "top"), "`shoal top`", "top");
+}
+
+#[test]
+fn a_membership_in_etcd_needs_the_etcd_feature() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology =
+        shoal_testing::loopback_topology("features", 1, 16 << 20, Default::default(), dir.path());
+    let file = dir.path().join("cluster.toml");
+    std::fs::write(&file, topology.to_toml()).unwrap();
+    // Port 1: nothing answers there, so a build with the feature fails
+    // joining, after the point a build without it refuses at.
+    let output = shoal()
+        .args(["serve", "--no-prefault", "--node", "0", "--cluster"])
+        .arg(&file)
+        .args(["--membership", "etcd://127.0.0.1:1/shoal/features"])
+        .output()
+        .unwrap();
+    check(&output, cfg!(feature = "etcd"), "`--membership`", "etcd");
+    if cfg!(feature = "etcd") {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("membership etcd://127.0.0.1:1/shoal/features"),
+            "{stderr}"
+        );
+    }
+    assert!(!topology.nodes[0].socket.exists(), "nothing left behind");
 }
 
 fn mounted(path: &Path) -> bool {

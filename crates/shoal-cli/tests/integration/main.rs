@@ -9,6 +9,8 @@ mod cluster_check;
 mod connection_limits;
 mod features;
 mod logs;
+#[cfg(feature = "etcd")]
+mod membership;
 #[cfg(feature = "fuse")]
 mod mount;
 mod prometheus;

@@ -22,7 +22,14 @@ fn codes(statuses: Vec<Option<ErrorKind>>) -> Statuses {
 pub(super) fn rebuilding(node: u32) -> ShoalError {
     ShoalError::new(
         ErrorKind::NodeUnavailable,
-        format!("node {node} is rebuilding its directory after a restart"),
+        format!("node {node} is rebuilding its directory after a restart or a view change"),
+    )
+}
+
+fn not_home(node: u32, id: &ObjectId) -> ShoalError {
+    ShoalError::new(
+        ErrorKind::NodeUnavailable,
+        format!("node {node} is not the home of {id} in its view (the view changed)"),
     )
 }
 
@@ -30,7 +37,10 @@ impl Cluster {
     /// Claims ids for `owner`; per id a status (`ObjectExists` if another
     /// node claimed it; `NodeUnavailable` while rebuilding).
     pub fn directory_register(&self, ids: &[ObjectId], owner: u32) -> Statuses {
-        if !self.directory_ready() {
+        // Not ready, or asked by a node whose view has other homes for some
+        // ids (the check of its epoch passed just before this node's view
+        // changed): the caller asks again by its newer view.
+        if !self.directory_ready() || ids.iter().any(|id| self.home(id) != self.me) {
             // Ids held elsewhere may not be restored here yet.
             let code = u32::from(ErrorKind::NodeUnavailable.code());
             return Statuses {
@@ -87,6 +97,9 @@ impl Cluster {
     pub fn local_lookup(&self, ids: &[ObjectId]) -> Result<LookupReply> {
         if !self.directory_ready() {
             return Err(rebuilding(self.me));
+        }
+        if let Some(id) = ids.iter().find(|id| self.home(id) != self.me) {
+            return Err(not_home(self.me, id));
         }
         let directory = self.directory.borrow();
         Ok(LookupReply {

@@ -1,7 +1,7 @@
 //! This daemon as one node of a cluster.
 //!
 //! - ids are unique cluster-wide: a create registers its ids at their home
-//!   nodes (`shoal_cluster::home_of`) before allocating; a seal publishes
+//!   nodes (`shoal_cluster::View::home`) before allocating; a seal publishes
 //!   where they live; a delete, abort or eviction unregisters them.
 //! - a get of ids this node does not hold asks their homes (one `Lookup` per
 //!   home node, none when the owner is cached), then takes references at the
@@ -16,6 +16,9 @@
 //!
 //! - a node that (re)starts has its directory rebuilt by its peers before
 //!   it registers or looks up ids (`rebuild`).
+//! - with a membership service (etcd), homes follow the members of the
+//!   current view; a newer view moves homes and the owners restore the moved
+//!   entries at their new homes (`view_change`, `membership`).
 //!
 //! Control travels over the peer RPC (`crate::peer_service`); object bytes never do: in
 //! mapped mode they are read (and remotely allocated objects written) in
@@ -30,7 +33,7 @@
 //! `remote_alloc` (with `push` and `staging`: on nodes reached over the
 //! network, the bytes written here and pushed at the seal), `copies`, `leases`, `fencing` (a peer cut off past its
 //! lease), `ref_ledger` / `ref_journal` (numbered Acquire and Release calls,
-//! applied once and sent again until answered), `rebuild`, `bulk`, `names` (the
+//! applied once and sent again until answered), `rebuild`, `view_change`, `bulk`, `names` (the
 //! namespace as the union of the nodes' names); `listener` is how
 //! the cluster hears its node.
 
@@ -45,6 +48,7 @@ mod leases;
 mod lending;
 mod listener;
 mod loans;
+pub mod membership;
 pub mod names;
 mod peer_reads;
 mod peer_tables;
@@ -58,6 +62,7 @@ mod remote_alloc;
 mod remote_get;
 mod staging;
 mod state;
+mod view_change;
 
 pub use copy_records::CopyOf;
 pub use listener::ClusterListener;

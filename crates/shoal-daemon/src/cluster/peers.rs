@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_cluster::auth::{Credentials, PeerIdentity};
+use shoal_cluster::epoch::{self, Behind, Epoch};
 use shoal_cluster::proto::peer_client::PeerClient;
 use shoal_cluster::Topology;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
@@ -24,6 +25,18 @@ use crate::metrics::Metrics;
 
 /// How long one peer call may take before the peer counts as unavailable.
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The start of the message of a call refused because the views of caller
+/// and callee differed (`view_change.rs` asks such calls again).
+pub(crate) const VIEW_CHANGED: &str = "the cluster's view changed";
+
+/// How long a node waits for its own view to reach the epoch a peer
+/// refused its call with (etcd's watch brings it within milliseconds).
+const CATCH_UP: Duration = Duration::from_secs(2);
+
+/// How long a node lets a peer whose view is behind catch up before it
+/// asks again.
+const CALLEE_CATCH_UP: Duration = Duration::from_millis(10);
 
 pub type PeerRpc = PeerClient<InterceptedService<Channel, Credentials>>;
 
@@ -47,6 +60,8 @@ pub struct PeerSet {
     /// there (and every reference we hold there) ran at least until then
     /// plus a lease.
     answered: RefCell<Vec<Option<Instant>>>,
+    /// This node's view epoch (what a refused call waits for).
+    epoch: Option<Epoch>,
     metrics: Arc<Metrics>,
 }
 
@@ -186,6 +201,7 @@ impl PeerSet {
             seen: RefCell::new(vec![PeerSeen::default(); n]),
             alive: RefCell::new(vec![None; n]),
             answered: RefCell::new(vec![None; n]),
+            epoch: identity.epoch().cloned(),
             metrics,
         })
     }
@@ -245,13 +261,44 @@ impl PeerSet {
             ok: None,
         };
         let span = tracing::debug_span!("peer_call", peer = node, method);
-        let answer = request(rpc)
-            .instrument(span)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|status| status_error(node, status));
+        let answer = request(rpc).instrument(span).await;
         timed.ok = Some(answer.is_ok());
-        answer
+        match answer {
+            Ok(reply) => Ok(reply.into_inner()),
+            Err(status) => Err(match epoch::refusal(&status) {
+                Some(behind) => self.view_changed(node, behind).await,
+                None => status_error(node, status),
+            }),
+        }
+    }
+
+    /// `node` refused a call because our views differ. Returns once asking
+    /// again can succeed: this node's view caught up with the peer's, or
+    /// (the peer behind) a moment for the peer's to arrive. The error says
+    /// so ([`VIEW_CHANGED`]): the caller asks again by its view of then.
+    async fn view_changed(&self, node: u32, behind: Behind) -> ShoalError {
+        let mine = self.epoch.as_ref().map_or(0, Epoch::get);
+        match behind {
+            Behind::Caller(theirs) => {
+                let caught_up = match &self.epoch {
+                    Some(epoch) => epoch.reach(theirs, CATCH_UP).await,
+                    None => false,
+                };
+                if !caught_up {
+                    tracing::warn!(
+                        node,
+                        mine,
+                        theirs,
+                        "a peer's view is newer and this node's membership did not bring it in time"
+                    );
+                }
+            }
+            Behind::Callee(_) => tokio::time::sleep(CALLEE_CATCH_UP).await,
+        }
+        ShoalError::new(
+            ErrorKind::NodeUnavailable,
+            format!("{VIEW_CHANGED}: node {node} is at another epoch than this node's {mine} ({behind:?})"),
+        )
     }
 
     // -- liveness ---------------------------------------------------------

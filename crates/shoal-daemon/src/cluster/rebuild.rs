@@ -78,10 +78,10 @@ impl Cluster {
     }
 
     /// At start, once the tiers recovered what a previous incarnation made
-    /// durable: the recovered objects whose home is this node enter its own
-    /// directory. Peers restore here what they hold; what this node holds
-    /// itself nobody else would, so without this its own durable ids homed
-    /// here would be found by no other node.
+    /// durable, and when a new view gives this node homes: its own objects
+    /// whose home is this node enter its own directory. Peers restore here
+    /// what they hold; what this node holds itself nobody else would, so
+    /// without this its own ids homed here would be found by no other node.
     pub fn restore_own(&self) {
         let (owned, _) = self.holdings(self.me);
         if owned.is_empty() {
@@ -98,13 +98,14 @@ impl Cluster {
         tracing::info!(
             ids = ids.len(),
             refused,
-            "recovered objects whose home is this node entered its directory"
+            "this node's own objects whose home it is entered its directory"
         );
     }
 
-    /// `from` finished restoring for our incarnation `incarnation`.
-    pub fn restored_by(&self, from: u32, incarnation: u64) {
-        if incarnation == self.incarnation {
+    /// `from` finished restoring for our incarnation `incarnation`, by the
+    /// view numbered `epoch` (`None`: a static file's, which never changes).
+    pub fn restored_by(&self, from: u32, incarnation: u64, epoch: Option<u64>) {
+        if incarnation == self.incarnation && epoch.is_none_or(|e| e == self.epoch.get()) {
             self.rebuild.borrow_mut().readiness.restored(from);
             tracing::debug!(node = from, "peer restored its ids here");
         }
@@ -119,8 +120,8 @@ impl Cluster {
         self.send_drops_later(orphans);
     }
 
-    /// `node` restarted: what its previous incarnation held is gone.
-    fn forget_incarnation(self: &Rc<Self>, node: u32) {
+    /// `node` restarted (or left the view): what it held is gone.
+    pub(crate) fn forget_incarnation(self: &Rc<Self>, node: u32) {
         // Before anything is restored at it: those copies are not re-announced.
         self.drop_copies_of_restarted(node);
         let (entries, stale) = self.directory.borrow_mut().forget_owner(node);
@@ -133,7 +134,7 @@ impl Cluster {
             entries,
             references,
             copies = stale.len(),
-            "node {node} restarted: forgot what its previous incarnation held"
+            "node {node} restarted or left: forgot what its previous incarnation held"
         );
         self.send_drops_later(stale);
     }
@@ -143,33 +144,52 @@ impl Cluster {
     /// contact or a restart — restores at it what this node holds whose home
     /// it is; a restore that failed is tried again on the next heartbeat.
     pub fn heard(self: &Rc<Self>, node: u32, incarnation: u64) {
+        let epoch = self.epoch.get();
         let previous = {
-            let mut rebuild = self.rebuild.borrow_mut();
-            let Some(told) = rebuild.told.get_mut(node as usize) else {
+            let rebuild = self.rebuild.borrow();
+            let Some(told) = rebuild.told.get(node as usize) else {
                 return;
             };
-            if told.incarnation == incarnation && told.progress != Progress::Failed {
+            if told.incarnation == incarnation
+                && told.epoch == epoch
+                && told.progress != Progress::Failed
+            {
                 return;
             }
-            let previous = told.incarnation;
-            *told = Told {
-                incarnation,
-                progress: Progress::Running,
-            };
-            previous
+            told.incarnation
         };
         if previous != 0 && previous != incarnation {
             self.forget_incarnation(node);
         }
+        self.restore_for_view(node, incarnation);
+    }
+
+    /// Restores at `node` (incarnation `incarnation`) what this node holds
+    /// whose home it is by the current view, in the background; a newer
+    /// incarnation or view supersedes it, a failure is tried again on the
+    /// next heartbeat.
+    pub(crate) fn restore_for_view(self: &Rc<Self>, node: u32, incarnation: u64) {
+        let epoch = self.epoch.get();
+        {
+            let mut rebuild = self.rebuild.borrow_mut();
+            let Some(told) = rebuild.told.get_mut(node as usize) else {
+                return;
+            };
+            *told = Told {
+                incarnation,
+                epoch,
+                progress: Progress::Running,
+            };
+        }
         let cluster = self.clone();
         self.supervisor.spawn_local("restore", async move {
-            let outcome = cluster.restore(node, incarnation).await;
+            let outcome = cluster.restore(node, incarnation, epoch).await;
             if let Err(err) = &outcome {
-                tracing::warn!(node, %err, "restoring ids at a restarted node failed; retrying");
+                tracing::warn!(node, %err, "restoring ids at a (re)started node or a new home failed; retrying");
             }
             let mut rebuild = cluster.rebuild.borrow_mut();
             let told = &mut rebuild.told[node as usize];
-            if told.incarnation == incarnation {
+            if told.incarnation == incarnation && told.epoch == epoch {
                 told.progress = if outcome.is_ok() {
                     Progress::Done
                 } else {
@@ -179,9 +199,11 @@ impl Cluster {
         });
     }
 
-    /// Whether a restore for `incarnation` of `node` is still wanted.
-    fn current(&self, node: u32, incarnation: u64) -> bool {
-        self.rebuild.borrow().told[node as usize].incarnation == incarnation
+    /// Whether a restore for `incarnation` of `node`, by the view numbered
+    /// `epoch`, is still wanted.
+    fn current(&self, node: u32, incarnation: u64, epoch: u64) -> bool {
+        let told = self.rebuild.borrow().told[node as usize];
+        told.incarnation == incarnation && told.epoch == epoch && self.epoch.get() == epoch
     }
 
     /// What this node holds whose home is `node`: owned ids (sealed with
@@ -223,8 +245,9 @@ impl Cluster {
     }
 
     /// Restores at `node` (incarnation `incarnation`) what this node holds
-    /// whose home it is. `Ok` also when superseded by a newer incarnation.
-    async fn restore(&self, node: u32, incarnation: u64) -> Result<()> {
+    /// whose home it is by the view numbered `epoch`. `Ok` also when
+    /// superseded by a newer incarnation or view.
+    async fn restore(&self, node: u32, incarnation: u64, epoch: u64) -> Result<()> {
         // Registrations begun before we heard the new incarnation end first: one
         // the previous incarnation accepted is restored, one that failed is not.
         let mark = self.rebuild.borrow().claims.watermark();
@@ -241,7 +264,7 @@ impl Cluster {
             .div_ceil(RESTORE_BATCH)
             .max(copies.len().div_ceil(RESTORE_BATCH));
         for batch in 0..batches {
-            if !self.current(node, incarnation) {
+            if !self.current(node, incarnation, epoch) {
                 return Ok(());
             }
             let range = |len: usize| {
@@ -307,7 +330,7 @@ impl Cluster {
                 })
                 .await?;
         }
-        if !self.current(node, incarnation) {
+        if !self.current(node, incarnation, epoch) {
             return Ok(());
         }
         let request = RestoredRequest { incarnation };

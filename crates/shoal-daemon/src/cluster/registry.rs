@@ -1,6 +1,8 @@
 //! As an owner: claiming ids at their homes before creating them,
 //! publishing where they are sealed, and giving them up when they go.
 
+use std::cell::RefCell;
+
 use shoal_cluster::ids::pack;
 use shoal_cluster::proto::{Ids, PublishRequest, RegisterRequest};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
@@ -13,13 +15,18 @@ use crate::cluster::state::{to_proto, Cluster};
 impl Cluster {
     /// Registers ids for this node at their homes, all or none.
     pub async fn register(&self, ids: &[ObjectId]) -> Result<()> {
-        // A starting node claims nothing before its peers heard it started.
-        self.until_ready().await;
-        let ticket = self.rebuild.borrow_mut().claims.begin();
-        let result = self.register_at_homes(ids).await;
-        let claimed = if result.is_ok() { ids } else { &[] };
-        self.rebuild.borrow_mut().claims.end(ticket, claimed);
-        result
+        // All or none: a failed attempt gave back what it claimed, so one a
+        // view change overtook is asked again by the newer view.
+        self.by_current_view(|| async {
+            // A starting node claims nothing before its peers heard it started.
+            self.until_ready().await;
+            let ticket = self.rebuild.borrow_mut().claims.begin();
+            let result = self.register_at_homes(ids).await;
+            let claimed = if result.is_ok() { ids } else { &[] };
+            self.rebuild.borrow_mut().claims.end(ticket, claimed);
+            result
+        })
+        .await
     }
 
     async fn register_at_homes(&self, ids: &[ObjectId]) -> Result<()> {
@@ -129,30 +136,42 @@ impl Cluster {
             return;
         }
         self.rebuild.borrow_mut().claims.settle(ids);
-        let groups = by_node(ids, |id| self.home(id));
-        let calls = groups.into_iter().map(|(home, positions)| {
-            let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
-            async move {
-                if home == self.me {
-                    let stale = self.directory_unregister(&group, self.me);
-                    self.send_drops(stale).await;
-                    return;
+        let view = self.view_attempt();
+        let mut asking = ids.to_vec();
+        while !asking.is_empty() {
+            // Groups a view change overtook, asked again at their new homes.
+            let again = RefCell::new(Vec::new());
+            let groups = by_node(&asking, |id| self.home(id));
+            let calls = groups.into_iter().map(|(home, positions)| {
+                let group: Vec<ObjectId> = positions.iter().map(|&i| asking[i]).collect();
+                let (again, view) = (&again, &view);
+                async move {
+                    if home == self.me {
+                        let stale = self.directory_unregister(&group, self.me);
+                        self.send_drops(stale).await;
+                        return;
+                    }
+                    let request = Ids { ids: pack(&group) };
+                    let outcome = self
+                        .peers
+                        .call(home, Reach::FailFast, "unregister", |mut p| async move {
+                            p.unregister(request).await
+                        })
+                        .await;
+                    if let Err(err) = outcome {
+                        if self.ask_again(&err, view).await {
+                            again.borrow_mut().extend(group);
+                            return;
+                        }
+                        tracing::debug!(home, %err, "unregister failed; sent again when the home answers");
+                        let mut later = self.unregister_later.borrow_mut();
+                        later.entry(home).or_default().extend(group);
+                    }
                 }
-                let request = Ids { ids: pack(&group) };
-                let outcome = self
-                    .peers
-                    .call(home, Reach::FailFast, "unregister", |mut p| async move {
-                        p.unregister(request).await
-                    })
-                    .await;
-                if let Err(err) = outcome {
-                    tracing::debug!(home, %err, "unregister failed; sent again when the home answers");
-                    let mut later = self.unregister_later.borrow_mut();
-                    later.entry(home).or_default().extend(group);
-                }
-            }
-        });
-        join_all(calls).await;
+            });
+            join_all(calls).await;
+            asking = again.into_inner();
+        }
     }
 
     /// Sends `home` the unregisters it missed (kept for the next heartbeat
@@ -208,6 +227,12 @@ impl Cluster {
     /// Tells the homes where sealed ids live; done when every home has it.
     pub async fn publish(&self, ids: &[ObjectId], locations: &[ObjectLocation]) -> Result<()> {
         self.rebuild.borrow_mut().claims.settle(ids);
+        // Publishing again is harmless: asked again whole by a newer view.
+        self.by_current_view(|| self.publish_at_homes(ids, locations))
+            .await
+    }
+
+    async fn publish_at_homes(&self, ids: &[ObjectId], locations: &[ObjectLocation]) -> Result<()> {
         let groups = by_node(ids, |id| self.home(id));
         let calls = groups.into_iter().map(|(home, positions)| {
             let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();

@@ -258,39 +258,53 @@ impl Cluster {
     /// Owner of each id per its home (`None` where unknown or not sealed),
     /// and the positions of ids whose home did not answer.
     async fn lookup(&self, ids: &[ObjectId]) -> (Vec<Option<u32>>, Vec<usize>) {
-        let groups = by_node(ids, |id| self.home(id));
         let mut owners = vec![None; ids.len()];
         let mut homes_down = Vec::new();
-        let calls = groups.into_iter().map(|(home, positions)| {
-            let group: Vec<ObjectId> = positions.iter().map(|&i| ids[i]).collect();
-            async move {
-                let reply = if home == self.me {
-                    self.local_lookup(&group)
-                } else {
-                    let request = Ids { ids: pack(&group) };
-                    self.peers
-                        .call(home, Reach::FailFast, "lookup", |mut p| async move {
-                            p.lookup(request).await
-                        })
-                        .await
+        let view = self.view_attempt();
+        // Positions in `ids` still to ask; those a view change overtook are
+        // asked again at their new homes.
+        let mut asking: Vec<usize> = (0..ids.len()).collect();
+        while !asking.is_empty() {
+            let wanted: Vec<ObjectId> = asking.iter().map(|&i| ids[i]).collect();
+            let groups = by_node(&wanted, |id| self.home(id));
+            let calls = groups.into_iter().map(|(home, positions)| {
+                let group: Vec<ObjectId> = positions.iter().map(|&k| wanted[k]).collect();
+                let positions: Vec<usize> = positions.iter().map(|&k| asking[k]).collect();
+                async move {
+                    let reply = if home == self.me {
+                        self.local_lookup(&group)
+                    } else {
+                        let request = Ids { ids: pack(&group) };
+                        self.peers
+                            .call(home, Reach::FailFast, "lookup", |mut p| async move {
+                                p.lookup(request).await
+                            })
+                            .await
+                    };
+                    (positions, reply)
+                }
+            });
+            let mut again = Vec::new();
+            for (positions, reply) in join_all(calls).await {
+                let reply = match reply {
+                    Ok(reply) => reply,
+                    Err(err) if self.ask_again(&err, &view).await => {
+                        again.extend(positions);
+                        continue;
+                    }
+                    Err(err) => {
+                        tracing::debug!(%err, "lookup failed");
+                        homes_down.extend(positions);
+                        continue;
+                    }
                 };
-                (positions, reply)
-            }
-        });
-        for (positions, reply) in join_all(calls).await {
-            let reply = match reply {
-                Ok(reply) => reply,
-                Err(err) => {
-                    tracing::debug!(%err, "lookup failed");
-                    homes_down.extend(positions);
-                    continue;
-                }
-            };
-            for (&i, entry) in positions.iter().zip(reply.entries) {
-                if entry.known && entry.sealed {
-                    owners[i] = Some(entry.owner);
+                for (&i, entry) in positions.iter().zip(reply.entries) {
+                    if entry.known && entry.sealed {
+                        owners[i] = Some(entry.owner);
+                    }
                 }
             }
+            asking = again;
         }
         (owners, homes_down)
     }

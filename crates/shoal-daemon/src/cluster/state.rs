@@ -9,9 +9,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use shoal_cluster::auth::PeerIdentity;
+use shoal_cluster::epoch::Epoch;
 use shoal_cluster::proto::Location;
 use shoal_cluster::rebuild::{Claims, Readiness};
-use shoal_cluster::{home_of, Directory, Topology};
+use shoal_cluster::{Directory, Topology, View};
 use shoal_core::error::{Result, ShoalError};
 use shoal_core::ids::ClientId;
 use shoal_core::location::ObjectLocation;
@@ -53,10 +54,12 @@ pub(crate) enum Progress {
     Failed,
 }
 
-/// What this node restored at a peer: for which incarnation, how far.
+/// What this node restored at a peer: for which incarnation and view, how far.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Told {
     pub incarnation: u64,
+    /// The epoch of the view the restore chose the ids by.
+    pub epoch: u64,
     pub progress: Progress,
 }
 
@@ -81,6 +84,7 @@ impl Rebuild {
             told: vec![
                 Told {
                     incarnation: 0,
+                    epoch: 0,
                     progress: Progress::Done,
                 };
                 nodes
@@ -118,7 +122,12 @@ pub(super) fn to_proto(l: &ObjectLocation) -> Location {
 }
 
 pub struct Cluster {
+    /// Every node that may be a member (with a static file: every member).
     pub(crate) topology: Topology,
+    /// The members now, and so each id's home (`view_change.rs`).
+    pub(crate) view: RefCell<View>,
+    /// The view's epoch as the peer calls carry and check it.
+    pub(crate) epoch: Epoch,
     pub(crate) me: u32,
     pub(crate) incarnation: u64,
     /// The node this daemon serves: the cluster changes its store through it.
@@ -167,16 +176,25 @@ pub struct Cluster {
 
 impl Cluster {
     /// This daemon as node `config.node`, in its `incarnation` (its
-    /// region's generation).
+    /// region's generation), acting on `view` (a static file's: every node
+    /// of the file, epoch 0).
     pub fn new(
         config: &ClusterConfig,
         node: Rc<Node>,
         supervisor: Supervisor,
         incarnation: u64,
+        view: View,
     ) -> Result<Self> {
         let topology = config.topology.clone().sorted();
         topology.node(config.node)?;
-        let identity = PeerIdentity::for_node(&topology, config.node)?;
+        if let Some(outside) = view.members().iter().find(|&&m| topology.node(m).is_err()) {
+            return Err(ShoalError::invalid(format!(
+                "the cluster's view {view} names node {outside}, which the cluster file lacks"
+            )));
+        }
+        let epoch = Epoch::default();
+        epoch.raise(view.epoch());
+        let identity = PeerIdentity::for_node(&topology, config.node)?.with_epoch(epoch.clone());
         if !identity.per_node() {
             tracing::warn!(
                 "the cluster file gives no per-node keys: peers prove only the shared token, \
@@ -189,6 +207,8 @@ impl Cluster {
         let n = topology.len();
         Ok(Self {
             topology,
+            view: RefCell::new(view),
+            epoch,
             me: config.node,
             incarnation,
             node,
@@ -213,8 +233,9 @@ impl Cluster {
         })
     }
 
+    /// The member that keeps `id`'s directory entry under the current view.
     pub fn home(&self, id: &ObjectId) -> u32 {
-        home_of(id, self.topology.len())
+        self.view.borrow().home(id)
     }
 
     pub fn is_alive(&self, node: u32) -> bool {

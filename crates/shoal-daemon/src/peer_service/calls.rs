@@ -85,10 +85,12 @@ pub(super) struct Restore {
     pub reply: oneshot::Sender<Statuses>,
 }
 
-/// A peer finished restoring for our incarnation `incarnation`.
+/// A peer finished restoring for our incarnation `incarnation`, by the
+/// view numbered `epoch` (`None` from a node without a membership service).
 pub(super) struct Restored {
     pub from: u32,
     pub incarnation: u64,
+    pub epoch: Option<u64>,
 }
 
 /// A peer's client counts references here (`fd` of process `pid`;

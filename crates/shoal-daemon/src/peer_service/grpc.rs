@@ -168,9 +168,14 @@ impl Peer for PeerService {
 
     async fn restored(&self, request: Request<RestoredRequest>) -> Result<Response<Empty>, Status> {
         let from = verified_peer(&request)?;
+        let epoch = shoal_cluster::epoch::of_call(request.metadata())?;
         let incarnation = request.into_inner().incarnation;
-        self.tell(PeerCall::Restored(calls::Restored { from, incarnation }))
-            .await?;
+        self.tell(PeerCall::Restored(calls::Restored {
+            from,
+            incarnation,
+            epoch,
+        }))
+        .await?;
         Ok(Response::new(Empty {}))
     }
 

@@ -8,6 +8,9 @@ mod daemon;
 mod elastic;
 mod elastic_cluster;
 mod hosts;
+// Needs the daemon's `etcd` feature (on in the workspace's test build).
+#[cfg(feature = "etcd")]
+mod membership;
 mod metrics;
 mod names;
 mod names_cluster;

@@ -36,7 +36,7 @@ pub(super) fn answer(ops: &Rc<Ops>, call: PeerCall) {
         PeerCall::Heartbeat(call) => directory::heartbeat(cluster, call),
         PeerCall::Register(call) => directory::register(cluster, call),
         PeerCall::Restore(call) => directory::restore(cluster, call),
-        PeerCall::Restored(call) => cluster.restored_by(call.from, call.incarnation),
+        PeerCall::Restored(call) => cluster.restored_by(call.from, call.incarnation, call.epoch),
         PeerCall::Unregister(call) => directory::unregister(cluster, call),
         PeerCall::Cached(call) => directory::cached(cluster, call),
         PeerCall::Publish(call) => directory::publish(cluster, call),

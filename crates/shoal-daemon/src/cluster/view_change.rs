@@ -1,0 +1,221 @@
+//! Membership changes (docs/cluster.md, "Membership"): the view this node
+//! acts on, what a newer one changes, and calls on homes that a view change
+//! overtook.
+//!
+//! When this node adopts a view (numbered: only a newer one is taken):
+//! 1. the peer calls it sends and answers carry the new epoch
+//!    (`shoal_cluster::epoch`): a node still on the old view is refused and
+//!    catches up before it asks again;
+//! 2. as a home, the entries of ids now homed elsewhere go: their owners
+//!    restore them at the new homes, and a later view that brings an id back
+//!    must not find an entry its delete never reached;
+//! 3. if the view gives this node homes (it joined, or a member left), its
+//!    directory waits again, as after a restart, until every live peer
+//!    restored here for this view (or a lease passed): no id it does not
+//!    know yet is claimed, no lookup answers "unknown" for one that exists;
+//! 4. what members that left held is forgotten, as a restarted node's is
+//!    (directory entries they owned, copies of their objects, references);
+//! 5. as an owner, it restores at every other member what is homed there
+//!    now (the restart rebuild's batches, `rebuild.rs`), then says
+//!    `Restored` for this view.
+//!
+//! Calls on homes that a view change overtook (the home refused the epoch,
+//! or is rebuilding) are asked again by the newer view, within a lease:
+//! creates, gets and deletes keep succeeding while homes move.
+
+use std::future::Future;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use shoal_cluster::View;
+use shoal_core::error::{Result, ShoalError};
+use shoal_core::ObjectId;
+
+use crate::cluster::peers::VIEW_CHANGED;
+use crate::cluster::state::Cluster;
+
+/// How soon a home call overtaken by a view change is asked again.
+const RETRY_PAUSE: Duration = Duration::from_millis(5);
+
+/// How long a call whose home did not answer waits for a newer view (the
+/// home left or was removed) before it fails. etcd's watch brings a view
+/// within milliseconds of its change.
+const UNREACHABLE_WAIT: Duration = Duration::from_millis(100);
+
+/// One call on homes, as view changes overtake it: until when it is asked
+/// again, and the epoch its latest try chose homes by.
+pub(crate) struct ViewAttempt {
+    deadline: Instant,
+    epoch: std::cell::Cell<u64>,
+}
+
+/// Whether `err` says a view change overtook the call: the views of caller
+/// and callee differed, or the home is rebuilding its directory (after a
+/// view change or a restart). Such a call is asked again.
+pub(crate) fn overtaken(err: &ShoalError) -> bool {
+    err.kind().is_node_unavailable()
+        && (err.message().contains(VIEW_CHANGED)
+            || err.message().contains("rebuilding its directory")
+            || err.message().contains("is not the home of"))
+}
+
+impl Cluster {
+    /// The view this node acts on.
+    pub fn view(&self) -> View {
+        self.view.borrow().clone()
+    }
+
+    /// Takes `view` if it is newer than this node's (an older or equal one
+    /// is ignored), and does what it changes (the module's steps 1–5).
+    pub fn adopt_view(self: &Rc<Self>, view: View) {
+        let before = {
+            let mut current = self.view.borrow_mut();
+            if view.epoch() <= current.epoch() {
+                return;
+            }
+            std::mem::replace(&mut *current, view.clone())
+        };
+        self.epoch.raise(view.epoch());
+        let me = self.me;
+        let member = view.contains(me);
+        let moved_away = self
+            .directory
+            .borrow_mut()
+            .keep_homed(|id| member && view.home(id) == me);
+        // Homes come to this node when it joins and when a member leaves.
+        let gains =
+            member && (!before.contains(me) || before.members().iter().any(|m| !view.contains(*m)));
+        if gains {
+            self.rebuild.borrow_mut().readiness.again(Instant::now());
+            // Its own objects homed here now: nobody else restores those.
+            self.restore_own();
+        }
+        // What members that left held is gone for the cluster, as a
+        // restarted node's is (its entries here, copies of its objects,
+        // references on them). Not for the file's provisional view a
+        // member starts with (epoch 0): nobody held anything yet.
+        if before.epoch() > 0 {
+            for &left in before
+                .members()
+                .iter()
+                .filter(|&&n| n != me && !view.contains(n))
+            {
+                self.forget_incarnation(left);
+            }
+        }
+        tracing::info!(
+            %view,
+            %before,
+            moved_away,
+            waits_for_restores = gains,
+            "adopted the cluster's view"
+        );
+        for node in view.members().iter().copied().filter(|&n| n != me) {
+            // A member not heard from yet is restored at on its first
+            // heartbeat (`heard`), by the view of then.
+            if let Some(incarnation) = self.peers.incarnation_of(node).filter(|&i| i != 0) {
+                self.restore_for_view(node, incarnation);
+            }
+        }
+        // Unregisters owed to a node that is no longer a member go to the
+        // ids' homes now.
+        let owed: Vec<ObjectId> = {
+            let mut later = self.unregister_later.borrow_mut();
+            let gone: Vec<u32> = later
+                .keys()
+                .copied()
+                .filter(|&home| !view.contains(home))
+                .collect();
+            gone.into_iter()
+                .filter_map(|home| later.remove(&home))
+                .flatten()
+                .collect()
+        };
+        for id in owed {
+            let home = self.home(&id);
+            self.unregister_later
+                .borrow_mut()
+                .entry(home)
+                .or_default()
+                .insert(id);
+        }
+    }
+
+    /// A call on homes starts now: asked again while view changes overtake
+    /// it, for at most a lease.
+    pub(crate) fn view_attempt(&self) -> ViewAttempt {
+        ViewAttempt {
+            deadline: Instant::now() + self.topology.lease,
+            epoch: std::cell::Cell::new(self.epoch.get()),
+        }
+    }
+
+    /// Whether a call on homes that failed with `err` is asked again (by
+    /// the view of then, after a short pause); only where views change (a
+    /// membership service), only before the attempt's deadline:
+    /// - a view change overtook it (the home refused our epoch, or is
+    ///   rebuilding after one);
+    /// - the home did not answer and a newer view comes within
+    ///   [`UNREACHABLE_WAIT`] (it left, or was removed, as we called it).
+    pub(crate) async fn ask_again(&self, err: &ShoalError, attempt: &ViewAttempt) -> bool {
+        if self.topology.membership.is_none() || Instant::now() >= attempt.deadline {
+            return false;
+        }
+        let again = if overtaken(err) {
+            tokio::time::sleep(RETRY_PAUSE).await;
+            true
+        } else if err.kind().is_node_unavailable() {
+            self.epoch
+                .reach(attempt.epoch.get() + 1, UNREACHABLE_WAIT)
+                .await
+        } else {
+            false
+        };
+        if again {
+            tracing::debug!(%err, "a view change overtook a call on homes; asking again");
+            attempt.epoch.set(self.epoch.get());
+        }
+        again
+    }
+
+    /// Runs `attempt` (a call on homes, which picks them by the current
+    /// view) again while a view change overtakes it ([`Self::ask_again`]).
+    pub(crate) async fn by_current_view<T, F, Fut>(&self, mut attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let view = self.view_attempt();
+        loop {
+            match attempt().await {
+                Err(err) if self.ask_again(&err, &view).await => {}
+                other => return other,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shoal_core::error::ErrorKind;
+
+    use super::*;
+
+    #[test]
+    fn only_view_changes_and_rebuilds_count_as_overtaken() {
+        let view = ShoalError::new(
+            ErrorKind::NodeUnavailable,
+            format!("{VIEW_CHANGED}: node 2 is at epoch 4"),
+        );
+        assert!(overtaken(&view));
+        let rebuilding = ShoalError::new(
+            ErrorKind::HomeUnavailable,
+            "the home of object x, node 1, is rebuilding its directory after a restart",
+        );
+        assert!(overtaken(&rebuilding));
+        let down = ShoalError::new(ErrorKind::HomeUnavailable, "node 1 is unreachable");
+        assert!(!overtaken(&down));
+        let exists = ShoalError::new(ErrorKind::ObjectExists, VIEW_CHANGED);
+        assert!(!overtaken(&exists));
+    }
+}

@@ -1,0 +1,192 @@
+//! Membership in a real etcd: nodes of the cluster file join a running
+//! cluster and leave it, homes follow the members of each view, and no
+//! node ever answers with bytes other than the id's current object.
+
+use std::time::Duration;
+
+use shoal_cluster::{MembershipConfig, Topology};
+use shoal_core::error::ErrorKind;
+use shoal_core::ObjectId;
+use shoal_testing::{
+    eventually, loopback_topology, pattern, read_object, ClusterNode, EtcdCluster,
+};
+
+const MIB: u64 = 1 << 20;
+
+/// Three nodes that may be members, their membership in `etcd`.
+fn topology(etcd: &EtcdCluster, dir: &std::path::Path) -> Topology {
+    let mut topology = loopback_topology("members", 3, 16 * MIB, Duration::ZERO, dir);
+    topology.lease = Duration::from_secs(2);
+    topology.membership = Some(MembershipConfig {
+        url: etcd.url("shoal/members").parse().unwrap(),
+        ttl: Duration::from_secs(1),
+        grace: Duration::ZERO,
+    });
+    topology
+}
+
+fn view(etcd: &EtcdCluster) -> String {
+    etcd.get("/shoal/members/view").unwrap_or_default()
+}
+
+#[test]
+fn nodes_join_and_leave_a_running_cluster_and_homes_follow() {
+    let etcd = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let topology = topology(&etcd, dir.path());
+    let n0 = ClusterNode::start(&topology, 0);
+    let n1 = ClusterNode::start(&topology, 1);
+    assert_eq!(view(&etcd), "epoch=2 members=0,1");
+    let (mut c0, mut c1) = (n0.client(), n1.client());
+
+    // Objects on both nodes, read from the other.
+    let mut objects = Vec::new();
+    for i in 0..120u32 {
+        let id = ObjectId::random();
+        let client = if i % 2 == 0 { &mut c0 } else { &mut c1 };
+        client.put(id, &pattern(i), b"").unwrap();
+        objects.push((id, i));
+    }
+    for &(id, seed) in &objects {
+        assert_eq!(read_object(&mut c1, id), Some(pattern(seed)), "{id}");
+        assert_eq!(read_object(&mut c0, id), Some(pattern(seed)), "{id}");
+    }
+
+    // A third node joins: about a third of the homes move to it, and every
+    // object stays readable from every node, the newcomer too.
+    let n2 = ClusterNode::start(&topology, 2);
+    assert_eq!(view(&etcd), "epoch=3 members=0,1,2");
+    let mut c2 = n2.client();
+    for &(id, seed) in &objects {
+        assert_eq!(
+            read_object(&mut c2, id),
+            Some(pattern(seed)),
+            "{id} from the newcomer"
+        );
+        assert_eq!(read_object(&mut c0, id), Some(pattern(seed)), "{id}");
+    }
+    // Ids stay unique at their new homes: a create of an existing id fails.
+    for &(id, _) in objects.iter().take(30) {
+        let err = c2.put(id, b"again", b"").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ObjectExists, "{id}: {err}");
+    }
+    // The newcomer takes puts; the others read them.
+    let mut on_n2 = Vec::new();
+    for i in 0..30u32 {
+        let id = ObjectId::random();
+        c2.put(id, &pattern(1000 + i), b"").unwrap();
+        on_n2.push(id);
+        assert_eq!(read_object(&mut c1, id), Some(pattern(1000 + i)));
+    }
+    // Deletes while node 2 is a home: they must stay deleted after it leaves.
+    let deleted: Vec<ObjectId> = objects.iter().take(40).map(|&(id, _)| id).collect();
+    for &id in &deleted {
+        let client = if objects.iter().position(|o| o.0 == id).unwrap() % 2 == 0 {
+            &mut c0
+        } else {
+            &mut c1
+        };
+        client.delete(&[id]).unwrap()[0].as_ref().unwrap();
+    }
+
+    // Node 2 leaves cleanly: its homes go back at once (no lease to wait).
+    n2.stop().unwrap();
+    eventually("the view without node 2", || {
+        view(&etcd) == "epoch=4 members=0,1"
+    });
+    for &(id, seed) in &objects {
+        let want = (!deleted.contains(&id)).then(|| pattern(seed));
+        eventually(&format!("{id} as it is now, from node 1"), || {
+            read_object(&mut c1, id) == want
+        });
+        assert_eq!(read_object(&mut c0, id), want, "{id} from node 0");
+    }
+    // What lived only in node 2's memory is gone, not another object.
+    for &id in &on_n2 {
+        assert_eq!(read_object(&mut c0, id), None, "{id} lived on node 2 only");
+    }
+    // A deleted id can be created again, an existing one cannot.
+    c0.put(deleted[0], b"new", b"").unwrap();
+    assert_eq!(
+        read_object(&mut c1, deleted[0]).as_deref(),
+        Some(&b"new"[..])
+    );
+    let (kept, _) = objects[50];
+    assert_eq!(
+        c1.put(kept, b"again", b"").unwrap_err().kind(),
+        ErrorKind::ObjectExists
+    );
+    drop((c0, c1));
+    n1.stop().unwrap();
+    n0.stop().unwrap();
+}
+
+/// Puts and gets on the nodes that stay, from a thread per node, while a
+/// third node joins and leaves twice: not one fails, and every get reads
+/// the bytes that were put.
+#[test]
+fn creates_and_gets_keep_succeeding_while_a_node_joins_and_leaves() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let etcd = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let topology = topology(&etcd, dir.path());
+    let stayers = [
+        ClusterNode::start(&topology, 0),
+        ClusterNode::start(&topology, 1),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    // Every object put so far, by the node that put it.
+    let put: Arc<Mutex<Vec<(ObjectId, u32)>>> = Arc::default();
+    let workers: Vec<_> = stayers
+        .iter()
+        .enumerate()
+        .map(|(me, node)| {
+            let (mut client, stop, put) = (node.client(), stop.clone(), put.clone());
+            std::thread::spawn(move || {
+                let mut done = 0u32;
+                let mut seed = me as u32 * 1_000_000;
+                while !stop.load(Ordering::Relaxed) {
+                    seed += 1;
+                    let id = ObjectId::random();
+                    client.put(id, &pattern(seed), b"").unwrap();
+                    put.lock().unwrap().push((id, seed));
+                    // An object of either node, read back whole.
+                    let (other, other_seed) = {
+                        let all = put.lock().unwrap();
+                        all[(seed as usize * 7919) % all.len()]
+                    };
+                    assert_eq!(
+                        read_object(&mut client, other).as_deref(),
+                        Some(&pattern(other_seed)[..])
+                    );
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    for round in 0..2 {
+        std::thread::sleep(Duration::from_millis(300));
+        let joiner = ClusterNode::start(&topology, 2);
+        assert_eq!(
+            view(&etcd),
+            format!("epoch={} members=0,1,2", 3 + 2 * round)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        joiner.stop().unwrap();
+        eventually("node 2 left the view", || {
+            view(&etcd) == format!("epoch={} members=0,1", 4 + 2 * round)
+        });
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let done: u32 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(done > 100, "the load ran: {done} puts and gets");
+    // Afterwards every object is where it was put, once, from either node.
+    let mut check = stayers[1].client();
+    for &(id, seed) in put.lock().unwrap().iter() {
+        assert_eq!(read_object(&mut check, id), Some(pattern(seed)), "{id}");
+    }
+}
