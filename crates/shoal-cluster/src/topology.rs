@@ -1,8 +1,9 @@
 //! The cluster file: who the nodes are and how this host reaches their memory.
 //!
-//! Static membership (no consensus): every daemon and client of a cluster
-//! reads the same TOML file, on every host. Node ids are 0..n-1 so an id's
-//! home node is a plain modulus (see `directory`). Every key, its default and
+//! Every daemon and client of a cluster reads the same TOML file, on every
+//! host: the nodes (ids 0..n-1), and with `membership` the etcd that says
+//! which of them are members now (`view`; otherwise all are, always). Every
+//! key, its default and
 //! a walkthrough for real hosts: docs/deployment.md; the rules a file must
 //! keep (and what `shoal cluster check` warns about): `check`.
 //!
