@@ -49,8 +49,9 @@ missing() {
 }
 
 # cargo_for RUST_TRIPLE GNU_TRIPLE QEMU SUBCOMMAND [ARGS...]: cargo
-# SUBCOMMAND on shoal-core's library (release, as the project tests) for the
-# target, with its linker and qemu as the test runner.
+# SUBCOMMAND on shoal-core's library (the `checks` profile, as the project
+# tests: release without LTO, Cargo.toml) for the target, with its linker and
+# qemu as the test runner.
 cargo_for() {
     local triple=$1 gnu=$2 qemu=$3 subcommand=$4
     shift 4
@@ -59,7 +60,7 @@ cargo_for() {
     qemu_bin=$(command -v "qemu-$qemu-static" || command -v "qemu-$qemu")
     env "CARGO_TARGET_${var}_LINKER=$gnu-gcc" \
         "CARGO_TARGET_${var}_RUNNER=$qemu_bin -L /usr/$gnu" \
-        nice -n 10 cargo "$subcommand" --release -p shoal-core --lib --target "$triple" "$@"
+        nice -n 10 cargo "$subcommand" --profile checks -p shoal-core --lib --target "$triple" "$@"
 }
 
 # mutant NAME FILE FROM TO: a scratch copy of the workspace sources with FROM
@@ -125,7 +126,7 @@ for row in "${TARGETS[@]}"; do
     fi
 
     # A misspelled instruction: the build must fail, on that instruction.
-    # The test build, not `cargo build --lib`: a release rlib need not
+    # The test build, not `cargo build --lib`: an optimised rlib need not
     # generate code for functions only its users instantiate, and then its asm
     # is never assembled (a `cargo build` of a typo passes here).
     start=$(date +%s)

@@ -18,7 +18,7 @@ use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
-use crate::epoch::{self, Epoch, EPOCH_HEADER};
+use crate::epoch::{self, Epoch, EPOCH_HEADER, LINK_HEADER};
 use crate::node_keys::NodeKey;
 use crate::topology::Topology;
 
@@ -322,15 +322,23 @@ impl Interceptor for Credentials {
         let metadata = request.metadata_mut();
         metadata.insert(TOKEN_HEADER, self.token.clone());
         metadata.insert(NODE_HEADER, self.node.clone());
-        // Only where the view gives the call its meaning (`epoch`).
-        let directory = request
+        let Some(epoch) = &self.epoch else {
+            return Ok(request);
+        };
+        let method = request
             .extensions()
             .get::<tonic::GrpcMethod>()
-            .is_some_and(|m| epoch::carries_epoch(m.method()));
-        if let (Some(epoch), true) = (&self.epoch, directory) {
+            .map_or("", |m| m.method());
+        if epoch::carries_epoch(method) {
+            // Only where the view gives the call its meaning (`epoch`).
             request
                 .metadata_mut()
                 .insert(EPOCH_HEADER, AsciiMetadataValue::from(epoch.get()));
+        } else if method == "Heartbeat" {
+            let link = if epoch.in_touch() { "up" } else { "down" };
+            request
+                .metadata_mut()
+                .insert(LINK_HEADER, AsciiMetadataValue::from_static(link));
         }
         Ok(request)
     }

@@ -16,6 +16,7 @@
 //! not checked. A static cluster file has one view (epoch 0) for its whole
 //! life, so its calls are never refused.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,9 @@ use tonic::Status;
 
 /// The metadata key of the sender's epoch.
 pub const EPOCH_HEADER: &str = "x-shoal-epoch";
+/// On heartbeats: whether the sender is in touch with the membership
+/// service (`up` or `down`), so a node cut off from it alone can tell.
+pub const LINK_HEADER: &str = "x-shoal-membership";
 /// On a refusal: which side is behind (`caller` or `callee`).
 pub const BEHIND_HEADER: &str = "x-shoal-behind";
 
@@ -46,24 +50,42 @@ pub fn carries_epoch(method: &str) -> bool {
 }
 
 /// This node's current view epoch, shared by its peer calls in both
-/// directions and by whoever waits for it to rise; only ever raised.
+/// directions and by whoever waits for it to rise; only ever raised. Also
+/// whether the node is in touch with the membership service (its lease
+/// renewed within its TTL), which its heartbeats tell its peers.
 #[derive(Debug, Clone)]
-pub struct Epoch(Arc<watch::Sender<u64>>);
+pub struct Epoch {
+    epoch: Arc<watch::Sender<u64>>,
+    in_touch: Arc<AtomicBool>,
+}
 
 impl Default for Epoch {
     fn default() -> Self {
-        Self(Arc::new(watch::channel(0).0))
+        Self {
+            epoch: Arc::new(watch::channel(0).0),
+            in_touch: Arc::new(AtomicBool::new(true)),
+        }
     }
 }
 
 impl Epoch {
     pub fn get(&self) -> u64 {
-        *self.0.borrow()
+        *self.epoch.borrow()
+    }
+
+    /// Whether this node is in touch with its membership service (always,
+    /// for a static cluster file).
+    pub fn in_touch(&self) -> bool {
+        self.in_touch.load(Ordering::Relaxed)
+    }
+
+    pub fn set_in_touch(&self, in_touch: bool) {
+        self.in_touch.store(in_touch, Ordering::Relaxed);
     }
 
     /// Raises the epoch to `epoch` (a lower one is ignored).
     pub fn raise(&self, epoch: u64) {
-        self.0.send_if_modified(|now| {
+        self.epoch.send_if_modified(|now| {
             let higher = epoch > *now;
             if higher {
                 *now = epoch;
@@ -74,7 +96,7 @@ impl Epoch {
 
     /// Waits until the epoch is at least `epoch`, at most `within`; whether it is.
     pub async fn reach(&self, epoch: u64, within: Duration) -> bool {
-        let mut changes = self.0.subscribe();
+        let mut changes = self.epoch.subscribe();
         let reached = tokio::time::timeout(within, changes.wait_for(|now| *now >= epoch)).await;
         matches!(reached, Ok(Ok(_)))
     }
@@ -113,6 +135,16 @@ pub fn check(mine: u64, caller: u64) -> Result<(), Status> {
         .metadata_mut()
         .insert(BEHIND_HEADER, AsciiMetadataValue::from_static(side));
     Err(status)
+}
+
+/// What a heartbeat says of its sender's link to the membership service
+/// (`None`: it says nothing, as a static file's nodes).
+pub fn link_of(metadata: &tonic::metadata::MetadataMap) -> Option<bool> {
+    match metadata.get(LINK_HEADER)?.to_str().ok()? {
+        "up" => Some(true),
+        "down" => Some(false),
+        _ => None,
+    }
 }
 
 /// What a refused call says about epochs; `None` for any other failure.

@@ -68,11 +68,14 @@ impl Readiness {
     }
 
     /// A new view gave this node homes it did not have: its directory waits
-    /// again for every live peer to restore (for that view) or for the
-    /// bound, counted from `now`. What heartbeats said of peers is kept.
-    pub fn again(&mut self, now: Instant) {
+    /// again for every live peer among `members` to restore (for that view)
+    /// or for the bound, counted from `now`; a node outside the view holds
+    /// nothing homed by it. What heartbeats said of peers is kept.
+    pub fn again(&mut self, now: Instant, members: &[u32]) {
         self.started = now;
-        self.restored.iter_mut().for_each(|done| *done = false);
+        for (node, done) in self.restored.iter_mut().enumerate() {
+            *done = !members.contains(&(node as u32));
+        }
         self.ready = false;
     }
 
@@ -235,13 +238,17 @@ mod tests {
         assert_eq!(r.check(t0), Some(Ready::Restored));
         r.heartbeat(2, false);
         let t1 = t0 + LEASE;
-        r.again(t1);
+        r.again(t1, &[0, 1, 2]);
         assert!(!r.is_ready());
         assert_eq!(r.waiting_for(), vec![0], "node 2 is down: not waited for");
         assert_eq!(r.check(t1), None);
         r.restored(0);
         assert_eq!(r.check(t1), Some(Ready::Restored));
-        r.again(t1);
+        r.heartbeat(2, true);
+        r.again(t1, &[0, 1]);
+        assert_eq!(r.waiting_for(), vec![0], "node 2 is alive, but no member");
+        r.again(t1, &[0, 1, 2]);
+        r.heartbeat(2, false);
         assert_eq!(
             r.check(t1 + LEASE),
             Some(Ready::TimedOut {

@@ -7,6 +7,7 @@
 //! [`Roster`] from a `watch` channel.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
@@ -68,7 +69,29 @@ pub struct Membership {
     me: u32,
     lease: i64,
     roster: watch::Receiver<Roster>,
+    renewed: RenewalClock,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// When this node's lease was last renewed, read at any moment (the
+/// roster's `connected` changes only when a renewal attempt ends, which
+/// may take the request timeout).
+#[derive(Debug, Clone)]
+pub struct RenewalClock(Arc<Mutex<Instant>>);
+
+impl RenewalClock {
+    fn new() -> Self {
+        Self(Arc::new(Mutex::new(Instant::now())))
+    }
+
+    fn renewed(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    /// How long ago the lease was last renewed.
+    pub fn since(&self) -> Duration {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
+    }
 }
 
 fn unavailable(url: &MembershipUrl, err: impl std::fmt::Display) -> ShoalError {
@@ -191,6 +214,7 @@ impl Membership {
                 .0;
         }
         let (sender, receiver) = watch::channel(roster.clone());
+        let renewed = RenewalClock::new();
         tracing::info!(node = me, %url, "joined the cluster's membership");
 
         let tasks = vec![
@@ -203,11 +227,11 @@ impl Membership {
             tokio::spawn(renew(
                 client.clone(),
                 keys.clone(),
-                me,
                 joining.clone(),
                 lease,
                 settings,
                 sender,
+                renewed.clone(),
             )),
             tokio::spawn(steward(
                 client.clone(),
@@ -222,6 +246,7 @@ impl Membership {
             me,
             lease,
             roster: receiver,
+            renewed,
             tasks,
         })
     }
@@ -229,6 +254,11 @@ impl Membership {
     /// The latest roster; changes wake `changed()`.
     pub fn roster(&self) -> watch::Receiver<Roster> {
         self.roster.clone()
+    }
+
+    /// When the lease was last renewed.
+    pub fn renewals(&self) -> RenewalClock {
+        self.renewed.clone()
     }
 
     /// Leaves at once: the liveness key and the record go, then the view
@@ -290,14 +320,34 @@ async fn propose(
     revision: i64,
     next: &View,
 ) -> std::result::Result<Option<i64>, etcd_client::Error> {
-    let compare = if revision == 0 {
+    propose_removing(client, keys, revision, next, &[]).await
+}
+
+/// [`propose`], also deleting the records of `removed` (members without a
+/// liveness key), so etcd keeps only the members' keys: only if none of
+/// them is live again, else nothing is written.
+async fn propose_removing(
+    client: &mut Client,
+    keys: &Keys,
+    revision: i64,
+    next: &View,
+    removed: &[u32],
+) -> std::result::Result<Option<i64>, etcd_client::Error> {
+    let mut compares = vec![if revision == 0 {
         Compare::create_revision(keys.view(), CompareOp::Equal, 0)
     } else {
         Compare::mod_revision(keys.view(), CompareOp::Equal, revision)
-    };
-    let txn = Txn::new()
-        .when([compare])
-        .and_then([TxnOp::put(keys.view(), next.encode(), None)]);
+    }];
+    let mut writes = vec![TxnOp::put(keys.view(), next.encode(), None)];
+    for &node in removed {
+        compares.push(Compare::create_revision(
+            keys.live(node),
+            CompareOp::Equal,
+            0,
+        ));
+        writes.push(TxnOp::delete(keys.node(node), None));
+    }
+    let txn = Txn::new().when(compares).and_then(writes);
     let answer = client.txn(txn).await?;
     if !answer.succeeded() {
         return Ok(None);
@@ -418,12 +468,13 @@ fn lease_gone(err: &etcd_client::Error) -> bool {
 async fn renew(
     mut client: Client,
     keys: Keys,
-    me: u32,
     joining: Joining,
     mut lease: i64,
     settings: Settings,
     roster: watch::Sender<Roster>,
+    clock: RenewalClock,
 ) {
+    let me = joining.node;
     let ttl = settings.ttl.as_secs().max(1) as i64;
     let mut renewed = Instant::now();
     let mut keeper = None;
@@ -452,6 +503,7 @@ async fn renew(
             match answered {
                 Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
                     renewed = Instant::now();
+                    clock.renewed();
                     wait = settings.ttl / 3;
                 }
                 Ok(Ok(Some(_))) => lapsed = true,
@@ -490,6 +542,7 @@ async fn renew(
                 Ok(new) => {
                     lease = new;
                     renewed = Instant::now();
+                    clock.renewed();
                     keeper = None;
                     wait = settings.ttl / 3;
                 }
@@ -523,7 +576,21 @@ async fn steward(
         if let Some(next) = proposal {
             // A lost compare-and-swap needs nothing: the watch brings the
             // view that won, and the roster's change wakes this loop.
-            let proposed = propose(&mut client, &keys, now_roster.view_revision, &next).await;
+            let removed: Vec<u32> = now_roster
+                .view
+                .members()
+                .iter()
+                .copied()
+                .filter(|&m| !next.contains(m))
+                .collect();
+            let proposed = propose_removing(
+                &mut client,
+                &keys,
+                now_roster.view_revision,
+                &next,
+                &removed,
+            )
+            .await;
             if let Err(err) = proposed {
                 tracing::warn!(%err, view = %next, "membership: proposing the view failed; retrying");
                 sleep = sleep.min(Duration::from_millis(500));

@@ -6,6 +6,7 @@
 //!                         of another cluster (or with another token) refuses
 //! <prefix>/nodes/<id>     a member's `[[node]]` table (TOML): addresses, region,
 //!                         access, public key; written at join, gone at leave
+//!                         or with the view that removes it
 //! <prefix>/live/<id>      its incarnation, bound to its lease: gone when the
 //!                         node stops renewing it (kill -9, a partition from etcd)
 //! <prefix>/view           the view: `epoch=N members=A,B,…`, changed only by

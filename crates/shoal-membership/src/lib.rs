@@ -17,6 +17,6 @@ pub mod etcd;
 pub mod keys;
 pub mod roster;
 
-pub use etcd::{Joining, Membership, Settings};
+pub use etcd::{Joining, Membership, RenewalClock, Settings};
 pub use roster::Roster;
 pub use shoal_cluster::membership_url::MembershipUrl;

@@ -113,6 +113,8 @@ async fn nodes_join_leave_and_a_killed_one_is_removed_after_ttl_and_grace() {
         since <= TTL + grace + Duration::from_millis(1500),
         "removed after {since:?}"
     );
+    // Its record went with the view that removed it: 2N + 2 keys for N = 1.
+    assert_eq!(keys_under(&etcd.endpoints(), "/shoal/a/").await.0, 2 + 2);
 
     // It comes back: joins again under the next epoch.
     let c = join(&url, 2, grace).await;

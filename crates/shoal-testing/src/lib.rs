@@ -3,8 +3,9 @@
 //! of its own ([`ServeProcess`]: kill -9, signals, restarts), clusters of
 //! them on loopback ([`TestCluster`], [`LoneNode`], [`ClusterNode`]), objects
 //! a test tells apart ([`pattern`], [`read_object`]), free ports, waiting
-//! with a deadline, logs, plain HTTP to the metrics endpoints, and real etcd
-//! servers ([`EtcdCluster`]).
+//! with a deadline, logs, plain HTTP to the metrics endpoints, real etcd
+//! servers ([`EtcdCluster`]) and a link to one of them a test cuts
+//! ([`TcpProxy`]).
 //!
 //! A dev-dependency only: every crate's integration tests use it; nothing
 //! shipped does. It depends on the daemon, so the daemon's own unit tests
@@ -18,6 +19,7 @@ mod logs;
 mod objects;
 mod ports;
 mod process;
+mod proxy;
 mod wait;
 
 pub use cluster::{
@@ -30,6 +32,7 @@ pub use logs::init_logs;
 pub use objects::{pattern, read_object};
 pub use ports::free_ports;
 pub use process::ServeProcess;
+pub use proxy::TcpProxy;
 pub use wait::{eventually, eventually_within, wait_started, START_WAIT};
 
 /// Whether `program` is on PATH (tests that need fio, Prometheus or a

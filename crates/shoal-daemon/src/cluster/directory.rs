@@ -26,6 +26,16 @@ pub(super) fn rebuilding(node: u32) -> ShoalError {
     )
 }
 
+fn cut_off(node: u32) -> ShoalError {
+    ShoalError::new(
+        ErrorKind::NodeUnavailable,
+        format!(
+            "node {node} lost the cluster's membership service while its peers did not: it \
+             keeps no directory until it is back (its homes may have moved)"
+        ),
+    )
+}
+
 fn not_home(node: u32, id: &ObjectId) -> ShoalError {
     ShoalError::new(
         ErrorKind::NodeUnavailable,
@@ -40,7 +50,10 @@ impl Cluster {
         // Not ready, or asked by a node whose view has other homes for some
         // ids (the check of its epoch passed just before this node's view
         // changed): the caller asks again by its newer view.
-        if !self.directory_ready() || ids.iter().any(|id| self.home(id) != self.me) {
+        if !self.directory_ready()
+            || !self.acts_as_home()
+            || ids.iter().any(|id| self.home(id) != self.me)
+        {
             // Ids held elsewhere may not be restored here yet.
             let code = u32::from(ErrorKind::NodeUnavailable.code());
             return Statuses {
@@ -97,6 +110,9 @@ impl Cluster {
     pub fn local_lookup(&self, ids: &[ObjectId]) -> Result<LookupReply> {
         if !self.directory_ready() {
             return Err(rebuilding(self.me));
+        }
+        if !self.acts_as_home() {
+            return Err(cut_off(self.me));
         }
         if let Some(id) = ids.iter().find(|id| self.home(id) != self.me) {
             return Err(not_home(self.me, id));

@@ -23,6 +23,10 @@ pub struct Members {
 #[cfg(feature = "etcd")]
 const LEAVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// How often a member looks at when its lease was last renewed.
+#[cfg(feature = "etcd")]
+const LINK_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl Members {
     /// Joins the cluster's membership if the file keeps one (`None` for a
     /// static file), adopts the view that has this node, and follows the
@@ -49,13 +53,25 @@ impl Members {
             let mut roster = membership.roster();
             let first = roster.borrow_and_update().view.clone();
             cluster.adopt_view(first);
+            let renewals = membership.renewals();
+            let in_touch_within = config.ttl / 2;
             let following = Rc::downgrade(cluster);
             cluster.supervisor.spawn_local("membership", async move {
-                while roster.changed().await.is_ok() {
-                    let view = roster.borrow_and_update().view.clone();
-                    let Some(cluster) = following.upgrade() else {
+                let mut tick = tokio::time::interval(LINK_CHECK);
+                loop {
+                    let changed = tokio::select! {
+                        changed = roster.changed() => changed.is_ok(),
+                        _ = tick.tick() => true,
+                    };
+                    let Some(cluster) = following.upgrade().filter(|_| changed) else {
                         return;
                     };
+                    // Out of touch well before the lease can lapse: the
+                    // others may remove this node a TTL after its last
+                    // renewal reached etcd, and by then it must not act as
+                    // a home (a renewal every TTL/3 keeps it under TTL/2).
+                    cluster.set_membership_link(renewals.since() < in_touch_within);
+                    let view = roster.borrow_and_update().view.clone();
                     cluster.adopt_view(view);
                 }
             });

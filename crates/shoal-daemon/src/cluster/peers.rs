@@ -320,6 +320,14 @@ impl PeerSet {
     }
 
     /// When each peer last answered us.
+    /// Whether `node` called us or heartbeat us within `within`.
+    pub fn heard_within(&self, node: u32, within: Duration) -> bool {
+        self.seen
+            .borrow()
+            .get(node as usize)
+            .is_some_and(|s| s.last.is_some_and(|t| t.elapsed() < within))
+    }
+
     pub fn last_answers(&self) -> Vec<Option<Instant>> {
         self.answered.borrow().clone()
     }

@@ -126,8 +126,13 @@ pub struct Cluster {
     pub(crate) topology: Topology,
     /// The members now, and so each id's home (`view_change.rs`).
     pub(crate) view: RefCell<View>,
-    /// The view's epoch as the peer calls carry and check it.
+    /// The view's epoch as the peer calls carry and check it, and whether
+    /// this node is in touch with its membership service.
     pub(crate) epoch: Epoch,
+    /// When each peer last said, in a heartbeat, that it is in touch with
+    /// the membership service (`view_change.rs`: a node cut off from it
+    /// alone stops acting as a home).
+    pub(crate) peers_in_touch: RefCell<Vec<Option<std::time::Instant>>>,
     pub(crate) me: u32,
     pub(crate) incarnation: u64,
     /// The node this daemon serves: the cluster changes its store through it.
@@ -209,6 +214,7 @@ impl Cluster {
             topology,
             view: RefCell::new(view),
             epoch,
+            peers_in_touch: RefCell::new(vec![None; n]),
             me: config.node,
             incarnation,
             node,

@@ -78,15 +78,27 @@ impl Cluster {
         self.epoch.raise(view.epoch());
         let me = self.me;
         let member = view.contains(me);
+        // Homes come to this node when it joins and when a member leaves;
+        // after views it missed (cut off from etcd meanwhile), anything
+        // may have moved here and back, deleted on the way.
+        let missed = before.epoch() > 0 && view.epoch() > before.epoch() + 1;
+        let gains = member
+            && (missed
+                || !before.contains(me)
+                || before.members().iter().any(|m| !view.contains(*m)));
+        // Owners restore at every member everything homed there: a home that
+        // gains ids starts again from what they restore, as after a restart
+        // (an entry kept from before could be one whose delete went to
+        // another home meanwhile).
         let moved_away = self
             .directory
             .borrow_mut()
-            .keep_homed(|id| member && view.home(id) == me);
-        // Homes come to this node when it joins and when a member leaves.
-        let gains =
-            member && (!before.contains(me) || before.members().iter().any(|m| !view.contains(*m)));
+            .keep_homed(|id| member && !gains && view.home(id) == me);
         if gains {
-            self.rebuild.borrow_mut().readiness.again(Instant::now());
+            self.rebuild
+                .borrow_mut()
+                .readiness
+                .again(Instant::now(), view.members());
             // Its own objects homed here now: nobody else restores those.
             self.restore_own();
         }
@@ -106,7 +118,7 @@ impl Cluster {
         tracing::info!(
             %view,
             %before,
-            moved_away,
+            entries_dropped = moved_away,
             waits_for_restores = gains,
             "adopted the cluster's view"
         );
@@ -139,6 +151,63 @@ impl Cluster {
                 .or_default()
                 .insert(id);
         }
+    }
+
+    /// Whether this node is in touch with its membership service, as its
+    /// lease renewals say (the membership's roster).
+    pub fn set_membership_link(&self, in_touch: bool) {
+        if self.epoch.in_touch() != in_touch {
+            if in_touch {
+                tracing::info!("in touch with the membership service again");
+            } else {
+                tracing::warn!(
+                    "lost the membership service for longer than the lease's TTL: this node \
+                     acts as a home only while its peers have lost it too"
+                );
+            }
+        }
+        self.epoch.set_in_touch(in_touch);
+    }
+
+    /// Whether this node is in touch with its membership service (always,
+    /// with a static file).
+    pub fn membership_in_touch(&self) -> bool {
+        self.epoch.in_touch()
+    }
+
+    /// A heartbeat of `node` said whether it is in touch with the
+    /// membership service.
+    pub fn heard_membership_link(&self, node: u32, in_touch: bool) {
+        if let Some(slot) = self.peers_in_touch.borrow_mut().get_mut(node as usize) {
+            *slot = in_touch.then(std::time::Instant::now);
+        }
+    }
+
+    /// Whether this node keeps a directory and answers for the ids it is
+    /// home for. Without the membership service it may be out of the view
+    /// the others follow (removed after its TTL, its homes moved): it acts
+    /// as a home only with proof that the service is down for everyone — a
+    /// member heard from within a lease, and none that said it is in touch
+    /// — or as the view's only member. A static file's nodes always do.
+    pub fn acts_as_home(&self) -> bool {
+        if self.topology.membership.is_none() || self.epoch.in_touch() {
+            return true;
+        }
+        let view = self.view.borrow();
+        if view.members() == [self.me] {
+            return true;
+        }
+        let lease = self.topology.lease;
+        let in_touch = self.peers_in_touch.borrow();
+        let mut any_heard = false;
+        for &m in view.members().iter().filter(|&&m| m != self.me) {
+            let said_in_touch = in_touch.get(m as usize).copied().flatten();
+            if said_in_touch.is_some_and(|t| t.elapsed() < lease) {
+                return false;
+            }
+            any_heard |= self.peers.heard_within(m, lease);
+        }
+        any_heard
     }
 
     /// A call on homes starts now: asked again while view changes overtake

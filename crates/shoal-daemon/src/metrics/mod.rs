@@ -84,6 +84,12 @@ pub struct StoreGauges {
     pub evictable_objects: Gauge,
     pub clients: Gauge,
     pub loans: Gauge,
+    /// The epoch of the cluster's view this node acts on, its members, and
+    /// 1 while it is in touch with the membership service (always, with a
+    /// static file; docs/cluster.md, "Membership").
+    pub view_epoch: Gauge,
+    pub view_members: Gauge,
+    pub membership_in_touch: Gauge,
     /// Per other node: 1 while this node hears from it, else 0.
     pub peer_up: Family<[(&'static str, String); 1], Gauge>,
     /// Per other node: 1 while what it held here is quarantined (fenced,
@@ -345,6 +351,9 @@ impl Metrics {
             ("shoal_evictable_objects", "Objects the eviction policy may evict", &store.evictable_objects),
             ("shoal_clients", "Local clients connected", &store.clients),
             ("shoal_loans", "References this node holds on other nodes' objects after its clients released them", &store.loans),
+            ("shoal_view_epoch", "Epoch of the cluster's view this node acts on (0: a static cluster file)", &store.view_epoch),
+            ("shoal_view_members", "Members of the cluster's view this node acts on", &store.view_members),
+            ("shoal_membership_in_touch", "1 while this node is in touch with the cluster's membership service (always with a static file)", &store.membership_in_touch),
         ] {
             registry.register(name, help, gauge.clone());
         }

@@ -78,6 +78,12 @@ fn take(ops: &Ops, metrics: &Metrics) {
         .inc_by(fast_gets.saturating_sub(events.fast_gets.get()));
     if let Some(cluster) = &ops.cluster {
         gauges.loans.set(signed(cluster.loans_held() as u64));
+        let view = cluster.view();
+        gauges.view_epoch.set(signed(view.epoch()));
+        gauges.view_members.set(signed(view.members().len() as u64));
+        gauges
+            .membership_in_touch
+            .set(i64::from(cluster.membership_in_touch()));
         for peer in cluster.others() {
             let label = [("peer", peer.to_string())];
             gauges

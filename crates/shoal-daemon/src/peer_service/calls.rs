@@ -41,6 +41,9 @@ pub(super) enum PeerCall {
 
 pub(super) struct Heartbeat {
     pub from: u32,
+    /// Whether `from` is in touch with the membership service (`None`:
+    /// it has none).
+    pub membership_link: Option<bool>,
     pub incarnation: u64,
     /// `from`'s fence epoch for this node, and this node's it confirms.
     pub fence_epoch: u64,

@@ -56,10 +56,12 @@ impl Peer for PeerService {
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatReply>, Status> {
         let from = verified_peer(&request)?;
+        let membership_link = shoal_cluster::epoch::link_of(request.metadata());
         let request = request.into_inner();
         self.ask(|reply| {
             PeerCall::Heartbeat(calls::Heartbeat {
                 from,
+                membership_link,
                 incarnation: request.incarnation,
                 fence_epoch: request.fence_epoch,
                 fence_confirmed: request.fence_confirmed,

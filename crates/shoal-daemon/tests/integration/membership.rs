@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use shoal_cluster::{MembershipConfig, Topology};
+use shoal_cluster::{MembershipConfig, Topology, View};
 use shoal_core::error::ErrorKind;
 use shoal_core::ObjectId;
 use shoal_testing::{
-    eventually, loopback_topology, pattern, read_object, ClusterNode, EtcdCluster,
+    eventually, loopback_topology, pattern, read_object, ClusterNode, EtcdCluster, TcpProxy,
 };
 
 const MIB: u64 = 1 << 20;
@@ -188,5 +188,75 @@ fn creates_and_gets_keep_succeeding_while_a_node_joins_and_leaves() {
     let mut check = stayers[1].client();
     for &(id, seed) in put.lock().unwrap().iter() {
         assert_eq!(read_object(&mut check, id), Some(pattern(seed)), "{id}");
+    }
+}
+
+/// Node 2 reaches etcd through a relay the test cuts; its peers it still
+/// reaches. The others remove it after its TTL and take its homes; it stops
+/// acting as a home before they can, so no id is created twice; after the
+/// heal it joins again, and every object is whole and once, its own too.
+#[test]
+fn a_node_cut_off_from_etcd_alone_stops_acting_as_a_home_until_it_is_back() {
+    let etcd = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let topology = topology(&etcd, dir.path());
+    let relay = TcpProxy::start(etcd.endpoints()[0].parse().unwrap());
+    let mut through_relay = topology.clone();
+    let url = format!("etcd://127.0.0.1:{}/shoal/members", relay.port());
+    through_relay.membership.as_mut().unwrap().url = url.parse().unwrap();
+    let n0 = ClusterNode::start(&topology, 0);
+    let n1 = ClusterNode::start(&topology, 1);
+    let n2 = ClusterNode::start(&through_relay, 2);
+    assert_eq!(view(&etcd), "epoch=3 members=0,1,2");
+    let (mut c0, mut c1, mut c2) = (n0.client(), n1.client(), n2.client());
+    let all_three = View::new(3, [0, 1, 2]).unwrap();
+    let homed_at_2 = |count: usize| -> Vec<ObjectId> {
+        std::iter::repeat_with(ObjectId::random)
+            .filter(|id| all_three.home(id) == 2)
+            .take(count)
+            .collect()
+    };
+    let mut objects = Vec::new();
+    for seed in 0..40u32 {
+        let id = ObjectId::random();
+        let client = if seed % 2 == 0 { &mut c0 } else { &mut c2 };
+        client.put(id, &pattern(seed), b"").unwrap();
+        objects.push((id, seed));
+    }
+
+    relay.cut();
+    eventually("the others removed node 2", || {
+        view(&etcd) == "epoch=4 members=0,1"
+    });
+    // Ids node 2 was home for: created at their new homes through node 0,
+    // and refused through node 2, whose view still makes it their home.
+    let contested = homed_at_2(12);
+    for (i, &id) in contested.iter().enumerate() {
+        c0.put(id, &pattern(100 + i as u32), b"").unwrap();
+    }
+    for &id in &contested[..3] {
+        let refused = c2.put(id, b"a second object", b"");
+        assert!(refused.is_err(), "{id} created twice: {refused:?}");
+    }
+
+    relay.heal();
+    eventually("node 2 joined again", || {
+        view(&etcd) == "epoch=5 members=0,1,2"
+    });
+    for (i, &id) in contested.iter().enumerate() {
+        let want = Some(pattern(100 + i as u32));
+        eventually(&format!("{id} from node 2"), || {
+            read_object(&mut c2, id) == want
+        });
+        assert_eq!(read_object(&mut c1, id), want, "{id}");
+        let again = c2.put(id, b"a second object", b"").unwrap_err();
+        assert_eq!(again.kind(), ErrorKind::ObjectExists, "{id}: {again}");
+    }
+    for &(id, seed) in &objects {
+        let want = Some(pattern(seed));
+        eventually(&format!("{id} from node 1"), || {
+            read_object(&mut c1, id) == want
+        });
+        assert_eq!(read_object(&mut c0, id), want, "{id}");
     }
 }

@@ -12,6 +12,9 @@ use crate::peer_service::calls;
 pub(super) fn heartbeat(cluster: &Rc<Cluster>, call: calls::Heartbeat) {
     // A restart first: it starts the peer's epochs again.
     cluster.heard_incarnation(call.from, call.incarnation);
+    if let Some(in_touch) = call.membership_link {
+        cluster.heard_membership_link(call.from, in_touch);
+    }
     cluster.heard_fence(call.from, call.fence_epoch);
     cluster.fence_confirmed(call.from, call.fence_confirmed);
     let _ = call.reply.send(cluster.heartbeat_reply());

@@ -1,0 +1,391 @@
+"""Membership on etcd: what a join, a clean leave and a kill -9 cost, beside the static file.
+
+    python bench/membership.py --out bench/results/membership.md
+
+Starts one etcd (Debian's etcd-server; scripts/setup-test-tools.sh installs it) and writes a
+4-node cluster file (`shoal cluster up --nodes 4`, stopped at once: its file is what the
+nodes run), then one `shoal serve` process per node. Measured, in one run:
+  static  nodes 0-2 on the file alone: WORKERS processes each put a 1 kB object through one
+          node, get it through another, check it and delete it, for --phase seconds;
+  etcd    the same nodes with `--membership`, under the same load, in phases:
+            steady  nothing changes;
+            join    node 3 starts: "join visible" is its proposal of the view (its log) to
+                    the last node adopting that view (their logs);
+            leave   node 3 stopped with SIGTERM (it leaves at once): its removal in etcd to
+                    the last adoption;
+            kill    node 3 (started again) killed with SIGKILL: "detected" is the kill to the
+                    view without it in etcd (target: TTL + 0.5 s), "propagated" that to the
+                    last node adopting it (target: 100 ms);
+          per phase: operations, failures (target 0: every object the workers use lives on
+          nodes 0-2) and the get's p50/p99 (target: p99 within 2x of steady);
+  homes   homes moved by a join N = 3 -> 4 over 1 M random ids (numpy: the daemons'
+          rendezvous hash), against 1.1/(N+1);
+  keys    etcd keys under the cluster's prefix for N nodes (target <= 2N + 2) and etcd
+          writes over 5 idle seconds (target 0: only lease keep-alives, which write nothing).
+"""
+
+import argparse
+import base64
+import datetime
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+import shoal
+from shoal.testing import shoal_command
+
+WORKERS = 16
+TTL_MS = 1000
+PREFIX = "/shoal/bench"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def stamp(line: str) -> float:
+    """The wall-clock time a daemon's log line starts with (RFC 3339, UTC)."""
+    return datetime.datetime.fromisoformat(line.split()[0].replace("Z", "+00:00")).timestamp()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """One etcd member on loopback, data in `directory`, stopped by `stop()`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.client, peer = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.client}"
+        self.process = subprocess.Popen(
+            ["etcd", "--name", "e0", "--data-dir", str(directory / "etcd"),
+             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-cluster", f"e0=http://127.0.0.1:{peer}"],
+            stdout=subprocess.DEVNULL, stderr=open(directory / "etcd.log", "w"),
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                self.range(PREFIX)
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise SystemExit("etcd did not start (see etcd.log)")
+
+    def _post(self, path: str, body: dict) -> dict:
+        request = urllib.request.Request(
+            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return json.loads(answer.read())
+
+    def range(self, key: str, prefix: bool = False) -> dict:
+        body = {"key": base64.b64encode(key.encode()).decode()}
+        if prefix:
+            end = key[:-1] + chr(ord(key[-1]) + 1)
+            body["range_end"] = base64.b64encode(end.encode()).decode()
+        return self._post("/v3/kv/range", body)
+
+    def value(self, key: str) -> str:
+        kvs = self.range(key).get("kvs", [])
+        return base64.b64decode(kvs[0]["value"]).decode() if kvs else ""
+
+    def keys(self, prefix: str) -> list[str]:
+        kvs = self.range(prefix, prefix=True).get("kvs", [])
+        return [base64.b64decode(kv["key"]).decode() for kv in kvs]
+
+    def revision(self) -> int:
+        return int(self.range(PREFIX)["header"]["revision"])
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+class Node:
+    """`shoal serve --cluster FILE --node N` as a process of its own, its log in a file."""
+
+    def __init__(self, directory: Path, node: int, membership: str | None) -> None:
+        self.node = node
+        self.log_path = directory / f"serve-{node}-{time.monotonic_ns()}.log"
+        self.socket = str(directory / f"n{node}.sock")
+        args = ["serve", "--cluster", str(directory / "cluster.toml"), "--node", str(node), "--no-prefault"]
+        if membership:
+            args += ["--membership", membership]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "shoal", *args],
+            stdout=subprocess.DEVNULL, stderr=open(self.log_path, "w"),
+            env=dict(os.environ, NO_COLOR="1", SHOAL_LOG="info"),
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                shoal.Client(self.socket).close()
+                return
+            except Exception:
+                if self.process.poll() is not None:
+                    raise SystemExit(f"node {node} stopped at start:\n{self.log()}") from None
+                time.sleep(0.05)
+        raise SystemExit(f"node {node} did not serve:\n{self.log()}")
+
+    def log(self) -> str:
+        return ANSI.sub("", self.log_path.read_text(errors="replace"))
+
+    def times(self, message: str, view: str) -> list[float]:
+        """Wall-clock times of the log lines saying `message` with view `view`."""
+        return [stamp(line) for line in self.log().splitlines() if message in line and f"view={view}" in line]
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(timeout=30)
+
+
+def worker(sockets: list[str], seed: int, stop_at: float, results: "multiprocessing.Queue") -> None:
+    """Put through one node, get through another, check, delete; until `stop_at`."""
+    import random
+
+    rng = random.Random(seed)
+    clients = [shoal.Client(s) for s in sockets]
+    done: list[tuple[float, float]] = []  # (time, get seconds)
+    failures: list[tuple[float, str]] = []
+    payload = bytes(rng.getrandbits(8) for _ in range(1000))
+    while time.time() < stop_at:
+        a, b = rng.sample(range(len(clients)), 2)
+        try:
+            oid = clients[a].put(payload)
+            started = time.perf_counter()
+            got = clients[b].get(oid, timeout_ms=5000)
+            took = time.perf_counter() - started
+            if bytes(memoryview(got)) != payload:
+                failures.append((time.time(), f"{oid}: other bytes"))
+            del got
+            clients[a].delete(oid)
+            done.append((time.time(), took))
+        except Exception as err:  # every failure is counted and reported, by kind
+            failures.append((time.time(), f"{type(err).__name__}: {err}"[:200]))
+    results.put((done, failures))
+
+
+class Load:
+    """WORKERS processes running `worker` against nodes 0-2 until `finish()`."""
+
+    def __init__(self, sockets: list[str], seconds: float) -> None:
+        self.results: multiprocessing.Queue = multiprocessing.Queue()
+        stop_at = time.time() + seconds
+        self.processes = [
+            multiprocessing.Process(target=worker, args=(sockets, i, stop_at, self.results))
+            for i in range(WORKERS)
+        ]
+        for p in self.processes:
+            p.start()
+
+    def finish(self) -> tuple[list[tuple[float, float]], list[tuple[float, str]]]:
+        done, failures = [], []
+        for _ in self.processes:
+            d, f = self.results.get(timeout=600)
+            done += d
+            failures += f
+        for p in self.processes:
+            p.join()
+        return done, failures
+
+
+def phase_row(name: str, start: float, end: float, done, failures, steady_p99: float | None) -> str:
+    gets = np.array([took for t, took in done if start <= t < end])
+    failed = [why for t, why in failures if start <= t < end]
+    if len(gets) == 0:
+        return f"| {name} | 0 | {len(failed)} | | | |"
+    p50, p99 = np.percentile(gets, 50) * 1e6, np.percentile(gets, 99) * 1e6
+    ratio = f"{p99 / steady_p99:.2f}x" if steady_p99 else "1.00x"
+    kinds = sorted({why.split(":")[0] for why in failed})
+    return (
+        f"| {name} | {len(gets)} | {len(failed)}{' (' + ', '.join(kinds) + ')' if kinds else ''} "
+        f"| {p50:.0f} | {p99:.0f} | {ratio} |"
+    )
+
+
+def homes_moved(count: int) -> float:
+    """Share of `count` random ids whose home changes when node 3 joins nodes 0-2."""
+    mask = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+    def mix(z):
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return (z ^ (z >> np.uint64(31))) & mask
+
+    raw = np.frombuffer(os.urandom(count * 24), dtype="<u8").reshape(count, 3).copy()
+    raw[:, 2] &= np.uint64(0xFFFFFFFF)  # a 20-byte id: the last word holds 4 bytes
+    h = np.full(count, 0x9E3779B97F4A7C15, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for word in range(3):
+            h = mix(h ^ raw[:, word])
+        spread = [np.uint64((n * 0xD6E8FEB86659FD93) & 0xFFFFFFFFFFFFFFFF) for n in range(4)]
+        weights = np.stack([mix(h ^ node) for node in spread])
+    three = np.argmax(weights[:3], axis=0)  # ties need a 64-bit collision
+    four = np.argmax(weights, axis=0)
+    return float(np.mean(three != four))
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--phase", type=float, default=4.0, help="seconds per phase")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if shutil.which("etcd") is None:
+        raise SystemExit("etcd is not on PATH: scripts/setup-test-tools.sh installs Debian's etcd-server")
+    if "etcd" not in shoal.features():
+        raise SystemExit("this build of shoal has no `etcd` feature: SHOAL_FEATURES=full ./scripts/setup.sh")
+    directory = Path(tempfile.mkdtemp(prefix="shoal-membership-"))
+    etcd = Etcd(directory)
+    nodes: dict[int, Node] = {}
+    try:
+        up = shoal_command("cluster", "up", "--nodes", "4", "--dir", str(directory), "--capacity", "256MiB",
+                           "--no-tiers", "--no-metrics", "--name", f"mb{os.getpid()}")  # fmt: skip
+        assert up.returncode == 0, up.stderr
+        down = shoal_command("cluster", "down", "--dir", str(directory))
+        assert down.returncode == 0, down.stderr
+        membership = f"etcd://127.0.0.1:{etcd.client}{PREFIX}"
+        text = (directory / "cluster.toml").read_text()
+        (directory / "cluster.toml").write_text(
+            text.replace("[cluster]\n", f"[cluster]\nmembership_ttl_ms = {TTL_MS}\n", 1)
+        )
+        sockets = [str(directory / f"n{i}.sock") for i in range(3)]
+        lines = [
+            f"# Membership on etcd ({datetime.date.today()})",
+            "",
+            f"`python bench/membership.py --phase {args.phase}`: one etcd, nodes 0-2 (+ node 3 joining "
+            f"and leaving) as `shoal serve` processes, {WORKERS} worker processes putting through one node, "
+            f"getting through another and deleting 1 kB objects; TTL {TTL_MS} ms, no grace. "
+            f"{os.cpu_count()} cores. Get latency in µs.",
+            "",
+            "| phase | gets | failures | p50 | p99 | p99 / steady |",
+            "|---|---|---|---|---|---|",
+        ]
+
+        # The static file: the same three nodes, no membership.
+        for i in range(3):
+            nodes[i] = Node(directory, i, None)
+        load = Load(sockets, args.phase)
+        start = time.time()
+        done, failures = load.finish()
+        static_p99 = np.percentile([t for _, t in done], 99) * 1e6 if done else None
+        lines.append(phase_row("static file, steady", start, time.time() + 1, done, failures, None))
+        for i in range(3):
+            nodes.pop(i).stop()
+
+        # With membership.
+        for i in range(3):
+            nodes[i] = Node(directory, i, membership)
+        assert etcd.value(f"{PREFIX}/view") == "epoch=3 members=0,1,2", etcd.value(f"{PREFIX}/view")
+        marks: dict[str, float] = {}
+        load = Load(sockets, args.phase * 5)
+        marks["steady"] = time.time()
+        time.sleep(args.phase)
+        marks["join"] = time.time()
+        nodes[3] = Node(directory, 3, membership)
+        time.sleep(args.phase)
+        marks["leave"] = time.time()
+        nodes.pop(3).stop()
+        time.sleep(args.phase)
+        marks["rejoin"] = time.time()
+        nodes[3] = Node(directory, 3, membership)
+        time.sleep(args.phase)
+        marks["kill"] = time.time()
+        killed = time.time()
+        nodes[3].process.kill()
+        view_gone = None
+        while time.time() < killed + 10:
+            if etcd.value(f"{PREFIX}/view") == "epoch=7 members=0,1,2":
+                view_gone = time.time()
+                break
+            time.sleep(0.005)
+        nodes.pop(3).process.wait()
+        done, failures = load.finish()
+        marks["end"] = time.time()
+
+        steady_gets = [t for at, t in done if marks["steady"] <= at < marks["join"]]
+        steady_p99 = np.percentile(steady_gets, 99) * 1e6 if steady_gets else None
+        names = ["steady", "join", "leave", "rejoin", "kill"]
+        for name, next_name in zip(names, names[1:] + ["end"]):
+            row_text = phase_row(f"etcd, {name}", marks[name], marks[next_name], done, failures, steady_p99)
+            lines.append(row_text)
+        lines.append("")
+        if static_p99 and steady_p99:
+            lines.append(f"Steady get p99 with membership / static file: {steady_p99 / static_p99:.2f}x.")
+        failed = [why for _, why in failures]
+        if failed:
+            lines.append(f"First failure: `{failed[0]}`")
+        lines.append("")
+
+        # View changes, from the nodes' logs (one host, one clock).
+        survivors = [nodes[i] for i in range(3)]
+
+        def adopted_by_all(view: str) -> float | None:
+            times = [min(n.times("adopted the cluster's view", view), default=None) for n in survivors]
+            return None if None in times else max(times)
+
+        def row(what: str, seconds: float | None, target: str) -> str:
+            measured = "not seen" if seconds is None else f"{seconds * 1e3:.1f} ms"
+            return f"| {what} | {measured} | {target} |"
+
+        node3 = sorted(directory.glob("serve-3-*.log"))
+        first3 = ANSI.sub("", node3[0].read_text(errors="replace")) if node3 else ""
+
+        def proposed(view: str) -> float | None:
+            times = [
+                stamp(line) for line in first3.splitlines() if "proposed the view" in line and view in line
+            ]
+            return times[0] if times else None
+
+        def between(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else b - a
+
+        join = between(proposed("view=epoch=4 "), adopted_by_all("epoch=4 members=0,1,2,3"))
+        leave = between(proposed("view=epoch=5 "), adopted_by_all("epoch=5 members=0,1,2"))
+        lines += ["| view change | measured | target |", "|---|---|---|"]
+        lines.append(row("join visible (node 3 proposes → last node adopts)", join, "≤ 100 ms"))
+        lines.append(row("clean leave (node 3 proposes → last node adopts)", leave, "≤ 100 ms"))
+        detected = between(killed, view_gone)
+        lines.append(
+            row("kill -9 detected (kill → view in etcd)", detected, f"≤ TTL + 500 = {TTL_MS + 500} ms")
+        )
+        propagated = between(view_gone, adopted_by_all("epoch=7 members=0,1,2"))
+        lines.append(row("kill -9 propagated (view in etcd → last node adopts)", propagated, "≤ 100 ms"))
+        moved = homes_moved(1_000_000)
+        lines.append(f"| homes moved by a join, 3 → 4 nodes, 1 M ids | {moved:.4f} | ≤ 1.1/4 = 0.2750 |")
+        keys = etcd.keys(PREFIX + "/")
+        revision = etcd.revision()
+        time.sleep(5)
+        writes = etcd.revision() - revision
+        lines.append(f"| etcd keys, 3 members | {len(keys)} | ≤ 2·3 + 2 = 8 |")
+        lines.append(f"| etcd writes in 5 idle seconds | {writes} | 0 |")
+        report = "\n".join(lines) + "\n"
+        print(report)
+        if args.out:
+            args.out.write_text(report)
+    finally:
+        for node in nodes.values():
+            node.stop(signal.SIGKILL)
+        etcd.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
