@@ -371,6 +371,7 @@ async fn snapshot(
         records: BTreeMap::new(),
         live: BTreeMap::new(),
         connected: true,
+        current: true,
     };
     for kv in answer.kvs() {
         apply(&mut roster, keys, kv, false);
@@ -413,41 +414,45 @@ async fn follow(mut client: Client, keys: Keys, mut revision: i64, roster: watch
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
-        let mut stream = match client.watch(keys.all(), Some(options)).await {
-            Ok(stream) => stream,
+        match client.watch(keys.all(), Some(options)).await {
+            Ok(mut stream) => {
+                while let Some(message) = stream.next().await {
+                    let Ok(message) = message else { break };
+                    if message.canceled() || message.compact_revision() > 0 {
+                        break;
+                    }
+                    roster.send_modify(|r| {
+                        for event in message.events() {
+                            if let Some(kv) = event.kv() {
+                                apply(r, &keys, kv, event.event_type() == EventType::Delete);
+                                revision = revision.max(kv.mod_revision());
+                            }
+                        }
+                    });
+                }
+            }
             Err(err) => {
                 tracing::warn!(%err, "membership: watch failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
             }
-        };
-        while let Some(message) = stream.next().await {
-            let Ok(message) = message else { break };
-            if message.canceled() || message.compact_revision() > 0 {
-                break;
-            }
-            roster.send_modify(|r| {
-                for event in message.events() {
-                    if let Some(kv) = event.kv() {
-                        apply(r, &keys, kv, event.event_type() == EventType::Delete);
-                        revision = revision.max(kv.mod_revision());
-                    }
-                }
-            });
         }
-        // Read everything again: what happened while the watch was down.
-        match snapshot(&mut client, &keys).await {
-            Ok((fresh, at)) => {
-                revision = at;
-                roster.send_modify(|r| {
-                    let connected = r.connected;
-                    *r = fresh;
-                    r.connected = connected;
-                });
-            }
-            Err(err) => {
-                tracing::warn!(%err, "membership: reading the cluster's keys failed; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
+        // The roster may miss changes until everything is read again.
+        roster.send_if_modified(|r| std::mem::replace(&mut r.current, false));
+        loop {
+            match snapshot(&mut client, &keys).await {
+                Ok((fresh, at)) => {
+                    revision = at;
+                    roster.send_modify(|r| {
+                        let connected = r.connected;
+                        *r = fresh;
+                        r.connected = connected;
+                    });
+                    break;
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "membership: reading the cluster's keys failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
             }
         }
     }

@@ -20,6 +20,9 @@ pub struct Roster {
     /// Whether this node's lease was renewed within its TTL: if not, it
     /// may have been removed meanwhile and must not act as a home.
     pub connected: bool,
+    /// Whether the roster follows etcd now: false from a broken watch
+    /// until everything was read again (views may have been missed).
+    pub current: bool,
 }
 
 /// Decides, as the roster changes, which view change to propose: live
@@ -83,6 +86,7 @@ mod tests {
                 .collect(),
             live: live.iter().map(|&n| (n, 1)).collect(),
             connected: true,
+            current: true,
         }
     }
 

@@ -23,6 +23,10 @@ pub struct Members {
 #[cfg(feature = "etcd")]
 const LEAVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// The most a member's "in touch" ends before its lease could lapse.
+#[cfg(feature = "etcd")]
+const TOUCH_MARGIN: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// How often a member looks at when its lease was last renewed.
 #[cfg(feature = "etcd")]
 const LINK_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
@@ -54,7 +58,13 @@ impl Members {
             let first = roster.borrow_and_update().view.clone();
             cluster.adopt_view(first);
             let renewals = membership.renewals();
-            let in_touch_within = config.ttl / 2;
+            // Out of touch before the lease can lapse: the others may remove
+            // this node a TTL after its last renewal reached etcd, and by then
+            // it must not act as a home. The margin (a third of the TTL, at
+            // most 500 ms) covers a renewal's answer on its way back; an etcd
+            // leader election (~1.3 s here) between renewals every TTL/3
+            // stays inside it at the default TTL.
+            let in_touch_within = config.ttl - (config.ttl / 3).min(TOUCH_MARGIN);
             let following = Rc::downgrade(cluster);
             cluster.supervisor.spawn_local("membership", async move {
                 let mut tick = tokio::time::interval(LINK_CHECK);
@@ -66,13 +76,14 @@ impl Members {
                     let Some(cluster) = following.upgrade().filter(|_| changed) else {
                         return;
                     };
-                    // Out of touch well before the lease can lapse: the
-                    // others may remove this node a TTL after its last
-                    // renewal reached etcd, and by then it must not act as
-                    // a home (a renewal every TTL/3 keeps it under TTL/2).
-                    cluster.set_membership_link(renewals.since() < in_touch_within);
-                    let view = roster.borrow_and_update().view.clone();
+                    let (view, current) = {
+                        let now = roster.borrow_and_update();
+                        (now.view.clone(), now.current)
+                    };
                     cluster.adopt_view(view);
+                    // And only with the views it may have missed read again: a
+                    // node back in touch acts on the view of now, not of before.
+                    cluster.set_membership_link(current && renewals.since() < in_touch_within);
                 }
             });
             Ok(Some(Self { membership }))

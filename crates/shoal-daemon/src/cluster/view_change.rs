@@ -56,7 +56,10 @@ pub(crate) fn overtaken(err: &ShoalError) -> bool {
     err.kind().is_node_unavailable()
         && (err.message().contains(VIEW_CHANGED)
             || err.message().contains("rebuilding its directory")
-            || err.message().contains("is not the home of"))
+            || err.message().contains("is not the home of")
+            || err
+                .message()
+                .contains("lost the cluster's membership service"))
 }
 
 impl Cluster {
@@ -161,8 +164,8 @@ impl Cluster {
                 tracing::info!("in touch with the membership service again");
             } else {
                 tracing::warn!(
-                    "lost the membership service for longer than the lease's TTL: this node \
-                     acts as a home only while its peers have lost it too"
+                    "lost the membership service (no lease renewal for nearly its TTL): this \
+                     node acts as a home only while its peers have lost it too"
                 );
             }
         }
