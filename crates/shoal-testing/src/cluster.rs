@@ -206,6 +206,8 @@ impl Drop for LoneNode {
 /// cleanly when dropped.
 pub struct ClusterNode {
     pub socket: PathBuf,
+    /// Its metrics endpoint (`/metrics` and the status page).
+    pub metrics: SocketAddr,
     shutdown: Shutdown,
     thread: Option<JoinHandle<Result<()>>>,
 }
@@ -217,6 +219,8 @@ impl ClusterNode {
         let spec = &topology.nodes[node as usize];
         let mut config = DaemonConfig::new(&spec.socket, spec.region_size);
         config.prefault = false;
+        let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, free_ports(1)[0]));
+        config.metrics = Some(metrics);
         config.cluster = Some(ClusterConfig {
             topology: topology.clone(),
             node,
@@ -229,6 +233,7 @@ impl ClusterNode {
         wait_started(&spec.socket, &mut threads, Instant::now() + START_WAIT);
         Self {
             socket: spec.socket.clone(),
+            metrics,
             shutdown,
             thread: threads.pop(),
         }
@@ -237,6 +242,11 @@ impl ClusterNode {
     /// A new client of this node.
     pub fn client(&self) -> Client {
         Client::connect(&self.socket).unwrap()
+    }
+
+    /// A metric without labels from the node's `/metrics` now.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        crate::http::metric(self.metrics, name, &[])
     }
 
     /// Stops the node cleanly and returns how its daemon ended.

@@ -44,10 +44,19 @@ pub(super) fn render(metrics: &Metrics, peers: &[PeerFigures]) -> String {
          <meta http-equiv=\"refresh\" content=\"{REFRESH}\">\
          <title>shoal node {node}</title><style>{STYLE}</style></head><body>\
          <h1>shoal node {node}</h1><p id=\"cluster\">{}</p>",
-        if nodes > 1 {
-            format!("node {node} of a cluster of {nodes} nodes")
-        } else {
-            "a single store".to_owned()
+        match (nodes > 1, store.view_epoch.get()) {
+            (false, _) => "a single store".to_owned(),
+            (true, 0) => format!("node {node} of a cluster of {nodes} nodes"),
+            (true, epoch) => format!(
+                "node {node} of a cluster of {nodes} nodes, {} of them members in view {epoch} \
+                 (membership service: {})",
+                store.view_members.get(),
+                if store.membership_in_touch.get() == 1 {
+                    "in touch"
+                } else {
+                    "out of touch"
+                }
+            ),
         }
     );
     if nodes > 1 {

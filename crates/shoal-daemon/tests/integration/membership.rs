@@ -228,6 +228,19 @@ fn a_node_cut_off_from_etcd_alone_stops_acting_as_a_home_until_it_is_back() {
     eventually("the others removed node 2", || {
         view(&etcd) == "epoch=4 members=0,1"
     });
+    // What operators see: node 2 out of touch on an old view, the others on the new one.
+    eventually("node 2 says it is out of touch", || {
+        n2.metric("shoal_membership_in_touch") == Some(0.0)
+    });
+    assert_eq!(n2.metric("shoal_view_epoch"), Some(3.0));
+    eventually("node 0 shows the view without node 2", || {
+        n0.metric("shoal_view_epoch") == Some(4.0) && n0.metric("shoal_view_members") == Some(2.0)
+    });
+    let (_, page) = shoal_testing::http_get(n2.metrics, "/").unwrap();
+    assert!(
+        page.contains("members in view 3 (membership service: out of touch)"),
+        "{page}"
+    );
     // Ids node 2 was home for: created at their new homes through node 0,
     // and refused through node 2, whose view still makes it their home.
     let contested = homed_at_2(12);
@@ -242,6 +255,10 @@ fn a_node_cut_off_from_etcd_alone_stops_acting_as_a_home_until_it_is_back() {
     relay.heal();
     eventually("node 2 joined again", || {
         view(&etcd) == "epoch=5 members=0,1,2"
+    });
+    eventually("node 2 back in touch on the view of now", || {
+        n2.metric("shoal_membership_in_touch") == Some(1.0)
+            && n2.metric("shoal_view_epoch") == Some(5.0)
     });
     for (i, &id) in contested.iter().enumerate() {
         let want = Some(pattern(100 + i as u32));
