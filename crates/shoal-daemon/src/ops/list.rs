@@ -7,9 +7,14 @@ use shoal_core::ObjectId;
 use crate::ops::Ops;
 
 impl Ops {
-    /// Whether the object exists here, in memory or on a tier below.
+    /// Whether the object exists here, in memory or on a tier below. One
+    /// deleted in memory and still referenced is gone, though its delete
+    /// may not have reached the tiers yet (a rewrite's seal through the
+    /// write channel answers before the tiers commit the old version's
+    /// delete): that tier copy does not count.
     pub(crate) fn contains(&self, id: &ObjectId) -> bool {
-        self.node.read(|s| s.contains(id)) || self.node.held_below(id)
+        let (visible, deleted) = self.node.read(|s| (s.contains(id), s.is_deleted(id)));
+        visible || (!deleted && self.node.held_below(id))
     }
 
     /// Every object here: those in memory (with the tiers that also hold
