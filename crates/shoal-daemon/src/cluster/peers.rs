@@ -319,7 +319,6 @@ impl PeerSet {
         }
     }
 
-    /// When each peer last answered us.
     /// Whether `node` called us or heartbeat us within `within`.
     pub fn heard_within(&self, node: u32, within: Duration) -> bool {
         self.seen
@@ -328,6 +327,7 @@ impl PeerSet {
             .is_some_and(|s| s.last.is_some_and(|t| t.elapsed() < within))
     }
 
+    /// When each peer last answered us.
     pub fn last_answers(&self) -> Vec<Option<Instant>> {
         self.answered.borrow().clone()
     }
