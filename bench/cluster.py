@@ -1092,6 +1092,9 @@ def main():
     ap.add_argument("--no-plasma", action="store_true", help="skip the Plasma get row")
     ap.add_argument("--reader", metavar="SOCKET", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    from shoal.testing import require_optimized_build
+
+    require_optimized_build()  # not the test command's opt-level-1 build
     if args.reader:
         return reader_main(args.reader)
     out_dir = os.path.dirname(os.path.abspath(args.out))

@@ -139,6 +139,9 @@ def main():
     ap.add_argument("--variant", action="append", default=[], help="NAME=DIR: another shoal build")
     ap.add_argument("--out", default=os.path.join(BENCH, "results", "large-objects.md"))
     args = ap.parse_args()
+    from shoal.testing import require_optimized_build
+
+    require_optimized_build()  # not the test command's opt-level-1 build
     args.raw_dir = tempfile.mkdtemp(prefix="shoal-large-logs-")
     table1.WAIT_RESIDENT = True  # the copy limits copy into warm memory too
 

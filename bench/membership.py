@@ -248,6 +248,9 @@ def main() -> None:
     parser.add_argument("--phase", type=float, default=4.0, help="seconds per phase")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    from shoal.testing import require_optimized_build
+
+    require_optimized_build()  # not the test command's opt-level-1 build
     if shutil.which("etcd") is None:
         raise SystemExit("etcd is not on PATH: scripts/setup-test-tools.sh installs Debian's etcd-server")
     if "etcd" not in shoal.features():

@@ -44,6 +44,9 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=100)
     args = parser.parse_args()
+    from shoal.testing import require_optimized_build
+
+    require_optimized_build()  # not the test command's opt-level-1 build
     with tempfile.TemporaryDirectory() as tmp:
         capacity = max(256 << 20, args.objects * (args.size + 64) * 2)
         # Prefaulted, as `serve` is by default; its output goes to a log in tmp.

@@ -1006,6 +1006,9 @@ def main():
     ap.add_argument("--owner", metavar="PATH", help=argparse.SUPPRESS)
     ap.add_argument("--ray-driver", metavar="TMP", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    from shoal.testing import require_optimized_build
+
+    require_optimized_build()  # not the test command's opt-level-1 build
     if args.reader:
         return reader_main(args.reader)
     if args.owner:

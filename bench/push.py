@@ -134,6 +134,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", default=os.path.join(BENCH, "results", "push.md"))
     args = parser.parse_args()
+    from shoal.testing import require_optimized_build
+
+    require_optimized_build()  # not the test command's opt-level-1 build
     size = args.size_mib * MiB
     capacity = f"{args.size_mib * 3 // 2 + 64}MiB"  # one object of each kind at a time, and room
     directory = tempfile.mkdtemp(prefix="shoal-push-")

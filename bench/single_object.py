@@ -508,6 +508,9 @@ def main():
     )
     ap.add_argument("--out", default=os.path.join(BENCH, "results", "single-object.md"))
     args = ap.parse_args()
+    from shoal.testing import require_optimized_build
+
+    require_optimized_build()  # not the test command's opt-level-1 build
     phases = args.phases.split(",")
 
     plasma_python = subprocess.run(

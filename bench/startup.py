@@ -86,6 +86,9 @@ def main():
     ap.add_argument("--variant", action="append", default=[], help="NAME=DIR: another shoal build")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    from shoal.testing import require_optimized_build
+
+    require_optimized_build()  # not the test command's opt-level-1 build
     builds = [("shoal", None)] + [tuple(v.split("=", 1)) for v in args.variant]
     rows = []
     with tempfile.TemporaryDirectory(prefix="shoal-startup-") as tmp:

@@ -559,6 +559,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=1, help="discarded repetitions per workload")
     ap.add_argument("--out", default=os.path.join(BENCH, "results", "table1.md"))
     args = ap.parse_args()
+    if "shoal" in args.stores:
+        from shoal.testing import require_optimized_build
+
+        require_optimized_build()  # not the test command's opt-level-1 build
     args.raw_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(args.raw_dir, exist_ok=True)
 

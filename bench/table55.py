@@ -681,6 +681,9 @@ def main():
     ap.add_argument("--variants", default=",".join(VARIANTS), help="noncoherent,coherent or one of them")
     ap.add_argument("--reader", metavar="SOCKET", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    from shoal.testing import require_optimized_build
+
+    require_optimized_build()  # not the test command's opt-level-1 build
     if args.reader:
         return reader_main(args.reader)
     args.warmup = max(1, args.warmup)

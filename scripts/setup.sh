@@ -51,6 +51,14 @@ if [ ${#need_debs[@]} -gt 0 ]; then
         || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q --no-install-recommends "${need_debs[@]}" >/dev/null; }
 fi
 
+# The extension is the release build (opt-level 3, thin LTO). SHOAL_PROFILE=checks builds it
+# under the test build's profile instead (scripts/test.sh): its dependencies are then the
+# tests' too, one build less; the benchmarks refuse that build (shoal.build_info()).
+build=(--release)
+if [ -n "${SHOAL_PROFILE:-}" ] && [ "$SHOAL_PROFILE" != release ]; then
+    build=(--profile "$SHOAL_PROFILE")
+fi
+
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
@@ -65,8 +73,12 @@ deps=$!
 echo "setup: building the extension (features: ${SHOAL_FEATURES:-none of the optional parts})"
 # The filter drops maturin's progress lines; a failed build still fails the script (pipefail).
 quiet() { grep -vE "^(📦|✏️|🛠|🔗|🐍|⚠️|🍹|📡)" || true; }
-maturin develop --release -q --skip-install ${features[@]+"${features[@]}"} 2>&1 | quiet
+maturin develop "${build[@]}" -q --skip-install ${features[@]+"${features[@]}"} 2>&1 | quiet
 wait "$deps"
 # Installs it into .venv; the build above is current, so this compiles nothing.
-maturin develop --release -q ${features[@]+"${features[@]}"} 2>&1 | quiet
-python -c "import shoal; print('setup: shoal', shoal.__version__, 'ready in .venv; optional parts:', ', '.join(sorted(shoal.features() - {'cli'})) or 'none')"
+maturin develop "${build[@]}" -q ${features[@]+"${features[@]}"} 2>&1 | quiet
+python -c "
+import shoal
+info = shoal.build_info()
+parts = ', '.join(sorted(shoal.features() - {'cli'})) or 'none'
+print(f'setup: shoal {info[\"version\"]} (opt-level {info[\"opt_level\"]}) ready in .venv; optional parts: {parts}')"

@@ -4,10 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each step is stamped with the seconds since the start, so a run's log says what took the time.
 step() { printf '\n== [%d s] %s\n' "$SECONDS" "$*"; }
-step "setup: .venv and the extension with every optional part (the quick start's setup, SHOAL_FEATURES=full)"
+step "setup: .venv and the extension with every optional part, under the tests' profile (the quick start's setup, SHOAL_FEATURES=full SHOAL_PROFILE=checks)"
 # The tests drive every optional part, and the extension's build and the tests' share every
-# crate only with all of them on (scripts/check-feature-unity.py).
-SHOAL_FEATURES=full ./scripts/setup.sh
+# crate only with all of them on (scripts/check-feature-unity.py) and under one profile: the
+# test build below then compiles only what the extension does not link (a release extension
+# beside it cost 294 s more). The benchmarks refuse this build; scripts/setup.sh makes the
+# release one again.
+SHOAL_FEATURES=full SHOAL_PROFILE=checks ./scripts/setup.sh
 step "setup: the tools only the checks need"
 ./scripts/setup-test-tools.sh
 . .venv/bin/activate
@@ -48,8 +51,11 @@ cargo test --profile checks -q --doc
 
 step "simulated non-coherent fabric: a client built without its flush, and without the owner node's invalidate, must be caught"
 # One build with both faults: each fault has checks in the test that depend on it alone.
-cargo test --profile checks -q -p shoal-client --features broken-skip-flush,broken-skip-owner-invalidate \
-    --test simulated_fabric
+# `--workspace` resolves features as the build above did, so only shoal-client and what the
+# test links of it are built again (under `-p shoal-client` every crate's features changed
+# and the step rebuilt tokio upwards: 106 s against 5 s).
+cargo test --profile checks -q --workspace --test simulated_fabric \
+    --features shoal-client/broken-skip-flush,shoal-client/broken-skip-owner-invalidate
 
 step "frame decoder fuzz smoke (stable; the libFuzzer target is fuzz/)"
 (cd fuzz && cargo test --release -q)
@@ -65,6 +71,10 @@ step "aarch64 and ppc64le cache maintenance under qemu-user; a misspelled and a 
 ./scripts/check-cross-arch.sh
 
 step "Python tests"
-python -m pytest -q tests/python
+# Most tests wait on daemons, not on a core (a serial run used 43 % of one): four processes
+# (pytest-xdist) took the run from 246 s to 98 s here. Tests marked `alone` bound how long a
+# call may take or count CPU, and run after the others, by themselves (tests/python/conftest.py).
+python -m pytest -q -n 4 -m "not alone" tests/python
+python -m pytest -q -m alone tests/python
 
 step "done"

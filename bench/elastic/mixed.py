@@ -1176,6 +1176,10 @@ def main():
     p.add_argument("--events", help=argparse.SUPPRESS)
     p.add_argument("--threshold-bytes", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if not args.compute_job:  # the compute job does not load shoal
+        from shoal.testing import require_optimized_build
+
+        require_optimized_build()  # not the test command's opt-level-1 build
     defaults = {"hpcc": (1.0, 2.0, 24.0), "sustained": (2.0, 4.0, 6.0)}[args.profile]
     for key, value in zip(("phase_s", "hold_s", "idle_s"), defaults):
         if getattr(args, key) is None:

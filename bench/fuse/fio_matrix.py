@@ -707,6 +707,9 @@ def main() -> None:
         help="a memory-only daemon: no drain beside the writes (its cost apart from the mount's)",
     )
     args = p.parse_args()
+    from shoal.testing import require_optimized_build
+
+    require_optimized_build()  # not the test command's opt-level-1 build
     args.targets = args.targets.split(",")
     if importlib.util.find_spec("matplotlib") is None:
         sys.exit("matplotlib is missing (the PNG): pip install matplotlib into the venv")

@@ -95,6 +95,19 @@ def features() -> frozenset[str]:
     return frozenset(_internal.features())
 
 
+def build_info() -> dict[str, object]:
+    """How this extension was built: "version", "features" (as `features()`) and
+    "opt_level", cargo's optimisation level ("3" for the release build `scripts/setup.sh`
+    makes; "1" for the one `scripts/test.sh` makes, which shares its dependencies with the
+    tests' build). Timings mean something only from opt-level 3: the benchmarks refuse
+    any other (`shoal.testing.require_optimized_build`)."""
+    return {
+        "version": __version__,
+        "features": sorted(features()),
+        "opt_level": _internal.opt_level(),
+    }
+
+
 def connect(
     socket: str | None = None, *, capacity: str | int | None = None, start: bool | None = None
 ) -> Client:
@@ -146,5 +159,6 @@ __all__ = [
     "Timeout",
     "barrier",
     "connect",
+    "build_info",
     "features",
 ]

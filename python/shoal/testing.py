@@ -52,6 +52,20 @@ def wait_for(
         time.sleep(interval)
 
 
+def require_optimized_build() -> None:
+    """Ends a benchmark run at once when this interpreter's shoal extension was not built at
+    opt-level 3: the test command builds it at opt-level 1 (`shoal.build_info()`), and
+    numbers measured with that build would say nothing about shoal. SHOAL_BENCH_ANY_BUILD=1
+    lets a run go on anyway (to time the build itself)."""
+    level = shoal.build_info()["opt_level"]
+    if level != "3" and not os.environ.get("SHOAL_BENCH_ANY_BUILD"):
+        sys.exit(
+            f"bench: this shoal extension was built at opt-level {level} (scripts/test.sh's "
+            "build, which shares its dependencies with the tests'), not for measuring; "
+            "./scripts/setup.sh builds the release one (SHOAL_BENCH_ANY_BUILD=1 runs anyway)"
+        )
+
+
 def short_dir(base: Path) -> Path:
     """A directory for a socket: `base` if the socket path fits in sun_path (108 bytes)."""
     if len(str(base / "shoal.sock.lock")) < 100:

@@ -143,6 +143,12 @@ def spawn() -> Iterator[Callable[..., Child]]:
         child.close()
 
 
+def pytest_configure(config):
+    # scripts/test.sh runs the tests on several processes (pytest-xdist), then these alone:
+    # they bound how long a call may take or measure CPU, which other tests' load would skew.
+    config.addinivalue_line("markers", "alone: measures time or CPU; runs after the parallel pass, by itself")
+
+
 # Library bugs these tests expose, open in NOTES.md; strict, so a fix must remove the entry.
 KNOWN_BUGS: dict[str, str] = {}
 

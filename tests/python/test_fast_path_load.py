@@ -13,7 +13,11 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
+import pytest
 from _shoal_testing import Child, Daemon
+
+# Bounds the time of calls or counts CPU: not beside other tests (conftest.py).
+pytestmark = pytest.mark.alone
 
 ROUNDS = 300
 

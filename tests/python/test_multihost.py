@@ -28,6 +28,9 @@ from _shoal_testing import home_of, ids_homed_at
 
 import shoal
 
+# Bounds the time of calls or counts CPU: not beside other tests (conftest.py).
+pytestmark = pytest.mark.alone
+
 HEARTBEAT = 0.2  # s, the cluster file's heartbeat_ms (multihost.Hosts' default)
 LEASE = 2.0  # s, its lease_ms
 RPC_TIMEOUT = 2.0  # s, a peer call that gets no answer fails after this (the daemon's constant)

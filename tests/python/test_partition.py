@@ -35,6 +35,9 @@ from _shoal_testing import Cluster, hold_namespaces, home_of, ids_homed_at, shor
 
 import shoal
 
+# Bounds the time of calls or counts CPU: not beside other tests (conftest.py).
+pytestmark = pytest.mark.alone
+
 OID = shoal.ObjectID
 LEASE = 2.0  # s, the cluster file's lease_ms (heartbeats every 200 ms)
 RPC_TIMEOUT = 2.0  # s, a peer call that gets no answer fails after this

@@ -35,6 +35,14 @@ fn cli_features() -> Vec<&'static str> {
     Vec::new()
 }
 
+/// The optimisation level this extension was compiled at, as cargo gave it:
+/// "3" for the release build (`scripts/setup.sh`), "1" for the test command's
+/// (`checks` profile).
+#[pyfunction]
+fn opt_level() -> &'static str {
+    env!("SHOAL_OPT_LEVEL")
+}
+
 /// The socket used when none is given.
 #[pyfunction]
 fn default_socket() -> String {
@@ -90,6 +98,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(default_socket, m)?)?;
     m.add_function(wrap_pyfunction!(features, m)?)?;
     m.add_function(wrap_pyfunction!(flush_instruction, m)?)?;
+    m.add_function(wrap_pyfunction!(opt_level, m)?)?;
     m.add_function(wrap_pyfunction!(ensure_socket_dir, m)?)?;
     m.add_function(wrap_pyfunction!(open_private_log, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
