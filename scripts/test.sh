@@ -19,11 +19,13 @@ step "format and lints"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
 (cd proto/codegen && cargo fmt --check)
-cargo clippy --workspace --all-targets --release -q -- -D warnings
+# Under the `checks` profile, as the build above: its proc macros and build scripts are
+# reused (under `--release` they were compiled again, ~40 s).
+cargo clippy --workspace --all-targets --profile checks -q -- -D warnings
 # The quick start's build (no optional part: shoal-py's default features), and the command
 # line's tests without them (crates/shoal-cli/tests/integration/features.rs).
-cargo clippy -p shoal-py --release -q -- -D warnings
-cargo clippy -p shoal-cli --no-default-features --all-targets --release -q -- -D warnings
+cargo clippy -p shoal-py --profile checks -q -- -D warnings
+cargo clippy -p shoal-cli --no-default-features --all-targets --profile checks -q -- -D warnings
 ruff check python tests bench examples
 ruff format --check python tests bench examples
 

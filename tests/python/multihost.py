@@ -37,6 +37,7 @@ import functools
 import json
 import os
 import queue
+import re
 import secrets
 import shutil
 import signal
@@ -54,12 +55,24 @@ from multihost_agent import decode, encode
 import shoal
 
 SUBNET = "10.202.0"  # host i is SUBNET.(i+1); only inside the namespaces made here
+SWITCH = f"{SUBNET}.254"  # the switch's own address on its bridge: where etcd serves the hosts
 RPC_PORT = 7700  # the data channel is the next port
 AGENT = str(Path(__file__).with_name("multihost_agent.py"))
 HOST_MOUNTS = {"/tmp": "512m", "/dev/shm": "512m", "/run": "64m"}  # private tmpfs, with limits
 RUN = "/run/shoal"  # a host's run directory: cluster file, key, socket
+METRICS = "127.0.0.1:9100"  # a daemon's metrics endpoint with membership, on its host's loopback
 BURST = "/tmp/shoal-burst"  # a host's burst buffer (its private file system)
 STARTUP = 30.0  # s, bound for a daemon to serve and see every other node
+
+
+def until(predicate: Callable[[], Any], timeout: float, message: str, interval: float = 0.05) -> float:
+    """Polls `predicate` until true; returns the seconds it took, fails after `timeout`."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not within {timeout} s: {message}")
+        time.sleep(interval)
+    return time.monotonic() - started
 
 
 def _host_setup(name: str, hosts: dict[str, str]) -> str:
@@ -138,6 +151,7 @@ class Network:
         self._holders: list[subprocess.Popen] = []
         self._known = {os.readlink("/proc/self/ns/net")}
         self.down: dict[int, str] = {}  # host -> how it is cut
+        self.off_switch: set[int] = set()  # hosts cut from the switch's services only
         try:
             unshare = ["unshare", "-Urn"] if self.userns else ["unshare", "-n"]
             self.switch = self._hold([*unshare, *_dies_with_us(["cat"])])
@@ -197,6 +211,7 @@ class Network:
         self._run(self.switch, "ip", "link", "set", "lo", "up")
         self._run(self.switch, "ip", "link", "add", "br0", "type", "bridge")
         self._run(self.switch, "ip", "link", "set", "br0", "up")
+        self._run(self.switch, "ip", "addr", "add", f"{SWITCH}/24", "dev", "br0")
         for i, host in enumerate(self.hosts):
             port = f"s{i}"
             self._run(
@@ -243,6 +258,36 @@ class Network:
             elif how == "port":
                 self._run(self.switch, "bridge", "link", "set", "dev", f"s{h}", "state", "3")
 
+    def cut_from_switch(self, host: int) -> None:
+        """Cuts `host` off from the switch's own services (etcd) only: packets between them
+        vanish both ways (a blackhole route on each side); the host still reaches every other
+        host."""
+        if host in self.off_switch:
+            return
+        self._run(self.hosts[host], "ip", "route", "add", "blackhole", f"{SWITCH}/32")
+        self._run(self.switch, "ip", "route", "add", "blackhole", f"{self.address(host)}/32")
+        self.off_switch.add(host)
+
+    def heal_from_switch(self, host: int) -> None:
+        if host not in self.off_switch:
+            return
+        self.off_switch.discard(host)
+        self._run(self.hosts[host], "ip", "route", "del", "blackhole", f"{SWITCH}/32")
+        self._run(self.switch, "ip", "route", "del", "blackhole", f"{self.address(host)}/32")
+
+    def on_switch(self, command: list[str], log: Path) -> subprocess.Popen:
+        """Starts `command` in the switch's network namespace (a service every host reaches
+        at SWITCH); its output goes to `log`. The caller stops it."""
+        with open(log, "ab") as out:
+            return subprocess.Popen(
+                [*self._enter(self.switch, mount=False), *_dies_with_us(command)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+            )  # fmt: skip
+
+    def run_on_switch(self, *command: str, timeout: float = 10) -> subprocess.CompletedProcess:
+        prefix = self._enter(self.switch, mount=False)
+        return subprocess.run([*prefix, *command], capture_output=True, text=True, timeout=timeout)
+
     def namespaces(self) -> set[str]:
         return self._known - {os.readlink("/proc/self/ns/net")}
 
@@ -254,6 +299,90 @@ class Network:
             for stream in (holder.stdin, holder.stderr):
                 if stream is not None:
                     stream.close()
+
+
+class Etcd:
+    """An etcd cluster of `members` members (Debian's etcd-server) in the switch's namespace:
+    every host reaches member m at SWITCH:2379+100m, as it would an etcd run apart from the
+    store's hosts. Fast elections (50 ms heartbeats, 500 ms election timeout), so a lease
+    may be as short as 1 s. Members can be killed and started again; `keys` reads the
+    cluster's keys with etcdctl. Its data and logs live in the test's `directory`."""
+
+    def __init__(self, network: Network, directory: Path, members: int = 1) -> None:
+        if shutil.which("etcd") is None or shutil.which("etcdctl") is None:
+            raise AssertionError("no etcd or etcdctl: scripts/setup-test-tools.sh installs them")
+        self.network = network
+        self.directory = directory
+        self.count = members
+        self.processes: list[subprocess.Popen | None] = [None] * members
+        for m in range(members):
+            self.start(m, state="new")
+        wait_for(lambda: self.leader() is not None, 20, interval=0.1, message="etcd electing a leader")
+
+    @staticmethod
+    def client_port(member: int) -> int:
+        return 2379 + 100 * member
+
+    def endpoints(self) -> str:
+        return ",".join(f"{SWITCH}:{self.client_port(m)}" for m in range(self.count))
+
+    def url(self, prefix: str) -> str:
+        """The `membership` URL of a cluster file: every member, then the key prefix."""
+        return f"etcd://{self.endpoints()}/{prefix}"
+
+    def start(self, member: int, state: str = "existing") -> None:
+        assert self.processes[member] is None or self.processes[member].poll() is not None
+        name, peer = f"e{member}", f"http://{SWITCH}:{self.client_port(member) + 1}"
+        client = f"http://{SWITCH}:{self.client_port(member)}"
+        initial = ",".join(f"e{m}=http://{SWITCH}:{self.client_port(m) + 1}" for m in range(self.count))
+        command = [
+            "etcd", "--name", name, "--data-dir", str(self.directory / f"etcd-{name}"),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", initial, "--initial-cluster-state", state,
+            "--initial-cluster-token", "shoal-multihost",
+            "--heartbeat-interval", "50", "--election-timeout", "500",
+        ]  # fmt: skip
+        self.processes[member] = self.network.on_switch(command, self.directory / f"etcd-{name}.log")
+
+    def kill(self, member: int) -> None:
+        process = self.processes[member]
+        assert process is not None and process.poll() is None, f"etcd member {member} is not running"
+        process.kill()
+        process.wait(10)
+
+    def _ctl(self, *args: str, endpoints: str | None = None) -> str:
+        done = self.network.run_on_switch(
+            "etcdctl", "--endpoints", endpoints or self.endpoints(), "--dial-timeout", "2s",
+            "--command-timeout", "3s", *args,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise AssertionError(f"etcdctl {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def leader(self) -> int | None:
+        """The member that leads now, or None (no quorum, or none running)."""
+        for m, process in enumerate(self.processes):
+            if process is None or process.poll() is not None:
+                continue
+            try:
+                status = json.loads(
+                    self._ctl("endpoint", "status", "-w", "json", endpoints=f"{SWITCH}:{self.client_port(m)}")
+                )
+            except (AssertionError, ValueError, subprocess.TimeoutExpired):
+                continue
+            if status and status[0]["Status"]["leader"] == status[0]["Status"]["header"]["member_id"]:
+                return m
+        return None
+
+    def keys(self, prefix: str) -> list[str]:
+        return self._ctl("get", "--prefix", "--keys-only", prefix).split()
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(10)
 
 
 class AgentError(AssertionError):
@@ -401,6 +530,27 @@ class Host:
     def serving(self) -> bool:
         return self.agent.request(op="serving")[0]
 
+    def metric(self, name: str) -> float | None:
+        """A metric of this host's daemon (membership clusters serve them), None if absent."""
+        text = self.exec(
+            "import urllib.request\n"
+            f"result = urllib.request.urlopen('http://{METRICS}/metrics', timeout=5).read().decode()"
+        )
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def view(self) -> tuple[int, list[int]] | None:
+        """The last view this host's daemon adopted since it was last started, from its log:
+        (epoch, members), or None before its first."""
+        run = self.log().rsplit("\n--- ", 1)[-1]
+        views = re.findall(r"adopted the cluster's view view=epoch=(\d+) members=([\d,]*)", run)
+        if not views:
+            return None
+        epoch, members = views[-1]
+        return int(epoch), [int(m) for m in members.split(",") if m]
+
     def sees(self) -> set[int]:
         """The nodes this host's daemon counts as alive, itself included."""
         return {n["node"] for n in self.client.cluster_nodes() if n["alive"]}
@@ -419,6 +569,11 @@ class Hosts:
     socket, region and key at the same paths (one identical cluster file for every host);
     by default the paths differ by node, and each host still gets its own copy of the file.
     `by_name`: peers' `rpc` addresses by host name (host<i>) instead of IP address.
+    `etcd`: members of an etcd (`Etcd`, in the switch's namespace) that keeps the cluster's
+    membership (`[cluster] membership`, `membership_ttl_ms`, `membership_grace_ms`): the
+    file's nodes are then slots, and a node is a member from its start (a join) to its stop
+    (a leave) or its lease's end; 0 (the default): the static file. Each daemon serves its
+    metrics on its host's loopback (`Host.metric`).
     """
 
     def __init__(
@@ -437,6 +592,9 @@ class Hosts:
         identities: bool = True,
         serve_args: Iterable[str] = (),
         start: bool = True,
+        etcd: int = 0,
+        membership_ttl_ms: int = 1000,
+        membership_grace_ms: int = 0,
     ) -> None:
         self.directory = directory
         self.count = count
@@ -453,7 +611,12 @@ class Hosts:
         self._spawned: list[subprocess.Popen] = []
         directory.mkdir(parents=True, exist_ok=True)
         self.network = Network(count)
+        self.etcd: Etcd | None = None
         try:
+            if etcd:
+                self.etcd = Etcd(self.network, directory, etcd)
+                self.serve_args += ["--metrics-addr", METRICS]
+            self.membership = (etcd, membership_ttl_ms, membership_grace_ms)
             self.hosts = [Host(self, i) for i in range(count)]
             for host in self.hosts:
                 host.run("mkdir", "-p", "-m", "700", RUN)
@@ -490,6 +653,13 @@ class Hosts:
             f"lease_ms = {lease_ms}",
             f"linger_ms = {linger_ms}",
         ]
+        if self.etcd is not None:
+            _, ttl, grace = self.membership
+            lines += [
+                f'membership = "{self.etcd.url(f"shoal/{self.name}")}"',
+                f"membership_ttl_ms = {ttl}",
+                f"membership_grace_ms = {grace}",
+            ]
         for i, host in enumerate(self.hosts):
             lines += [
                 "",
@@ -549,7 +719,7 @@ class Hosts:
         h.killed = h.stopped = False
         if wait:
             self.wait_serving(host, timeout)
-            reachable = set(range(self.count)) - set(self.network.down) - self.dead()
+            reachable = self.running() - set(self.network.down)
             if host not in self.network.down:
                 wait_for(
                     lambda: h.sees() >= reachable,
@@ -573,13 +743,17 @@ class Hosts:
     def dead(self) -> set[int]:
         return {h.index for h in self.hosts if h.killed or h.stopped}
 
+    def running(self) -> set[int]:
+        """The hosts whose daemon was started and is neither killed nor stopped."""
+        return {h.index for h in self.hosts if h.daemon is not None} - self.dead()
+
     def wait_whole(self, timeout: float = STARTUP) -> None:
-        """Until every host serves and sees every other one."""
-        for i in range(self.count):
+        """Until every running host serves and sees every other one."""
+        everyone = self.running()
+        for i in sorted(everyone):
             self.wait_serving(i, timeout)
-        everyone = set(range(self.count))
         wait_for(
-            lambda: all(h.sees() == everyone for h in self.hosts),
+            lambda: all(self.hosts[i].sees() == everyone for i in everyone),
             timeout,
             interval=0.05,
             message="every host seeing every host",
@@ -685,6 +859,8 @@ class Hosts:
             if process.poll() is None:
                 process.kill()
             process.wait(10)
+        if self.etcd is not None:  # after the daemons: each leaves the membership as it stops
+            self.etcd.close()
         for h in self.hosts:
             h.agent.close()
         stray = self._stray() if hasattr(self.network, "hosts") else []

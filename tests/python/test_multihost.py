@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from _shoal_testing import home_of, ids_homed_at
+from multihost import until
 
 import shoal
 
@@ -41,16 +42,6 @@ FAST = 0.5  # s, bound for a call that must not wait for any timeout (on a loade
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def until(predicate: Any, timeout: float, message: str, interval: float = 0.05) -> float:
-    """Polls `predicate` until true; returns the seconds it took, fails after `timeout`."""
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"not within {timeout} s: {message}")
-        time.sleep(interval)
-    return time.monotonic() - started
 
 
 def report(violations: dict[str, Any]) -> str:

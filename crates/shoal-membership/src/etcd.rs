@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::keys::{Key, Keys};
+use crate::repeated::Repeated;
 use crate::roster::{Roster, Steward};
 use shoal_cluster::membership_url::MembershipUrl;
 
@@ -410,12 +411,17 @@ fn apply(roster: &mut Roster, keys: &Keys, kv: &KeyValue, deleted: bool) {
 /// Follows the cluster's keys from `revision` on; after a broken watch
 /// (etcd restarted, compacted past it) reads everything again.
 async fn follow(mut client: Client, keys: Keys, mut revision: i64, roster: watch::Sender<Roster>) {
+    let mut read_failures = Repeated::default();
+    let mut watch_failures = Repeated::default();
     loop {
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
         match client.watch(keys.all(), Some(options)).await {
             Ok(mut stream) => {
+                if let Some(failures) = watch_failures.over() {
+                    tracing::info!(failures, "membership: watching the cluster's keys again");
+                }
                 while let Some(message) = stream.next().await {
                     let Ok(message) = message else { break };
                     if message.canceled() || message.compact_revision() > 0 {
@@ -432,7 +438,9 @@ async fn follow(mut client: Client, keys: Keys, mut revision: i64, roster: watch
                 }
             }
             Err(err) => {
-                tracing::warn!(%err, "membership: watch failed; retrying");
+                if let Some(times) = watch_failures.happened() {
+                    tracing::warn!(%err, times, "membership: watch failed; retrying");
+                }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
@@ -441,6 +449,9 @@ async fn follow(mut client: Client, keys: Keys, mut revision: i64, roster: watch
         loop {
             match snapshot(&mut client, &keys).await {
                 Ok((fresh, at)) => {
+                    if let Some(failures) = read_failures.over() {
+                        tracing::info!(failures, "membership: the cluster's keys are read again");
+                    }
                     revision = at;
                     roster.send_modify(|r| {
                         let connected = r.connected;
@@ -450,7 +461,9 @@ async fn follow(mut client: Client, keys: Keys, mut revision: i64, roster: watch
                     break;
                 }
                 Err(err) => {
-                    tracing::warn!(%err, "membership: reading the cluster's keys failed; retrying");
+                    if let Some(times) = read_failures.happened() {
+                        tracing::warn!(%err, times, "membership: reading the cluster's keys failed; retrying");
+                    }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }
@@ -486,6 +499,7 @@ async fn renew(
     // After a failure, try again soon: the client's next request may go to
     // another etcd member (one was killed, or lost its leader).
     let mut wait = settings.ttl / 3;
+    let mut renew_failures = Repeated::default();
     loop {
         tokio::time::sleep(wait).await;
         wait = RETRY;
@@ -495,7 +509,9 @@ async fn renew(
                 Ok(opened) => keeper = Some(opened),
                 Err(err) => {
                     lapsed = lease_gone(&err);
-                    tracing::warn!(node = me, %err, "membership: renewing the lease failed");
+                    if let Some(times) = renew_failures.happened() {
+                        tracing::warn!(node = me, %err, times, "membership: renewing the lease failed");
+                    }
                 }
             }
         }
@@ -507,6 +523,13 @@ async fn renew(
             .await;
             match answered {
                 Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
+                    if let Some(failures) = renew_failures.over() {
+                        tracing::info!(
+                            node = me,
+                            failures,
+                            "membership: the lease is renewed again"
+                        );
+                    }
                     renewed = Instant::now();
                     clock.renewed();
                     wait = settings.ttl / 3;
@@ -521,7 +544,9 @@ async fn renew(
                         Ok(Ok(None)) => "the stream ended".to_owned(),
                         _ => "no answer in time".to_owned(),
                     };
-                    tracing::warn!(node = me, %why, "membership: renewing the lease failed");
+                    if let Some(times) = renew_failures.happened() {
+                        tracing::warn!(node = me, %why, times, "membership: renewing the lease failed");
+                    }
                     keeper = None;
                 }
             }

@@ -15,6 +15,7 @@
 
 pub mod etcd;
 pub mod keys;
+pub mod repeated;
 pub mod roster;
 
 pub use etcd::{Joining, Membership, RenewalClock, Settings};

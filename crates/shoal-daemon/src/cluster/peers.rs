@@ -280,9 +280,11 @@ impl PeerSet {
         let mine = self.epoch.as_ref().map_or(0, Epoch::get);
         match behind {
             Behind::Caller(theirs) => {
+                // Out of touch with the membership service, no newer view
+                // comes: waiting would only delay the caller's error.
                 let caught_up = match &self.epoch {
-                    Some(epoch) => epoch.reach(theirs, CATCH_UP).await,
-                    None => false,
+                    Some(epoch) if epoch.in_touch() => epoch.reach(theirs, CATCH_UP).await,
+                    _ => false,
                 };
                 if !caught_up {
                     tracing::warn!(

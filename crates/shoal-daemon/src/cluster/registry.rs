@@ -17,16 +17,25 @@ impl Cluster {
     pub async fn register(&self, ids: &[ObjectId]) -> Result<()> {
         // All or none: a failed attempt gave back what it claimed, so one a
         // view change overtook is asked again by the newer view.
-        self.by_current_view(|| async {
-            // A starting node claims nothing before its peers heard it started.
-            self.until_ready().await;
-            let ticket = self.rebuild.borrow_mut().claims.begin();
-            let result = self.register_at_homes(ids).await;
-            let claimed = if result.is_ok() { ids } else { &[] };
-            self.rebuild.borrow_mut().claims.end(ticket, claimed);
-            result
-        })
-        .await
+        let result = self
+            .by_current_view(|| async {
+                // A starting node claims nothing before its peers heard it started.
+                self.until_ready().await;
+                let ticket = self.rebuild.borrow_mut().claims.begin();
+                let result = self.register_at_homes(ids).await;
+                let claimed = if result.is_ok() { ids } else { &[] };
+                self.rebuild.borrow_mut().claims.end(ticket, claimed);
+                result
+            })
+            .await;
+        match result {
+            // Refused for the view (a home on a newer one, or this node's
+            // own directory while cut off): no other id would do.
+            Err(err) if !self.acts_as_home() && err.kind().is_node_unavailable() => {
+                Err(self.out_of_touch(&err))
+            }
+            other => other,
+        }
     }
 
     async fn register_at_homes(&self, ids: &[ObjectId]) -> Result<()> {

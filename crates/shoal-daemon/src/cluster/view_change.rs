@@ -42,6 +42,10 @@ const RETRY_PAUSE: Duration = Duration::from_millis(5);
 /// within milliseconds of its change.
 const UNREACHABLE_WAIT: Duration = Duration::from_millis(100);
 
+/// How often a call that waits for this node to be back in touch with the
+/// membership service looks.
+const IN_TOUCH_POLL: Duration = Duration::from_millis(10);
+
 /// One call on homes, as view changes overtake it: until when it is asked
 /// again, and the epoch its latest try chose homes by.
 pub(crate) struct ViewAttempt {
@@ -213,6 +217,39 @@ impl Cluster {
         any_heard
     }
 
+    /// Waits until `deadline` for this node to act as a home again
+    /// ([`Self::acts_as_home`]); whether it does. Polls: only a node cut off
+    /// from the membership service waits here.
+    async fn back_in_touch(&self, deadline: Instant) -> bool {
+        while !self.acts_as_home() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(IN_TOUCH_POLL).await;
+        }
+        true
+    }
+
+    /// The error of a call on homes that this node cannot make while it is
+    /// cut off from the membership service and its peers are not
+    /// ([`Self::acts_as_home`]): its view may be stale, so no id's home is
+    /// known. About the node, not one id's home (`NodeUnavailable`, not
+    /// `HomeUnavailable`): a create that swaps ids whose home is unreachable
+    /// must not try others.
+    pub(crate) fn out_of_touch(&self, err: &ShoalError) -> ShoalError {
+        ShoalError::new(
+            shoal_core::error::ErrorKind::NodeUnavailable,
+            format!(
+                "node {} lost the cluster's membership service while its peers did not: it \
+                 registers no object until it is back in touch (its view, epoch {}, may be \
+                 stale; {})",
+                self.me,
+                self.epoch.get(),
+                err.message()
+            ),
+        )
+    }
+
     /// A call on homes starts now: asked again while view changes overtake
     /// it, for at most a lease.
     pub(crate) fn view_attempt(&self) -> ViewAttempt {
@@ -231,6 +268,12 @@ impl Cluster {
     ///   [`UNREACHABLE_WAIT`] (it left, or was removed, as we called it).
     pub(crate) async fn ask_again(&self, err: &ShoalError, attempt: &ViewAttempt) -> bool {
         if self.topology.membership.is_none() || Instant::now() >= attempt.deadline {
+            return false;
+        }
+        // Cut off from the membership service while its peers are not, this
+        // node gets no newer view to ask again by until it is back in touch:
+        // an etcd election or a broken watch passes within a second or so.
+        if !self.back_in_touch(attempt.deadline).await {
             return false;
         }
         let again = if overtaken(err) {
