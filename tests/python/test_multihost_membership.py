@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import re
+import sys
 import threading
 import time
 from typing import Any
@@ -199,6 +201,14 @@ def test_a_host_cut_from_etcd_only_leaves_the_view_and_rejoins_at_the_heal(make_
     # its peers, and they say they are in touch), so it stops acting as a home.
     wait_view(hosts, [0, 1], timeout=TTL + 3.0)
     until(lambda: hosts[2].metric("shoal_membership_in_touch") == 0, TTL + 3.0, "host 2 out of touch")
+    # `shoal cluster status` from a member shows the view and the cut-off host.
+    done = hosts[0].run(
+        sys.executable, "-m", "shoal", "cluster", "status", "--file", hosts.cluster_file, "--json"
+    )
+    assert done["returncode"] == 0, done["stderr"]
+    rows = {row["node"]: row for row in map(json.loads, done["stdout"].splitlines())}
+    assert [rows[n]["state"] for n in range(3)] == ["up", "up", "out of touch"], rows
+    assert rows[0]["view_members"] == rows[1]["view_members"] == [0, 1], rows
     during = put_some(hosts[0], 20, "during") | put_some(hosts[1], 20, "during1")
     all_readable(hosts, made[0] | made[1] | during, on=[0, 1])
 

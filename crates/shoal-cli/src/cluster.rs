@@ -648,6 +648,15 @@ pub fn status(args: DirArgs) -> Result<()> {
         }
         rows
     });
+    // With a membership service: the newest view a node that answered acts
+    // on (etcd holds the cluster's; a node cut off from it may be behind).
+    let newest = rows
+        .iter()
+        .filter_map(|(_, status)| status.as_ref())
+        .max_by_key(|s| s.view_epoch)
+        .filter(|s| s.view_epoch > 0)
+        .map(|s| (s.view_epoch, s.view_members.clone()));
+    let membership = topology.membership.as_ref();
     if !args.json {
         println!(
             "cluster {:?}: {} nodes, {}",
@@ -655,14 +664,41 @@ pub fn status(args: DirArgs) -> Result<()> {
             topology.len(),
             topology.coherence
         );
+        if let Some(config) = membership {
+            match &newest {
+                Some((epoch, members)) => println!(
+                    "membership {}: view {epoch}, members {}",
+                    config.url,
+                    list(members)
+                ),
+                None => println!("membership {}: no node answered with a view", config.url),
+            }
+        }
         println!(
-            "{:>4} {:<10} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7} {:>7}",
-            "NODE", "STATE", "ACCESS", "RPC", "CAPACITY", "USED", "OBJECTS", "CLIENTS", "LOANS"
+            "{:>4} {:<12} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7} {:>7}{}",
+            "NODE",
+            "STATE",
+            "ACCESS",
+            "RPC",
+            "CAPACITY",
+            "USED",
+            "OBJECTS",
+            "CLIENTS",
+            "LOANS",
+            if membership.is_some() { "  VIEW" } else { "" }
         );
     }
     for (node, status) in rows {
+        let member = newest
+            .as_ref()
+            .is_none_or(|(_, members)| members.contains(&node.id));
         let state = match &status {
             None => "down",
+            // Its membership lease is not being renewed: it acts as no home
+            // while its peers are in touch (docs/cluster.md, "Losing etcd").
+            Some(s) if !s.membership_in_touch => "out of touch",
+            // Up, but not (or no longer) in the cluster's newest view.
+            Some(_) if !member => "not member",
             // Up, but its directory is still being rebuilt after a start.
             Some(s) if s.rebuilding => "rebuilding",
             Some(_) => "up",
@@ -670,12 +706,17 @@ pub fn status(args: DirArgs) -> Result<()> {
         let s = status.unwrap_or_default();
         if args.json {
             println!(
-                "{{\"node\":{},\"state\":\"{state}\",\"access\":\"{}\",\"rpc\":\"{}\",\"capacity\":{},\"used\":{},\"objects\":{},\"clients\":{},\"loans\":{},\"socket\":{:?}}}",
-                node.id, node.access.as_str(), node.rpc, s.capacity, s.used, s.objects, s.clients, s.loans, node.socket.display().to_string()
+                "{{\"node\":{},\"state\":\"{state}\",\"access\":\"{}\",\"rpc\":\"{}\",\"capacity\":{},\"used\":{},\"objects\":{},\"clients\":{},\"loans\":{},\"socket\":{:?},\"view_epoch\":{},\"view_members\":[{}]}}",
+                node.id, node.access.as_str(), node.rpc, s.capacity, s.used, s.objects, s.clients, s.loans, node.socket.display().to_string(), s.view_epoch, list(&s.view_members)
             );
         } else {
+            let view = match (membership, state) {
+                (None, _) => String::new(),
+                (Some(_), "down") => format!("  {:>4}", "-"),
+                (Some(_), _) => format!("  {:>4}", s.view_epoch),
+            };
             println!(
-                "{:>4} {:<10} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7} {:>7}",
+                "{:>4} {:<12} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7} {:>7}{view}",
                 node.id,
                 state,
                 node.access.as_str(),
@@ -689,6 +730,15 @@ pub fn status(args: DirArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Node ids as the views print them: `0,1,2`.
+fn list(nodes: &[u32]) -> String {
+    nodes
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 pub fn ls(args: DirArgs) -> Result<()> {

@@ -308,7 +308,7 @@ pub struct Outcome {
     #[prost(string, tag = "2")]
     pub message: ::prost::alloc::string::String,
 }
-#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct NodeStatus {
     #[prost(uint32, tag = "1")]
     pub node: u32,
@@ -329,6 +329,16 @@ pub struct NodeStatus {
     /// Loans this node holds on other nodes' objects (in use or lingering).
     #[prost(uint64, tag = "8")]
     pub loans: u64,
+    /// The view of the cluster's membership this node acts on: its epoch (0:
+    /// the static cluster file's) and members (docs/cluster.md, "Membership").
+    #[prost(uint64, tag = "9")]
+    pub view_epoch: u64,
+    #[prost(uint32, repeated, tag = "10")]
+    pub view_members: ::prost::alloc::vec::Vec<u32>,
+    /// Whether it is in touch with the membership service (always true with a
+    /// static file): out of touch, it acts as no home while its peers are.
+    #[prost(bool, tag = "11")]
+    pub membership_in_touch: bool,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ObjectRow {

@@ -72,6 +72,34 @@ fn a_killed_member_is_removed_after_its_ttl_and_its_homes_move_back() {
         killed.elapsed()
     );
 
+    // `shoal cluster status` shows the view and who is in it.
+    let status = |json: bool| {
+        let mut command = shoal();
+        command.args(["cluster", "status", "--file"]).arg(&file);
+        if json {
+            command.arg("--json");
+        }
+        let out = command.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = status(false);
+    assert!(
+        text.contains("membership etcd://") && text.contains("view 4, members 0,1"),
+        "{text}"
+    );
+    let json = status(true);
+    let rows: Vec<&str> = json.lines().collect();
+    assert_eq!(rows.len(), 3, "{json}");
+    for row in &rows[..2] {
+        assert!(
+            row.contains("\"state\":\"up\"") && row.contains("\"view_epoch\":4"),
+            "{row}"
+        );
+        assert!(row.contains("\"view_members\":[0,1]"), "{row}");
+    }
+    assert!(rows[2].contains("\"state\":\"down\""), "{}", rows[2]);
+
     // Every object of the survivors reads back whole from both; node 2's
     // are gone (not found), never another object's bytes.
     for &(id, seed) in &kept {

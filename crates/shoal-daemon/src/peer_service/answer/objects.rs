@@ -87,6 +87,7 @@ pub(super) fn delete(ops: &Rc<Ops>, call: calls::Delete) {
 
 pub(super) fn status(ops: &Ops, cluster: &Rc<Cluster>, call: calls::Status) {
     let stats = ops.node.read(|store| store.stats());
+    let view = cluster.view();
     let _ = call.reply.send(NodeStatus {
         node: cluster.me,
         capacity: stats.capacity,
@@ -96,6 +97,9 @@ pub(super) fn status(ops: &Ops, cluster: &Rc<Cluster>, call: calls::Status) {
         region_size: stats.region_size,
         rebuilding: !cluster.directory_ready(),
         loans: cluster.loans_held() as u64,
+        view_epoch: view.epoch(),
+        view_members: view.members().to_vec(),
+        membership_in_touch: cluster.membership_in_touch(),
     });
 }
 
