@@ -277,3 +277,59 @@ fn fast_path_reads_recorded_between_evictions_keep_their_order() {
     assert!(s.contains(&id(1)));
     s.check_invariants();
 }
+
+/// A lent create looks at the creating filter, then the index: from its
+/// create to its delete, an id must be in one of them at every moment a
+/// reader on another thread looks (a seal that took the id out of the
+/// filter before publishing it let a create of the just-sealed id through).
+#[test]
+fn an_id_is_always_in_the_creating_filter_or_the_index_until_deleted() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    fn numbered(n: u32) -> ObjectId {
+        let mut id = [7u8; 20];
+        id[..4].copy_from_slice(&n.to_le_bytes());
+        ObjectId(id)
+    }
+
+    let (mut s, fast) = store(1 << 20);
+    let fast = Arc::new(fast);
+    let watched = Arc::new(AtomicU32::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (fast, watched, stop) = (fast.clone(), watched.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (mut looks, mut gaps) = (0u64, 0u64);
+            while !stop.load(Ordering::SeqCst) {
+                let n = watched.load(Ordering::SeqCst);
+                if n == 0 {
+                    continue;
+                }
+                let id = numbered(n);
+                let seen = fast.maybe_creating(&id) || fast.published(&id);
+                looks += 1;
+                // Counted only if the id was alive all along the look.
+                if !seen && watched.load(Ordering::SeqCst) == n {
+                    gaps += 1;
+                }
+            }
+            (looks, gaps)
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(800);
+    let mut n = 0;
+    while std::time::Instant::now() < deadline {
+        n += 1;
+        let id = numbered(n);
+        s.create(1, id, 64, 0).unwrap();
+        watched.store(n, Ordering::SeqCst);
+        s.seal(1, &[id], true).unwrap();
+        watched.store(0, Ordering::SeqCst);
+        s.delete(&id).unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (looks, gaps) = reader.join().unwrap();
+    assert_eq!(gaps, 0, "{gaps} of {looks} looks found neither ({n} seals)");
+    s.check_invariants();
+}
