@@ -63,6 +63,8 @@ RUN = "/run/shoal"  # a host's run directory: cluster file, key, socket
 METRICS = "127.0.0.1:9100"  # a daemon's metrics endpoint with membership, on its host's loopback
 BURST = "/tmp/shoal-burst"  # a host's burst buffer (its private file system)
 STARTUP = 30.0  # s, bound for a daemon to serve and see every other node
+# A daemon's log line for each view of the membership it adopts (cluster/view_change.rs).
+VIEW_ADOPTED = re.compile(r"adopted the cluster's view view=epoch=(\d+) members=([\d,]*)")
 
 
 def until(predicate: Callable[[], Any], timeout: float, message: str, interval: float = 0.05) -> float:
@@ -305,8 +307,8 @@ class Etcd:
     """An etcd cluster of `members` members (Debian's etcd-server) in the switch's namespace:
     every host reaches member m at SWITCH:2379+100m, as it would an etcd run apart from the
     store's hosts. Fast elections (50 ms heartbeats, 500 ms election timeout), so a lease
-    may be as short as 1 s. Members can be killed and started again; `keys` reads the
-    cluster's keys with etcdctl. Its data and logs live in the test's `directory`."""
+    may be as short as 1 s. Members can be killed and started again; `leader` asks them
+    with etcdctl which leads. Its data and logs live in the test's `directory`."""
 
     def __init__(self, network: Network, directory: Path, members: int = 1) -> None:
         if shutil.which("etcd") is None or shutil.which("etcdctl") is None:
@@ -374,9 +376,6 @@ class Etcd:
             if status and status[0]["Status"]["leader"] == status[0]["Status"]["header"]["member_id"]:
                 return m
         return None
-
-    def keys(self, prefix: str) -> list[str]:
-        return self._ctl("get", "--prefix", "--keys-only", prefix).split()
 
     def close(self) -> None:
         for process in self.processes:
@@ -541,15 +540,22 @@ class Host:
                 return float(line.rsplit(" ", 1)[1])
         return None
 
+    def views(self, since_start: bool = False) -> list[tuple[int, list[int]]]:
+        """Every view this host's daemon adopted, in order, from its log: (epoch, members),
+        over all its runs or only since it was last started."""
+        text = self.log()
+        if since_start:
+            text = text.rsplit("\n--- ", 1)[-1]
+        return [
+            (int(epoch), [int(m) for m in members.split(",") if m])
+            for epoch, members in VIEW_ADOPTED.findall(text)
+        ]
+
     def view(self) -> tuple[int, list[int]] | None:
-        """The last view this host's daemon adopted since it was last started, from its log:
-        (epoch, members), or None before its first."""
-        run = self.log().rsplit("\n--- ", 1)[-1]
-        views = re.findall(r"adopted the cluster's view view=epoch=(\d+) members=([\d,]*)", run)
-        if not views:
-            return None
-        epoch, members = views[-1]
-        return int(epoch), [int(m) for m in members.split(",") if m]
+        """The last view this host's daemon adopted since it was last started, or None
+        before its first."""
+        views = self.views(since_start=True)
+        return views[-1] if views else None
 
     def sees(self) -> set[int]:
         """The nodes this host's daemon counts as alive, itself included."""
@@ -616,7 +622,8 @@ class Hosts:
             if etcd:
                 self.etcd = Etcd(self.network, directory, etcd)
                 self.serve_args += ["--metrics-addr", METRICS]
-            self.membership = (etcd, membership_ttl_ms, membership_grace_ms)
+            self.membership_ttl_ms = membership_ttl_ms
+            self.membership_grace_ms = membership_grace_ms
             self.hosts = [Host(self, i) for i in range(count)]
             for host in self.hosts:
                 host.run("mkdir", "-p", "-m", "700", RUN)
@@ -654,11 +661,10 @@ class Hosts:
             f"linger_ms = {linger_ms}",
         ]
         if self.etcd is not None:
-            _, ttl, grace = self.membership
             lines += [
                 f'membership = "{self.etcd.url(f"shoal/{self.name}")}"',
-                f"membership_ttl_ms = {ttl}",
-                f"membership_grace_ms = {grace}",
+                f"membership_ttl_ms = {self.membership_ttl_ms}",
+                f"membership_grace_ms = {self.membership_grace_ms}",
             ]
         for i, host in enumerate(self.hosts):
             lines += [

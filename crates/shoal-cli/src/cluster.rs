@@ -703,6 +703,7 @@ pub fn status(args: DirArgs) -> Result<()> {
             Some(s) if s.rebuilding => "rebuilding",
             Some(_) => "up",
         };
+        let answered = status.is_some();
         let s = status.unwrap_or_default();
         if args.json {
             println!(
@@ -710,10 +711,10 @@ pub fn status(args: DirArgs) -> Result<()> {
                 node.id, node.access.as_str(), node.rpc, s.capacity, s.used, s.objects, s.clients, s.loans, node.socket.display().to_string(), s.view_epoch, list(&s.view_members)
             );
         } else {
-            let view = match (membership, state) {
+            let view = match (membership, answered) {
                 (None, _) => String::new(),
-                (Some(_), "down") => format!("  {:>4}", "-"),
-                (Some(_), _) => format!("  {:>4}", s.view_epoch),
+                (Some(_), false) => format!("  {:>4}", "-"),
+                (Some(_), true) => format!("  {:>4}", s.view_epoch),
             };
             println!(
                 "{:>4} {:<12} {:<8} {:<21} {:>10} {:>10} {:>8} {:>7} {:>7}{view}",

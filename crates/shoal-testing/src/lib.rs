@@ -29,7 +29,7 @@ pub use daemon::TestDaemon;
 pub use etcd::EtcdCluster;
 pub use http::{encode, http_get, metric};
 pub use logs::init_logs;
-pub use objects::{pattern, read_object};
+pub use objects::{pattern, put_patterns, read_object};
 pub use ports::free_ports;
 pub use process::ServeProcess;
 pub use proxy::TcpProxy;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use shoal_cluster::MembershipConfig;
 use shoal_core::ObjectId;
 use shoal_testing::{
-    loopback_topology, pattern, read_object, ClusterNode, EtcdCluster, ServeProcess,
+    loopback_topology, pattern, put_patterns, read_object, ClusterNode, EtcdCluster, ServeProcess,
 };
 
 use crate::support::shoal;
@@ -40,13 +40,7 @@ fn a_killed_member_is_removed_after_its_ttl_and_its_homes_move_back() {
     assert_eq!(view(), "epoch=3 members=0,1,2");
 
     let (mut c0, mut c1, mut c2) = (n0.client(), n1.client(), n2.client());
-    let mut kept = Vec::new();
-    for seed in 0..90u32 {
-        let id = ObjectId::random();
-        let client = if seed % 2 == 0 { &mut c0 } else { &mut c1 };
-        client.put(id, &pattern(seed), b"").unwrap();
-        kept.push((id, seed));
-    }
+    let kept = put_patterns(&mut c0, &mut c1, 0..90);
     let mut lost = Vec::new();
     for seed in 100..130u32 {
         let id = ObjectId::random();

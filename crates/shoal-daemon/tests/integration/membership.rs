@@ -8,7 +8,8 @@ use shoal_cluster::{MembershipConfig, Topology, View};
 use shoal_core::error::ErrorKind;
 use shoal_core::ObjectId;
 use shoal_testing::{
-    eventually, loopback_topology, pattern, read_object, ClusterNode, EtcdCluster, TcpProxy,
+    eventually, loopback_topology, pattern, put_patterns, read_object, ClusterNode, EtcdCluster,
+    TcpProxy,
 };
 
 const MIB: u64 = 1 << 20;
@@ -40,13 +41,7 @@ fn nodes_join_and_leave_a_running_cluster_and_homes_follow() {
     let (mut c0, mut c1) = (n0.client(), n1.client());
 
     // Objects on both nodes, read from the other.
-    let mut objects = Vec::new();
-    for i in 0..120u32 {
-        let id = ObjectId::random();
-        let client = if i % 2 == 0 { &mut c0 } else { &mut c1 };
-        client.put(id, &pattern(i), b"").unwrap();
-        objects.push((id, i));
-    }
+    let objects = put_patterns(&mut c0, &mut c1, 0..120);
     for &(id, seed) in &objects {
         assert_eq!(read_object(&mut c1, id), Some(pattern(seed)), "{id}");
         assert_eq!(read_object(&mut c0, id), Some(pattern(seed)), "{id}");
@@ -216,13 +211,7 @@ fn a_node_cut_off_from_etcd_alone_stops_acting_as_a_home_until_it_is_back() {
             .take(count)
             .collect()
     };
-    let mut objects = Vec::new();
-    for seed in 0..40u32 {
-        let id = ObjectId::random();
-        let client = if seed % 2 == 0 { &mut c0 } else { &mut c2 };
-        client.put(id, &pattern(seed), b"").unwrap();
-        objects.push((id, seed));
-    }
+    let objects = put_patterns(&mut c0, &mut c2, 0..40);
 
     relay.cut();
     eventually("the others removed node 2", || {
