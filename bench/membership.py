@@ -21,6 +21,11 @@ nodes run), then one `shoal serve` process per node. Measured, in one run:
           rendezvous hash), against 1.1/(N+1);
   keys    etcd keys under the cluster's prefix for N nodes (target <= 2N + 2) and etcd
           writes over 5 idle seconds (target 0: only lease keep-alives, which write nothing).
+  adopt   the same 4 nodes again, each with a burst buffer and a backing store in one shared
+          directory (named in the cluster file), under a fresh prefix: node 3 puts
+          --adopt-objects objects of --adopt-size bytes with durability "backing" and is killed
+          with SIGKILL; from the view without it to every object read back whole through node
+          1 (target: 10 s), and what the adopter's log says it took.
 """
 
 import argparse
@@ -242,11 +247,91 @@ def homes_moved(count: int) -> float:
     return float(np.mean(three != four))
 
 
+def adoption(
+    directory: Path, etcd: Etcd, text: str, nodes: dict[int, "Node"], count: int, size: int
+) -> list[str]:
+    """The adopt phase (see the module's doc); its report lines. `text` is the cluster file
+    without membership; `nodes` holds the nodes it starts (stopped by the caller)."""
+    prefix = PREFIX + "-adopt"
+    shared = directory / "shared"
+    tiered = text.replace("[cluster]\n", f"[cluster]\nmembership_ttl_ms = {TTL_MS}\n", 1)
+    for i in range(4):  # each [[node]] table gets its tiers, after its id line
+        tiered = tiered.replace(
+            f"\nid = {i}\n",
+            f'\nid = {i}\nburst = "{directory / f"burst-{i}"}"\nbacking = "{shared / str(i)}"\n',
+            1,
+        )
+    (directory / "cluster.toml").write_text(tiered)
+    membership = f"etcd://127.0.0.1:{etcd.client}{prefix}"
+    for i in range(4):
+        nodes[i] = Node(directory, i, membership)
+    client3, client1 = shoal.Client(str(directory / "n3.sock")), shoal.Client(str(directory / "n1.sock"))
+    payloads = [os.urandom(size) for _ in range(64)]
+    ids = [shoal.ObjectID.from_random() for _ in range(count)]
+    started = time.monotonic()
+    batch = 500
+    for first in range(0, count, batch):
+        chunk = ids[first : first + batch]
+        client3.put_batch(
+            chunk, [payloads[(first + k) % len(payloads)] for k in range(len(chunk))], durability="backing"
+        )
+    put_took = time.monotonic() - started
+    client3.close()
+    killed = time.time()
+    nodes[3].process.kill()
+    nodes.pop(3).process.wait()
+    view = "epoch=5 members=0,1,2"
+    while time.time() < killed + 3 * TTL_MS / 1000 and etcd.value(f"{prefix}/view") != view:
+        time.sleep(0.02)
+    removed_at = min(
+        (t for n in nodes.values() for t in n.times("adopted the cluster's view", view)), default=None
+    )
+    want = {oid: payloads[k % len(payloads)] for k, oid in enumerate(ids)}
+    missing = list(ids)
+    deadline = time.time() + 60
+    while missing and time.time() < deadline:
+        got = client1.get(missing, timeout_ms=0)
+        missing = [oid for oid, value in zip(missing, got, strict=True) if value is None]
+        if missing:
+            time.sleep(0.02)
+    readable_at = time.time()
+    whole = sum(1 for oid, value in zip(ids, client1.get(ids, timeout_ms=0), strict=True)
+                if value is not None and bytes(value) == want[oid])  # fmt: skip
+    client1.close()
+    adopter_lines = [
+        (n.node, stamp(line))
+        for n in nodes.values()
+        for line in n.log().splitlines()
+        if "adopted the backing store of a node removed" in line
+    ]
+    adopted_at = min((t for _, t in adopter_lines), default=None)
+
+    def since(t: float | None) -> str:
+        return f"{(t - removed_at) * 1e3:.0f} ms" if t and removed_at else "not seen"
+
+    detected = f"{(removed_at - killed) * 1e3:.0f} ms" if removed_at else "not seen"
+    adopter = adopter_lines[0][0] if adopter_lines else "?"
+    return [
+        f"Adoption: node 3 put {count} objects of {size} B with durability backing "
+        f"({count * size / put_took / 2**20:.0f} MiB/s, {put_took:.1f} s) into its backing store "
+        "in a directory all nodes share, and was killed with SIGKILL.",
+        "",
+        "| adoption | measured | target |",
+        "|---|---|---|",
+        f"| kill -9 → view without it | {detected} | ≤ TTL + 500 = {TTL_MS + 500} ms |",
+        f"| view → adopter (node {adopter}) opened and recovered the store | {since(adopted_at)} | |",
+        f"| view → all {count} objects readable through node 1 | {since(readable_at)} | ≤ 10 s |",
+        f"| objects read back whole | {whole} of {count} | all |",
+    ]
+
+
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--phase", type=float, default=4.0, help="seconds per phase")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--adopt-objects", type=int, default=10_000, help="objects node 3 leaves behind")
+    parser.add_argument("--adopt-size", type=int, default=4096, help="bytes per such object")
     args = parser.parse_args()
     from shoal.testing import require_optimized_build
 
@@ -391,6 +476,10 @@ def main() -> None:
         writes = etcd.revision() - revision
         lines.append(f"| etcd keys, 3 members | {len(keys)} | ≤ 2·3 + 2 = 8 |")
         lines.append(f"| etcd writes in 5 idle seconds | {writes} | 0 |")
+        for node in nodes.values():
+            node.stop()
+        nodes.clear()
+        lines += ["", *adoption(directory, etcd, text, nodes, args.adopt_objects, args.adopt_size)]
         report = "\n".join(lines) + "\n"
         print(report)
         if args.out:

@@ -62,6 +62,9 @@ HOST_MOUNTS = {"/tmp": "512m", "/dev/shm": "512m", "/run": "64m"}  # private tmp
 RUN = "/run/shoal"  # a host's run directory: cluster file, key, socket
 METRICS = "127.0.0.1:9100"  # a daemon's metrics endpoint with membership, on its host's loopback
 BURST = "/tmp/shoal-burst"  # a host's burst buffer (its private file system)
+# Where every host sees the one directory they share (`Hosts(shared_backing=True)`: a shared
+# file system holding each node's backing store, bind-mounted into each host's namespace).
+SHARED = "/srv"
 STARTUP = 30.0  # s, bound for a daemon to serve and see every other node
 # A daemon's log line for each view of the membership it adopts (cluster/view_change.rs).
 VIEW_ADOPTED = re.compile(r"adopted the cluster's view view=epoch=(\d+) members=([\d,]*)")
@@ -77,10 +80,14 @@ def until(predicate: Callable[[], Any], timeout: float, message: str, interval: 
     return time.monotonic() - started
 
 
-def _host_setup(name: str, hosts: dict[str, str]) -> str:
+def _host_setup(name: str, hosts: dict[str, str], shared: str | None = None) -> str:
     """The shell commands that make a new mount and UTS namespace a host: private tmpfs
-    mounts, its own /etc/hosts (naming `hosts`, name -> address) and hostname."""
+    mounts, its own /etc/hosts (naming `hosts`, name -> address) and hostname; with
+    `shared`, that directory of the test's bind-mounted at SHARED first (before /tmp, where
+    it may lie, is hidden)."""
     mounts = [f"mount -t tmpfs -o size={size},mode=1777 tmpfs {path}" for path, size in HOST_MOUNTS.items()]
+    if shared is not None:
+        mounts.insert(0, f"mount --bind {shared} {SHARED}")
     names = "".join(f"{address} {host}\\n" for host, address in hosts.items())
     return " && ".join([
         *mounts,
@@ -147,7 +154,8 @@ def _dies_with_us(command: list[str]) -> list[str]:
 class Network:
     """The switch namespace with its bridge, and one network + mount namespace per host."""
 
-    def __init__(self, hosts: int) -> None:
+    def __init__(self, hosts: int, shared: str | None = None) -> None:
+        self.shared = shared
         self.userns, _ = _isolation()
         assert self.userns is not None, unavailable()
         self._holders: list[subprocess.Popen] = []
@@ -178,7 +186,8 @@ class Network:
     def _host(self, host: int, hosts: int) -> list[str]:
         """The command that makes host `host`'s namespaces (network, mount, UTS), sets it up
         (`_host_setup`) and then holds them."""
-        setup = _host_setup(self.name(host), {self.name(i): self.address(i) for i in range(hosts)})
+        names = {self.name(i): self.address(i) for i in range(hosts)}
+        setup = _host_setup(self.name(host), names, self.shared)
         return [
             *("unshare", "-n", "-m", "-u", "--propagation", "private"),
             *("sh", "-c", f"{setup} && exec setpriv --pdeathsig KILL cat"),
@@ -579,7 +588,11 @@ class Hosts:
     membership (`[cluster] membership`, `membership_ttl_ms`, `membership_grace_ms`): the
     file's nodes are then slots, and a node is a member from its start (a join) to its stop
     (a leave) or its lease's end; 0 (the default): the static file. Each daemon serves its
-    metrics on its host's loopback (`Host.metric`).
+    metrics on its host's loopback (`Host.metric`). `shared_backing`: one directory of the
+    test (`hosts.shared`) that every host sees at SHARED, a shared file system; each node's
+    file entry names its backing store there (SHARED/n<i>) and a burst buffer on its host,
+    so every node knows where the others' backing stores are (adoption: docs/cluster.md),
+    each of `backing_capacity` bytes if given.
     """
 
     def __init__(
@@ -601,8 +614,12 @@ class Hosts:
         etcd: int = 0,
         membership_ttl_ms: int = 1000,
         membership_grace_ms: int = 0,
+        shared_backing: bool = False,
+        backing_capacity: str | None = None,
     ) -> None:
         self.directory = directory
+        self.shared: Path | None = directory / "shared" if shared_backing else None
+        self.backing_capacity = backing_capacity
         self.count = count
         self.heartbeat = heartbeat_ms / 1000
         self.lease = lease_ms / 1000
@@ -616,7 +633,9 @@ class Hosts:
         self.hosts: list[Host] = []
         self._spawned: list[subprocess.Popen] = []
         directory.mkdir(parents=True, exist_ok=True)
-        self.network = Network(count)
+        if self.shared is not None:
+            self.shared.mkdir()
+        self.network = Network(count, str(self.shared) if self.shared is not None else None)
         self.etcd: Etcd | None = None
         try:
             if etcd:
@@ -677,6 +696,10 @@ class Hosts:
                 f'region_size = "{region_size}"',
                 'access = "network"',
             ]
+            if self.shared is not None:
+                lines += [f'burst = "{BURST}"', f'backing = "{SHARED}/n{i}"']
+                if self.backing_capacity:
+                    lines.append(f'backing_capacity = "{self.backing_capacity}"')
             if identities:
                 done = host.run(
                     sys.executable, "-m", "shoal", "cluster", "keygen", "--out", self.path("key", i)

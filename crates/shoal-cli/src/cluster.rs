@@ -688,6 +688,17 @@ pub fn status(args: DirArgs) -> Result<()> {
             if membership.is_some() { "  VIEW" } else { "" }
         );
     }
+    // Objects of nodes removed for good: served from an adopted backing
+    // store, or lost (each home reports those it knew).
+    let (mut lost, mut adopted) = (0u64, Vec::new());
+    for (node, status) in &rows {
+        if let Some(s) = status {
+            lost += s.lost_objects;
+            if s.adopted_objects > 0 {
+                adopted.push(format!("node {} {}", node.id, s.adopted_objects));
+            }
+        }
+    }
     for (node, status) in rows {
         let member = newest
             .as_ref()
@@ -707,8 +718,9 @@ pub fn status(args: DirArgs) -> Result<()> {
         let s = status.unwrap_or_default();
         if args.json {
             println!(
-                "{{\"node\":{},\"state\":\"{state}\",\"access\":\"{}\",\"rpc\":\"{}\",\"capacity\":{},\"used\":{},\"objects\":{},\"clients\":{},\"loans\":{},\"socket\":{:?},\"view_epoch\":{},\"view_members\":[{}]}}",
-                node.id, node.access.as_str(), node.rpc, s.capacity, s.used, s.objects, s.clients, s.loans, node.socket.display().to_string(), s.view_epoch, list(&s.view_members)
+                "{{\"node\":{},\"state\":\"{state}\",\"access\":\"{}\",\"rpc\":\"{}\",\"capacity\":{},\"used\":{},\"objects\":{},\"clients\":{},\"loans\":{},\"socket\":{:?},\"view_epoch\":{},\"view_members\":[{}],\"adopted_objects\":{},\"lost_objects\":{},\"lost_ids\":[{}]}}",
+                node.id, node.access.as_str(), node.rpc, s.capacity, s.used, s.objects, s.clients, s.loans, node.socket.display().to_string(), s.view_epoch, list(&s.view_members),
+                s.adopted_objects, s.lost_objects, lost_ids(&s.lost_ids)
             );
         } else {
             let view = match (membership, answered) {
@@ -730,7 +742,33 @@ pub fn status(args: DirArgs) -> Result<()> {
             );
         }
     }
+    if !args.json {
+        if !adopted.is_empty() {
+            println!(
+                "adopted: objects of removed nodes' backing stores served by {}",
+                adopted.join(", ")
+            );
+        }
+        if lost > 0 {
+            println!(
+                "lost: {lost} objects of removed nodes were only in their memory or burst \
+                 buffers (their ids: --json)"
+            );
+        }
+    }
     Ok(())
+}
+
+/// Packed ids (n × 20 bytes) as a JSON list of hex strings.
+fn lost_ids(packed: &[u8]) -> String {
+    packed
+        .chunks_exact(20)
+        .map(|id| {
+            let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+            format!("\"{hex}\"")
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Node ids as the views print them: `0,1,2`.

@@ -13,7 +13,6 @@ use shoal_core::protocol::TierReport;
 use shoal_core::units::format_size;
 use shoal_core::ObjectId;
 use shoal_daemon::tiers::{Backing, TierConfig};
-use shoal_tiers::S3Config;
 
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct TierArgs {
@@ -77,6 +76,7 @@ impl TierArgs {
             .map(|text| self.backing_store(&text, backing_capacity))
             .transpose()?;
         config.manifest = self.tier_manifest.clone();
+        config.s3_endpoint = self.s3_endpoint.clone();
         if let Some(level) = self.durability.clone().or(node.durability) {
             config.durability = level.parse::<Durability>()?;
         }
@@ -87,32 +87,11 @@ impl TierArgs {
     }
 
     fn backing_store(&self, text: &str, capacity: u64) -> Result<Backing> {
-        let Some(rest) = text.strip_prefix("s3://") else {
-            return Ok(Backing::Dir {
-                path: PathBuf::from(text),
-                capacity,
-            });
-        };
-        // Before anything else, so a build without the client says so and starts nothing.
-        shoal_tiers::s3::require(&format!("the backing store {text}"))?;
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            bail!("{text}: no bucket");
-        }
-        let endpoint = self
-            .s3_endpoint
-            .clone()
-            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-            .context("an s3:// backing store needs --s3-endpoint (or AWS_ENDPOINT_URL)")?;
-        let key = std::env::var("AWS_ACCESS_KEY_ID")
-            .context("an s3:// backing store needs AWS_ACCESS_KEY_ID")?;
-        let secret = std::env::var("AWS_SECRET_ACCESS_KEY")
-            .context("an s3:// backing store needs AWS_SECRET_ACCESS_KEY")?;
-        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
-        let mut config = S3Config::new(&endpoint, bucket, prefix, &key, &secret);
-        config.region = region;
-        config.capacity = capacity;
-        Ok(Backing::S3(Box::new(config)))
+        Ok(Backing::from_spec(
+            text,
+            capacity,
+            self.s3_endpoint.as_deref(),
+        )?)
     }
 }
 

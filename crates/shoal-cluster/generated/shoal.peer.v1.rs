@@ -292,6 +292,15 @@ pub struct RestoredRequest {
     #[prost(uint64, tag = "1")]
     pub incarnation: u64,
 }
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AdoptedRequest {
+    /// the removed node whose backing store was adopted
+    #[prost(uint32, tag = "1")]
+    pub origin: u32,
+    /// how many of its objects the caller serves now
+    #[prost(uint64, tag = "2")]
+    pub objects: u64,
+}
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SealRequest {
     #[prost(bytes = "vec", tag = "1")]
@@ -339,6 +348,16 @@ pub struct NodeStatus {
     /// static file): out of touch, it acts as no home while its peers are.
     #[prost(bool, tag = "11")]
     pub membership_in_touch: bool,
+    /// Objects of nodes removed for good that no member can serve (they were
+    /// only in that node's memory or on its own burst buffer), as this node's
+    /// directory knew them: how many, and the first 1,000 ids (n × 20 bytes).
+    #[prost(uint64, tag = "12")]
+    pub lost_objects: u64,
+    #[prost(bytes = "vec", tag = "13")]
+    pub lost_ids: ::prost::alloc::vec::Vec<u8>,
+    /// Objects this node serves from backing stores it adopted.
+    #[prost(uint64, tag = "14")]
+    pub adopted_objects: u64,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ObjectRow {
@@ -619,6 +638,31 @@ pub mod peer_client {
             let mut req = request.into_request();
             req.extensions_mut()
                 .insert(GrpcMethod::new("shoal.peer.v1.Peer", "Restored"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// The caller adopted the shared backing store of node `origin`, removed
+        /// from the view for good (docs/cluster.md, "Adoption"): the objects it
+        /// found there are registered at their homes now. Each home reports the
+        /// ids `origin` owned there that nobody registered since as lost.
+        pub async fn adopted(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AdoptedRequest>,
+        ) -> std::result::Result<tonic::Response<super::Empty>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/shoal.peer.v1.Peer/Adopted",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("shoal.peer.v1.Peer", "Adopted"));
             self.inner.unary(req, path, codec).await
         }
         /// Served by an object's owner.
@@ -1064,6 +1108,14 @@ pub mod peer_server {
         async fn restored(
             &self,
             request: tonic::Request<super::RestoredRequest>,
+        ) -> std::result::Result<tonic::Response<super::Empty>, tonic::Status>;
+        /// The caller adopted the shared backing store of node `origin`, removed
+        /// from the view for good (docs/cluster.md, "Adoption"): the objects it
+        /// found there are registered at their homes now. Each home reports the
+        /// ids `origin` owned there that nobody registered since as lost.
+        async fn adopted(
+            &self,
+            request: tonic::Request<super::AdoptedRequest>,
         ) -> std::result::Result<tonic::Response<super::Empty>, tonic::Status>;
         /// Served by an object's owner.
         /// Takes one reference per id for the calling node (renewed by heartbeats,
@@ -1550,6 +1602,49 @@ pub mod peer_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = RestoredSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/shoal.peer.v1.Peer/Adopted" => {
+                    #[allow(non_camel_case_types)]
+                    struct AdoptedSvc<T: Peer>(pub Arc<T>);
+                    impl<T: Peer> tonic::server::UnaryService<super::AdoptedRequest>
+                    for AdoptedSvc<T> {
+                        type Response = super::Empty;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::AdoptedRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Peer>::adopted(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = AdoptedSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

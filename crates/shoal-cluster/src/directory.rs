@@ -20,6 +20,17 @@ pub struct DirectoryEntry {
     pub sealed: Option<ObjectLocation>,
 }
 
+/// What [`Directory::forget_owner`] forgot.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Forgotten {
+    /// Entries removed (sealed objects and registrations not sealed yet).
+    pub entries: usize,
+    /// The sealed objects among them.
+    pub sealed: Vec<ObjectId>,
+    /// Network copies of them, (holder, id): to drop.
+    pub copies: Vec<(u32, ObjectId)>,
+}
+
 /// The home node's table of its ids.
 #[derive(Default)]
 pub struct Directory {
@@ -179,17 +190,39 @@ impl Directory {
         stale
     }
 
-    /// `owner` restarted: its store is new, so every id it registered here
-    /// is gone. Forgets them; returns how many, and the copies (holder, id)
-    /// to drop (a copy follows its primary, as on a delete).
-    pub fn forget_owner(&mut self, owner: u32) -> (usize, Vec<(u32, ObjectId)>) {
+    /// `owner` restarted or left: its store is new (or gone), so every id it
+    /// registered here is gone. Forgets them; returns them, and the copies
+    /// (holder, id) to drop (a copy follows its primary, as on a delete).
+    pub fn forget_owner(&mut self, owner: u32) -> Forgotten {
+        let mut entries = 0;
+        let mut sealed = Vec::new();
         let gone: Vec<ObjectId> = self
             .entries
             .iter()
             .filter(|(_, e)| e.owner == owner)
-            .map(|(id, _)| *id)
+            .map(|(id, e)| {
+                entries += 1;
+                if e.sealed.is_some() {
+                    sealed.push(*id);
+                }
+                *id
+            })
             .collect();
-        (gone.len(), self.unregister(&gone, owner))
+        let copies = self.unregister(&gone, owner);
+        Forgotten {
+            entries,
+            sealed,
+            copies,
+        }
+    }
+
+    /// The sealed objects `owner` registered here.
+    pub fn sealed_of(&self, owner: u32) -> Vec<ObjectId> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.owner == owner && e.sealed.is_some())
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// A new view moved some of this home's ids to other members: their
@@ -339,12 +372,15 @@ mod tests {
         d.register(&[id(1), id(2)], 1);
         d.register(&[id(3)], 2);
         d.add_copies(&[id(2), id(3)], 0);
-        let (gone, mut stale) = d.forget_owner(1);
-        stale.sort();
-        assert_eq!((gone, stale), (2, vec![(0, id(2))]));
+        d.publish(&[id(2)], &[at(2)], 1);
+        let mut gone = d.forget_owner(1);
+        gone.copies.sort();
+        assert_eq!(gone.entries, 2);
+        assert_eq!(gone.sealed, vec![id(2)], "only sealed objects were objects");
+        assert_eq!(gone.copies, vec![(0, id(2))]);
         assert!(d.lookup(&id(1)).is_none() && d.lookup(&id(2)).is_none());
         assert_eq!(d.lookup(&id(3)).unwrap().owner, 2);
-        assert_eq!(d.forget_owner(1), (0, Vec::new()));
+        assert_eq!(d.forget_owner(1).entries, 0);
         // The ids are free again.
         assert_eq!(d.register(&[id(1)], 0), vec![None]);
     }

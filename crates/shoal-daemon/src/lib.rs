@@ -20,6 +20,8 @@
 //! - `connection` (local clients), `write_poller` (what local clients
 //!   record in their write channels: the fast path) and `peer_service`
 //!   (other nodes), which serve requests with `ops`;
+//! - `adoption`: the backing stores of nodes removed from the cluster for
+//!   good, served by a survivor (over `tiers` and `cluster`);
 //! - `observe`: the `/metrics` endpoint and status page, fed by a
 //!   listener of the node and a snapshot of its store;
 //! - [`server`]: wires the layers, listens, and stops them all.
@@ -35,6 +37,7 @@
 #![warn(unreachable_pub)]
 
 mod accept;
+mod adoption;
 pub mod cluster;
 pub mod config;
 mod connection;

@@ -185,7 +185,24 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
                 Some(c) => TierIdentity::new(c.topology.name.clone(), c.node),
                 None => TierIdentity::new(SINGLE_NODE_TIERS, 0),
             };
-            match Tiers::start(tier_config, &owner, node.clone(), supervisor.clone()).await {
+            let mut tier_config = tier_config.clone();
+            let adoptable = match &config.cluster {
+                // Other nodes may adopt this one's backing store, and it theirs.
+                Some(c) if c.topology.membership.is_some() => {
+                    tier_config.shared_backing = true;
+                    adoptable_stores(c, tier_config.s3_endpoint.as_deref())
+                }
+                _ => Default::default(),
+            };
+            match Tiers::start(
+                &tier_config,
+                &owner,
+                adoptable,
+                node.clone(),
+                supervisor.clone(),
+            )
+            .await
+            {
                 Ok(tiers) => Some(tiers),
                 Err(err) => {
                     supervisor.shutdown().await;
@@ -261,6 +278,9 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         },
         (started, _) => (started, None),
     };
+    if let (Ok(()), Some(cluster), Some(tiers)) = (&started, &ops.cluster, &ops.tiers) {
+        crate::adoption::start(cluster, tiers, &supervisor, &shutdown);
+    }
     let prefault_stop = Arc::new(AtomicBool::new(false));
     // An elastic store's controller populates the region itself, up to its
     // target and again after shrinks (elastic/populate.rs).
@@ -285,6 +305,39 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     started?;
     tracing::info!("shoal daemon stopped");
     Ok(())
+}
+
+/// The backing stores of the other nodes of the cluster file, which this
+/// node may adopt when one is removed for good. One whose description does
+/// not parse here (an S3 store without credentials in this daemon's
+/// environment) is left out, with a warning.
+fn adoptable_stores(
+    cluster: &crate::cluster::ClusterConfig,
+    s3_endpoint: Option<&str>,
+) -> std::collections::BTreeMap<u32, crate::tiers::Backing> {
+    let mut stores = std::collections::BTreeMap::new();
+    for node in cluster
+        .topology
+        .nodes
+        .iter()
+        .filter(|n| n.id != cluster.node)
+    {
+        let Some(spec) = &node.tiers.backing else {
+            continue;
+        };
+        let capacity = node.tiers.backing_capacity.unwrap_or(u64::MAX);
+        match crate::tiers::Backing::from_spec(spec, capacity, s3_endpoint) {
+            Ok(backing) => {
+                stores.insert(node.id, backing);
+            }
+            Err(err) => tracing::warn!(
+                node = node.id,
+                %err,
+                "this node cannot adopt that node's backing store"
+            ),
+        }
+    }
+    stores
 }
 
 /// The incarnation of this daemon (of its node, in a cluster): the start

@@ -32,6 +32,7 @@ async fn main() -> anyhow::Result<()> {
         manifest,
         burst: Some(Arc::new(tier)),
         backing: None,
+        shared_backing: false,
     })
     .await?;
     let len = size_kib << 10;

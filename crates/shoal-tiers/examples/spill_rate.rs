@@ -30,6 +30,7 @@ async fn main() -> anyhow::Result<()> {
         manifest,
         burst: Some(Arc::new(tier)),
         backing: None,
+        shared_backing: false,
     })
     .await?;
     let len = size_mib << 20;

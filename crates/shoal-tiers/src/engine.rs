@@ -54,6 +54,12 @@ pub struct EngineConfig {
     /// `S3Tier`). With one, recovery lists what it lacks for re-draining
     /// (`RecoveryReport::to_drain`).
     pub backing: Option<Arc<dyn Tier>>,
+    /// The backing store is shared with nodes that may adopt it when this
+    /// node is removed for good: they know its objects only by the images
+    /// there (this manifest, and its tombstones, stay on this node's disk).
+    /// A delete is then acknowledged only once its backing image is gone
+    /// ([`TierEngine::delete`]).
+    pub shared_backing: bool,
 }
 
 /// What a write records besides sizes and checksum.
@@ -159,6 +165,13 @@ async fn detached<T: Send + 'static>(
     }
 }
 
+/// The files a removal left, by tier, with why.
+#[derive(Debug, Default)]
+pub(crate) struct NotRemoved {
+    burst: Option<ShoalError>,
+    backing: Option<ShoalError>,
+}
+
 /// The result of a restore.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Restored {
@@ -176,6 +189,8 @@ pub struct Restored {
 pub struct TierEngine {
     shared: Shared,
     locks: Arc<IdLocks>,
+    /// [`EngineConfig::shared_backing`].
+    shared_backing: bool,
     /// The next generation to issue: above every one the manifest holds
     /// (set by recovery), so generations increase across restarts.
     generations: AtomicU64,
@@ -244,6 +259,7 @@ impl TierEngine {
                 tiers: [config.burst, config.backing],
             },
             locks: Arc::default(),
+            shared_backing: config.shared_backing,
             generations: AtomicU64::new(1),
         }
     }
@@ -629,6 +645,13 @@ impl TierEngine {
     /// is committed the delete is final: a tier that fails to remove its
     /// file keeps the tombstone, and [`TierEngine::finish_deletes`] or the
     /// next recovery retries it; such failures are logged, not returned.
+    ///
+    /// With a [shared](EngineConfig::shared_backing) backing store, a
+    /// backing image that could not be removed fails the delete instead
+    /// (`NodeUnavailable`, or the tier's error): a node that adopts this
+    /// one's backing store after its removal would find the image and serve
+    /// the object again, so the delete is not acknowledged. It is still final
+    /// here, and a retry (or `finish_deletes`) completes it.
     pub async fn delete(&self, id: ObjectId, generation: u64) -> Result<bool> {
         let guard = self.locks.lock(id).await;
         // Before the tombstone, under the lock: a write waiting for this lock
@@ -639,7 +662,8 @@ impl TierEngine {
             Tombstoned::Deleted(old) => old,
         };
         // Final from here: what is left undone, recovery finishes.
-        if self.remove_files(id, TierSet::EMPTY).await {
+        let removed = self.remove_files(id, TierSet::EMPTY).await;
+        if removed.is_ok() {
             let cleared = self
                 .manifest(move |m| m.apply(&[Change::ClearTombstone(id, generation)]))
                 .await;
@@ -647,7 +671,24 @@ impl TierEngine {
                 warn!("object {id}: tombstone not cleared yet: {err}");
             }
         }
-        Ok(old.is_some())
+        match removed {
+            Err(failed) if self.shared_backing && failed.backing.is_some() => {
+                let err = failed.backing.expect("checked");
+                Err(ShoalError::new(
+                    if err.kind() == ErrorKind::Io {
+                        ErrorKind::Io
+                    } else {
+                        ErrorKind::NodeUnavailable
+                    },
+                    format!(
+                        "object {id}: delete not acknowledged: its image on the shared backing \
+                         store could not be removed ({err}), and a node adopting this one's \
+                         backing store would serve it again; it is retried, ask again"
+                    ),
+                ))
+            }
+            _ => Ok(old.is_some()),
+        }
     }
 
     /// Retries the file removals of deletes whose tombstones remain. Returns
@@ -663,7 +704,7 @@ impl TierEngine {
                 Some(r) if r.generation > generation => r.tiers,
                 _ => TierSet::EMPTY,
             };
-            if self.remove_files(id, keep).await {
+            if self.remove_files(id, keep).await.is_ok() {
                 // Of this generation only: the lock is let go before the
                 // clears commit, and a newer delete may tombstone it again.
                 done.push(Change::ClearTombstone(id, generation));
@@ -674,20 +715,31 @@ impl TierEngine {
         Ok(n)
     }
 
-    /// Removes `id` from every configured tier but those in `keep`; `true`
-    /// if none failed.
-    pub(crate) async fn remove_files(&self, id: ObjectId, keep: TierSet) -> bool {
-        let mut all = true;
+    /// Removes `id` from every configured tier but those in `keep`; `Err`
+    /// says which failed (each failure is logged).
+    pub(crate) async fn remove_files(
+        &self,
+        id: ObjectId,
+        keep: TierSet,
+    ) -> std::result::Result<(), NotRemoved> {
+        let mut failed = NotRemoved::default();
         for (level, tier) in self.configured() {
             if keep.contains(level) {
                 continue;
             }
             if let Err(err) = tier.delete(id).await {
                 warn!("object {id}: {level} file not removed yet: {err}");
-                all = false;
+                match level {
+                    TierLevel::Burst => failed.burst = Some(err),
+                    TierLevel::Backing => failed.backing = Some(err),
+                }
             }
         }
-        all
+        if failed.burst.is_none() && failed.backing.is_none() {
+            Ok(())
+        } else {
+            Err(failed)
+        }
     }
 
     async fn need_record(&self, id: ObjectId) -> Result<ObjectRecord> {

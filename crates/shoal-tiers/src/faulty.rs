@@ -230,4 +230,8 @@ impl Tier for FaultyTier {
     async fn sweep(&self) -> Result<u64> {
         self.run("sweep", self.inner.sweep()).await
     }
+
+    async fn marker(&self) -> Result<Option<crate::identity::TierIdentity>> {
+        self.inner.marker().await
+    }
 }

@@ -34,7 +34,7 @@ pub use drain::{DrainConfig, DrainEvent, DrainJob, Drainer, Refused};
 pub use engine::{EngineConfig, Restored, TierEngine, WriteClaim, WriteInfo, WriteItem};
 pub use faulty::{FaultTiming, FaultyTier, Held};
 pub use format::{ObjectHeader, ObjectSizes};
-pub use identity::TierIdentity;
+pub use identity::{Adoption, TierIdentity};
 pub use manifest::{Manifest, Tombstoned};
 pub use range::{DestBuffer, DestRange, KeepAlive, SourceRange};
 pub use record::{Durability, ObjectRecord, TierLevel, TierSet};

@@ -117,7 +117,7 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
         if keep.is_empty() {
             tombstoned.insert(*id);
         }
-        if engine.remove_files(*id, keep).await {
+        if engine.remove_files(*id, keep).await.is_ok() {
             cleared.push(Change::ClearTombstone(*id, *generation));
         }
     }

@@ -14,6 +14,7 @@ use shoal_core::error::Result;
 use shoal_core::ids::ObjectId;
 
 use crate::format::{ObjectHeader, ObjectSizes};
+use crate::identity::TierIdentity;
 use crate::range::{DestRange, SourceRange};
 
 /// Bytes a tier may hold and holds now (object images, headers included).
@@ -106,6 +107,12 @@ pub trait Tier: Send + Sync + fmt::Debug {
 
     /// The ids of every complete image on the tier.
     async fn list(&self) -> Result<Vec<ObjectId>>;
+
+    /// Who the tier's marker says owns it (and who adopted it, if anyone):
+    /// read again from the medium. `None` for a tier without one (a test's).
+    async fn marker(&self) -> Result<Option<TierIdentity>> {
+        Ok(None)
+    }
 
     /// Removes what an interrupted `put` may have left (temporary files,
     /// unfinished uploads); run by recovery before anything else. Returns how

@@ -16,6 +16,19 @@ use crate::support::shoal;
 
 const TTL: Duration = Duration::from_secs(1);
 
+/// What `shoal cluster status` prints for the cluster of `file` (`--json`
+/// with `json`).
+fn cluster_status(file: &std::path::Path, json: bool) -> String {
+    let mut command = shoal();
+    command.args(["cluster", "status", "--file"]).arg(file);
+    if json {
+        command.arg("--json");
+    }
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
 #[test]
 fn a_killed_member_is_removed_after_its_ttl_and_its_homes_move_back() {
     let etcd = EtcdCluster::start(1);
@@ -67,16 +80,7 @@ fn a_killed_member_is_removed_after_its_ttl_and_its_homes_move_back() {
     );
 
     // `shoal cluster status` shows the view and who is in it.
-    let status = |json: bool| {
-        let mut command = shoal();
-        command.args(["cluster", "status", "--file"]).arg(&file);
-        if json {
-            command.arg("--json");
-        }
-        let out = command.output().unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let status = |json: bool| cluster_status(&file, json);
     let text = status(false);
     assert!(
         text.contains("membership etcd://") && text.contains("view 4, members 0,1"),
@@ -126,4 +130,177 @@ fn a_killed_member_is_removed_after_its_ttl_and_its_homes_move_back() {
     }
     let (id, _) = kept[3];
     assert!(c0.put(id, b"again", b"").is_err(), "{id} exists");
+}
+
+/// A member destroyed for good (kill -9, never back) whose backing store the
+/// cluster shares: a survivor adopts it and serves every object that reached
+/// it, deletes acknowledged before the kill stay deleted, and what was only
+/// in its memory or on its own burst buffer is reported lost, by id. The
+/// node, started again on the same store, is refused.
+#[test]
+fn a_member_lost_for_good_has_its_backing_objects_adopted_and_the_rest_reported_lost() {
+    use shoal_core::durability::Durability;
+
+    let etcd = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut topology = loopback_topology("adopt", 3, 32 << 20, Duration::ZERO, dir.path());
+    topology.membership = Some(MembershipConfig {
+        url: etcd.url("shoal/adopt").parse().unwrap(),
+        ttl: TTL,
+        grace: Duration::ZERO,
+    });
+    // Burst buffers local to each node; backing stores side by side in one
+    // directory every node sees (a shared file system).
+    for node in &mut topology.nodes {
+        node.tiers.burst = Some(dir.path().join(format!("local-{}", node.id)));
+        node.tiers.backing = Some(
+            dir.path()
+                .join(format!("shared/{}", node.id))
+                .display()
+                .to_string(),
+        );
+    }
+    let file = dir.path().join("cluster.toml");
+    std::fs::write(&file, topology.to_toml()).unwrap();
+    let view = || etcd.get("/shoal/adopt/view").unwrap_or_default();
+    let serve = |node: u32| {
+        let mut serve = shoal();
+        serve
+            .args([
+                "serve",
+                "--no-prefault",
+                "--node",
+                &node.to_string(),
+                "--cluster",
+            ])
+            .arg(&file);
+        serve
+    };
+    let nodes: Vec<ServeProcess> = (0..3)
+        .map(|n| ServeProcess::spawn(serve(n), &topology.nodes[n as usize].socket))
+        .collect();
+    assert_eq!(view(), "epoch=3 members=0,1,2");
+    let [n0, n1, n2]: [ServeProcess; 3] = nodes.try_into().ok().unwrap();
+    let (mut c0, mut c1, mut c2) = (n0.client(), n1.client(), n2.client());
+    let kept = put_patterns(&mut c0, &mut c1, 0..40);
+
+    // On node 2: objects in its backing store, some deleted again; objects
+    // only on its burst buffer; objects only in its memory.
+    let put_at = |client: &mut shoal_client::Client, seeds: std::ops::Range<u32>, level| {
+        let ids: Vec<(ObjectId, u32)> = seeds.map(|s| (ObjectId::random(), s)).collect();
+        let bytes: Vec<Vec<u8>> = ids.iter().map(|&(_, s)| pattern(s)).collect();
+        let objects: Vec<(ObjectId, &[u8], &[u8])> = ids
+            .iter()
+            .zip(&bytes)
+            .map(|(&(id, _), b)| (id, b.as_slice(), &b""[..]))
+            .collect();
+        client.put_batch(&objects, Some(level), 0).unwrap();
+        ids
+    };
+    let durable = put_at(&mut c2, 1000..1300, Durability::Backing);
+    let deleted: Vec<ObjectId> = durable.iter().step_by(7).map(|&(id, _)| id).collect();
+    for id in &deleted {
+        c2.delete(&[*id]).unwrap()[0].as_ref().unwrap();
+    }
+    // Lost with it, unless the write-behind drain took them down first.
+    let mut maybe = put_at(&mut c2, 2000..2020, Durability::Local);
+    maybe.extend(put_at(&mut c2, 3000..3020, Durability::Memory));
+    for &(id, seed) in durable.iter().skip(1).take(5).chain(&maybe[..5]) {
+        assert_eq!(read_object(&mut c0, id), Some(pattern(seed)), "{id}");
+    }
+    drop(c2);
+
+    // Node 2 is destroyed: removed after its TTL, its store adopted.
+    let killed = Instant::now();
+    let _ = n2.kill();
+    while view() != "epoch=4 members=0,1" {
+        assert!(killed.elapsed() < TTL * 5, "still {:?}", view());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let removed = killed.elapsed();
+    let alive: Vec<(ObjectId, u32)> = durable
+        .iter()
+        .copied()
+        .filter(|(id, _)| !deleted.contains(id))
+        .collect();
+    let mut unread = alive.clone();
+    while !unread.is_empty() {
+        assert!(
+            killed.elapsed() < removed + Duration::from_secs(10),
+            "{} of {} backing objects unread 10 s after the removal",
+            unread.len(),
+            alive.len()
+        );
+        unread.retain(|&(id, seed)| read_object(&mut c1, id) != Some(pattern(seed)));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "removed after {removed:?}; its {} backing objects readable {:?} after the removal",
+        alive.len(),
+        killed.elapsed() - removed
+    );
+    // From both survivors, whole; deleted and lost ones are not found.
+    for &(id, seed) in alive.iter().chain(&kept) {
+        assert_eq!(read_object(&mut c0, id), Some(pattern(seed)), "{id}");
+        assert_eq!(read_object(&mut c1, id), Some(pattern(seed)), "{id}");
+    }
+    for id in &deleted {
+        assert_eq!(read_object(&mut c0, *id), None, "{id}");
+        assert_eq!(read_object(&mut c1, *id), None, "{id}");
+    }
+
+    // `shoal cluster status` says who serves them and which ids are lost.
+    let status = |json: bool| cluster_status(&file, json);
+    // Each of the others is served whole (it reached the backing store) or
+    // reported lost — never both, never other bytes; only ids whose home was
+    // node 2 itself, whose entries died with its directory, may be neither.
+    let json = status(true);
+    let old_view = shoal_cluster::View::new(3, [0, 1, 2]).unwrap();
+    let (mut served, mut reported) = (0, 0);
+    for &(id, seed) in &maybe {
+        let listed = json.contains(&id.to_hex());
+        match read_object(&mut c0, id) {
+            Some(bytes) => {
+                assert_eq!(bytes, pattern(seed), "{id}");
+                assert!(!listed, "{id} served and reported lost");
+                served += 1;
+            }
+            None if old_view.home(&id) != 2 => {
+                assert!(listed, "{id} neither served nor reported lost: {json}");
+                reported += 1;
+            }
+            None => reported += usize::from(listed),
+        }
+    }
+    for (id, _) in &alive {
+        assert!(!json.contains(&id.to_hex()), "{id} listed lost: {json}");
+    }
+    let text = status(false);
+    if reported > 0 {
+        assert!(
+            text.contains(&format!("lost: {reported} objects")),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains(&format!(" {}\n", alive.len() + served)),
+        "{text}"
+    );
+    eprintln!("of {} sealed to burst or memory: {served} reached the backing store, {reported} reported lost", maybe.len());
+
+    // Adopted objects are deleted like any: gone at once, the id free again.
+    let (gone, _) = alive[0];
+    c0.delete(&[gone]).unwrap()[0].as_ref().unwrap();
+    assert_eq!(read_object(&mut c1, gone), None);
+    c1.put(gone, b"new", b"").unwrap();
+    assert_eq!(read_object(&mut c0, gone).as_deref(), Some(&b"new"[..]));
+
+    // Node 2 started again on the same stores is refused: its backing store
+    // belongs to its adopter now.
+    let out = serve(2).output().unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("was adopted by node"), "{stderr}");
+    drop((c0, c1));
+    drop((n0, n1));
 }

@@ -18,7 +18,9 @@
 //!   it registers or looks up ids (`rebuild`).
 //! - with a membership service (etcd), homes follow the members of the
 //!   current view; a newer view moves homes and the owners restore the moved
-//!   entries at their new homes (`view_change`, `membership`).
+//!   entries at their new homes (`view_change`, `membership`); the objects
+//!   of a node removed for good are adopted from its backing store or
+//!   reported lost (`departed`, and the daemon's `adoption`).
 //!
 //! Control travels over the peer RPC (`crate::peer_service`); object bytes never do: in
 //! mapped mode they are read (and remotely allocated objects written) in
@@ -40,6 +42,8 @@
 mod bulk;
 mod copies;
 mod copy_records;
+mod departed;
+mod departed_records;
 mod directory;
 mod fence_epochs;
 mod fencing;

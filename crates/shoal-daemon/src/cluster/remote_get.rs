@@ -257,7 +257,7 @@ impl Cluster {
 
     /// Owner of each id per its home (`None` where unknown or not sealed),
     /// and the positions of ids whose home did not answer.
-    async fn lookup(&self, ids: &[ObjectId]) -> (Vec<Option<u32>>, Vec<usize>) {
+    pub(crate) async fn lookup(&self, ids: &[ObjectId]) -> (Vec<Option<u32>>, Vec<usize>) {
         let mut owners = vec![None; ids.len()];
         let mut homes_down = Vec::new();
         let view = self.view_attempt();

@@ -19,6 +19,7 @@ use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 
 use crate::cluster::copy_records::{CopyOf, OwedDrops};
+use crate::cluster::departed_records::Departed;
 use crate::cluster::fence_epochs::Fences;
 use crate::cluster::loans::Loans;
 use crate::cluster::peer_tables::PeerReads;
@@ -177,6 +178,12 @@ pub struct Cluster {
     /// As a holder: our clients' tables at owners they read without a
     /// round trip (`peer_reads`).
     pub(crate) peer_reads: RefCell<PeerReads>,
+    /// As a home: the objects of removed nodes, until their adoption, and
+    /// those reported lost (`departed`).
+    pub(crate) departed: RefCell<Departed>,
+    /// Every view this node adopts, for whoever acts on membership changes
+    /// (the daemon's adoption of removed nodes' backing stores).
+    pub(crate) views: tokio::sync::watch::Sender<View>,
 }
 
 impl Cluster {
@@ -210,6 +217,7 @@ impl Cluster {
         let rebuild = Rebuild::new(topology.len(), config.node, topology.lease);
         let linger = topology.linger;
         let n = topology.len();
+        let views = tokio::sync::watch::Sender::new(view.clone());
         Ok(Self {
             topology,
             view: RefCell::new(view),
@@ -236,6 +244,8 @@ impl Cluster {
             ledger: RefCell::default(),
             journal: RefCell::default(),
             peer_reads: RefCell::default(),
+            departed: RefCell::default(),
+            views,
         })
     }
 

@@ -72,6 +72,11 @@ impl Cluster {
         self.view.borrow().clone()
     }
 
+    /// Every view this node adopts from now on (the current one first).
+    pub fn views(&self) -> tokio::sync::watch::Receiver<View> {
+        self.views.subscribe()
+    }
+
     /// Takes `view` if it is newer than this node's (an older or equal one
     /// is ignored), and does what it changes (the module's steps 1–5).
     pub fn adopt_view(self: &Rc<Self>, view: View) {
@@ -93,6 +98,19 @@ impl Cluster {
             && (missed
                 || !before.contains(me)
                 || before.members().iter().any(|m| !view.contains(*m)));
+        // What members that left owned here (before the entries go below):
+        // adopted from their backing stores, or reported lost (`departed`).
+        let leavers: Vec<(u32, Vec<ObjectId>)> = if before.epoch() > 0 {
+            let directory = self.directory.borrow();
+            before
+                .members()
+                .iter()
+                .filter(|&&n| n != me && !view.contains(n))
+                .map(|&n| (n, directory.sealed_of(n)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         // Owners restore at every member everything homed there: a home that
         // gains ids starts again from what they restore, as after a restart
         // (an entry kept from before could be one whose delete went to
@@ -113,13 +131,13 @@ impl Cluster {
         // restarted node's is (its entries here, copies of its objects,
         // references on them). Not for the file's provisional view a
         // member starts with (epoch 0): nobody held anything yet.
+        for (left, ids) in leavers {
+            self.forget_incarnation(left);
+            self.departed(left, ids);
+        }
         if before.epoch() > 0 {
-            for &left in before
-                .members()
-                .iter()
-                .filter(|&&n| n != me && !view.contains(n))
-            {
-                self.forget_incarnation(left);
+            for &back in view.members().iter().filter(|&&n| !before.contains(n)) {
+                self.returned(back);
             }
         }
         tracing::info!(
@@ -136,6 +154,7 @@ impl Cluster {
                 self.restore_for_view(node, incarnation);
             }
         }
+        self.views.send_replace(view.clone());
         // Unregisters owed to a node that is no longer a member go to the
         // ids' homes now.
         let owed: Vec<ObjectId> = {

@@ -90,6 +90,11 @@ pub struct StoreGauges {
     pub view_epoch: Gauge,
     pub view_members: Gauge,
     pub membership_in_touch: Gauge,
+    /// Objects of nodes removed for good that this node, as their home,
+    /// reported lost; objects it serves from backing stores it adopted
+    /// (docs/cluster.md, "Adoption").
+    pub objects_lost: Gauge,
+    pub objects_adopted: Gauge,
     /// Per other node: 1 while this node hears from it, else 0.
     pub peer_up: Family<[(&'static str, String); 1], Gauge>,
     /// Per other node: 1 while what it held here is quarantined (fenced,
@@ -354,6 +359,8 @@ impl Metrics {
             ("shoal_view_epoch", "Epoch of the cluster's view this node acts on (0: a static cluster file)", &store.view_epoch),
             ("shoal_view_members", "Members of the cluster's view this node acts on", &store.view_members),
             ("shoal_membership_in_touch", "1 while this node is in touch with the cluster's membership service (always with a static file)", &store.membership_in_touch),
+            ("shoal_objects_lost", "Objects of nodes removed from the cluster for good that no member can serve, as their home here reported them (`shoal cluster status --json` lists their ids)", &store.objects_lost),
+            ("shoal_objects_adopted", "Objects this node serves from the backing stores of removed nodes it adopted", &store.objects_adopted),
         ] {
             registry.register(name, help, gauge.clone());
         }

@@ -84,6 +84,10 @@ fn take(ops: &Ops, metrics: &Metrics) {
         gauges
             .membership_in_touch
             .set(i64::from(cluster.membership_in_touch()));
+        gauges.objects_lost.set(signed(cluster.lost_objects().0));
+        if let Some(tiers) = &ops.tiers {
+            gauges.objects_adopted.set(signed(tiers.adopted_objects()));
+        }
         for peer in cluster.others() {
             let label = [("peer", peer.to_string())];
             gauges

@@ -21,6 +21,7 @@ pub(super) enum PeerCall {
     Lookup(Lookup),
     Restore(Restore),
     Restored(Restored),
+    Adopted(Adopted),
     AttachReads(AttachReads),
     Acquire(Acquire),
     Release(Release),
@@ -94,6 +95,14 @@ pub(super) struct Restored {
     pub from: u32,
     pub incarnation: u64,
     pub epoch: Option<u64>,
+}
+
+/// A peer adopted the backing store of `origin`, a node removed for good,
+/// and serves `objects` of it now.
+pub(super) struct Adopted {
+    pub from: u32,
+    pub origin: u32,
+    pub objects: u64,
 }
 
 /// A peer's client counts references here (`fd` of process `pid`;
@@ -226,6 +235,7 @@ impl PeerCall {
             C::Lookup(c) => ("lookup", None, &c.ids),
             C::Restore(c) => ("restore", Some(c.from), &c.pending),
             C::Restored(c) => ("restored", Some(c.from), &[]),
+            C::Adopted(c) => ("adopted", Some(c.from), &[]),
             C::Acquire(c) => ("acquire", Some(c.from), &c.ids),
             C::AttachReads(c) => ("attach_reads", Some(c.from), &[]),
             C::Release(c) => ("release", Some(c.from), &c.ids),

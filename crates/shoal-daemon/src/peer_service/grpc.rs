@@ -6,7 +6,7 @@
 use shoal_cluster::ids::{pack, unpack};
 use shoal_cluster::proto::peer_server::Peer;
 use shoal_cluster::proto::{
-    AcquireReply, AcquireRequest, AllocateReply, AllocateRequest, AttachReadsReply,
+    AcquireReply, AcquireRequest, AdoptedRequest, AllocateReply, AllocateRequest, AttachReadsReply,
     AttachReadsRequest, CachedRequest, Empty, HeartbeatReply, HeartbeatRequest, Ids, ListReply,
     LookupReply, NamesReply, NamesRequest, NodeStatus, Outcome, PublishRequest, RegisterRequest,
     ReleaseRequest, RenameNameRequest, RestoreRequest, RestoredRequest, RevokeRequest, SealRequest,
@@ -176,6 +176,18 @@ impl Peer for PeerService {
             from,
             incarnation,
             epoch,
+        }))
+        .await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn adopted(&self, request: Request<AdoptedRequest>) -> Result<Response<Empty>, Status> {
+        let from = verified_peer(&request)?;
+        let request = request.into_inner();
+        self.tell(PeerCall::Adopted(calls::Adopted {
+            from,
+            origin: request.origin,
+            objects: request.objects,
         }))
         .await?;
         Ok(Response::new(Empty {}))

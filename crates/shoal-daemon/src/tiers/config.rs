@@ -24,6 +24,42 @@ pub enum Backing {
     S3(Box<S3Config>),
 }
 
+impl Backing {
+    /// The backing store a cluster file or `--backing` names: a directory,
+    /// or `s3://BUCKET/PREFIX` at `endpoint` (else `AWS_ENDPOINT_URL`) with
+    /// the credentials in the daemon's environment (`AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`).
+    pub fn from_spec(text: &str, capacity: u64, endpoint: Option<&str>) -> Result<Self> {
+        let Some(rest) = text.strip_prefix("s3://") else {
+            return Ok(Backing::Dir {
+                path: PathBuf::from(text),
+                capacity,
+            });
+        };
+        // Before anything else, so a build without the client says so and starts nothing.
+        shoal_tiers::s3::require(&format!("the backing store {text}"))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(ShoalError::invalid(format!("{text}: no bucket")));
+        }
+        let env = |name: &str, why: &str| {
+            std::env::var(name)
+                .map_err(|_| ShoalError::invalid(format!("an s3:// backing store needs {why}")))
+        };
+        let endpoint = match endpoint {
+            Some(endpoint) => endpoint.to_owned(),
+            None => env("AWS_ENDPOINT_URL", "--s3-endpoint (or AWS_ENDPOINT_URL)")?,
+        };
+        let key = env("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID")?;
+        let secret = env("AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY")?;
+        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
+        let mut config = S3Config::new(&endpoint, bucket, prefix, &key, &secret);
+        config.region = region;
+        config.capacity = capacity;
+        Ok(Backing::S3(Box::new(config)))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct TierConfig {
     /// The burst buffer: a local directory (normally NVMe) and its capacity.
@@ -36,6 +72,13 @@ pub struct TierConfig {
     /// The durability a seal gets when it names none.
     pub durability: Durability,
     pub drain: DrainConfig,
+    /// The S3 endpoint `--s3-endpoint` gave, for the backing stores of other
+    /// nodes this one adopts (`None`: `AWS_ENDPOINT_URL`).
+    pub s3_endpoint: Option<String>,
+    /// Other nodes may adopt this node's backing store when it is removed
+    /// for good (a membership service): a delete is acknowledged only once
+    /// its backing image is gone (`EngineConfig::shared_backing`).
+    pub shared_backing: bool,
     /// How many nice steps the drain's threads run below the daemon's
     /// priority (0: at it): write-behind gets what foreground work leaves of
     /// the CPU.
@@ -50,6 +93,8 @@ impl TierConfig {
             manifest: None,
             durability: Durability::Memory,
             drain: DrainConfig::default(),
+            s3_endpoint: None,
+            shared_backing: false,
             drain_nice: DEFAULT_DRAIN_NICE,
         }
     }
@@ -102,6 +147,70 @@ impl TierConfig {
             manifest,
             burst,
             backing,
+            shared_backing: self.shared_backing,
+        })
+        .await
+    }
+
+    /// Where this node keeps the manifest of another node's backing store it
+    /// adopted: beside its own manifest.
+    pub fn adopted_manifest(&self, origin: u32) -> Result<PathBuf> {
+        let own = self.manifest_path()?;
+        let dir = own.parent().unwrap_or(std::path::Path::new("."));
+        Ok(dir.join(format!("adopted-{origin}.redb")))
+    }
+
+    /// The origins of the adopted manifests kept beside this node's own.
+    pub fn adopted_origins(&self) -> Result<Vec<u32>> {
+        let own = self.manifest_path()?;
+        let dir = own.parent().unwrap_or(std::path::Path::new("."));
+        let mut origins = Vec::new();
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(origins),
+            Err(e) => return Err(ShoalError::io(&format!("read {}", dir.display()), e)),
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let origin = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("adopted-"))
+                .and_then(|n| n.strip_suffix(".redb"))
+                .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|n| n.parse::<u32>().ok());
+            origins.extend(origin);
+        }
+        origins.sort_unstable();
+        Ok(origins)
+    }
+
+    /// Opens the backing store of `adopter.node` (removed for good) for
+    /// `adopter.adopted_by` (this node), with its own manifest here, and
+    /// recovers it: every complete image there becomes a record (deletes
+    /// there were acknowledged only once their image was gone). Refused
+    /// unless this node adopted it already or `may_take` accepts its
+    /// current adopter ([`TierIdentity::adoption`]).
+    pub async fn open_adopted(
+        &self,
+        backing: &Backing,
+        adopter: &TierIdentity,
+        may_take: impl Fn(Option<u32>) -> bool + Sync,
+    ) -> Result<(TierEngine, RecoveryReport)> {
+        let origin = adopter.node;
+        let tier: Arc<dyn Tier> = match backing {
+            Backing::Dir { path, capacity } => {
+                Arc::new(DirTier::adopt(path, adopter, *capacity, may_take)?)
+            }
+            Backing::S3(config) => {
+                Arc::new(S3Tier::adopt((**config).clone(), adopter, may_take).await?)
+            }
+        };
+        let manifest = Manifest::open(&self.adopted_manifest(origin)?, adopter)?;
+        TierEngine::open(EngineConfig {
+            manifest,
+            burst: None,
+            backing: Some(tier),
+            shared_backing: true,
         })
         .await
     }

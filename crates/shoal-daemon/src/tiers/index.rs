@@ -32,6 +32,9 @@ pub(super) struct Tracked {
     pub in_flight: [bool; 2],
     /// The burst buffer was full for it: drain straight to the backing store.
     pub skip_burst: bool,
+    /// The removed node whose backing store (adopted by this node) holds
+    /// it; `None`: this node's own tiers.
+    pub origin: Option<u32>,
 }
 
 /// Which of a tier's two queues a drain job is in.
@@ -76,6 +79,8 @@ pub(super) struct Index {
     /// `Tracked::tiers` (the metrics read it every second: no walk over a
     /// million objects).
     durable: u64,
+    /// Objects of adopted stores (`Tracked::origin`), kept likewise.
+    adopted: u64,
     /// By (lane, target tier, the job's number in that queue).
     jobs: HashMap<(Lane, TierLevel, u64), Job>,
     tick: u64,
@@ -97,6 +102,11 @@ impl Index {
     /// Objects with a copy on some tier.
     pub(super) fn durable(&self) -> u64 {
         self.durable
+    }
+
+    /// Objects of adopted backing stores.
+    pub(super) fn adopted(&self) -> u64 {
+        self.adopted
     }
 
     /// Records the tiers holding `id`'s copies (from a record the engine
@@ -142,6 +152,7 @@ impl Index {
             used,
             in_flight: [false; 2],
             skip_burst: false,
+            origin: None,
         })
     }
 
@@ -152,10 +163,22 @@ impl Index {
     }
 
     pub(super) fn recovered(&mut self, id: ObjectId, record: &ObjectRecord) {
+        self.recovered_from(None, id, record);
+    }
+
+    /// An object on the tiers of `origin` (`None`: this node's own), from
+    /// the record its engine holds.
+    pub(super) fn recovered_from(
+        &mut self,
+        origin: Option<u32>,
+        id: ObjectId,
+        record: &ObjectRecord,
+    ) {
         self.remove(&id);
         if !record.tiers.is_empty() {
             self.durable += 1;
         }
+        self.adopted += u64::from(origin.is_some());
         self.objects.insert(
             id,
             Tracked {
@@ -167,6 +190,7 @@ impl Index {
                 used: 0,
                 in_flight: [false; 2],
                 skip_burst: false,
+                origin,
             },
         );
     }
@@ -182,6 +206,7 @@ impl Index {
         if !tracked.tiers.is_empty() {
             self.durable += 1;
         }
+        self.adopted += u64::from(tracked.origin.is_some());
         self.objects.insert(id, tracked);
     }
 
@@ -191,6 +216,7 @@ impl Index {
         if !removed.tiers.is_empty() {
             self.durable -= 1;
         }
+        self.adopted -= u64::from(removed.origin.is_some());
         Some(removed)
     }
 

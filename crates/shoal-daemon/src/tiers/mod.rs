@@ -16,6 +16,7 @@
 //! The node reaches the tiers only through its `Below` and `NodeListener`
 //! traits; the operations call them directly.
 
+pub(crate) mod adopted;
 mod background;
 mod burst;
 mod config;
@@ -73,6 +74,14 @@ struct Counters {
 
 pub struct Tiers {
     engine: Arc<TierEngine>,
+    /// The tiers as configured, and whose they are (for adoptions).
+    config: TierConfig,
+    owner: TierIdentity,
+    /// The backing stores of the other nodes of the cluster file: what this
+    /// node may adopt when one is removed for good (`adopted.rs`).
+    adoptable: std::collections::BTreeMap<u32, Backing>,
+    /// The engines of the backing stores this node adopted, by origin.
+    adopted: RefCell<std::collections::BTreeMap<u32, Arc<TierEngine>>>,
     /// One queue per lane and tier, nearest tier first (`None`: no such
     /// tier).
     drainers: [[Option<Drainer>; 2]; 2],
@@ -112,6 +121,7 @@ impl Tiers {
     pub async fn start(
         config: &TierConfig,
         owner: &TierIdentity,
+        adoptable: std::collections::BTreeMap<u32, Backing>,
         node: Rc<Node>,
         supervisor: Supervisor,
     ) -> Result<Rc<Self>> {
@@ -176,6 +186,10 @@ impl Tiers {
         });
         let tiers = Rc::new(Self {
             engine,
+            config: config.clone(),
+            owner: owner.clone(),
+            adoptable,
+            adopted: RefCell::default(),
             drainers,
             _background: background,
             node: node.clone(),
@@ -415,7 +429,7 @@ impl Tiers {
                 .is_some_and(|t| !t.tiers().is_empty())
             {
                 let (name, modified) = (self.node.name_of(id), self.node.mtime_of(id));
-                self.engine.set_name(*id, name, modified).await?;
+                self.engine_of(id).set_name(*id, name, modified).await?;
             }
         }
         Ok(())
@@ -447,7 +461,8 @@ impl Tiers {
             let id = ids[i];
             // Ends this incarnation's writes not yet done (a drain job
             // already running, a spill): they write nothing from here on.
-            if let Err(err) = self.engine.delete(id, tracked.generation).await {
+            let engine = self.engine_for(tracked.origin);
+            if let Err(err) = engine.delete(id, tracked.generation).await {
                 tracing::warn!(%id, %err, "tier delete not committed; the object stays");
                 self.index.borrow_mut().reinstate(id, tracked);
                 out[i] = Some(err);

@@ -101,7 +101,7 @@ impl Tiers {
                 region.clone(),
             )
         };
-        let restored = self.engine.restore(id, dst).await?;
+        let restored = self.engine_of(&id).restore(id, dst).await?;
         let mut index = self.index.borrow_mut();
         index.set_tiers(&id, restored.record.tiers);
         index.touch(&id);

@@ -20,7 +20,7 @@ use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::ObjectId;
 
 use crate::format::{ObjectHeader, ObjectSizes};
-use crate::identity::TierIdentity;
+use crate::identity::{Adoption, TierIdentity};
 use crate::range::{DestRange, SourceRange};
 use crate::tier::{PutItem, Tier, TierUsage};
 
@@ -109,11 +109,50 @@ impl DirTier {
         let what = root.display().to_string();
         fs::create_dir_all(root)
             .map_err(|e| io_error(&format!("create tier directory {what}"), e))?;
+        Self::claim_own(root, owner, &what)?;
+        Self::open_claimed(root, capacity, &what)
+    }
+
+    /// Opens another node's tier for `adopter` (`adopter.adopted_by` names
+    /// it) once that node was removed from the cluster: its directory must
+    /// exist with that node's marker, adopted by this adopter already or by
+    /// one `may_take` accepts (`None`: not adopted; see
+    /// [`TierIdentity::adoption`]); the marker is rewritten to name the
+    /// adopter (durably) before this returns. Nothing is created: a
+    /// directory this node cannot see is `ObjectNotFound`.
+    pub fn adopt(
+        root: &Path,
+        adopter: &TierIdentity,
+        capacity: u64,
+        may_take: impl Fn(Option<u32>) -> bool,
+    ) -> Result<Self> {
+        let what = root.display().to_string();
+        let marker = root.join(MARKER);
+        let text = match fs::read_to_string(&marker) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(ShoalError::new(
+                    ErrorKind::ObjectNotFound,
+                    format!("no shoal tier at {what} seen from this node (no {MARKER})"),
+                ))
+            }
+            Err(e) => return Err(io_error(&format!("read {}", marker.display()), e)),
+        };
+        let found = TierIdentity::decode(&text, &marker.display().to_string())?;
+        if adopter.adoption(&found, &what, may_take)? == Adoption::TakeOver {
+            write_durably(root, MARKER, adopter.encode()?.as_bytes())?;
+        }
+        Self::open_claimed(root, capacity, &what)
+    }
+
+    /// The marker part of [`open`](Self::open): `owner`'s tier, or a new
+    /// empty one made `owner`'s.
+    fn claim_own(root: &Path, owner: &TierIdentity, what: &str) -> Result<()> {
         let marker = root.join(MARKER);
         match fs::read_to_string(&marker) {
             Ok(text) => owner.check(
                 &TierIdentity::decode(&text, &marker.display().to_string())?,
-                &what,
+                what,
             )?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 let mut entries =
@@ -129,6 +168,12 @@ impl DirTier {
             }
             Err(e) => return Err(io_error(&format!("read {}", marker.display()), e)),
         }
+        Ok(())
+    }
+
+    /// The rest of opening a tier whose marker was checked: its layout
+    /// made, then walked in the background.
+    fn open_claimed(root: &Path, capacity: u64, what: &str) -> Result<Self> {
         for dir in [root.join(TMP), root.join(OBJECTS), root.join(SEGMENTS)] {
             fs::create_dir_all(&dir)
                 .map_err(|e| io_error(&format!("create {}", dir.display()), e))?;
@@ -317,6 +362,18 @@ impl Tier for DirTier {
 
     async fn list(&self) -> Result<Vec<ObjectId>> {
         self.blocking(|inner| inner.list()).await
+    }
+
+    async fn marker(&self) -> Result<Option<TierIdentity>> {
+        let marker = self.inner.root.join(MARKER);
+        let text = tokio::task::spawn_blocking({
+            let marker = marker.clone();
+            move || fs::read_to_string(marker)
+        })
+        .await
+        .map_err(|e| ShoalError::io("marker task", e))?
+        .map_err(|e| io_error(&format!("read {}", marker.display()), e))?;
+        TierIdentity::decode(&text, &marker.display().to_string()).map(Some)
     }
 
     async fn sweep(&self) -> Result<u64> {

@@ -20,6 +20,15 @@ impl S3Tier {
     pub async fn open(_config: S3Config, _owner: &TierIdentity) -> Result<Self> {
         Err(MissingFeature::new("s3", "an s3:// backing store").into())
     }
+
+    /// Refuses: this build has no S3 client.
+    pub async fn adopt(
+        _config: S3Config,
+        _adopter: &TierIdentity,
+        _may_take: impl Fn(Option<u32>) -> bool + Sync,
+    ) -> Result<Self> {
+        Err(MissingFeature::new("s3", "adopting an s3:// backing store").into())
+    }
 }
 
 #[async_trait]

@@ -16,9 +16,19 @@ use shoal_core::ids::ObjectId;
 
 use super::config::S3Config;
 use crate::format::{check_destination, checksum_mismatch, ObjectHeader, ObjectSizes, HEADER_LEN};
-use crate::identity::TierIdentity;
+use crate::identity::{Adoption, TierIdentity};
 use crate::range::{DestRange, SourceRange};
 use crate::tier::{Tier, TierUsage};
+
+/// Whose tier [`S3Tier::connect`] opens.
+#[derive(Clone, Copy)]
+enum Claim<'a> {
+    /// This node's own (or a new, empty prefix made its own).
+    Own(&'a TierIdentity),
+    /// A removed node's, for the adopter named in the identity; the
+    /// predicate says which nodes are members.
+    Adopt(&'a TierIdentity, &'a (dyn Fn(Option<u32>) -> bool + Sync)),
+}
 
 /// A tier in an S3 bucket. Cheap to clone.
 #[derive(Clone)]
@@ -46,6 +56,24 @@ impl S3Tier {
     /// holds. Refuses a prefix owned by another node or cluster, and a
     /// non-empty prefix without a marker.
     pub async fn open(config: S3Config, owner: &TierIdentity) -> Result<Self> {
+        Self::connect(config, Claim::Own(owner)).await
+    }
+
+    /// Opens another node's tier for `adopter` (`adopter.adopted_by` names
+    /// it) once that node was removed from the cluster: the prefix must hold
+    /// that node's marker, adopted by this adopter already or by one
+    /// `may_take` accepts ([`TierIdentity::adoption`]); the marker is rewritten to name the
+    /// adopter before this returns. A prefix without a marker is
+    /// `ObjectNotFound`.
+    pub async fn adopt(
+        config: S3Config,
+        adopter: &TierIdentity,
+        may_take: impl Fn(Option<u32>) -> bool + Sync,
+    ) -> Result<Self> {
+        Self::connect(config, Claim::Adopt(adopter, &may_take)).await
+    }
+
+    async fn connect(config: S3Config, claim: Claim<'_>) -> Result<Self> {
         let describe = format!("{}/{}/{}", config.endpoint, config.bucket, config.prefix);
         let store = AmazonS3Builder::new()
             .with_endpoint(&config.endpoint)
@@ -74,19 +102,36 @@ impl S3Tier {
         };
         let inner = &tier.inner;
         let marker = inner.key("shoal-tier.id");
-        match inner.store.get(&marker).await {
-            Ok(found) => {
+        match (inner.store.get(&marker).await, claim) {
+            (Ok(found), claim) => {
                 let bytes = found
                     .bytes()
                     .await
                     .map_err(|e| inner.error("read marker", e))?;
                 let text = String::from_utf8_lossy(&bytes);
-                owner.check(
-                    &TierIdentity::decode(&text, marker.as_ref())?,
-                    &inner.describe,
-                )?;
+                let found = TierIdentity::decode(&text, marker.as_ref())?;
+                match claim {
+                    Claim::Own(owner) => owner.check(&found, &inner.describe)?,
+                    Claim::Adopt(adopter, may_take) => {
+                        if adopter.adoption(&found, &inner.describe, may_take)?
+                            == Adoption::TakeOver
+                        {
+                            inner
+                                .store
+                                .put(&marker, PutPayload::from(adopter.encode()?.into_bytes()))
+                                .await
+                                .map_err(|e| inner.error("write marker", e))?;
+                        }
+                    }
+                }
             }
-            Err(object_store::Error::NotFound { .. }) => {
+            (Err(object_store::Error::NotFound { .. }), Claim::Adopt(..)) => {
+                return Err(ShoalError::new(
+                    ErrorKind::ObjectNotFound,
+                    format!("no shoal tier at {} (no shoal-tier.id)", inner.describe),
+                ));
+            }
+            (Err(object_store::Error::NotFound { .. }), Claim::Own(owner)) => {
                 let prefix = (!inner.prefix.is_empty()).then(|| Path::from(inner.prefix.as_str()));
                 let mut listing = inner.store.list(prefix.as_ref());
                 if let Some(first) = listing.next().await {
@@ -103,7 +148,7 @@ impl S3Tier {
                     .await
                     .map_err(|e| inner.error("write marker", e))?;
             }
-            Err(e) => return Err(inner.error("read marker", e)),
+            (Err(e), _) => return Err(inner.error("read marker", e)),
         }
         let (mut used, mut objects) = (0, 0);
         let mut listing = inner.store.list(Some(&inner.key("objects")));
@@ -415,6 +460,21 @@ impl Tier for S3Tier {
 
     /// PUTs are whole, so nothing half-written can exist; keys under
     /// `objects/` that are not ids are removed.
+    async fn marker(&self) -> Result<Option<TierIdentity>> {
+        let inner = &self.inner;
+        let marker = inner.key("shoal-tier.id");
+        let found = inner
+            .store
+            .get(&marker)
+            .await
+            .map_err(|e| inner.error("read marker", e))?;
+        let bytes = found
+            .bytes()
+            .await
+            .map_err(|e| inner.error("read marker", e))?;
+        TierIdentity::decode(&String::from_utf8_lossy(&bytes), marker.as_ref()).map(Some)
+    }
+
     async fn sweep(&self) -> Result<u64> {
         let inner = &self.inner;
         let mut foreign = Vec::new();

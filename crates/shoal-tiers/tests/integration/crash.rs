@@ -34,6 +34,7 @@ async fn open(dir: &Path) -> (TierEngine, RecoveryReport) {
         manifest,
         burst: Some(Arc::new(burst.clone())),
         backing: Some(Arc::new(backing.clone())),
+        shared_backing: false,
     })
     .await
     .unwrap();

@@ -36,6 +36,7 @@ async fn setup(burst_capacity: u64) -> Setup {
         manifest,
         burst: Some(burst.clone()),
         backing: Some(backing.clone()),
+        shared_backing: false,
     })
     .await
     .unwrap();

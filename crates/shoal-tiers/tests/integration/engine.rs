@@ -36,6 +36,15 @@ impl Node {
     }
 
     async fn open(dir: TempDir, burst_capacity: u64) -> (Self, RecoveryReport) {
+        Self::open_with(dir, burst_capacity, false).await
+    }
+
+    /// A node whose backing store is shared with nodes that may adopt it.
+    async fn new_shared() -> (Self, RecoveryReport) {
+        Self::open_with(tempfile::tempdir().unwrap(), CAPACITY, true).await
+    }
+
+    async fn open_with(dir: TempDir, burst_capacity: u64, shared: bool) -> (Self, RecoveryReport) {
         let me = TierIdentity::new("test", 7);
         let burst_dir = DirTier::open(&dir.path().join("burst"), &me, burst_capacity).unwrap();
         let backing_dir = DirTier::open(&dir.path().join("backing"), &me, CAPACITY).unwrap();
@@ -46,6 +55,7 @@ impl Node {
             manifest,
             burst: Some(burst.clone()),
             backing: Some(backing.clone()),
+            shared_backing: shared,
         })
         .await
         .unwrap();
@@ -415,6 +425,88 @@ async fn deletes_are_final_even_when_a_tier_is_down_or_the_node_crashes() {
     for (_, usage) in node.engine.usage() {
         assert_eq!(usage.used, 0, "space reclaimed");
     }
+}
+
+/// A shared backing store is adopted by a survivor when its node is removed
+/// for good, by its images alone (the manifest and its tombstones stay on the
+/// lost node's disk): a delete whose backing image stays is therefore not
+/// acknowledged, and the adopter serves every acknowledged object and no
+/// deleted one. The first owner, back, is refused; a second adopter only
+/// once the first is no longer a member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_backing_store_is_adopted_with_its_objects_and_without_its_deletes() {
+    let (node, _) = Node::new_shared().await;
+    let [kept, deleted, deleted_in_outage, burst_only] = [0; 4].map(|_| ObjectId::random());
+    for (n, id) in [kept, deleted, deleted_in_outage, burst_only]
+        .into_iter()
+        .enumerate()
+    {
+        node.write(id, TierLevel::Burst, &payload(3000 + n, n as u64))
+            .await
+            .unwrap();
+        if id != burst_only {
+            node.copy(id, TierLevel::Burst, TierLevel::Backing)
+                .await
+                .unwrap();
+        }
+    }
+    assert!(node.delete(deleted).await.unwrap());
+    assert!(!node.has(TierLevel::Backing, deleted));
+
+    // The backing store is down: the delete is final here, not acknowledged.
+    node.backing.set_unreachable(true);
+    let err = node.delete(deleted_in_outage).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NodeUnavailable, "{err}");
+    assert!(err.message().contains("not acknowledged"), "{err}");
+    assert_eq!(node.tiers_of(deleted_in_outage).await, None);
+    assert!(node.delete(deleted_in_outage).await.is_err(), "still down");
+    node.backing.set_unreachable(false);
+    assert!(
+        !node.delete(deleted_in_outage).await.unwrap(),
+        "a retry completes it"
+    );
+    assert!(!node.has(TierLevel::Backing, deleted_in_outage));
+
+    // Node 7 is lost; node 1 adopts its backing store.
+    let root = node.backing_dir.root().to_path_buf();
+    drop(node.engine);
+    let adopter = TierIdentity::new("test", 7).adopted(1);
+    let state = tempfile::tempdir().unwrap();
+    let adopted = DirTier::adopt(&root, &adopter, CAPACITY, |by| by.is_none()).unwrap();
+    let manifest = Manifest::open(&state.path().join("adopted-7.redb"), &adopter).unwrap();
+    let (engine, report) = TierEngine::open(EngineConfig {
+        manifest,
+        burst: None,
+        backing: Some(Arc::new(adopted)),
+        shared_backing: true,
+    })
+    .await
+    .unwrap();
+    let ids: Vec<ObjectId> = report.records.iter().map(|(id, _)| *id).collect();
+    assert_eq!(
+        ids,
+        vec![kept],
+        "the acknowledged backing object, nothing else"
+    );
+    let (dst, buffer) = DestRange::buffer(3000);
+    assert_eq!(
+        engine.restore(kept, dst).await.unwrap().from,
+        TierLevel::Backing
+    );
+    assert_eq!(buffer.take().unwrap(), payload(3000, 0));
+
+    // Node 7 back with its old configuration: refused, naming the adopter.
+    let err = DirTier::open(&root, &TierIdentity::new("test", 7), CAPACITY).unwrap_err();
+    assert!(err.message().contains("adopted by node 1"), "{err}");
+    // Node 2 adopts it only once node 1 is gone.
+    let by2 = TierIdentity::new("test", 7).adopted(2);
+    let err = DirTier::adopt(&root, &by2, CAPACITY, |by| by.is_none()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ObjectInUse, "{err}");
+    DirTier::adopt(&root, &by2, CAPACITY, |by| by == Some(1)).unwrap();
+    // A directory this node cannot see is not made.
+    let err = DirTier::adopt(&state.path().join("nowhere"), &by2, CAPACITY, |_| true).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ObjectNotFound, "{err}");
+    assert!(!state.path().join("nowhere").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -216,6 +216,50 @@ async fn another_nodes_prefix_is_refused() {
     assert!(err.message().contains("not empty"), "{err}");
 }
 
+/// A removed node's prefix is adopted: the marker names the adopter, the
+/// adopter serves its images, the first owner is refused, and a second
+/// adopter takes it only once the first is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_nodes_prefix_is_adopted_and_its_owner_refused() {
+    let Some(server) = Server::start("a_removed_nodes_prefix_is_adopted_and_its_owner_refused")
+    else {
+        return;
+    };
+    let origin = TierIdentity::new("prod", 3);
+    let tier = S3Tier::open(server.config("n3", u64::MAX), &origin)
+        .await
+        .unwrap();
+    let id = ObjectId::random();
+    write(&tier, id, &payload(2000, 9), 0).await.unwrap();
+    let by1 = origin.clone().adopted(1);
+    let err = S3Tier::adopt(server.config("n3", u64::MAX), &by1, |by| by.is_some())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ObjectInUse, "{err}");
+    let adopted = S3Tier::adopt(server.config("n3", u64::MAX), &by1, |by| by.is_none())
+        .await
+        .unwrap();
+    assert_eq!(adopted.marker().await.unwrap(), Some(by1.clone()));
+    assert_eq!(adopted.list().await.unwrap(), vec![id]);
+    assert_eq!(read(&adopted, id, 2000).await.unwrap(), payload(2000, 9));
+    let err = S3Tier::open(server.config("n3", u64::MAX), &origin)
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("adopted by node 1"), "{err}");
+    let by2 = origin.clone().adopted(2);
+    let err = S3Tier::adopt(server.config("n3", u64::MAX), &by2, |by| by.is_none())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ObjectInUse, "{err}");
+    S3Tier::adopt(server.config("n3", u64::MAX), &by2, |by| by == Some(1))
+        .await
+        .unwrap();
+    let err = S3Tier::adopt(server.config("n9", u64::MAX), &by2, |_| true)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ObjectNotFound, "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_server_fails_fast_and_retries_resume_when_it_returns() {
     let Some(mut server) =
@@ -303,6 +347,7 @@ async fn the_engine_drains_to_s3_and_recovers_from_it() {
                 manifest,
                 burst: Some(Arc::new(burst)),
                 backing: Some(Arc::new(backing)),
+                shared_backing: false,
             })
             .await
             .unwrap()
@@ -389,6 +434,7 @@ async fn a_drain_to_s3_decided_before_an_acknowledged_delete_writes_nothing() {
                 manifest,
                 burst: Some(Arc::new(burst)),
                 backing: Some(backing.clone()),
+                shared_backing: false,
             })
             .await
             .unwrap();

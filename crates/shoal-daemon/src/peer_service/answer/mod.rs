@@ -37,6 +37,14 @@ pub(super) fn answer(ops: &Rc<Ops>, call: PeerCall) {
         PeerCall::Register(call) => directory::register(cluster, call),
         PeerCall::Restore(call) => directory::restore(cluster, call),
         PeerCall::Restored(call) => cluster.restored_by(call.from, call.incarnation, call.epoch),
+        PeerCall::Adopted(call) => {
+            let cluster = cluster.clone();
+            ops.supervisor.clone().spawn_local("adopted", async move {
+                cluster
+                    .adopted_at_peer(call.origin, call.from, call.objects)
+                    .await;
+            });
+        }
         PeerCall::Unregister(call) => directory::unregister(cluster, call),
         PeerCall::Cached(call) => directory::cached(cluster, call),
         PeerCall::Publish(call) => directory::publish(cluster, call),

@@ -88,6 +88,7 @@ pub(super) fn delete(ops: &Rc<Ops>, call: calls::Delete) {
 pub(super) fn status(ops: &Ops, cluster: &Rc<Cluster>, call: calls::Status) {
     let stats = ops.node.read(|store| store.stats());
     let view = cluster.view();
+    let (lost_objects, lost_ids) = cluster.lost_objects();
     let _ = call.reply.send(NodeStatus {
         node: cluster.me,
         capacity: stats.capacity,
@@ -100,6 +101,9 @@ pub(super) fn status(ops: &Ops, cluster: &Rc<Cluster>, call: calls::Status) {
         view_epoch: view.epoch(),
         view_members: view.members().to_vec(),
         membership_in_touch: cluster.membership_in_touch(),
+        lost_objects,
+        lost_ids: shoal_cluster::ids::pack(&lost_ids),
+        adopted_objects: ops.tiers.as_ref().map_or(0, |t| t.adopted_objects()),
     });
 }
 
