@@ -10,7 +10,10 @@
 //!   is, and re-announces its network copies, then says `Restored`;
 //! - the starting node is *ready* — registers ids, answers lookups — once
 //!   every peer has either restored or is down (its heartbeat failed), or
-//!   once a lease has passed since it started ([`Readiness`]);
+//!   once a lease has passed since it started ([`Readiness`]); a node that a
+//!   new view gave homes also waits, whatever the lease, until its own
+//!   objects homed here entered its directory, after the registrations it
+//!   began under the old view ended;
 //! - an owner takes the snapshot it restores only after every `Register` it
 //!   began before hearing the new incarnation has finished ([`Claims`]): a
 //!   Register the old incarnation accepted just before dying is restored
@@ -38,6 +41,12 @@ pub struct Readiness {
     /// Per node: whether our latest heartbeat to it was answered (`None`
     /// before the first one finished).
     answered: Vec<Option<bool>>,
+    /// Whether this node's own objects homed here entered its directory
+    /// (since the latest view that gave it homes).
+    own_restored: bool,
+    /// How many views gave this node homes: which wait a restore of its own
+    /// objects ends.
+    round: u64,
     ready: bool,
 }
 
@@ -59,6 +68,8 @@ impl Readiness {
             me,
             restored: vec![false; nodes],
             answered: vec![None; nodes],
+            own_restored: true,
+            round: 0,
             ready: false,
         }
     }
@@ -70,13 +81,29 @@ impl Readiness {
     /// A new view gave this node homes it did not have: its directory waits
     /// again for every live peer among `members` to restore (for that view)
     /// or for the bound, counted from `now`; a node outside the view holds
-    /// nothing homed by it. What heartbeats said of peers is kept.
-    pub fn again(&mut self, now: Instant, members: &[u32]) {
+    /// nothing homed by it. What heartbeats said of peers is kept. It also
+    /// waits, past the bound too, for its own objects to enter it
+    /// ([`Self::restored_own`] with the round returned here): a create this
+    /// node began under the old view may have registered its id at the old
+    /// home, and only this node can restore it here.
+    pub fn again(&mut self, now: Instant, members: &[u32]) -> u64 {
         self.started = now;
         for (node, done) in self.restored.iter_mut().enumerate() {
             *done = !members.contains(&(node as u32));
         }
+        self.own_restored = false;
+        self.round += 1;
         self.ready = false;
+        self.round
+    }
+
+    /// This node's own objects homed here entered its directory, for the
+    /// view change numbered `round` (an older one's restore counts for
+    /// nothing: a newer view moved homes again).
+    pub fn restored_own(&mut self, round: u64) {
+        if round == self.round {
+            self.own_restored = true;
+        }
     }
 
     /// `node` finished restoring what it holds for us.
@@ -103,7 +130,7 @@ impl Readiness {
 
     /// Becomes ready if it is time; `Some` exactly once, when it does.
     pub fn check(&mut self, now: Instant) -> Option<Ready> {
-        if self.ready {
+        if self.ready || !self.own_restored {
             return None;
         }
         let waiting_for = self.waiting_for();
@@ -238,7 +265,8 @@ mod tests {
         assert_eq!(r.check(t0), Some(Ready::Restored));
         r.heartbeat(2, false);
         let t1 = t0 + LEASE;
-        r.again(t1, &[0, 1, 2]);
+        let round = r.again(t1, &[0, 1, 2]);
+        r.restored_own(round);
         assert!(!r.is_ready());
         assert_eq!(r.waiting_for(), vec![0], "node 2 is down: not waited for");
         assert_eq!(r.check(t1), None);
@@ -247,7 +275,8 @@ mod tests {
         r.heartbeat(2, true);
         r.again(t1, &[0, 1]);
         assert_eq!(r.waiting_for(), vec![0], "node 2 is alive, but no member");
-        r.again(t1, &[0, 1, 2]);
+        let round = r.again(t1, &[0, 1, 2]);
+        r.restored_own(round);
         r.heartbeat(2, false);
         assert_eq!(
             r.check(t1 + LEASE),
@@ -256,6 +285,32 @@ mod tests {
             }),
             "the bound counts from the view change"
         );
+    }
+
+    #[test]
+    fn a_view_that_brings_homes_waits_for_this_nodes_own_restore_past_the_bound() {
+        let t0 = Instant::now();
+        let mut r = Readiness::new(2, 0, LEASE, t0);
+        r.restored(1);
+        assert_eq!(
+            r.check(t0),
+            Some(Ready::Restored),
+            "a start restores its own at once"
+        );
+        let first = r.again(t0, &[0, 1]);
+        r.restored(1);
+        assert_eq!(r.check(t0), None, "its own objects are not in yet");
+        assert_eq!(r.check(t0 + 2 * LEASE), None, "the bound is for peers only");
+        let second = r.again(t0, &[0, 1]);
+        r.restored(1);
+        r.restored_own(first);
+        assert_eq!(
+            r.check(t0),
+            None,
+            "an older view change's restore counts for nothing"
+        );
+        r.restored_own(second);
+        assert_eq!(r.check(t0), Some(Ready::Restored));
     }
 
     #[test]

@@ -38,6 +38,9 @@ const RESTORE_BATCH: usize = 16_384;
 /// How often a caller waiting for readiness looks again.
 const READY_POLL: Duration = Duration::from_millis(5);
 
+/// How often a restore waiting for registrations in flight looks again.
+const REGISTRATIONS_POLL: Duration = Duration::from_millis(2);
+
 impl Cluster {
     /// Whether this node's directory can be used: it registers ids and
     /// answers lookups. Evaluated on demand (and every heartbeat tick).
@@ -100,6 +103,43 @@ impl Cluster {
             refused,
             "this node's own objects whose home it is entered its directory"
         );
+    }
+
+    /// A new view gave this node homes (readiness `round`): its own objects
+    /// homed here enter its directory, and only then may it be ready. Like a
+    /// restore at a peer, after the registrations it began under the old
+    /// view ended: one the old home accepted is claimed, so restored here (its
+    /// later Publish, sent here, finds the entry); one that failed is not. A
+    /// snapshot taken at once would miss an id whose Register the old home
+    /// (a member that left) was still answering, and this home would answer
+    /// "unknown" for that object for good.
+    pub(crate) fn restore_own_for_view(self: &Rc<Self>, round: u64) {
+        let mark = self.rebuild.borrow().claims.watermark();
+        if !self.rebuild.borrow().claims.in_flight_before(mark) {
+            self.restore_own();
+            self.rebuild.borrow_mut().readiness.restored_own(round);
+            return;
+        }
+        tracing::debug!(
+            "this node's own ids homed here enter its directory once the registrations it \
+             began under the old view end"
+        );
+        let cluster = self.clone();
+        self.supervisor.spawn_local("restore own", async move {
+            cluster.registrations_before(mark).await;
+            cluster.restore_own();
+            cluster.rebuild.borrow_mut().readiness.restored_own(round);
+            cluster.directory_ready();
+        });
+    }
+
+    /// Waits until every registration with a ticket below `mark` ended (at
+    /// most two RPC timeouts: each of their calls ends within one).
+    async fn registrations_before(&self, mark: u64) {
+        let deadline = Instant::now() + 2 * RPC_TIMEOUT;
+        while self.rebuild.borrow().claims.in_flight_before(mark) && Instant::now() < deadline {
+            tokio::time::sleep(REGISTRATIONS_POLL).await;
+        }
     }
 
     /// `from` finished restoring for our incarnation `incarnation`, by the
@@ -255,10 +295,7 @@ impl Cluster {
         // Registrations begun before we heard the new incarnation end first: one
         // the previous incarnation accepted is restored, one that failed is not.
         let mark = self.rebuild.borrow().claims.watermark();
-        let deadline = Instant::now() + 2 * RPC_TIMEOUT;
-        while self.rebuild.borrow().claims.in_flight_before(mark) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        self.registrations_before(mark).await;
         let (sent, copies) = self.holdings(node);
         let mut entries: Vec<(ObjectId, Holding)> = sent.iter().map(|(id, h)| (*id, *h)).collect();
         entries.sort_unstable_by_key(|(id, _)| *id);

@@ -11,8 +11,10 @@
 //!    must not find an entry its delete never reached;
 //! 3. if the view gives this node homes (it joined, or a member left), its
 //!    directory waits again, as after a restart, until every live peer
-//!    restored here for this view (or a lease passed): no id it does not
-//!    know yet is claimed, no lookup answers "unknown" for one that exists;
+//!    restored here for this view (or a lease passed), and until its own
+//!    objects homed here entered it, after the registrations it began under
+//!    the old view ended: no id it does not know yet is claimed, no lookup
+//!    answers "unknown" for one that exists;
 //! 4. what members that left held is forgotten, as a restarted node's is
 //!    (directory entries they owned, copies of their objects, references);
 //! 5. as an owner, it restores at every other member what is homed there
@@ -120,12 +122,13 @@ impl Cluster {
             .borrow_mut()
             .keep_homed(|id| member && !gains && view.home(id) == me);
         if gains {
-            self.rebuild
+            let round = self
+                .rebuild
                 .borrow_mut()
                 .readiness
                 .again(Instant::now(), view.members());
             // Its own objects homed here now: nobody else restores those.
-            self.restore_own();
+            self.restore_own_for_view(round);
         }
         // What members that left held is gone for the cluster, as a
         // restarted node's is (its entries here, copies of its objects,
@@ -332,8 +335,90 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use shoal_core::error::ErrorKind;
+    use shoal_core::location::ObjectLocation;
 
     use super::*;
+    use crate::cluster::state::ClusterConfig;
+
+    /// Node 0 of three, on `view`, ready (its peers restored for it), with
+    /// nobody to call: no peer is ever heard from.
+    fn node_0(dir: &std::path::Path, view: View) -> Rc<Cluster> {
+        const SIZE: u64 = 1 << 20;
+        let topology = shoal_testing::loopback_topology("views", 3, SIZE, Duration::ZERO, dir);
+        let region = shoal_core::region::Region::create(&dir.join("region"), SIZE).unwrap();
+        let store = shoal_store::store::Store::new(
+            SIZE,
+            SIZE,
+            64,
+            Box::new(shoal_store::eviction::Lru::default()),
+        );
+        let node = crate::node::Node::new(store, region, false);
+        let config = ClusterConfig { topology, node: 0 };
+        let epoch = view.epoch();
+        let cluster = Rc::new(
+            Cluster::new(&config, node, crate::supervisor::Supervisor::new(), 1, view).unwrap(),
+        );
+        for peer in [1, 2] {
+            cluster.restored_by(peer, cluster.incarnation, Some(epoch));
+        }
+        assert!(cluster.directory_ready());
+        cluster
+    }
+
+    /// A create on node 0 registered its id at node 2, the id's home by
+    /// view 5; before the answer came back node 2 left (view 6) and the id's
+    /// home is node 0 itself. Node 0 restores its own ids (no peer restores
+    /// them here) only once that registration ended, and is not ready (no
+    /// lookup answered, no id claimed) until then: a snapshot taken when the
+    /// view came had missed the id, its Publish found no entry here, and
+    /// every get of the object from another node answered "not found".
+    #[test]
+    fn a_home_gained_by_a_view_change_keeps_an_id_its_old_home_was_registering() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        tokio::task::LocalSet::new().block_on(&runtime, async {
+            let dir = tempfile::tempdir().unwrap();
+            let (before, after) = (
+                View::new(5, [0, 1, 2]).unwrap(),
+                View::new(6, [0, 1]).unwrap(),
+            );
+            let cluster = node_0(dir.path(), before.clone());
+            let id = std::iter::repeat_with(ObjectId::random)
+                .find(|id| before.home(id) == 2 && after.home(id) == 0)
+                .unwrap();
+            // The create's Register at node 2 is on its way.
+            let ticket = cluster.rebuild.borrow_mut().claims.begin();
+
+            cluster.adopt_view(after);
+            cluster.restored_by(1, cluster.incarnation, Some(6));
+            let early = cluster.local_lookup(&[id]);
+            assert!(
+                early.is_err(),
+                "answered before its own registration ended: {early:?}"
+            );
+            assert!(!cluster.directory_ready());
+
+            // Node 2 accepted it; the create goes on: sealed and published
+            // at the id's home of now, this node.
+            cluster.rebuild.borrow_mut().claims.end(ticket, &[id]);
+            tokio::time::timeout(Duration::from_secs(5), cluster.until_ready())
+                .await
+                .expect("ready once the registration ended");
+            let location = ObjectLocation {
+                offset: 0,
+                data_size: 64,
+                meta_size: 0,
+            };
+            cluster.directory_publish(&[id], &[location], 0);
+            let entry = &cluster.local_lookup(&[id]).unwrap().entries[0];
+            assert!(
+                entry.known && entry.sealed && entry.owner == 0,
+                "{id} at its new home: {entry:?}"
+            );
+        });
+    }
 
     #[test]
     fn only_view_changes_and_rebuilds_count_as_overtaken() {
