@@ -222,21 +222,26 @@ impl Cluster {
         if self.topology.membership.is_none() || self.epoch.in_touch() {
             return true;
         }
+        let lease = self.topology.lease;
+        // Any node of the file that says it is in touch, member or not: the
+        // service is up and this node is the one cut off. Its view may be
+        // stale (a watch stuck on a dead etcd member kept one node on the
+        // view of only itself while the others moved on).
+        let in_touch = self.peers_in_touch.borrow();
+        if self.others().any(|n| {
+            let said_in_touch = in_touch.get(n as usize).copied().flatten();
+            said_in_touch.is_some_and(|t| t.elapsed() < lease)
+        }) {
+            return false;
+        }
         let view = self.view.borrow();
         if view.members() == [self.me] {
             return true;
         }
-        let lease = self.topology.lease;
-        let in_touch = self.peers_in_touch.borrow();
-        let mut any_heard = false;
-        for &m in view.members().iter().filter(|&&m| m != self.me) {
-            let said_in_touch = in_touch.get(m as usize).copied().flatten();
-            if said_in_touch.is_some_and(|t| t.elapsed() < lease) {
-                return false;
-            }
-            any_heard |= self.peers.heard_within(m, lease);
-        }
-        any_heard
+        view.members()
+            .iter()
+            .filter(|&&m| m != self.me)
+            .any(|&m| self.peers.heard_within(m, lease))
     }
 
     /// Waits until `deadline` for this node to act as a home again
@@ -343,8 +348,21 @@ mod tests {
     /// Node 0 of three, on `view`, ready (its peers restored for it), with
     /// nobody to call: no peer is ever heard from.
     fn node_0(dir: &std::path::Path, view: View) -> Rc<Cluster> {
+        node_0_with(dir, view, false)
+    }
+
+    /// [`node_0`], its cluster's membership in an etcd (never reached) with
+    /// `membership`.
+    fn node_0_with(dir: &std::path::Path, view: View, membership: bool) -> Rc<Cluster> {
         const SIZE: u64 = 1 << 20;
-        let topology = shoal_testing::loopback_topology("views", 3, SIZE, Duration::ZERO, dir);
+        let mut topology = shoal_testing::loopback_topology("views", 3, SIZE, Duration::ZERO, dir);
+        if membership {
+            topology.membership = Some(shoal_cluster::MembershipConfig {
+                url: "etcd://127.0.0.1:1/shoal/views".parse().unwrap(),
+                ttl: Duration::from_secs(1),
+                grace: Duration::ZERO,
+            });
+        }
         let region = shoal_core::region::Region::create(&dir.join("region"), SIZE).unwrap();
         let store = shoal_store::store::Store::new(
             SIZE,
@@ -372,6 +390,36 @@ mod tests {
     /// lookup answered, no id claimed) until then: a snapshot taken when the
     /// view came had missed the id, its Publish found no entry here, and
     /// every get of the object from another node answered "not found".
+    /// Out of touch with the membership service, a node acts as a home only
+    /// with proof that the service is down for everyone: not while any node
+    /// of the file says it is in touch, even one its (perhaps stale) view
+    /// does not list; alone in its view and hearing no such node, it goes on
+    /// (a one-node cluster whose etcd is down).
+    #[test]
+    fn a_node_out_of_touch_is_no_home_while_any_node_says_it_is_in_touch() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _in_runtime = runtime.enter();
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = node_0_with(dir.path(), View::new(1, [0]).unwrap(), true);
+        assert!(cluster.acts_as_home(), "in touch");
+        cluster.set_membership_link(false);
+        assert!(cluster.acts_as_home(), "alone, and nobody says etcd is up");
+        // Node 2 is not in this node's view (it is stale), but in touch.
+        cluster.heard_membership_link(2, true);
+        assert!(
+            !cluster.acts_as_home(),
+            "a node in touch: this one is cut off"
+        );
+        cluster.heard_membership_link(2, false);
+        assert!(cluster.acts_as_home());
+        cluster.set_membership_link(true);
+        cluster.heard_membership_link(1, true);
+        assert!(cluster.acts_as_home(), "in touch itself");
+    }
+
     #[test]
     fn a_home_gained_by_a_view_change_keeps_an_id_its_old_home_was_registering() {
         let runtime = tokio::runtime::Builder::new_current_thread()
