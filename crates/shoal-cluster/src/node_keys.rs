@@ -163,9 +163,10 @@ pub fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// 32 bytes from 64 hex digits; `None` for anything else.
+/// 32 bytes from 64 hex digits; `None` for anything else (`u8::from_str_radix`
+/// alone takes a sign: "+f" would read as 0x0f).
 pub fn from_hex(text: &str) -> Option<[u8; 32]> {
-    if text.len() != 64 || !text.is_ascii() {
+    if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let mut out = [0u8; 32];
@@ -178,6 +179,16 @@ pub fn from_hex(text: &str) -> Option<[u8; 32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_keys_are_exactly_64_hex_digits() {
+        let key = [0xabu8; 32];
+        assert_eq!(from_hex(&to_hex(&key)), Some(key));
+        assert_eq!(from_hex(&to_hex(&key).to_uppercase()), Some(key));
+        let signed = format!("+{}", &to_hex(&key)[1..]);
+        assert_eq!(from_hex(&signed), None, "a sign is no digit");
+        assert_eq!(from_hex(&to_hex(&key)[2..]), None);
+    }
 
     #[test]
     fn both_ends_of_a_pair_derive_the_same_credential_and_no_third_node_can() {

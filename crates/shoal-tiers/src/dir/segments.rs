@@ -67,6 +67,17 @@ use crate::tier::PutItem;
 use super::io::{io_error, CHUNK};
 
 pub(super) const SEGMENTS: &str = "segments";
+
+/// The sequence number and extension of a segment directory's file name, if
+/// it is exactly one this tier writes (`{seq:016x}.{ext}`, lower-case):
+/// `u64::from_str_radix` alone takes a sign and either case, so
+/// `+000000000000001.seg` or `000000000000000A.seg` would be read as
+/// segments 1 and 10.
+fn segment_file(name: &str) -> Option<(u64, String)> {
+    let (seq, ext) = name.split_once('.')?;
+    let number = u64::from_str_radix(seq, 16).ok()?;
+    (format!("{number:016x}") == seq).then(|| (number, ext.to_owned()))
+}
 /// Objects whose payload is at most this many bytes are packed.
 pub(super) const PACK_MAX: u64 = 1 << 20;
 /// Bytes of images per segment at most: a larger batch writes several,
@@ -213,13 +224,7 @@ impl Segments {
         for entry in entries {
             let entry = entry.map_err(|e| io_error(&format!("list {}", self.dir.display()), e))?;
             let name = entry.file_name();
-            let parsed = name.to_str().and_then(|name| {
-                let (seq, ext) = name.split_once('.')?;
-                (seq.len() == 16)
-                    .then(|| u64::from_str_radix(seq, 16).ok())
-                    .flatten()
-                    .map(|seq| (seq, ext.to_owned()))
-            });
+            let parsed = name.to_str().and_then(segment_file);
             match parsed {
                 Some((seq, ext)) if ext == "seg" || ext == "dead" => {
                     max_seq = max_seq.max(Some(seq));
@@ -722,4 +727,31 @@ pub(super) fn start_write_back(file: &File, offset: u64, len: u64) {
             libc::SYNC_FILE_RANGE_WRITE,
         )
     };
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::segment_file;
+
+    #[test]
+    fn only_names_the_tier_writes_are_segments() {
+        assert_eq!(
+            segment_file("000000000000001a.seg"),
+            Some((26, "seg".into()))
+        );
+        assert_eq!(
+            segment_file("000000000000001a.dead"),
+            Some((26, "dead".into()))
+        );
+        for foreign in [
+            "+00000000000001a.seg",
+            "000000000000001A.seg",
+            "00000000000001a.seg",
+            "0000000000000001a.seg",
+            "000000000000001a",
+            "-00000000000001a.seg",
+        ] {
+            assert_eq!(segment_file(foreign), None, "{foreign}");
+        }
+    }
 }

@@ -231,11 +231,12 @@ impl Inner {
     }
 }
 
-/// The id named by a file in fan-out directory `fan`, if the name is one.
+/// The id named by a file in fan-out directory `fan`, if the name is one:
+/// exactly as the tier writes it (lower-case hex), so a file `AB…` is never
+/// taken for the id whose file is `ab…`.
 fn id_in_fan(name: &std::ffi::OsStr, fan: u8) -> Option<ObjectId> {
-    name.to_str()
-        .and_then(ObjectId::from_hex)
-        .filter(|id| id.as_bytes()[0] == fan)
+    let name = name.to_str()?;
+    ObjectId::from_hex(name).filter(|id| id.as_bytes()[0] == fan && id.to_hex() == name)
 }
 
 fn remove_any(path: &Path) -> Result<()> {
@@ -249,5 +250,23 @@ fn remove_any(path: &Path) -> Result<()> {
             Err(io_error(&format!("remove {}", path.display()), e))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_name_the_tier_writes_is_an_id() {
+        let id = ObjectId([0xab; 20]);
+        let name = id.to_hex();
+        let fan = id.as_bytes()[0];
+        assert_eq!(id_in_fan(name.as_ref(), fan), Some(id));
+        assert_eq!(id_in_fan(name.as_ref(), fan + 1), None, "in another fan");
+        let upper = name.to_uppercase();
+        assert_eq!(id_in_fan(upper.as_ref(), fan), None, "not the tier's file");
+        let signed = format!("+{}", &name[1..]);
+        assert_eq!(id_in_fan(signed.as_ref(), fan), None);
     }
 }

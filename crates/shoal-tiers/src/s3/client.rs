@@ -201,8 +201,10 @@ impl Inner {
         self.key(&format!("objects/{}", id.to_hex()))
     }
 
+    /// The id a key names, exactly as `object_key` writes it (lower-case).
     fn id_of(&self, key: &Path) -> Option<ObjectId> {
-        key.filename().and_then(ObjectId::from_hex)
+        let name = key.filename()?;
+        ObjectId::from_hex(name).filter(|id| id.to_hex() == name)
     }
 
     /// `object_store` errors to kinds: a missing key is `ObjectNotFound`,
