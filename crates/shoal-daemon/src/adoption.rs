@@ -190,8 +190,9 @@ async fn adopt(
         );
         return Some(0);
     }
-    let may_take = |by: Option<u32>| match take {
-        Take::Removed => by.is_none_or(|b| !view.contains(b)),
+    let members = view.members().to_vec();
+    let may_take = move |by: Option<u32>| match take {
+        Take::Removed => by.is_none_or(|b| !members.contains(&b)),
         Take::AdoptedBy(gone) => by == Some(gone),
     };
     match tiers.adopt(origin, may_take).await {

@@ -72,7 +72,7 @@ impl Tiers {
     pub(crate) async fn adopt(
         &self,
         origin: u32,
-        may_take: impl Fn(Option<u32>) -> bool + Sync,
+        may_take: impl Fn(Option<u32>) -> bool + Send + Sync + 'static,
     ) -> Result<AdoptedObjects> {
         if self.adopted.borrow().contains_key(&origin) {
             return Ok(self.objects_of(origin));

@@ -194,12 +194,19 @@ impl TierConfig {
         &self,
         backing: &Backing,
         adopter: &TierIdentity,
-        may_take: impl Fn(Option<u32>) -> bool + Sync,
+        may_take: impl Fn(Option<u32>) -> bool + Send + Sync + 'static,
     ) -> Result<(TierEngine, RecoveryReport)> {
         let origin = adopter.node;
         let tier: Arc<dyn Tier> = match backing {
+            // Blocking (the marker's fsync, the layout): off the store's thread.
             Backing::Dir { path, capacity } => {
-                Arc::new(DirTier::adopt(path, adopter, *capacity, may_take)?)
+                let (path, adopter, capacity) = (path.clone(), adopter.clone(), *capacity);
+                let opened = tokio::task::spawn_blocking(move || {
+                    DirTier::adopt(&path, &adopter, capacity, may_take)
+                })
+                .await
+                .map_err(|e| ShoalError::io("adopt task", e))??;
+                Arc::new(opened)
             }
             Backing::S3(config) => {
                 Arc::new(S3Tier::adopt((**config).clone(), adopter, may_take).await?)
