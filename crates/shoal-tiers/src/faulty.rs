@@ -217,6 +217,10 @@ impl Tier for FaultyTier {
         self.run("verify", self.inner.verify(id)).await
     }
 
+    async fn header(&self, id: ObjectId) -> Result<ObjectHeader> {
+        self.run("header", self.inner.header(id)).await
+    }
+
     async fn delete(&self, id: ObjectId) -> Result<bool> {
         let inner = self.inner.clone();
         let delete = async move { inner.delete(id).await };

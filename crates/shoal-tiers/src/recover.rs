@@ -56,12 +56,31 @@ impl TierEngine {
     /// "Recovery") and returns the engine with what recovery did.
     pub async fn open(config: EngineConfig) -> Result<(Self, RecoveryReport)> {
         let engine = Self::assemble(config);
-        let report = recover(&engine).await?;
+        let report = recover(&engine, Strays::Verify).await?;
+        Ok((engine, report))
+    }
+
+    /// [`open`](Self::open) for another node's tiers adopted with an empty
+    /// manifest: every image is a stray, and each is recorded from its
+    /// checked header ([`Tier::header`](crate::tier::Tier::header)) instead of
+    /// a read of the whole store; its payload is verified when it is read.
+    pub async fn open_adopted(config: EngineConfig) -> Result<(Self, RecoveryReport)> {
+        let engine = Self::assemble(config);
+        let report = recover(&engine, Strays::Header).await?;
         Ok((engine, report))
     }
 }
 
-pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
+/// How recovery checks an image the manifest has no record of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Strays {
+    /// Read whole and checksummed (a crash's leftover on this node's own tier).
+    Verify,
+    /// Its header checked (an adopted store: all of it is strays).
+    Header,
+}
+
+pub(crate) async fn recover(engine: &TierEngine, strays: Strays) -> Result<RecoveryReport> {
     let started = std::time::Instant::now();
     let mut report = RecoveryReport::default();
     // The manifest is read while the tiers are swept (a directory tier is
@@ -143,7 +162,10 @@ pub(crate) async fn recover(engine: &TierEngine) -> Result<RecoveryReport> {
             if known {
                 continue;
             }
-            let verified = tier.verify(id).await;
+            let verified = match strays {
+                Strays::Verify => tier.verify(id).await,
+                Strays::Header => tier.header(id).await,
+            };
             let prior = at.map(|i| &records[i].1).or_else(|| adopted_new.get(&id));
             let adopt = match (&verified, prior) {
                 (Ok(header), Some(record)) => {

@@ -102,6 +102,14 @@ pub trait Tier: Send + Sync + fmt::Debug {
     /// what recovery runs before adopting a file it has no record of.
     async fn verify(&self, id: ObjectId) -> Result<ObjectHeader>;
 
+    /// The header of `id`'s image, checked (its own checksum, the id, the
+    /// image's length) without reading the payload: what an adoption trusts
+    /// (the payload's checksum is verified by every `get`). The default
+    /// reads the whole image (`verify`).
+    async fn header(&self, id: ObjectId) -> Result<ObjectHeader> {
+        self.verify(id).await
+    }
+
     /// Removes `id`'s image; `Ok(false)` if there was none.
     async fn delete(&self, id: ObjectId) -> Result<bool>;
 

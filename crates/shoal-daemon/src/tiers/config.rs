@@ -186,8 +186,9 @@ impl TierConfig {
 
     /// Opens the backing store of `adopter.node` (removed for good) for
     /// `adopter.adopted_by` (this node), with its own manifest here, and
-    /// recovers it: every complete image there becomes a record (deletes
-    /// there were acknowledged only once their image was gone). Refused
+    /// recovers it: every complete image there, its header checked, becomes
+    /// a record (deletes there were acknowledged only once their image was
+    /// gone). Refused
     /// unless this node adopted it already or `may_take` accepts its
     /// current adopter ([`TierIdentity::adoption`]).
     pub async fn open_adopted(
@@ -213,7 +214,7 @@ impl TierConfig {
             }
         };
         let manifest = Manifest::open(&self.adopted_manifest(origin)?, adopter)?;
-        TierEngine::open(EngineConfig {
+        TierEngine::open_adopted(EngineConfig {
             manifest,
             burst: None,
             backing: Some(tier),

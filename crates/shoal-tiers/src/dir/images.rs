@@ -227,6 +227,18 @@ impl Inner {
         Ok(header)
     }
 
+    /// `id`'s image header (packed or a file), checked against `id`, its
+    /// own checksum and the image's length, without reading the payload.
+    pub(super) fn header(&self, id: ObjectId) -> Result<ObjectHeader> {
+        drop(self.walked()?);
+        if let Some((file, slot, path)) = self.segments.find(&id) {
+            let what = format!("{} at {}", path.display(), slot.offset);
+            return super::segments::read_header(&file, slot, &id, &what);
+        }
+        // (`open_image` checks the id and the file's length too.)
+        self.open_image(&id).map(|(_, header, _)| header)
+    }
+
     pub(super) fn verify(&self, id: ObjectId) -> Result<ObjectHeader> {
         drop(self.walked()?);
         if let Some(header) = self.verify_packed(&id)? {

@@ -356,6 +356,10 @@ impl Tier for DirTier {
         self.blocking(move |inner| inner.verify(id)).await
     }
 
+    async fn header(&self, id: ObjectId) -> Result<ObjectHeader> {
+        self.blocking(move |inner| inner.header(id)).await
+    }
+
     async fn delete(&self, id: ObjectId) -> Result<bool> {
         self.blocking(move |inner| inner.delete(id)).await
     }

@@ -452,6 +452,18 @@ async fn a_shared_backing_store_is_adopted_with_its_objects_and_without_its_dele
     }
     assert!(node.delete(deleted).await.unwrap());
     assert!(!node.has(TierLevel::Backing, deleted));
+    // A file image whose payload rots after it was written.
+    let rotten = ObjectId::random();
+    node.write(rotten, TierLevel::Burst, &payload(2 << 20, 7))
+        .await
+        .unwrap();
+    node.copy(rotten, TierLevel::Burst, TierLevel::Backing)
+        .await
+        .unwrap();
+    let path = node.file_path(TierLevel::Backing, rotten);
+    let mut image = std::fs::read(&path).unwrap();
+    image[64 + 1000] ^= 0xff;
+    std::fs::write(&path, image).unwrap();
 
     // The backing store is down: the delete is final here, not acknowledged.
     node.backing.set_unreachable(true);
@@ -474,7 +486,7 @@ async fn a_shared_backing_store_is_adopted_with_its_objects_and_without_its_dele
     let state = tempfile::tempdir().unwrap();
     let adopted = DirTier::adopt(&root, &adopter, CAPACITY, |by| by.is_none()).unwrap();
     let manifest = Manifest::open(&state.path().join("adopted-7.redb"), &adopter).unwrap();
-    let (engine, report) = TierEngine::open(EngineConfig {
+    let (engine, report) = TierEngine::open_adopted(EngineConfig {
         manifest,
         burst: None,
         backing: Some(Arc::new(adopted)),
@@ -482,18 +494,24 @@ async fn a_shared_backing_store_is_adopted_with_its_objects_and_without_its_dele
     })
     .await
     .unwrap();
-    let ids: Vec<ObjectId> = report.records.iter().map(|(id, _)| *id).collect();
-    assert_eq!(
-        ids,
-        vec![kept],
-        "the acknowledged backing object, nothing else"
-    );
+    // Recorded from their headers (nothing read whole): the acknowledged
+    // backing objects, nothing else.
+    let mut ids: Vec<ObjectId> = report.records.iter().map(|(id, _)| *id).collect();
+    let mut want = vec![kept, rotten];
+    ids.sort();
+    want.sort();
+    assert_eq!(ids, want);
     let (dst, buffer) = DestRange::buffer(3000);
     assert_eq!(
         engine.restore(kept, dst).await.unwrap().from,
         TierLevel::Backing
     );
     assert_eq!(buffer.take().unwrap(), payload(3000, 0));
+    // The rotten one fails its checksum at its first read, and is gone.
+    let (dst, _) = DestRange::buffer(2 << 20);
+    let err = engine.restore(rotten, dst).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ObjectCorrupt, "{err}");
+    assert_eq!(engine.record(rotten).await.unwrap(), None);
 
     // Node 7 back with its old configuration: refused, naming the adopter.
     let err = DirTier::open(&root, &TierIdentity::new("test", 7), CAPACITY).unwrap_err();
