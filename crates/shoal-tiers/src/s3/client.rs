@@ -460,8 +460,6 @@ impl Tier for S3Tier {
         Ok(ids)
     }
 
-    /// PUTs are whole, so nothing half-written can exist; keys under
-    /// `objects/` that are not ids are removed.
     async fn marker(&self) -> Result<Option<TierIdentity>> {
         let inner = &self.inner;
         let marker = inner.key("shoal-tier.id");
@@ -477,6 +475,8 @@ impl Tier for S3Tier {
         TierIdentity::decode(&String::from_utf8_lossy(&bytes), marker.as_ref()).map(Some)
     }
 
+    /// PUTs are whole, so nothing half-written can exist; keys under
+    /// `objects/` that are not ids are removed.
     async fn sweep(&self) -> Result<u64> {
         let inner = &self.inner;
         let mut foreign = Vec::new();

@@ -241,6 +241,10 @@ async fn a_removed_nodes_prefix_is_adopted_and_its_owner_refused() {
         .unwrap();
     assert_eq!(adopted.marker().await.unwrap(), Some(by1.clone()));
     assert_eq!(adopted.list().await.unwrap(), vec![id]);
+    let header = adopted.header(id).await.unwrap();
+    assert_eq!((header.id, header.data_size), (id, 2000));
+    let err = adopted.header(ObjectId::random()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ObjectNotFound, "{err}");
     assert_eq!(read(&adopted, id, 2000).await.unwrap(), payload(2000, 9));
     let err = S3Tier::open(server.config("n3", u64::MAX), &origin)
         .await
