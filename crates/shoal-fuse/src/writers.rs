@@ -16,6 +16,16 @@
 //! may have written its pages back (such writes count for nobody). Where a
 //! writer cannot be told (no pid: a request from outside the mount's pid
 //! namespace), any close commits, as before.
+//!
+//! The kernel's write-back of a file's pages names no process either (pid
+//! 0: its writes go without credentials), and it runs at every flush, in
+//! the closing process: a forked child's exec wrote the writer's cached
+//! pages back just before its own close reached us. Taken for a writer that
+//! cannot be told, those writes made that close commit the unfinished file.
+//! So a write without a pid counts for nobody when the process that opened
+//! the file is known (its requests name it: the mount sees its pid
+//! namespace); only when the opener cannot be told either does it make
+//! every close commit.
 
 use std::collections::{HashMap, HashSet};
 
@@ -91,6 +101,9 @@ impl Changers {
                 self.processes.insert(p);
             }
             Origin::Kernel => {}
+            // Pages written back (by whichever process's flush or sync),
+            // the opener's to commit.
+            Origin::Unknown if tid == 0 && self.opener.is_some() => {}
             Origin::Unknown => self.unknown = true,
         }
     }
@@ -177,7 +190,8 @@ mod tests {
         c.changed_by_with(10, table);
         // The closer's process is not known.
         assert!(c.commits_on_close_by_with(30, table));
-        // A change whose process is not known: any close commits.
+        // A change whose process is not known, nor the opener's: any
+        // close commits.
         c.changed_by_with(0, table);
         assert!(c.commits_on_close_by_with(20, table));
     }
@@ -192,6 +206,25 @@ mod tests {
         assert!(!c.commits_on_close_by_with(2, table));
         // The opener stays one after a commit.
         c.clear();
+        assert!(c.commits_on_close_by_with(11, table));
+    }
+
+    #[test]
+    fn pages_written_back_at_a_childs_close_are_the_openers_to_commit() {
+        let mut c = Changers::default();
+        c.opened_by_with(10, table);
+        c.changed_by_with(10, table);
+        // A forked child's exec: the kernel writes the cached pages back
+        // (no pid), then the child's close of its inherited copy arrives.
+        c.changed_by_with(0, table);
+        assert!(!c.commits_on_close_by_with(20, table));
+        assert!(c.commits_on_close_by_with(10, table));
+        // A closer that cannot be told still commits.
+        assert!(c.commits_on_close_by_with(30, table));
+        // Only written back since the last commit: still the opener's.
+        c.clear();
+        c.changed_by_with(0, table);
+        assert!(!c.commits_on_close_by_with(20, table));
         assert!(c.commits_on_close_by_with(11, table));
     }
 

@@ -777,6 +777,37 @@ fn the_writeback_cache_keeps_versions_whole_and_refuses_a_second_writer() {
     }
 }
 
+/// With the write-back cache, the kernel writes a file's dirty pages back
+/// at every flush, also at the flush of a forked child's inherited copy
+/// closed at its exec, and those writes name no process (pid 0): they
+/// counted as a change whose process could not be told, after which any
+/// close committed, so a child started by another thread of the writer
+/// published its unfinished file.
+#[test]
+fn a_program_started_while_the_writeback_cache_holds_a_file_publishes_nothing() {
+    need_fuse!("a_program_started_while_the_writeback_cache_holds_a_file_publishes_nothing");
+    let mut f = Fixture::new(&["-m", "64MiB"]);
+    f.stop_mount();
+    f.start_mount(&["--writeback-cache"]);
+    let want = pattern(4, 3 * MIB + 5);
+    let mut file = File::create(f.path("wbc")).unwrap();
+    file.write_all(&want[..2 * MIB]).unwrap();
+    // The child has a copy of the descriptor until its exec closes it.
+    run(&mut Command::new("true"));
+    assert!(
+        f.client().resolve("wbc").is_err(),
+        "a child's exec published a draft"
+    );
+    file.write_all(&want[2 * MIB..]).unwrap();
+    run(&mut Command::new("true"));
+    assert!(f.client().resolve("wbc").is_err());
+    close(file).unwrap();
+    assert!(
+        read_named(&mut f.client(), "wbc") == want,
+        "the writer's close commits"
+    );
+}
+
 /// The bytes bound to `name`, from whichever node holds them.
 fn read_named_anywhere(client: &mut Client, name: &str) -> Vec<u8> {
     let (entry, found) = client.get_named(name, 5_000).unwrap();
