@@ -171,8 +171,10 @@ async fn adopted_meanwhile(tiers: &Tiers) -> Option<u32> {
     }
 }
 
-/// One adoption: `None` to try again, else how many objects it serves now
-/// (0: nothing to adopt).
+/// One adoption: `None` to try again later (the store unreachable, or not
+/// this node's to take now: its node stopped cleanly and is expected back,
+/// or a member serves it), else how many objects it serves now (0: nothing
+/// to adopt).
 async fn adopt(
     cluster: &Rc<Cluster>,
     tiers: &Tiers,
@@ -211,12 +213,13 @@ async fn adopt(
             tracing::warn!(origin, %err, "a removed node's backing store is not there to adopt");
             Some(0)
         }
-        Err(err)
-            if matches!(
-                err.kind(),
-                ErrorKind::ObjectNotFound | ErrorKind::ObjectInUse
-            ) =>
-        {
+        Err(err) if err.kind() == ErrorKind::ObjectInUse => {
+            // Stopped cleanly (expected back), or served by a member that
+            // tells the others itself: nothing is lost, nothing to say.
+            tracing::debug!(origin, %err, "not adopted");
+            None
+        }
+        Err(err) if err.kind() == ErrorKind::ObjectNotFound => {
             tracing::debug!(origin, %err, "not adopted");
             Some(0)
         }

@@ -290,6 +290,10 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         serve_clients(&ops, listener, &config, &shutdown).await;
     }
     if let Some(members) = members {
+        // Away, not lost: its backing store is not adopted (adoption.rs).
+        if let Some(tiers) = &ops.tiers {
+            tiers.mark_stopped().await;
+        }
         members.leave().await;
     }
     // Clients stop answering gets from the index: theirs go to the socket,

@@ -238,4 +238,8 @@ impl Tier for FaultyTier {
     async fn marker(&self) -> Result<Option<crate::identity::TierIdentity>> {
         self.inner.marker().await
     }
+
+    async fn mark_stopped(&self, stopped: bool) -> Result<()> {
+        self.inner.mark_stopped(stopped).await
+    }
 }

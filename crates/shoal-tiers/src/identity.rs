@@ -184,6 +184,20 @@ impl TierIdentity {
     }
 }
 
+impl TierIdentity {
+    /// The refusal to adopt this node's tier while it is marked stopped
+    /// cleanly ([`Tier::mark_stopped`](crate::tier::Tier::mark_stopped)).
+    pub(crate) fn stopped_cleanly(&self, what: &str) -> ShoalError {
+        ShoalError::new(
+            ErrorKind::ObjectInUse,
+            format!(
+                "{what}: node {} stopped cleanly and is expected back: not adopted",
+                self.node
+            ),
+        )
+    }
+}
+
 impl fmt::Display for TierIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "node {} of cluster {:?}", self.node, self.cluster)?;

@@ -122,6 +122,14 @@ pub trait Tier: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// Marks the tier's owner as stopped cleanly (`true`: it is expected
+    /// back, so no other node adopts the tier), or clears the mark at its
+    /// start. Durable when it returns. The default (a tier without a
+    /// marker) does nothing.
+    async fn mark_stopped(&self, _stopped: bool) -> Result<()> {
+        Ok(())
+    }
+
     /// Removes what an interrupted `put` may have left (temporary files,
     /// unfinished uploads); run by recovery before anything else. Returns how
     /// many leftovers it removed.

@@ -132,6 +132,106 @@ fn a_killed_member_is_removed_after_its_ttl_and_its_homes_move_back() {
     assert!(c0.put(id, b"again", b"").is_err(), "{id} exists");
 }
 
+/// Three nodes of one cluster in `etcd`, each with a burst buffer of its own
+/// and a backing store in one directory every node sees (a shared file
+/// system), as a cluster file; `serve(n)` is the command that runs node n.
+struct SharedBacking {
+    topology: shoal_cluster::Topology,
+    file: std::path::PathBuf,
+}
+
+impl SharedBacking {
+    fn start(etcd: &EtcdCluster, dir: &std::path::Path, name: &str) -> Self {
+        let mut topology = loopback_topology(name, 3, 32 << 20, Duration::ZERO, dir);
+        topology.membership = Some(MembershipConfig {
+            url: etcd.url(&format!("shoal/{name}")).parse().unwrap(),
+            ttl: TTL,
+            grace: Duration::ZERO,
+        });
+        for node in &mut topology.nodes {
+            node.tiers.burst = Some(dir.join(format!("local-{}", node.id)));
+            node.tiers.backing = Some(
+                dir.join(format!("shared/{}", node.id))
+                    .display()
+                    .to_string(),
+            );
+        }
+        let file = dir.join("cluster.toml");
+        std::fs::write(&file, topology.to_toml()).unwrap();
+        Self { topology, file }
+    }
+
+    fn serve(&self, node: u32) -> std::process::Command {
+        let mut serve = shoal();
+        serve
+            .args([
+                "serve",
+                "--no-prefault",
+                "--node",
+                &node.to_string(),
+                "--cluster",
+            ])
+            .arg(&self.file);
+        serve
+    }
+}
+
+/// A member stopped cleanly (SIGTERM) leaves the view at once but is
+/// expected back: its backing store is not adopted, and it starts again on
+/// it with the objects that reached it.
+#[test]
+fn a_member_stopped_cleanly_is_not_adopted_and_comes_back_with_its_backing_objects() {
+    use shoal_core::durability::Durability;
+
+    let etcd = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let shared = SharedBacking::start(&etcd, dir.path(), "away");
+    let view = || etcd.get("/shoal/away/view").unwrap_or_default();
+    let socket = |n: usize| shared.topology.nodes[n].socket.clone();
+    let (n0, n1) = (
+        ServeProcess::spawn(shared.serve(0), &socket(0)),
+        ServeProcess::spawn(shared.serve(1), &socket(1)),
+    );
+    let n2 = ServeProcess::spawn(shared.serve(2), &socket(2));
+    assert_eq!(view(), "epoch=3 members=0,1,2");
+    let mut c2 = n2.client();
+    let ids: Vec<(ObjectId, u32)> = (500..540u32).map(|s| (ObjectId::random(), s)).collect();
+    for &(id, seed) in &ids {
+        c2.put_batch(
+            &[(id, &pattern(seed)[..], &b""[..])],
+            Some(Durability::Backing),
+            0,
+        )
+        .unwrap();
+    }
+    drop(c2);
+    assert!(n2.signal(libc::SIGTERM).success());
+    let stopped = Instant::now();
+    while view() != "epoch=4 members=0,1" {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(5),
+            "still {:?}",
+            view()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Several of the adopter's retries later, nobody serves its store.
+    std::thread::sleep(Duration::from_secs(3));
+    let json = cluster_status(&shared.file, true);
+    assert_eq!(json.matches("\"adopted_objects\":0,").count(), 3, "{json}");
+    assert_eq!(json.matches("\"lost_objects\":0,").count(), 3, "{json}");
+    let mut c0 = n0.client();
+    assert_eq!(read_object(&mut c0, ids[0].0), None, "away");
+    // Back on the same store: its objects with it.
+    let n2 = ServeProcess::spawn(shared.serve(2), &socket(2));
+    for &(id, seed) in &ids {
+        shoal_testing::eventually(&format!("{id} back"), || {
+            read_object(&mut c0, id) == Some(pattern(seed))
+        });
+    }
+    drop((c0, n0, n1, n2));
+}
+
 /// A member destroyed for good (kill -9, never back) whose backing store the
 /// cluster shares: a survivor adopts it and serves every object that reached
 /// it, deletes acknowledged before the kill stay deleted, and what was only
@@ -143,39 +243,9 @@ fn a_member_lost_for_good_has_its_backing_objects_adopted_and_the_rest_reported_
 
     let etcd = EtcdCluster::start(1);
     let dir = tempfile::tempdir().unwrap();
-    let mut topology = loopback_topology("adopt", 3, 32 << 20, Duration::ZERO, dir.path());
-    topology.membership = Some(MembershipConfig {
-        url: etcd.url("shoal/adopt").parse().unwrap(),
-        ttl: TTL,
-        grace: Duration::ZERO,
-    });
-    // Burst buffers local to each node; backing stores side by side in one
-    // directory every node sees (a shared file system).
-    for node in &mut topology.nodes {
-        node.tiers.burst = Some(dir.path().join(format!("local-{}", node.id)));
-        node.tiers.backing = Some(
-            dir.path()
-                .join(format!("shared/{}", node.id))
-                .display()
-                .to_string(),
-        );
-    }
-    let file = dir.path().join("cluster.toml");
-    std::fs::write(&file, topology.to_toml()).unwrap();
+    let shared = SharedBacking::start(&etcd, dir.path(), "adopt");
+    let (topology, file, serve) = (&shared.topology, &shared.file, |n| shared.serve(n));
     let view = || etcd.get("/shoal/adopt/view").unwrap_or_default();
-    let serve = |node: u32| {
-        let mut serve = shoal();
-        serve
-            .args([
-                "serve",
-                "--no-prefault",
-                "--node",
-                &node.to_string(),
-                "--cluster",
-            ])
-            .arg(&file);
-        serve
-    };
     let nodes: Vec<ServeProcess> = (0..3)
         .map(|n| ServeProcess::spawn(serve(n), &topology.nodes[n as usize].socket))
         .collect();
@@ -250,7 +320,7 @@ fn a_member_lost_for_good_has_its_backing_objects_adopted_and_the_rest_reported_
     }
 
     // `shoal cluster status` says who serves them and which ids are lost.
-    let status = |json: bool| cluster_status(&file, json);
+    let status = |json: bool| cluster_status(file, json);
     // Each of the others is served whole (it reached the backing store) or
     // reported lost — never both, never other bytes; only ids whose home was
     // node 2 itself, whose entries died with its directory, may be neither.

@@ -54,6 +54,20 @@ impl Tiers {
         self.index.borrow().adopted()
     }
 
+    /// A clean stop with a membership: marks this node's backing store as
+    /// expected back, so no survivor adopts it while it is away (a
+    /// failure is logged: the store may then be adopted).
+    pub(crate) async fn mark_stopped(&self) {
+        if !self.config.shared_backing {
+            return;
+        }
+        if let Some(backing) = self.engine.tier(shoal_tiers::TierLevel::Backing) {
+            if let Err(err) = backing.mark_stopped(true).await {
+                tracing::warn!(%err, "could not mark the backing store as stopped cleanly: a survivor may adopt it");
+            }
+        }
+    }
+
     /// The node that adopted this node's own backing store, if one did
     /// (this node was removed from the cluster meanwhile), as its marker
     /// says now; `None` also without a backing store.

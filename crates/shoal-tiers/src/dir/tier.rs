@@ -28,6 +28,9 @@ use super::io::{io_error, sync_dir, write_durably};
 use super::segments::{Segments, SEGMENTS};
 
 const MARKER: &str = "shoal-tier.id";
+/// Beside the marker while its owner is stopped cleanly (and expected back):
+/// no other node adopts the tier meanwhile.
+const STOPPED: &str = "shoal-tier.stopped";
 pub(super) const OBJECTS: &str = "objects";
 pub(super) const TMP: &str = "tmp";
 
@@ -139,6 +142,9 @@ impl DirTier {
             Err(e) => return Err(io_error(&format!("read {}", marker.display()), e)),
         };
         let found = TierIdentity::decode(&text, &marker.display().to_string())?;
+        if found.adopted_by.is_none() && root.join(STOPPED).exists() {
+            return Err(found.stopped_cleanly(&what));
+        }
         if adopter.adoption(&found, &what, may_take)? == Adoption::TakeOver {
             write_durably(root, MARKER, adopter.encode()?.as_bytes())?;
         }
@@ -146,7 +152,7 @@ impl DirTier {
     }
 
     /// The marker part of [`open`](Self::open): `owner`'s tier, or a new
-    /// empty one made `owner`'s.
+    /// empty one made `owner`'s; a mark of a clean stop goes (it is back).
     fn claim_own(root: &Path, owner: &TierIdentity, what: &str) -> Result<()> {
         let marker = root.join(MARKER);
         match fs::read_to_string(&marker) {
@@ -168,7 +174,11 @@ impl DirTier {
             }
             Err(e) => return Err(io_error(&format!("read {}", marker.display()), e)),
         }
-        Ok(())
+        match fs::remove_file(root.join(STOPPED)) {
+            Ok(()) => sync_dir(root),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_error(&format!("remove {STOPPED} in {what}"), e)),
+        }
     }
 
     /// The rest of opening a tier whose marker was checked: its layout
@@ -378,6 +388,23 @@ impl Tier for DirTier {
         .map_err(|e| ShoalError::io("marker task", e))?
         .map_err(|e| io_error(&format!("read {}", marker.display()), e))?;
         TierIdentity::decode(&text, &marker.display().to_string()).map(Some)
+    }
+
+    async fn mark_stopped(&self, stopped: bool) -> Result<()> {
+        let root = self.inner.root.clone();
+        tokio::task::spawn_blocking(move || {
+            if stopped {
+                write_durably(&root, STOPPED, b"stopped cleanly: expected back\n")
+            } else {
+                match fs::remove_file(root.join(STOPPED)) {
+                    Ok(()) => sync_dir(&root),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(io_error(&format!("remove {STOPPED}"), e)),
+                }
+            }
+        })
+        .await
+        .map_err(|e| ShoalError::io("mark task", e))?
     }
 
     async fn sweep(&self) -> Result<u64> {

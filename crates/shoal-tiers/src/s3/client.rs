@@ -20,6 +20,21 @@ use crate::identity::{Adoption, TierIdentity};
 use crate::range::{DestRange, SourceRange};
 use crate::tier::{Tier, TierUsage};
 
+/// Beside the marker while the owner is stopped cleanly (see `Tier::mark_stopped`).
+const STOPPED: &str = "shoal-tier.stopped";
+
+impl S3Tier {
+    /// Whether the owner's clean stop is marked.
+    async fn is_stopped(&self) -> Result<bool> {
+        let inner = &self.inner;
+        match inner.store.head(&inner.key(STOPPED)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(inner.error("read the stop mark", e)),
+        }
+    }
+}
+
 /// Whose tier [`S3Tier::connect`] opens.
 #[derive(Clone, Copy)]
 enum Claim<'a> {
@@ -111,8 +126,14 @@ impl S3Tier {
                 let text = String::from_utf8_lossy(&bytes);
                 let found = TierIdentity::decode(&text, marker.as_ref())?;
                 match claim {
-                    Claim::Own(owner) => owner.check(&found, &inner.describe)?,
+                    Claim::Own(owner) => {
+                        owner.check(&found, &inner.describe)?;
+                        tier.mark_stopped(false).await?;
+                    }
                     Claim::Adopt(adopter, may_take) => {
+                        if found.adopted_by.is_none() && tier.is_stopped().await? {
+                            return Err(found.stopped_cleanly(&inner.describe));
+                        }
                         if adopter.adoption(&found, &inner.describe, may_take)?
                             == Adoption::TakeOver
                         {
@@ -458,6 +479,27 @@ impl Tier for S3Tier {
             }
         }
         Ok(ids)
+    }
+
+    async fn mark_stopped(&self, stopped: bool) -> Result<()> {
+        let inner = &self.inner;
+        let key = inner.key(STOPPED);
+        let done = if stopped {
+            inner
+                .store
+                .put(
+                    &key,
+                    PutPayload::from_static(b"stopped cleanly: expected back\n"),
+                )
+                .await
+                .map(drop)
+        } else {
+            match inner.store.delete(&key).await {
+                Err(object_store::Error::NotFound { .. }) => Ok(()),
+                other => other,
+            }
+        };
+        done.map_err(|e| inner.error("mark stopped", e))
     }
 
     async fn marker(&self) -> Result<Option<TierIdentity>> {

@@ -483,6 +483,13 @@ async fn a_shared_backing_store_is_adopted_with_its_objects_and_without_its_dele
     let root = node.backing_dir.root().to_path_buf();
     drop(node.engine);
     let adopter = TierIdentity::new("test", 7).adopted(1);
+    // Stopped cleanly, node 7 is expected back: its store is not adopted;
+    // its start clears the mark.
+    node.backing_dir.mark_stopped(true).await.unwrap();
+    let err = DirTier::adopt(&root, &adopter, CAPACITY, |by| by.is_none()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ObjectInUse, "{err}");
+    assert!(err.message().contains("stopped cleanly"), "{err}");
+    DirTier::open(&root, &TierIdentity::new("test", 7), CAPACITY).unwrap();
     let state = tempfile::tempdir().unwrap();
     let adopted = DirTier::adopt(&root, &adopter, CAPACITY, |by| by.is_none()).unwrap();
     let manifest = Manifest::open(&state.path().join("adopted-7.redb"), &adopter).unwrap();

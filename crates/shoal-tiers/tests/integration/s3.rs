@@ -232,6 +232,15 @@ async fn a_removed_nodes_prefix_is_adopted_and_its_owner_refused() {
     let id = ObjectId::random();
     write(&tier, id, &payload(2000, 9), 0).await.unwrap();
     let by1 = origin.clone().adopted(1);
+    // Stopped cleanly: not adopted until its start clears the mark.
+    tier.mark_stopped(true).await.unwrap();
+    let err = S3Tier::adopt(server.config("n3", u64::MAX), &by1, |_| true)
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("stopped cleanly"), "{err}");
+    S3Tier::open(server.config("n3", u64::MAX), &origin)
+        .await
+        .unwrap();
     let err = S3Tier::adopt(server.config("n3", u64::MAX), &by1, |by| by.is_some())
         .await
         .unwrap_err();
