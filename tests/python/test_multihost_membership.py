@@ -92,12 +92,16 @@ class Load:
         assert self.acked, "the load acknowledged no put"
 
 
-def put_some(host: Any, count: int, tag: str) -> dict[shoal.ObjectID, str]:
-    """`count` objects put on `host`; id -> sha256."""
+def put_some(
+    host: Any, count: int, tag: str, durability: str | None = None, size: int | None = None
+) -> dict[shoal.ObjectID, str]:
+    """`count` objects put on `host` (each its stem 200 times, or about `size` bytes), sealed
+    with `durability` (None: the node's default); id -> sha256."""
     made = {}
     for i in range(count):
-        data = f"{tag}-{i}-".encode() * 200
-        made[host.client.put(data)] = sha(data)
+        stem = f"{tag}-{i}-".encode()
+        data = stem * (size // len(stem) if size else 200)
+        made[host.client.put(data, durability=durability)] = sha(data)
     return made
 
 
@@ -247,29 +251,20 @@ def test_a_host_cut_from_etcd_only_leaves_the_view_and_rejoins_at_the_heal(make_
     all_readable(hosts, expected, on=[0, 1, 2])
 
 
-def put_at(host: Any, count: int, tag: str, durability: str, size: int = 2000) -> dict[shoal.ObjectID, str]:
-    """`count` objects of about `size` bytes put on `host`, sealed with `durability`; id ->
-    sha256."""
-    made = {}
-    for i in range(count):
-        stem = f"{tag}-{i}-".encode()
-        data = stem * (size // len(stem))
-        made[host.client.put(data, durability=durability)] = sha(data)
-    return made
-
-
 def test_a_host_lost_for_good_has_its_backing_objects_adopted_and_the_rest_reported_lost(make_hosts):
     # Backing stores of 2 MiB: the 3 MiB objects below never reach them (they stay on the
     # burst buffer or in memory, as objects the write-behind drain had not taken yet would).
     hosts = make_hosts(3, etcd=1, shared_backing=True, backing_capacity="2MiB")
     wait_view(hosts, [0, 1, 2])
     made = put_some(hosts[0], 20, "host0") | put_some(hosts[1], 20, "host1")
-    durable = put_at(hosts[2], 200, "durable", "backing")
+    durable = put_some(hosts[2], 200, "durable", "backing", size=2000)
     deleted = list(durable)[::7]  # acknowledged deletes: they must stay deleted
     hosts[2].client.delete(deleted)
     for oid in deleted:
         del durable[oid]
-    lost = put_at(hosts[2], 4, "burst", "local", 3 << 20) | put_at(hosts[2], 4, "memory", "memory", 3 << 20)
+    lost = put_some(hosts[2], 4, "burst", "local", 3 << 20) | put_some(
+        hosts[2], 4, "memory", "memory", 3 << 20
+    )
     all_readable(hosts, made | durable | lost, on=[0, 1, 2])
 
     # Host 2 is destroyed: its lease ends, a survivor adopts its backing store (on the

@@ -761,12 +761,10 @@ pub fn status(args: DirArgs) -> Result<()> {
 
 /// Packed ids (n × 20 bytes) as a JSON list of hex strings.
 fn lost_ids(packed: &[u8]) -> String {
-    packed
-        .chunks_exact(20)
-        .map(|id| {
-            let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-            format!("\"{hex}\"")
-        })
+    shoal_cluster::ids::unpack(packed)
+        .unwrap_or_default()
+        .iter()
+        .map(|id| format!("\"{id}\""))
         .collect::<Vec<_>>()
         .join(",")
 }

@@ -20,17 +20,6 @@ pub struct DirectoryEntry {
     pub sealed: Option<ObjectLocation>,
 }
 
-/// What [`Directory::forget_owner`] forgot.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Forgotten {
-    /// Entries removed (sealed objects and registrations not sealed yet).
-    pub entries: usize,
-    /// The sealed objects among them.
-    pub sealed: Vec<ObjectId>,
-    /// Network copies of them, (holder, id): to drop.
-    pub copies: Vec<(u32, ObjectId)>,
-}
-
 /// The home node's table of its ids.
 #[derive(Default)]
 pub struct Directory {
@@ -190,30 +179,17 @@ impl Directory {
         stale
     }
 
-    /// `owner` restarted or left: its store is new (or gone), so every id it
-    /// registered here is gone. Forgets them; returns them, and the copies
-    /// (holder, id) to drop (a copy follows its primary, as on a delete).
-    pub fn forget_owner(&mut self, owner: u32) -> Forgotten {
-        let mut entries = 0;
-        let mut sealed = Vec::new();
+    /// `owner` restarted: its store is new, so every id it registered here
+    /// is gone. Forgets them; returns how many, and the copies (holder, id)
+    /// to drop (a copy follows its primary, as on a delete).
+    pub fn forget_owner(&mut self, owner: u32) -> (usize, Vec<(u32, ObjectId)>) {
         let gone: Vec<ObjectId> = self
             .entries
             .iter()
             .filter(|(_, e)| e.owner == owner)
-            .map(|(id, e)| {
-                entries += 1;
-                if e.sealed.is_some() {
-                    sealed.push(*id);
-                }
-                *id
-            })
+            .map(|(id, _)| *id)
             .collect();
-        let copies = self.unregister(&gone, owner);
-        Forgotten {
-            entries,
-            sealed,
-            copies,
-        }
+        (gone.len(), self.unregister(&gone, owner))
     }
 
     /// The sealed objects `owner` registered here.
@@ -367,20 +343,31 @@ mod tests {
     }
 
     #[test]
+    fn an_owners_sealed_objects_are_listed_without_its_pending_ones() {
+        let mut d = Directory::default();
+        d.register(&[id(1), id(2), id(3)], 1);
+        d.register(&[id(4)], 2);
+        d.publish(&[id(2), id(4)], &[at(2), at(4)], 1);
+        assert_eq!(
+            d.sealed_of(1),
+            vec![id(2)],
+            "1 and 3 are not sealed; 4 is node 2's"
+        );
+        assert!(d.sealed_of(0).is_empty());
+    }
+
+    #[test]
     fn a_restarted_owner_is_forgotten_with_its_copies() {
         let mut d = Directory::default();
         d.register(&[id(1), id(2)], 1);
         d.register(&[id(3)], 2);
         d.add_copies(&[id(2), id(3)], 0);
-        d.publish(&[id(2)], &[at(2)], 1);
-        let mut gone = d.forget_owner(1);
-        gone.copies.sort();
-        assert_eq!(gone.entries, 2);
-        assert_eq!(gone.sealed, vec![id(2)], "only sealed objects were objects");
-        assert_eq!(gone.copies, vec![(0, id(2))]);
+        let (gone, mut stale) = d.forget_owner(1);
+        stale.sort();
+        assert_eq!((gone, stale), (2, vec![(0, id(2))]));
         assert!(d.lookup(&id(1)).is_none() && d.lookup(&id(2)).is_none());
         assert_eq!(d.lookup(&id(3)).unwrap().owner, 2);
-        assert_eq!(d.forget_owner(1).entries, 0);
+        assert_eq!(d.forget_owner(1), (0, Vec::new()));
         // The ids are free again.
         assert_eq!(d.register(&[id(1)], 0), vec![None]);
     }

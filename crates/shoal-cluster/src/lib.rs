@@ -42,7 +42,7 @@ pub mod proto {
 }
 
 pub use address::Address;
-pub use directory::{Directory, DirectoryEntry, Forgotten};
+pub use directory::{Directory, DirectoryEntry};
 pub use topology::{
     Access, Checked, MembershipConfig, Node, NodeElastic, NodeIdentity, NodeTiers, Topology,
 };

@@ -70,12 +70,7 @@ pub(crate) fn adopter(cluster: &Cluster, origin: u32, view: &View) -> Option<u32
     view.members()
         .iter()
         .copied()
-        .filter(|&m| {
-            cluster
-                .topology
-                .node(m)
-                .is_ok_and(|n| n.tiers.burst.is_some() || n.tiers.backing.is_some())
-        })
+        .filter(|&m| cluster.has_tier(m))
         .max_by_key(|&m| weight(hash, m))
 }
 

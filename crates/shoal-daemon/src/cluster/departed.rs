@@ -29,12 +29,7 @@ impl Cluster {
     /// `node` left the view (removed, or stopped) and this home forgot the
     /// sealed objects `ids` it owned here.
     pub(crate) fn departed(&self, node: u32, ids: Vec<ObjectId>) {
-        // Adopters run on members with a tier (`adoption.rs`).
-        let adopters = self.view().members().iter().any(|&m| {
-            self.topology
-                .node(m)
-                .is_ok_and(|n| n.tiers.burst.is_some() || n.tiers.backing.is_some())
-        });
+        let adopters = self.view().members().iter().any(|&m| self.has_tier(m));
         if !adopters {
             self.report_lost(node, ids, "no member has a tier to adopt its backing store");
         } else if self.adoptable(node) {
@@ -48,6 +43,14 @@ impl Cluster {
     /// serves its objects itself.
     pub(crate) fn returned(&self, node: u32) {
         self.departed.borrow_mut().adopted(node);
+    }
+
+    /// Whether `node` can adopt a removed node's store: its file entry has a
+    /// tier, so it has a place for the adopted manifest (`adoption.rs`).
+    pub(crate) fn has_tier(&self, node: u32) -> bool {
+        self.topology
+            .node(node)
+            .is_ok_and(|n| n.tiers.burst.is_some() || n.tiers.backing.is_some())
     }
 
     /// Whether `node`'s objects can outlive it: its file entry names a
@@ -119,6 +122,11 @@ impl Cluster {
         self.departed.borrow().lost_objects()
     }
 
+    /// How many objects of removed nodes this home reported lost.
+    pub fn lost_count(&self) -> u64 {
+        self.departed.borrow().lost_count()
+    }
+
     /// Registers at their homes objects this node adopted (sealed, on an
     /// adopted backing store), by the current view. Returns those another
     /// owner holds there (a newer object of the same id): not this node's
@@ -142,14 +150,7 @@ impl Cluster {
                     for (home, group) in by_home {
                         let ids: Vec<ObjectId> = group.iter().map(|(id, _)| *id).collect();
                         let codes: Vec<u32> = if home == self.me {
-                            let locations: Vec<Option<ObjectLocation>> =
-                                group.iter().map(|(_, l)| Some(*l)).collect();
-                            self.directory
-                                .borrow_mut()
-                                .restore(&ids, &locations, self.me)
-                                .into_iter()
-                                .map(|e| e.map_or(0, |k| k.code() as u32))
-                                .collect()
+                            self.directory_restore(self.me, &group, &[], &[]).codes
                         } else {
                             let request = RestoreRequest {
                                 incarnation: self.peers.incarnation_of(home).unwrap_or(0),

@@ -37,6 +37,11 @@ impl Departed {
         self.sample.extend(ids.into_iter().take(room));
     }
 
+    /// How many were lost.
+    pub(crate) fn lost_count(&self) -> u64 {
+        self.lost
+    }
+
     /// How many were lost, and the first [`LOST_SAMPLE`].
     pub(crate) fn lost_objects(&self) -> (u64, Vec<ObjectId>) {
         (self.lost, self.sample.clone())

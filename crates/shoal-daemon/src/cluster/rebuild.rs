@@ -164,11 +164,7 @@ impl Cluster {
     pub(crate) fn forget_incarnation(self: &Rc<Self>, node: u32) {
         // Before anything is restored at it: those copies are not re-announced.
         self.drop_copies_of_restarted(node);
-        let shoal_cluster::Forgotten {
-            entries,
-            copies: stale,
-            ..
-        } = self.directory.borrow_mut().forget_owner(node);
+        let (entries, stale) = self.directory.borrow_mut().forget_owner(node);
         self.owners.borrow_mut().retain(|_, owner| *owner != node);
         let references = self.loans.borrow_mut().forget_owner(node);
         self.forget_fences_of(node);

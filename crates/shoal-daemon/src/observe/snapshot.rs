@@ -84,7 +84,7 @@ fn take(ops: &Ops, metrics: &Metrics) {
         gauges
             .membership_in_touch
             .set(i64::from(cluster.membership_in_touch()));
-        gauges.objects_lost.set(signed(cluster.lost_objects().0));
+        gauges.objects_lost.set(signed(cluster.lost_count()));
         if let Some(tiers) = &ops.tiers {
             gauges.objects_adopted.set(signed(tiers.adopted_objects()));
         }

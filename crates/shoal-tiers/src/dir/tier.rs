@@ -130,18 +130,12 @@ impl DirTier {
         may_take: impl Fn(Option<u32>) -> bool,
     ) -> Result<Self> {
         let what = root.display().to_string();
-        let marker = root.join(MARKER);
-        let text = match fs::read_to_string(&marker) {
-            Ok(text) => text,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(ShoalError::new(
-                    ErrorKind::ObjectNotFound,
-                    format!("no shoal tier at {what} seen from this node (no {MARKER})"),
-                ))
-            }
-            Err(e) => return Err(io_error(&format!("read {}", marker.display()), e)),
-        };
-        let found = TierIdentity::decode(&text, &marker.display().to_string())?;
+        let found = read_marker(root)?.ok_or_else(|| {
+            ShoalError::new(
+                ErrorKind::ObjectNotFound,
+                format!("no shoal tier at {what} seen from this node (no {MARKER})"),
+            )
+        })?;
         if found.adopted_by.is_none() && root.join(STOPPED).exists() {
             return Err(found.stopped_cleanly(&what));
         }
@@ -154,13 +148,9 @@ impl DirTier {
     /// The marker part of [`open`](Self::open): `owner`'s tier, or a new
     /// empty one made `owner`'s; a mark of a clean stop goes (it is back).
     fn claim_own(root: &Path, owner: &TierIdentity, what: &str) -> Result<()> {
-        let marker = root.join(MARKER);
-        match fs::read_to_string(&marker) {
-            Ok(text) => owner.check(
-                &TierIdentity::decode(&text, &marker.display().to_string())?,
-                what,
-            )?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        match read_marker(root)? {
+            Some(found) => owner.check(&found, what)?,
+            None => {
                 let mut entries =
                     fs::read_dir(root).map_err(|e| io_error(&format!("read {what}"), e))?;
                 if let Some(entry) = entries.next() {
@@ -172,13 +162,8 @@ impl DirTier {
                 }
                 write_durably(root, MARKER, owner.encode()?.as_bytes())?;
             }
-            Err(e) => return Err(io_error(&format!("read {}", marker.display()), e)),
         }
-        match fs::remove_file(root.join(STOPPED)) {
-            Ok(()) => sync_dir(root),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_error(&format!("remove {STOPPED} in {what}"), e)),
-        }
+        mark_stopped(root, false)
     }
 
     /// The rest of opening a tier whose marker was checked: its layout
@@ -379,35 +364,41 @@ impl Tier for DirTier {
     }
 
     async fn marker(&self) -> Result<Option<TierIdentity>> {
-        let marker = self.inner.root.join(MARKER);
-        let text = tokio::task::spawn_blocking({
-            let marker = marker.clone();
-            move || fs::read_to_string(marker)
-        })
-        .await
-        .map_err(|e| ShoalError::io("marker task", e))?
-        .map_err(|e| io_error(&format!("read {}", marker.display()), e))?;
-        TierIdentity::decode(&text, &marker.display().to_string()).map(Some)
+        self.blocking(|inner| read_marker(&inner.root)).await
     }
 
     async fn mark_stopped(&self, stopped: bool) -> Result<()> {
-        let root = self.inner.root.clone();
-        tokio::task::spawn_blocking(move || {
-            if stopped {
-                write_durably(&root, STOPPED, b"stopped cleanly: expected back\n")
-            } else {
-                match fs::remove_file(root.join(STOPPED)) {
-                    Ok(()) => sync_dir(&root),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                    Err(e) => Err(io_error(&format!("remove {STOPPED}"), e)),
-                }
-            }
-        })
-        .await
-        .map_err(|e| ShoalError::io("mark task", e))?
+        self.blocking(move |inner| mark_stopped(&inner.root, stopped))
+            .await
     }
 
     async fn sweep(&self) -> Result<u64> {
         self.blocking(|inner| inner.sweep()).await
+    }
+}
+
+/// The owner marker of the tier at `root`; `None` where there is none.
+fn read_marker(root: &Path) -> Result<Option<TierIdentity>> {
+    let marker = root.join(MARKER);
+    match fs::read_to_string(&marker) {
+        Ok(text) => TierIdentity::decode(&text, &marker.display().to_string()).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_error(&format!("read {}", marker.display()), e)),
+    }
+}
+
+/// Marks (durably) the owner of the tier at `root` as stopped cleanly, or
+/// clears the mark.
+fn mark_stopped(root: &Path, stopped: bool) -> Result<()> {
+    if stopped {
+        return write_durably(root, STOPPED, b"stopped cleanly: expected back\n");
+    }
+    match fs::remove_file(root.join(STOPPED)) {
+        Ok(()) => sync_dir(root),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_error(
+            &format!("remove {STOPPED} in {}", root.display()),
+            e,
+        )),
     }
 }

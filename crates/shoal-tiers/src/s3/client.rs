@@ -20,6 +20,8 @@ use crate::identity::{Adoption, TierIdentity};
 use crate::range::{DestRange, SourceRange};
 use crate::tier::{Tier, TierUsage};
 
+/// The owner marker's key under the prefix (`identity.rs`).
+const MARKER: &str = "shoal-tier.id";
 /// Beside the marker while the owner is stopped cleanly (see `Tier::mark_stopped`).
 const STOPPED: &str = "shoal-tier.stopped";
 
@@ -116,60 +118,38 @@ impl S3Tier {
             }),
         };
         let inner = &tier.inner;
-        let marker = inner.key("shoal-tier.id");
-        match (inner.store.get(&marker).await, claim) {
-            (Ok(found), claim) => {
-                let bytes = found
-                    .bytes()
-                    .await
-                    .map_err(|e| inner.error("read marker", e))?;
-                let text = String::from_utf8_lossy(&bytes);
-                let found = TierIdentity::decode(&text, marker.as_ref())?;
-                match claim {
-                    Claim::Own(owner) => {
-                        owner.check(&found, &inner.describe)?;
-                        tier.mark_stopped(false).await?;
-                    }
-                    Claim::Adopt(adopter, may_take) => {
-                        if found.adopted_by.is_none() && tier.is_stopped().await? {
-                            return Err(found.stopped_cleanly(&inner.describe));
-                        }
-                        if adopter.adoption(&found, &inner.describe, may_take)?
-                            == Adoption::TakeOver
-                        {
-                            inner
-                                .store
-                                .put(&marker, PutPayload::from(adopter.encode()?.into_bytes()))
-                                .await
-                                .map_err(|e| inner.error("write marker", e))?;
-                        }
-                    }
+        match (inner.read_marker().await?, claim) {
+            (Some(found), Claim::Own(owner)) => {
+                owner.check(&found, &inner.describe)?;
+                tier.mark_stopped(false).await?;
+            }
+            (Some(found), Claim::Adopt(adopter, may_take)) => {
+                if found.adopted_by.is_none() && tier.is_stopped().await? {
+                    return Err(found.stopped_cleanly(&inner.describe));
+                }
+                if adopter.adoption(&found, &inner.describe, may_take)? == Adoption::TakeOver {
+                    inner.write_marker(adopter).await?;
                 }
             }
-            (Err(object_store::Error::NotFound { .. }), Claim::Adopt(..)) => {
+            (None, Claim::Adopt(..)) => {
                 return Err(ShoalError::new(
                     ErrorKind::ObjectNotFound,
-                    format!("no shoal tier at {} (no shoal-tier.id)", inner.describe),
+                    format!("no shoal tier at {} (no {MARKER})", inner.describe),
                 ));
             }
-            (Err(object_store::Error::NotFound { .. }), Claim::Own(owner)) => {
+            (None, Claim::Own(owner)) => {
                 let prefix = (!inner.prefix.is_empty()).then(|| Path::from(inner.prefix.as_str()));
                 let mut listing = inner.store.list(prefix.as_ref());
                 if let Some(first) = listing.next().await {
                     let first = first.map_err(|e| inner.error("list", e))?;
                     return Err(ShoalError::invalid(format!(
-                        "S3 tier {} is not empty ({}) and has no shoal-tier.id: \
+                        "S3 tier {} is not empty ({}) and has no {MARKER}: \
                          refusing to use a prefix shoal did not make",
                         inner.describe, first.location
                     )));
                 }
-                inner
-                    .store
-                    .put(&marker, PutPayload::from(owner.encode()?.into_bytes()))
-                    .await
-                    .map_err(|e| inner.error("write marker", e))?;
+                inner.write_marker(owner).await?;
             }
-            (Err(e), _) => return Err(inner.error("read marker", e)),
         }
         let (mut used, mut objects) = (0, 0);
         let mut listing = inner.store.list(Some(&inner.key("objects")));
@@ -220,6 +200,30 @@ impl Inner {
 
     fn object_key(&self, id: &ObjectId) -> Path {
         self.key(&format!("objects/{}", id.to_hex()))
+    }
+
+    /// The owner marker, `None` where the prefix has none.
+    async fn read_marker(&self) -> Result<Option<TierIdentity>> {
+        let key = self.key(MARKER);
+        let found = match self.store.get(&key).await {
+            Ok(found) => found,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.error("read marker", e)),
+        };
+        let bytes = found
+            .bytes()
+            .await
+            .map_err(|e| self.error("read marker", e))?;
+        TierIdentity::decode(&String::from_utf8_lossy(&bytes), key.as_ref()).map(Some)
+    }
+
+    async fn write_marker(&self, identity: &TierIdentity) -> Result<()> {
+        let payload = PutPayload::from(identity.encode()?.into_bytes());
+        self.store
+            .put(&self.key(MARKER), payload)
+            .await
+            .map(drop)
+            .map_err(|e| self.error("write marker", e))
     }
 
     /// The id a key names, exactly as `object_key` writes it (lower-case).
@@ -503,18 +507,7 @@ impl Tier for S3Tier {
     }
 
     async fn marker(&self) -> Result<Option<TierIdentity>> {
-        let inner = &self.inner;
-        let marker = inner.key("shoal-tier.id");
-        let found = inner
-            .store
-            .get(&marker)
-            .await
-            .map_err(|e| inner.error("read marker", e))?;
-        let bytes = found
-            .bytes()
-            .await
-            .map_err(|e| inner.error("read marker", e))?;
-        TierIdentity::decode(&String::from_utf8_lossy(&bytes), marker.as_ref()).map(Some)
+        self.inner.read_marker().await
     }
 
     /// PUTs are whole, so nothing half-written can exist; keys under
