@@ -592,7 +592,9 @@ class Hosts:
     test (`hosts.shared`) that every host sees at SHARED, a shared file system; each node's
     file entry names its backing store there (SHARED/n<i>) and a burst buffer on its host,
     so every node knows where the others' backing stores are (adoption: docs/cluster.md),
-    each of `backing_capacity` bytes if given.
+    each of `backing_capacity` bytes if given. `own_files` (with `etcd`): each host's file
+    lists only its own node, as on hosts set up one at a time; the daemons learn the others
+    from the records members publish in etcd (docs/cluster.md, "Nodes absent from the file").
     """
 
     def __init__(
@@ -616,7 +618,9 @@ class Hosts:
         membership_grace_ms: int = 0,
         shared_backing: bool = False,
         backing_capacity: str | None = None,
+        own_files: bool = False,
     ) -> None:
+        assert etcd or not own_files, "a file of one node needs a membership: etcd"
         self.directory = directory
         self.shared: Path | None = directory / "shared" if shared_backing else None
         self.backing_capacity = backing_capacity
@@ -646,9 +650,10 @@ class Hosts:
             self.hosts = [Host(self, i) for i in range(count)]
             for host in self.hosts:
                 host.run("mkdir", "-p", "-m", "700", RUN)
-            text = self._cluster_text(heartbeat_ms, lease_ms, linger_ms, region_size, identities)
-            for host in self.hosts:  # a copy per host: no file system is shared
-                host.write(self.cluster_file, text)
+            header, tables = self._cluster_text(heartbeat_ms, lease_ms, linger_ms, region_size, identities)
+            text = header + "".join(tables)
+            for i, host in enumerate(self.hosts):  # a copy per host: no file system is shared
+                host.write(self.cluster_file, header + tables[i] if own_files else text)
             (directory / "cluster.toml").write_text(text)  # for the reader of a failure
             if start:
                 for i in range(count):
@@ -669,8 +674,9 @@ class Hosts:
 
     def _cluster_text(
         self, heartbeat_ms: int, lease_ms: int, linger_ms: int, region_size: str, identities: bool
-    ) -> str:
-        """The cluster file; each host makes its own key pair and only its public key leaves it."""
+    ) -> tuple[str, list[str]]:
+        """The cluster file's `[cluster]` table and each node's `[[node]]` table; each host
+        makes its own key pair and only its public key leaves it."""
         lines = [
             "[cluster]",
             f'name = "{self.name}"',
@@ -685,8 +691,10 @@ class Hosts:
                 f"membership_ttl_ms = {self.membership_ttl_ms}",
                 f"membership_grace_ms = {self.membership_grace_ms}",
             ]
+        header = "\n".join(lines) + "\n"
+        tables = []
         for i, host in enumerate(self.hosts):
-            lines += [
+            lines = [
                 "",
                 "[[node]]",
                 f"id = {i}",
@@ -706,7 +714,8 @@ class Hosts:
                 )
                 assert done["returncode"] == 0, done["stderr"]
                 lines += done["stdout"].strip().splitlines()  # public_key = ..., key_file = ...
-        return "\n".join(lines) + "\n"
+            tables.append("\n".join(lines) + "\n")
+        return header, tables
 
     def __enter__(self) -> Hosts:
         return self

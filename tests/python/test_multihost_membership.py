@@ -119,13 +119,28 @@ def all_readable(hosts: Any, expected: dict[shoal.ObjectID, str], on: list[int])
             time.sleep(0.2)
 
 
+def cluster_status(hosts: Any, on: int) -> list[dict[str, Any]]:
+    """`shoal cluster status --json` run on host `on` with its own cluster file: a row per node."""
+    done = hosts[on].run(
+        sys.executable, "-m", "shoal", "cluster", "status", "--file", hosts.cluster_file, "--json"
+    )  # fmt: skip
+    assert done["returncode"] == 0, done["stderr"]
+    return [json.loads(line) for line in done["stdout"].splitlines()]
+
+
 def views_adopted(host: Any) -> list[list[int]]:
     """The members of every view the host's daemon adopted, in order, over all its runs."""
     return [members for _, members in host.views()]
 
 
-def test_a_fourth_host_joins_under_load_and_takes_puts_and_homes(make_hosts):
-    hosts = make_hosts(4, etcd=1, burst=range(4), durability="local", start=False)
+@pytest.mark.parametrize("own_files", [False, True], ids=["one-file", "own-files"])
+def test_a_fourth_host_joins_under_load_and_takes_puts_and_homes(make_hosts, own_files):
+    """A fourth host joins under puts and gets. With `own_files`, each host's cluster file
+    lists its own node alone (its own key, no peer's address): the members learn each other
+    from the records in etcd (docs/cluster.md, "Nodes absent from the file"). Either way
+    `shoal cluster status` on any host lists every member, and after a kill -9 of the
+    newcomer the others stay whole."""
+    hosts = make_hosts(4, etcd=1, own_files=own_files, burst=range(4), durability="local", start=False)
     for i in range(3):
         hosts.start(i, wait=False)
     hosts.wait_whole()
@@ -148,6 +163,14 @@ def test_a_fourth_host_joins_under_load_and_takes_puts_and_homes(make_hosts):
     assert hosts[3].metric("shoal_membership_in_touch") == 1
     epochs = {hosts[i].view()[0] for i in range(4)}
     assert len(epochs) == 1, f"members on different views: {epochs}"
+    rows = cluster_status(hosts, 1)
+    assert [(r["node"], r["state"]) for r in rows] == [(i, "up") for i in range(4)], rows
+    assert all(r["view_members"] == [0, 1, 2, 3] for r in rows), rows
+
+    hosts.kill(3)
+    wait_view(hosts, [0, 1, 2])
+    survivors = {oid: digest for oid, digest in expected.items() if oid not in joined}
+    all_readable(hosts, survivors, on=[0, 1, 2])
 
 
 def test_a_clean_leave_and_a_kill_leave_the_view_and_come_back_with_their_durable_objects(make_hosts):
@@ -216,11 +239,7 @@ def test_a_host_cut_from_etcd_only_leaves_the_view_and_rejoins_at_the_heal(make_
 
     def status_settled() -> bool:
         nonlocal rows
-        done = hosts[0].run(
-            sys.executable, "-m", "shoal", "cluster", "status", "--file", hosts.cluster_file, "--json"
-        )
-        assert done["returncode"] == 0, done["stderr"]
-        rows = {row["node"]: row for row in map(json.loads, done["stdout"].splitlines())}
+        rows = {row["node"]: row for row in cluster_status(hosts, 0)}
         return [rows[n]["state"] for n in range(3)] == ["up", "up", "out of touch"]
 
     until(status_settled, hosts.lease + 3, "cluster status settling", interval=0.2)
@@ -277,11 +296,7 @@ def test_a_host_lost_for_good_has_its_backing_objects_adopted_and_the_rest_repor
     gone = deleted + list(lost)
     for i in (0, 1):
         assert hosts[i].checksums(gone) == [None] * len(gone), f"host {i} serves a deleted or lost id"
-    done = hosts[0].run(
-        sys.executable, "-m", "shoal", "cluster", "status", "--file", hosts.cluster_file, "--json"
-    )
-    assert done["returncode"] == 0, done["stderr"]
-    rows = [json.loads(line) for line in done["stdout"].splitlines()]
+    rows = cluster_status(hosts, 0)
     assert sum(row["adopted_objects"] for row in rows) == len(durable), rows
     listed = {shoal.ObjectID(bytes.fromhex(h)) for row in rows for h in row["lost_ids"]}
     # Every lost id a survivor was home of is listed; those whose home was host 2 itself

@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use shoal_cluster::auth::{Credentials, PeerIdentity};
 use shoal_cluster::node_keys::NodeKey;
 use shoal_cluster::proto::peer_client::PeerClient;
-use shoal_cluster::proto::Empty;
+use shoal_cluster::proto::{Empty, NodeStatus};
 use shoal_cluster::{Access, Address, Node, NodeIdentity, NodeTiers, Topology};
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::units::{format_size, parse_size};
@@ -147,8 +147,8 @@ fn print_layout(t: &Topology) {
     println!(
         "cluster {:?}: {} node{} on {} host{}, {}, {}",
         t.name,
-        t.len(),
-        if t.len() == 1 { "" } else { "s" },
+        t.nodes.len(),
+        if t.nodes.len() == 1 { "" } else { "s" },
         hosts.len(),
         if hosts.len() == 1 { "" } else { "s" },
         t.coherence,
@@ -372,7 +372,10 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
     let deadline = Instant::now() + Duration::from_secs(30);
     // Up means ready: every node's directory rebuilt (its peers told it
     // what they hold), so creates anywhere succeed at once.
-    let bar = crate::progress::bar(topology.len() as u64, "nodes rebuilding their directories");
+    let bar = crate::progress::bar(
+        topology.nodes.len() as u64,
+        "nodes rebuilding their directories",
+    );
     let identity = speaking_as(&topology)?;
     let ready = block_on(async {
         for node in &topology.nodes {
@@ -409,7 +412,7 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
     println!(
         "shoal cluster {:?} up: {} nodes, {} each, {} ({})",
         topology.name,
-        topology.len(),
+        topology.nodes.len(),
         format_size(args.capacity),
         topology.coherence,
         file.display()
@@ -634,20 +637,55 @@ async fn connect(identity: &PeerIdentity, node: &Node) -> Result<Rpc> {
     Ok(PeerClient::with_interceptor(channel, credentials).max_decoding_message_size(256 << 20))
 }
 
+/// Nodes the file lacks that answering nodes learned from the membership
+/// (their records, checked against this file), admitted by `identity`.
+fn learned_nodes(
+    topology: &Topology,
+    identity: &PeerIdentity,
+    answers: &[NodeStatus],
+) -> Vec<Node> {
+    let mut learned: Vec<Node> = Vec::new();
+    for record in answers.iter().flat_map(|s| &s.learned) {
+        if topology.node(record.node).is_ok() || learned.iter().any(|n| n.id == record.node) {
+            continue;
+        }
+        match topology.parse_record(record.node, &record.record) {
+            Ok(node) if identity.learn(&node).is_ok() => learned.push(node),
+            Ok(_) => {}
+            Err(err) => eprintln!("shoal cluster: node {}'s record: {err}", record.node),
+        }
+    }
+    learned
+}
+
+async fn node_status(identity: &PeerIdentity, node: &Node) -> Option<NodeStatus> {
+    match connect(identity, node).await {
+        Ok(mut rpc) => rpc.status(Empty {}).await.map(|r| r.into_inner()).ok(),
+        Err(_) => None,
+    }
+}
+
 pub fn status(args: DirArgs) -> Result<()> {
-    let topology = load(&args)?;
+    let mut topology = load(&args)?;
     let identity = speaking_as(&topology)?;
     let rows = block_on(async {
         let mut rows = Vec::new();
         for node in &topology.nodes {
-            let status = match connect(&identity, node).await {
-                Ok(mut rpc) => rpc.status(Empty {}).await.map(|r| r.into_inner()).ok(),
-                Err(_) => None,
-            };
-            rows.push((node.clone(), status));
+            rows.push((node.clone(), node_status(&identity, node).await));
         }
+        // With a membership: the members this file does not list, as the
+        // nodes that answered learned them.
+        let answers: Vec<NodeStatus> = rows.iter().filter_map(|(_, s)| s.clone()).collect();
+        for node in learned_nodes(&topology, &identity, &answers) {
+            let status = node_status(&identity, &node).await;
+            rows.push((node, status));
+        }
+        rows.sort_by_key(|(node, _)| node.id);
         rows
     });
+    for (node, _) in &rows {
+        topology.put_node(node.clone());
+    }
     // With a membership service: the newest view a node that answered acts
     // on (etcd holds the cluster's; a node cut off from it may be behind).
     let newest = rows
@@ -661,7 +699,7 @@ pub fn status(args: DirArgs) -> Result<()> {
         println!(
             "cluster {:?}: {} nodes, {}",
             topology.name,
-            topology.len(),
+            topology.nodes.len(),
             topology.coherence
         );
         if let Some(config) = membership {

@@ -63,12 +63,13 @@ impl crate::Client {
         if node == cluster.node {
             return Ok(self.mapping.clone());
         }
-        let index = node as usize;
-        let Some(peer) = cluster.nodes.get(index).filter(|p| p.node == node) else {
-            return Err(ShoalError::protocol(format!(
-                "object on unknown node {node}"
-            )));
+        let index = match cluster.index_of(node) {
+            Some(index) => index,
+            // A member that joined after this client connected: the daemon
+            // knows it, since it named it.
+            None => return self.peer_mapping_after_update(node, generation, write),
         };
+        let peer = &cluster.nodes[index];
         if !peer.mapped {
             return Err(if write {
                 ShoalError::invalid(format!(
@@ -82,6 +83,25 @@ impl crate::Client {
         }
         let (path, size) = (Path::new(&peer.path), peer.region_size);
         cluster.peers[index].resolve(node, path, size, generation, write)
+    }
+
+    /// [`Self::peer_mapping`] for a node this client did not know: asks the
+    /// daemon for its nodes again, once.
+    fn peer_mapping_after_update(
+        &mut self,
+        node: u32,
+        generation: u64,
+        write: bool,
+    ) -> Result<Arc<Mapping>> {
+        let nodes = self.cluster_nodes()?;
+        let cluster = self.cluster.as_mut().expect("a cluster client");
+        cluster.update(nodes);
+        if cluster.index_of(node).is_none() {
+            return Err(ShoalError::protocol(format!(
+                "object on node {node}, which the daemon does not list"
+            )));
+        }
+        self.peer_mapping(node, generation, write)
     }
 
     /// Remote allocation: creates objects in cluster node `node`'s memory

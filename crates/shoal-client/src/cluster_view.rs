@@ -49,6 +49,36 @@ impl ClusterView {
             nodes,
         }
     }
+
+    /// Where node `node` is in `nodes` (and `peers`): node ids may have
+    /// gaps with a membership, and members join after the client connected.
+    pub(crate) fn index_of(&self, node: u32) -> Option<usize> {
+        match self.nodes.get(node as usize) {
+            Some(p) if p.node == node => Some(node as usize),
+            _ => self.nodes.iter().position(|p| p.node == node),
+        }
+    }
+
+    /// Takes the daemon's newer list of nodes: members that joined since
+    /// are added; a node whose region moved (another path or size: it came
+    /// back on another host) loses what was mapped of the old one.
+    pub(crate) fn update(&mut self, nodes: Vec<PeerRegion>) {
+        for region in nodes {
+            match self.index_of(region.node) {
+                Some(at) => {
+                    let old = &self.nodes[at];
+                    if old.path != region.path || old.region_size != region.region_size {
+                        self.peers[at] = PeerMaps::default();
+                    }
+                    self.nodes[at] = region;
+                }
+                None => {
+                    self.nodes.push(region);
+                    self.peers.push(PeerMaps::default());
+                }
+            }
+        }
+    }
 }
 
 /// One node's region as this process maps it, all of one generation (the

@@ -83,10 +83,10 @@ impl crate::Client {
             return Ok(None);
         };
         let node = located.node;
-        let index = node as usize;
-        let Some(peer) = cluster.nodes.get(index) else {
+        let Some(index) = cluster.index_of(node) else {
             return Err(ShoalError::protocol(format!("unknown node {node}")));
         };
+        let peer = &cluster.nodes[index];
         let size = peer.region_size.max(self.info.region_size);
         let cache = lazily(&mut cluster.peers[index].cache, || Mapping::anonymous(size))?;
         Ok(Some(cache))

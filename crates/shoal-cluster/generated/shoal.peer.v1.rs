@@ -317,7 +317,7 @@ pub struct Outcome {
     #[prost(string, tag = "2")]
     pub message: ::prost::alloc::string::String,
 }
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct NodeStatus {
     #[prost(uint32, tag = "1")]
     pub node: u32,
@@ -358,6 +358,18 @@ pub struct NodeStatus {
     /// Objects this node serves from backing stores it adopted.
     #[prost(uint64, tag = "14")]
     pub adopted_objects: u64,
+    /// The `\[[node]\]` tables (TOML) of the members this node learned from the
+    /// membership service because its cluster file lacks them: how the
+    /// command line reaches nodes its own file does not list.
+    #[prost(message, repeated, tag = "15")]
+    pub learned: ::prost::alloc::vec::Vec<NodeRecord>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeRecord {
+    #[prost(uint32, tag = "1")]
+    pub node: u32,
+    #[prost(string, tag = "2")]
+    pub record: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ObjectRow {

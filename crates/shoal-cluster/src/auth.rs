@@ -11,7 +11,7 @@
 //! - **shared token** (older cluster files): the credential is the cluster
 //!   token, the same for every member, so any member can claim any node id.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use shoal_core::error::{Result, ShoalError};
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
@@ -20,7 +20,7 @@ use tonic::{Request, Status};
 
 use crate::epoch::{self, Epoch, EPOCH_HEADER, LINK_HEADER};
 use crate::node_keys::NodeKey;
-use crate::topology::Topology;
+use crate::topology::{Node, Topology};
 
 pub const TOKEN_HEADER: &str = "x-shoal-token";
 pub const NODE_HEADER: &str = "x-shoal-node";
@@ -29,18 +29,30 @@ pub const NODE_HEADER: &str = "x-shoal-node";
 /// token and node headers) and on the bulk data channel (its request
 /// header): the one place where a peer's claim becomes a node id. Also
 /// what this node presents when it calls a peer.
+///
+/// Clones share one credential table: a node that joins through the
+/// membership service ([`PeerIdentity::learn`]) is admitted by every clone,
+/// the server's check included.
 #[derive(Clone)]
 pub struct PeerIdentity {
     me: u32,
-    /// What a call claiming to come from node i must carry, by i.
-    incoming: Arc<[Box<[u8]>]>,
-    /// What this node's calls to node j carry, by j.
-    outgoing: Arc<[AsciiMetadataValue]>,
-    per_node: bool,
+    table: Arc<RwLock<CredentialTable>>,
+    /// Per-node identities: this node's key, for the credentials of nodes
+    /// learned later; `None` in shared-token mode.
+    key: Option<Arc<NodeKey>>,
+    /// The cluster's name and token (what a per-node credential covers).
+    cluster: Arc<(String, String)>,
     /// A daemon's view epoch, carried by its calls and checked on the calls
     /// it answers (`epoch`); `None` for the command line, whose calls carry
     /// none.
     epoch: Option<Epoch>,
+}
+
+/// Per node id: what its calls must carry, and what ours to it carry.
+/// `None`: a node not known (yet).
+struct CredentialTable {
+    incoming: Vec<Option<Box<[u8]>>>,
+    outgoing: Vec<Option<AsciiMetadataValue>>,
 }
 
 /// Why a peer's claim was refused.
@@ -89,16 +101,26 @@ fn ascii(text: &str) -> Result<AsciiMetadataValue> {
         .map_err(|_| ShoalError::invalid("the cluster token must be printable ASCII"))
 }
 
+fn public_key(node: &Node) -> Result<[u8; 32]> {
+    node.identity
+        .as_ref()
+        .map(|i| i.public_key)
+        .ok_or_else(|| ShoalError::invalid(format!("node {} has no public_key", node.id)))
+}
+
 impl PeerIdentity {
-    /// Shared-token mode for node `me` of `nodes`: every member presents
-    /// `token`, so the node id a caller claims is not proven.
-    pub fn shared(token: &str, nodes: u32, me: u32) -> Result<Self> {
+    /// Shared-token mode for node `me` among node ids below `slots`: every
+    /// member presents `token`, so the node id a caller claims is not proven.
+    pub fn shared(token: &str, slots: u32, me: u32) -> Result<Self> {
         let value = ascii(token)?;
         Ok(Self {
             me,
-            incoming: (0..nodes).map(|_| token.as_bytes().into()).collect(),
-            outgoing: (0..nodes).map(|_| value.clone()).collect(),
-            per_node: false,
+            table: Arc::new(RwLock::new(CredentialTable {
+                incoming: (0..slots).map(|_| Some(token.as_bytes().into())).collect(),
+                outgoing: (0..slots).map(|_| Some(value.clone())).collect(),
+            })),
+            key: None,
+            cluster: Arc::new((String::new(), token.to_owned())),
             epoch: None,
         })
     }
@@ -107,21 +129,14 @@ impl PeerIdentity {
     /// read from its `key_file` (and must match its `public_key`).
     pub fn for_node(topology: &Topology, me: u32) -> Result<Self> {
         match &topology.node(me)?.identity {
-            Some(identity) => Self::with_key(topology, me, &NodeKey::load(&identity.key_file)?),
-            None => Self::shared(&topology.token, topology.len() as u32, me),
+            Some(identity) => Self::with_key(topology, me, NodeKey::load(&identity.key_file)?),
+            None => Self::shared(&topology.token, topology.slots() as u32, me),
         }
     }
 
     /// Node `me` of a cluster with per-node identities, holding `key`.
-    pub fn with_key(topology: &Topology, me: u32, key: &NodeKey) -> Result<Self> {
-        let mine = topology.node(me)?;
-        let public = |node: &crate::topology::Node| {
-            node.identity
-                .as_ref()
-                .map(|i| i.public_key)
-                .ok_or_else(|| ShoalError::invalid(format!("node {} has no public_key", node.id)))
-        };
-        if public(mine)? != key.public() {
+    pub fn with_key(topology: &Topology, me: u32, key: NodeKey) -> Result<Self> {
+        if public_key(topology.node(me)?)? != key.public() {
             return Err(ShoalError::new(
                 shoal_core::error::ErrorKind::PermissionDenied,
                 format!(
@@ -129,34 +144,58 @@ impl PeerIdentity {
                 ),
             ));
         }
-        let mut incoming = Vec::with_capacity(topology.len());
-        let mut outgoing = Vec::with_capacity(topology.len());
-        for (i, node) in topology.nodes.iter().enumerate() {
-            if node.id as usize != i {
-                return Err(ShoalError::invalid(
-                    "the cluster's nodes must be sorted by id",
-                ));
-            }
-            let peer = public(node)?;
-            let credential =
-                |from, to| key.credential(&peer, &topology.name, &topology.token, from, to);
-            incoming.push(credential(node.id, me)?.into_bytes().into_boxed_slice());
-            outgoing.push(ascii(&credential(me, node.id)?)?);
-        }
-        Ok(Self {
+        let slots = topology.slots();
+        let identity = Self {
             me,
-            incoming: incoming.into(),
-            outgoing: outgoing.into(),
-            per_node: true,
+            table: Arc::new(RwLock::new(CredentialTable {
+                incoming: vec![None; slots],
+                outgoing: vec![None; slots],
+            })),
+            key: Some(Arc::new(key)),
+            cluster: Arc::new((topology.name.clone(), topology.token.clone())),
             epoch: None,
-        })
+        };
+        for node in &topology.nodes {
+            identity.learn(node)?;
+        }
+        Ok(identity)
+    }
+
+    /// Admits `node` (a member learned from the membership service, or one
+    /// whose record changed): with per-node identities, the credentials
+    /// between it and this node are derived from its public key; in
+    /// shared-token mode every node below the slots is admitted already.
+    pub fn learn(&self, node: &Node) -> Result<()> {
+        let Some(key) = &self.key else {
+            return Ok(());
+        };
+        let peer = public_key(node)?;
+        let (name, token) = &*self.cluster;
+        let credential = |from, to| key.credential(&peer, name, token, from, to);
+        let incoming = credential(node.id, self.me)?
+            .into_bytes()
+            .into_boxed_slice();
+        let outgoing = ascii(&credential(self.me, node.id)?)?;
+        let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let slot = node.id as usize;
+        if slot >= table.incoming.len() {
+            return Err(ShoalError::invalid(format!(
+                "node {} is past the cluster's {} node slots",
+                node.id,
+                table.incoming.len()
+            )));
+        }
+        table.incoming[slot] = Some(incoming);
+        table.outgoing[slot] = Some(outgoing);
+        Ok(())
     }
 
     /// For the command line, which speaks as a node: the first node whose
     /// key file can be read here (node 0 with the shared token).
     pub fn for_command_line(topology: &Topology) -> Result<Self> {
         if !topology.has_identities() {
-            return Self::shared(&topology.token, topology.len() as u32, 0);
+            let first = topology.ids().next().unwrap_or(0);
+            return Self::shared(&topology.token, topology.slots() as u32, first);
         }
         let mut last = None;
         for node in &topology.nodes {
@@ -193,16 +232,22 @@ impl PeerIdentity {
 
     /// Whether callers prove their node id (per-node identities).
     pub fn per_node(&self) -> bool {
-        self.per_node
+        self.key.is_some()
+    }
+
+    fn table(&self) -> std::sync::RwLockReadGuard<'_, CredentialTable> {
+        self.table.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A caller offering `token` and claiming to be node `claimed`.
     pub fn verify(&self, token: Option<&[u8]>, claimed: Option<u32>) -> Result<u32, Refusal> {
         let token = token.ok_or(Refusal::MissingToken)?;
         let node = claimed.ok_or(Refusal::NoNode)?;
-        let expected = self
+        let table = self.table();
+        let expected = table
             .incoming
             .get(node as usize)
+            .and_then(Option::as_ref)
             .ok_or(Refusal::NotAMember(node))?;
         if same(token, expected) {
             Ok(node)
@@ -211,23 +256,24 @@ impl PeerIdentity {
         }
     }
 
-    /// The credential this node presents to node `to` (bulk channel).
-    pub fn token_for(&self, to: u32) -> Result<&[u8]> {
-        self.outgoing
+    fn outgoing(&self, to: u32) -> Result<AsciiMetadataValue> {
+        self.table()
+            .outgoing
             .get(to as usize)
-            .map(|v| v.as_bytes())
+            .cloned()
+            .flatten()
             .ok_or_else(|| ShoalError::invalid(format!("node {to} is not a member")))
+    }
+
+    /// The credential this node presents to node `to` (bulk channel).
+    pub fn token_for(&self, to: u32) -> Result<Vec<u8>> {
+        Ok(self.outgoing(to)?.as_bytes().to_vec())
     }
 
     /// The gRPC interceptor for this node's calls to node `to`.
     pub fn credentials(&self, to: u32) -> Result<Credentials> {
-        let token = self
-            .outgoing
-            .get(to as usize)
-            .cloned()
-            .ok_or_else(|| ShoalError::invalid(format!("node {to} is not a member")))?;
         Ok(Credentials {
-            token,
+            token: self.outgoing(to)?,
             node: AsciiMetadataValue::from(self.me),
             epoch: self.epoch.clone(),
         })
@@ -267,6 +313,16 @@ impl Interceptor for TokenCheck {
                 Ok(request)
             }
             Err(refusal) => {
+                // A member that joined through the membership calls before
+                // this node's view (and so its record) caught up: told to
+                // ask again, as any caller on a newer view is.
+                if let (Refusal::NotAMember(_), Some(mine)) = (&refusal, &self.identity.epoch) {
+                    if let Some(caller) = epoch::of_call(request.metadata())? {
+                        if caller > mine.get() {
+                            epoch::check(mine.get(), caller)?;
+                        }
+                    }
+                }
                 if matches!(refusal, Refusal::MissingToken | Refusal::WrongToken) {
                     let from = request
                         .remote_addr()
@@ -434,17 +490,17 @@ mod tests {
         let zero = &nodes[0];
         // Node 1 to node 0, as itself: accepted as node 1.
         assert_eq!(
-            zero.verify(Some(nodes[1].token_for(0).unwrap()), Some(1)),
+            zero.verify(Some(&nodes[1].token_for(0).unwrap()), Some(1)),
             Ok(1)
         );
         // Node 2's own credential to node 0, claiming to be node 1.
         assert_eq!(
-            zero.verify(Some(nodes[2].token_for(0).unwrap()), Some(1)),
+            zero.verify(Some(&nodes[2].token_for(0).unwrap()), Some(1)),
             Err(Refusal::WrongToken)
         );
         // Node 1's credential to node 2, replayed by node 2 to node 0.
         assert_eq!(
-            zero.verify(Some(nodes[1].token_for(2).unwrap()), Some(1)),
+            zero.verify(Some(&nodes[1].token_for(2).unwrap()), Some(1)),
             Err(Refusal::WrongToken)
         );
         // The cluster token alone no longer admits anyone.
@@ -471,7 +527,7 @@ mod tests {
             tonic::Code::Unauthenticated
         );
         // A node's key must be the one the cluster file names for it.
-        let err = PeerIdentity::with_key(&topology, 0, &keys[1])
+        let err = PeerIdentity::with_key(&topology, 0, keys.into_iter().nth(1).unwrap())
             .err()
             .unwrap();
         assert_eq!(err.kind(), shoal_core::error::ErrorKind::PermissionDenied);
@@ -482,11 +538,49 @@ mod tests {
     }
 
     #[test]
+    fn a_node_learned_from_the_membership_is_admitted_by_every_clone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut topology, _keys) = cluster_with_keys(dir.path());
+        topology.membership = Some(crate::MembershipConfig::new(
+            "etcd://127.0.0.1:2379/k".parse().unwrap(),
+        ));
+        // Node 0's file does not list node 2: it joins later.
+        let two = topology.node(2).unwrap().clone();
+        let mut alone = topology.clone();
+        alone.nodes.retain(|n| n.id != 2);
+        let zero = PeerIdentity::for_node(&alone, 0).unwrap();
+        let check = TokenCheck::new(zero.clone());
+        let from_two = PeerIdentity::for_node(&topology, 2).unwrap();
+        let token = from_two.token_for(0).unwrap();
+        assert_eq!(
+            check.identity.verify(Some(&token), Some(2)),
+            Err(Refusal::NotAMember(2))
+        );
+        assert!(zero.credentials(2).is_err());
+        zero.learn(&two).unwrap();
+        assert_eq!(check.identity.verify(Some(&token), Some(2)), Ok(2));
+        assert_eq!(
+            from_two.verify(Some(&zero.token_for(2).unwrap()), Some(0)),
+            Ok(0)
+        );
+        // Past the slots, or without a key where the cluster has them: refused.
+        let mut far = two.clone();
+        far.id = 64;
+        assert!(zero.learn(&far).is_err());
+        let mut keyless = two;
+        keyless.identity = None;
+        assert!(zero.learn(&keyless).is_err());
+    }
+
+    #[test]
     fn with_the_shared_token_any_member_may_claim_any_id() {
         // The documented weakness of older cluster files.
         let zero = PeerIdentity::shared("tok", 3, 0).unwrap();
         assert!(!zero.per_node());
         let two = PeerIdentity::shared("tok", 3, 2).unwrap();
-        assert_eq!(zero.verify(Some(two.token_for(0).unwrap()), Some(1)), Ok(1));
+        assert_eq!(
+            zero.verify(Some(&two.token_for(0).unwrap()), Some(1)),
+            Ok(1)
+        );
     }
 }

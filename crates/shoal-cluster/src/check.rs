@@ -32,11 +32,28 @@ pub(crate) fn errors(t: &Topology) -> Vec<String> {
     }
     let mut ids: Vec<_> = t.nodes.iter().map(|n| n.id).collect();
     ids.sort_unstable();
-    if ids.iter().enumerate().any(|(i, &id)| id as usize != i) {
-        errors.push(format!(
-            "node ids must be 0..{} with no gaps or repeats, got {ids:?}",
-            t.nodes.len()
-        ));
+    match &t.membership {
+        // The file lists the nodes it knows; the others join through etcd.
+        Some(m) => {
+            let mut repeated = ids.clone();
+            repeated.dedup();
+            if repeated.len() != ids.len() {
+                errors.push(format!("node ids repeat: {ids:?}"));
+            }
+            if let Some(id) = ids.iter().find(|&&id| id >= m.max_nodes) {
+                errors.push(format!(
+                    "node {id}: ids must be below [cluster] max_nodes ({})",
+                    m.max_nodes
+                ));
+            }
+        }
+        None if ids.iter().enumerate().any(|(i, &id)| id as usize != i) => {
+            errors.push(format!(
+                "node ids must be 0..{} with no gaps or repeats, got {ids:?}",
+                t.nodes.len()
+            ));
+        }
+        None => {}
     }
     for node in &t.nodes {
         if node.region_size == 0 {
@@ -417,6 +434,51 @@ impl Topology {
         }
     }
 
+    /// Node `id` as a member published itself in the membership service
+    /// ([`Topology::node_record`]'s text): parsed like a `[[node]]` table of
+    /// this file, and checked with this file's nodes (no address or path
+    /// of theirs taken, identities on all or none). The file's own entry
+    /// for `id`, if any, is replaced in that check.
+    pub fn parse_record(&self, id: u32, record: &str) -> Result<Node> {
+        let mut errors = Vec::new();
+        let table: toml::Table = toml::from_str(record)
+            .map_err(|e| ShoalError::invalid(format!("node {id}'s record: {e}")))?;
+        let mut tables = match table.get("node") {
+            Some(toml::Value::Array(tables)) if tables.len() == 1 => tables.clone(),
+            _ => {
+                return Err(ShoalError::invalid(format!(
+                    "node {id}'s record is not one [[node]] table"
+                )))
+            }
+        };
+        let Some(toml::Value::Table(table)) = tables.pop() else {
+            return Err(ShoalError::invalid(format!(
+                "node {id}'s record is not one [[node]] table"
+            )));
+        };
+        let node = node_part(0, table, None, &mut errors);
+        let node = match node {
+            Some(node) if errors.is_empty() => node,
+            _ => return Err(ShoalError::invalid(errors.join("; "))),
+        };
+        if node.id != id {
+            return Err(ShoalError::invalid(format!(
+                "node {id}'s record describes node {}",
+                node.id
+            )));
+        }
+        let mut with = self.clone();
+        with.put_node(node.clone());
+        let errors = self::errors(&with);
+        if !errors.is_empty() {
+            return Err(ShoalError::invalid(format!(
+                "node {id}'s record does not fit this cluster: {}",
+                errors.join("; ")
+            )));
+        }
+        Ok(node)
+    }
+
     /// Parses and validates a cluster file's text, collecting every error
     /// (not only the first) and the warnings (`shoal cluster check`).
     pub fn check(text: &str, base: Option<&Path>) -> Checked {
@@ -446,6 +508,8 @@ impl Topology {
                 warnings: Vec::new(),
             };
         };
+        let mut nodes = nodes;
+        nodes.sort_by_key(|n| n.id);
         let topology = Topology {
             name: cluster.name,
             token: cluster.token,
@@ -824,5 +888,83 @@ mod tests {
             "{}",
             warnings[0]
         );
+    }
+
+    /// With a membership a file lists some of the nodes, any ids below
+    /// max_nodes; the others come as records, checked against the file.
+    #[test]
+    fn with_a_membership_the_file_lists_some_nodes_and_records_fill_in_the_rest() {
+        let membership = "membership = \"etcd://127.0.0.1:2379/prod\"\nmax_nodes = 16\n";
+        let text = hosts_file().replacen(
+            "token = \"secret\"\n",
+            &format!("token = \"secret\"\n{membership}"),
+            1,
+        );
+        let full = Topology::parse(&text, None).unwrap();
+        assert_eq!(full.slots(), 16);
+        // Members agree on max_nodes: a node with another one brings another stamp.
+        let mut other = full.clone();
+        other.membership.as_mut().unwrap().max_nodes = 32;
+        assert_ne!(full.membership_stamp(), other.membership_stamp());
+        let record = full.node_record(2).unwrap();
+        // The file of host alpha: its two nodes, node 1 renumbered 9.
+        let alpha = text
+            .split("\n[[node]]")
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n[[node]]")
+            .replace("id = 1\n", "id = 9\n");
+        let mut alpha = Topology::parse(&alpha, None).unwrap();
+        assert_eq!(alpha.ids().collect::<Vec<_>>(), [0, 9]);
+        assert!(alpha
+            .node(2)
+            .unwrap_err()
+            .message()
+            .contains("not known here"));
+        let two = alpha.parse_record(2, &record).unwrap();
+        assert_eq!(&two, full.node(2).unwrap());
+        assert!(alpha.put_node(two.clone()));
+        assert!(!alpha.put_node(two));
+        assert_eq!(alpha.ids().collect::<Vec<_>>(), [0, 2, 9]);
+        assert!(alpha.maps(0, 9) && !alpha.maps(0, 2));
+        // A record that is not the node it is filed under, is garbage, takes
+        // a dialed address of the file's or an id past the slots: refused.
+        let err = |id, record: &str| {
+            alpha
+                .parse_record(id, record)
+                .unwrap_err()
+                .message()
+                .to_owned()
+        };
+        assert!(
+            err(3, &record).contains("describes node 2"),
+            "{}",
+            err(3, &record)
+        );
+        assert!(err(3, "id = 3").contains("not one [[node]] table"));
+        let clash = record.replace("beta:7700", "alpha.example:7700");
+        assert!(
+            err(2, &clash).contains("alpha.example:7700"),
+            "{}",
+            err(2, &clash)
+        );
+        let far = record.replace("id = 2", "id = 16");
+        assert!(err(16, &far).contains("max_nodes"), "{}", err(16, &far));
+        // Ids past max_nodes in the file, repeats, and max_nodes alone.
+        let text16 = text.replace("id = 2\n", "id = 16\n");
+        assert!(one_error(&text16).contains("below [cluster] max_nodes (16)"));
+        let repeat = text.replace("id = 2\n", "id = 0\n");
+        assert!(Topology::parse(&repeat, None)
+            .unwrap_err()
+            .message()
+            .contains("repeat"));
+        let alone = hosts_file().replacen(
+            "token = \"secret\"\n",
+            "token = \"secret\"\nmax_nodes = 8\n",
+            1,
+        );
+        assert!(one_error(&alone).contains("max_nodes needs membership"));
+        let static_gap = hosts_file().replace("id = 2\n", "id = 5\n");
+        assert!(one_error(&static_gap).contains("no gaps"));
     }
 }

@@ -60,14 +60,16 @@ pub enum Ready {
 }
 
 impl Readiness {
-    /// Node `me` of `nodes` started at `started`; ready at the latest after `bound`.
-    pub fn new(nodes: usize, me: u32, bound: Duration, started: Instant) -> Self {
+    /// Node `me` started at `started`, waiting for the restores of
+    /// `members` (node ids below `slots`; the other slots hold nothing
+    /// homed here); ready at the latest after `bound`.
+    pub fn new(slots: usize, members: &[u32], me: u32, bound: Duration, started: Instant) -> Self {
         Self {
             started,
             bound,
             me,
-            restored: vec![false; nodes],
-            answered: vec![None; nodes],
+            restored: (0..slots as u32).map(|n| !members.contains(&n)).collect(),
+            answered: vec![None; slots],
             own_restored: true,
             round: 0,
             ready: false,
@@ -243,7 +245,7 @@ mod tests {
     #[test]
     fn ready_once_every_live_peer_restored() {
         let t0 = Instant::now();
-        let mut r = Readiness::new(3, 1, LEASE, t0);
+        let mut r = Readiness::new(3, &[0, 1, 2], 1, LEASE, t0);
         assert!(!r.is_ready());
         assert_eq!(r.waiting_for(), vec![0, 2]);
         assert_eq!(r.check(t0), None);
@@ -259,7 +261,7 @@ mod tests {
     #[test]
     fn a_view_that_brings_homes_waits_for_every_live_peer_again() {
         let t0 = Instant::now();
-        let mut r = Readiness::new(3, 1, LEASE, t0);
+        let mut r = Readiness::new(3, &[0, 1, 2], 1, LEASE, t0);
         r.restored(0);
         r.restored(2);
         assert_eq!(r.check(t0), Some(Ready::Restored));
@@ -290,7 +292,7 @@ mod tests {
     #[test]
     fn a_view_that_brings_homes_waits_for_this_nodes_own_restore_past_the_bound() {
         let t0 = Instant::now();
-        let mut r = Readiness::new(2, 0, LEASE, t0);
+        let mut r = Readiness::new(2, &[0, 1], 0, LEASE, t0);
         r.restored(1);
         assert_eq!(
             r.check(t0),
@@ -316,14 +318,14 @@ mod tests {
     #[test]
     fn down_peers_are_not_waited_for_but_unprobed_ones_are() {
         let t0 = Instant::now();
-        let mut r = Readiness::new(3, 0, LEASE, t0);
+        let mut r = Readiness::new(3, &[0, 1, 2], 0, LEASE, t0);
         r.heartbeat(1, false);
         assert_eq!(r.check(t0), None, "node 2 was never probed");
         r.heartbeat(2, false);
         assert_eq!(r.check(t0), Some(Ready::Restored));
         // A single node waits for nobody.
         assert_eq!(
-            Readiness::new(1, 0, LEASE, t0).check(t0),
+            Readiness::new(1, &[0], 0, LEASE, t0).check(t0),
             Some(Ready::Restored)
         );
     }
@@ -331,7 +333,7 @@ mod tests {
     #[test]
     fn a_peer_that_comes_back_is_waited_for_again() {
         let t0 = Instant::now();
-        let mut r = Readiness::new(2, 0, LEASE, t0);
+        let mut r = Readiness::new(2, &[0, 1], 0, LEASE, t0);
         r.heartbeat(1, false);
         r.heartbeat(1, true);
         assert_eq!(r.waiting_for(), vec![1]);
@@ -341,7 +343,7 @@ mod tests {
     #[test]
     fn the_lease_bounds_the_wait() {
         let t0 = Instant::now();
-        let mut r = Readiness::new(3, 2, LEASE, t0);
+        let mut r = Readiness::new(3, &[0, 1, 2], 2, LEASE, t0);
         r.heartbeat(0, true);
         r.restored(1);
         assert_eq!(r.check(t0 + LEASE - Duration::from_millis(1)), None);
@@ -352,6 +354,16 @@ mod tests {
             })
         );
         assert!(r.is_ready());
+    }
+
+    #[test]
+    fn slots_of_nodes_not_known_are_not_waited_for() {
+        // A membership's 8 slots, nodes 0 and 3 known: only 3 restores here.
+        let t0 = Instant::now();
+        let mut r = Readiness::new(8, &[0, 3], 0, LEASE, t0);
+        assert_eq!(r.waiting_for(), [3]);
+        r.restored(3);
+        assert_eq!(r.check(t0), Some(Ready::Restored));
     }
 
     #[test]

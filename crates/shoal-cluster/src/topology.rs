@@ -2,7 +2,10 @@
 //!
 //! Every daemon and client of a cluster reads the same TOML file, on every
 //! host: the nodes (ids 0..n-1), and with `membership` the etcd that says
-//! which of them are members now (`view`; otherwise all are, always). Every
+//! which nodes are members now (`view`; otherwise all are, always). With a
+//! membership the file may list only some nodes (at least the ones its host
+//! runs, ids below `max_nodes`): the others publish their `[[node]]` table in
+//! etcd when they join, and every member learns it from there. Every
 //! key, its default and
 //! a walkthrough for real hosts: docs/deployment.md; the rules a file must
 //! keep (and what `shoal cluster check` warns about): `check`.
@@ -21,6 +24,7 @@
 //!                               # members now is kept in etcd (docs/cluster.md "Membership")
 //! membership_ttl_ms = 3000      # a member that stops renewing its etcd lease this long is gone
 //! membership_grace_ms = 0       # ... and leaves the view this much later
+//! max_nodes = 64                # with a membership: node ids are below this
 //!
 //! [[node]]
 //! id = 0
@@ -253,7 +257,17 @@ pub struct MembershipConfig {
     /// How long a member may be without its liveness key before it leaves
     /// the view (a restart within it keeps its place).
     pub grace: Duration,
+    /// Node ids are below this: what every member's per-node tables are
+    /// sized by, since nodes absent from the file join at run time.
+    pub max_nodes: u32,
 }
+
+/// `max_nodes` when the file does not say.
+pub const DEFAULT_MAX_NODES: u32 = 64;
+
+/// The most `max_nodes` may be: peer principals are numbered below 2^27
+/// (the daemon's `principals`), and every member keeps a few words per slot.
+pub const MAX_NODES_LIMIT: u32 = 4096;
 
 impl MembershipConfig {
     /// The membership at `url` with the file's defaults: a TTL of 3 s, no
@@ -263,6 +277,7 @@ impl MembershipConfig {
             url,
             ttl: Duration::from_millis(default_membership_ttl()),
             grace: Duration::ZERO,
+            max_nodes: DEFAULT_MAX_NODES,
         }
     }
 }
@@ -298,6 +313,7 @@ struct ClusterRepr {
     membership_ttl_ms: u64,
     #[serde(default)]
     membership_grace_ms: u64,
+    max_nodes: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -448,10 +464,17 @@ pub(crate) fn cluster_part(
                     repr.membership_ttl_ms
                 ));
             }
+            let max_nodes = repr.max_nodes.unwrap_or(DEFAULT_MAX_NODES);
+            if max_nodes == 0 || max_nodes > MAX_NODES_LIMIT {
+                errors.push(format!(
+                    "[cluster] max_nodes: {max_nodes} is not in 1..={MAX_NODES_LIMIT}"
+                ));
+            }
             Some(MembershipConfig {
                 url,
                 ttl: Duration::from_millis(repr.membership_ttl_ms),
                 grace: Duration::from_millis(repr.membership_grace_ms),
+                max_nodes,
             })
         }
         Some(Err(e)) => {
@@ -459,6 +482,11 @@ pub(crate) fn cluster_part(
             None
         }
     };
+    if repr.max_nodes.is_some() && repr.membership.is_none() {
+        errors.push(
+            "[cluster] max_nodes needs membership: a static file's nodes are all the nodes".into(),
+        );
+    }
     if token.as_ref().is_some_and(String::is_empty) {
         errors.push(format!(
             "[cluster] {}: the cluster token is empty",
@@ -676,22 +704,36 @@ impl Topology {
         }
     }
 
+    /// Node `id` as this file (or, at run time, the membership) describes it.
     pub fn node(&self, id: u32) -> Result<&Node> {
-        self.nodes.get(id as usize).ok_or_else(|| {
-            ShoalError::invalid(format!(
+        match self.nodes.binary_search_by_key(&id, |n| n.id) {
+            Ok(at) => Ok(&self.nodes[at]),
+            Err(_) if self.membership.is_some() => Err(ShoalError::invalid(format!(
+                "node {id} is not known here: not in cluster {:?}'s file, and not (yet) a member \
+                 whose record this node read",
+                self.name
+            ))),
+            Err(_) => Err(ShoalError::invalid(format!(
                 "node {id} is not in cluster {:?} (nodes 0..{})",
                 self.name,
                 self.nodes.len()
-            ))
-        })
+            ))),
+        }
     }
 
-    pub fn len(&self) -> usize {
-        self.nodes.len()
+    /// How many node ids there can be: every per-node table is this long.
+    /// A static file's nodes are 0..n; with a membership, ids are below
+    /// `max_nodes` and nodes absent from the file join at run time.
+    pub fn slots(&self) -> usize {
+        match &self.membership {
+            Some(m) => m.max_nodes as usize,
+            None => self.nodes.len(),
+        }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+    /// The ids of the nodes known here, in order.
+    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.nodes.iter().map(|n| n.id)
     }
 
     /// Whether nodes authenticate with their own keys (every node has a
@@ -701,15 +743,19 @@ impl Topology {
     }
 
     /// What a node joining a membership service brings, so that only nodes
-    /// of this cluster with its token share a prefix: the cluster's name
-    /// and a digest of its token (never the token itself).
+    /// of this cluster with its token and its `max_nodes` share a prefix:
+    /// the cluster's name, a digest of its token (never the token itself)
+    /// and `max_nodes`.
     pub fn membership_stamp(&self) -> String {
         let digest = ring::digest::digest(&ring::digest::SHA256, self.token.as_bytes());
         let hex: String = digest.as_ref()[..16]
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        format!("name={} token-sha256={hex}", self.name)
+        // Every member sizes its per-node tables by max_nodes and refuses
+        // records of ids past it: members must agree on it.
+        let slots = self.membership.as_ref().map_or(0, |m| m.max_nodes);
+        format!("name={} token-sha256={hex} max_nodes={slots}", self.name)
     }
 
     /// Node `id`'s `[[node]]` table as this file would write it: what a
@@ -726,10 +772,28 @@ impl Topology {
         Ok(text[start..].trim().to_owned())
     }
 
-    /// Nodes sorted by id (the file may list them in any order).
+    /// Nodes sorted by id (what [`Topology::node`] looks them up by; a
+    /// parsed file's are, one built by hand may not be).
     pub fn sorted(mut self) -> Self {
         self.nodes.sort_by_key(|n| n.id);
         self
+    }
+
+    /// Adds `node` (a member learned from the membership service: checked
+    /// by [`Topology::parse_record`]), or replaces the node of its id.
+    /// Returns whether anything changed.
+    pub fn put_node(&mut self, node: Node) -> bool {
+        match self.nodes.binary_search_by_key(&node.id, |n| n.id) {
+            Ok(at) if self.nodes[at] == node => false,
+            Ok(at) => {
+                self.nodes[at] = node;
+                true
+            }
+            Err(at) => {
+                self.nodes.insert(at, node);
+                true
+            }
+        }
     }
 
     /// Writes the cluster file (`shoal cluster up` writes one for its nodes).
@@ -753,10 +817,11 @@ impl Topology {
         if let Some(m) = &self.membership {
             let _ = writeln!(
                 out,
-                "membership = \"{}\"\nmembership_ttl_ms = {}\nmembership_grace_ms = {}",
+                "membership = \"{}\"\nmembership_ttl_ms = {}\nmembership_grace_ms = {}\nmax_nodes = {}",
                 m.url,
                 m.ttl.as_millis(),
-                m.grace.as_millis()
+                m.grace.as_millis(),
+                m.max_nodes
             );
         }
         for n in &self.nodes {
@@ -888,7 +953,7 @@ region_size = 1048576
     #[test]
     fn parses_validates_and_round_trips() {
         let t = Topology::parse(FILE, None).unwrap().sorted();
-        assert_eq!(t.len(), 2);
+        assert_eq!(t.nodes.len(), 2);
         assert_eq!(t.coherence, CoherenceMode::Noncoherent);
         assert_eq!(t.node(0).unwrap().access, Access::Mapped);
         assert_eq!(t.node(1).unwrap().access, Access::Network);

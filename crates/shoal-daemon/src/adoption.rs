@@ -53,7 +53,7 @@ pub(crate) fn start(
     supervisor: &Supervisor,
     shutdown: &Shutdown,
 ) {
-    if cluster.topology.membership.is_none() {
+    if cluster.topology().membership.is_none() {
         return;
     }
     let follow = follow(cluster.clone(), tiers.clone(), shutdown.clone());
@@ -95,6 +95,11 @@ async fn follow(cluster: Rc<Cluster>, tiers: Rc<Tiers>, shutdown: Shutdown) {
         }
         let view = views.borrow_and_update().clone();
         if view.epoch() > before.epoch() {
+            // Members absent from the cluster file, learned from their
+            // records before the view that has them was adopted.
+            for node in &cluster.topology().nodes {
+                tiers.learn_adoptable(node);
+            }
             let missed = view.epoch() > before.epoch() + 1;
             if before.epoch() > 0 && (missed || !before.contains(me)) && view.contains(me) {
                 if let Some(by) = adopted_meanwhile(&tiers).await {

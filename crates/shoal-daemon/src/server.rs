@@ -135,7 +135,8 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
         .min(region_size);
     let mut store = Store::new(region_size, capacity, config.line_size, policy);
     if let Some(cluster) = &config.cluster {
-        for node in 0..cluster.topology.len() as u32 {
+        // Members learned at run time are registered then (`learning.rs`).
+        for node in cluster.topology.ids() {
             if node != cluster.node {
                 store.register_client(principals::peer(node));
             }
@@ -166,7 +167,7 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
             // With a membership service, every node of the file until this
             // node joins (after its peer service listens) and adopts the
             // view etcd keeps.
-            let view = shoal_cluster::View::of_file(c.topology.len());
+            let view = shoal_cluster::View::new(0, c.topology.ids())?;
             let cluster = Rc::new(Cluster::new(
                 c,
                 node.clone(),
@@ -186,13 +187,14 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
                 None => TierIdentity::new(SINGLE_NODE_TIERS, 0),
             };
             let mut tier_config = tier_config.clone();
-            let adoptable = match &config.cluster {
-                // Other nodes may adopt this one's backing store, and it theirs.
+            let adoptable: &[shoal_cluster::Node] = match &config.cluster {
+                // Other nodes may adopt this one's backing store, and it theirs
+                // (and those of members learned later: `adoption.rs`).
                 Some(c) if c.topology.membership.is_some() => {
                     tier_config.shared_backing = true;
-                    adoptable_stores(c, tier_config.s3_endpoint.as_deref())
+                    &c.topology.nodes
                 }
-                _ => Default::default(),
+                _ => &[],
             };
             match Tiers::start(
                 &tier_config,
@@ -309,39 +311,6 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     started?;
     tracing::info!("shoal daemon stopped");
     Ok(())
-}
-
-/// The backing stores of the other nodes of the cluster file, which this
-/// node may adopt when one is removed for good. One whose description does
-/// not parse here (an S3 store without credentials in this daemon's
-/// environment) is left out, with a warning.
-fn adoptable_stores(
-    cluster: &crate::cluster::ClusterConfig,
-    s3_endpoint: Option<&str>,
-) -> std::collections::BTreeMap<u32, crate::tiers::Backing> {
-    let mut stores = std::collections::BTreeMap::new();
-    for node in cluster
-        .topology
-        .nodes
-        .iter()
-        .filter(|n| n.id != cluster.node)
-    {
-        let Some(spec) = &node.tiers.backing else {
-            continue;
-        };
-        let capacity = node.tiers.backing_capacity.unwrap_or(u64::MAX);
-        match crate::tiers::Backing::from_spec(spec, capacity, s3_endpoint) {
-            Ok(backing) => {
-                stores.insert(node.id, backing);
-            }
-            Err(err) => tracing::warn!(
-                node = node.id,
-                %err,
-                "this node cannot adopt that node's backing store"
-            ),
-        }
-    }
-    stores
 }
 
 /// The incarnation of this daemon (of its node, in a cluster): the start

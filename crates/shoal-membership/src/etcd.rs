@@ -108,7 +108,7 @@ fn text(kv: &KeyValue) -> String {
 
 impl Membership {
     /// Joins the cluster at `url` as `joining.node`. Fails with
-    /// `InvalidArgument` if the prefix belongs to another cluster (or token),
+    /// `InvalidArgument` if the prefix belongs to another cluster (or token, or max_nodes),
     /// `ObjectExists` if another daemon is live as this node (its liveness
     /// key outlived two TTLs of waiting: a killed predecessor's lapses within
     /// them), `NodeUnavailable` if etcd does not answer.
@@ -137,7 +137,7 @@ impl Membership {
             let found = get_one(&answer);
             if found.as_deref() != Some(joining.stamp.as_str()) {
                 return Err(ShoalError::invalid(format!(
-                    "membership {url} belongs to another cluster, or this node has another token: \
+                    "membership {url} belongs to another cluster, or this node has another token or max_nodes: \
                      it holds {:?}, this node brings {:?}",
                     found.unwrap_or_default(),
                     joining.stamp

@@ -2,11 +2,13 @@
 //! per object (what made other stores hang at start with millions of keys).
 //!
 //! ```text
-//! <prefix>/cluster        the cluster's name and a digest of its token: a node
-//!                         of another cluster (or with another token) refuses
+//! <prefix>/cluster        the cluster's name, a digest of its token and its
+//!                         max_nodes: a node of another cluster (or with
+//!                         another token or max_nodes) refuses
 //! <prefix>/nodes/<id>     a member's `[[node]]` table (TOML): addresses, region,
 //!                         access, public key; written at join, gone at leave
-//!                         or with the view that removes it
+//!                         or with the view that removes it; how members whose
+//!                         files lack the node learn it
 //! <prefix>/live/<id>      its incarnation, bound to its lease: gone when the
 //!                         node stops renewing it (kill -9, a partition from etcd)
 //! <prefix>/view           the view: `epoch=N members=A,B,…`, changed only by

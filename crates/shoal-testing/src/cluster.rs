@@ -216,7 +216,7 @@ impl ClusterNode {
     /// Node `node` of `topology`, serving before this returns.
     pub fn start(topology: &Topology, node: u32) -> Self {
         init_logs();
-        let spec = &topology.nodes[node as usize];
+        let spec = topology.node(node).unwrap();
         let mut config = DaemonConfig::new(&spec.socket, spec.region_size);
         config.prefault = false;
         let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, free_ports(1)[0]));

@@ -16,6 +16,14 @@ use crate::support::shoal;
 
 const TTL: Duration = Duration::from_secs(1);
 
+/// A membership in `etcd` under `shoal/<name>`, with this file's TTL.
+fn membership(etcd: &EtcdCluster, name: &str) -> MembershipConfig {
+    MembershipConfig {
+        ttl: TTL,
+        ..MembershipConfig::new(etcd.url(&format!("shoal/{name}")).parse().unwrap())
+    }
+}
+
 /// What `shoal cluster status` prints for the cluster of `file` (`--json`
 /// with `json`).
 fn cluster_status(file: &std::path::Path, json: bool) -> String {
@@ -29,16 +37,97 @@ fn cluster_status(file: &std::path::Path, json: bool) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `shoal serve` on a host whose file lists only its own node (id 5, with
+/// its own key): it joins the members through its etcd record, and
+/// `shoal cluster status` run with the members' file (which lacks it)
+/// reaches it through what they learned.
+#[test]
+fn a_node_absent_from_the_file_joins_and_cluster_status_lists_it() {
+    let etcd = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = loopback_topology("absent", 3, 16 << 20, Duration::ZERO, dir.path());
+    all.membership = Some(MembershipConfig {
+        max_nodes: 8,
+        ..membership(&etcd, "absent")
+    });
+    shoal_testing::with_node_keys(&mut all, dir.path());
+    all.nodes[2].id = 5;
+    let only = |ids: &[u32], name: &str| {
+        let mut file = all.clone();
+        file.nodes.retain(|n| ids.contains(&n.id));
+        let path = dir.path().join(name);
+        std::fs::write(&path, file.to_toml()).unwrap();
+        (file, path)
+    };
+    let (members, members_file) = only(&[0, 1], "members.toml");
+    let (_, newcomer_file) = only(&[5], "newcomer.toml");
+    let check = shoal()
+        .args(["cluster", "check"])
+        .arg(&newcomer_file)
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{check:?}");
+
+    let n0 = ClusterNode::start(&members, 0);
+    let n1 = ClusterNode::start(&members, 1);
+    let mut serve = shoal();
+    serve
+        .args(["serve", "--no-prefault", "--node", "5", "--cluster"])
+        .arg(&newcomer_file);
+    let n5 = ServeProcess::spawn(serve, &all.node(5).unwrap().socket);
+    let view = || etcd.get("/shoal/absent/view").unwrap_or_default();
+    assert_eq!(view(), "epoch=3 members=0,1,5");
+
+    let (mut c0, mut c5) = (n0.client(), n5.client());
+    for seed in 0..20u32 {
+        let id = ObjectId::random();
+        c5.put(id, &pattern(seed), b"").unwrap();
+        assert_eq!(read_object(&mut c0, id), Some(pattern(seed)), "{id}");
+    }
+    let started = Instant::now();
+    let json = loop {
+        let json = cluster_status(&members_file, true);
+        if json.lines().count() == 3 && json.lines().all(|r| r.contains("\"state\":\"up\"")) {
+            break json;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{json}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let rows: Vec<&str> = json.lines().collect();
+    assert!(rows[2].starts_with("{\"node\":5,"), "{json}");
+    assert!(rows[2].contains("\"view_members\":[0,1,5]"), "{json}");
+    assert!(rows[2].contains("\"objects\":20"), "{json}");
+    let text = cluster_status(&members_file, false);
+    assert!(
+        text.contains("3 nodes") && text.contains("members 0,1,5"),
+        "{text}"
+    );
+
+    // Gone for good: out of the view after its TTL, shown down.
+    let _ = n5.kill();
+    let killed = Instant::now();
+    while view() != "epoch=4 members=0,1" {
+        assert!(killed.elapsed() < TTL * 5, "{}", view());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let json = cluster_status(&members_file, true);
+    assert!(
+        json.lines()
+            .nth(2)
+            .is_some_and(|r| r.contains("\"state\":\"down\"")),
+        "{json}"
+    );
+    drop((c0, c5));
+    n1.stop().unwrap();
+    n0.stop().unwrap();
+}
+
 #[test]
 fn a_killed_member_is_removed_after_its_ttl_and_its_homes_move_back() {
     let etcd = EtcdCluster::start(1);
     let dir = tempfile::tempdir().unwrap();
     let mut topology = loopback_topology("killed", 3, 16 << 20, Duration::ZERO, dir.path());
-    topology.membership = Some(MembershipConfig {
-        url: etcd.url("shoal/killed").parse().unwrap(),
-        ttl: TTL,
-        grace: Duration::ZERO,
-    });
+    topology.membership = Some(membership(&etcd, "killed"));
     let file = dir.path().join("cluster.toml");
     std::fs::write(&file, topology.to_toml()).unwrap();
     let view = || etcd.get("/shoal/killed/view").unwrap_or_default();
@@ -143,11 +232,7 @@ struct SharedBacking {
 impl SharedBacking {
     fn start(etcd: &EtcdCluster, dir: &std::path::Path, name: &str) -> Self {
         let mut topology = loopback_topology(name, 3, 32 << 20, Duration::ZERO, dir);
-        topology.membership = Some(MembershipConfig {
-            url: etcd.url(&format!("shoal/{name}")).parse().unwrap(),
-            ttl: TTL,
-            grace: Duration::ZERO,
-        });
+        topology.membership = Some(membership(etcd, name));
         for node in &mut topology.nodes {
             node.tiers.burst = Some(dir.join(format!("local-{}", node.id)));
             node.tiers.backing = Some(

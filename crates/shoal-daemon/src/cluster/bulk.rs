@@ -39,7 +39,7 @@ impl Cluster {
     /// Binds this node's data channel (a busy port fails the start) and
     /// serves it under the supervisor.
     pub async fn start_data_channel(self: &Rc<Self>, identity: PeerIdentity) -> Result<()> {
-        let address = self.topology.node(self.me)?.data_listen_address();
+        let address = self.topology().node(self.me)?.data_listen_address();
         let listener = TcpListener::bind(address.to_string())
             .await
             .map_err(|e| ShoalError::io(&format!("bind data channel {address}"), e))?;
@@ -266,7 +266,7 @@ impl Cluster {
     ) -> Result<()> {
         self.peers.reachable(owner)?; // a peer known to be down fails at once
                                       // Resolved by each range's connection: a host name is looked up again.
-        let address = self.topology.node(owner)?.data.clone();
+        let address = self.topology().node(owner)?.data.clone();
         let token = self.identity.token_for(owner)?;
         let parts = parts.clamp(1, 8).min(len.max(1));
         let step = len.div_ceil(parts);

@@ -48,7 +48,7 @@ impl Cluster {
     /// Whether `node` can adopt a removed node's store: its file entry has a
     /// tier, so it has a place for the adopted manifest (`adoption.rs`).
     pub(crate) fn has_tier(&self, node: u32) -> bool {
-        self.topology
+        self.topology()
             .node(node)
             .is_ok_and(|n| n.tiers.burst.is_some() || n.tiers.backing.is_some())
     }
@@ -56,7 +56,7 @@ impl Cluster {
     /// Whether `node`'s objects can outlive it: its file entry names a
     /// backing store another node may adopt.
     pub(crate) fn adoptable(&self, node: u32) -> bool {
-        self.topology
+        self.topology()
             .node(node)
             .is_ok_and(|n| n.tiers.backing.is_some())
     }

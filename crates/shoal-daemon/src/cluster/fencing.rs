@@ -131,7 +131,7 @@ impl Cluster {
     /// Every heartbeat tick, with `quarantine_ms` set: quarantines older
     /// than that are freed unconfirmed.
     pub(crate) fn expire_quarantines(&self) {
-        let Some(limit) = self.topology.quarantine else {
+        let Some(limit) = self.topology().quarantine else {
             return;
         };
         let expired: Vec<u32> = self

@@ -49,7 +49,7 @@ impl Cluster {
         if loans.len() == 0 {
             return;
         }
-        let limit = self.topology.lease * 3 / 4;
+        let limit = self.topology().lease * 3 / 4;
         for (node, answered) in self.peers.last_answers().iter().enumerate() {
             if answered.is_some_and(|t| t.elapsed() > limit) {
                 let lost = loans.owner_lost(node as u32);

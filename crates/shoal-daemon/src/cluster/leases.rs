@@ -38,10 +38,8 @@ impl Cluster {
             });
         // `call` records it in the metrics; one not answered in time counts
         // as an error there (a miss).
-        let ok = matches!(
-            tokio::time::timeout(self.topology.lease / 2, call).await,
-            Ok(Ok(_))
-        );
+        let limit = self.topology().lease / 2;
+        let ok = matches!(tokio::time::timeout(limit, call).await, Ok(Ok(_)));
         if ok {
             self.peers.answered(node);
             // Before it counts as alive again (so before any create here can
@@ -66,9 +64,9 @@ impl Cluster {
     /// Each peer's heartbeats run on their own task, so a slow peer never
     /// delays the others'.
     pub async fn run_heartbeats(self: Rc<Self>) {
-        let mut ticker = tokio::time::interval(self.topology.heartbeat);
+        let mut ticker = tokio::time::interval(self.topology().heartbeat);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let in_flight = Rc::new(RefCell::new(vec![false; self.topology.len()]));
+        let in_flight = Rc::new(RefCell::new(vec![false; self.topology().slots()]));
         loop {
             ticker.tick().await;
             for node in self.others() {

@@ -3,8 +3,9 @@
 //! view etcd brings (`view_change.rs`), and leaves on a clean stop. Nothing
 //! on the data path waits for etcd: the roster arrives on a watch channel.
 //!
-//! The cluster file still lists every node that may be a member (their
-//! addresses and keys); etcd says which of them are members now.
+//! etcd says which nodes are members now; the nodes the cluster file does
+//! not list are learned from the records members publish there
+//! (`learning.rs`).
 
 use std::rc::Rc;
 
@@ -36,7 +37,7 @@ impl Members {
     /// static file), adopts the view that has this node, and follows the
     /// views after it under the cluster's supervisor.
     pub async fn join(cluster: &Rc<Cluster>) -> Result<Option<Self>> {
-        let Some(config) = cluster.topology.membership.clone() else {
+        let Some(config) = cluster.topology().membership.clone() else {
             return Ok(None);
         };
         #[cfg(feature = "etcd")]
@@ -50,12 +51,16 @@ impl Members {
             let joining = Joining {
                 node: cluster.me,
                 incarnation: cluster.incarnation,
-                record: cluster.topology.node_record(cluster.me)?,
-                stamp: cluster.topology.membership_stamp(),
+                record: cluster.topology().node_record(cluster.me)?,
+                stamp: cluster.topology().membership_stamp(),
             };
             let membership = Membership::join(&config.url, settings, joining).await?;
             let mut roster = membership.roster();
-            let first = roster.borrow_and_update().view.clone();
+            let first = {
+                let now = roster.borrow_and_update();
+                cluster.learn_members(&now.records);
+                now.view.clone()
+            };
             cluster.adopt_view(first);
             let renewals = membership.renewals();
             // Out of touch before the lease can lapse: the others may remove
@@ -78,6 +83,8 @@ impl Members {
                     };
                     let (view, current) = {
                         let now = roster.borrow_and_update();
+                        // Before the view that may have them as members.
+                        cluster.learn_members(&now.records);
                         (now.view.clone(), now.current)
                     };
                     cluster.adopt_view(view);

@@ -48,6 +48,7 @@ mod directory;
 mod fence_epochs;
 mod fencing;
 mod holding;
+mod learning;
 mod leases;
 mod lending;
 mod listener;

@@ -44,7 +44,7 @@ impl Cluster {
     fn peer_reads_possible(&self, owner: u32) -> Option<u64> {
         if owner == self.me
             || self.is_network(owner)
-            || self.topology.coherence != CoherenceMode::Coherent
+            || self.topology().coherence != CoherenceMode::Coherent
             || !self.is_alive(owner)
         {
             return None;
@@ -273,7 +273,7 @@ impl Cluster {
     /// of a lease (ours there may run out), restarted (our references went
     /// with the old incarnation), or fencing us. Every heartbeat tick.
     pub fn stop_peer_reads_of_gone_owners(&self) {
-        let limit = self.topology.lease * 3 / 4;
+        let limit = self.topology().lease * 3 / 4;
         let answers = self.peers.last_answers();
         let gone: Vec<u32> = {
             let reads = self.peer_reads.borrow();

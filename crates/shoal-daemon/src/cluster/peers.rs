@@ -13,7 +13,7 @@ use std::time::Duration;
 use shoal_cluster::auth::{Credentials, PeerIdentity};
 use shoal_cluster::epoch::{self, Behind, Epoch};
 use shoal_cluster::proto::peer_client::PeerClient;
-use shoal_cluster::Topology;
+use shoal_cluster::{Node, Topology};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ObjectId;
 use tokio::time::Instant;
@@ -50,7 +50,8 @@ pub struct PeerSeen {
 pub struct PeerSet {
     me: u32,
     lease: Duration,
-    rpcs: Vec<Option<PeerRpc>>,
+    /// By node id; `None`: this node, or one not known (yet).
+    rpcs: RefCell<Vec<Option<PeerRpc>>>,
     /// Heartbeats and calls heard from each peer.
     seen: RefCell<Vec<PeerSeen>>,
     /// Whether each peer answered our last heartbeat; `None` until it first
@@ -160,57 +161,74 @@ pub enum Reach {
 }
 
 impl PeerSet {
+    /// A client for every node of `topology` but this one (connected on
+    /// first use); nodes learned later are dialed by [`PeerSet::dial`].
     pub fn new(
         topology: &Topology,
         identity: &PeerIdentity,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
-        let me = identity.me();
-        let mut rpcs = Vec::with_capacity(topology.len());
-        for node in &topology.nodes {
-            if node.id == me {
-                rpcs.push(None);
-                continue;
-            }
-            // A host name stays a name: the channel's connector resolves it
-            // on every (re)connection.
-            let endpoint = Endpoint::from_shared(format!("http://{}", node.rpc))
-                .map_err(|e| ShoalError::invalid(format!("node {}: {e}", node.id)))?
-                .connect_timeout(RPC_TIMEOUT)
-                .timeout(RPC_TIMEOUT)
-                .tcp_nodelay(true)
-                // A connection whose peer stops answering (a partition) is
-                // dropped after half a lease without a ping answer, so the
-                // channel reconnects as soon as the peer is reachable again
-                // instead of waiting out TCP's retransmission backoff.
-                .http2_keep_alive_interval(topology.lease / 4)
-                .keep_alive_timeout(topology.lease / 2)
-                .keep_alive_while_idle(true);
-            let channel = endpoint.connect_lazy();
-            rpcs.push(Some(
-                PeerClient::with_interceptor(channel, identity.credentials(node.id)?)
-                    .max_decoding_message_size(64 << 20)
-                    .max_encoding_message_size(64 << 20),
-            ));
-        }
-        let n = topology.len();
-        Ok(Self {
-            me,
+        let slots = topology.slots();
+        let peers = Self {
+            me: identity.me(),
             lease: topology.lease,
-            rpcs,
-            seen: RefCell::new(vec![PeerSeen::default(); n]),
-            alive: RefCell::new(vec![None; n]),
-            answered: RefCell::new(vec![None; n]),
+            rpcs: RefCell::new(vec![None; slots]),
+            seen: RefCell::new(vec![PeerSeen::default(); slots]),
+            alive: RefCell::new(vec![None; slots]),
+            answered: RefCell::new(vec![None; slots]),
             epoch: identity.epoch().cloned(),
             metrics,
-        })
+        };
+        for node in &topology.nodes {
+            peers.dial(node, identity)?;
+        }
+        Ok(peers)
+    }
+
+    /// A client for `node` (a new one if its addresses changed: a member
+    /// learned from the membership, or one back with a new record). What
+    /// was heard of the node before stays: its heartbeats say the rest.
+    pub fn dial(&self, node: &Node, identity: &PeerIdentity) -> Result<()> {
+        if node.id == self.me {
+            return Ok(());
+        }
+        // A host name stays a name: the channel's connector resolves it
+        // on every (re)connection.
+        let endpoint = Endpoint::from_shared(format!("http://{}", node.rpc))
+            .map_err(|e| ShoalError::invalid(format!("node {}: {e}", node.id)))?
+            .connect_timeout(RPC_TIMEOUT)
+            .timeout(RPC_TIMEOUT)
+            .tcp_nodelay(true)
+            // A connection whose peer stops answering (a partition) is
+            // dropped after half a lease without a ping answer, so the
+            // channel reconnects as soon as the peer is reachable again
+            // instead of waiting out TCP's retransmission backoff.
+            .http2_keep_alive_interval(self.lease / 4)
+            .keep_alive_timeout(self.lease / 2)
+            .keep_alive_while_idle(true);
+        let channel = endpoint.connect_lazy();
+        let rpc = PeerClient::with_interceptor(channel, identity.credentials(node.id)?)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        let mut rpcs = self.rpcs.borrow_mut();
+        let slot = rpcs.get_mut(node.id as usize).ok_or_else(|| {
+            ShoalError::invalid(format!("node {} is past the cluster's node slots", node.id))
+        })?;
+        *slot = Some(rpc);
+        Ok(())
     }
 
     fn rpc(&self, node: u32) -> Result<PeerRpc> {
-        self.rpcs
-            .get(node as usize)
-            .and_then(Clone::clone)
-            .ok_or_else(|| ShoalError::invalid(format!("node {node} is not a peer")))
+        match self.rpcs.borrow().get(node as usize) {
+            Some(Some(rpc)) => Ok(rpc.clone()),
+            // A member whose record has not reached this node yet (its
+            // join is on its way through the membership's watch).
+            Some(None) if node != self.me => Err(ShoalError::new(
+                ErrorKind::NodeUnavailable,
+                format!("node {node} is not known here yet"),
+            )),
+            _ => Err(ShoalError::invalid(format!("node {node} is not a peer"))),
+        }
     }
 
     /// A peer for a call a client waits on. One that answered heartbeats and

@@ -113,7 +113,7 @@ impl Cluster {
     async fn push(&self, node: u32, id: ObjectId, src: ObjectLocation) -> Result<()> {
         self.peers.reachable(node)?; // a peer known to be down fails at once
                                      // Resolved by each range's connection: a host name is looked up again.
-        let address = self.topology.node(node)?.data.clone();
+        let address = self.topology().node(node)?.data.clone();
         let token = self.identity.token_for(node)?;
         let len = src.size();
         let parts = if len >= PARALLEL_PUSH { 4 } else { 1 };

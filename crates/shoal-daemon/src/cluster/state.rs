@@ -78,9 +78,9 @@ pub(crate) struct Rebuild {
 }
 
 impl Rebuild {
-    fn new(nodes: usize, me: u32, lease: Duration) -> Self {
+    fn new(slots: usize, members: &[u32], me: u32, lease: Duration) -> Self {
         Self {
-            readiness: Readiness::new(nodes, me, lease, std::time::Instant::now()),
+            readiness: Readiness::new(slots, members, me, lease, std::time::Instant::now()),
             claims: Claims::default(),
             told: vec![
                 Told {
@@ -88,7 +88,7 @@ impl Rebuild {
                     epoch: 0,
                     progress: Progress::Done,
                 };
-                nodes
+                slots
             ],
             orphans: Vec::new(),
         }
@@ -123,8 +123,16 @@ pub(super) fn to_proto(l: &ObjectLocation) -> Location {
 }
 
 pub struct Cluster {
-    /// Every node that may be a member (with a static file: every member).
-    pub(crate) topology: Topology,
+    /// The nodes known here: with a static file every member; with a
+    /// membership, the file's and those learned from the members' records
+    /// (`learning.rs`). Per-node tables are sized by its `slots()`.
+    pub(crate) topology: RefCell<Topology>,
+    /// The ids the cluster file lists (its tables win over records).
+    pub(crate) in_file: Vec<u32>,
+    /// The members' records this node has acted on (learned or refused),
+    /// by node id (`learning.rs`).
+    #[cfg(feature = "etcd")]
+    pub(crate) records_seen: RefCell<HashMap<u32, String>>,
     /// The members now, and so each id's home (`view_change.rs`).
     pub(crate) view: RefCell<View>,
     /// The view's epoch as the peer calls carry and check it, and whether
@@ -214,15 +222,18 @@ impl Cluster {
             );
         }
         let peers = PeerSet::new(&topology, &identity, node.metrics().clone())?;
-        let rebuild = Rebuild::new(topology.len(), config.node, topology.lease);
+        let slots = topology.slots();
+        let rebuild = Rebuild::new(slots, view.members(), config.node, topology.lease);
         let linger = topology.linger;
-        let n = topology.len();
         let views = tokio::sync::watch::Sender::new(view.clone());
         Ok(Self {
-            topology,
+            in_file: topology.ids().collect(),
+            #[cfg(feature = "etcd")]
+            records_seen: RefCell::default(),
+            topology: RefCell::new(topology),
             view: RefCell::new(view),
             epoch,
-            peers_in_touch: RefCell::new(vec![None; n]),
+            peers_in_touch: RefCell::new(vec![None; slots]),
             me: config.node,
             incarnation,
             node,
@@ -240,7 +251,7 @@ impl Cluster {
             unregister_later: RefCell::default(),
             heartbeats_sent: Cell::new(0),
             rebuild: RefCell::new(rebuild),
-            fences: RefCell::new(Fences::new(n)),
+            fences: RefCell::new(Fences::new(slots)),
             ledger: RefCell::default(),
             journal: RefCell::default(),
             peer_reads: RefCell::default(),
@@ -258,24 +269,31 @@ impl Cluster {
         self.peers.is_alive(node)
     }
 
-    /// The other nodes, in order.
-    pub fn others(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..self.topology.len() as u32).filter(move |&n| n != self.me)
+    /// The nodes known here (the file's, and members learned since).
+    pub(crate) fn topology(&self) -> std::cell::Ref<'_, Topology> {
+        self.topology.borrow()
+    }
+
+    /// The other nodes known here, in order.
+    pub fn others(&self) -> impl Iterator<Item = u32> {
+        let me = self.me;
+        let others: Vec<u32> = self.topology().ids().filter(|&n| n != me).collect();
+        others.into_iter()
     }
 
     /// Whether `node`'s memory is reached over the network only (its
     /// access is "network", or "host" and it runs on another host).
     pub fn is_network(&self, node: u32) -> bool {
-        node != self.me && !self.topology.maps(self.me, node)
+        node != self.me && !self.topology().maps(self.me, node)
     }
 
     /// A descriptor from a peer must lie inside that peer's region as the
     /// topology declares it, before anyone touches the memory.
     pub fn check_location(&self, owner: u32, l: &ObjectLocation) -> Result<()> {
-        let node = self.topology.node(owner)?;
+        let region_size = self.topology().node(owner)?.region_size;
         if l.offset
             .checked_add(l.size())
-            .is_some_and(|end| end <= node.region_size)
+            .is_some_and(|end| end <= region_size)
         {
             Ok(())
         } else {

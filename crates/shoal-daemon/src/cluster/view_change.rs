@@ -96,8 +96,14 @@ impl Cluster {
         // after views it missed (cut off from etcd meanwhile), anything
         // may have moved here and back, deleted on the way.
         let missed = before.epoch() > 0 && view.epoch() > before.epoch() + 1;
+        // The file's provisional view (epoch 0) lists only the nodes the
+        // file knows: members it lacks may own ids homed here now, and the
+        // start's wait was not for them.
+        let unknown_at_start =
+            before.epoch() == 0 && view.members().iter().any(|m| !before.contains(*m));
         let gains = member
             && (missed
+                || unknown_at_start
                 || !before.contains(me)
                 || before.members().iter().any(|m| !view.contains(*m)));
         // What members that left owned here (before the entries go below):
@@ -219,10 +225,10 @@ impl Cluster {
     /// member heard from within a lease, and none that said it is in touch
     /// — or as the view's only member. A static file's nodes always do.
     pub fn acts_as_home(&self) -> bool {
-        if self.topology.membership.is_none() || self.epoch.in_touch() {
+        if self.topology().membership.is_none() || self.epoch.in_touch() {
             return true;
         }
-        let lease = self.topology.lease;
+        let lease = self.topology().lease;
         // Any node of the file that says it is in touch, member or not: the
         // service is up and this node is the one cut off. Its view may be
         // stale (a watch stuck on a dead etcd member kept one node on the
@@ -281,7 +287,7 @@ impl Cluster {
     /// it, for at most a lease.
     pub(crate) fn view_attempt(&self) -> ViewAttempt {
         ViewAttempt {
-            deadline: Instant::now() + self.topology.lease,
+            deadline: Instant::now() + self.topology().lease,
             epoch: std::cell::Cell::new(self.epoch.get()),
         }
     }
@@ -294,7 +300,7 @@ impl Cluster {
     /// - the home did not answer and a newer view comes within
     ///   [`UNREACHABLE_WAIT`] (it left, or was removed, as we called it).
     pub(crate) async fn ask_again(&self, err: &ShoalError, attempt: &ViewAttempt) -> bool {
-        if self.topology.membership.is_none() || Instant::now() >= attempt.deadline {
+        if self.topology().membership.is_none() || Instant::now() >= attempt.deadline {
             return false;
         }
         // Cut off from the membership service while its peers are not, this
@@ -361,6 +367,7 @@ mod tests {
                 url: "etcd://127.0.0.1:1/shoal/views".parse().unwrap(),
                 ttl: Duration::from_secs(1),
                 grace: Duration::ZERO,
+                max_nodes: shoal_cluster::topology::DEFAULT_MAX_NODES,
             });
         }
         let region = shoal_core::region::Region::create(&dir.join("region"), SIZE).unwrap();

@@ -429,7 +429,7 @@ fn cluster_info(ops: &Ops) -> Reply {
     let Some(cluster) = &ops.cluster else {
         return Reply::error(&ShoalError::invalid("this daemon is not part of a cluster"));
     };
-    let topology = &cluster.topology;
+    let topology = &cluster.topology();
     Reply::ClusterInfo {
         node: cluster.me,
         coherent: topology.coherence == CoherenceMode::Coherent,

@@ -19,14 +19,17 @@ use crate::ops::Ops;
 /// Returns the address served (the port an address with port 0 got).
 pub(crate) fn start(ops: &Rc<Ops>, address: Option<SocketAddr>) -> Result<Option<SocketAddr>> {
     let metrics = ops.node.metrics().clone();
-    let nodes = ops.cluster.as_ref().map_or(1, |c| c.topology.len() as u32);
+    let nodes = ops
+        .cluster
+        .as_ref()
+        .map_or(1, |c| c.topology().nodes.len() as u32);
     metrics.info.identify(ops.me(), nodes);
     let counted = Rc::new(listener::MetricsListener::default());
     ops.node.listen(counted.clone());
     ops.supervisor
         .spawn_local("metrics snapshot", snapshot::publish(ops.clone(), counted));
     let peers = ops.cluster.as_ref().map_or_else(Vec::new, |c| {
-        c.topology
+        c.topology()
             .nodes
             .iter()
             .filter(|n| n.id != c.me)

@@ -36,7 +36,7 @@ impl Ops {
         };
         Some(Located {
             invalidate: principals::is_peer(creator)
-                && cluster.topology.coherence == CoherenceMode::Noncoherent,
+                && cluster.topology().coherence == CoherenceMode::Noncoherent,
             ..Located::local(cluster.me, location)
         })
     }

@@ -28,7 +28,7 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(500
 /// data channel, and the heartbeats.
 pub(crate) async fn start(ops: &Rc<Ops>) -> Result<()> {
     let cluster = ops.cluster.clone().expect("cluster mode");
-    let node = cluster.topology.node(cluster.me)?;
+    let node = cluster.topology().node(cluster.me)?.clone();
     // `listen` (default: rpc, a host name resolved now) may differ from the
     // address peers dial, e.g. 0.0.0.0:7700.
     let listen = node.listen_address();
@@ -85,9 +85,10 @@ pub(crate) async fn start(ops: &Rc<Ops>) -> Result<()> {
         .spawn_local("heartbeats", cluster.clone().run_heartbeats());
     // Logged, not awaited: a slow resolver must not hold up the heartbeats.
     let resolving = cluster.clone();
+    let known = resolving.topology().clone();
     ops.supervisor.spawn_local("peer addresses", async move {
-        crate::cluster::peers::resolve_peers(&resolving.topology, resolving.me).await;
+        crate::cluster::peers::resolve_peers(&known, resolving.me).await;
     });
-    tracing::info!(node = node.id, rpc = %node.rpc, listen = %bound, host = %node.host(), nodes = cluster.topology.len(), "cluster node up");
+    tracing::info!(node = node.id, rpc = %node.rpc, listen = %bound, host = %node.host(), nodes = cluster.topology().nodes.len(), "cluster node up");
     Ok(())
 }

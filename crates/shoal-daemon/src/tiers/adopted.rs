@@ -43,10 +43,36 @@ impl Tiers {
         self.engine_for(origin)
     }
 
-    /// Whether this node can adopt `origin`'s backing store: the cluster
-    /// file names one for it, and this node has a manifest directory.
+    /// Whether this node can adopt `origin`'s backing store: its node's
+    /// table (the file's, or its record) names one, and this node has a
+    /// manifest directory.
     pub(crate) fn can_adopt(&self, origin: u32) -> bool {
-        self.adoptable.contains_key(&origin) && self.config.adopted_manifest(origin).is_ok()
+        self.adoptable.borrow().contains_key(&origin)
+            && self.config.adopted_manifest(origin).is_ok()
+    }
+
+    /// Notes the backing store of `node` (another node of the cluster file,
+    /// or a member learned since) as one this node may adopt. One whose
+    /// description does not parse here (an S3 store without credentials in
+    /// this daemon's environment) is left out, with a warning.
+    pub(crate) fn learn_adoptable(&self, node: &shoal_cluster::Node) {
+        let Some(spec) = &node.tiers.backing else {
+            return;
+        };
+        if node.id == self.owner.node || self.adoptable.borrow().contains_key(&node.id) {
+            return;
+        }
+        let capacity = node.tiers.backing_capacity.unwrap_or(u64::MAX);
+        match super::Backing::from_spec(spec, capacity, self.config.s3_endpoint.as_deref()) {
+            Ok(backing) => {
+                self.adoptable.borrow_mut().insert(node.id, backing);
+            }
+            Err(err) => tracing::warn!(
+                node = node.id,
+                %err,
+                "this node cannot adopt that node's backing store"
+            ),
+        }
     }
 
     /// Objects served from adopted backing stores.
@@ -91,17 +117,22 @@ impl Tiers {
         if self.adopted.borrow().contains_key(&origin) {
             return Ok(self.objects_of(origin));
         }
-        let backing = self.adoptable.get(&origin).ok_or_else(|| {
-            ShoalError::new(
-                ErrorKind::ObjectNotFound,
-                format!("the cluster file names no backing store for node {origin}"),
-            )
-        })?;
+        let backing = self
+            .adoptable
+            .borrow()
+            .get(&origin)
+            .cloned()
+            .ok_or_else(|| {
+                ShoalError::new(
+                    ErrorKind::ObjectNotFound,
+                    format!("node {origin}'s table names no backing store"),
+                )
+            })?;
         let adopter = shoal_tiers::TierIdentity::new(self.owner.cluster.clone(), origin)
             .adopted(self.owner.node);
         let (engine, report) = self
             .config
-            .open_adopted(backing, &adopter, may_take)
+            .open_adopted(&backing, &adopter, may_take)
             .await?;
         let engine = Arc::new(engine);
         let mut shadowed = Vec::new();

@@ -77,9 +77,10 @@ pub struct Tiers {
     /// The tiers as configured, and whose they are (for adoptions).
     config: TierConfig,
     owner: TierIdentity,
-    /// The backing stores of the other nodes of the cluster file: what this
-    /// node may adopt when one is removed for good (`adopted.rs`).
-    adoptable: std::collections::BTreeMap<u32, Backing>,
+    /// The backing stores of the other nodes known here (the cluster file's
+    /// and members learned since): what this node may adopt when one is
+    /// removed for good (`adopted.rs`).
+    adoptable: RefCell<std::collections::BTreeMap<u32, Backing>>,
     /// The engines of the backing stores this node adopted, by origin.
     adopted: RefCell<std::collections::BTreeMap<u32, Arc<TierEngine>>>,
     /// One queue per lane and tier, nearest tier first (`None`: no such
@@ -121,7 +122,7 @@ impl Tiers {
     pub async fn start(
         config: &TierConfig,
         owner: &TierIdentity,
-        adoptable: std::collections::BTreeMap<u32, Backing>,
+        adoptable: &[shoal_cluster::Node],
         node: Rc<Node>,
         supervisor: Supervisor,
     ) -> Result<Rc<Self>> {
@@ -188,7 +189,7 @@ impl Tiers {
             engine,
             config: config.clone(),
             owner: owner.clone(),
-            adoptable,
+            adoptable: RefCell::default(),
             adopted: RefCell::default(),
             drainers,
             _background: background,
@@ -224,6 +225,9 @@ impl Tiers {
         // Recovered objects not yet in the backing store go on draining.
         for id in &report.to_drain {
             tiers.queue(*id, false);
+        }
+        for other in adoptable {
+            tiers.learn_adoptable(other);
         }
         node.listen(Rc::new(listener::TierListener::new(Rc::downgrade(&tiers))));
         let below: Rc<dyn Below> = tiers.clone();

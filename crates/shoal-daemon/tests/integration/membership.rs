@@ -22,6 +22,7 @@ fn topology(etcd: &EtcdCluster, dir: &std::path::Path) -> Topology {
         url: etcd.url("shoal/members").parse().unwrap(),
         ttl: Duration::from_secs(1),
         grace: Duration::ZERO,
+        max_nodes: shoal_cluster::topology::DEFAULT_MAX_NODES,
     });
     topology
 }
@@ -112,6 +113,82 @@ fn nodes_join_and_leave_a_running_cluster_and_homes_follow() {
         ErrorKind::ObjectExists
     );
     drop((c0, c1));
+    n1.stop().unwrap();
+    n0.stop().unwrap();
+}
+
+/// The file of each host lists only the nodes it runs: a node absent from
+/// the members' files (id 7, past the others) joins through the record it
+/// publishes in etcd. It is admitted with its own key, takes homes and puts;
+/// clients that connected before it joined read its objects; the objects
+/// of before stay readable and unique; it leaves cleanly.
+#[test]
+fn a_node_absent_from_the_members_files_joins_through_its_record() {
+    let etcd = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = topology(&etcd, dir.path());
+    shoal_testing::with_node_keys(&mut all, dir.path());
+    all.nodes[2].id = 7;
+    let only = |ids: &[u32]| {
+        let mut file = all.clone();
+        file.nodes.retain(|n| ids.contains(&n.id));
+        file
+    };
+    let (members_file, newcomer_file) = (only(&[0, 1]), only(&[7]));
+    let n0 = ClusterNode::start(&members_file, 0);
+    let n1 = ClusterNode::start(&members_file, 1);
+    assert_eq!(view(&etcd), "epoch=2 members=0,1");
+    let (mut c0, mut c1) = (n0.client(), n1.client());
+    let objects = put_patterns(&mut c0, &mut c1, 0..90);
+
+    let n7 = ClusterNode::start(&newcomer_file, 7);
+    assert_eq!(view(&etcd), "epoch=3 members=0,1,7");
+    let newest = View::decode(&view(&etcd)).unwrap();
+    let homed_at_7 = objects
+        .iter()
+        .filter(|(id, _)| newest.home(id) == 7)
+        .count();
+    assert!(
+        homed_at_7 > 0,
+        "some of the 90 ids are homed at the newcomer"
+    );
+    let mut c7 = n7.client();
+    for &(id, seed) in &objects {
+        assert_eq!(read_object(&mut c7, id), Some(pattern(seed)), "{id} from 7");
+    }
+    for &(id, _) in objects.iter().take(30) {
+        let err = c7.put(id, b"again", b"").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ObjectExists, "{id}: {err}");
+    }
+    // Its puts, read by clients of nodes whose files lack it (connected
+    // before it joined: they learn its region from their daemon).
+    let mut on_7 = Vec::new();
+    for i in 0..30u32 {
+        let id = ObjectId::random();
+        c7.put(id, &pattern(2000 + i), b"").unwrap();
+        on_7.push(id);
+        assert_eq!(read_object(&mut c0, id), Some(pattern(2000 + i)), "{id}");
+        assert_eq!(read_object(&mut c1, id), Some(pattern(2000 + i)), "{id}");
+    }
+    // Creates from the old members land at homes on the newcomer too.
+    let more = put_patterns(&mut c0, &mut c1, 500..530);
+    for &(id, seed) in &more {
+        assert_eq!(read_object(&mut c7, id), Some(pattern(seed)), "{id}");
+    }
+
+    n7.stop().unwrap();
+    eventually("the view without node 7", || {
+        view(&etcd) == "epoch=4 members=0,1"
+    });
+    for &(id, seed) in objects.iter().chain(&more) {
+        eventually(&format!("{id} from node 0"), || {
+            read_object(&mut c0, id) == Some(pattern(seed))
+        });
+    }
+    for &id in &on_7 {
+        assert_eq!(read_object(&mut c1, id), None, "{id} lived on node 7 only");
+    }
+    drop((c0, c1, c7));
     n1.stop().unwrap();
     n0.stop().unwrap();
 }

@@ -98,8 +98,8 @@ fn homed_at_zero() -> ObjectId {
 /// `identity`'s credential to node 0, with node `claimed`'s id in the
 /// node header (what a forger controls).
 fn claiming(identity: &PeerIdentity, claimed: u32) -> Credentials {
-    let token = std::str::from_utf8(identity.token_for(0).unwrap()).unwrap();
-    Credentials::new(token, claimed).unwrap()
+    let token = identity.token_for(0).unwrap();
+    Credentials::new(std::str::from_utf8(&token).unwrap(), claimed).unwrap()
 }
 
 #[test]
@@ -134,7 +134,7 @@ fn a_member_cannot_speak_as_another_member() {
     });
     // Node 1's credential to node 2, replayed by node 2 to node 0.
     let replayed =
-        Credentials::new(std::str::from_utf8(one.token_for(2).unwrap()).unwrap(), 1).unwrap();
+        Credentials::new(std::str::from_utf8(&one.token_for(2).unwrap()).unwrap(), 1).unwrap();
     n.call(replayed, |mut peer| async move {
         let refused = peer.heartbeat(beat(333)).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused}");
@@ -155,16 +155,16 @@ fn a_member_cannot_speak_as_another_member() {
     );
 
     // The data channel: node 2 asking for node 1's reference's bytes.
-    let err = n.fetch(id, 1, two.token_for(0).unwrap()).unwrap_err();
+    let err = n.fetch(id, 1, &two.token_for(0).unwrap()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     assert!(err.message().contains("credential"), "{err}");
     let err = n.fetch(id, 1, token.as_bytes()).unwrap_err();
     assert!(err.message().contains("credential"), "{err}");
     // Node 2 as itself holds no reference: refused, and nothing pinned.
-    let err = n.fetch(id, 2, two.token_for(0).unwrap()).unwrap_err();
+    let err = n.fetch(id, 2, &two.token_for(0).unwrap()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ObjectNotFound, "{err}");
     // Node 1 as itself reads the bytes.
-    assert_eq!(n.fetch(id, 1, one.token_for(0).unwrap()).unwrap(), PAYLOAD);
+    assert_eq!(n.fetch(id, 1, &one.token_for(0).unwrap()).unwrap(), PAYLOAD);
     assert_eq!(n.refs(id), Some(1), "the send pin was released");
 
     // And node 1, as itself, restarting does drop its reference.

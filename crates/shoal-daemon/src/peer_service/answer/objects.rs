@@ -104,6 +104,7 @@ pub(super) fn status(ops: &Ops, cluster: &Rc<Cluster>, call: calls::Status) {
         lost_objects,
         lost_ids: shoal_cluster::ids::pack(&lost_ids),
         adopted_objects: ops.tiers.as_ref().map_or(0, |t| t.adopted_objects()),
+        learned: cluster.learned_records(),
     });
 }
 
