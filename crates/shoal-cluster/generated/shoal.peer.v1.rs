@@ -302,6 +302,19 @@ pub struct AdoptedRequest {
     pub objects: u64,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WitnessRequest {
+    #[prost(uint64, tag = "1")]
+    pub epoch: u64,
+    #[prost(bool, tag = "2")]
+    pub reset: bool,
+    /// sealed ids (n × 20 bytes)
+    #[prost(bytes = "vec", tag = "3")]
+    pub adds: ::prost::alloc::vec::Vec<u8>,
+    /// ids gone since (n × 20 bytes)
+    #[prost(bytes = "vec", tag = "4")]
+    pub removes: ::prost::alloc::vec::Vec<u8>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SealRequest {
     #[prost(bytes = "vec", tag = "1")]
     pub ids: ::prost::alloc::vec::Vec<u8>,
@@ -675,6 +688,33 @@ pub mod peer_client {
             let mut req = request.into_request();
             req.extensions_mut()
                 .insert(GrpcMethod::new("shoal.peer.v1.Peer", "Adopted"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// The ids the caller owns whose home it is itself, kept at the member that
+        /// becomes their home if the caller leaves (the runner-up: `View::  runner_up`), so that a caller lost for good has them reported lost by
+        /// id rather than by nobody (docs/cluster.md, "Adoption"). `reset`: these
+        /// are all the ids the callee keeps for the caller (sent after every view
+        /// change); otherwise changes since. Ignored if `epoch` is older than the
+        /// epoch of the last reset the callee got from the caller.
+        pub async fn witness(
+            &mut self,
+            request: impl tonic::IntoRequest<super::WitnessRequest>,
+        ) -> std::result::Result<tonic::Response<super::Empty>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/shoal.peer.v1.Peer/Witness",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("shoal.peer.v1.Peer", "Witness"));
             self.inner.unary(req, path, codec).await
         }
         /// Served by an object's owner.
@@ -1128,6 +1168,16 @@ pub mod peer_server {
         async fn adopted(
             &self,
             request: tonic::Request<super::AdoptedRequest>,
+        ) -> std::result::Result<tonic::Response<super::Empty>, tonic::Status>;
+        /// The ids the caller owns whose home it is itself, kept at the member that
+        /// becomes their home if the caller leaves (the runner-up: `View::  runner_up`), so that a caller lost for good has them reported lost by
+        /// id rather than by nobody (docs/cluster.md, "Adoption"). `reset`: these
+        /// are all the ids the callee keeps for the caller (sent after every view
+        /// change); otherwise changes since. Ignored if `epoch` is older than the
+        /// epoch of the last reset the callee got from the caller.
+        async fn witness(
+            &self,
+            request: tonic::Request<super::WitnessRequest>,
         ) -> std::result::Result<tonic::Response<super::Empty>, tonic::Status>;
         /// Served by an object's owner.
         /// Takes one reference per id for the calling node (renewed by heartbeats,
@@ -1657,6 +1707,49 @@ pub mod peer_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = AdoptedSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/shoal.peer.v1.Peer/Witness" => {
+                    #[allow(non_camel_case_types)]
+                    struct WitnessSvc<T: Peer>(pub Arc<T>);
+                    impl<T: Peer> tonic::server::UnaryService<super::WitnessRequest>
+                    for WitnessSvc<T> {
+                        type Response = super::Empty;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::WitnessRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Peer>::witness(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = WitnessSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -68,6 +68,19 @@ impl View {
         home_among(id_hash(id), &self.members)
     }
 
+    /// The member that would be `id`'s home if its home left: the second
+    /// highest weight (`None` for a view of one member). It keeps the
+    /// witness of ids whose owner is their home (the daemon's `witness.rs`).
+    pub fn runner_up(&self, id: &ObjectId) -> Option<u32> {
+        let hash = id_hash(id);
+        let home = home_among(hash, &self.members);
+        self.members
+            .iter()
+            .copied()
+            .filter(|&node| node != home)
+            .max_by_key(|&node| (weight(hash, node), std::cmp::Reverse(node)))
+    }
+
     /// The next view: this one's members with `joined` added and `left`
     /// removed, numbered one higher. `None` if that changes nothing or
     /// would leave no member.
@@ -187,6 +200,22 @@ mod tests {
             raw[8..16].copy_from_slice(&mix(!i).to_le_bytes());
             ObjectId(raw)
         })
+    }
+
+    #[test]
+    fn the_runner_up_is_the_home_once_the_home_left() {
+        let view = View::new(5, [0, 1, 3, 6]).unwrap();
+        for id in ids(5_000) {
+            let home = view.home(&id);
+            let without = view.next(&[], &[home]).unwrap();
+            assert_eq!(view.runner_up(&id), Some(without.home(&id)), "{id}");
+        }
+        assert_eq!(
+            View::new(1, [2])
+                .unwrap()
+                .runner_up(&ids(1).next().unwrap()),
+            None
+        );
     }
 
     #[test]

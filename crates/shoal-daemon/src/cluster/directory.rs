@@ -87,6 +87,9 @@ impl Cluster {
 
     /// Forgets the ids; returns the copies (node, id) that must be dropped.
     pub fn directory_unregister(&self, ids: &[ObjectId], owner: u32) -> Vec<(u32, ObjectId)> {
+        if owner == self.me {
+            self.witness_gone(ids);
+        }
         self.directory.borrow_mut().unregister(ids, owner)
     }
 
@@ -103,6 +106,9 @@ impl Cluster {
     }
 
     pub fn directory_publish(&self, ids: &[ObjectId], locations: &[ObjectLocation], owner: u32) {
+        if owner == self.me {
+            self.witness_sealed(ids);
+        }
         self.directory.borrow_mut().publish(ids, locations, owner);
     }
 
@@ -152,6 +158,10 @@ impl Cluster {
             .map(|(_, l)| Some(*l))
             .chain(pending.iter().map(|_| None))
             .collect();
+        if from == self.me {
+            let ids: Vec<ObjectId> = sealed.iter().map(|(id, _)| *id).collect();
+            self.witness_sealed(&ids);
+        }
         let ready = self.rebuild.borrow().readiness.is_ready();
         let mut directory = self.directory.borrow_mut();
         let statuses = directory.restore(&ids, &locations, from);

@@ -90,6 +90,7 @@ impl Cluster {
             let expired = self.expired_loans();
             self.release_later(expired);
             self.rebuild_tick();
+            self.send_witness();
         }
     }
 

@@ -68,6 +68,8 @@ mod remote_get;
 mod staging;
 mod state;
 mod view_change;
+mod witness;
+mod witness_records;
 
 pub use copy_records::CopyOf;
 pub use listener::ClusterListener;

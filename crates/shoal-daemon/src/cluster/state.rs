@@ -27,6 +27,7 @@ use crate::cluster::peers::PeerSet;
 use crate::cluster::ref_journal::RefJournal;
 use crate::cluster::ref_ledger::RefLedger;
 use crate::cluster::staging::Staging;
+use crate::cluster::witness_records::Witness;
 use crate::node::Node;
 use crate::supervisor::Supervisor;
 
@@ -189,6 +190,9 @@ pub struct Cluster {
     /// As a home: the objects of removed nodes, until their adoption, and
     /// those reported lost (`departed`).
     pub(crate) departed: RefCell<Departed>,
+    /// The ids this node is home of itself, kept at their runner-up, and
+    /// those others keep here (`witness.rs`).
+    pub(crate) witness: RefCell<Witness>,
     /// Every view this node adopts, for whoever acts on membership changes
     /// (the daemon's adoption of removed nodes' backing stores).
     pub(crate) views: tokio::sync::watch::Sender<View>,
@@ -256,6 +260,7 @@ impl Cluster {
             journal: RefCell::default(),
             peer_reads: RefCell::default(),
             departed: RefCell::default(),
+            witness: RefCell::default(),
             views,
         })
     }

@@ -90,6 +90,7 @@ impl Cluster {
             std::mem::replace(&mut *current, view.clone())
         };
         self.epoch.raise(view.epoch());
+        self.witness_view_changed();
         let me = self.me;
         let member = view.contains(me);
         // Homes come to this node when it joins and when a member leaves;
@@ -114,7 +115,12 @@ impl Cluster {
                 .members()
                 .iter()
                 .filter(|&&n| n != me && !view.contains(n))
-                .map(|&n| (n, directory.sealed_of(n)))
+                .map(|&n| {
+                    // And those it was home of itself, as witnessed here.
+                    let mut ids = directory.sealed_of(n);
+                    ids.extend(self.witnessed_of(n));
+                    (n, ids)
+                })
                 .collect()
         } else {
             Vec::new()

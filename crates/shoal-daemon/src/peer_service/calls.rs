@@ -22,6 +22,7 @@ pub(super) enum PeerCall {
     Restore(Restore),
     Restored(Restored),
     Adopted(Adopted),
+    Witness(Witness),
     AttachReads(AttachReads),
     Acquire(Acquire),
     Release(Release),
@@ -103,6 +104,16 @@ pub(super) struct Adopted {
     pub from: u32,
     pub origin: u32,
     pub objects: u64,
+}
+
+/// A peer's ids it is home of itself, to keep as their witness
+/// (`cluster/witness.rs`).
+pub(super) struct Witness {
+    pub from: u32,
+    pub epoch: u64,
+    pub reset: bool,
+    pub sealed: Vec<ObjectId>,
+    pub gone: Vec<ObjectId>,
 }
 
 /// A peer's client counts references here (`fd` of process `pid`;
@@ -236,6 +247,7 @@ impl PeerCall {
             C::Restore(c) => ("restore", Some(c.from), &c.pending),
             C::Restored(c) => ("restored", Some(c.from), &[]),
             C::Adopted(c) => ("adopted", Some(c.from), &[]),
+            C::Witness(c) => ("witness", Some(c.from), &c.sealed),
             C::Acquire(c) => ("acquire", Some(c.from), &c.ids),
             C::AttachReads(c) => ("attach_reads", Some(c.from), &[]),
             C::Release(c) => ("release", Some(c.from), &c.ids),

@@ -10,7 +10,7 @@ use shoal_cluster::proto::{
     AttachReadsRequest, CachedRequest, Empty, HeartbeatReply, HeartbeatRequest, Ids, ListReply,
     LookupReply, NamesReply, NamesRequest, NodeStatus, Outcome, PublishRequest, RegisterRequest,
     ReleaseRequest, RenameNameRequest, RestoreRequest, RestoredRequest, RevokeRequest, SealRequest,
-    Statuses, UnlinkNameRequest,
+    Statuses, UnlinkNameRequest, WitnessRequest,
 };
 use shoal_core::location::ObjectLocation;
 use tokio::sync::{mpsc, oneshot};
@@ -188,6 +188,22 @@ impl Peer for PeerService {
             from,
             origin: request.origin,
             objects: request.objects,
+        }))
+        .await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn witness(&self, request: Request<WitnessRequest>) -> Result<Response<Empty>, Status> {
+        let from = verified_peer(&request)?;
+        let request = request.into_inner();
+        let sealed = unpack(&request.adds)?;
+        let gone = unpack(&request.removes)?;
+        self.tell(PeerCall::Witness(calls::Witness {
+            from,
+            epoch: request.epoch,
+            reset: request.reset,
+            sealed,
+            gone,
         }))
         .await?;
         Ok(Response::new(Empty {}))

@@ -45,6 +45,9 @@ pub(super) fn answer(ops: &Rc<Ops>, call: PeerCall) {
                     .await;
             });
         }
+        PeerCall::Witness(call) => {
+            cluster.witness_received(call.from, call.epoch, call.reset, call.sealed, call.gone);
+        }
         PeerCall::Unregister(call) => directory::unregister(cluster, call),
         PeerCall::Cached(call) => directory::cached(cluster, call),
         PeerCall::Publish(call) => directory::publish(cluster, call),
