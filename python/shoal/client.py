@@ -328,12 +328,17 @@ class Client:
         try:
             write(buffer)
             if name is not None:
-                self._raw.name(oid.binary(), name)
+                self.name(oid, name)
         except BaseException:
             self._raw.abort(oid.binary())
             raise
         self._raw.seal([oid.binary()], True, durability)
         return oid
+
+    def name(self, oid: IdLike, name: str) -> None:
+        """Names object `oid` (path-like, see `put`; docs/posix.md). An object still being
+        written gets the name at its seal; the object the name leaves is deleted."""
+        self._raw.name(as_bytes(oid), name)
 
     def get(self, oid: IdLike | Sequence[IdLike], timeout_ms: int = -1) -> Any:
         """Reads back values stored with `put`, as views of store memory (no copy).

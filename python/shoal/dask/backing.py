@@ -1,0 +1,74 @@
+"""Which store object backs which Python value in this process.
+
+A worker's data mapping rebuilds each large value over its object and registers the pair
+here; the `shoal` serialization family looks a value up to send its object's id instead of
+its bytes, and a value that family received is held here until the data mapping adopts
+it (so it is not copied into a second object). Values are found by identity: the mapping
+holds each registered value, so its `id` stays its own while it is registered.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shoal._internal import Buffer
+
+#: Received values not yet adopted, kept at most: a value deserialized for anything else
+#: than the data mapping (none today) must not be held forever.
+RECEIVED_LIMIT = 256
+
+
+@dataclass
+class Stored:
+    """One value's object: its id, the store that holds it and this process's reference."""
+
+    oid: bytes
+    #: The store's identity (`store.Store.identity`).
+    store: str
+    #: The object's size in bytes.
+    nbytes: int
+    #: This process's reference to the object (a read-only view of it), kept while the key
+    #: is held; None once released (an evicted value over a tiered store: the tiers may
+    #: move the bytes down, a get brings them back).
+    buffer: Buffer | None
+
+
+_values: dict[int, tuple[Any, Stored]] = {}
+_received: OrderedDict[int, tuple[Any, Stored]] = OrderedDict()
+
+
+def register(value: Any, stored: Stored) -> None:
+    """`value` was rebuilt over `stored`'s object (the caller keeps `value` alive until
+    `unregister`)."""
+    _values[id(value)] = (value, stored)
+
+
+def unregister(value: Any) -> None:
+    entry = _values.get(id(value))
+    if entry is not None and entry[0] is value:
+        del _values[id(value)]
+
+
+def lookup(value: Any) -> Stored | None:
+    """The object `value` was rebuilt over, or None (a value held in process memory)."""
+    entry = _values.get(id(value))
+    return entry[1] if entry is not None and entry[0] is value else None
+
+
+def received(value: Any, stored: Stored) -> None:
+    """`value` arrived from another worker as a reference to `stored`."""
+    _received[id(value)] = (value, stored)
+    while len(_received) > RECEIVED_LIMIT:
+        _received.popitem(last=False)
+
+
+def take_received(value: Any) -> Stored | None:
+    """The object a received `value` lies in, forgotten here (the caller adopts it)."""
+    entry = _received.get(id(value))
+    if entry is None or entry[0] is not value:
+        return None
+    del _received[id(value)]
+    return entry[1]

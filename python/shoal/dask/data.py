@@ -1,0 +1,201 @@
+"""A worker's `data=` mapping over a shoal store.
+
+A value at least `threshold` bytes (Dask's `sizeof`) whose bytes pickle out of band
+(Arrow tables and batches, pandas frames, numpy arrays, anything pickle protocol 5 gives
+buffers for) goes into one store object (create → write → seal, named after its key);
+the mapping keeps the value rebuilt over the object and drops the private copy. Smaller
+values, and any value the store refuses, stay with Dask: in a `distributed.spill`
+SpillBuffer when the worker has a memory limit (Dask's own spilling), else a dict.
+
+Dask's memory monitor calls `evict()` when the process's private memory passes the
+spill threshold (distributed's `ManualEvictProto`): a value held privately moves into
+the store (spilling by tiering instead of pickling to the worker's disk); with none
+left, the oldest view over the store is dropped, which frees nothing of the process but
+leaves the object to the store's tiers. An evicted key comes back by mapping its
+object again; its large buffers are never copied.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any
+
+from dask.sizeof import sizeof
+
+from shoal.dask import backing, layout
+from shoal.dask.backing import Stored
+from shoal.dask.store import Store
+
+log = logging.getLogger("distributed.worker.shoal")
+
+#: Values smaller than this stay with Dask (a store object costs a create, a copy and a
+#: name; below this size Dask's own handling is as cheap and sends no fewer bytes).
+DEFAULT_THRESHOLD = 64 * 1024
+
+
+class _Fast:
+    """What Dask's memory monitor tests for emptiness: values held in this process."""
+
+    def __init__(self, data: StoreData) -> None:
+        self._data = data
+
+    def __len__(self) -> int:
+        return len(self._data._private_fast()) + len(self._data._views)
+
+
+class StoreData(MutableMapping[Any, Any]):
+    """`Worker(data=...)`: keys → values, large values living in the store."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        threshold: int = DEFAULT_THRESHOLD,
+        private: MutableMapping[Any, Any] | None = None,
+    ) -> None:
+        """`private` holds what stays with Dask (default a dict; the worker passes a
+        SpillBuffer when it has a memory limit)."""
+        self.store = store
+        self.threshold = threshold
+        self._private: MutableMapping[Any, Any] = {} if private is None else private
+        #: key → its object, for every key whose value lives in the store.
+        self._stored: dict[Any, Stored] = {}
+        #: key → the value rebuilt over its object, oldest use first.
+        self._views: OrderedDict[Any, Any] = OrderedDict()
+        #: key → the object's name; set by the worker once it knows its own name.
+        self.name_of: Callable[[Any], str | None] = lambda key: None
+        #: Values put into the store and keys evicted, since start (for tests and logs).
+        self.stored_count = 0
+        self.evicted_count = 0
+
+    def keep_private_in(self, private: MutableMapping[Any, Any]) -> None:
+        """Holds what stays with Dask in `private` (empty; before any value arrives)."""
+        if len(self) or len(private):
+            raise ValueError("keep_private_in needs both mappings empty")
+        self._private = private
+
+    # -- Dask's ManualEvictProto --------------------------------------------------------------
+
+    @property
+    def fast(self) -> _Fast:
+        return _Fast(self)
+
+    @property
+    def slow(self) -> dict[Any, Stored]:
+        """Keys in the store with no value rebuilt in this process."""
+        return {k: s for k, s in self._stored.items() if k not in self._views}
+
+    def evict(self) -> int:
+        """Moves the oldest privately held value into the store, or (none left) drops the
+        oldest view over the store. Returns the private bytes freed (0 for a view), -1 if
+        nothing could be evicted; never raises (the value stays where it was)."""
+        try:
+            fast = self._private_fast()
+            if fast:
+                return self._evict_private(next(iter(fast)))
+            if self._views:
+                key, value = self._views.popitem(last=False)
+                backing.unregister(value)
+                stored = self._stored[key]
+                if self.store.tiered:
+                    stored.buffer = None  # released: the tiers may move the object down
+                self.evicted_count += 1
+                return 0
+        except Exception:
+            log.exception("shoal: evict failed")
+        return -1
+
+    def _private_fast(self) -> Any:
+        """The privately held values still in memory (a SpillBuffer's fast part)."""
+        return getattr(self._private, "fast", self._private)
+
+    def _evict_private(self, key: Any) -> int:
+        value = self._private[key]
+        size = sizeof(value)
+        if self._store_value(key, value, force=True):
+            del self._private[key]
+            self.evicted_count += 1
+            return size
+        # The store refused it: Dask's own spilling, where the worker has it.
+        spill = getattr(self._private, "evict", None)
+        return spill() if spill is not None else -1
+
+    # -- the mapping ---------------------------------------------------------------------------
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if key in self:
+            del self[key]
+        stored = backing.take_received(value)
+        if stored is not None:  # a reference another worker sent: no second object
+            self._keep(key, stored, value)
+            return
+        if not self._store_value(key, value, force=False):
+            self._private[key] = value
+
+    def _store_value(self, key: Any, value: Any, *, force: bool) -> bool:
+        """Puts `value` into the store if it belongs there (`force`: any picklable value,
+        as for an eviction); returns whether it went."""
+        if not self.store.usable or (not force and sizeof(value) < self.threshold):
+            return False
+        try:
+            pickled = layout.pickle_value(value)
+        except Exception:
+            return False  # not picklable out of band: Dask keeps it as it is
+        if not force and pickled.out_of_band < len(pickled.stream):
+            return False  # mostly in-band: a rebuilt value would be a copy, not a view
+        try:
+            result = self.store.put(pickled, self.name_of(key))
+        except Exception as err:
+            self.store.failed(err, "a value")
+            return False
+        if result is None:
+            return False
+        stored, view = result
+        self._keep(key, stored, view)
+        self.stored_count += 1
+        return True
+
+    def _keep(self, key: Any, stored: Stored, view: Any) -> None:
+        self._stored[key] = stored
+        self._views[key] = view
+        backing.register(view, stored)
+
+    def __getitem__(self, key: Any) -> Any:
+        if key in self._views:
+            self._views.move_to_end(key)
+            return self._views[key]
+        stored = self._stored.get(key)
+        if stored is None:
+            return self._private[key]
+        view = self.store.view(stored)  # mapped again; raises if the object is gone
+        self._views[key] = view
+        backing.register(view, stored)
+        return view
+
+    def __delitem__(self, key: Any) -> None:
+        stored = self._stored.pop(key, None)
+        if stored is None:
+            del self._private[key]
+            return
+        view = self._views.pop(key, None)
+        if view is not None:
+            backing.unregister(view)
+        # The reference goes; the object stays for other workers that hold the key until
+        # the scheduler forgets it (shoal.dask.scheduler deletes it then).
+        stored.buffer = None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._stored or key in self._private
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self._stored
+        yield from self._private
+
+    def __len__(self) -> int:
+        return len(self._stored) + len(self._private)
+
+    def stored(self, key: Any) -> Stored | None:
+        """The object holding `key`'s value, or None (held by Dask)."""
+        return self._stored.get(key)

@@ -1,0 +1,88 @@
+"""A Python value laid out in one store object: its pickle (protocol 5) stream first, then
+each out-of-band buffer at a 64-byte boundary.
+
+The object's metadata says where each part lies. Reading it back is `pickle.loads` of
+the stream with the buffers passed as views of the object: numpy arrays, Arrow buffers
+and pandas blocks come back pointing into store memory, and only the stream (dtypes,
+column names, small in-band values; a few kB) is parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+from shoal import _internal
+
+#: The metadata of an object holding a value laid out here starts with this.
+TAG = b"shoal/dask-pickle5;"
+#: Buffers start at multiples of this (a cache line; what Arrow asks of its buffers).
+ALIGN = 64
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class Pickled:
+    """A value pickled with its large buffers kept out of band (not copied yet)."""
+
+    stream: bytes
+    buffers: list[memoryview]
+
+    @property
+    def out_of_band(self) -> int:
+        """Bytes of the buffers (what a rebuilt value reads in place)."""
+        return sum(b.nbytes for b in self.buffers)
+
+    def offsets(self) -> list[int]:
+        """Where each buffer starts in the object."""
+        offsets, at = [], _aligned(len(self.stream))
+        for b in self.buffers:
+            offsets.append(at)
+            at = _aligned(at + b.nbytes)
+        return offsets
+
+    @property
+    def size(self) -> int:
+        """The object's size: the stream, then every buffer aligned."""
+        at = _aligned(len(self.stream))
+        for b in self.buffers:
+            at = _aligned(at + b.nbytes)
+        return at
+
+    def metadata(self) -> bytes:
+        parts = [[o, b.nbytes] for o, b in zip(self.offsets(), self.buffers, strict=True)]
+        return TAG + json.dumps({"stream": len(self.stream), "buffers": parts}).encode()
+
+    def write_into(self, buffer: Any) -> None:
+        """Copies the stream and the buffers into a writable object of `size` bytes."""
+        target = memoryview(buffer).cast("B")
+        _internal.copy_into(target[: len(self.stream)], self.stream)
+        for offset, b in zip(self.offsets(), self.buffers, strict=True):
+            if b.nbytes:
+                _internal.copy_into(target[offset : offset + b.nbytes], b)
+
+
+def pickle_value(value: Any) -> Pickled:
+    """Pickles `value` (protocol 5) keeping its buffers out of band, as flat byte views.
+    Raises what pickling raises, and BufferError for a buffer that is not contiguous."""
+    buffers: list[pickle.PickleBuffer] = []
+    stream = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    return Pickled(stream, [b.raw() for b in buffers])
+
+
+def is_layout(metadata: bytes) -> bool:
+    return metadata.startswith(TAG)
+
+
+def read(buffer: Any) -> Any:
+    """The value laid out in object `buffer` (a sealed store buffer), its buffers views of
+    the object: nothing large is copied."""
+    layout = json.loads(bytes(buffer.metadata())[len(TAG) :])
+    whole = memoryview(buffer)
+    buffers = [whole[offset : offset + n] for offset, n in layout["buffers"]]
+    return pickle.loads(whole[: layout["stream"]], buffers=buffers)

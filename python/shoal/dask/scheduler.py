@@ -1,0 +1,137 @@
+"""The scheduler's side: objects of forgotten keys are deleted, and the keys of a worker
+that dies stay in memory where their objects survive it.
+
+Workers tell the scheduler which store they reach (`extra["shoal"]`, from
+`Worker.startup_information`); the plugin acts through a live worker of each store, so
+the scheduler itself needs no store:
+
+- a key that leaves memory with no worker holding it (released, forgotten, erred) has
+  its objects deleted: one running worker of each store unlinks the names under the key's
+  directory sealed before the scheduler forgot it (`shoal-forget`; the scheduler's clock
+  against the store's, so one host's), and `shoal ls` shows only keys Dask holds;
+- before Dask removes a worker it asks the workers that share its store to adopt the
+  keys only it held (`shoal_adopt`: each maps the key's object and takes the key as
+  scattered data), and records them as replicas, so Dask sees the keys still in memory
+  and recomputes none of them; keys whose objects are gone are recomputed as usual.
+
+Dask calls a plugin's `remove_worker` only after the worker's keys were released, so
+the plugin wraps the scheduler's `remove_worker` (and its `unregister` handler) instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin as DaskSchedulerPlugin
+
+log = logging.getLogger("distributed.scheduler.shoal")
+
+#: States a key's objects are deleted in, once no worker holds it.
+_GONE = ("released", "forgotten", "erred")
+
+
+def store_of(worker_state: Any) -> str | None:
+    """The identity of the store a worker reaches, as it reported at registration."""
+    extra = getattr(worker_state, "extra", None) or {}
+    info = extra.get("shoal") or {}
+    return info.get("store")
+
+
+class SchedulerPlugin(DaskSchedulerPlugin):
+    """Registered by every `shoal.dask.Worker` when it starts (idempotent)."""
+
+    name = "shoal"
+
+    def __init__(self) -> None:
+        self.scheduler: Any = None
+        #: Keys whose objects were deleted, and keys adopted after a worker died.
+        self.forgotten = 0
+        self.adopted = 0
+        self._rescuing: dict[str, asyncio.Future[None]] = {}
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        remove_worker = scheduler.remove_worker
+
+        async def rescuing_remove_worker(address: str, *, stimulus_id: str, **kwargs: Any) -> Any:
+            try:
+                await self._rescue(address, stimulus_id)
+            except Exception:
+                log.exception("shoal: keeping the keys of %s failed; Dask recomputes them", address)
+            return await remove_worker(address, stimulus_id=stimulus_id, **kwargs)
+
+        scheduler.remove_worker = rescuing_remove_worker
+        scheduler.handlers["unregister"] = rescuing_remove_worker
+
+    # -- deleting the objects of keys nobody holds ---------------------------------------------
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if start != "memory" or finish not in _GONE:
+            return
+        task = self.scheduler.tasks.get(key)
+        if task is not None and task.who_has:
+            return
+        # The time bounds the delete to objects sealed before it: the key may be computed
+        # again, and stored under the same name, before the message arrives.
+        message = {"op": "shoal-forget", "keys": [key], "before": time.time()}
+        for address in self._one_worker_per_store().values():
+            self.scheduler.worker_send(address, message)
+        self.forgotten += 1
+
+    def _one_worker_per_store(self, exclude: str | None = None) -> dict[str, str]:
+        chosen: dict[str, str] = {}
+        for address, ws in self.scheduler.workers.items():
+            store = store_of(ws)
+            if store is not None and address != exclude and store not in chosen:
+                chosen[store] = address
+        return chosen
+
+    # -- keeping a dead worker's keys ------------------------------------------------------------
+
+    async def _rescue(self, address: str, stimulus_id: str) -> None:
+        # Dask may remove a worker twice at once (its stream closed, its nanny's report):
+        # both removals wait for the one rescue.
+        rescue = self._rescuing.get(address)
+        if rescue is None:
+            dying = self.scheduler.workers.get(address)
+            store = store_of(dying)
+            if dying is None or store is None:
+                return
+            rescue = asyncio.ensure_future(self._adopt(dying, store, stimulus_id))
+            self._rescuing[address] = rescue
+            rescue.add_done_callback(lambda _: self._rescuing.pop(address, None))
+        await asyncio.shield(rescue)
+
+    async def _adopt(self, dying: Any, store: str, stimulus_id: str) -> None:
+        scheduler, address = self.scheduler, dying.address
+        keys = [ts.key for ts in dying.has_what if ts.who_has == {dying} and ts.state == "memory"]
+        survivors = [a for a, ws in scheduler.workers.items() if a != address and store_of(ws) == store]
+        if not keys or not survivors:
+            return
+        shares = {a: keys[i :: len(survivors)] for i, a in enumerate(survivors)}
+        shares = {a: share for a, share in shares.items() if share}
+        replies = await asyncio.gather(
+            *(
+                scheduler.rpc(a).shoal_adopt(keys=share, stimulus_id=f"shoal-adopt-{stimulus_id}")
+                for a, share in shares.items()
+            ),
+            return_exceptions=True,
+        )
+        kept = 0
+        for a, reply in zip(shares, replies, strict=True):
+            ws = scheduler.workers.get(a)
+            if isinstance(reply, BaseException) or ws is None:
+                continue
+            for key in reply:
+                task = scheduler.tasks.get(key)
+                if task is not None and task.state == "memory" and ws not in (task.who_has or ()):
+                    scheduler.add_replica(task, ws)
+                    kept += 1
+        self.adopted += kept
+        if kept:
+            log.info(
+                "shoal: %d of %d keys of %s kept in memory by workers of its store", kept, len(keys), address
+            )

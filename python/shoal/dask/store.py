@@ -1,0 +1,188 @@
+"""A Dask process's connection to its shoal store: finding it, naming objects after keys,
+storing and reading values, and what a failure turns into.
+
+Workers find the store by the socket given to the worker class (`shoal_socket=`), else
+Dask's config `shoal.socket` (environment: DASK_SHOAL__SOCKET), else $SHOAL_SOCKET or the
+per-user default, where `shoal.connect()` starts an embedded store if none runs (its
+capacity: `shoal.capacity`, default 1 GiB). Workers of one host that find the same socket
+share one store. Any failure of the store (none at the socket, full, gone) is logged once
+per worker and kind and the value stays with Dask (docs/dask.md, "Errors").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import shoal
+from shoal.dask import layout
+from shoal.dask.backing import Stored
+from shoal.errors import Disconnected, ShoalError, StoreFull
+
+log = logging.getLogger("distributed.worker.shoal")
+
+#: Names of a Dask cluster's objects: ROOT/<scheduler>/<key>/<worker> (docs/dask.md).
+ROOT = "dask"
+#: Longest name component kept as is; a longer key is cut and ends with its hash.
+_COMPONENT = 200
+
+
+def component(text: str) -> str:
+    """`text` as one name component: `%` and `/` escaped, never empty, `.` or `..`, cut
+    to a bounded length with a hash that keeps it unique."""
+    escaped = text.replace("%", "%25").replace("/", "%2F").replace("\0", "%00")
+    if escaped in ("", ".", ".."):
+        escaped = "%" + escaped.replace(".", "%2E")
+    if len(escaped.encode()) > _COMPONENT:
+        digest = hashlib.sha1(escaped.encode(), usedforsecurity=False).hexdigest()[:16]
+        escaped = escaped.encode()[: _COMPONENT - 20].decode(errors="ignore") + "~" + digest
+    return escaped
+
+
+def key_prefix(scope: str, key: Any) -> str:
+    """The directory of every object of `key` in the cluster named `scope`."""
+    return f"{ROOT}/{component(scope)}/{component(str(key))}"
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _region_file(client: shoal.Client) -> str:
+    """The file this process maps the store's region from (unique per daemon and host)."""
+    address = client.region_address
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            if low <= address < high:
+                return fields[5] if len(fields) > 5 else fields[0]
+    return f"{client.socket}@{address:x}"
+
+
+@dataclass
+class Store:
+    """One process's client of the store and its failure state."""
+
+    client: shoal.Client
+    #: Equal in two processes exactly when they reach the same store: this boot of the
+    #: host and the region's file.
+    identity: str
+    #: Whether the store has a tier below memory (then an evicted value's object is
+    #: released, so the tiers may move it down).
+    tiered: bool
+    #: Set once the daemon is gone: everything falls back to Dask from then on.
+    gone: bool = False
+
+    def __post_init__(self) -> None:
+        self._warned: set[str] = set()
+
+    @classmethod
+    def open(cls, socket: str | None = None, capacity: str | int | None = None) -> Store:
+        """Connects as the module docstring says. Raises ShoalError or OSError when no
+        store can be reached."""
+        client = shoal.connect(socket, capacity=capacity)
+        tiered = bool(client.tiers().get("tiers"))
+        return cls(client, f"{_boot_id()}:{_region_file(client)}", tiered)
+
+    @property
+    def usable(self) -> bool:
+        return not self.gone
+
+    def warn_once(self, kind: str, message: str, *args: Any) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning(message, *args)
+
+    def failed(self, err: BaseException, what: str) -> None:
+        """Turns a store error into Dask's own behaviour: logged once per kind."""
+        if isinstance(err, Disconnected):
+            self.gone = True
+            self.warn_once("gone", "shoal: the store went away (%s); Dask keeps new data itself", err)
+        elif isinstance(err, StoreFull):
+            self.warn_once("full", "shoal: the store is full (%s); Dask keeps %s itself", err, what)
+        else:
+            self.warn_once(type(err).__name__, "shoal: %s failed (%r); Dask keeps it itself", what, err)
+
+    def put(self, pickled: layout.Pickled, name: str | None) -> tuple[Stored, Any] | None:
+        """Stores a pickled value in one create → write → seal (named `name`) and returns
+        its record and the value rebuilt over the object; None if the store refused."""
+        client = self.client
+        try:
+            oid, buffer = client.create_fresh(pickled.size, pickled.metadata())
+            try:
+                pickled.write_into(buffer)
+                if name is not None:
+                    client.name(oid, name)
+            except BaseException:
+                client.abort(oid)
+                raise
+            client.seal(oid, release=True)
+            del buffer
+            return self.open_object(oid.binary())
+        except ShoalError as err:
+            self.failed(err, "a value")
+            return None
+
+    def open_object(self, oid: bytes) -> tuple[Stored, Any]:
+        """The record of sealed object `oid` with this process's reference, and its value
+        rebuilt over store memory. Raises ObjectNotFound (or Disconnected)."""
+        buffer = self.client.get_buffer(oid, timeout_ms=0)
+        stored = Stored(oid, self.identity, len(buffer), buffer)
+        return stored, layout.read(buffer)
+
+    def view(self, stored: Stored) -> Any:
+        """The value of `stored` rebuilt over store memory, taking a reference again if the
+        record had released its own."""
+        if stored.buffer is None:
+            stored.buffer = self.client.get_buffer(stored.oid, timeout_ms=0)
+        return layout.read(stored.buffer)
+
+    def find(self, prefix: str) -> tuple[Stored, Any] | None:
+        """A value stored under directory `prefix` (any worker's), or None."""
+        try:
+            rows = self.client.ls(prefix)
+        except ShoalError as err:
+            self.failed(err, "a lookup")
+            return None
+        for row in rows:
+            try:
+                stored, value = self.open_object(row.id.binary())
+            except ShoalError:
+                continue
+            return stored, value
+        return None
+
+    def forget(self, prefix: str, before: float) -> int:
+        """Deletes every object named under directory `prefix` and sealed before `before`
+        (seconds since the epoch; a seal in the same millisecond is kept); returns how many."""
+        try:
+            rows = [r for r in self.client.ls(prefix) if round(r.mtime * 1000) < int(before * 1000)]
+            for row in rows:
+                try:
+                    self.client.unlink(row.name)
+                except ShoalError:
+                    pass  # renamed or removed meanwhile: nothing left to delete
+            return len(rows)
+        except ShoalError as err:
+            self.failed(err, "a delete")
+            return 0
+
+
+_current: Store | None = None
+
+
+def use(store: Store) -> None:
+    """Makes `store` the one this process reads received references from."""
+    global _current
+    _current = store
+
+
+def current() -> Store | None:
+    return _current

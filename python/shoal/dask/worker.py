@@ -1,0 +1,177 @@
+"""`shoal.dask.Worker` and `shoal.dask.Nanny`: Dask's worker and nanny with shoal as the
+data plane (docs/dask.md).
+
+    LocalCluster(worker_class=shoal.dask.Nanny)          # worker processes, one store
+    dask worker SCHEDULER --worker-class shoal.dask.Worker
+
+The worker keeps its data in a `StoreData` over the store, measures its memory without
+the store's pages (and has its nanny do the same), adds its store's identity to every
+comm handshake and asks for the `shoal` serialization family first when it sends data,
+and registers `shoal.dask.SchedulerPlugin` with the scheduler. Without a store it is
+Dask's worker, after one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import dask.config
+import distributed
+from dask.utils import parse_bytes
+from distributed.protocol import pickle
+from distributed.spill import SpillBuffer
+
+from shoal.dask import backing, memory, serialize, store
+from shoal.dask.data import DEFAULT_THRESHOLD, StoreData
+from shoal.dask.scheduler import SchedulerPlugin
+from shoal.errors import ShoalError
+
+log = logging.getLogger("distributed.worker.shoal")
+
+
+def _setting(value: Any, key: str, default: Any = None) -> Any:
+    """A worker option: its keyword, else Dask's config `shoal.<key>`, else `default`."""
+    return value if value is not None else dask.config.get(f"shoal.{key}", default)
+
+
+class Worker(distributed.Worker):
+    """A Dask worker whose large values live in a shoal store.
+
+    Keywords beyond Dask's: `shoal_socket` (the store's socket), `shoal_threshold` (bytes;
+    smaller values stay with Dask, default 64 KiB), `shoal_capacity` (of an embedded store
+    started when none runs at the default socket). Each defaults to Dask's config
+    `shoal.socket`, `shoal.threshold`, `shoal.capacity`."""
+
+    def __init__(
+        self,
+        *args: Any,
+        shoal_socket: str | None = None,
+        shoal_threshold: int | str | None = None,
+        shoal_capacity: int | str | None = None,
+        data: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self.shoal: store.Store | None = None
+        socket = _setting(shoal_socket, "socket")
+        failure: Exception | None = None
+        if data is None:
+            try:
+                self.shoal = store.Store.open(socket, _setting(shoal_capacity, "capacity"))
+            except (ShoalError, OSError) as err:
+                failure = err
+        mapping = None
+        if self.shoal is not None:
+            threshold = parse_bytes(_setting(shoal_threshold, "threshold", DEFAULT_THRESHOLD))
+            mapping = StoreData(self.shoal, threshold=threshold)
+            data = mapping
+        super().__init__(*args, data=data, **kwargs)
+        self.monitor.get_process_memory = memory.private_memory
+        if failure is not None:  # logged now, when Dask's worker logs are set up
+            where = socket or "the default socket"
+            log.warning("shoal: no store at %s (%s); this worker keeps its data as Dask does", where, failure)
+        if self.shoal is None or mapping is None:
+            return
+        store.use(self.shoal)
+        self._keep_private_as_dask_does(mapping)
+        identity = self.shoal.identity
+        scope = self.scheduler.address
+        mapping.name_of = lambda key: f"{store.key_prefix(scope, key)}/{store.component(str(self.name))}"
+        self.startup_information["shoal"] = lambda _worker: {"store": identity}
+        overrides = self.connection_args.setdefault("handshake_overrides", {})
+        overrides[serialize.HANDSHAKE_KEY] = identity
+        self.handlers["shoal_adopt"] = self.shoal_adopt
+        self.stream_handlers["shoal-forget"] = self.shoal_forget
+
+    def _keep_private_as_dask_does(self, mapping: StoreData) -> None:
+        """Values the store does not take spill as Dask's own would (its SpillBuffer, with
+        the target Dask's memory manager computes), when the worker has a memory limit."""
+        manager = self.memory_manager
+        if not manager.memory_limit or not (manager.memory_target_fraction or manager.memory_spill_fraction):
+            return
+        target = (
+            int(manager.memory_limit * manager.memory_target_fraction)
+            if manager.memory_target_fraction
+            else sys.maxsize
+        )
+        mapping.keep_private_in(
+            SpillBuffer(os.path.join(self.local_directory, "storage"), target, manager.max_spill)
+        )
+
+    async def start_unsafe(self) -> Worker:
+        await super().start_unsafe()
+        if self.shoal is not None:
+            # Not awaited: a nanny answers its worker only once the worker has started.
+            self._ongoing_background_tasks.call_soon(self._install_plugins)
+        return self
+
+    async def _install_plugins(self) -> None:
+        """The scheduler plugin (deletes, keeps a dead worker's keys) and, under a nanny
+        that is not shoal's, the nanny's accounting."""
+        try:
+            await self.scheduler.register_scheduler_plugin(
+                plugin=pickle.dumps(SchedulerPlugin()), name=SchedulerPlugin.name, idempotent=True
+            )
+        except Exception as err:
+            self.shoal.warn_once(
+                "plugin",
+                "shoal: the scheduler did not take shoal.dask.SchedulerPlugin (%r): objects of "
+                "forgotten keys stay until the store evicts them, a dead worker's keys are recomputed",
+                err,
+            )
+        if self.nanny:
+            try:
+                await self.rpc(self.nanny).plugin_add(
+                    plugin=pickle.dumps(memory.NannyAccounting()), name=memory.NannyAccounting.name
+                )
+            except Exception as err:
+                self.shoal.warn_once(
+                    "nanny", "shoal: the nanny did not take the accounting (%r): it counts store pages", err
+                )
+
+    async def get_data(
+        self, comm: Any, keys: Any, who: str | None = None, serializers: list[str] | None = None
+    ) -> Any:
+        """Dask's get_data, asking for the `shoal` family first (it declines what the
+        receiver cannot reach, and Dask's own families follow)."""
+        if self.shoal is not None and self.shoal.usable:
+            serializers = [serialize.NAME, *(serializers or ("dask", "pickle"))]
+        return await super().get_data(comm, keys, who=who, serializers=serializers)
+
+    def shoal_adopt(self, keys: list[Any], stimulus_id: str | None = None) -> list[Any]:
+        """Takes `keys` of a dead worker of this store as this worker's own (mapped from
+        their objects, as scattered data); returns the keys adopted."""
+        assert self.shoal is not None
+        found: dict[Any, Any] = {}
+        scope = self.scheduler.address
+        for key in keys:
+            if key in self.data:
+                found[key] = self.data[key]
+                continue
+            hit = self.shoal.find(store.key_prefix(scope, key))
+            if hit is not None:
+                stored, value = hit
+                backing.received(value, stored)
+                found[key] = value
+        if found:
+            self.update_data(data=found, stimulus_id=stimulus_id)
+        return list(found)
+
+    def shoal_forget(self, keys: list[Any], before: float, stimulus_id: str | None = None) -> None:
+        """Deletes the objects of keys the scheduler forgot (any worker's) that were sealed
+        before time `before`."""
+        assert self.shoal is not None
+        scope = self.scheduler.address
+        for key in keys:
+            self.shoal.forget(store.key_prefix(scope, key), before)
+
+
+class Nanny(distributed.Nanny):
+    """Dask's nanny, starting `shoal.dask.Worker`s and restarting one only for its own
+    memory (`LocalCluster(worker_class=shoal.dask.Nanny)`)."""
+
+    def __init__(self, *args: Any, worker_class: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, worker_class=worker_class or Worker, **kwargs)
+        memory.install_nanny_accounting(self)
