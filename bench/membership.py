@@ -7,7 +7,8 @@ Starts one etcd (Debian's etcd-server; scripts/setup-test-tools.sh installs it) 
 nodes run), then one `shoal serve` process per node. Measured, in one run:
   static  nodes 0-2 on the file alone: WORKERS processes each put a 1 kB object through one
           node, get it through another, check it and delete it, for --phase seconds;
-  etcd    the same nodes with `--membership`, under the same load, in phases:
+  etcd    the same nodes with `--membership`, under the same load, their file without node 3
+          (node 3's lists only itself: the members learn it from its etcd record), in phases:
             steady  nothing changes;
             join    node 3 starts; leave: it is stopped with SIGTERM (it leaves at once);
                     join again; kill: it is killed with SIGKILL;
@@ -120,14 +121,23 @@ class Etcd:
         self.process.wait()
 
 
+def only_nodes(text: str, keep: set[int]) -> str:
+    """The cluster file `text` with only the `[[node]]` tables (and their sub-tables) of `keep`."""
+    head, *tables = text.split("\n[[node]]")
+    kept = [t for t in tables if int(re.search(r"^id = (\d+)$", t, re.M).group(1)) in keep]
+    return head + "".join("\n[[node]]" + t for t in kept)
+
+
 class Node:
     """`shoal serve --cluster FILE --node N` as a process of its own, its log in a file."""
 
-    def __init__(self, directory: Path, node: int, membership: str | None) -> None:
+    def __init__(
+        self, directory: Path, node: int, membership: str | None, file: str = "cluster.toml"
+    ) -> None:
         self.node = node
         self.log_path = directory / f"serve-{node}-{time.monotonic_ns()}.log"
         self.socket = str(directory / f"n{node}.sock")
-        args = ["serve", "--cluster", str(directory / "cluster.toml"), "--node", str(node), "--no-prefault"]
+        args = ["serve", "--cluster", str(directory / file), "--node", str(node), "--no-prefault"]
         if membership:
             args += ["--membership", membership]
         self.process = subprocess.Popen(
@@ -361,12 +371,18 @@ def main() -> None:
         (directory / "cluster.toml").write_text(
             text.replace("[cluster]\n", f"[cluster]\nmembership_ttl_ms = {TTL_MS}\n", 1)
         )
+        # With a membership each host's file may list only its own nodes: nodes 0-2 run
+        # without node 3 in their file, node 3 with only itself in its own.
+        full = (directory / "cluster.toml").read_text()
+        (directory / "members.toml").write_text(only_nodes(full, {0, 1, 2}))
+        (directory / "newcomer.toml").write_text(only_nodes(full, {3}))
         sockets = [str(directory / f"n{i}.sock") for i in range(3)]
         lines = [
             f"# Membership on etcd ({datetime.date.today()})",
             "",
             f"`python bench/membership.py --phase {args.phase}`: one etcd, nodes 0-2 (+ node 3 joining "
-            f"and leaving) as `shoal serve` processes, {WORKERS} worker processes putting through one node, "
+            f"and leaving; with etcd, absent from their file) as `shoal serve` processes, "
+            f"{WORKERS} worker processes putting through one node, "
             f"getting through another and deleting 1 kB objects; TTL {TTL_MS} ms, no grace. "
             f"{os.cpu_count()} cores. Get latency in µs.",
             "",
@@ -388,20 +404,20 @@ def main() -> None:
 
         # With membership.
         for i in range(3):
-            nodes[i] = Node(directory, i, membership)
+            nodes[i] = Node(directory, i, membership, "members.toml")
         assert etcd.value(f"{PREFIX}/view") == "epoch=3 members=0,1,2", etcd.value(f"{PREFIX}/view")
         marks: dict[str, float] = {}
         load = Load(sockets)
         marks["steady"] = time.time()
         time.sleep(args.phase)
         marks["join"] = time.time()
-        nodes[3] = Node(directory, 3, membership)
+        nodes[3] = Node(directory, 3, membership, "newcomer.toml")
         time.sleep(args.phase)
         marks["leave"] = time.time()
         nodes.pop(3).stop()
         time.sleep(args.phase)
         marks["rejoin"] = time.time()
-        nodes[3] = Node(directory, 3, membership)
+        nodes[3] = Node(directory, 3, membership, "newcomer.toml")
         time.sleep(args.phase)
         marks["kill"] = time.time()
         killed = time.time()

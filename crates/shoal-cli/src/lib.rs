@@ -294,16 +294,18 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
             let mut node_tiers = None;
             let mut node_elastic = None;
             if let (Some(file), Some(node)) = (cluster, node) {
-                let mut topology = shoal_cluster::Topology::load(&file)?.sorted();
-                if let Some(url) = membership {
-                    if !shoal_daemon::ETCD_BUILT {
-                        return Err(features::missing("etcd", "`--membership`"));
+                // `--membership` as if the file said it: the file may then
+                // list only some nodes (docs/cluster.md, "Nodes absent from
+                // the file"); its other membership keys are kept.
+                let topology = match membership {
+                    Some(url) => {
+                        if !shoal_daemon::ETCD_BUILT {
+                            return Err(features::missing("etcd", "`--membership`"));
+                        }
+                        shoal_cluster::Topology::load_with_membership(&file, &url)?
                     }
-                    topology.membership = Some(match topology.membership.take() {
-                        Some(kept) => shoal_cluster::MembershipConfig { url, ..kept },
-                        None => shoal_cluster::MembershipConfig::new(url),
-                    });
-                }
+                    None => shoal_cluster::Topology::load(&file)?,
+                };
                 let me = topology.node(node)?.clone();
                 node_tiers = Some(me.tiers.clone());
                 node_elastic = me.elastic.clone();

@@ -479,11 +479,39 @@ impl Topology {
         Ok(node)
     }
 
+    /// Reads and validates a cluster file as if its `[cluster]` table said
+    /// `membership = url` (`shoal serve --membership`): the rules of a file
+    /// with a membership apply, so it may list only some nodes.
+    pub fn load_with_membership(
+        path: &Path,
+        url: &crate::membership_url::MembershipUrl,
+    ) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ShoalError::io(&format!("read cluster file {}", path.display()), e))?;
+        let checked = Self::check_with(&text, path.parent(), Some(url));
+        match checked.topology {
+            Some(topology) if checked.errors.is_empty() => Ok(topology),
+            _ => Err(ShoalError::invalid(format!(
+                "{}: {}",
+                path.display(),
+                checked.errors.join("; ")
+            ))),
+        }
+    }
+
     /// Parses and validates a cluster file's text, collecting every error
     /// (not only the first) and the warnings (`shoal cluster check`).
     pub fn check(text: &str, base: Option<&Path>) -> Checked {
+        Self::check_with(text, base, None)
+    }
+
+    fn check_with(
+        text: &str,
+        base: Option<&Path>,
+        membership: Option<&crate::membership_url::MembershipUrl>,
+    ) -> Checked {
         let mut errors = Vec::new();
-        let file: FileRepr = match toml::from_str(text) {
+        let mut file: FileRepr = match toml::from_str(text) {
             Ok(file) => file,
             Err(e) => {
                 return Checked {
@@ -493,6 +521,10 @@ impl Topology {
                 }
             }
         };
+        if let Some(url) = membership {
+            file.cluster
+                .insert("membership".into(), toml::Value::String(url.to_string()));
+        }
         let cluster = cluster_part(file.cluster, base, &mut errors);
         let nodes: Vec<_> = file
             .node

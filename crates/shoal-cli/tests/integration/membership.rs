@@ -38,7 +38,8 @@ fn cluster_status(file: &std::path::Path, json: bool) -> String {
 }
 
 /// `shoal serve` on a host whose file lists only its own node (id 5, with
-/// its own key): it joins the members through its etcd record, and
+/// its own key; the etcd URL given as `--membership`, not in the file): it
+/// joins the members through its etcd record, and
 /// `shoal cluster status` run with the members' file (which lacks it)
 /// reaches it through what they learned.
 #[test]
@@ -60,19 +61,34 @@ fn a_node_absent_from_the_file_joins_and_cluster_status_lists_it() {
         (file, path)
     };
     let (members, members_file) = only(&[0, 1], "members.toml");
-    let (_, newcomer_file) = only(&[5], "newcomer.toml");
+    let (newcomer, newcomer_file) = only(&[5], "newcomer.toml");
     let check = shoal()
         .args(["cluster", "check"])
         .arg(&newcomer_file)
         .output()
         .unwrap();
     assert!(check.status.success(), "{check:?}");
+    // The same file without its `membership` line: valid only with the URL
+    // given on the command line.
+    let url = newcomer.membership.as_ref().unwrap().url.to_string();
+    let text = newcomer.to_toml();
+    let bare = text.replace(&format!("membership = \"{url}\"\n"), "");
+    assert_ne!(bare, text);
+    std::fs::write(&newcomer_file, bare).unwrap();
 
     let n0 = ClusterNode::start(&members, 0);
     let n1 = ClusterNode::start(&members, 1);
     let mut serve = shoal();
     serve
-        .args(["serve", "--no-prefault", "--node", "5", "--cluster"])
+        .args([
+            "serve",
+            "--no-prefault",
+            "--node",
+            "5",
+            "--membership",
+            &url,
+            "--cluster",
+        ])
         .arg(&newcomer_file);
     let n5 = ServeProcess::spawn(serve, &all.node(5).unwrap().socket);
     let view = || etcd.get("/shoal/absent/view").unwrap_or_default();
