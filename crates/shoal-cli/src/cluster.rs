@@ -665,27 +665,33 @@ async fn node_status(identity: &PeerIdentity, node: &Node) -> Option<NodeStatus>
     }
 }
 
-pub fn status(args: DirArgs) -> Result<()> {
-    let mut topology = load(&args)?;
-    let identity = speaking_as(&topology)?;
-    let rows = block_on(async {
-        let mut rows = Vec::new();
-        for node in &topology.nodes {
-            rows.push((node.clone(), node_status(&identity, node).await));
-        }
-        // With a membership: the members this file does not list, as the
-        // nodes that answered learned them.
-        let answers: Vec<NodeStatus> = rows.iter().filter_map(|(_, s)| s.clone()).collect();
-        for node in learned_nodes(&topology, &identity, &answers) {
-            let status = node_status(&identity, &node).await;
-            rows.push((node, status));
-        }
-        rows.sort_by_key(|(node, _)| node.id);
-        rows
-    });
+/// Every node the file lists and (with a membership) every member the
+/// answering ones learned, each with its status (`None`: it did not
+/// answer); the learned nodes join `topology`, and `identity` admits them.
+async fn every_node(
+    topology: &mut Topology,
+    identity: &PeerIdentity,
+) -> Vec<(Node, Option<NodeStatus>)> {
+    let mut rows = Vec::new();
+    for node in &topology.nodes {
+        rows.push((node.clone(), node_status(identity, node).await));
+    }
+    let answers: Vec<NodeStatus> = rows.iter().filter_map(|(_, s)| s.clone()).collect();
+    for node in learned_nodes(topology, identity, &answers) {
+        let status = node_status(identity, &node).await;
+        rows.push((node, status));
+    }
+    rows.sort_by_key(|(node, _)| node.id);
     for (node, _) in &rows {
         topology.put_node(node.clone());
     }
+    rows
+}
+
+pub fn status(args: DirArgs) -> Result<()> {
+    let mut topology = load(&args)?;
+    let identity = speaking_as(&topology)?;
+    let rows = block_on(every_node(&mut topology, &identity));
     // With a membership service: the newest view a node that answered acts
     // on (etcd holds the cluster's; a node cut off from it may be behind).
     let newest = rows
@@ -817,10 +823,14 @@ fn list(nodes: &[u32]) -> String {
 }
 
 pub fn ls(args: DirArgs) -> Result<()> {
-    let topology = load(&args)?;
+    let mut topology = load(&args)?;
     let identity = speaking_as(&topology)?;
     let rows = block_on(async {
         let mut rows = Vec::new();
+        // With a membership, the members the file lacks too.
+        if topology.membership.is_some() {
+            every_node(&mut topology, &identity).await;
+        }
         for node in &topology.nodes {
             let listed = match connect(&identity, node).await {
                 Ok(mut rpc) => rpc.list(Empty {}).await.map(|r| r.into_inner().objects),

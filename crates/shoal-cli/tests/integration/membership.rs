@@ -118,6 +118,15 @@ fn a_node_absent_from_the_file_joins_and_cluster_status_lists_it() {
         text.contains("3 nodes") && text.contains("members 0,1,5"),
         "{text}"
     );
+    // `shoal ls --cluster` with that file lists node 5's objects too.
+    let ls = shoal()
+        .args(["ls", "--cluster", "--json", "--file"])
+        .arg(&members_file)
+        .output()
+        .unwrap();
+    assert!(ls.status.success(), "{ls:?}");
+    let listed = String::from_utf8(ls.stdout).unwrap();
+    assert_eq!(listed.matches("{\"node\":5,").count(), 20, "{listed}");
 
     // Gone for good: out of the view after its TTL, shown down.
     let _ = n5.kill();

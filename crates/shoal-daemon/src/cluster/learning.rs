@@ -57,6 +57,7 @@ impl Cluster {
             "learned a member absent from the cluster file{}",
             if first { "" } else { " (its record changed)" }
         );
+        self.node.metrics().info.put_peer(id, node.metrics);
         self.topology.borrow_mut().put_node(node);
         Ok(())
     }

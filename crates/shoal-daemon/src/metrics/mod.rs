@@ -298,12 +298,15 @@ impl Drop for OpTimer<'_> {
     }
 }
 
-/// Which node this is: set once the daemon knows its cluster.
+/// Which node this is: set once the daemon knows its cluster; and the
+/// other nodes it knows, with where they serve their metrics (the status
+/// page's cluster table), joined by members learned at run time.
 #[derive(Default)]
 pub struct NodeInfo {
     node: Family<[(&'static str, String); 1], Gauge>,
     nodes: Gauge,
     id: AtomicU32,
+    peers: std::sync::RwLock<Vec<(u32, Option<std::net::SocketAddr>)>>,
 }
 
 impl NodeInfo {
@@ -324,6 +327,24 @@ impl NodeInfo {
     /// Nodes in the cluster (1 for a single store).
     pub fn nodes(&self) -> u32 {
         self.nodes.get().max(1) as u32
+    }
+
+    /// The other nodes known now and their metrics addresses, by node id.
+    pub fn peers(&self) -> Vec<(u32, Option<std::net::SocketAddr>)> {
+        self.peers.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sets or adds one other node (a member learned from the membership:
+    /// counted in `shoal_cluster_nodes` from then on).
+    pub fn put_peer(&self, node: u32, metrics: Option<std::net::SocketAddr>) {
+        let mut peers = self.peers.write().unwrap_or_else(|e| e.into_inner());
+        match peers.binary_search_by_key(&node, |p| p.0) {
+            Ok(at) => peers[at].1 = metrics,
+            Err(at) => {
+                peers.insert(at, (node, metrics));
+                self.nodes.set(peers.len() as i64 + 1);
+            }
+        }
     }
 }
 

@@ -45,13 +45,11 @@ const PEER_TIMEOUT: Duration = Duration::from_millis(500);
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Binds `address` and serves it until the daemon stops; returns the
-/// address bound.
-/// `peers`: the other nodes' metrics addresses (for the status page's
-/// cluster table), by node id.
+/// address bound. The status page's cluster table scrapes the other nodes
+/// `metrics.info` knows at each request.
 pub(super) fn start(
     address: SocketAddr,
     metrics: Arc<Metrics>,
-    peers: Vec<(u32, Option<SocketAddr>)>,
     supervisor: &Supervisor,
 ) -> Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(address)
@@ -67,7 +65,7 @@ pub(super) fn start(
         .name("shoal-metrics".into())
         .spawn({
             let stop = stop.clone();
-            move || serve(listener, metrics, Arc::new(peers), stop)
+            move || serve(listener, metrics, stop)
         })
         .map_err(|e| ShoalError::io("start the metrics thread", e))?;
     let endpoint = Endpoint {
@@ -100,14 +98,7 @@ impl Drop for Endpoint {
     }
 }
 
-type Peers = Arc<Vec<(u32, Option<SocketAddr>)>>;
-
-fn serve(
-    listener: std::net::TcpListener,
-    metrics: Arc<Metrics>,
-    peers: Peers,
-    stop: CancellationToken,
-) {
+fn serve(listener: std::net::TcpListener, metrics: Arc<Metrics>, stop: CancellationToken) {
     // Below the store thread when they compete for a core: a scraper that
     // floods the endpoint slows the endpoint, not the objects.
     // SAFETY: sets this thread's own nice value; no memory is involved.
@@ -158,13 +149,12 @@ fn serve(
                 continue;
             };
             let metrics = metrics.clone();
-            let peers = peers.clone();
             let stop = stop.clone();
             tokio::spawn(async move {
                 let _slot = slot;
                 let service = hyper::service::service_fn(move |request| {
-                    let (metrics, peers) = (metrics.clone(), peers.clone());
-                    async move { Ok::<_, Infallible>(answer(&metrics, &peers, &request).await) }
+                    let metrics = metrics.clone();
+                    async move { Ok::<_, Infallible>(answer(&metrics, &request).await) }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -183,11 +173,7 @@ fn serve(
 
 /// The answer to one request; never touches anything but `metrics` (and
 /// the peers' endpoints, read).
-async fn answer(
-    metrics: &Metrics,
-    peers: &[(u32, Option<SocketAddr>)],
-    request: &Request<Incoming>,
-) -> Response<Full<Bytes>> {
+async fn answer(metrics: &Metrics, request: &Request<Incoming>) -> Response<Full<Bytes>> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         let mut response = reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -209,6 +195,7 @@ async fn answer(
                 .read((crate::metrics::unix_now() * 1000.0) as u64),
         ),
         "/" => {
+            let peers = metrics.info.peers();
             let figures = join_all(peers.iter().map(|&(node, address)| async move {
                 let samples = match address {
                     Some(address) => scrape(address, PEER_TIMEOUT).await,

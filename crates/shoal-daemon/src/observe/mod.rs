@@ -28,15 +28,13 @@ pub(crate) fn start(ops: &Rc<Ops>, address: Option<SocketAddr>) -> Result<Option
     ops.node.listen(counted.clone());
     ops.supervisor
         .spawn_local("metrics snapshot", snapshot::publish(ops.clone(), counted));
-    let peers = ops.cluster.as_ref().map_or_else(Vec::new, |c| {
-        c.topology()
-            .nodes
-            .iter()
-            .filter(|n| n.id != c.me)
-            .map(|n| (n.id, n.metrics))
-            .collect()
-    });
+    if let Some(c) = &ops.cluster {
+        // Members learned later are added as they come (`learning.rs`).
+        for node in c.topology().nodes.iter().filter(|n| n.id != c.me) {
+            metrics.info.put_peer(node.id, node.metrics);
+        }
+    }
     address
-        .map(|address| http::start(address, metrics, peers, &ops.supervisor))
+        .map(|address| http::start(address, metrics, &ops.supervisor))
         .transpose()
 }

@@ -143,6 +143,12 @@ fn a_node_absent_from_the_members_files_joins_through_its_record() {
 
     let n7 = ClusterNode::start(&newcomer_file, 7);
     assert_eq!(view(&etcd), "epoch=3 members=0,1,7");
+    // Every node counts the three, those its file lacks too.
+    for node in [&n0, &n1, &n7] {
+        eventually("three nodes counted", || {
+            node.metric("shoal_cluster_nodes") == Some(3.0)
+        });
+    }
     let newest = View::decode(&view(&etcd)).unwrap();
     let homed_at_7 = objects
         .iter()
