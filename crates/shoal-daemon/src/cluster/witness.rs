@@ -27,6 +27,10 @@ use crate::cluster::state::Cluster;
 /// sent again.
 const RESET_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
+/// Ids per call (5 MiB): a node home of millions of ids sends them in
+/// several calls, each well under the peer RPC's message cap and timeout.
+const CHUNK_IDS: usize = 1 << 18;
+
 impl Cluster {
     fn witnessing(&self) -> bool {
         self.topology().membership.is_some()
@@ -137,20 +141,27 @@ impl Cluster {
         let cluster = self.clone();
         let epoch = view.epoch();
         self.supervisor.spawn_local("witness", async move {
+            // Per witness one call after another (the reset first: a later
+            // chunk adds to it), the witnesses at once.
             let calls = batches.into_iter().map(|(node, (sealed, gone))| {
-                let request = WitnessRequest {
-                    epoch,
-                    reset,
-                    adds: pack(&sealed),
-                    removes: pack(&gone),
-                };
-                cluster
-                    .peers
-                    .call(node, Reach::Try, "witness", |mut p| async move {
-                        p.witness(request).await
-                    })
+                let cluster = cluster.clone();
+                async move {
+                    for request in requests(epoch, reset, &sealed, &gone, CHUNK_IDS) {
+                        cluster
+                            .peers
+                            .call(node, Reach::Try, "witness", |mut p| async move {
+                                p.witness(request).await
+                            })
+                            .await?;
+                    }
+                    Ok(())
+                }
             });
-            let failed = join_all(calls).await.iter().filter(|r| r.is_err()).count();
+            let failed = join_all(calls)
+                .await
+                .iter()
+                .filter(|r: &&shoal_core::error::Result<()>| r.is_err())
+                .count();
             let mut witness = cluster.witness.borrow_mut();
             witness.sending = false;
             if failed > 0 {
@@ -163,5 +174,57 @@ impl Cluster {
                 tracing::debug!(failed, "witness batches failed; all is sent again");
             }
         });
+    }
+}
+
+/// One witness's batch as calls of at most `chunk` ids each way: the first
+/// carries `reset`, the rest add to it; at least one call (an empty reset
+/// drops what the witness kept).
+fn requests(
+    epoch: u64,
+    reset: bool,
+    sealed: &[ObjectId],
+    gone: &[ObjectId],
+    chunk: usize,
+) -> Vec<WitnessRequest> {
+    let calls = sealed
+        .len()
+        .div_ceil(chunk)
+        .max(gone.len().div_ceil(chunk))
+        .max(1);
+    let part = |ids: &[ObjectId], i: usize| {
+        let start = (i * chunk).min(ids.len());
+        pack(&ids[start..(start + chunk).min(ids.len())])
+    };
+    (0..calls)
+        .map(|i| WitnessRequest {
+            epoch,
+            reset: reset && i == 0,
+            adds: part(sealed, i),
+            removes: part(gone, i),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_goes_in_chunks_with_the_reset_first() {
+        let ids: Vec<ObjectId> = (0..7u8).map(|i| ObjectId([i; 20])).collect();
+        let calls = requests(9, true, &ids, &ids[..2], 3);
+        let counts: Vec<(bool, usize, usize)> = calls
+            .iter()
+            .map(|r| (r.reset, r.adds.len() / 20, r.removes.len() / 20))
+            .collect();
+        assert_eq!(counts, [(true, 3, 2), (false, 3, 0), (false, 1, 0)]);
+        assert!(calls.iter().all(|r| r.epoch == 9));
+        let sent: Vec<u8> = calls.iter().flat_map(|r| r.adds.clone()).collect();
+        assert_eq!(sent, pack(&ids));
+        // An empty reset is still sent; an empty change is one empty call.
+        let empty = requests(9, true, &[], &[], 3);
+        assert_eq!(empty.len(), 1);
+        assert!(empty[0].reset && empty[0].adds.is_empty());
     }
 }
