@@ -130,6 +130,17 @@ class Holder:
         self.value = table(rows, seed=3)
         return shoal.ray.put(self.value)
 
+    def build(self, rows: int) -> tuple[ShoalRef, int]:
+        """A table built in place in the store (the producer copies nothing), shared as a
+        ref; also where its column x was written."""
+        client = shoal.ray.store.client()
+        with client.create_table(pa.schema([("x", pa.int64())]), rows) as builder:
+            column = builder["x"]
+            column[:] = np.arange(rows)
+            written = region_offset(column.ctypes.data)
+        self.kept = column
+        return shoal.ray.share(builder.id), written
+
     def where(self, ref: ShoalRef) -> dict[str, Any]:
         """Where the value's column buffers lie in this actor's mapping of the store."""
         value = shoal.ray.get(ref)
@@ -188,9 +199,15 @@ def test_get_is_zero_copy_at_one_offset_in_every_process(cluster: str) -> None:
     assert seen[0]["pid"] != seen[1]["pid"] != os.getpid()
     assert seen[0]["offsets"] == seen[1]["offsets"] == mine
     assert seen[0]["rows"] == seen[1]["rows"] == 400_000
+
+    # A producer that builds in place: the readers' column is the bytes it wrote.
+    built, written = ray.get(a.build.remote(1_000_000))
+    seen = ray.get(b.where.remote(built))
+    assert seen["rows"] == 1_000_000 and written in seen["offsets"]
+    assert shoal.ray.get(built).column("x").to_numpy().sum() == np.arange(1_000_000).sum()
     ray.kill(a)
     ray.kill(b)
-    shoal.ray.delete(ref)
+    shoal.ray.delete([ref, built])
 
 
 def test_locality_points_at_the_ray_node_of_the_bytes(cluster: str) -> None:

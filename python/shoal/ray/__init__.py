@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal import _lazy
 from shoal.ray.locality import locality, node_map
-from shoal.ray.ref import ShoalRef, delete, get, put, ref
+from shoal.ray.ref import ShoalRef, delete, get, put, ref, share
 from shoal.ray.store import connect
 
 if TYPE_CHECKING:
@@ -47,4 +47,5 @@ __all__ = [
     "node_map",
     "put",
     "ref",
+    "share",
 ]

@@ -23,7 +23,7 @@ import time
 
 import ray
 
-from shoal.errors import ObjectNotFound, ShoalError
+from shoal.errors import Disconnected, ObjectNotFound, ShoalError
 from shoal.ray import store
 from shoal.ray.store import Scope
 
@@ -122,5 +122,7 @@ def watch(scope: Scope) -> None:
 def _sweep_at_exit(scope: Scope) -> None:
     try:
         sweep(scope)
+    except Disconnected:
+        pass  # the store is gone, and the objects with it (or the janitor sweeps them)
     except (ShoalError, OSError) as err:
         log.warning("shoal.ray: could not delete job %s's objects at exit (%r)", scope.job, err)

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from shoal import _codec, layout
-from shoal._ids import ObjectID
+from shoal._ids import IdLike, ObjectID, as_bytes
 from shoal.client import DURABILITY_LEVELS
 from shoal.errors import HomeUnavailable, InvalidArgument, ObjectNotFound
 from shoal.ray import janitor, store
@@ -67,10 +67,7 @@ def put(value: Any, *, durability: str | None = None, name: str | None = None) -
     docs/tiers.md) it outlives the job and the driver: named `name` if given, else
     `ray/<session>/<job>/durable/<id>`; delete it with `delete`. `name` alone is refused:
     a name outside the job's directory would outlive the job."""
-    if durability is not None and durability not in DURABILITY_LEVELS:
-        raise InvalidArgument(f"durability must be one of {DURABILITY_LEVELS}, got {durability!r}")
-    if name is not None and durability is None:
-        raise InvalidArgument("name= is for objects that outlive the job: give durability= too")
+    _check(durability, name)
     scope = store.scope()
     client = store.client()
     janitor.watch(scope)
@@ -93,6 +90,32 @@ def put(value: Any, *, durability: str | None = None, name: str | None = None) -
             if attempt == _FRESH_ID_TRIES - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def _check(durability: str | None, name: str | None) -> None:
+    if durability is not None and durability not in DURABILITY_LEVELS:
+        raise InvalidArgument(f"durability must be one of {DURABILITY_LEVELS}, got {durability!r}")
+    if name is not None and durability is None:
+        raise InvalidArgument("name= is for objects that outlive the job: give durability= too")
+
+
+def share(oid: IdLike, *, durability: str | None = None, name: str | None = None) -> ShoalRef:
+    """The reference to an object this process sealed in its node's memory, e.g. a table
+    built in place with `client.create_table` (the producer then copies nothing): named as
+    `put` names its objects, so it goes with the job unless `durability` is given (then
+    this waits until the object is durable at that level, for "local" and "backing")."""
+    _check(durability, name)
+    scope = store.scope()
+    client = store.client()
+    janitor.watch(scope)
+    oid = ObjectID(as_bytes(oid))
+    durable = durability is not None
+    target = name or scope.name(oid.hex(), durable=durable)
+    client.name(oid, target)
+    if durability in ("local", "backing"):
+        client.wait_durable(oid, durability)
+    size = len(client.get_buffer(oid, 0))
+    return ShoalRef(oid.binary(), size, client.node, target if durable else None)
 
 
 def get(ref: ShoalRef | Iterable[ShoalRef], timeout: float = 0) -> Any:
