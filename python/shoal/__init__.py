@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from shoal import _embedded, _internal
+from shoal import _embedded, _internal, _lazy
 from shoal._ids import ObjectID
 from shoal.errors import (
     Disconnected,
@@ -53,14 +53,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'shoal' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return _lazy.resolve(globals(), _LAZY, name, __name__)
 
 
 def barrier(

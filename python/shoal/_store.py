@@ -8,7 +8,7 @@ the client imports them and they never import it, so the package has no import c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from shoal._ids import IdLike, ObjectID
@@ -48,6 +48,8 @@ class ObjectStore(Protocol):
 
     def abort(self, oid: IdLike) -> None: ...
 
+    def name(self, oid: IdLike, name: str) -> None: ...
+
     def put(
         self,
         value: Any,
@@ -64,3 +66,32 @@ class ObjectStore(Protocol):
     def get_buffers(self, oids: Sequence[IdLike], timeout_ms: int = -1) -> list[Buffer | None]: ...
 
     def delete(self, oids: IdLike | Iterable[IdLike]) -> None: ...
+
+
+def write_object(
+    client: ObjectStore,
+    size: int,
+    metadata: bytes,
+    fill: Callable[[Buffer], None],
+    oid: ObjectID | None = None,
+    *,
+    name: str | None = None,
+    durability: str | None = None,
+) -> ObjectID:
+    """A new object of `size` bytes (id `oid`, default a fresh one) that `fill` writes,
+    named `name` and sealed, this process's reference released: create → fill → name →
+    seal. Raises what the store raises (StoreFull, ...); a failed fill aborts the object."""
+    if oid is None:
+        oid, buffer = client.create_fresh(size, metadata)
+    else:
+        buffer = client.create(oid, size, metadata)
+    try:
+        fill(buffer)
+        if name is not None:
+            client.name(oid, name)
+    except BaseException:
+        client.abort(oid)
+        raise
+    client.seal(oid, release=True, durability=durability)
+    del buffer
+    return oid

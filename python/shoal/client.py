@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from shoal import _codec, _internal, _sync, errors, hugetable
+from shoal import _codec, _internal, _sync, chunked, errors, hugetable
 from shoal._ids import IdLike, ObjectID, as_bytes
 from shoal.arrow import TableBuilder
 from shoal.errors import HomeUnavailable, InvalidArgument, NodeUnavailable, ObjectNotFound
@@ -356,9 +356,13 @@ class Client:
 
         Values `put` with a name come back as they were put. A file written through
         `shoal mount` has no codec metadata: an Arrow IPC file comes back as a pyarrow.Table
-        over store memory, anything else as a pyarrow.Buffer. Raises ObjectNotFound."""
+        over store memory, anything else as a pyarrow.Buffer. A chunked table (shoal.chunked,
+        e.g. written by Ray Data's `shoal.ray.ShoalDatasink`) comes back as one
+        pyarrow.Table over its chunks' memory. Raises ObjectNotFound."""
         buffer = self.get_named_buffer(name, timeout_ms)
         metadata = bytes(buffer.metadata())
+        if chunked.is_manifest(metadata):
+            return chunked.assemble(self, chunked.read(buffer))
         if not metadata and bytes(memoryview(buffer)[: len(_ARROW_FILE_MAGIC)]) == _ARROW_FILE_MAGIC:
             import pyarrow as pa
 

@@ -36,7 +36,8 @@ from distributed.protocol.serialize import serialize  # noqa: E402
 
 import shoal  # noqa: E402
 import shoal.dask  # noqa: E402
-from shoal.dask import backing, layout  # noqa: E402
+from shoal import layout  # noqa: E402
+from shoal.dask import backing  # noqa: E402
 from shoal.dask.data import StoreData  # noqa: E402
 from shoal.dask.store import Store  # noqa: E402
 

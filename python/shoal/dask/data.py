@@ -24,7 +24,8 @@ from typing import Any
 
 from dask.sizeof import sizeof
 
-from shoal.dask import backing, layout
+from shoal import layout
+from shoal.dask import backing
 from shoal.dask.backing import Stored
 from shoal.dask.store import Store
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import shoal
-from shoal.dask import layout
+from shoal import layout
 from shoal.dask.backing import Stored
 from shoal.errors import Disconnected, ShoalError, StoreFull
 
@@ -113,18 +113,8 @@ class Store:
     def put(self, pickled: layout.Pickled, name: str | None) -> tuple[Stored, Any] | None:
         """Stores a pickled value in one create → write → seal (named `name`) and returns
         its record and the value rebuilt over the object; None if the store refused."""
-        client = self.client
         try:
-            oid, buffer = client.create_fresh(pickled.size, pickled.metadata())
-            try:
-                pickled.write_into(buffer)
-                if name is not None:
-                    client.name(oid, name)
-            except BaseException:
-                client.abort(oid)
-                raise
-            client.seal(oid, release=True)
-            del buffer
+            oid = layout.store(self.client, pickled, name=name)
             return self.open_object(oid.binary())
         except ShoalError as err:
             self.failed(err, "a value")

@@ -1,5 +1,6 @@
 """A Python value laid out in one store object: its pickle (protocol 5) stream first, then
-each out-of-band buffer at a 64-byte boundary.
+each out-of-band buffer at a 64-byte boundary. Shared by shoal.dask (a worker's large
+values) and shoal.ray (`shoal.ray.put` of anything that is not an Arrow or numpy value).
 
 The object's metadata says where each part lies. Reading it back is `pickle.loads` of
 the stream with the buffers passed as views of the object: numpy arrays, Arrow buffers
@@ -12,11 +13,17 @@ from __future__ import annotations
 import json
 import pickle
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal import _internal
+from shoal._store import write_object
 
-#: The metadata of an object holding a value laid out here starts with this.
+if TYPE_CHECKING:
+    from shoal._ids import ObjectID
+    from shoal._store import ObjectStore
+
+#: The metadata of an object holding a value laid out here starts with this (the name
+#: dates from shoal.dask, its first user; objects already written carry it).
 TAG = b"shoal/dask-pickle5;"
 #: Buffers start at multiples of this (a cache line; what Arrow asks of its buffers).
 ALIGN = 64
@@ -86,3 +93,19 @@ def read(buffer: Any) -> Any:
     whole = memoryview(buffer)
     buffers = [whole[offset : offset + n] for offset, n in layout["buffers"]]
     return pickle.loads(whole[: layout["stream"]], buffers=buffers)
+
+
+def store(
+    client: ObjectStore,
+    pickled: Pickled,
+    oid: ObjectID | None = None,
+    *,
+    name: str | None = None,
+    durability: str | None = None,
+) -> ObjectID:
+    """Writes `pickled` into a new object (id `oid`, default a fresh one; create → write →
+    name → seal, releasing this process's reference) and returns its id. Raises what the
+    store raises (StoreFull, ...); a failed write aborts the object."""
+    return write_object(
+        client, pickled.size, pickled.metadata(), pickled.write_into, oid, name=name, durability=durability
+    )
