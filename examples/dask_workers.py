@@ -6,7 +6,7 @@ of `shoal.dask.Nanny` workers on it, and:
   columns are the sender's pages, and Dask's transfer log shows how few bytes crossed
   the socket;
 - runs a groupby and a set_index on a dataframe and checks them against pandas;
-- lists the store's objects by name (`shoal ls dask`): key and worker of each;
+- lists the store's objects by name (`Client.ls("dask")`): key and worker of each;
 - stops everything (released keys' objects are deleted by the scheduler plugin).
 
     python examples/dask_workers.py
