@@ -188,12 +188,19 @@ impl Inner {
         Ok((file, header, what))
     }
 
+    /// Reads `id` into `dst`. A file image outranks a packed copy of the
+    /// same id, as at open (`walk_at_open`): both are on disk only after a
+    /// replace that could not remove the other, and a read must answer what
+    /// a reopen would.
     pub(super) fn get(&self, id: ObjectId, dst: &mut DestRange) -> Result<ObjectHeader> {
         drop(self.walked()?);
-        if let Some(header) = self.get_packed(&id, dst.as_mut_slice())? {
-            return Ok(header);
-        }
-        let (mut file, header, what) = self.open_image(&id)?;
+        let (mut file, header, what) = match self.open_image(&id) {
+            Ok(found) => found,
+            Err(e) if e.kind() == ErrorKind::ObjectNotFound => {
+                return self.get_packed(&id, dst.as_mut_slice())?.ok_or(e);
+            }
+            Err(e) => return Err(e),
+        };
         check_destination(&id, dst.len() as u64, header.payload_len())?;
         let len = header.payload_len();
         // Large images: direct reads of 4 MiB blocks with a reader thread;
@@ -227,24 +234,32 @@ impl Inner {
         Ok(header)
     }
 
-    /// `id`'s image header (packed or a file), checked against `id`, its
+    /// `id`'s image header (a file, else packed), checked against `id`, its
     /// own checksum and the image's length, without reading the payload.
     pub(super) fn header(&self, id: ObjectId) -> Result<ObjectHeader> {
         drop(self.walked()?);
-        if let Some((file, slot, path)) = self.segments.find(&id) {
-            let what = format!("{} at {}", path.display(), slot.offset);
-            return super::segments::read_header(&file, slot, &id, &what);
-        }
         // (`open_image` checks the id and the file's length too.)
-        self.open_image(&id).map(|(_, header, _)| header)
+        match self.open_image(&id) {
+            Err(e) if e.kind() == ErrorKind::ObjectNotFound => {
+                let Some((file, slot, path)) = self.segments.find(&id) else {
+                    return Err(e);
+                };
+                let what = format!("{} at {}", path.display(), slot.offset);
+                super::segments::read_header(&file, slot, &id, &what)
+            }
+            found => found.map(|(_, header, _)| header),
+        }
     }
 
     pub(super) fn verify(&self, id: ObjectId) -> Result<ObjectHeader> {
         drop(self.walked()?);
-        if let Some(header) = self.verify_packed(&id)? {
-            return Ok(header);
-        }
-        let (mut file, header, what) = self.open_image(&id)?;
+        let (mut file, header, what) = match self.open_image(&id) {
+            Ok(found) => found,
+            Err(e) if e.kind() == ErrorKind::ObjectNotFound => {
+                return self.verify_packed(&id)?.ok_or(e);
+            }
+            Err(e) => return Err(e),
+        };
         let mut buf = vec![0u8; CHUNK.min(header.payload_len() as usize)];
         let (mut left, mut crc) = (header.payload_len(), 0u32);
         while left > 0 {

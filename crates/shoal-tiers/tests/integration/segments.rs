@@ -286,6 +286,38 @@ async fn a_file_image_wins_over_a_packed_copy() {
     assert!(tier.list().await.unwrap().is_empty());
 }
 
+/// A file image written over a packed copy whose dead record cannot be
+/// written (its `.dead` path taken by a directory): the put fails, both
+/// copies are on disk, and a read answers what a reopen would — the file
+/// image — never the older packed bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_prefers_the_file_image_as_the_reopen_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("burst");
+    let tier = open(&root);
+    let id = ObjectId::random();
+    let packed = payload(1000, 3);
+    put_all(&tier, &[(id, packed)]).await;
+    let segment = files(&root, "seg").pop().unwrap();
+    std::fs::create_dir(segment.with_extension("dead")).unwrap();
+    // The same id again, too large to pack: a file image.
+    let large = payload((2 << 20) + 5, 4);
+    let items = vec![PutItem {
+        id,
+        sizes: sizes_of(large.len(), 0),
+        src: SourceRange::from_vec(large.clone()),
+    }];
+    let failed = tier.put_batch(items).await.pop().unwrap();
+    assert!(failed.is_err(), "the old copy could not be marked dead");
+    assert_eq!(read(&tier, id, large.len()).await.unwrap(), large);
+    assert_eq!(tier.header(id).await.unwrap().data_size, large.len() as u64);
+    assert_eq!(tier.verify(id).await.unwrap().data_size, large.len() as u64);
+    drop(tier);
+    std::fs::remove_dir(segment.with_extension("dead")).unwrap();
+    let tier = open(&root);
+    assert_eq!(read(&tier, id, large.len()).await.unwrap(), large);
+}
+
 /// Deletes race reads and each other while segments are compacted and
 /// removed: every read returns the right bytes or NotFound for a deleted
 /// id, and what is left is exactly what was not deleted, before and after
