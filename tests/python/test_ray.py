@@ -299,7 +299,14 @@ def test_a_killed_drivers_job_objects_go_its_durable_ones_stay_for_a_new_driver(
     wait_for(swept, timeout=30, interval=0.1, message="the killed job's objects deleted")
     left = {row.name for row in client.ls("")}
     assert set(written["durable"]) <= left
+    # The janitor records a sweep once it deleted every name: a moment after they are gone.
     janitor = ray.get_actor("janitor", namespace="shoal")
+    wait_for(
+        lambda: written["job"] in ray.get(janitor.swept.remote()),
+        timeout=10,
+        interval=0.1,
+        message="the janitor's record of the sweep",
+    )
     assert ray.get(janitor.swept.remote())[written["job"]] == 2
 
     reader = run_driver(READER, cluster, json.dumps(written["durable"]))
