@@ -19,6 +19,7 @@ import shoal.ray
 COLUMNS = 4
 SCHEMA = pa.schema([(f"c{i}", pa.int64()) for i in range(COLUMNS)])
 SAMPLE_STEP = 2**20 // 8  # the touch: one value a MiB of each column
+IDLE_S = 0.05  # before the round trip to an idle daemon that the consumer times
 
 
 def anonymous_bytes(pid="self"):
@@ -162,6 +163,10 @@ class Consumer:
         result = {"first_get_s": t1 - t0, "touch_s": t2 - t1, "later_get_s": later}
         if kind == "shoal":
             client = shoal.ray.store.client()
+            time.sleep(IDLE_S)  # the daemon's threads asleep again, as before the first get
+            s = time.perf_counter()
+            client.stats()
+            result["idle_rpc_s"] = time.perf_counter() - s
             result["offsets"] = [a - client.region_address for a in buffer_addresses(value)]
             result["in_region"] = all(0 <= o < client.region_size for o in result["offsets"])
         self.held = value

@@ -143,19 +143,23 @@ def ray_data(ray, args):
     ray.data.from_arrow(tables).write_datasink(shoal.ray.ShoalDatasink(DATA_NAME))
     at_rest = ray.data.from_arrow(tables)  # the tables in plasma, as Ray Data holds them
 
+    chunks = len(shoal.ray.ShoalDatasource(DATA_NAME).get_read_tasks(1))
+
     def pipeline(kind):
         if kind == "shoal":
             ds = ray.data.read_datasource(shoal.ray.ShoalDatasource(DATA_NAME))
+        elif kind == "shoal_blocks":  # one block per chunk: Ray Data does not split them
+            ds = ray.data.read_datasource(shoal.ray.ShoalDatasource(DATA_NAME), override_num_blocks=chunks)
         elif kind == "from_arrow":
             ds = ray.data.from_arrow(tables)
         else:
             ds = at_rest
         return ds.map_batches(derive, batch_format="pyarrow", batch_size=None)
 
-    kinds = ["shoal", "at_rest", "from_arrow"]
+    kinds = ["shoal", "shoal_blocks", "at_rest", "from_arrow"]
     samples = {k: [] for k in kinds}
     for rnd in range(args["data_warmup"] + args["rounds"]):
-        for kind in kinds[rnd % 3 :] + kinds[: rnd % 3]:
+        for kind in kinds[rnd % len(kinds) :] + kinds[: rnd % len(kinds)]:
             t0 = time.perf_counter()
             n = pipeline(kind).count()
             elapsed = time.perf_counter() - t0
@@ -163,6 +167,7 @@ def ray_data(ray, args):
             if rnd >= args["data_warmup"]:
                 samples[kind].append(elapsed)
         log(f"ray data: round {rnd} done")
+    made = blocks(ray, DATA_NAME)
     client = shoal.ray.store.client()
     for row in client.ls(DATA_NAME + ".parts"):
         client.unlink(row.name)
@@ -170,10 +175,21 @@ def ray_data(ray, args):
     return {
         "rows": total,
         "tables": len(tables),
+        "chunks": chunks,
+        "blocks": made,
         "bytes": sum(t.nbytes for t in tables),
         "warmup": args["data_warmup"],
         **samples,
     }
+
+
+def blocks(ray, name):
+    """How many blocks Ray Data makes of a default `read_datasource` of the table: its
+    read parallelism (`read_op_min_num_blocks`, 200) over the read tasks, each task's
+    output split to reach it."""
+    import shoal.ray
+
+    return ray.data.read_datasource(shoal.ray.ShoalDatasource(name)).materialize().num_blocks()
 
 
 # ---------------------------------------------------------------- kill -9
