@@ -10,7 +10,8 @@ local   one Ray node (2 CPUs) over one `shoal serve` (not prefaulted);
     process) gets it. shoal: A builds it in place (`client.create_table`) and
     `shoal.ray.share`s it, B calls `shoal.ray.get`. Ray: A builds it in its heap and
     `ray.put`s it, B calls `ray.get`. B times its first get, a touch of one value a MiB,
-    and --get-reps later gets. Copies by the producer: shoal's is 0 when B's column
+    and --get-reps later gets; on shoal's path also, for context, one round trip to its
+    daemon after 50 ms idle (`client.stats()`). Copies by the producer: shoal's is 0 when B's column
     buffers lie at the offsets of the store where A wrote; Ray's is 1 when the value in
     plasma lies elsewhere than A's heap table with equal contents. Host memory growth while
     B holds the value: /proc/meminfo Shmem (the store's and plasma's pages, counted once
