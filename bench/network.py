@@ -353,13 +353,15 @@ class RawPair:
     """The owner process and this process's puller: a preallocated, populated
     shared mapping of a /dev/shm file, like a node's region."""
 
-    def __init__(self, tmpname, errlog):
-        size = max(SIZES)
+    def __init__(self, tmpname, errlog, size=None):
+        """`size`: the largest pull (both /dev/shm files are that large; default max(SIZES))."""
+        self.size = size = size or max(SIZES)
         self.src_path = f"/dev/shm/{tmpname}-src"
         self.dst_path = f"/dev/shm/{tmpname}-dst"
         self.owner, self.dst = None, None
+        self.src = payload(size)  # kept: the checks after each pull read it
         with open(self.src_path, "wb") as f:
-            f.write(payload(size).tobytes())
+            f.write(self.src.data)
         with open(self.dst_path, "wb") as f:
             f.truncate(size)
         with open(self.dst_path, "r+b") as f:
@@ -403,19 +405,18 @@ class RawPair:
                 job.result()
         elapsed = time.perf_counter() - t0
         cpu = self_cpu() + process_cpu(self.owner.proc.pid) - c0
-        src = payload(max(SIZES))
         ends = np.r_[0:8, size - 8 : size]
-        assert np.array_equal(self.dst[ends], src[ends]), "raw pull: wrong bytes"
+        assert np.array_equal(self.dst[ends], self.src[ends]), "raw pull: wrong bytes"
         return elapsed, cpu
 
     def verify(self, size):
-        assert np.array_equal(self.dst[:size], payload(max(SIZES))[:size]), "raw pull bytes differ"
+        assert np.array_equal(self.dst[:size], self.src[:size]), "raw pull bytes differ"
 
     def stop(self):
         self.pool.shutdown()
         if self.owner is not None:
             self.owner.close(timeout=10)
-        self.dst = None
+        self.dst = self.src = None
         for path in (self.src_path, self.dst_path):
             try:
                 os.unlink(path)
@@ -426,10 +427,9 @@ class RawPair:
 # ---------------------------------------------------------------- Ray
 
 
-def ray_driver_main(tmp):
-    """`--ray-driver` (run by bench/.venv-ray's python): starts a 2-node Ray
-    cluster on loopback, then pulls objects made on node B from node A."""
-    out = json_out()
+def ray_environment(tmp):
+    """Before `import ray` in a driver: no usage report, Ray's session files under `tmp`
+    (in `tmp`/ray), loopback only."""
     os.environ.update(
         RAY_USAGE_STATS_ENABLED="0",  # no usage report leaves the machine
         RAY_TMPDIR=tmp,  # Ray's session files in our own directory
@@ -438,6 +438,13 @@ def ray_driver_main(tmp):
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
     )
     os.makedirs(os.path.join(tmp, "ray"), exist_ok=True)
+
+
+def ray_driver_main(tmp):
+    """`--ray-driver` (run by bench/.venv-ray's python): starts a 2-node Ray
+    cluster on loopback, then pulls objects made on node B from node A."""
+    out = json_out()
+    ray_environment(tmp)
     import ray
     from ray.cluster_utils import Cluster
     from ray.experimental import get_object_locations
