@@ -346,6 +346,9 @@ def test_ray_data_writes_and_reads_shoal_tables_like_from_arrow(cluster: str, st
     read = ray.data.read_datasource(source)
     assert read.count() == 80_000
     assert arrow(read).sort_by("x").equals(expected.sort_by("x"))
+    # shoal.ray.read: one block per chunk (Ray Data's default would split each read).
+    blocks = shoal.ray.read("tables/rt").materialize()
+    assert blocks.num_blocks() == 4 and arrow(blocks).sort_by("x").equals(expected.sort_by("x"))
     # Projection pushdown: Ray Data's optimizer folds the column select into the read (the
     # read tasks select the column over store memory), leaving no Project operator.
     projected = ray.data.read_datasource(ShoalDatasource("tables/rt")).select_columns(["y"])

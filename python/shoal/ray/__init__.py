@@ -8,7 +8,7 @@ Ray, bytes through shoal.
     def work(ref): return shoal.ray.get(ref).num_rows     # store memory, no copy
     ray.get(work.options(scheduling_strategy=shoal.ray.locality(ref)).remote(ref))
 
-    ds = ray.data.read_datasource(shoal.ray.ShoalDatasource("tables/events"))
+    ds = shoal.ray.read("tables/events")      # read_datasource(ShoalDatasource), a block a chunk
     ds.write_datasink(shoal.ray.ShoalDatasink("tables/out"))
 
 Objects are named under their Ray job and deleted when it ends, unless put with
@@ -27,9 +27,13 @@ from shoal.ray.store import connect
 
 if TYPE_CHECKING:
     from shoal.ray.datasink import ShoalDatasink
-    from shoal.ray.datasource import ShoalDatasource
+    from shoal.ray.datasource import ShoalDatasource, read
 
-_LAZY = {"ShoalDatasource": "shoal.ray.datasource", "ShoalDatasink": "shoal.ray.datasink"}
+_LAZY = {
+    "ShoalDatasource": "shoal.ray.datasource",
+    "ShoalDatasink": "shoal.ray.datasink",
+    "read": "shoal.ray.datasource",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +50,7 @@ __all__ = [
     "locality",
     "node_map",
     "put",
+    "read",
     "ref",
     "share",
 ]
