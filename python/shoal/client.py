@@ -499,6 +499,13 @@ class Client:
         """Whether the daemon is a node of a cluster."""
         return self._raw.clustered
 
+    @property
+    def cluster_identity(self) -> str | None:
+        """The cluster's identity, `name=NAME token-sha256=HEX` (the cluster file's name and
+        a digest of its token, never the token): equal for clients of any two nodes of one
+        cluster, different for another cluster; None when the daemon is not a cluster node."""
+        return self._raw.cluster_identity
+
     def cluster_nodes(self) -> list[dict[str, Any]]:
         """The cluster's nodes as this client's daemon sees them now, one dict per node:
         node, alive, access ("mapped" or "network"), region, region_size. `alive` is whether

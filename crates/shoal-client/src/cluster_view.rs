@@ -18,6 +18,9 @@ pub struct ClusterView {
     /// Whether the fabric is cache-coherent (else seals flush and reads
     /// invalidate: docs/cluster.md).
     pub coherent: bool,
+    /// The cluster's identity (`ClusterInfo`): equal for clients of nodes
+    /// of one cluster, different for any other.
+    pub identity: String,
     /// Every node's region, as the daemon reported them at connect.
     pub nodes: Vec<PeerRegion>,
     /// Simulated non-coherent fabric: this process's private "cache" copy of
@@ -40,10 +43,17 @@ pub struct ClusterView {
 
 impl ClusterView {
     /// The view of a cluster the daemon described, nothing mapped yet.
-    pub(crate) fn new(node: u32, coherent: bool, simulated: bool, nodes: Vec<PeerRegion>) -> Self {
+    pub(crate) fn new(
+        node: u32,
+        coherent: bool,
+        simulated: bool,
+        identity: String,
+        nodes: Vec<PeerRegion>,
+    ) -> Self {
         Self {
             node,
             coherent,
+            identity,
             simulated,
             peers: nodes.iter().map(|_| PeerMaps::default()).collect(),
             nodes,

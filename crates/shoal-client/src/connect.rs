@@ -61,8 +61,12 @@ impl crate::Client {
                     node,
                     coherent,
                     simulated,
+                    cluster,
                     nodes,
-                } => client.cluster = Some(ClusterView::new(node, coherent, simulated, nodes)),
+                } => {
+                    client.cluster =
+                        Some(ClusterView::new(node, coherent, simulated, cluster, nodes));
+                }
                 other => return Err(unexpected(other)),
             }
         }

@@ -747,15 +747,24 @@ impl Topology {
     /// the cluster's name, a digest of its token (never the token itself)
     /// and `max_nodes`.
     pub fn membership_stamp(&self) -> String {
+        // Every member sizes its per-node tables by max_nodes and refuses
+        // records of ids past it: members must agree on it.
+        let slots = self.membership.as_ref().map_or(0, |m| m.max_nodes);
+        format!("{} max_nodes={slots}", self.identity())
+    }
+
+    /// What tells this cluster from any other: its name and a digest of its
+    /// token (never the token itself), `name=… token-sha256=…`. Two
+    /// clusters of one name but different tokens differ; clients learn it
+    /// from `ClusterInfo` (Dask's workers compare it to hand objects to each
+    /// other by id across hosts).
+    pub fn identity(&self) -> String {
         let digest = ring::digest::digest(&ring::digest::SHA256, self.token.as_bytes());
         let hex: String = digest.as_ref()[..16]
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        // Every member sizes its per-node tables by max_nodes and refuses
-        // records of ids past it: members must agree on it.
-        let slots = self.membership.as_ref().map_or(0, |m| m.max_nodes);
-        format!("name={} token-sha256={hex} max_nodes={slots}", self.name)
+        format!("name={} token-sha256={hex}", self.name)
     }
 
     /// Node `id`'s `[[node]]` table as this file would write it: what a
@@ -1101,5 +1110,23 @@ region_size = 1048576
             let err = Topology::parse(&text, None).unwrap_err().to_string();
             assert!(err.contains(why), "{why}: {err}");
         }
+    }
+
+    /// What clients compare to know they are in one cluster: the name and a
+    /// digest of the token, never the token; another token is another
+    /// cluster even under the same name.
+    #[test]
+    fn identity_tells_clusters_apart_without_the_token() {
+        let t = Topology::parse(FILE, None).unwrap();
+        let identity = t.identity();
+        assert!(
+            identity.starts_with("name=demo token-sha256="),
+            "{identity}"
+        );
+        assert!(!identity.contains("t0ken"));
+        assert_eq!(identity, Topology::parse(FILE, None).unwrap().identity());
+        let other = Topology::parse(&FILE.replace("t0ken", "another"), None).unwrap();
+        assert_ne!(identity, other.identity());
+        assert!(t.membership_stamp().starts_with(&identity));
     }
 }

@@ -58,6 +58,8 @@ pub struct Client {
     info: StoreInfo,
     /// This client's node in a cluster (0 for a single store).
     info_node: u32,
+    /// The cluster's identity (`ClusterInfo`), None for a single store.
+    cluster_identity: Option<String>,
     /// Where the region is mapped in this process.
     region_address: usize,
     socket: String,
@@ -80,10 +82,12 @@ impl Client {
         let region_address = client.mapping().base() as usize;
         let info = client.info();
         let info_node = client.node();
+        let cluster_identity = client.cluster().map(|c| c.identity.clone());
         Ok(Self {
             shared: SharedClient::new(client),
             info,
             info_node,
+            cluster_identity,
             region_address,
             socket,
         })
@@ -120,6 +124,13 @@ impl Client {
     #[getter]
     fn clustered(&self) -> bool {
         self.info.clustered
+    }
+
+    /// The cluster's identity (its name and a digest of its token), equal
+    /// for clients of any two nodes of one cluster; None for a single store.
+    #[getter]
+    fn cluster_identity(&self) -> Option<&str> {
+        self.cluster_identity.as_deref()
     }
 
     #[getter]

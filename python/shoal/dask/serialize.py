@@ -1,13 +1,16 @@
 """The `shoal` serialization family: a value that lies in a store object travels as the
-object's id when the receiver reaches the same store.
+object's id when the receiver reaches that object through shoal.
 
 Dask tries the families a message asks for in order; `shoal.dask.Worker.get_data` puts
-`shoal` first. `dumps` sends the 20-byte id of the object a value was rebuilt over
-(`shoal.dask.backing`) when the receiving comm's handshake names the same store
-(`Worker` adds its store's identity to the handshake), and otherwise raises
-NotImplementedError, so Dask goes on to its own families ("dask", "pickle") as before.
-`loads` takes the receiver's own reference to the object and rebuilds the value over the
-same pages; the data mapping then adopts it without a second object.
+`shoal` first. `Worker` adds its store's identity and its shoal cluster's to the handshake
+of every comm it opens (`Store.handshake`). `dumps` sends the 20-byte id of the object a
+value was rebuilt over (`shoal.dask.backing`) when the receiving comm's handshake names
+the same store (same host: the receiver maps the same pages) or a node of the same shoal
+cluster (another host: the receiver's daemon gets the object from its owner, a network
+pull into a copy in the receiver's store); otherwise it raises NotImplementedError, so
+Dask goes on to its own families ("dask", "pickle") as before. `loads` takes the
+receiver's own reference to the object and rebuilds the value over it; the data mapping
+then adopts it without a second object.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from distributed.protocol.serialize import register_serialization_family
 from shoal.dask import backing, store
 
 NAME = "shoal"
-#: The handshake key a shoal worker adds (its store's identity).
+#: The handshake key a shoal worker adds (`Store.handshake`: its store's and cluster's
+#: identities).
 HANDSHAKE_KEY = "shoal"
 
 
@@ -28,15 +32,23 @@ def dumps(value: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, 
     if stored is None:
         raise NotImplementedError("not a value rebuilt over a store object")
     recipient = (context or {}).get("recipient") or {}
-    if recipient.get(HANDSHAKE_KEY) != stored.store:
-        raise NotImplementedError("the receiver does not reach this store")
-    return {"store": stored.store, "nbytes": stored.nbytes}, [stored.oid]
+    theirs = recipient.get(HANDSHAKE_KEY)
+    header: dict[str, Any] = {"store": stored.store, "nbytes": stored.nbytes}
+    if isinstance(theirs, dict) and theirs.get("store") == stored.store:
+        return header, [stored.oid]
+    here = store.current()
+    if here is None or here.identity != stored.store or here.reaches(theirs) != "cluster":
+        raise NotImplementedError("the receiver reaches neither this store nor its cluster")
+    header["cluster"] = here.cluster
+    return header, [stored.oid]
 
 
 def loads(header: dict[str, Any], frames: list[Any]) -> Any:
     here = store.current()
-    if here is None or here.identity != header["store"]:
-        raise ValueError("a shoal reference arrived at a process that does not reach its store")
+    if here is None or here.reaches(header) is None:
+        raise ValueError(
+            "a shoal reference arrived at a process that reaches neither its store nor its cluster"
+        )
     stored, value = here.open_object(bytes(frames[0]))
     backing.received(value, stored)
     return value

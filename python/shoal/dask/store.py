@@ -77,6 +77,11 @@ class Store:
     #: Whether the store has a tier below memory (then an evicted value's object is
     #: released, so the tiers may move it down).
     tiered: bool
+    #: The shoal cluster the store is a node of (`Client.cluster_identity`), None for a
+    #: single store: processes of two nodes of one cluster reach each other's objects
+    #: through their own daemons (a get pulls a copy over the network, or maps the peer's
+    #: region where the fabric allows).
+    cluster: str | None = None
     #: Set once the daemon is gone: everything falls back to Dask from then on.
     gone: bool = False
 
@@ -89,7 +94,23 @@ class Store:
         store can be reached."""
         client = shoal.connect(socket, capacity=capacity)
         tiered = bool(client.tiers().get("tiers"))
-        return cls(client, f"{_boot_id()}:{_region_file(client)}", tiered)
+        return cls(client, f"{_boot_id()}:{_region_file(client)}", tiered, client.cluster_identity)
+
+    def reaches(self, handshake: Any) -> str | None:
+        """How a process whose comm handshake carried `handshake` (`handshake()` of its
+        store) reaches this store's objects: "store" (the same store), "cluster" (a node of
+        the same shoal cluster), or None."""
+        if not isinstance(handshake, dict):
+            return None
+        if handshake.get("store") == self.identity:
+            return "store"
+        if self.cluster is not None and handshake.get("cluster") == self.cluster:
+            return "cluster"
+        return None
+
+    def handshake(self) -> dict[str, str | None]:
+        """What this process adds to its comms' handshakes (`reaches` reads it)."""
+        return {"store": self.identity, "cluster": self.cluster}
 
     @property
     def usable(self) -> bool:
@@ -120,10 +141,12 @@ class Store:
             self.failed(err, "a value")
             return None
 
-    def open_object(self, oid: bytes) -> tuple[Stored, Any]:
+    def open_object(self, oid: bytes, *, wait_ms: int = 0) -> tuple[Stored, Any]:
         """The record of sealed object `oid` with this process's reference, and its value
-        rebuilt over store memory. Raises ObjectNotFound (or Disconnected)."""
-        buffer = self.client.get_buffer(oid, timeout_ms=0)
+        rebuilt over store memory. An object of another node of the cluster comes through
+        this store's daemon (a network pull into a copy here, or the peer's region
+        mapped). Raises ObjectNotFound (or Disconnected, NodeUnavailable)."""
+        buffer = self.client.get_buffer(oid, timeout_ms=wait_ms)
         stored = Stored(oid, self.identity, len(buffer), buffer)
         return stored, layout.read(buffer)
 

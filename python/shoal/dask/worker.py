@@ -5,8 +5,9 @@ data plane (docs/dask.md).
     dask worker SCHEDULER --worker-class shoal.dask.Worker
 
 The worker keeps its data in a `StoreData` over the store, measures its memory without
-the store's pages (and has its nanny do the same), adds its store's identity to every
-comm handshake and asks for the `shoal` serialization family first when it sends data,
+the store's pages (and has its nanny do the same), adds its store's and its shoal
+cluster's identities to every comm handshake and asks for the `shoal` serialization
+family first when it sends data,
 and registers `shoal.dask.SchedulerPlugin` with the scheduler. Without a store it is
 Dask's worker, after one warning.
 """
@@ -79,9 +80,10 @@ class Worker(distributed.Worker):
         identity = self.shoal.identity
         scope = self.scheduler.address
         mapping.name_of = lambda key: f"{store.key_prefix(scope, key)}/{store.component(str(self.name))}"
-        self.startup_information["shoal"] = lambda _worker: {"store": identity}
+        cluster = self.shoal.cluster
+        self.startup_information["shoal"] = lambda _worker: {"store": identity, "cluster": cluster}
         overrides = self.connection_args.setdefault("handshake_overrides", {})
-        overrides[serialize.HANDSHAKE_KEY] = identity
+        overrides[serialize.HANDSHAKE_KEY] = self.shoal.handshake()
         self.handlers["shoal_adopt"] = self.shoal_adopt
         self.stream_handlers["shoal-forget"] = self.shoal_forget
 

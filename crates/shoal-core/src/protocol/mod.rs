@@ -67,7 +67,11 @@ pub use tier_report::{TierInfo, TierReport};
 /// 14: a `Notification` says whether a removed object was deleted (kind 3)
 /// or evicted (kind 2): the wire carries the store's own event
 /// (`ObjectEvent`).
-pub const PROTOCOL_VERSION: u32 = 15;
+/// 15: seals to memory unanswered; deletes and contains through the write
+/// channel (docs/fast-path.md).
+/// 16: `ClusterInfo` carries the cluster's identity (its name and a digest
+/// of its token).
+pub const PROTOCOL_VERSION: u32 = 16;
 
 #[cfg(test)]
 mod doc_check;

@@ -149,6 +149,9 @@ pub enum Reply {
         /// their "cache", synchronised only by flush and invalidate, so the
         /// coherency protocol is exercised on one host.
         simulated: bool,
+        /// The cluster's identity (its name and a digest of its token): equal
+        /// for clients of nodes of one cluster, different for any other.
+        cluster: String,
         /// Every node of the cluster, this one included, as seen from this host.
         nodes: Vec<PeerRegion>,
     },
@@ -346,11 +349,13 @@ impl Reply {
                 node,
                 coherent,
                 simulated,
+                cluster,
                 nodes,
             } => {
                 w.u32(*node)
                     .u8(u8::from(*coherent))
                     .u8(u8::from(*simulated))
+                    .str(cluster)
                     .u32(nodes.len() as u32);
                 for n in nodes {
                     w.u32(n.node)
@@ -550,6 +555,7 @@ impl Reply {
                 let node = r.u32()?;
                 let coherent = r.bool()?;
                 let simulated = r.bool()?;
+                let cluster = r.str()?;
                 let n = r.count(4 + 1 + 1 + 8 + 4)?;
                 let mut nodes = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -565,6 +571,7 @@ impl Reply {
                     node,
                     coherent,
                     simulated,
+                    cluster,
                     nodes,
                 }
             }

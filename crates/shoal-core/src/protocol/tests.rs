@@ -178,6 +178,7 @@ pub(super) fn sample_replies() -> Vec<Reply> {
             node: 1,
             coherent: false,
             simulated: true,
+            cluster: "name=c token-sha256=00ff".into(),
             nodes: vec![PeerRegion {
                 node: 0,
                 mapped: true,

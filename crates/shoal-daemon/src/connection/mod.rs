@@ -434,6 +434,7 @@ fn cluster_info(ops: &Ops) -> Reply {
         node: cluster.me,
         coherent: topology.coherence == CoherenceMode::Coherent,
         simulated: topology.simulate_caches,
+        cluster: topology.identity(),
         nodes: topology
             .nodes
             .iter()
