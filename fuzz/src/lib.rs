@@ -335,6 +335,7 @@ pub fn sample_replies() -> Vec<Reply> {
             node: 0,
             coherent: true,
             simulated: false,
+            cluster: "name=demo token-sha256=00112233445566778899aabbccddeeff".into(),
             nodes: vec![PeerRegion {
                 node: 1,
                 mapped: true,
