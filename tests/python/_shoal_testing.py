@@ -34,6 +34,10 @@ from shoal.testing import (  # noqa: F401  (re-exported to the test modules)
     wait_for,
 )
 
+# The client protocol's version (crates/shoal-core/src/protocol/mod.rs PROTOCOL_VERSION),
+# for the tests that speak raw frames.
+PROTOCOL_VERSION = 16
+
 # Every child process gets this preamble, so snippets stay short.
 PREAMBLE = """\
 import gc, hashlib, json, os, sys, time

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from _shoal_testing import MiB, snapshot, wait_for
+from _shoal_testing import PROTOCOL_VERSION, MiB, snapshot, wait_for
 
 import shoal
 
@@ -413,9 +413,6 @@ ERROR, WELCOME, OBJECTS, STATS_REPLY = 0x81, 0x82, 0x84, 0x87
 
 def frame(opcode: int, payload: bytes = b"", flags: int = 0, length: int | None = None) -> bytes:
     return struct.pack("<IHH", len(payload) if length is None else length, opcode, flags) + payload
-
-
-PROTOCOL_VERSION = 15
 
 
 def hello(version: int = PROTOCOL_VERSION) -> bytes:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _shoal_testing import Daemon, shoal_command, short_dir, wait_for
+from _shoal_testing import PROTOCOL_VERSION, Daemon, shoal_command, short_dir, wait_for
 
 import shoal
 
@@ -144,9 +144,6 @@ def test_a_daemon_another_user_runs_is_refused(other_uid, shared_dir, monkeypatc
     received = [int(line.split()[1]) for line in output.splitlines() if line.startswith("received")]
     assert received == [0, 0], f"the impostor got data: {output} {err}"
 
-
-# crates/shoal-core/src/protocol/mod.rs PROTOCOL_VERSION (tests/python/test_errors.py too).
-PROTOCOL_VERSION = 15
 
 HANDSHAKE = """
 import socket, struct, sys
