@@ -52,12 +52,10 @@ impl Cluster {
         }
     }
 
-    /// A new view: every id's runner-up may have moved; all is sent again.
+    /// A new view: every id's runner-up may have moved; all is sent again
+    /// (the reset drops the changes noted meanwhile: it carries them).
     pub(crate) fn witness_view_changed(&self) {
-        let mut witness = self.witness.borrow_mut();
-        witness.sealed.clear();
-        witness.gone.clear();
-        witness.reset_due = Some(Instant::now());
+        self.witness.borrow_mut().reset_due = Some(Instant::now());
     }
 
     /// What `owner` asked this node to witness.
