@@ -253,7 +253,19 @@ def reader_main(sock):
         client.delete([shoal.ObjectID.from_hex(req["id"])])
         return {}
 
-    ops = {"pull": pull, "delete": delete}
+    def probe(req):
+        """Timed gets (timeout 0) of absent ids, one at a time: each asks the id's home,
+        a peer RPC when that is the other node."""
+        times = []
+        for hexid in req["ids"]:
+            oid = shoal.ObjectID.from_hex(hexid)
+            t0 = time.perf_counter()
+            got = client.get([oid], timeout_ms=0)
+            times.append(time.perf_counter() - t0)
+            assert got == [None], "an absent id was found"
+        return {"times": times}
+
+    ops = {"pull": pull, "delete": delete, "probe": probe}
 
     out.write(json.dumps({"ready": True}) + "\n")
     serve_json(out, lambda req: ops[req["op"]](req))
@@ -263,8 +275,9 @@ class Shoal:
     """The 2-node cluster, this process's writer (a client of node 1) and the
     reader process (a client of node 0)."""
 
-    def __init__(self, directory, errlog):
+    def __init__(self, directory, errlog, tls=False, capacity=CAPACITY, tiers=True):
         self.directory, self.errlog = directory, errlog
+        self.tls, self.capacity, self.tiers = tls, capacity, tiers
         self.reader, self.writer, self.cluster = None, None, None
 
     def start(self):
@@ -272,7 +285,13 @@ class Shoal:
 
         self.shoal = shoal
         self.cluster = cluster_up(
-            self.directory, self.errlog, nodes=2, modes="mapped,network", capacity=f"{CAPACITY // MiB}MiB"
+            self.directory,
+            self.errlog,
+            nodes=2,
+            modes="mapped,network",
+            capacity=f"{self.capacity // MiB}MiB",
+            tls=self.tls,
+            tiers=self.tiers,
         )
         with open(os.path.join(self.directory, "cluster.toml")) as f:
             modes = [line.split("=")[1].strip().strip('"') for line in f if line.startswith("access")]
@@ -1012,6 +1031,11 @@ def main():
     ap.add_argument("--reader", metavar="SOCKET", help=argparse.SUPPRESS)
     ap.add_argument("--owner", metavar="PATH", help=argparse.SUPPRESS)
     ap.add_argument("--ray-driver", metavar="TMP", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--tls",
+        action="store_true",
+        help="peer traffic over TLS against cleartext, alternated (bench/results/network-tls.md)",
+    )
     args = ap.parse_args()
     from shoal.testing import require_optimized_build
 
@@ -1022,6 +1046,10 @@ def main():
         return owner_main(args.owner)
     if args.ray_driver:
         return ray_driver_main(args.ray_driver)
+    if args.tls:
+        import network_tls
+
+        return network_tls.main(args)
 
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)

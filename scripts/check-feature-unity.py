@@ -30,11 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # What scripts/test.sh asks of the extension (SHOAL_FEATURES=full in scripts/setup.sh).
 TEST_FEATURES = "full"
 # The optional parts' crates (features `s3`, `fuse`, `top`, `etcd`), kept out of the quick
-# start's build.
+# start's build. (rustls is not one: peer traffic between hosts is TLS in every build.)
 OPTIONAL_CRATES = {
     "object_store",
     "reqwest",
-    "rustls",
     "fuser",
     "shoal-fuse",
     "ratatui",

@@ -336,6 +336,7 @@ pub fn sample_replies() -> Vec<Reply> {
             coherent: true,
             simulated: false,
             cluster: "name=demo token-sha256=00112233445566778899aabbccddeeff".into(),
+            encryption: "tls1.3, data channel tls-userspace".into(),
             nodes: vec![PeerRegion {
                 node: 1,
                 mapped: true,

@@ -506,6 +506,13 @@ class Client:
         cluster, different for another cluster; None when the daemon is not a cluster node."""
         return self._raw.cluster_identity
 
+    @property
+    def peer_encryption(self) -> str | None:
+        """How this client's node protects its traffic with the other nodes: e.g.
+        `tls1.3, data channel tls-userspace`, or `none: insecure_cleartext`; None when the
+        daemon is not a cluster node (docs/security.md, "Peer traffic over TLS")."""
+        return self._raw.peer_encryption
+
     def cluster_nodes(self) -> list[dict[str, Any]]:
         """The cluster's nodes as this client's daemon sees them now, one dict per node:
         node, alive, access ("mapped" or "network"), region, region_size. `alive` is whether

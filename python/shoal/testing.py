@@ -264,6 +264,7 @@ class Cluster:
         linger_ms: int | None = None,
         tiers: bool = False,
         *,
+        tls: bool = False,
         timeout: float = 60.0,
         log: IO[str] | None = None,
     ) -> None:
@@ -271,7 +272,8 @@ class Cluster:
         by default; off here, so tests of memory behaviour (eviction forgets, a restarted
         node comes back empty) see memory alone. Keyword-only (benchmarks): `timeout`,
         seconds each `shoal cluster` command (up, status, down) may take; `log`, an open
-        text file those commands and their output are appended to."""
+        text file those commands and their output are appended to; `tls`, peer traffic over
+        TLS 1.3 as between hosts (`cluster up --tls`)."""
         self.directory = directory
         self.name = f"t{os.getpid()}x{directory.name}"[-24:]
         self.nodes = nodes
@@ -285,6 +287,7 @@ class Cluster:
             *(["--simulate-caches"] if simulate_caches else []),
             *([] if linger_ms is None else ["--linger-ms", str(linger_ms)]),
             *([] if tiers else ["--no-tiers"]),
+            *(["--tls"] if tls else []),
             timeout=timeout, log=log,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr + result.stdout

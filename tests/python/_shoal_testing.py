@@ -36,7 +36,7 @@ from shoal.testing import (  # noqa: F401  (re-exported to the test modules)
 
 # The client protocol's version (crates/shoal-core/src/protocol/mod.rs PROTOCOL_VERSION),
 # for the tests that speak raw frames.
-PROTOCOL_VERSION = 16
+PROTOCOL_VERSION = 17
 
 # Every child process gets this preamble, so snippets stay short.
 PREAMBLE = """\

@@ -619,9 +619,13 @@ class Hosts:
         shared_backing: bool = False,
         backing_capacity: str | None = None,
         own_files: bool = False,
+        tls: bool = True,
     ) -> None:
         assert etcd or not own_files, "a file of one node needs a membership: etcd"
         self.directory = directory
+        # Peer traffic between hosts over TLS with a CA made here, on the "operator's
+        # machine"; tls=False writes insecure_cleartext = true instead.
+        self.ca: Path | None = directory / "ca" if tls else None
         self.shared: Path | None = directory / "shared" if shared_backing else None
         self.backing_capacity = backing_capacity
         self.count = count
@@ -685,6 +689,15 @@ class Hosts:
             f"lease_ms = {lease_ms}",
             f"linger_ms = {linger_ms}",
         ]
+        if self.ca is not None:
+            made = subprocess.run(
+                [sys.executable, "-m", "shoal", "cluster", "ca", "--out", str(self.ca)],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            assert made.returncode == 0, made.stderr
+            lines.append(f'tls_ca = "{RUN}/ca.crt"')
+        else:
+            lines.append("insecure_cleartext = true")
         if self.etcd is not None:
             lines += [
                 f'membership = "{self.etcd.url(f"shoal/{self.name}")}"',
@@ -714,8 +727,31 @@ class Hosts:
                 )
                 assert done["returncode"] == 0, done["stderr"]
                 lines += done["stdout"].strip().splitlines()  # public_key = ..., key_file = ...
+            if self.ca is not None:
+                lines += self._certificate(i, host, lines)
             tables.append("\n".join(lines) + "\n")
         return header, tables
+
+    def _certificate(self, i: int, host: Host, lines: list[str]) -> list[str]:
+        """Node `i`'s TLS certificate, issued here for the public key its host sent, copied
+        to the host with the CA's certificate; its `tls_cert`/`tls_key` lines."""
+        assert self.ca is not None
+        key = next((line.split('"')[1] for line in lines if line.startswith("public_key")), None)
+        out = self.directory / f"n{i}"
+        made = subprocess.run(
+            [
+                *(sys.executable, "-m", "shoal", "cluster", "cert", "--ca", str(self.ca)),
+                *("--node", str(i), "--out", str(out)),
+                *(["--public-key", key] if key else []),
+            ],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        suffix = "" if self.same_paths else f"-n{i}"
+        host.write(f"{RUN}/ca.crt", (self.ca / "ca.crt").read_text(), mode=0o644)
+        host.write(f"{RUN}/node{suffix}.crt", out.with_suffix(".crt").read_text(), mode=0o644)
+        host.write(f"{RUN}/node{suffix}.tls", out.with_suffix(".tls").read_text())
+        return [f'tls_cert = "{RUN}/node{suffix}.crt"', f'tls_key = "{RUN}/node{suffix}.tls"']
 
     def __enter__(self) -> Hosts:
         return self

@@ -19,6 +19,7 @@ use shoal_cluster::auth::{Credentials, PeerIdentity};
 use shoal_cluster::node_keys::NodeKey;
 use shoal_cluster::proto::peer_client::PeerClient;
 use shoal_cluster::proto::{Empty, NodeStatus};
+use shoal_cluster::tls::TlsMaterial;
 use shoal_cluster::{Access, Address, Node, NodeIdentity, NodeTiers, Topology};
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::units::{format_size, parse_size};
@@ -71,6 +72,10 @@ pub struct UpArgs {
     /// Default durability of every node's seals: memory, local or backing.
     #[arg(long, default_value = "memory", conflicts_with = "no_tiers")]
     pub durability: String,
+    /// Peer traffic over TLS 1.3 even on this host (what hosts apart
+    /// require): a CA in DIR/tls and a certificate per node.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -88,10 +93,20 @@ pub struct DirArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct KeygenArgs {
-    /// Where to write the private key (must not exist yet); the node's
-    /// `key_file` in the cluster file.
+    /// Where to write the private key (must not exist yet, unless --ca
+    /// issues a new certificate for it); the node's `key_file`.
     #[arg(long)]
     pub out: PathBuf,
+    /// Also issue the node's TLS certificate with the CA in this directory
+    /// (`shoal cluster ca`): `<out>.crt` and its key `<out>.tls`.
+    #[arg(long, requires = "node")]
+    pub ca: Option<PathBuf>,
+    /// The node the certificate is for (with --ca).
+    #[arg(long)]
+    pub node: Option<u32>,
+    /// How long the certificate is valid (with --ca).
+    #[arg(long, default_value_t = 365)]
+    pub days: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -158,6 +173,14 @@ fn print_layout(t: &Topology) {
             "shared token only"
         }
     );
+    println!(
+        "peer traffic: {}",
+        match (&t.tls, t.insecure_cleartext) {
+            (Some(tls), _) => format!("TLS 1.3, CA {}", tls.ca.display()),
+            (None, true) => "cleartext between hosts (insecure_cleartext)".to_owned(),
+            (None, false) => "cleartext, every address on loopback".to_owned(),
+        }
+    );
     let list = |ids: &[u32]| {
         ids.iter()
             .map(u32::to_string)
@@ -197,13 +220,29 @@ fn print_layout(t: &Topology) {
 }
 
 pub fn keygen(args: KeygenArgs) -> Result<()> {
-    let key = NodeKey::generate()?;
-    key.save(&args.out)?;
+    // With --ca, an existing key gets a new certificate (a rotation).
+    let key = match (&args.ca, args.out.exists()) {
+        (Some(_), true) => NodeKey::load(&args.out)?,
+        _ => {
+            let key = NodeKey::generate()?;
+            key.save(&args.out)?;
+            key
+        }
+    };
     println!(
         "public_key = \"{}\"\nkey_file = {:?}",
         shoal_cluster::node_keys::to_hex(&key.public()),
         args.out.display().to_string()
     );
+    if let (Some(ca), Some(node)) = (&args.ca, args.node) {
+        let (cert, tls_key) =
+            crate::cluster_tls::node_cert(ca, node, Some(&key.public()), &args.out, args.days)?;
+        println!(
+            "tls_cert = {:?}\ntls_key = {:?}",
+            cert.display().to_string(),
+            tls_key.display().to_string()
+        );
+    }
     Ok(())
 }
 
@@ -307,7 +346,7 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
                 })
                 .collect::<Result<_>>()?
         };
-        let nodes = (0..args.nodes)
+        let nodes: Vec<Node> = (0..args.nodes)
             .map(|i| Node {
                 id: i,
                 host: None,
@@ -340,8 +379,20 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
                     SocketAddr::from((Ipv4Addr::LOCALHOST, ports[(2 * args.nodes + i) as usize]))
                 }),
                 identity: Some(identities[i as usize].clone()),
+                tls: None,
             })
             .collect();
+        let tls = if args.tls {
+            Some(crate::cluster_tls::emulated(&dir, &identities)?)
+        } else {
+            None
+        };
+        let mut nodes = nodes;
+        if let Some((_, certificates)) = &tls {
+            for (node, certificate) in nodes.iter_mut().zip(certificates) {
+                node.tls = Some(certificate.clone());
+            }
+        }
         let topology = Topology {
             name: args.name.clone(),
             token: random_token(),
@@ -352,6 +403,8 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
             linger: Duration::from_millis(args.linger_ms),
             quarantine: None,
             membership: None,
+            tls: tls.map(|(trust, _)| trust),
+            insecure_cleartext: false,
             nodes,
         };
         let bar = crate::progress::bar(
@@ -376,11 +429,11 @@ pub fn up(args: UpArgs, self_command: &[String], log_format: &str) -> Result<()>
         topology.nodes.len() as u64,
         "nodes rebuilding their directories",
     );
-    let identity = speaking_as(&topology)?;
+    let speaker = speaking_as(&topology)?;
     let ready = block_on(async {
         for node in &topology.nodes {
             loop {
-                let rebuilding = match connect(&identity, node).await {
+                let rebuilding = match connect(&speaker, node).await {
                     Ok(mut rpc) => rpc
                         .status(Empty {})
                         .await
@@ -594,6 +647,13 @@ pub fn down(args: DirArgs) -> Result<()> {
                 let _ = std::fs::remove_file(&identity.key_file);
             }
         }
+        // `up --tls`'s CA and certificates (only there: in the cluster's own directory).
+        if t.tls
+            .as_ref()
+            .is_some_and(|tls| tls.ca == dir.join("tls").join("ca.crt"))
+        {
+            let _ = std::fs::remove_dir_all(dir.join("tls"));
+        }
     }
     let _ = std::fs::remove_file(&file);
     println!("shoal cluster down: stopped {} daemons", nodes.len());
@@ -621,36 +681,41 @@ type Rpc = PeerClient<
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Credentials>,
 >;
 
-/// The command line speaks to peers as a node whose key it can read here
-/// (node 0 with a shared token); without one it stops with the reason.
-fn speaking_as(topology: &Topology) -> Result<PeerIdentity> {
-    Ok(PeerIdentity::for_command_line(topology)?)
+/// Who the command line is to peers, and its TLS material if the cluster
+/// has TLS.
+struct Speaker {
+    identity: PeerIdentity,
+    tls: Option<std::sync::Arc<TlsMaterial>>,
 }
 
-async fn connect(identity: &PeerIdentity, node: &Node) -> Result<Rpc> {
-    let credentials = identity.credentials(node.id)?;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.rpc))?
+/// The command line speaks to peers as a node whose key it can read here
+/// (node 0 with a shared token), with that node's TLS certificate if the
+/// cluster has TLS; without them it stops with the reason.
+fn speaking_as(topology: &Topology) -> Result<Speaker> {
+    let identity = PeerIdentity::for_command_line(topology)?;
+    let tls = TlsMaterial::load(topology, identity.me(), identity.clone())?;
+    Ok(Speaker { identity, tls })
+}
+
+async fn connect(speaker: &Speaker, node: &Node) -> Result<Rpc> {
+    let credentials = speaker.identity.credentials(node.id)?;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", node.rpc))?
         .connect_timeout(Duration::from_secs(1))
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await?;
+        .timeout(Duration::from_secs(2));
+    let channel = shoal_cluster::tls::rpc::channel(endpoint, speaker.tls.as_ref(), node.id);
     Ok(PeerClient::with_interceptor(channel, credentials).max_decoding_message_size(256 << 20))
 }
 
 /// Nodes the file lacks that answering nodes learned from the membership
 /// (their records, checked against this file), admitted by `identity`.
-fn learned_nodes(
-    topology: &Topology,
-    identity: &PeerIdentity,
-    answers: &[NodeStatus],
-) -> Vec<Node> {
+fn learned_nodes(topology: &Topology, speaker: &Speaker, answers: &[NodeStatus]) -> Vec<Node> {
     let mut learned: Vec<Node> = Vec::new();
     for record in answers.iter().flat_map(|s| &s.learned) {
         if topology.node(record.node).is_ok() || learned.iter().any(|n| n.id == record.node) {
             continue;
         }
         match topology.parse_record(record.node, &record.record) {
-            Ok(node) if identity.learn(&node).is_ok() => learned.push(node),
+            Ok(node) if speaker.identity.learn(&node).is_ok() => learned.push(node),
             Ok(_) => {}
             Err(err) => eprintln!("shoal cluster: node {}'s record: {err}", record.node),
         }
@@ -658,8 +723,8 @@ fn learned_nodes(
     learned
 }
 
-async fn node_status(identity: &PeerIdentity, node: &Node) -> Option<NodeStatus> {
-    match connect(identity, node).await {
+async fn node_status(speaker: &Speaker, node: &Node) -> Option<NodeStatus> {
+    match connect(speaker, node).await {
         Ok(mut rpc) => rpc.status(Empty {}).await.map(|r| r.into_inner()).ok(),
         Err(_) => None,
     }
@@ -668,17 +733,14 @@ async fn node_status(identity: &PeerIdentity, node: &Node) -> Option<NodeStatus>
 /// Every node the file lists and (with a membership) every member the
 /// answering ones learned, each with its status (`None`: it did not
 /// answer); the learned nodes join `topology`, and `identity` admits them.
-async fn every_node(
-    topology: &mut Topology,
-    identity: &PeerIdentity,
-) -> Vec<(Node, Option<NodeStatus>)> {
+async fn every_node(topology: &mut Topology, speaker: &Speaker) -> Vec<(Node, Option<NodeStatus>)> {
     let mut rows = Vec::new();
     for node in &topology.nodes {
-        rows.push((node.clone(), node_status(identity, node).await));
+        rows.push((node.clone(), node_status(speaker, node).await));
     }
     let answers: Vec<NodeStatus> = rows.iter().filter_map(|(_, s)| s.clone()).collect();
-    for node in learned_nodes(topology, identity, &answers) {
-        let status = node_status(identity, &node).await;
+    for node in learned_nodes(topology, speaker, &answers) {
+        let status = node_status(speaker, &node).await;
         rows.push((node, status));
     }
     rows.sort_by_key(|(node, _)| node.id);
@@ -690,8 +752,8 @@ async fn every_node(
 
 pub fn status(args: DirArgs) -> Result<()> {
     let mut topology = load(&args)?;
-    let identity = speaking_as(&topology)?;
-    let rows = block_on(every_node(&mut topology, &identity));
+    let speaker = speaking_as(&topology)?;
+    let rows = block_on(every_node(&mut topology, &speaker));
     // With a membership service: the newest view a node that answered acts
     // on (etcd holds the cluster's; a node cut off from it may be behind).
     let newest = rows
@@ -824,15 +886,15 @@ fn list(nodes: &[u32]) -> String {
 
 pub fn ls(args: DirArgs) -> Result<()> {
     let mut topology = load(&args)?;
-    let identity = speaking_as(&topology)?;
+    let speaker = speaking_as(&topology)?;
     let rows = block_on(async {
         let mut rows = Vec::new();
         // With a membership, the members the file lacks too.
         if topology.membership.is_some() {
-            every_node(&mut topology, &identity).await;
+            every_node(&mut topology, &speaker).await;
         }
         for node in &topology.nodes {
-            let listed = match connect(&identity, node).await {
+            let listed = match connect(&speaker, node).await {
                 Ok(mut rpc) => rpc.list(Empty {}).await.map(|r| r.into_inner().objects),
                 Err(err) => Err(tonic::Status::unavailable(err.to_string())),
             };

@@ -5,6 +5,7 @@
 mod args;
 mod bench;
 mod cluster;
+mod cluster_tls;
 mod elastic;
 pub mod features;
 mod mount;
@@ -189,6 +190,15 @@ enum ClusterCommand {
     /// Make a node's key pair for a hand-written cluster file: writes the
     /// private key (0600) and prints the `public_key` line for its [[node]].
     Keygen(cluster::KeygenArgs),
+    /// Make the cluster's TLS CA (`ca.crt`, `ca.key`): peer traffic between
+    /// hosts goes over TLS 1.3 with certificates it signs (`keygen --ca`).
+    Ca(cluster_tls::CaArgs),
+    /// Issue a node's TLS certificate with the CA, for the public key its
+    /// host sent (`keygen --ca` does both on one machine).
+    Cert(cluster_tls::CertArgs),
+    /// Revoke a node's certificate: adds it to the revocation list every
+    /// node reads (`tls_crl`), which they load again within a second.
+    Revoke(cluster_tls::RevokeArgs),
     /// Validate a (hand-written) cluster file: every error and warning in
     /// words, naming the node and the key; exit status 1 on an error.
     Check(cluster::CheckArgs),
@@ -354,8 +364,9 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
             let c = client.capacity(None)?;
             if json {
                 println!(
-                    "{{\"capacity\":{},\"region_size\":{},\"used\":{},\"objects\":{},\"sealed\":{},\"referenced\":{},\"evictable\":{},\"clients\":{},\"evictions\":{},\"evicted_bytes\":{},\"line_size\":{},\"policy\":\"{}\",\"lent\":{},\"tiers\":{},\"controller\":{}}}",
-                    s.capacity, s.region_size, s.used, s.objects, s.sealed, s.referenced, s.evictable, s.clients.saturating_sub(1), s.evictions, s.evicted_bytes, s.line_size, s.policy, s.lent, tiers::report_json(&t), elastic::report_json(&c)
+                    "{{\"capacity\":{},\"region_size\":{},\"used\":{},\"objects\":{},\"sealed\":{},\"referenced\":{},\"evictable\":{},\"clients\":{},\"evictions\":{},\"evicted_bytes\":{},\"line_size\":{},\"policy\":\"{}\",\"lent\":{},\"tiers\":{},\"controller\":{},\"peer_encryption\":{}}}",
+                    s.capacity, s.region_size, s.used, s.objects, s.sealed, s.referenced, s.evictable, s.clients.saturating_sub(1), s.evictions, s.evicted_bytes, s.line_size, s.policy, s.lent, tiers::report_json(&t), elastic::report_json(&c),
+                    client.cluster().map_or_else(|| "null".to_owned(), |c| format!("{:?}", c.encryption))
                 );
             } else {
                 let pct = if s.capacity > 0 {
@@ -385,6 +396,12 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
                     format_size(s.evicted_bytes)
                 );
                 println!("line size   {} B, policy {}", s.line_size, s.policy);
+                if let Some(cluster) = client.cluster() {
+                    println!(
+                        "peers       node {}, traffic {}",
+                        cluster.node, cluster.encryption
+                    );
+                }
                 elastic::print_report(&c);
                 tiers::print_report(&t);
             }
@@ -404,6 +421,9 @@ fn dispatch(command: Command, self_command: Vec<String>, log_format: LogFormat) 
         Command::Cluster(ClusterCommand::Down(args)) => cluster::down(args),
         Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args),
         Command::Cluster(ClusterCommand::Keygen(args)) => cluster::keygen(args),
+        Command::Cluster(ClusterCommand::Ca(args)) => cluster_tls::ca(args),
+        Command::Cluster(ClusterCommand::Cert(args)) => cluster_tls::cert(args),
+        Command::Cluster(ClusterCommand::Revoke(args)) => cluster_tls::revoke(args),
         Command::Cluster(ClusterCommand::Check(args)) => cluster::check(args),
         Command::Ls { socket, json, .. } => {
             let mut client = Client::connect(socket.path())?;

@@ -21,6 +21,8 @@ pub struct ClusterView {
     /// The cluster's identity (`ClusterInfo`): equal for clients of nodes
     /// of one cluster, different for any other.
     pub identity: String,
+    /// How the daemon's traffic with its peers is protected (`ClusterInfo`).
+    pub encryption: String,
     /// Every node's region, as the daemon reported them at connect.
     pub nodes: Vec<PeerRegion>,
     /// Simulated non-coherent fabric: this process's private "cache" copy of
@@ -54,6 +56,7 @@ impl ClusterView {
             node,
             coherent,
             identity,
+            encryption: String::new(),
             simulated,
             peers: nodes.iter().map(|_| PeerMaps::default()).collect(),
             nodes,

@@ -62,10 +62,12 @@ impl crate::Client {
                     coherent,
                     simulated,
                     cluster,
+                    encryption,
                     nodes,
                 } => {
-                    client.cluster =
-                        Some(ClusterView::new(node, coherent, simulated, cluster, nodes));
+                    let mut view = ClusterView::new(node, coherent, simulated, cluster, nodes);
+                    view.encryption = encryption;
+                    client.cluster = Some(view);
                 }
                 other => return Err(unexpected(other)),
             }

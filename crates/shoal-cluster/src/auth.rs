@@ -18,6 +18,7 @@ use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
+use crate::cert_name::node_cert_name;
 use crate::epoch::{self, Epoch, EPOCH_HEADER, LINK_HEADER};
 use crate::node_keys::NodeKey;
 use crate::topology::{Node, Topology};
@@ -53,6 +54,8 @@ pub struct PeerIdentity {
 struct CredentialTable {
     incoming: Vec<Option<Box<[u8]>>>,
     outgoing: Vec<Option<AsciiMetadataValue>>,
+    /// The name its TLS certificate must carry (`cert_name`).
+    cert_names: Vec<Option<String>>,
 }
 
 /// Why a peer's claim was refused.
@@ -64,6 +67,13 @@ pub enum Refusal {
     /// No node id, or not a number.
     NoNode,
     NotAMember(u32),
+    /// A call over TLS claiming another node than the certificate proved.
+    NotTheTlsPeer {
+        claimed: u32,
+        proven: u32,
+    },
+    /// A TLS node's call that did not arrive over TLS.
+    NotOverTls,
 }
 
 impl std::fmt::Display for Refusal {
@@ -76,6 +86,12 @@ impl std::fmt::Display for Refusal {
             ),
             Self::NoNode => write!(f, "missing or bad {NODE_HEADER}"),
             Self::NotAMember(node) => write!(f, "node {node} is not a member of this cluster"),
+            Self::NotTheTlsPeer { claimed, proven } => write!(
+                f,
+                "a call claiming node {claimed} over a TLS connection node {proven}'s \
+                 certificate opened"
+            ),
+            Self::NotOverTls => write!(f, "a peer call not over TLS, which this cluster requires"),
         }
     }
 }
@@ -84,11 +100,22 @@ impl From<Refusal> for Status {
     fn from(refusal: Refusal) -> Self {
         let message = refusal.to_string();
         match refusal {
-            Refusal::MissingToken | Refusal::WrongToken => Status::unauthenticated(message),
+            Refusal::MissingToken
+            | Refusal::WrongToken
+            | Refusal::NotTheTlsPeer { .. }
+            | Refusal::NotOverTls => Status::unauthenticated(message),
             Refusal::NoNode => Status::invalid_argument(message),
             Refusal::NotAMember(_) => Status::permission_denied(message),
         }
     }
+}
+
+/// The node a TLS connection's certificate proved (the connection's
+/// information, in every request's extensions: `tls::rpc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TlsPeer {
+    pub node: u32,
+    pub remote: Option<std::net::SocketAddr>,
 }
 
 /// The node a call was verified to come from, put in the request's
@@ -118,6 +145,9 @@ impl PeerIdentity {
             table: Arc::new(RwLock::new(CredentialTable {
                 incoming: (0..slots).map(|_| Some(token.as_bytes().into())).collect(),
                 outgoing: (0..slots).map(|_| Some(value.clone())).collect(),
+                cert_names: (0..slots)
+                    .map(|id| Some(node_cert_name(id, None)))
+                    .collect(),
             })),
             key: None,
             cluster: Arc::new((String::new(), token.to_owned())),
@@ -150,6 +180,7 @@ impl PeerIdentity {
             table: Arc::new(RwLock::new(CredentialTable {
                 incoming: vec![None; slots],
                 outgoing: vec![None; slots],
+                cert_names: vec![None; slots],
             })),
             key: Some(Arc::new(key)),
             cluster: Arc::new((topology.name.clone(), topology.token.clone())),
@@ -187,7 +218,25 @@ impl PeerIdentity {
         }
         table.incoming[slot] = Some(incoming);
         table.outgoing[slot] = Some(outgoing);
+        table.cert_names[slot] = Some(node_cert_name(node.id, Some(&peer)));
         Ok(())
+    }
+
+    /// The name node `id`'s TLS certificate must carry; `None`: a node
+    /// not known (yet).
+    pub fn cert_name(&self, id: u32) -> Option<String> {
+        self.table().cert_names.get(id as usize).cloned().flatten()
+    }
+
+    /// The known node whose certificate name `carries` accepts (a
+    /// certificate is checked against each: at most `max_nodes`).
+    pub fn node_by_cert_name(&self, carries: impl Fn(&str) -> bool) -> Option<u32> {
+        let table = self.table();
+        table
+            .cert_names
+            .iter()
+            .position(|name| name.as_deref().is_some_and(&carries))
+            .map(|id| id as u32)
     }
 
     /// For the command line, which speaks as a node: the first node whose
@@ -285,11 +334,43 @@ impl PeerIdentity {
 #[derive(Clone)]
 pub struct TokenCheck {
     identity: PeerIdentity,
+    /// Calls must come over TLS, from the node whose certificate opened
+    /// the connection ([`TlsPeer`]).
+    tls: bool,
 }
 
 impl TokenCheck {
     pub fn new(identity: PeerIdentity) -> Self {
-        Self { identity }
+        Self {
+            identity,
+            tls: false,
+        }
+    }
+
+    /// Also refuses a call whose claimed node is not the one its TLS
+    /// connection's certificate proved, or that did not come over TLS.
+    pub fn over_tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
+    fn verify(&self, request: &Request<()>) -> Result<u32, Refusal> {
+        let token = request.metadata().get(TOKEN_HEADER).map(|v| v.as_bytes());
+        let claimed = caller_node(request.metadata()).ok();
+        let node = self.identity.verify(token, claimed)?;
+        if self.tls {
+            match request.extensions().get::<TlsPeer>() {
+                Some(peer) if peer.node == node => {}
+                Some(&TlsPeer { node: proven, .. }) => {
+                    return Err(Refusal::NotTheTlsPeer {
+                        claimed: node,
+                        proven,
+                    })
+                }
+                None => return Err(Refusal::NotOverTls),
+            }
+        }
+        Ok(node)
     }
 }
 
@@ -300,9 +381,7 @@ pub fn same(a: &[u8], b: &[u8]) -> bool {
 
 impl Interceptor for TokenCheck {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let token = request.metadata().get(TOKEN_HEADER).map(|v| v.as_bytes());
-        let claimed = caller_node(request.metadata()).ok();
-        match self.identity.verify(token, claimed) {
+        match self.verify(&request) {
             Ok(node) => {
                 if let Some(mine) = &self.identity.epoch {
                     if let Some(caller) = epoch::of_call(request.metadata())? {
@@ -323,9 +402,16 @@ impl Interceptor for TokenCheck {
                         }
                     }
                 }
-                if matches!(refusal, Refusal::MissingToken | Refusal::WrongToken) {
+                if matches!(
+                    refusal,
+                    Refusal::MissingToken
+                        | Refusal::WrongToken
+                        | Refusal::NotTheTlsPeer { .. }
+                        | Refusal::NotOverTls
+                ) {
                     let from = request
                         .remote_addr()
+                        .or_else(|| request.extensions().get::<TlsPeer>()?.remote)
                         .map_or_else(|| "?".to_owned(), |a| a.to_string());
                     tracing::warn!(%from, "peer call refused: {refusal}");
                 }

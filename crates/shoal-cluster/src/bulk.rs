@@ -31,6 +31,10 @@
 //! exactly `len` bytes (sendfile from its own region) and the receiver
 //! answers once more: `0u8` when every byte is in the object, or an error.
 //! The pusher seals only after that answer.
+//!
+//! With TLS (`tls`), the same bytes travel inside a TLS 1.3 session whose
+//! certificates prove both ends; the owner then encrypts from the region's
+//! mapping in user space instead of sendfile ([`Wire`]).
 
 use std::io::{ErrorKind as IoKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -40,6 +44,9 @@ use std::time::Duration;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::{ObjectId, ID_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::tls::data::{tls_error, ClientStream, ServerStream};
+use crate::tls::TlsMaterial;
 
 pub const MAGIC: &[u8; 4] = b"SHB1";
 /// The magic of a push.
@@ -144,6 +151,80 @@ pub async fn send_error(writer: &mut (impl AsyncWrite + Unpin), err: &ShoalError
     let _ = writer.shutdown().await;
 }
 
+/// One data-channel connection on a worker thread.
+pub enum Wire {
+    /// Cleartext TCP: bytes leave the region by sendfile(2).
+    Plain(TcpStream),
+    /// TLS, this node dialing.
+    Client(Box<ClientStream>),
+    /// TLS, this node answering.
+    Server(Box<ServerStream>),
+}
+
+/// How a connection's bytes are protected (`shoal_data_channel_transfers_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encryption {
+    /// Cleartext.
+    None,
+    /// TLS encrypted by rustls in this process.
+    UserSpace,
+}
+
+impl Encryption {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::UserSpace => "tls-userspace",
+        }
+    }
+}
+
+impl Wire {
+    /// The TCP socket underneath (for its options).
+    pub fn socket(&self) -> &TcpStream {
+        match self {
+            Self::Plain(socket) => socket,
+            Self::Client(stream) => &stream.sock,
+            Self::Server(stream) => &stream.sock,
+        }
+    }
+
+    pub fn encryption(&self) -> Encryption {
+        match self {
+            Self::Plain(_) => Encryption::None,
+            Self::Client(_) | Self::Server(_) => Encryption::UserSpace,
+        }
+    }
+}
+
+impl Read for Wire {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Plain(socket) => socket.read(buf),
+            Self::Client(stream) => stream.read(buf),
+            Self::Server(stream) => stream.read(buf),
+        }
+    }
+}
+
+impl Write for Wire {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Plain(socket) => socket.write(buf),
+            Self::Client(stream) => stream.write(buf),
+            Self::Server(stream) => stream.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Self::Plain(socket) => socket.flush(),
+            Self::Client(stream) => stream.flush(),
+            Self::Server(stream) => stream.flush(),
+        }
+    }
+}
+
 /// Owner side (blocking): sends `len` bytes at `offset` of the region behind
 /// `fd` (mapped at `base`), then waits for the puller's acknowledgement.
 /// sendfile(2) where the region's file supports it (tmpfs, hugetlbfs);
@@ -153,16 +234,16 @@ pub async fn send_error(writer: &mut (impl AsyncWrite + Unpin), err: &ShoalError
 /// `base` maps the region behind `fd`, and `[offset, offset + len)` lies
 /// inside it and stays allocated and unmodified until this returns.
 pub unsafe fn send_range(
-    mut socket: TcpStream,
+    mut socket: Wire,
     fd: BorrowedFd<'_>,
     base: *const u8,
     offset: u64,
     len: u64,
     timeout: Duration,
 ) -> Result<()> {
-    socket.set_nonblocking(false)?;
-    socket.set_write_timeout(Some(timeout))?;
-    socket.set_read_timeout(Some(timeout))?;
+    socket.socket().set_nonblocking(false)?;
+    socket.socket().set_write_timeout(Some(timeout))?;
+    socket.socket().set_read_timeout(Some(timeout))?;
     socket.write_all(&[0])?;
     // SAFETY: the caller's contract.
     unsafe { send_file(&mut socket, fd, base, offset, len) }?;
@@ -178,17 +259,28 @@ pub unsafe fn send_range(
 
 /// Writes `[offset, offset + len)` of the region behind `fd` (mapped at
 /// `base`) to `socket`: sendfile(2) where the file supports it, plain
-/// writes from the mapping otherwise.
+/// writes from the mapping otherwise (and always through TLS).
 ///
 /// # Safety
 /// `base` maps the region behind `fd` and the range lies inside it.
 unsafe fn send_file(
-    socket: &mut TcpStream,
+    socket: &mut Wire,
     fd: BorrowedFd<'_>,
     base: *const u8,
     offset: u64,
     len: u64,
 ) -> Result<()> {
+    let socket = match socket {
+        Wire::Plain(socket) => socket,
+        tls => {
+            // SAFETY: inside the mapped region (the caller's contract).
+            let bytes =
+                unsafe { std::slice::from_raw_parts(base.add(offset as usize), len as usize) };
+            tls.write_all(bytes)?;
+            tls.flush()?;
+            return Ok(());
+        }
+    };
     let mut at = offset as i64;
     let end = (offset + len) as i64;
     while at < end {
@@ -229,27 +321,36 @@ impl<A: ToSocketAddrs + std::fmt::Display> Far<A> {
     }
 
     fn io(&self, what: &str, e: std::io::Error) -> ShoalError {
+        if let Some(tls) = tls_error(&e) {
+            // The owner refused our certificate (an alert), or we its bytes.
+            return crate::tls::data::refused(self.node, tls);
+        }
         match e.kind() {
             IoKind::WouldBlock | IoKind::TimedOut => self.unavailable(what, &"stalled"),
             _ => self.unavailable(what, &e),
         }
     }
 
-    /// Connects and sends `request`. Unreachable, or stalled for
-    /// `timeout`: `NodeUnavailable`.
-    fn ask(&self, request: &Request, timeout: Duration) -> Result<TcpStream> {
-        let mut socket =
-            connect(&self.addr, timeout).map_err(|e| self.unavailable("connect", &e))?;
+    /// Connects (with TLS: and proves both ends) and sends `request`.
+    /// Unreachable, or stalled for `timeout`: `NodeUnavailable`; a TLS
+    /// refusal either way: `PermissionDenied`.
+    fn ask(&self, request: &Request, timeout: Duration, tls: Option<&TlsMaterial>) -> Result<Wire> {
+        let socket = connect(&self.addr, timeout).map_err(|e| self.unavailable("connect", &e))?;
         options(&socket, timeout).map_err(|e| self.unavailable("socket options", &e))?;
+        let mut socket = match tls {
+            None => Wire::Plain(socket),
+            Some(tls) => Wire::Client(Box::new(crate::tls::data::connect(tls, self.node, socket)?)),
+        };
         socket
             .write_all(&request.encode())
-            .map_err(|e| self.unavailable("send request", &e))?;
+            .and_then(|()| socket.flush())
+            .map_err(|e| self.io("send request", e))?;
         Ok(socket)
     }
 
     /// Reads a status byte: `Ok` for 0, else the error that follows, its
     /// kind kept.
-    fn status(&self, socket: &mut TcpStream, what: &str) -> Result<()> {
+    fn status(&self, socket: &mut Wire, what: &str) -> Result<()> {
         let mut status = [0u8; 1];
         socket
             .read_exact(&mut status)
@@ -284,10 +385,7 @@ fn options(socket: &TcpStream, timeout: Duration) -> std::io::Result<()> {
 }
 
 /// Reads exactly `dst.len()` bytes into `dst` (the kernel's one copy).
-fn receive(
-    socket: &mut TcpStream,
-    dst: &mut [u8],
-) -> std::result::Result<(), (usize, std::io::Error)> {
+fn receive(socket: &mut Wire, dst: &mut [u8]) -> std::result::Result<(), (usize, std::io::Error)> {
     let mut got = 0;
     while got < dst.len() {
         match socket.read(&mut dst[got..]) {
@@ -312,10 +410,11 @@ pub fn fetch_range(
     request: &Request,
     dst: &mut [u8],
     timeout: Duration,
+    tls: Option<&TlsMaterial>,
 ) -> Result<()> {
     debug_assert_eq!(dst.len() as u64, request.len);
     let far = Far { node: owner, addr };
-    let mut socket = far.ask(request, timeout)?;
+    let mut socket = far.ask(request, timeout, tls)?;
     far.status(&mut socket, "read reply")?;
     receive(&mut socket, dst).map_err(|(got, e)| match e.kind() {
         IoKind::UnexpectedEof => far.unavailable(
@@ -325,7 +424,7 @@ pub fn fetch_range(
         _ => far.io("receive", e),
     })?;
     // Best effort: the bytes are all here; a lost ack only delays the owner's unpin.
-    let _ = socket.write_all(&[ACK]);
+    let _ = socket.write_all(&[ACK]).and_then(|()| socket.flush());
     Ok(())
 }
 
@@ -339,6 +438,7 @@ pub fn fetch_range(
 ///
 /// # Safety
 /// `base` maps the region behind `fd`, and the range lies inside it.
+#[allow(clippy::too_many_arguments)] // one range, where, how long, how
 pub unsafe fn push_range(
     node: u32,
     addr: impl ToSocketAddrs + std::fmt::Display,
@@ -347,10 +447,11 @@ pub unsafe fn push_range(
     base: *const u8,
     offset: u64,
     timeout: Duration,
+    tls: Option<&TlsMaterial>,
 ) -> Result<()> {
     debug_assert_eq!(request.kind, Kind::Push);
     let far = Far { node, addr };
-    let mut socket = far.ask(request, timeout)?;
+    let mut socket = far.ask(request, timeout, tls)?;
     far.status(&mut socket, "read reply")?;
     // SAFETY: the caller's contract.
     unsafe { send_file(&mut socket, fd, base, offset, request.len) }
@@ -362,9 +463,9 @@ pub unsafe fn push_range(
 /// `dst.len()` bytes straight into `dst` (the kernel's one copy). Answer
 /// with [`answer_push`] afterwards. A pusher that closes early or stalls for
 /// `timeout` is an error (nothing left to answer).
-pub fn receive_range(socket: &mut TcpStream, dst: &mut [u8], timeout: Duration) -> Result<()> {
-    options(socket, timeout)?;
-    socket.write_all(&[0])?;
+pub fn receive_range(socket: &mut Wire, dst: &mut [u8], timeout: Duration) -> Result<()> {
+    options(socket.socket(), timeout)?;
+    socket.write_all(&[0]).and_then(|()| socket.flush())?;
     receive(socket, dst).map_err(|(got, e)| {
         ShoalError::io(&format!("receive a push ({got} of {} bytes)", dst.len()), e)
     })
@@ -372,11 +473,12 @@ pub fn receive_range(socket: &mut TcpStream, dst: &mut [u8], timeout: Duration) 
 
 /// Receiving side (blocking): the push's final answer, `0u8` or a typed
 /// error; best effort (a pusher that is gone learns nothing anyway).
-pub fn answer_push(socket: &mut TcpStream, outcome: &Result<()>) {
+pub fn answer_push(socket: &mut Wire, outcome: &Result<()>) {
     let _ = match outcome {
         Ok(()) => socket.write_all(&[0]),
         Err(err) => socket.write_all(&error_frame(err)),
-    };
+    }
+    .and_then(|()| socket.flush());
 }
 
 /// Connects to the first address `addr` resolves to that answers.
@@ -460,7 +562,7 @@ mod tests {
             // SAFETY: `mapped` is a copy of the file, alive for the call.
             unsafe {
                 send_range(
-                    socket,
+                    Wire::Plain(socket),
                     file.as_fd(),
                     mapped.as_ptr(),
                     offset,
@@ -480,7 +582,15 @@ mod tests {
         let (offset, len) = (4096u64, (2 << 20) + 17);
         let (addr, server) = serve_file(&data, offset, len);
         let mut dst = vec![0u8; len as usize];
-        fetch_range(1, addr, &request(len), &mut dst, Duration::from_secs(5)).unwrap();
+        fetch_range(
+            1,
+            addr,
+            &request(len),
+            &mut dst,
+            Duration::from_secs(5),
+            None,
+        )
+        .unwrap();
         assert_eq!(dst, &data[offset as usize..(offset + len) as usize]);
         server.join().unwrap().unwrap();
     }
@@ -504,13 +614,29 @@ mod tests {
             });
         });
         let mut dst = vec![0u8; 10];
-        let err = fetch_range(1, addr, &request(10), &mut dst, Duration::from_secs(5)).unwrap_err();
+        let err = fetch_range(
+            1,
+            addr,
+            &request(10),
+            &mut dst,
+            Duration::from_secs(5),
+            None,
+        )
+        .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::ObjectNotFound);
         assert!(err.message().contains("no such object"), "{err}");
         server.join().unwrap();
 
         // Nobody listens there any more.
-        let err = fetch_range(1, addr, &request(10), &mut dst, Duration::from_secs(1)).unwrap_err();
+        let err = fetch_range(
+            1,
+            addr,
+            &request(10),
+            &mut dst,
+            Duration::from_secs(1),
+            None,
+        )
+        .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NodeUnavailable, "{err}");
     }
 
@@ -525,8 +651,15 @@ mod tests {
         });
         let started = std::time::Instant::now();
         let mut dst = vec![0u8; 10];
-        let err =
-            fetch_range(1, addr, &request(10), &mut dst, Duration::from_millis(300)).unwrap_err();
+        let err = fetch_range(
+            1,
+            addr,
+            &request(10),
+            &mut dst,
+            Duration::from_millis(300),
+            None,
+        )
+        .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NodeUnavailable, "{err}");
         assert!(started.elapsed() < Duration::from_millis(700));
         server.join().unwrap();
@@ -559,7 +692,7 @@ mod tests {
                 return Err(err);
             }
             assert_eq!((request.kind, request.len), (Kind::Push, len as u64));
-            let mut socket = socket;
+            let mut socket = Wire::Plain(socket);
             let mut dst = vec![0u8; len];
             let outcome = receive_range(&mut socket, &mut dst, Duration::from_secs(5));
             answer_push(&mut socket, &outcome);
@@ -594,6 +727,7 @@ mod tests {
                 data.as_ptr(),
                 offset,
                 Duration::from_secs(5),
+                None,
             )
         }
         .unwrap();
@@ -618,6 +752,7 @@ mod tests {
                     std::ptr::null(),
                     0,
                     Duration::from_secs(1),
+                    None,
                 )
             }
         };
@@ -638,7 +773,8 @@ mod tests {
             socket.write_all(&[1, 2, 3]).unwrap(); // 3 of 10 bytes, then silence
             std::thread::sleep(Duration::from_millis(800));
         });
-        let (mut socket, _) = listener.accept().unwrap();
+        let (socket, _) = listener.accept().unwrap();
+        let mut socket = Wire::Plain(socket);
         let started = std::time::Instant::now();
         let mut dst = vec![0u8; 10];
         let err = receive_range(&mut socket, &mut dst, Duration::from_millis(300)).unwrap_err();

@@ -63,6 +63,7 @@ pub(crate) fn errors(t: &Topology) -> Vec<String> {
     dialed_addresses(t, &mut errors);
     bound_addresses(t, &mut errors);
     paths(t, &mut errors);
+    transport(t, &mut errors);
     let with_identity = t.nodes.iter().filter(|n| n.identity.is_some()).count();
     if with_identity != 0 && with_identity != t.nodes.len() {
         let without: Vec<_> = t
@@ -392,6 +393,62 @@ pub fn environment(
     warnings
 }
 
+/// Peer traffic leaves a host only encrypted unless the file says it may
+/// not be: a node with an address other peers reach from another host
+/// (anything but loopback, a wildcard `listen` included) needs the cluster
+/// CA (`tls_ca`, and every node its certificate) or `insecure_cleartext`.
+fn transport(t: &Topology, errors: &mut Vec<String>) {
+    if t.tls.is_some() {
+        let without: Vec<_> = t
+            .nodes
+            .iter()
+            .filter(|n| n.tls.is_none())
+            .map(|n| n.id)
+            .collect();
+        if !without.is_empty() {
+            errors.push(format!(
+                "[cluster] tls_ca needs every node's tls_cert and tls_key (not on nodes \
+                 {without:?}): `shoal cluster keygen --ca` makes them"
+            ));
+        }
+        return;
+    }
+    for n in &t.nodes {
+        if n.tls.is_some() {
+            errors.push(format!(
+                "node {}: tls_cert without [cluster] tls_ca: signed by which CA?",
+                n.id
+            ));
+        }
+    }
+    if t.insecure_cleartext {
+        return;
+    }
+    let mut leaving = t.nodes.iter().filter_map(|n| {
+        let data_listen = n.data_listen_address();
+        [
+            ("rpc", n.rpc.clone()),
+            ("data", n.data.clone()),
+            ("listen", n.listen_address().clone()),
+            ("data_listen", data_listen),
+        ]
+        .into_iter()
+        .find(|(_, a)| !a.is_loopback())
+        .map(|(key, address)| (n.id, format!("node {}'s {key} {address}", n.id)))
+    });
+    if let Some((first, example)) = leaving.next() {
+        let ids: Vec<u32> = std::iter::once(first)
+            .chain(leaving.map(|(id, _)| id))
+            .collect();
+        errors.push(format!(
+            "nodes {ids:?} are reached from other hosts ({example} is not a loopback address), \
+             and peer traffic between hosts is encrypted unless the file says otherwise: set \
+             [cluster] tls_ca and each node's tls_cert and tls_key (`shoal cluster ca`, \
+             `shoal cluster keygen --ca`), or insecure_cleartext = true on a private network"
+        ));
+    }
+}
+
 /// A file holding the token that other users can read.
 fn readable_by_others(path: &Path) -> Option<String> {
     use std::os::unix::fs::PermissionsExt;
@@ -552,6 +609,8 @@ impl Topology {
             linger: cluster.linger,
             quarantine: cluster.quarantine,
             membership: cluster.membership,
+            tls: cluster.tls,
+            insecure_cleartext: cluster.insecure_cleartext,
             nodes,
         };
         errors.extend(self::errors(&topology));
@@ -596,7 +655,9 @@ mod tests {
 
     /// A cluster file of these nodes (ids 0.. in order).
     fn file(nodes: &[String]) -> String {
-        let mut text = "[cluster]\nname = \"prod\"\ntoken = \"secret\"\n".to_owned();
+        let mut text =
+            "[cluster]\nname = \"prod\"\ntoken = \"secret\"\ninsecure_cleartext = true\n"
+                .to_owned();
         for (id, node) in nodes.iter().enumerate() {
             let size = if node.contains("region_size") {
                 ""

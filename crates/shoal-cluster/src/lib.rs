@@ -16,12 +16,15 @@
 //!   shared token of older cluster files).
 //! - [`node_keys`]: per-node key pairs and the credentials derived from them.
 //! - [`bulk`]: the TCP data channel network-mode pulls read object bytes from.
+//! - [`tls`]: both channels over TLS 1.3, certificates of the cluster's CA
+//!   bound to node identities ([`cert_name`]).
 //! - [`ids`]: packing ids into the RPC's byte fields.
 //! - [`rebuild`]: rebuilding a (re)started home's directory from its peers.
 
 pub mod address;
 pub mod auth;
 pub mod bulk;
+pub mod cert_name;
 pub mod check;
 pub mod directory;
 pub mod epoch;
@@ -29,6 +32,7 @@ pub mod ids;
 pub mod membership_url;
 pub mod node_keys;
 pub mod rebuild;
+pub mod tls;
 pub mod topology;
 pub mod view;
 
@@ -44,6 +48,7 @@ pub mod proto {
 pub use address::Address;
 pub use directory::{Directory, DirectoryEntry};
 pub use topology::{
-    Access, Checked, MembershipConfig, Node, NodeElastic, NodeIdentity, NodeTiers, Topology,
+    Access, Checked, MembershipConfig, Node, NodeElastic, NodeIdentity, NodeTiers, NodeTls,
+    TlsTrust, Topology,
 };
 pub use view::{home_of, View};

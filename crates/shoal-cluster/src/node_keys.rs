@@ -81,38 +81,7 @@ impl NodeKey {
     /// digits). Refused unless it is a regular file of ours (or root's) that
     /// nobody else may read or write.
     pub fn load(path: &Path) -> Result<Self> {
-        let mut file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(|e| {
-                if e.raw_os_error() == Some(libc::ELOOP) {
-                    denied(path, "is a symbolic link")
-                } else {
-                    ShoalError::io(&format!("read node key {}", path.display()), e)
-                }
-            })?;
-        let meta = file
-            .metadata()
-            .map_err(|e| ShoalError::io(&format!("inspect node key {}", path.display()), e))?;
-        if !meta.is_file() {
-            return Err(denied(path, "is not a regular file"));
-        }
-        if !shoal_core::local_auth::is_trusted_uid(meta.uid()) {
-            return Err(denied(path, &format!("is owned by uid {}", meta.uid())));
-        }
-        if meta.mode() & 0o077 != 0 {
-            return Err(denied(
-                path,
-                &format!(
-                    "is readable or writable by others (mode {:o}; chmod 600 it)",
-                    meta.mode() & 0o777
-                ),
-            ));
-        }
-        let mut text = String::new();
-        file.read_to_string(&mut text)
-            .map_err(|e| ShoalError::io(&format!("read node key {}", path.display()), e))?;
+        let text = read_private(path, "node key")?;
         let bytes = from_hex(text.trim()).ok_or_else(|| {
             ShoalError::invalid(format!("node key {}: not 64 hex digits", path.display()))
         })?;
@@ -152,11 +121,46 @@ impl NodeKey {
     }
 }
 
-fn denied(path: &Path, why: &str) -> ShoalError {
-    ShoalError::new(
-        ErrorKind::PermissionDenied,
-        format!("node key {} {why}", path.display()),
-    )
+/// Reads a private key file (`what` names it in errors): refused unless it
+/// is a regular file of ours (or root's), not a symbolic link, that nobody
+/// else may read or write.
+pub fn read_private(path: &Path, what: &str) -> Result<String> {
+    let denied = |why: &str| {
+        ShoalError::new(
+            ErrorKind::PermissionDenied,
+            format!("{what} {} {why}", path.display()),
+        )
+    };
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                denied("is a symbolic link")
+            } else {
+                ShoalError::io(&format!("read {what} {}", path.display()), e)
+            }
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| ShoalError::io(&format!("inspect {what} {}", path.display()), e))?;
+    if !meta.is_file() {
+        return Err(denied("is not a regular file"));
+    }
+    if !shoal_core::local_auth::is_trusted_uid(meta.uid()) {
+        return Err(denied(&format!("is owned by uid {}", meta.uid())));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(denied(&format!(
+            "is readable or writable by others (mode {:o}; chmod 600 it)",
+            meta.mode() & 0o777
+        )));
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(|e| ShoalError::io(&format!("read {what} {}", path.display()), e))?;
+    Ok(text)
 }
 
 pub fn to_hex(bytes: &[u8]) -> String {

@@ -136,6 +136,9 @@ pub struct Node {
     /// The node's own identity (`public_key`, `key_file`); `None`: the
     /// cluster authenticates with its shared token only.
     pub identity: Option<NodeIdentity>,
+    /// Its TLS certificate and key (`tls_cert`, `tls_key`): on every node
+    /// when the cluster has `tls_ca`.
+    pub tls: Option<NodeTls>,
 }
 
 impl Node {
@@ -244,7 +247,33 @@ pub struct Topology {
     /// it, `nodes` are the nodes that may be members, and etcd says which
     /// are now (docs/cluster.md, "Membership").
     pub membership: Option<MembershipConfig>,
+    /// Peer traffic over TLS 1.3 with certificates of the cluster's CA
+    /// (`tls_ca`, `tls_crl`); `None`: cleartext, allowed only on loopback
+    /// addresses or with `insecure_cleartext` (docs/security.md).
+    pub tls: Option<TlsTrust>,
+    /// `insecure_cleartext = true`: cleartext between hosts on purpose (a
+    /// private fabric), logged at start.
+    pub insecure_cleartext: bool,
     pub nodes: Vec<Node>,
+}
+
+/// What a node trusts when peers present certificates: the cluster CA's
+/// certificates (several during a rotation) and the revoked ones. Both
+/// files are read again when they change, so a rotation or a revocation
+/// needs no restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsTrust {
+    /// PEM: one or more CA certificates.
+    pub ca: PathBuf,
+    /// PEM: certificate revocation lists signed by the CA.
+    pub crl: Option<PathBuf>,
+}
+
+/// A node's TLS certificate and private key (PEM), read by that node only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// The `[cluster]` keys of a membership kept in etcd.
@@ -314,6 +343,10 @@ struct ClusterRepr {
     #[serde(default)]
     membership_grace_ms: u64,
     max_nodes: Option<u32>,
+    tls_ca: Option<PathBuf>,
+    tls_crl: Option<PathBuf>,
+    #[serde(default)]
+    insecure_cleartext: bool,
 }
 
 #[derive(Deserialize)]
@@ -339,6 +372,8 @@ struct NodeRepr {
     elastic: Option<ElasticRepr>,
     public_key: Option<String>,
     key_file: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -412,6 +447,16 @@ pub(crate) struct ClusterPart {
     pub(crate) linger: Duration,
     pub(crate) quarantine: Option<Duration>,
     pub(crate) membership: Option<MembershipConfig>,
+    pub(crate) tls: Option<TlsTrust>,
+    pub(crate) insecure_cleartext: bool,
+}
+
+/// `path` as the file means it: relative to the file's directory.
+fn from_file(base: Option<&Path>, path: PathBuf) -> PathBuf {
+    match base {
+        Some(b) if path.is_relative() => b.join(path),
+        _ => path,
+    }
 }
 
 pub(crate) fn cluster_part(
@@ -487,6 +532,18 @@ pub(crate) fn cluster_part(
             "[cluster] max_nodes needs membership: a static file's nodes are all the nodes".into(),
         );
     }
+    if repr.tls_crl.is_some() && repr.tls_ca.is_none() {
+        errors.push("[cluster] tls_crl needs tls_ca: revoked by which CA?".into());
+    }
+    if repr.tls_ca.is_some() && repr.insecure_cleartext {
+        errors.push(
+            "[cluster] tls_ca and insecure_cleartext = true contradict each other: pick one".into(),
+        );
+    }
+    let tls = repr.tls_ca.map(|ca| TlsTrust {
+        ca: from_file(base, ca),
+        crl: repr.tls_crl.map(|crl| from_file(base, crl)),
+    });
     if token.as_ref().is_some_and(String::is_empty) {
         errors.push(format!(
             "[cluster] {}: the cluster token is empty",
@@ -504,6 +561,8 @@ pub(crate) fn cluster_part(
         linger: Duration::from_millis(repr.linger_ms),
         quarantine: (repr.quarantine_ms > 0).then(|| Duration::from_millis(repr.quarantine_ms)),
         membership,
+        tls,
+        insecure_cleartext: repr.insecure_cleartext,
     })
 }
 
@@ -641,10 +700,7 @@ pub(crate) fn node_part(
         (Some(hex), Some(key_file)) => match crate::node_keys::from_hex(&hex) {
             Some(public_key) => Some(NodeIdentity {
                 public_key,
-                key_file: match base {
-                    Some(b) if key_file.is_relative() => b.join(key_file),
-                    _ => key_file,
-                },
+                key_file: from_file(base, key_file),
             }),
             None => {
                 p.fail("public_key is not 64 hex digits");
@@ -653,6 +709,17 @@ pub(crate) fn node_part(
         },
         _ => {
             p.fail("public_key and key_file go together");
+            None
+        }
+    };
+    let tls = match (n.tls_cert, n.tls_key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some(NodeTls {
+            cert: from_file(base, cert),
+            key: from_file(base, key),
+        }),
+        _ => {
+            p.fail("tls_cert and tls_key go together");
             None
         }
     };
@@ -674,6 +741,7 @@ pub(crate) fn node_part(
         metrics,
         elastic,
         identity,
+        tls,
     })
 }
 
@@ -750,7 +818,17 @@ impl Topology {
         // Every member sizes its per-node tables by max_nodes and refuses
         // records of ids past it: members must agree on it.
         let slots = self.membership.as_ref().map_or(0, |m| m.max_nodes);
-        format!("{} max_nodes={slots}", self.identity())
+        // And on TLS: a member speaking cleartext to one that requires TLS
+        // would be refused on every call.
+        let transport = if self.tls.is_some() {
+            "tls"
+        } else {
+            "cleartext"
+        };
+        format!(
+            "{} max_nodes={slots} transport={transport}",
+            self.identity()
+        )
     }
 
     /// What tells this cluster from any other: its name and a digest of its
@@ -833,6 +911,15 @@ impl Topology {
                 m.max_nodes
             );
         }
+        if let Some(tls) = &self.tls {
+            let _ = writeln!(out, "tls_ca = {:?}", tls.ca.display().to_string());
+            if let Some(crl) = &tls.crl {
+                let _ = writeln!(out, "tls_crl = {:?}", crl.display().to_string());
+            }
+        }
+        if self.insecure_cleartext {
+            let _ = writeln!(out, "insecure_cleartext = true");
+        }
         for n in &self.nodes {
             let _ = writeln!(
                 out,
@@ -879,6 +966,14 @@ impl Topology {
                     "public_key = \"{}\"\nkey_file = {:?}",
                     crate::node_keys::to_hex(&identity.public_key),
                     identity.key_file.display().to_string()
+                );
+            }
+            if let Some(tls) = &n.tls {
+                let _ = writeln!(
+                    out,
+                    "tls_cert = {:?}\ntls_key = {:?}",
+                    tls.cert.display().to_string(),
+                    tls.key.display().to_string()
                 );
             }
             if let Some(e) = &n.elastic {

@@ -60,6 +60,8 @@ pub struct Client {
     info_node: u32,
     /// The cluster's identity (`ClusterInfo`), None for a single store.
     cluster_identity: Option<String>,
+    /// How the node's peer traffic is protected, None for a single store.
+    peer_encryption: Option<String>,
     /// Where the region is mapped in this process.
     region_address: usize,
     socket: String,
@@ -83,11 +85,13 @@ impl Client {
         let info = client.info();
         let info_node = client.node();
         let cluster_identity = client.cluster().map(|c| c.identity.clone());
+        let peer_encryption = client.cluster().map(|c| c.encryption.clone());
         Ok(Self {
             shared: SharedClient::new(client),
             info,
             info_node,
             cluster_identity,
+            peer_encryption,
             region_address,
             socket,
         })
@@ -131,6 +135,13 @@ impl Client {
     #[getter]
     fn cluster_identity(&self) -> Option<&str> {
         self.cluster_identity.as_deref()
+    }
+
+    /// How this client's node protects its traffic with other nodes (e.g.
+    /// "tls1.3, data channel tls-userspace"); None for a single store.
+    #[getter]
+    fn peer_encryption(&self) -> Option<&str> {
+        self.peer_encryption.as_deref()
     }
 
     #[getter]

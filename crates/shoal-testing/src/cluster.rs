@@ -11,7 +11,7 @@ use shoal_client::Client;
 use shoal_cluster::auth::Credentials;
 use shoal_cluster::node_keys::NodeKey;
 use shoal_cluster::proto::peer_client::PeerClient;
-use shoal_cluster::{Access, Node, NodeIdentity, Topology};
+use shoal_cluster::{Access, Node, NodeIdentity, NodeTls, TlsTrust, Topology};
 use shoal_core::coherence::CoherenceMode;
 use shoal_core::error::Result;
 use shoal_daemon::{ClusterConfig, DaemonConfig, Shutdown};
@@ -45,6 +45,8 @@ pub fn loopback_topology(
         linger,
         quarantine: None,
         membership: None,
+        tls: None,
+        insecure_cleartext: false,
         nodes: (0..nodes)
             .map(|i| Node {
                 id: i,
@@ -61,6 +63,7 @@ pub fn loopback_topology(
                 tiers: Default::default(),
                 metrics: None,
                 identity: None,
+                tls: None,
             })
             .collect(),
     }
@@ -132,6 +135,19 @@ impl LoneNode {
         node_keys: bool,
         lease: Duration,
     ) -> Self {
+        Self::start_with(name, nodes, region_size, node_keys, lease, |_, _| {})
+    }
+
+    /// [`start`](Self::start), `change(topology, dir)` applied to the
+    /// topology first (TLS material in `dir`, say).
+    pub fn start_with(
+        name: &str,
+        nodes: u32,
+        region_size: u64,
+        node_keys: bool,
+        lease: Duration,
+        change: impl FnOnce(&mut Topology, &Path),
+    ) -> Self {
         init_logs();
         let dir = tempfile::tempdir().unwrap();
         let mut topology = loopback_topology(
@@ -145,6 +161,7 @@ impl LoneNode {
         if node_keys {
             with_node_keys(&mut topology, dir.path());
         }
+        change(&mut topology, dir.path());
         let socket = topology.nodes[0].socket.clone();
         let mut config = DaemonConfig::new(&socket, region_size);
         config.prefault = false;
@@ -364,4 +381,105 @@ impl Drop for TestCluster {
             }
         }
     }
+}
+
+/// The cluster CA of a test (`with_tls`): issues node certificates, valid
+/// or not, and revocation lists.
+pub struct TestCa {
+    /// `ca.crt`, `ca.key` and what the test issues.
+    pub dir: PathBuf,
+    key_pem: String,
+}
+
+fn write_private(path: &Path, contents: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    std::io::Write::write_all(&mut file, contents.as_bytes()).unwrap();
+}
+
+impl TestCa {
+    /// A new CA in `dir` (`ca.crt`, `ca.key`).
+    pub fn new(dir: &Path) -> Self {
+        let pem = shoal_cluster::tls::issue::new_ca(Duration::from_secs(86_400)).unwrap();
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("ca.crt"), &pem.cert).unwrap();
+        write_private(&dir.join("ca.key"), &pem.key);
+        Self {
+            dir: dir.to_owned(),
+            key_pem: pem.key,
+        }
+    }
+
+    /// A certificate for node `id` with `public_key`, valid over
+    /// `[now + from, now + to]` (seconds), written as `<name>.crt` and
+    /// `<name>.tls` in the CA's directory.
+    pub fn issue(
+        &self,
+        name: &str,
+        id: u32,
+        public_key: Option<&[u8; 32]>,
+        from: i64,
+        to: i64,
+    ) -> NodeTls {
+        let at = |secs: i64| {
+            let now = std::time::SystemTime::now();
+            if secs >= 0 {
+                now + Duration::from_secs(secs as u64)
+            } else {
+                now - Duration::from_secs(secs.unsigned_abs())
+            }
+        };
+        let pem =
+            shoal_cluster::tls::issue::node_cert(&self.key_pem, id, public_key, at(from), at(to))
+                .unwrap();
+        let tls = NodeTls {
+            cert: self.dir.join(format!("{name}.crt")),
+            key: self.dir.join(format!("{name}.tls")),
+        };
+        std::fs::write(&tls.cert, &pem.cert).unwrap();
+        write_private(&tls.key, &pem.key);
+        tls
+    }
+
+    /// Writes a revocation list revoking the certificates at `certs` to
+    /// `crl` (renamed into place, as `shoal cluster revoke` does).
+    pub fn revoke(&self, certs: &[&Path], crl: &Path) {
+        let serials: Vec<Vec<u8>> = certs
+            .iter()
+            .map(|c| {
+                shoal_cluster::tls::issue::serial_of(&std::fs::read_to_string(c).unwrap()).unwrap()
+            })
+            .collect();
+        let text = shoal_cluster::tls::issue::revocation_list(
+            &self.key_pem,
+            &serials,
+            1,
+            Duration::from_secs(86_400),
+        )
+        .unwrap();
+        let fresh = crl.with_extension("new");
+        std::fs::write(&fresh, text).unwrap();
+        std::fs::rename(fresh, crl).unwrap();
+    }
+}
+
+/// Gives `topology` TLS: a CA in `dir/tls` and each node a certificate for
+/// its id (and its key, after [`with_node_keys`]), valid for a day.
+pub fn with_tls(topology: &mut Topology, dir: &Path) -> TestCa {
+    let ca = TestCa::new(&dir.join("tls"));
+    topology.tls = Some(TlsTrust {
+        ca: ca.dir.join("ca.crt"),
+        crl: None,
+    });
+    for node in &mut topology.nodes {
+        let key = node.identity.as_ref().map(|i| i.public_key);
+        node.tls = Some(ca.issue(&format!("n{}", node.id), node.id, key.as_ref(), -60, 86_400));
+    }
+    ca
 }

@@ -23,7 +23,8 @@ mod proxy;
 mod wait;
 
 pub use cluster::{
-    loopback_topology, with_node_keys, with_peer, ClusterNode, LoneNode, PeerRpc, TestCluster,
+    loopback_topology, with_node_keys, with_peer, with_tls, ClusterNode, LoneNode, PeerRpc, TestCa,
+    TestCluster,
 };
 pub use daemon::TestDaemon;
 pub use etcd::EtcdCluster;

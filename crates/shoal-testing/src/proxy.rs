@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +15,11 @@ pub struct TcpProxy {
     cut: Arc<AtomicBool>,
     open: Arc<Mutex<Vec<TcpStream>>>,
     stop: Arc<AtomicBool>,
+    tamper: Arc<AtomicU64>,
 }
+
+/// No tampering.
+const HONEST: u64 = u64::MAX;
 
 impl TcpProxy {
     /// A relay to `target` on a free loopback port.
@@ -24,10 +28,12 @@ impl TcpProxy {
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let (cut, open, stop) = (Arc::default(), Arc::default(), Arc::default());
+        let tamper = Arc::new(AtomicU64::new(HONEST));
         let relay = Relay {
             target,
             cut: Arc::clone(&cut),
             open: Arc::clone(&open),
+            tamper: Arc::clone(&tamper),
         };
         let stopping: Arc<AtomicBool> = Arc::clone(&stop);
         std::thread::spawn(move || {
@@ -43,7 +49,19 @@ impl TcpProxy {
             cut,
             open,
             stop,
+            tamper,
         }
+    }
+
+    /// From now on, flips one bit of the byte at `offset` of what every new
+    /// connection's target sends back (an active attacker on the path).
+    pub fn tamper_at(&self, offset: u64) {
+        self.tamper.store(offset, Ordering::SeqCst);
+    }
+
+    /// Relays new connections faithfully again.
+    pub fn stop_tampering(&self) {
+        self.tamper.store(HONEST, Ordering::SeqCst);
     }
 
     pub fn port(&self) -> u16 {
@@ -76,6 +94,7 @@ struct Relay {
     target: SocketAddr,
     cut: Arc<AtomicBool>,
     open: Arc<Mutex<Vec<TcpStream>>>,
+    tamper: Arc<AtomicU64>,
 }
 
 impl Relay {
@@ -93,19 +112,29 @@ impl Relay {
                 open.push(clone);
             }
         }
-        pump(client.try_clone().unwrap(), server.try_clone().unwrap());
-        pump(server, client);
+        pump(
+            client.try_clone().unwrap(),
+            server.try_clone().unwrap(),
+            HONEST,
+        );
+        pump(server, client, self.tamper.load(Ordering::SeqCst));
     }
 }
 
-/// Copies `from` into `to` on a thread until either side closes.
-fn pump(mut from: TcpStream, mut to: TcpStream) {
+/// Copies `from` into `to` on a thread until either side closes, flipping
+/// a bit of the byte at offset `tamper` (none at [`HONEST`]).
+fn pump(mut from: TcpStream, mut to: TcpStream, tamper: u64) {
     std::thread::spawn(move || {
         let mut buffer = [0u8; 16 << 10];
+        let mut passed = 0u64;
         loop {
             match from.read(&mut buffer) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    if (passed..passed + n as u64).contains(&tamper) {
+                        buffer[(tamper - passed) as usize] ^= 0x10;
+                    }
+                    passed += n as u64;
                     if to.write_all(&buffer[..n]).is_err() {
                         break;
                     }

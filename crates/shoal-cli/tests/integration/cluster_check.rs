@@ -20,6 +20,7 @@ fn hosts_file(dir: &Path) -> String {
         r#"[cluster]
 name = "prod"
 token_file = "token"
+tls_ca = "/etc/shoal/ca.crt"
 
 [[node]]
 id = 0
@@ -32,6 +33,8 @@ region_size = "1GiB"
 access = "host"
 public_key = "{}"
 key_file = "/etc/shoal/node0.key"
+tls_cert = "/etc/shoal/node0.crt"
+tls_key = "/etc/shoal/node0.tls"
 
 [[node]]
 id = 1
@@ -44,6 +47,8 @@ region_size = "1GiB"
 access = "host"
 public_key = "{}"
 key_file = "/etc/shoal/node1.key"
+tls_cert = "/etc/shoal/node1.crt"
+tls_key = "/etc/shoal/node1.tls"
 
 [[node]]
 id = 2
@@ -56,6 +61,8 @@ region_size = "1GiB"
 access = "host"
 public_key = "{}"
 key_file = "/etc/shoal/node0.key"
+tls_cert = "/etc/shoal/node0.crt"
+tls_key = "/etc/shoal/node0.tls"
 "#,
         key('a'),
         key('b'),
@@ -88,6 +95,10 @@ fn a_valid_file_for_every_host_shows_how_each_node_is_reached() {
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(
         stdout.contains("cluster \"prod\": 3 nodes on 2 hosts, coherent, per-node keys"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("peer traffic: TLS 1.3, CA /etc/shoal/ca.crt"),
         "{stdout}"
     );
     assert!(stdout.contains("host \"alpha\": nodes 0, 1"), "{stdout}");
@@ -144,6 +155,44 @@ fn every_error_is_said_in_words_and_the_exit_status_is_1() {
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(
         stdout.contains("error: node 1: socket /run/shoal/n0.sock is used by another node on host \"alpha\" (node 0's socket)"),
+        "{stdout}"
+    );
+    // Hosts apart in cleartext only when the file says so.
+    let cleartext: String = hosts_file(dir.path())
+        .lines()
+        .filter(|l| !l.starts_with("tls_"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let out = check(dir.path(), &cleartext, &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("error: nodes [0, 1, 2] are reached from other hosts (node 0's rpc 10.0.0.1:7700 is not a loopback address)"),
+        "{stdout}"
+    );
+    let allowed = cleartext.replace(
+        "token_file = \"token\"",
+        "token_file = \"token\"\ninsecure_cleartext = true",
+    );
+    let out = check(dir.path(), &allowed, &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("peer traffic: cleartext between hosts (insecure_cleartext)"),
+        "{stdout}"
+    );
+    // A node without its certificate, in a file with the CA.
+    let missing = hosts_file(dir.path()).replace(
+        "tls_cert = \"/etc/shoal/node1.crt\"\ntls_key = \"/etc/shoal/node1.tls\"\n",
+        "",
+    );
+    let out = check(dir.path(), &missing, &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(
+            "error: [cluster] tls_ca needs every node's tls_cert and tls_key (not on nodes [1])"
+        ),
         "{stdout}"
     );
     // A file that is not TOML says where.

@@ -18,5 +18,6 @@ mod put_get;
 mod status_page;
 mod support;
 mod tier_crash;
+mod tls;
 #[cfg(feature = "top")]
 mod top;

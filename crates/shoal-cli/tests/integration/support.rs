@@ -21,6 +21,11 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn up(dir: &Path, nodes: u32, name: &str) -> Self {
+        Self::up_with(dir, nodes, name, &[])
+    }
+
+    /// [`up`](Self::up) with more of `cluster up`'s arguments.
+    pub fn up_with(dir: &Path, nodes: u32, name: &str, more: &[&str]) -> Self {
         let output = shoal()
             .args([
                 "cluster",
@@ -30,7 +35,9 @@ impl Cluster {
                 "--capacity",
                 "64MiB",
             ])
-            .args(["--linger-ms", "0", "--name", name, "--dir"])
+            .args(["--linger-ms", "0", "--name", name])
+            .args(more)
+            .arg("--dir")
             .arg(dir)
             .output()
             .expect("run shoal cluster up");

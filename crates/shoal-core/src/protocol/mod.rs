@@ -71,7 +71,8 @@ pub use tier_report::{TierInfo, TierReport};
 /// channel (docs/fast-path.md).
 /// 16: `ClusterInfo` carries the cluster's identity (its name and a digest
 /// of its token).
-pub const PROTOCOL_VERSION: u32 = 16;
+/// 17: `ClusterInfo` says how peer traffic is protected (TLS or not).
+pub const PROTOCOL_VERSION: u32 = 17;
 
 #[cfg(test)]
 mod doc_check;

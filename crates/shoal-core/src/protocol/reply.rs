@@ -152,6 +152,10 @@ pub enum Reply {
         /// The cluster's identity (its name and a digest of its token): equal
         /// for clients of nodes of one cluster, different for any other.
         cluster: String,
+        /// How traffic between this node and its peers is protected:
+        /// `none` (all on loopback), `none: insecure_cleartext`, or
+        /// `tls1.3, data channel tls-userspace`.
+        encryption: String,
         /// Every node of the cluster, this one included, as seen from this host.
         nodes: Vec<PeerRegion>,
     },
@@ -350,12 +354,14 @@ impl Reply {
                 coherent,
                 simulated,
                 cluster,
+                encryption,
                 nodes,
             } => {
                 w.u32(*node)
                     .u8(u8::from(*coherent))
                     .u8(u8::from(*simulated))
                     .str(cluster)
+                    .str(encryption)
                     .u32(nodes.len() as u32);
                 for n in nodes {
                     w.u32(n.node)
@@ -556,6 +562,7 @@ impl Reply {
                 let coherent = r.bool()?;
                 let simulated = r.bool()?;
                 let cluster = r.str()?;
+                let encryption = r.str()?;
                 let n = r.count(4 + 1 + 1 + 8 + 4)?;
                 let mut nodes = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -572,6 +579,7 @@ impl Reply {
                     coherent,
                     simulated,
                     cluster,
+                    encryption,
                     nodes,
                 }
             }

@@ -179,6 +179,7 @@ pub(super) fn sample_replies() -> Vec<Reply> {
             coherent: false,
             simulated: true,
             cluster: "name=c token-sha256=00ff".into(),
+            encryption: "tls1.3, data channel tls-userspace".into(),
             nodes: vec![PeerRegion {
                 node: 0,
                 mapped: true,

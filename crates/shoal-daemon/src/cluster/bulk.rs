@@ -23,17 +23,58 @@ use std::rc::Rc;
 
 use shoal_cluster::auth::{PeerIdentity, Refusal};
 use shoal_cluster::bulk::{
-    answer_push, fetch_range, receive_range, send_error, send_range, Kind, Request,
+    answer_push, fetch_range, receive_range, send_error, send_range, Kind, Request, Wire,
 };
+use shoal_cluster::tls::data::AcceptedStream;
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::accept::AcceptBackoff;
 use crate::cluster::peers::{join_all, RPC_TIMEOUT};
 use crate::cluster::state::Cluster;
 use crate::principals;
+
+/// A data-channel connection as accepted, while its request is read and
+/// checked on the store thread.
+enum Accepted {
+    Plain(TcpStream),
+    /// Over TLS, from the node its certificate proved.
+    Tls(Box<AcceptedStream>, u32),
+}
+
+/// Both halves of an async connection.
+trait Io: AsyncRead + AsyncWrite + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Unpin> Io for T {}
+
+impl Accepted {
+    fn io(&mut self) -> &mut dyn Io {
+        match self {
+            Self::Plain(stream) => stream,
+            Self::Tls(stream, _) => stream.as_mut(),
+        }
+    }
+
+    /// The node a TLS certificate proved; `None` in cleartext.
+    fn proven(&self) -> Option<u32> {
+        match self {
+            Self::Plain(_) => None,
+            Self::Tls(_, node) => Some(*node),
+        }
+    }
+
+    /// The connection for a blocking worker thread.
+    fn into_wire(self) -> std::io::Result<Wire> {
+        match self {
+            Self::Plain(stream) => Ok(Wire::Plain(stream.into_std()?)),
+            Self::Tls(stream, _) => Ok(Wire::Server(Box::new(
+                shoal_cluster::tls::data::into_blocking(*stream)?,
+            ))),
+        }
+    }
+}
 
 impl Cluster {
     /// Binds this node's data channel (a busy port fails the start) and
@@ -63,16 +104,28 @@ impl Cluster {
         Ok(())
     }
 
-    /// Serves one request: checks it, pins the object, sends, unpins.
-    async fn serve_range(self: Rc<Self>, mut stream: TcpStream, identity: PeerIdentity) {
+    /// Serves one request: (with TLS: proves both ends,) checks it, pins
+    /// the object, sends, unpins.
+    async fn serve_range(self: Rc<Self>, stream: TcpStream, identity: PeerIdentity) {
         let peer = stream
             .peer_addr()
             .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-        let request = match tokio::time::timeout(RPC_TIMEOUT, Request::read(&mut stream)).await {
+        let mut stream = match &self.tls {
+            None => Accepted::Plain(stream),
+            Some(tls) => match shoal_cluster::tls::data::accept(tls, stream).await {
+                Ok((stream, node)) => Accepted::Tls(Box::new(stream), node),
+                Err(why) => {
+                    tracing::warn!(%peer, "data channel connection refused: {why}");
+                    return;
+                }
+            },
+        };
+        let request = match tokio::time::timeout(RPC_TIMEOUT, Request::read(&mut stream.io())).await
+        {
             Ok(Ok(request)) => request,
             Ok(Err(err)) => {
                 tracing::warn!(%peer, %err, "data channel request refused");
-                send_error(&mut stream, &err).await;
+                send_error(&mut stream.io(), &err).await;
                 return;
             }
             Err(_) => {
@@ -80,6 +133,18 @@ impl Cluster {
                 return;
             }
         };
+        if let Some(proven) = stream.proven().filter(|&node| node != request.from) {
+            let err = ShoalError::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "a request claiming node {} over node {proven}'s TLS connection",
+                    request.from
+                ),
+            );
+            tracing::warn!(%peer, %err, "data channel request refused");
+            send_error(&mut stream.io(), &err).await;
+            return;
+        }
         if request.kind == Kind::Push {
             return self.receive_push(stream, &identity, request, &peer).await;
         }
@@ -87,13 +152,17 @@ impl Cluster {
             Ok(location) => location,
             Err(err) => {
                 tracing::warn!(%peer, from = request.from, %err, "data channel request refused");
-                send_error(&mut stream, &err).await;
+                send_error(&mut stream.io(), &err).await;
                 return;
             }
         };
         let id = request.id;
-        let sent = match stream.into_std() {
+        let sent = match stream.into_wire() {
             Ok(socket) => {
+                let metrics = self.node.metrics().clone();
+                metrics
+                    .peer_calls
+                    .transfer_sent(socket.encryption().as_str());
                 let region = self.node.region().clone();
                 let start = pinned.offset + request.offset;
                 let len = request.len;
@@ -171,7 +240,7 @@ impl Cluster {
     /// bytes into it, answers, lets go.
     async fn receive_push(
         self: Rc<Self>,
-        mut stream: TcpStream,
+        mut stream: Accepted,
         identity: &PeerIdentity,
         request: Request,
         peer: &str,
@@ -183,12 +252,12 @@ impl Cluster {
             Ok(location) => location,
             Err(err) => {
                 tracing::warn!(%peer, from = request.from, %err, "data channel request refused");
-                send_error(&mut stream, &err).await;
+                send_error(&mut stream.io(), &err).await;
                 return;
             }
         };
         let id = request.id;
-        let received = match stream.into_std() {
+        let received = match stream.into_wire() {
             Ok(mut socket) => {
                 let region = self.node.region().clone();
                 let start = location.offset + request.offset;
@@ -284,6 +353,7 @@ impl Cluster {
                 len: end - start,
             };
             let address = address.clone();
+            let tls = self.tls.clone();
             let worker = tokio::task::spawn_blocking(move || {
                 // SAFETY: `dst` is the start of a local object of `len` bytes
                 // this node just created and nobody else writes; each range
@@ -294,7 +364,7 @@ impl Cluster {
                         (end - start) as usize,
                     )
                 };
-                fetch_range(owner, &address, &request, part, RPC_TIMEOUT)
+                fetch_range(owner, &address, &request, part, RPC_TIMEOUT, tls.as_deref())
             });
             async move {
                 worker

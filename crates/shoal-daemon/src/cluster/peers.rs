@@ -13,6 +13,7 @@ use std::time::Duration;
 use shoal_cluster::auth::{Credentials, PeerIdentity};
 use shoal_cluster::epoch::{self, Behind, Epoch};
 use shoal_cluster::proto::peer_client::PeerClient;
+use shoal_cluster::tls::TlsMaterial;
 use shoal_cluster::{Node, Topology};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ObjectId;
@@ -63,6 +64,8 @@ pub struct PeerSet {
     answered: RefCell<Vec<Option<Instant>>>,
     /// This node's view epoch (what a refused call waits for).
     epoch: Option<Epoch>,
+    /// Peer calls go over TLS with this material; `None`: cleartext.
+    tls: Option<Arc<TlsMaterial>>,
     metrics: Arc<Metrics>,
 }
 
@@ -89,6 +92,12 @@ impl Drop for TimedCall<'_> {
 }
 
 pub fn status_error(node: u32, status: tonic::Status) -> ShoalError {
+    if let Some(why) = shoal_cluster::tls::refusal_in(&status) {
+        return ShoalError::new(
+            ErrorKind::PermissionDenied,
+            format!("node {node}: TLS refused: {why}"),
+        );
+    }
     let kind = match status.code() {
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => ErrorKind::Protocol,
         tonic::Code::InvalidArgument => ErrorKind::InvalidArgument,
@@ -166,6 +175,7 @@ impl PeerSet {
     pub fn new(
         topology: &Topology,
         identity: &PeerIdentity,
+        tls: Option<Arc<TlsMaterial>>,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
         let slots = topology.slots();
@@ -177,6 +187,7 @@ impl PeerSet {
             alive: RefCell::new(vec![None; slots]),
             answered: RefCell::new(vec![None; slots]),
             epoch: identity.epoch().cloned(),
+            tls,
             metrics,
         };
         for node in &topology.nodes {
@@ -206,7 +217,7 @@ impl PeerSet {
             .http2_keep_alive_interval(self.lease / 4)
             .keep_alive_timeout(self.lease / 2)
             .keep_alive_while_idle(true);
-        let channel = endpoint.connect_lazy();
+        let channel = shoal_cluster::tls::rpc::channel(endpoint, self.tls.as_ref(), node.id);
         let rpc = PeerClient::with_interceptor(channel, identity.credentials(node.id)?)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);

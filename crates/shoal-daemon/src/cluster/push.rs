@@ -9,7 +9,7 @@
 //! `read` straight into the object there (`bulk`), no copy in user space on
 //! either side — then seals it there.
 
-use shoal_cluster::bulk::{push_range, Kind, Request};
+use shoal_cluster::bulk::{push_range, Encryption, Kind, Request};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::ClientId;
 use shoal_core::location::ObjectLocation;
@@ -132,7 +132,14 @@ impl Cluster {
             };
             let region = self.node.region().clone();
             let address = address.clone();
+            let tls = self.tls.clone();
+            let metrics = self.node.metrics().clone();
             let worker = tokio::task::spawn_blocking(move || {
+                metrics.peer_calls.transfer_sent(if tls.is_some() {
+                    Encryption::UserSpace.as_str()
+                } else {
+                    Encryption::None.as_str()
+                });
                 // SAFETY: the staging buffer lies inside our region (the
                 // allocator hands out in-range blocks), which `region`
                 // keeps mapped; only this push reads it while its seal runs.
@@ -145,6 +152,7 @@ impl Cluster {
                         region.base(),
                         src.offset + start,
                         RPC_TIMEOUT,
+                        tls.as_deref(),
                     )
                 }
             });

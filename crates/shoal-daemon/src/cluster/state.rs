@@ -6,12 +6,14 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_cluster::auth::PeerIdentity;
 use shoal_cluster::epoch::Epoch;
 use shoal_cluster::proto::Location;
 use shoal_cluster::rebuild::{Claims, Readiness};
+use shoal_cluster::tls::TlsMaterial;
 use shoal_cluster::{Directory, Topology, View};
 use shoal_core::error::{Result, ShoalError};
 use shoal_core::ids::ClientId;
@@ -150,6 +152,8 @@ pub struct Cluster {
     pub(crate) supervisor: Supervisor,
     /// Who this node is to its peers, and how it checks who they are.
     pub(crate) identity: PeerIdentity,
+    /// Its TLS certificate and the CA it trusts; `None`: cleartext peers.
+    pub(crate) tls: Option<Arc<TlsMaterial>>,
     pub(crate) peers: PeerSet,
     pub(crate) directory: RefCell<Directory>,
     /// Owner of ids seen on other nodes (a cache: a stale entry costs one
@@ -225,7 +229,18 @@ impl Cluster {
                  so any member can speak as any node (docs/security.md; `shoal cluster up` makes keys)"
             );
         }
-        let peers = PeerSet::new(&topology, &identity, node.metrics().clone())?;
+        let tls = TlsMaterial::load(&topology, config.node, identity.clone())?;
+        match &tls {
+            Some(_) => tracing::info!(
+                "peer traffic over TLS 1.3, certificates of the cluster's CA (tls_ca)"
+            ),
+            None if topology.insecure_cleartext => tracing::warn!(
+                "insecure_cleartext = true: peer traffic between hosts travels unencrypted, \
+                 readable and alterable by anyone on the path (docs/security.md)"
+            ),
+            None => {}
+        }
+        let peers = PeerSet::new(&topology, &identity, tls.clone(), node.metrics().clone())?;
         let slots = topology.slots();
         let rebuild = Rebuild::new(slots, view.members(), config.node, topology.lease);
         let linger = topology.linger;
@@ -243,6 +258,7 @@ impl Cluster {
             node,
             supervisor,
             identity,
+            tls,
             peers,
             directory: RefCell::default(),
             owners: RefCell::default(),
@@ -263,6 +279,16 @@ impl Cluster {
             witness: RefCell::default(),
             views,
         })
+    }
+
+    /// How traffic with peers is protected, as `ClusterInfo` and `shoal
+    /// stat` say it.
+    pub fn encryption(&self) -> &'static str {
+        match (&self.tls, self.topology().insecure_cleartext) {
+            (Some(_), _) => "tls1.3, data channel tls-userspace",
+            (None, true) => "none: insecure_cleartext",
+            (None, false) => "none (every node on loopback)",
+        }
     }
 
     /// The member that keeps `id`'s directory entry under the current view.

@@ -251,6 +251,10 @@ type PeerMethod = [(&'static str, String); 2];
 pub struct PeerCalls {
     duration: Family<PeerMethod, Histogram, fn() -> Histogram>,
     errors: Family<PeerMethod, Counter>,
+    /// Per channel (rpc, data): how its traffic is protected, 1.
+    encryption: Family<[(&'static str, String); 2], Gauge>,
+    /// Data-channel transfers this node sent, per protection.
+    transfers: Family<[(&'static str, String); 1], Counter>,
 }
 
 impl PeerCalls {
@@ -265,6 +269,27 @@ impl PeerCalls {
         if !ok {
             errors.inc();
         }
+    }
+
+    /// How `channel`'s traffic is protected (`none`, `tls-userspace`).
+    pub fn set_encryption(&self, channel: &'static str, mode: &str) {
+        self.encryption
+            .get_or_create(&[("channel", channel.to_owned()), ("mode", mode.to_owned())])
+            .set(1);
+    }
+
+    /// One data-channel transfer sent (a pull served, or a push).
+    pub fn transfer_sent(&self, encryption: &str) {
+        self.transfers
+            .get_or_create(&[("encryption", encryption.to_owned())])
+            .inc();
+    }
+
+    /// The transfers sent so far under `encryption` (for `shoal stat`).
+    pub fn transfers_sent(&self, encryption: &str) -> u64 {
+        self.transfers
+            .get_or_create(&[("encryption", encryption.to_owned())])
+            .get()
     }
 }
 
@@ -513,7 +538,19 @@ impl Metrics {
         let peer_calls = PeerCalls {
             duration: Family::new_with_constructor(op_histogram as fn() -> Histogram),
             errors: Family::default(),
+            encryption: Family::default(),
+            transfers: Family::default(),
         };
+        registry.register(
+            "shoal_peer_encryption",
+            "How peer traffic is protected, per channel: rpc none or tls1.3, data none or tls-userspace; 1",
+            peer_calls.encryption.clone(),
+        );
+        registry.register(
+            "shoal_data_channel_transfers",
+            "Data-channel transfers this node sent (pulls served, pushes), per encryption",
+            peer_calls.transfers.clone(),
+        );
         registry.register(
             "shoal_peer_rpc_duration_seconds",
             "Time of calls to other nodes, per peer and method (every gRPC method this node calls)",

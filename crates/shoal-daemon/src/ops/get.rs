@@ -58,6 +58,8 @@ impl Ops {
         let mut found: Vec<Option<Located>> = vec![None; ids.len()];
         // Per id, the node that could not be reached to find it (last poll).
         let mut unreachable: Vec<Option<u32>> = vec![None; ids.len()];
+        // Per id, why its owner's bytes could not be pulled (last poll).
+        let mut refused: Vec<Option<ShoalError>> = vec![None; ids.len()];
         let mut missing = ids.len();
         // Objects on other nodes are polled (their seals are not announced
         // here), backing off to REMOTE_POLL_MAX.
@@ -91,7 +93,7 @@ impl Ops {
             });
             if missing > 0 && self.cluster.is_some() {
                 missing -= self
-                    .get_remote(client, ids, &mut found, &mut unreachable)
+                    .get_remote(client, ids, &mut found, &mut unreachable, &mut refused)
                     .await;
             }
             if missing == 0 {
@@ -100,6 +102,16 @@ impl Ops {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 // One object that a node it depends on kept from being
                 // found: say which (a batch answers `None` per id, as ever).
+                if let ([id], [Some(err)]) = (ids, refused.as_slice()) {
+                    return Err(ShoalError::new(
+                        err.kind(),
+                        format!(
+                            "object {id} not found within {timeout_ms} ms: its bytes could not \
+                             be pulled: {}",
+                            err.message()
+                        ),
+                    ));
+                }
                 if let ([id], [Some(node)]) = (ids, unreachable.as_slice()) {
                     return Err(ShoalError::new(
                         ErrorKind::NodeUnavailable,
@@ -188,6 +200,7 @@ impl Ops {
         ids: &[ObjectId],
         found: &mut [Option<Located>],
         unreachable: &mut [Option<u32>],
+        refused: &mut [Option<ShoalError>],
     ) -> usize {
         let cluster = self.cluster.as_ref().expect("cluster mode");
         let positions: Vec<usize> = (0..ids.len()).filter(|&i| found[i].is_none()).collect();
@@ -220,7 +233,14 @@ impl Ops {
                     Ok(None) => continue,
                     // No room for the copy, owner gone: missing for now.
                     Err(err) => {
-                        tracing::debug!(%err, id = %ids[i], "network pull");
+                        if err.kind() == ErrorKind::PermissionDenied {
+                            // A TLS refusal, or bytes changed on the way.
+                            tracing::warn!(%err, id = %ids[i], "network pull refused");
+                        } else {
+                            tracing::debug!(%err, id = %ids[i], "network pull");
+                        }
+                        unreachable[i] = Some(r.owner);
+                        refused[i] = Some(err);
                         continue;
                     }
                 }

@@ -40,20 +40,41 @@ pub(crate) async fn start(ops: &Rc<Ops>) -> Result<()> {
         .map_or_else(|_| listen.to_string(), |a| a.to_string());
     let identity = cluster.identity.clone();
     let (calls, mut incoming) = mpsc::channel::<calls::PeerCall>(CALL_QUEUE);
+    let calls_metrics = &cluster.node.metrics().peer_calls;
+    let (rpc_mode, data_mode) = match cluster.tls {
+        Some(_) => (
+            "tls1.3",
+            shoal_cluster::bulk::Encryption::UserSpace.as_str(),
+        ),
+        None => ("none", shoal_cluster::bulk::Encryption::None.as_str()),
+    };
+    calls_metrics.set_encryption("rpc", rpc_mode);
+    calls_metrics.set_encryption("data", data_mode);
+    let check = match cluster.tls {
+        Some(_) => TokenCheck::new(identity.clone()).over_tls(),
+        None => TokenCheck::new(identity.clone()),
+    };
     let service = tonic::service::interceptor::InterceptedService::new(
         PeerServer::new(grpc::PeerService { calls }).max_decoding_message_size(64 << 20),
-        TokenCheck::new(identity.clone()),
+        check,
     );
     let stopping = ops.supervisor.stopping();
     let stopped = ops.supervisor.stopping();
+    let tls = cluster.tls.clone();
     ops.supervisor.spawn("peer rpc", async move {
-        let server = tonic::transport::Server::builder()
+        let builder = tonic::transport::Server::builder()
             .tcp_nodelay(true)
-            .add_service(service)
-            .serve_with_incoming_shutdown(
+            .add_service(service);
+        let server: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = match tls {
+            Some(tls) => Box::pin(builder.serve_with_incoming_shutdown(
+                shoal_cluster::tls::rpc::incoming(listener, tls),
+                stopping,
+            )),
+            None => Box::pin(builder.serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 stopping,
-            );
+            )),
+        };
         // A graceful stop waits for every connection to close, and one from a
         // peer that is cut off or frozen never does: past a short grace the
         // rest are dropped, so a stop never hangs on the network.

@@ -18,4 +18,5 @@ mod network_alloc;
 mod peer_calls;
 mod peer_identity;
 mod peer_reads;
+mod peer_tls;
 mod tiers;

@@ -108,6 +108,7 @@ fn push(node: &LoneNode, request: &Request, data: &[u8]) -> Result<()> {
             data.as_ptr(),
             0,
             Duration::from_secs(5),
+            None,
         )
     }
 }

@@ -72,6 +72,7 @@ impl NodeZero {
             &request,
             &mut bytes,
             Duration::from_secs(5),
+            None,
         )?;
         Ok(bytes)
     }
