@@ -81,7 +81,14 @@ def test_ray_nodes_on_two_hosts_read_each_others_values_through_shoal(make_hosts
     started = [ray_start(hosts, 0, "--head", "--port", str(PORT), "--include-dashboard", "false")]
     try:
         head_log = next(Path(hosts[0].directory).glob("ray-*.log"))
-        until(lambda: "Ray runtime started" in head_log.read_text(errors="replace"), 60, "Ray's head started")
+        try:
+            until(
+                lambda: "Ray runtime started" in head_log.read_text(errors="replace"),
+                60,
+                "Ray's head started",
+            )
+        except AssertionError as err:
+            raise AssertionError(f"{err}; its log:\n{head_log.read_text(errors='replace')[-4000:]}") from None
         started.append(ray_start(hosts, 1, "--address", f"{Network.address(0)}:{PORT}"))
         done = hosts[0].run(
             sys.executable,
