@@ -7,6 +7,7 @@ a consumer checks what it got from a sample without the producer's copy."""
 
 import gc
 import os
+import pickle
 import time
 
 import numpy as np
@@ -19,7 +20,8 @@ import shoal.ray
 COLUMNS = 4
 SCHEMA = pa.schema([(f"c{i}", pa.int64()) for i in range(COLUMNS)])
 SAMPLE_STEP = 2**20 // 8  # the touch: one value a MiB of each column
-IDLE_S = 0.05  # before the round trip to an idle daemon that the consumer times
+IDLE_S = 0.05  # B's idle time before each of the gets and floors it times after the first
+TINY = np.arange(4)  # the object of the floors' bare gets
 
 
 def anonymous_bytes(pid="self"):
@@ -121,6 +123,71 @@ class Producer:
         return anonymous_bytes()
 
 
+def idle():
+    """B between two actor calls: asleep, its caches left to whatever else runs."""
+    time.sleep(IDLE_S)
+
+
+def timed(call):
+    idle()
+    s = time.perf_counter()
+    call()
+    return time.perf_counter() - s
+
+
+def after_idle(kind, fetch, key):
+    """What the first get is made of and what it is measured against, each after the same
+    idle time as before the first get: the same get again (the object no longer new to
+    B), a bare get of a tiny object (the path's floor), a tiny numpy call (the machine's
+    floor: no store, no Ray). On shoal's path also shoal.ray.get's steps one by one and one
+    round trip to the daemon (`client.stats()`)."""
+    if kind == "shoal":
+        client = shoal.ray.store.client()
+        tiny = client.put(TINY)
+        bare = lambda: client.get_buffer(tiny, 0)  # noqa: E731
+    else:
+        tiny = ray.put(TINY)
+        bare = lambda: ray.get(tiny)  # noqa: E731
+    result = {
+        "again_idle_s": timed(lambda: fetch(key)),
+        "tiny_get_idle_s": timed(bare),
+        "numpy_idle_s": timed(lambda: np.arange(10).sum()),
+    }
+    if kind == "shoal":
+        result["steps_idle_s"] = shoal_get_steps(pickle.dumps(key))
+        result["idle_rpc_s"] = timed(client.stats)
+        client.delete(tiny)
+    return result
+
+
+def shoal_get_steps(pickled_ref):
+    """`shoal.ray.get` of an Arrow table (shoal.ray.ref._value, shoal._codec.decode), step by
+    step after the idle time: the seconds of each step, in order. The ref's unpickling is
+    Ray's, before the actor's method runs."""
+    from shoal import _ipc, layout
+
+    idle()
+    t = [time.perf_counter()]
+    ref = pickle.loads(pickled_ref)
+    t.append(time.perf_counter())
+    client = shoal.ray.store.client()
+    t.append(time.perf_counter())
+    buffer = client.get_buffer(ref.id, 0)
+    t.append(time.perf_counter())
+    metadata = bytes(buffer.metadata())
+    assert not layout.is_layout(metadata)
+    t.append(time.perf_counter())
+    schema, batches = _ipc.batches(pa.py_buffer(buffer))
+    t.append(time.perf_counter())
+    pa.Table.from_batches(batches, schema=schema)
+    t.append(time.perf_counter())
+    return dict(zip(GET_STEPS, (b - a for a, b in zip(t, t[1:], strict=False)), strict=True))
+
+
+#: shoal_get_steps's steps.
+GET_STEPS = ("ref unpickle", "client lookup", "get (fast path)", "metadata", "IPC decode", "table build")
+
+
 def derive(batch):
     """The Ray Data benchmark's map_batches step: reads both columns of a block."""
     return pa.table({"z": pc.add(batch["x"], batch["y"])})
@@ -161,12 +228,9 @@ class Consumer:
             later.append(time.perf_counter() - s)
             del again
         result = {"first_get_s": t1 - t0, "touch_s": t2 - t1, "later_get_s": later}
+        result.update(after_idle(kind, fetch, key))
         if kind == "shoal":
             client = shoal.ray.store.client()
-            time.sleep(IDLE_S)  # the daemon's threads asleep again, as before the first get
-            s = time.perf_counter()
-            client.stats()
-            result["idle_rpc_s"] = time.perf_counter() - s
             result["offsets"] = [a - client.region_address for a in buffer_addresses(value)]
             result["in_region"] = all(0 <= o < client.region_size for o in result["offsets"])
         self.held = value

@@ -10,14 +10,16 @@ local   one Ray node (2 CPUs) over one `shoal serve` (not prefaulted);
     process) gets it. shoal: A builds it in place (`client.create_table`) and
     `shoal.ray.share`s it, B calls `shoal.ray.get`. Ray: A builds it in its heap and
     `ray.put`s it, B calls `ray.get`. B times its first get, a touch of one value a MiB,
-    and --get-reps later gets; on shoal's path also, for context, one round trip to its
-    daemon after 50 ms idle (`client.stats()`). Copies by the producer: shoal's is 0 when B's column
-    buffers lie at the offsets of the store where A wrote; Ray's is 1 when the value in
-    plasma lies elsewhere than A's heap table with equal contents. Host memory growth while
-    B holds the value: /proc/meminfo Shmem (the store's and plasma's pages, counted once
-    however many processes map them) plus the growth of A's and B's anonymous memory
-    (smaps_rollup `Anonymous`: heaps; not RSS, which counts the shared pages a process
-    maps). Taken from the first round, when each store is fresh: later rounds reuse
+    and --get-reps later gets. Then, each after 50 ms asleep (B's idle time between actor
+    calls): the same get again, a bare get of a tiny object and a tiny numpy call (floors
+    of the path and of the machine), on shoal's path also `shoal.ray.get`'s steps timed one
+    by one and one round trip to the daemon (`client.stats()`). Copies by the producer:
+    shoal's is 0 when B's column buffers lie at the offsets of the store where A wrote;
+    Ray's is 1 when the value in plasma lies elsewhere than A's heap table with equal
+    contents. Host memory growth while B holds the value: /proc/meminfo Shmem (the store's
+    and plasma's pages, counted once however many processes map them) plus the growth of
+    A's and B's anonymous memory (smaps_rollup `Anonymous`: heaps; not RSS, which counts
+    the shared pages a process maps). Taken from the first round, when each store is fresh: later rounds reuse
     pages already faulted in. Rounds alternate which path goes first.
   - Ray Data: 16 tables of 2^22 rows (x int64, y float64: 1 GiB), written once with
     `ShoalDatasink`; timed `read_datasource(ShoalDatasource)` → `map_batches` (x + y,
@@ -57,6 +59,7 @@ from cluster import checkout, machine_busy  # noqa: E402
 from table1 import GiB, fmt, log, machine, table  # noqa: E402
 
 TARGET_GET_US = 100
+IDLE_S = 0.05  # actors.IDLE_S: B's sleep before each get it times after the first
 TARGET_TCP_RATIO = 0.9
 TARGET_DATA_RATIO = 0.9
 RAY_CROSS_NODE_GIBS = 0.96  # the issue's figure for Ray 2.60 on this machine (100 MB)
@@ -124,6 +127,11 @@ def local_rows(a2a, size):
         "ray_get_first_us": med(first_us["ray"]),
         "later": later_us,
         "first": first_us,
+        # After the same idle time: the same get again, a bare get of a tiny object, numpy.
+        "idle": {
+            k: {m: [s[f"{m}_idle_s"] * 1e6 for s in a2a[k]] for m in ("again", "tiny_get", "numpy")}
+            for k in ("shoal", "ray")
+        },
         "copies": copies_s,
         "ray_copies": copies_r,
         "growth": growth(s0),
@@ -168,7 +176,10 @@ def report(run):
                 f"≤ {TARGET_GET_US}",
                 fmt(loc["ray_get_first_us"]),
                 f"{loc['get_first_us'] / TARGET_GET_US:.2f}× target; "
-                f"{loc['get_first_us'] / loc['ray_get_first_us']:.2f}× Ray",
+                f"{loc['get_first_us'] / loc['ray_get_first_us']:.2f}× Ray; "
+                f"{loc['get_first_us'] / med(loc['idle']['shoal']['again']):.2f}× the same get after "
+                f"the same idle time, {loc['get_first_us'] / med(loc['idle']['shoal']['tiny_get']):.1f}× "
+                'a get of a tiny object after it ("Actor to actor")',
                 judge(loc["get_first_us"] <= TARGET_GET_US),
             ],
             [
@@ -319,9 +330,7 @@ def local_details(a2a, loc, size):
         "## Actor to actor on one node",
         "",
         f"Table: {size / GiB:g} GiB of column data, {len(a2a['shoal'])} rounds; later gets: "
-        f"{len(a2a['shoal'][0]['later_get_s'])} a round. Memory columns from round 0 (fresh stores), MiB. "
-        "After its gets, B times one round trip to its shoal daemon after 50 ms idle (`client.stats()`): "
-        f"{bp([s['idle_rpc_s'] * 1e6 for s in a2a['shoal']])} µs.",
+        f"{len(a2a['shoal'][0]['later_get_s'])} a round. Memory columns from round 0 (fresh stores), MiB.",
         "",
         *table(
             "path",
@@ -337,6 +346,42 @@ def local_details(a2a, loc, size):
             ],
             rows,
         ),
+        "",
+        *idle_details(a2a, loc),
+    ]
+
+
+def idle_details(a2a, loc):
+    """The first get beside gets and floors after the same idle time, and its steps."""
+    idle = loc["idle"]
+    labels = {
+        "again": "the same get again",
+        "tiny_get": "a get of a tiny object (shoal: `client.get_buffer`; Ray: `ray.get` of B's `ray.put`)",
+        "numpy": "`np.arange(10).sum()` (no store, no Ray: the machine's floor)",
+    }
+    rows = [[label, bp(idle["shoal"][m]), bp(idle["ray"][m])] for m, label in labels.items()]
+    steps = {
+        name: [s["steps_idle_s"][name] * 1e6 for s in a2a["shoal"]]
+        for name in a2a["shoal"][0]["steps_idle_s"]
+    }
+    step_rows = [[name, bp(v)] for name, v in steps.items()]
+    rpc_us = [s["idle_rpc_s"] * 1e6 for s in a2a["shoal"]]
+    step_rows.append(["sum", bp([sum(v[i] for v in steps.values()) for i in range(len(a2a["shoal"]))])])
+    return [
+        "### B's first get and what else costs after the same idle time",
+        "",
+        f"Before its first get B sat idle between two actor calls; after its later gets it sleeps "
+        f"{IDLE_S * 1e3:.0f} ms before each of these (µs; B's first get: shoal "
+        f"{bp(loc['first']['shoal'])}, Ray {bp(loc['first']['ray'])}). A first get as slow as the same "
+        "get repeated after the idle time is slow for the idle time, not for the object being new; "
+        "the floors say what any call costs then on this machine.",
+        "",
+        *table("after idle", ["shoal", "Ray"], rows),
+        "",
+        "shoal.ray.get's steps, timed one by one after the same idle time (µs), and one round trip to "
+        f"the daemon (`client.stats()`, not part of a get): {bp(rpc_us)}.",
+        "",
+        *table("step", ["µs"], step_rows),
         "",
     ]
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from shoal import _internal
+from shoal import _internal, _ipc
 
 TAG_BYTES = b"shoal/bytes"
 TAG_ARROW = b"shoal/arrow;"  # + table | batch | array | chunked
@@ -115,10 +115,17 @@ def decode(buffer: Any, metadata: bytes) -> Any:
     """Wraps an object's store buffer as the value it was put as, without a copy."""
     if metadata.startswith(TAG_ARROW):
         kind = metadata[len(TAG_ARROW) :]
-        reader = pa.ipc.open_stream(pa.py_buffer(buffer))
-        if kind == b"batch":
-            return reader.read_next_batch()
-        table = reader.read_all()
+        data = pa.py_buffer(buffer)
+        read = _ipc.batches(data, 1 if kind == b"batch" else None)
+        if read is None or (kind == b"batch" and not read[1]):
+            reader = pa.ipc.open_stream(data)  # what _ipc does not read; an empty stream's error
+            if kind == b"batch":
+                return reader.read_next_batch()
+            table = reader.read_all()
+        elif kind == b"batch":
+            return read[1][0]
+        else:
+            table = pa.Table.from_batches(read[1], schema=read[0])
         if kind == b"array":
             return table.column(0).chunk(0)
         if kind == b"chunked":

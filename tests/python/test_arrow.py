@@ -486,3 +486,52 @@ def test_put_with_explicit_id(client):
     assert client.put(pa.array([1]), oid) == oid
     assert client.put(b"x", shoal.ObjectID.from_random().binary()) is not None
     assert client.get(oid.binary()).equals(pa.array([1]))
+
+
+def test_a_schema_already_seen_is_not_decoded_again(client):
+    # shoal._ipc keeps each distinct schema decoded: a second object of one schema reuses it.
+    from shoal import _ipc
+
+    schema = pa.schema([("x", pa.int64()), ("label", pa.string())], metadata={"run": "schema-cache"})
+    first = client.get(client.put(pa.table({"x": [1, 2], "label": ["a", None]}, schema=schema)))
+    before = _ipc._schema.cache_info()
+    second = client.get(client.put(pa.table({"x": [3], "label": ["b"]}, schema=schema)))
+    after = _ipc._schema.cache_info()
+    assert (after.hits - before.hits, after.misses - before.misses) == (1, 0)
+    assert second.schema is first.schema or second.schema.equals(first.schema, check_metadata=True)
+    assert second.to_pydict() == {"x": [3], "label": ["b"]}
+    assert_zero_copy(client, second)
+
+
+@pytest.mark.parametrize("limit", [None, 1, 2, 9])
+def test_ipc_stream_reader_equals_pyarrows(client, limit):
+    # Several batches, an empty one among them; `limit` the first few.
+    from shoal import _codec, _ipc
+
+    batches = [
+        pa.record_batch({"x": pa.array(range(n), pa.int32()), "s": pa.array(map(str, range(n)), pa.string())})
+        for n in (3, 0, 5)
+    ]
+    table = pa.Table.from_batches(batches)
+    buffer = client.get_buffer(client.put(table))
+    assert bytes(buffer.metadata()) == _codec.TAG_ARROW + b"table"
+    data = pa.py_buffer(buffer)
+    read = _ipc.batches(data, limit)
+    assert read is not None
+    schema, got = read
+    want = list(pa.ipc.open_stream(data))[:limit]
+    assert schema.equals(table.schema) and len(got) == len(want)
+    assert all(a.equals(b) for a, b in zip(got, want, strict=True))
+    for batch in got:
+        assert_zero_copy(client, batch)
+
+
+def test_ipc_streams_left_to_pyarrow(client):
+    # Dictionary batches and a stream too short to hold a message: None, pyarrow reads them.
+    from shoal import _ipc
+
+    table = pa.table({"d": pa.array(["a", "b", "a"]).dictionary_encode()})
+    data = pa.py_buffer(client.get_buffer(client.put(table)))
+    assert _ipc.batches(data) is None
+    assert client.get(client.put(table)).equals(table)
+    assert _ipc.batches(pa.py_buffer(b"\xff\xff\xff\xff")) is None
