@@ -74,8 +74,9 @@ class HomeUnavailable(NodeUnavailable):
 
 
 class PermissionDenied(ShoalError, PermissionError):
-    """A local security check refused: a socket directory or log another user could have
-    planted, or a daemon or client of another user (docs/security.md)."""
+    """A security check refused: a socket directory or log another user could have planted,
+    a daemon or client of another user, or (between nodes) a peer's TLS certificate or
+    bytes changed on the way (docs/security.md)."""
 
 
 class ObjectCorrupt(ShoalError):

@@ -695,7 +695,7 @@ class Hosts:
                 capture_output=True, text=True, check=False,
             )  # fmt: skip
             assert made.returncode == 0, made.stderr
-            lines.append(f'tls_ca = "{RUN}/ca.crt"')
+            lines += [f'tls_ca = "{RUN}/ca.crt"', f'tls_crl = "{RUN}/revoked.crl"']
         else:
             lines.append("insecure_cleartext = true")
         if self.etcd is not None:
@@ -749,9 +749,33 @@ class Hosts:
         assert made.returncode == 0, made.stderr
         suffix = "" if self.same_paths else f"-n{i}"
         host.write(f"{RUN}/ca.crt", (self.ca / "ca.crt").read_text(), mode=0o644)
+        if not (self.ca / "revoked.crl").exists():
+            self._crl()  # the list every host reads, empty for now
+        host.write(f"{RUN}/revoked.crl", (self.ca / "revoked.crl").read_text(), mode=0o644)
         host.write(f"{RUN}/node{suffix}.crt", out.with_suffix(".crt").read_text(), mode=0o644)
         host.write(f"{RUN}/node{suffix}.tls", out.with_suffix(".tls").read_text())
         return [f'tls_cert = "{RUN}/node{suffix}.crt"', f'tls_key = "{RUN}/node{suffix}.tls"']
+
+    def _crl(self, cert: Path | None = None) -> None:
+        """Writes the cluster's revocation list here, with `cert` added to it."""
+        assert self.ca is not None, "a cluster without TLS"
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "shoal", "cluster", "revoke", "--ca", str(self.ca)),
+                *("--crl", str(self.ca / "revoked.crl")),
+                *(["--cert", str(cert)] if cert is not None else []),
+            ],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    def revoke(self, node: int) -> None:
+        """Revokes node `node`'s certificate and copies the list to every host (renamed into
+        place: nodes read it again within a second)."""
+        self._crl(self.directory / f"n{node}.crt")
+        for host in self.hosts:
+            host.write(f"{RUN}/revoked.crl.new", (self.ca / "revoked.crl").read_text(), mode=0o644)
+            assert host.run("mv", f"{RUN}/revoked.crl.new", f"{RUN}/revoked.crl")["returncode"] == 0
 
     def __enter__(self) -> Hosts:
         return self

@@ -50,9 +50,11 @@ pub struct RevokeArgs {
     /// The CA's directory (`ca.key`).
     #[arg(long)]
     pub ca: PathBuf,
-    /// The certificate to revoke.
+    /// The certificate to revoke; without it the list is written again as
+    /// it is (made empty if absent: what nodes read before any revocation,
+    /// or a list renewed before its next update).
     #[arg(long)]
-    pub cert: PathBuf,
+    pub cert: Option<PathBuf>,
     /// The revocation list to add it to (written whole again, atomically;
     /// made if absent): every host's `tls_crl`.
     #[arg(long)]
@@ -191,19 +193,21 @@ pub fn emulated(
 
 pub fn revoke(args: RevokeArgs) -> Result<()> {
     let ca_key = shoal_cluster::node_keys::read_private(&args.ca.join("ca.key"), "CA key")?;
-    let serial = issue::serial_of(&read(&args.cert)?)?;
     let mut serials = match args.crl.exists() {
         true => issue::revoked_serials(&read(&args.crl)?)?,
         false => Vec::new(),
     };
-    if serials.contains(&serial) {
-        bail!(
-            "{} is revoked already in {}",
-            args.cert.display(),
-            args.crl.display()
-        );
+    if let Some(cert) = &args.cert {
+        let serial = issue::serial_of(&read(cert)?)?;
+        if serials.contains(&serial) {
+            bail!(
+                "{} is revoked already in {}",
+                cert.display(),
+                args.crl.display()
+            );
+        }
+        serials.push(serial);
     }
-    serials.push(serial);
     // Numbered by the time: each list supersedes the one before.
     let number = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -215,9 +219,12 @@ pub fn revoke(args: RevokeArgs) -> Result<()> {
     write_new(&fresh, &crl, 0o644)?;
     std::fs::rename(&fresh, &args.crl)
         .with_context(|| format!("rename {} to {}", fresh.display(), args.crl.display()))?;
+    match &args.cert {
+        Some(cert) => print!("revoked {} ", cert.display()),
+        None => print!("written "),
+    }
     println!(
-        "revoked {} ({} certificates in {}); tls_crl = {:?}",
-        args.cert.display(),
+        "({} certificates in {}); tls_crl = {:?}",
         serials.len(),
         args.crl.display(),
         args.crl.display().to_string()

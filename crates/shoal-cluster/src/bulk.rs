@@ -159,6 +159,9 @@ pub enum Wire {
     Client(Box<ClientStream>),
     /// TLS, this node answering.
     Server(Box<ServerStream>),
+    /// TLS the kernel encrypts (kTLS), this node answering: a socket
+    /// like a plain one, sendfile included.
+    Kernel(TcpStream),
 }
 
 /// How a connection's bytes are protected (`shoal_data_channel_transfers_total`).
@@ -168,6 +171,8 @@ pub enum Encryption {
     None,
     /// TLS encrypted by rustls in this process.
     UserSpace,
+    /// TLS encrypted by the kernel (kTLS): sendfile kept.
+    Kernel,
 }
 
 impl Encryption {
@@ -175,6 +180,7 @@ impl Encryption {
         match self {
             Self::None => "none",
             Self::UserSpace => "tls-userspace",
+            Self::Kernel => "tls-kernel",
         }
     }
 }
@@ -183,9 +189,9 @@ impl Wire {
     /// The TCP socket underneath (for its options).
     pub fn socket(&self) -> &TcpStream {
         match self {
-            Self::Plain(socket) => socket,
-            Self::Client(stream) => &stream.sock,
-            Self::Server(stream) => &stream.sock,
+            Self::Plain(socket) | Self::Kernel(socket) => socket,
+            Self::Client(stream) => stream.sock.get_ref(),
+            Self::Server(stream) => stream.sock.get_ref(),
         }
     }
 
@@ -193,6 +199,7 @@ impl Wire {
         match self {
             Self::Plain(_) => Encryption::None,
             Self::Client(_) | Self::Server(_) => Encryption::UserSpace,
+            Self::Kernel(_) => Encryption::Kernel,
         }
     }
 }
@@ -200,7 +207,7 @@ impl Wire {
 impl Read for Wire {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
-            Self::Plain(socket) => socket.read(buf),
+            Self::Plain(socket) | Self::Kernel(socket) => socket.read(buf),
             Self::Client(stream) => stream.read(buf),
             Self::Server(stream) => stream.read(buf),
         }
@@ -210,7 +217,7 @@ impl Read for Wire {
 impl Write for Wire {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
-            Self::Plain(socket) => socket.write(buf),
+            Self::Plain(socket) | Self::Kernel(socket) => socket.write(buf),
             Self::Client(stream) => stream.write(buf),
             Self::Server(stream) => stream.write(buf),
         }
@@ -218,7 +225,7 @@ impl Write for Wire {
 
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
-            Self::Plain(socket) => socket.flush(),
+            Self::Plain(socket) | Self::Kernel(socket) => socket.flush(),
             Self::Client(stream) => stream.flush(),
             Self::Server(stream) => stream.flush(),
         }
@@ -271,7 +278,7 @@ unsafe fn send_file(
     len: u64,
 ) -> Result<()> {
     let socket = match socket {
-        Wire::Plain(socket) => socket,
+        Wire::Plain(socket) | Wire::Kernel(socket) => socket,
         tls => {
             // SAFETY: inside the mapped region (the caller's contract).
             let bytes =

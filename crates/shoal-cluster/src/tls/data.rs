@@ -4,22 +4,87 @@
 //! read and checked on the store thread, then handed to a worker.
 //!
 //! User-space TLS gives up sendfile's zero-copy send: rustls encrypts from
-//! the region's mapping into its own buffer (one copy, the cipher's).
+//! the region's mapping into its own buffer (one copy, the cipher's). Where
+//! the kernel takes TLS sessions (`kernel`), the answering end hands its
+//! session to the socket after the handshake and sends with sendfile.
 
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::TlsAcceptor;
 
-use super::{node_of, TlsMaterial, HANDSHAKE_TIMEOUT};
+use super::{kernel, node_of, TlsMaterial, HANDSHAKE_TIMEOUT};
 
 /// The puller's or pusher's end.
-pub type ClientStream = StreamOwned<ClientConnection, TcpStream>;
+pub type ClientStream = StreamOwned<ClientConnection, Socket>;
 /// The owner's (or push receiver's) end.
-pub type ServerStream = StreamOwned<ServerConnection, TcpStream>;
+pub type ServerStream = StreamOwned<ServerConnection, Socket>;
+
+/// How many bytes a socket read takes at most, and how many encrypted
+/// bytes rustls holds before it writes them.
+const BUFFER: usize = 1 << 20;
+
+/// A blocking stream's socket, read through a large buffer: rustls asks
+/// the socket for at most 4 KiB at a time, 262,144 system calls per GiB
+/// received; through this one 1,024, for one more copy in cache.
+pub struct Socket(BufReader<TcpStream>);
+
+impl Socket {
+    fn new(socket: TcpStream) -> Self {
+        Self(BufReader::with_capacity(BUFFER, socket))
+    }
+
+    pub fn get_ref(&self) -> &TcpStream {
+        self.0.get_ref()
+    }
+}
+
+impl Read for Socket {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // rustls' reads are small: taken from the buffer.
+        let available = self.0.fill_buf()?;
+        let n = available.len().min(buf.len());
+        buf[..n].copy_from_slice(&available[..n]);
+        self.0.consume(n);
+        Ok(n)
+    }
+}
+
+impl Write for Socket {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.get_mut().write(buf)
+    }
+
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        self.0.get_mut().write_vectored(bufs)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.get_mut().flush()
+    }
+}
 /// The owner's end while the request is read and checked.
 pub type AcceptedStream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// An answering end's session, before the transfer's worker thread.
+pub enum Session {
+    /// rustls encrypts.
+    User(Box<AcceptedStream>),
+    /// The kernel encrypts (kTLS).
+    Kernel(Box<ktls::KtlsStream<tokio::net::TcpStream>>),
+}
+
+/// A session on a worker thread (blocking).
+pub enum Blocking {
+    User(Box<ServerStream>),
+    /// A kTLS socket: written, read and sendfile'd as a plain one.
+    Kernel(TcpStream),
+}
 
 /// A TLS failure as shoal reports it: the peer, or this node, refused the
 /// other's certificate or protocol.
@@ -38,9 +103,10 @@ pub fn tls_error(err: &std::io::Error) -> Option<&rustls::Error> {
 /// Client end (blocking, within the socket's timeouts): the handshake with
 /// node `to` on a connected socket; only `to`'s certificate is admitted.
 pub fn connect(tls: &TlsMaterial, to: u32, socket: TcpStream) -> Result<ClientStream> {
-    let connection = ClientConnection::new(tls.configs().client, tls.server_name(to)?)
+    let mut connection = ClientConnection::new(tls.configs().client, tls.server_name(to)?)
         .map_err(|e| refused(to, e))?;
-    let mut stream = StreamOwned::new(connection, socket);
+    connection.set_buffer_limit(Some(BUFFER));
+    let mut stream = StreamOwned::new(connection, Socket::new(socket));
     while stream.conn.is_handshaking() {
         if let Err(err) = stream.conn.complete_io(&mut stream.sock) {
             return Err(match tls_error(&err) {
@@ -55,32 +121,114 @@ pub fn connect(tls: &TlsMaterial, to: u32, socket: TcpStream) -> Result<ClientSt
     Ok(stream)
 }
 
-/// Owner's end: the handshake of an accepted connection and the node its
-/// certificate proved. A failure is returned for the log; nothing is sent.
+/// Owner's end: the handshake of an accepted connection (its session
+/// handed to the kernel where it takes it) and the node its certificate
+/// proved. A failure is returned for the log; nothing is sent.
 pub async fn accept(
     tls: &TlsMaterial,
     socket: tokio::net::TcpStream,
-) -> std::result::Result<(AcceptedStream, u32), String> {
+) -> std::result::Result<(Session, u32), String> {
     let acceptor = TlsAcceptor::from(tls.configs().server);
-    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(err)) => return Err(format!("TLS handshake failed: {err}")),
-        Err(_) => return Err(format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}")),
-    };
-    let node = stream
-        .get_ref()
-        .1
+    if !kernel::available() {
+        let stream = handshake(acceptor.accept(socket)).await?;
+        let node = proven(tls, stream.get_ref().1)?;
+        return Ok((Session::User(Box::new(stream)), node));
+    }
+    // Corked: rustls reads no record past the handshake, so none is lost
+    // when the session moves to the socket.
+    let stream = handshake(acceptor.accept(ktls::CorkStream::new(socket))).await?;
+    let node = proven(tls, stream.get_ref().1)?;
+    let stream = ktls::config_ktls_server(stream)
+        .await
+        .map_err(|err| format!("kernel TLS: {err}"))?;
+    Ok((Session::Kernel(Box::new(stream)), node))
+}
+
+async fn handshake<T>(
+    accepting: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::result::Result<T, String> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, accepting).await {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(err)) => Err(format!("TLS handshake failed: {err}")),
+        Err(_) => Err(format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}")),
+    }
+}
+
+fn proven(tls: &TlsMaterial, connection: &ServerConnection) -> std::result::Result<u32, String> {
+    connection
         .peer_certificates()
         .and_then(|certs| certs.first())
         .and_then(|cert| node_of(tls.identity(), cert))
-        .ok_or("a certificate of no known node")?;
-    Ok((stream, node))
+        .ok_or_else(|| "a certificate of no known node".to_owned())
 }
 
-/// The accepted stream as a blocking one, for a worker thread.
-pub fn into_blocking(stream: AcceptedStream) -> std::io::Result<ServerStream> {
-    let (socket, connection) = stream.into_inner();
-    let socket = socket.into_std()?;
-    socket.set_nonblocking(false)?;
-    Ok(StreamOwned::new(connection, socket))
+impl Session {
+    /// The session on a blocking socket, for a worker thread.
+    pub fn into_blocking(self) -> std::io::Result<Blocking> {
+        match self {
+            Self::User(stream) => {
+                let (socket, mut connection) = stream.into_inner();
+                let socket = socket.into_std()?;
+                socket.set_nonblocking(false)?;
+                connection.set_buffer_limit(Some(BUFFER));
+                Ok(Blocking::User(Box::new(StreamOwned::new(
+                    connection,
+                    Socket::new(socket),
+                ))))
+            }
+            Self::Kernel(stream) => match stream.into_raw() {
+                // The request was read whole, and the puller sends nothing
+                // more until the bytes: anything left would be lost.
+                (Some(left), _) if !left.is_empty() => Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "bytes after the request before the transfer",
+                )),
+                (_, socket) => {
+                    let socket = socket.into_std()?;
+                    socket.set_nonblocking(false)?;
+                    Ok(Blocking::Kernel(socket))
+                }
+            },
+        }
+    }
+}
+
+impl AsyncRead for Session {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::User(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+            Self::Kernel(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Session {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::User(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+            Self::Kernel(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::User(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
+            Self::Kernel(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::User(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+            Self::Kernel(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+        }
+    }
 }

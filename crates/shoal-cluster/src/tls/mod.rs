@@ -18,6 +18,7 @@
 pub mod data;
 #[cfg(feature = "issue")]
 pub mod issue;
+pub mod kernel;
 mod material;
 pub mod rpc;
 mod verify;

@@ -153,8 +153,8 @@ pub enum Reply {
         /// for clients of nodes of one cluster, different for any other.
         cluster: String,
         /// How traffic between this node and its peers is protected:
-        /// `none` (all on loopback), `none: insecure_cleartext`, or
-        /// `tls1.3, data channel tls-userspace`.
+        /// `none (every node on loopback)`, `none: insecure_cleartext`, or
+        /// `tls1.3, data channel tls-userspace` (`tls-kernel` with kTLS).
         encryption: String,
         /// Every node of the cluster, this one included, as seen from this host.
         nodes: Vec<PeerRegion>,

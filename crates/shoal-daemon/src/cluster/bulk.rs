@@ -25,7 +25,7 @@ use shoal_cluster::auth::{PeerIdentity, Refusal};
 use shoal_cluster::bulk::{
     answer_push, fetch_range, receive_range, send_error, send_range, Kind, Request, Wire,
 };
-use shoal_cluster::tls::data::AcceptedStream;
+use shoal_cluster::tls::data::{Blocking, Session};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
@@ -42,7 +42,7 @@ use crate::principals;
 enum Accepted {
     Plain(TcpStream),
     /// Over TLS, from the node its certificate proved.
-    Tls(Box<AcceptedStream>, u32),
+    Tls(Box<Session>, u32),
 }
 
 /// Both halves of an async connection.
@@ -69,9 +69,10 @@ impl Accepted {
     fn into_wire(self) -> std::io::Result<Wire> {
         match self {
             Self::Plain(stream) => Ok(Wire::Plain(stream.into_std()?)),
-            Self::Tls(stream, _) => Ok(Wire::Server(Box::new(
-                shoal_cluster::tls::data::into_blocking(*stream)?,
-            ))),
+            Self::Tls(session, _) => Ok(match session.into_blocking()? {
+                Blocking::User(stream) => Wire::Server(stream),
+                Blocking::Kernel(socket) => Wire::Kernel(socket),
+            }),
         }
     }
 }

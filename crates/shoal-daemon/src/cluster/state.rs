@@ -285,6 +285,9 @@ impl Cluster {
     /// stat` say it.
     pub fn encryption(&self) -> &'static str {
         match (&self.tls, self.topology().insecure_cleartext) {
+            (Some(_), _) if shoal_cluster::tls::kernel::available() => {
+                "tls1.3, data channel tls-kernel"
+            }
             (Some(_), _) => "tls1.3, data channel tls-userspace",
             (None, true) => "none: insecure_cleartext",
             (None, false) => "none (every node on loopback)",

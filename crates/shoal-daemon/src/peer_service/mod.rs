@@ -42,6 +42,9 @@ pub(crate) async fn start(ops: &Rc<Ops>) -> Result<()> {
     let (calls, mut incoming) = mpsc::channel::<calls::PeerCall>(CALL_QUEUE);
     let calls_metrics = &cluster.node.metrics().peer_calls;
     let (rpc_mode, data_mode) = match cluster.tls {
+        Some(_) if shoal_cluster::tls::kernel::available() => {
+            ("tls1.3", shoal_cluster::bulk::Encryption::Kernel.as_str())
+        }
         Some(_) => (
             "tls1.3",
             shoal_cluster::bulk::Encryption::UserSpace.as_str(),

@@ -342,8 +342,13 @@ fn a_node_refused_by_its_peer_gets_a_typed_error() {
 }
 
 /// Two nodes over TLS, node 1's data channel reached through `relay`
-/// (node 0 pulls its objects: access "network").
-fn through_relay(relay_slot: &mut Option<TcpProxy>, keys_dir: &Path) -> TestCluster {
+/// (node 0 pulls its objects: access "network"); node `i` serves its
+/// metrics at `metrics[i]`.
+fn through_relay(
+    relay_slot: &mut Option<TcpProxy>,
+    keys_dir: &Path,
+    metrics: &[std::net::SocketAddr],
+) -> TestCluster {
     TestCluster::start_with(
         "peer-tls-relay",
         2,
@@ -362,15 +367,23 @@ fn through_relay(relay_slot: &mut Option<TcpProxy>, keys_dir: &Path) -> TestClus
             one.data = Address::parse(&format!("127.0.0.1:{}", relay.port())).unwrap();
             *relay_slot = Some(relay);
         },
-        |_, _, _| {},
+        |node, config, _| config.metrics = Some(metrics[node as usize]),
     )
+}
+
+fn metrics_addresses() -> Vec<std::net::SocketAddr> {
+    shoal_testing::free_ports(2)
+        .into_iter()
+        .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .collect()
 }
 
 #[test]
 fn bytes_changed_in_flight_fail_the_pull_and_are_never_returned() {
     let keys = tempfile::tempdir().unwrap();
     let mut relay = None;
-    let cluster = through_relay(&mut relay, keys.path());
+    let metrics = metrics_addresses();
+    let cluster = through_relay(&mut relay, keys.path(), &metrics);
     let relay = relay.unwrap();
     let payload: Vec<u8> = (0..(1 << 20)).map(|i| (i * 7 + 3) as u8).collect();
     let id = ObjectId::random();
@@ -402,4 +415,27 @@ fn bytes_changed_in_flight_fail_the_pull_and_are_never_returned() {
     let bytes = unsafe { std::slice::from_raw_parts(ptr, payload.len()) };
     assert!(bytes == &payload[..], "the owner's bytes, whole");
     reader.release(&[id]).unwrap();
+    // Who encrypted the pull: the kernel where it takes TLS sessions (kTLS,
+    // sendfile kept), else rustls; the metric says which, the other is 0.
+    let (ran, not) = if shoal_cluster::tls::kernel::available() {
+        ("tls-kernel", "tls-userspace")
+    } else {
+        ("tls-userspace", "tls-kernel")
+    };
+    let sent = |mode| {
+        shoal_testing::metric(
+            metrics[1],
+            "shoal_data_channel_transfers_total",
+            &[("encryption", mode)],
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(sent(ran) >= 1.0, "{ran}: {}", sent(ran));
+    assert_eq!(sent(not), 0.0, "{not}");
+    let mode = shoal_testing::metric(
+        metrics[0],
+        "shoal_peer_encryption",
+        &[("channel", "data"), ("mode", ran)],
+    );
+    assert_eq!(mode, Some(1.0));
 }
