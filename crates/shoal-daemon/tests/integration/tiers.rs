@@ -466,6 +466,43 @@ fn a_get_that_does_not_wait_fails_typed_at_once_when_memory_is_all_referenced() 
 }
 
 #[test]
+fn a_create_into_memory_all_referenced_does_not_wait_for_drains() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = TestDaemon::start_with(config(
+        dir.path(),
+        32 * MIB,
+        tiers(dir.path(), Some(256 * MIB), false),
+    ));
+    let mut client = daemon.client();
+    // Memory full of objects the client holds, their write-behind in flight:
+    // the drains' pins end without making room, so a create that does not
+    // wait fails at once (it waited 30 s for the drains).
+    let held: Vec<ObjectId> = (0..31)
+        .map(|_| {
+            let id = ObjectId::random();
+            client.put(id, &pattern(&id, MIB as usize), b"").unwrap();
+            assert!(client.get(&[id], 0).unwrap()[0].is_some());
+            id
+        })
+        .collect();
+    let started = Instant::now();
+    let err = client
+        .create(ObjectId::random(), 2 * MIB, 0, 0)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StoreFull, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    client.release(&held).unwrap();
+    let id = ObjectId::random();
+    client
+        .put(id, &pattern(&id, 2 * MIB as usize), b"")
+        .unwrap();
+}
+
+#[test]
 fn a_restored_object_stays_in_memory_until_its_get_takes_it() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = TestDaemon::start_with(config(
