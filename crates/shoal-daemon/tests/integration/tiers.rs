@@ -424,14 +424,15 @@ fn put_referenced(client: &mut Client, len: usize) -> ObjectId {
     id
 }
 
+/// A daemon of `capacity` bytes of memory above a 64 MiB burst buffer.
+fn over_a_burst_buffer(dir: &Path, capacity: u64) -> TestDaemon {
+    TestDaemon::start_with(config(dir, capacity, tiers(dir, Some(64 * MIB), false)))
+}
+
 #[test]
 fn a_get_that_does_not_wait_fails_typed_at_once_when_memory_is_all_referenced() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = TestDaemon::start_with(config(
-        dir.path(),
-        8 * MIB,
-        tiers(dir.path(), Some(64 * MIB), false),
-    ));
+    let daemon = over_a_burst_buffer(dir.path(), 8 * MIB);
     let mut client = daemon.client();
     let below = put_on_tier_only(&mut client, 3 * MIB as usize);
     let held = put_referenced(&mut client, 4 * MIB as usize);
@@ -468,11 +469,7 @@ fn a_get_that_does_not_wait_fails_typed_at_once_when_memory_is_all_referenced() 
 #[test]
 fn a_create_into_memory_all_referenced_does_not_wait_for_drains() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = TestDaemon::start_with(config(
-        dir.path(),
-        32 * MIB,
-        tiers(dir.path(), Some(256 * MIB), false),
-    ));
+    let daemon = over_a_burst_buffer(dir.path(), 32 * MIB);
     let mut client = daemon.client();
     // Memory full of objects the client holds, their write-behind in flight:
     // the drains' pins end without making room, so a create that does not
@@ -505,11 +502,7 @@ fn a_create_into_memory_all_referenced_does_not_wait_for_drains() {
 #[test]
 fn a_restored_object_stays_in_memory_until_its_get_takes_it() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = TestDaemon::start_with(config(
-        dir.path(),
-        8 * MIB,
-        tiers(dir.path(), Some(64 * MIB), false),
-    ));
+    let daemon = over_a_burst_buffer(dir.path(), 8 * MIB);
     let mut client = daemon.client();
     // Memory holds a referenced object and room for one of two others, so
     // each restore evicts the other's object: a restore's allocation must
