@@ -27,9 +27,10 @@ they are written). Measured:
              shuffle the same way; Dask's P2P shuffle writes its own disk files in both).
              Runs: stock with the limit (Dask spills by pickling), stock without memory
              pressure (limit --frame-gib x 4: the bound), shoal with the limit and a store of
-             the workers' total limit (a value the full store refuses stays with Dask, which
-             spills it its own way; `--burst` puts a burst buffer below the store, on the disk
-             Dask spills to).
+             the workers' total limit above a burst buffer on the disk Dask spills to
+             (spilling by tiering: workers release their older values, the daemon moves them
+             down and back; `--no-burst`: the store alone, and a value the full store
+             refuses stays with Dask, which spills it its own way).
              Per run: persist, groupby and set_index times, worker pauses (the workers'
              "Pausing worker" log lines) and restarts (the nannies' "Restarting worker",
              worker pids changed), bytes the run's processes wrote to disk (/proc/PID/io
@@ -412,7 +413,7 @@ def pressure_run(
 ) -> dict[str, Any]:
     rows = int(args.frame_gib * GiB) // args.partitions // 32
     with (
-        cluster(kind, 2, workdir, store_capacity=store, burst=args.burst, memory_limit=limit) as (
+        cluster(kind, 2, workdir, store_capacity=store, burst=not args.no_burst, memory_limit=limit) as (
             client,
             daemon,
         ),
@@ -463,11 +464,13 @@ def pressure_run(
             sum("Restarting worker" in line for line in nanny_logs),
             len(set(pids) - set(client.run(os.getpid).values())),
         )
-        out["stored"] = (
-            sum(client.run(lambda dask_worker: dask_worker.data.stored_count).values())
-            if kind == "shoal"
-            else 0
-        )
+        out["stored"] = out["released"] = 0
+        if kind == "shoal":
+            counts = client.run(
+                lambda dask_worker: (dask_worker.data.stored_count, dask_worker.data.released_count)
+            )
+            out["stored"] = sum(stored for stored, _ in counts.values())
+            out["released"] = sum(released for _, released in counts.values())
         if daemon is not None:
             tiers = daemon.client().tiers()
             out["tiers"] = {k: tiers[k] for k in ("spilled_bytes", "drained_bytes", "restored_bytes")}
@@ -601,9 +604,15 @@ def report(results: dict[str, Any], args: argparse.Namespace, out: Path) -> str:
             f"{args.frame_gib / (2 * args.limit_gib):.1f}x the workers' total limit), then a "
             "groupby-aggregate and a set_index (tasks shuffle) computed from it. shoal's store "
             f"holds {fmt_bytes(2 * args.limit_gib * GiB)} (the workers' total limit)"
-            + (", above a burst buffer on the disk Dask spills to" if args.burst else "")
-            + "; a value the full store refuses stays with Dask, which spills it its own way. "
-            "Disk: write_bytes of the workers (and the daemon) "
+            + (
+                "; a value the full store refuses stays with Dask, which spills it its own way. "
+                if args.no_burst
+                else ", above a burst buffer on the disk Dask spills to: workers keep their most "
+                "recently used values mapped (an eighth of the store each) and release the others, "
+                "which the daemon moves down to the burst buffer as memory runs short and back by "
+                "id when read (spilling by tiering). "
+            )
+            + "Disk: write_bytes of the workers (and the daemon) "
             "over the run. Peak memory: the highest reading during the run of the memory the run's "
             "processes hold (private memory and the store's pages) and, beside it, of the host's "
             "memory in use minus its first reading.",
@@ -625,6 +634,15 @@ def report(results: dict[str, Any], args: argparse.Namespace, out: Path) -> str:
                 f"| {sums.get('groupby', 0):016x} | {sums.get('set_index', 0):016x} |"
             )
         stock, bound, ours = p["stock"], p["stock, no pressure"], p["shoal"]
+        if "tiers" in ours:
+            t = ours["tiers"]
+            lines += [
+                "",
+                f"shoal's workers released {ours['released']} values to the tiers; the daemon "
+                f"wrote {fmt_bytes(t['drained_bytes'])} to the burst buffer ahead of need "
+                f"(write-behind) and {fmt_bytes(t['spilled_bytes'])} at eviction, and read "
+                f"{fmt_bytes(t['restored_bytes'])} back.",
+            ]
         same = all(
             ours["checksums"].get(j) == stock["checksums"].get(j) == bound["checksums"].get(j) is not None
             for j in ("groupby", "set_index")
@@ -693,7 +711,7 @@ def main() -> None:
     ap.add_argument("--frame-gib", type=float, default=4.0)
     ap.add_argument("--limit-gib", type=float, default=1.0)
     ap.add_argument("--partitions", type=int, default=64)
-    ap.add_argument("--burst", action="store_true", help="a burst buffer below the pressure run's store")
+    ap.add_argument("--no-burst", action="store_true", help="no burst buffer below the pressure run's store")
     args = ap.parse_args()
     out = Path(args.out)
     results: dict[str, Any] = {

@@ -77,14 +77,16 @@ def write_object(
     *,
     name: str | None = None,
     durability: str | None = None,
+    timeout_ms: int = 0,
 ) -> ObjectID:
     """A new object of `size` bytes (id `oid`, default a fresh one) that `fill` writes,
     named `name` and sealed, this process's reference released: create → fill → name →
-    seal. Raises what the store raises (StoreFull, ...); a failed fill aborts the object."""
+    seal. The create waits up to `timeout_ms` for memory on a full store. Raises what the
+    store raises (StoreFull, ...); a failed fill aborts the object."""
     if oid is None:
-        oid, buffer = client.create_fresh(size, metadata)
+        oid, buffer = client.create_fresh(size, metadata, timeout_ms)
     else:
-        buffer = client.create(oid, size, metadata)
+        buffer = client.create(oid, size, metadata, timeout_ms)
     try:
         fill(buffer)
         if name is not None:

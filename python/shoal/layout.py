@@ -102,10 +102,19 @@ def store(
     *,
     name: str | None = None,
     durability: str | None = None,
+    timeout_ms: int = 0,
 ) -> ObjectID:
     """Writes `pickled` into a new object (id `oid`, default a fresh one; create → write →
-    name → seal, releasing this process's reference) and returns its id. Raises what the
-    store raises (StoreFull, ...); a failed write aborts the object."""
+    name → seal, releasing this process's reference) and returns its id. The create waits
+    up to `timeout_ms` for memory on a full store. Raises what the store raises
+    (StoreFull, ...); a failed write aborts the object."""
     return write_object(
-        client, pickled.size, pickled.metadata(), pickled.write_into, oid, name=name, durability=durability
+        client,
+        pickled.size,
+        pickled.metadata(),
+        pickled.write_into,
+        oid,
+        name=name,
+        durability=durability,
+        timeout_ms=timeout_ms,
     )

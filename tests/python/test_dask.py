@@ -148,6 +148,46 @@ def test_layout_is_one_object_with_aligned_buffers() -> None:
     assert pickled.size >= pickled.out_of_band + len(pickled.stream)
 
 
+def test_a_tiered_store_takes_every_value_and_reads_each_back_from_its_tier(tmp_path: Path) -> None:
+    """Spilling by tiering: three times the store's memory in values, all of them in the
+    store; the mapping releases what it holds so the daemon moves objects down its burst
+    buffer, and reads them back by id, making room when memory is full of its own values."""
+    directory = short_dir(tmp_path)
+    daemon = Daemon(directory / "store", capacity="16MiB", args=["--burst", str(directory / "burst")])
+    try:
+        opened = Store.open(daemon.socket)
+        assert opened.tiered and opened.capacity == 16 * MiB
+        # Holding every value it maps: a full store has it release them all (at a create,
+        # then at a read of a value on the tier).
+        data = StoreData(opened, hold=64 * MiB)
+        values = {i: np.full(MiB // 2, float(i)) for i in range(12)}  # 4 MiB each
+        for key, value in values.items():
+            data[key] = value
+        assert data.stored_count == 12 and data.released_count > 0
+        assert data.stored(0).buffer is None  # released to the tier
+        for key in sorted(values, reverse=True) + sorted(values):
+            np.testing.assert_array_equal(data[key], values[key])
+        tiers = opened.client.tiers()
+        assert tiers["restores"] > 0, tiers
+        assert set(data) == set(values) and not data._private
+        data.release_all()
+        # With the default hold (an eighth of the store) values are released as they go.
+        trimmed = StoreData(opened)
+        assert trimmed.hold == 2 * MiB
+        for key in range(4):
+            trimmed[f"t{key}"] = values[key]
+        assert len(trimmed.fast) == 1 and trimmed.released_count == 3
+        np.testing.assert_array_equal(trimmed["t0"], values[0])
+        for mapping in (data, trimmed):
+            oids = [mapping.stored(key).oid for key in mapping]
+            for key in list(mapping):
+                del mapping[key]
+            opened.client.delete(oids)
+        wait_for(lambda: opened.client.stats()["referenced"] == 0, timeout=5, message="references released")
+    finally:
+        daemon.teardown()
+
+
 # -- a cluster of worker processes on one store --------------------------------------------------
 
 
@@ -317,6 +357,35 @@ def test_missing_store_gives_stock_dask(tmp_path: Path) -> None:
         logs = [line for w in client.get_worker_logs().values() for _, line in w]
         warnings = [line for line in logs if "shoal: no store at" in line]
         assert len(warnings) == 2, warnings  # one per worker
+
+
+def test_a_tiered_store_spills_instead_of_dask(tmp_path: Path) -> None:
+    directory = short_dir(tmp_path)
+    daemon = Daemon(directory / "store", capacity="32MiB", args=["--burst", str(directory / "burst")])
+    try:
+        with dask_cluster(daemon.socket, workers=2) as client:
+            # 96 MiB of values through a 32 MiB store: every one in the store, none with Dask.
+            # (What one task or one transfer uses at once must fit the store's memory.)
+            parts = [client.submit(lambda i: np.full(MiB // 2, float(i)), i) for i in range(24)]
+            sums = [client.submit(lambda x: float(x.sum()), part) for part in parts]
+            total = client.submit(sum, sums).result(timeout=60)
+            assert total == sum(i * (MiB // 2) for i in range(24))
+            for i, part in enumerate(parts):
+                assert (part.result(timeout=30) == float(i)).all()
+            counts = client.run(
+                lambda dask_worker: (dask_worker.data.stored_count, dask_worker.data.released_count)
+            )
+            assert sum(s for s, _ in counts.values()) >= 24 and all(r > 0 for _, r in counts.values()), counts
+            private = client.run(
+                lambda dask_worker: [type(v).__name__ for v in dask_worker.data._private.values()]
+            )
+            assert "ndarray" not in sum(private.values(), []), private  # only the small sums
+            logs = [line for w in client.get_worker_logs().values() for _, line in w]
+            assert not [line for line in logs if "the store is full" in line]
+            assert daemon.client().tiers()["spilled_bytes"] + daemon.client().tiers()["drained_bytes"] > 0
+            del parts
+    finally:
+        daemon.teardown()
 
 
 def test_full_store_keeps_values_with_dask(tmp_path: Path) -> None:

@@ -7,6 +7,15 @@ the mapping keeps the value rebuilt over the object and drops the private copy. 
 values, and any value the store refuses, stay with Dask: in a `distributed.spill`
 SpillBuffer when the worker has a memory limit (Dask's own spilling), else a dict.
 
+Spilling by tiering, on a store with a tier below memory (a burst buffer, a backing
+store): the mapping keeps its most recently used values mapped, `hold` bytes of their
+objects at most (default an eighth of the store's capacity), and releases the older
+ones: their bytes stay in the store, unreferenced, so the daemon evicts them down a tier
+when memory is short and brings them back by id when the key is read again. A create or
+a read that finds the store full of referenced objects releases every value the mapping
+holds and asks again (`Store.make_room`). On a store without tiers every value stays
+referenced (an unreferenced object there could be evicted for good).
+
 Dask's memory monitor calls `evict()` when the process's private memory passes the
 spill threshold (distributed's `ManualEvictProto`): a value held privately moves into
 the store (spilling by tiering instead of pickling to the worker's disk); with none
@@ -27,13 +36,17 @@ from dask.sizeof import sizeof
 from shoal import layout
 from shoal.dask import backing
 from shoal.dask.backing import Stored
-from shoal.dask.store import Store
+from shoal.dask.store import ROOM_ASK_MS, Store
+from shoal.errors import StoreFull
 
 log = logging.getLogger("distributed.worker.shoal")
 
 #: Values smaller than this stay with Dask (a store object costs a create, a copy and a
 #: name; below this size Dask's own handling is as cheap and sends no fewer bytes).
 DEFAULT_THRESHOLD = 64 * 1024
+#: On a tiered store, the share of its capacity one worker keeps mapped by default: the
+#: store's other workers and the objects tasks are using need the rest.
+DEFAULT_HOLD_SHARE = 8
 
 
 class _Fast:
@@ -55,9 +68,11 @@ class StoreData(MutableMapping[Any, Any]):
         *,
         threshold: int = DEFAULT_THRESHOLD,
         private: MutableMapping[Any, Any] | None = None,
+        hold: int | None = None,
     ) -> None:
         """`private` holds what stays with Dask (default a dict; the worker passes a
-        SpillBuffer when it has a memory limit)."""
+        SpillBuffer when it has a memory limit). `hold`: bytes of objects kept mapped on
+        a tiered store (the module docstring; default capacity / DEFAULT_HOLD_SHARE)."""
         self.store = store
         self.threshold = threshold
         self._private: MutableMapping[Any, Any] = {} if private is None else private
@@ -65,11 +80,18 @@ class StoreData(MutableMapping[Any, Any]):
         self._stored: dict[Any, Stored] = {}
         #: key → the value rebuilt over its object, oldest use first.
         self._views: OrderedDict[Any, Any] = OrderedDict()
+        #: Bytes of the objects under `_views`.
+        self._held = 0
+        self.hold = hold if hold is not None else store.capacity // DEFAULT_HOLD_SHARE
         #: key → the object's name; set by the worker once it knows its own name.
         self.name_of: Callable[[Any], str | None] = lambda key: None
-        #: Values put into the store and keys evicted, since start (for tests and logs).
+        #: Values put into the store, keys evicted and values released to the tiers, since
+        #: start (for tests and logs).
         self.stored_count = 0
         self.evicted_count = 0
+        self.released_count = 0
+        if store.tiered:
+            store.make_room = self.release_all
 
     def keep_private_in(self, private: MutableMapping[Any, Any]) -> None:
         """Holds what stays with Dask in `private` (empty; before any value arrives)."""
@@ -97,11 +119,7 @@ class StoreData(MutableMapping[Any, Any]):
             if fast:
                 return self._evict_private(next(iter(fast)))
             if self._views:
-                key, value = self._views.popitem(last=False)
-                backing.unregister(value)
-                stored = self._stored[key]
-                if self.store.tiered:
-                    stored.buffer = None  # released: the tiers may move the object down
+                self._drop_view(next(iter(self._views)))
                 self.evicted_count += 1
                 return 0
         except Exception:
@@ -146,22 +164,58 @@ class StoreData(MutableMapping[Any, Any]):
             return False  # not picklable out of band: Dask keeps it as it is
         if not force and pickled.out_of_band < len(pickled.stream):
             return False  # mostly in-band: a rebuilt value would be a copy, not a view
+        name = self.name_of(key)
         try:
-            result = self.store.put(pickled, self.name_of(key))
+            try:
+                stored, view = self.store.put(pickled, name)
+            except StoreFull:
+                if not self.release_all():
+                    raise
+                # Released: the daemon moves them down as the create needs room.
+                stored, view = self.store.put(pickled, name, timeout_ms=ROOM_ASK_MS)
         except Exception as err:
             self.store.failed(err, "a value")
             return False
-        if result is None:
-            return False
-        stored, view = result
         self._keep(key, stored, view)
         self.stored_count += 1
         return True
 
     def _keep(self, key: Any, stored: Stored, view: Any) -> None:
         self._stored[key] = stored
+        self._hold_view(key, view)
+
+    # -- what stays mapped ---------------------------------------------------------------------
+
+    def _hold_view(self, key: Any, view: Any) -> None:
+        """Keeps `view` as `key`'s value, then releases the oldest others beyond `hold`."""
         self._views[key] = view
-        backing.register(view, stored)
+        backing.register(view, self._stored[key])
+        self._held += self._stored[key].nbytes
+        if self.store.tiered:
+            while self._held > self.hold and len(self._views) > 1:
+                self._drop_view(next(iter(self._views)))
+                self.released_count += 1
+
+    def _drop_view(self, key: Any) -> int:
+        """Forgets `key`'s view; on a tiered store releases its object too (its reference
+        goes once no task uses the value any more). Returns the object's bytes."""
+        backing.unregister(self._views.pop(key))
+        stored = self._stored[key]
+        self._held -= stored.nbytes
+        if self.store.tiered:
+            stored.buffer = None
+        return stored.nbytes
+
+    def release_all(self) -> int:
+        """Releases every value mapped here to the store's tiers (a tiered store only);
+        returns the bytes released. `Store.make_room` of this mapping's store."""
+        if not self.store.tiered:
+            return 0
+        released = 0
+        while self._views:
+            released += self._drop_view(next(iter(self._views)))
+            self.released_count += 1
+        return released
 
     def __getitem__(self, key: Any) -> Any:
         if key in self._views:
@@ -171,8 +225,7 @@ class StoreData(MutableMapping[Any, Any]):
         if stored is None:
             return self._private[key]
         view = self.store.view(stored)  # mapped again; raises if the object is gone
-        self._views[key] = view
-        backing.register(view, stored)
+        self._hold_view(key, view)
         return view
 
     def __delitem__(self, key: Any) -> None:
@@ -183,6 +236,7 @@ class StoreData(MutableMapping[Any, Any]):
         view = self._views.pop(key, None)
         if view is not None:
             backing.unregister(view)
+            self._held -= stored.nbytes
         # The reference goes; the object stays for other workers that hold the key until
         # the scheduler forgets it (shoal.dask.scheduler deletes it then).
         stored.buffer = None

@@ -7,13 +7,20 @@ per-user default, where `shoal.connect()` starts an embedded store if none runs 
 capacity: `shoal.capacity`, default 1 GiB). Workers of one host that find the same socket
 share one store. Any failure of the store (none at the socket, full, gone) is logged once
 per worker and kind and the value stays with Dask (docs/dask.md, "Errors").
+
+On a store with a tier below memory, a get that finds memory full of referenced objects
+(the object has to come back from the tier) makes room first: the process releases the
+values it holds (`Store.make_room`, the data mapping's), and asks again, waiting for
+others' releases up to ROOM_WAIT_S before the key's read fails.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import shoal
@@ -27,6 +34,11 @@ log = logging.getLogger("distributed.worker.shoal")
 ROOT = "dask"
 #: Longest name component kept as is; a longer key is cut and ends with its hash.
 _COMPONENT = 200
+#: How long a read of a value on a tier waits for memory (other processes releasing
+#: theirs) before it fails: longer than any task's hold on its inputs here.
+ROOM_WAIT_S = 120.0
+#: Each ask of that wait: how long the daemon waits for room before answering StoreFull.
+ROOM_ASK_MS = 1000
 
 
 def component(text: str) -> str:
@@ -74,8 +86,8 @@ class Store:
     #: Equal in two processes exactly when they reach the same store: this boot of the
     #: host and the region's file.
     identity: str
-    #: Whether the store has a tier below memory (then an evicted value's object is
-    #: released, so the tiers may move it down).
+    #: Whether the store has a tier below memory (then values' objects are released when
+    #: the store fills, so the tiers may move them down).
     tiered: bool
     #: The shoal cluster the store is a node of (`Client.cluster_identity`), None for a
     #: single store: processes of two nodes of one cluster reach each other's objects
@@ -84,6 +96,11 @@ class Store:
     cluster: str | None = None
     #: Set once the daemon is gone: everything falls back to Dask from then on.
     gone: bool = False
+    #: The store's capacity in bytes when this process connected.
+    capacity: int = 0
+    #: Releases what this process holds in the store; returns the bytes released (the
+    #: data mapping installs its own).
+    make_room: Callable[[], int] = field(default=lambda: 0, repr=False)  # holds nothing
 
     def __post_init__(self) -> None:
         self._warned: set[str] = set()
@@ -94,7 +111,8 @@ class Store:
         store can be reached."""
         client = shoal.connect(socket, capacity=capacity)
         tiered = bool(client.tiers().get("tiers"))
-        return cls(client, f"{_boot_id()}:{_region_file(client)}", tiered, client.cluster_identity)
+        identity = f"{_boot_id()}:{_region_file(client)}"
+        return cls(client, identity, tiered, client.cluster_identity, capacity=client.stats()["capacity"])
 
     def reaches(self, handshake: Any) -> str | None:
         """How a process whose comm handshake carried `handshake` (`handshake()` of its
@@ -131,22 +149,19 @@ class Store:
         else:
             self.warn_once(type(err).__name__, "shoal: %s failed (%r); Dask keeps it itself", what, err)
 
-    def put(self, pickled: layout.Pickled, name: str | None) -> tuple[Stored, Any] | None:
-        """Stores a pickled value in one create → write → seal (named `name`) and returns
-        its record and the value rebuilt over the object; None if the store refused."""
-        try:
-            oid = layout.store(self.client, pickled, name=name)
-            return self.open_object(oid.binary())
-        except ShoalError as err:
-            self.failed(err, "a value")
-            return None
+    def put(self, pickled: layout.Pickled, name: str | None, *, timeout_ms: int = 0) -> tuple[Stored, Any]:
+        """Stores a pickled value in one create → write → seal (named `name`; the create
+        waits up to `timeout_ms` for memory) and returns its record and the value rebuilt
+        over the object. Raises StoreFull (or another ShoalError)."""
+        oid = layout.store(self.client, pickled, name=name, timeout_ms=timeout_ms)
+        return self.open_object(oid.binary())
 
     def open_object(self, oid: bytes, *, wait_ms: int = 0) -> tuple[Stored, Any]:
         """The record of sealed object `oid` with this process's reference, and its value
         rebuilt over store memory. An object of another node of the cluster comes through
         this store's daemon (a network pull into a copy here, or the peer's region
-        mapped). Raises ObjectNotFound (or Disconnected, NodeUnavailable)."""
-        buffer = self.client.get_buffer(oid, timeout_ms=wait_ms)
+        mapped). Raises ObjectNotFound (or Disconnected, NodeUnavailable, StoreFull)."""
+        buffer = self._get(oid, wait_ms)
         stored = Stored(oid, self.identity, len(buffer), buffer)
         return stored, layout.read(buffer)
 
@@ -154,8 +169,26 @@ class Store:
         """The value of `stored` rebuilt over store memory, taking a reference again if the
         record had released its own."""
         if stored.buffer is None:
-            stored.buffer = self.client.get_buffer(stored.oid, timeout_ms=0)
+            stored.buffer = self._get(stored.oid, 0)
         return layout.read(stored.buffer)
+
+    def _get(self, oid: bytes, wait_ms: int) -> Any:
+        """`oid`'s buffer (a new reference). An object on a tier that memory has no room
+        for comes back once room is made (the module docstring)."""
+        try:
+            return self.client.get_buffer(oid, timeout_ms=wait_ms)
+        except StoreFull:
+            if not self.tiered:
+                raise
+        deadline = time.monotonic() + ROOM_WAIT_S
+        while True:
+            self.make_room()
+            try:
+                return self.client.get_buffer(oid, timeout_ms=max(wait_ms, ROOM_ASK_MS))
+            except StoreFull:
+                if time.monotonic() >= deadline:
+                    raise
+                self.warn_once("room", "shoal: the store is full of values in use; a read waits for room")
 
     def find(self, prefix: str) -> tuple[Stored, Any] | None:
         """A value stored under directory `prefix` (any worker's), or None."""

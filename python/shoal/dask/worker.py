@@ -43,8 +43,10 @@ class Worker(distributed.Worker):
 
     Keywords beyond Dask's: `shoal_socket` (the store's socket), `shoal_threshold` (bytes;
     smaller values stay with Dask, default 64 KiB), `shoal_capacity` (of an embedded store
-    started when none runs at the default socket). Each defaults to Dask's config
-    `shoal.socket`, `shoal.threshold`, `shoal.capacity`."""
+    started when none runs at the default socket), `shoal_hold` (bytes of values kept
+    mapped on a store with tiers, the older ones left to the tiers; default an eighth of
+    the store's capacity). Each defaults to Dask's config `shoal.socket`,
+    `shoal.threshold`, `shoal.capacity`, `shoal.hold`."""
 
     def __init__(
         self,
@@ -52,6 +54,7 @@ class Worker(distributed.Worker):
         shoal_socket: str | None = None,
         shoal_threshold: int | str | None = None,
         shoal_capacity: int | str | None = None,
+        shoal_hold: int | str | None = None,
         data: Any = None,
         **kwargs: Any,
     ) -> None:
@@ -66,7 +69,10 @@ class Worker(distributed.Worker):
         mapping = None
         if self.shoal is not None:
             threshold = parse_bytes(_setting(shoal_threshold, "threshold", DEFAULT_THRESHOLD))
-            mapping = StoreData(self.shoal, threshold=threshold)
+            hold = _setting(shoal_hold, "hold")
+            mapping = StoreData(
+                self.shoal, threshold=threshold, hold=None if hold is None else parse_bytes(hold)
+            )
             data = mapping
         super().__init__(*args, data=data, **kwargs)
         self.monitor.get_process_memory = memory.private_memory

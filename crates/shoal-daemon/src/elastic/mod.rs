@@ -328,7 +328,7 @@ impl Elastic {
                         break 'refill (!shrinking).then_some(room);
                     }
                     match restorer.restore_object(id).await {
-                        Ok(RestoreOutcome::Restored) => {
+                        Ok(RestoreOutcome::Restored(_)) => {
                             node.metrics().controller.prefetched.inc();
                         }
                         // In memory already, deleted meanwhile, or in no

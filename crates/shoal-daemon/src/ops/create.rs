@@ -13,6 +13,7 @@ use shoal_store::store::Placement;
 use tokio::time::Instant;
 
 use crate::ops::Ops;
+use crate::principals;
 
 /// How long a create waits for evictions in flight (a tier copying victims
 /// out) however short its own timeout: the space is coming, not maybe.
@@ -92,10 +93,11 @@ impl Ops {
             let space = self.node.space().notified();
             tokio::pin!(space);
             space.as_mut().enable();
-            let (result, evicting) = self.node.mutate(|store| {
+            let (result, evicting, drain_pins) = self.node.mutate(|store| {
                 (
                     store.create_batch_placed(client, specs, placement),
                     store.evicting_bytes(),
+                    store.bytes_only_referenced_by(principals::TIERS),
                 )
             });
             let err = match result {
@@ -110,8 +112,11 @@ impl Ops {
                     continue;
                 }
             }
-            // Drain jobs pin memory for a moment: it comes free as they end.
-            let draining = self.tiers.as_ref().is_some_and(|t| t.pinned_bytes() > 0);
+            // Drain jobs pin memory for a moment: it comes free as they end,
+            // unless clients hold those objects too (then waiting for the
+            // drains would wait for nothing, up to EVICTION_WAIT).
+            let draining =
+                drain_pins > 0 && self.tiers.as_ref().is_some_and(|t| t.pinned_bytes() > 0);
             let wait_until = if evicting > 0 || draining {
                 deadline.max(Instant::now() + EVICTION_WAIT)
             } else {

@@ -12,6 +12,7 @@ use shoal_core::ObjectId;
 use shoal_store::store::Store;
 use tokio::time::Instant;
 
+use crate::ops::restore::RESTORE_WAIT;
 use crate::ops::Ops;
 use crate::principals;
 
@@ -70,7 +71,7 @@ impl Ops {
             tokio::pin!(sealed);
             sealed.as_mut().enable();
             if let Err(err) = self
-                .restore_missing(client, ids, &mut found, &mut missing)
+                .restore_missing(client, ids, &mut found, &mut missing, deadline)
                 .await
             {
                 // Nothing half-done: the references taken so far go back.
@@ -144,12 +145,17 @@ impl Ops {
     /// client's reference on each as soon as it is in memory (so a batch
     /// larger than memory cannot evict its own first objects). A restore
     /// that fails (no intact copy: `ObjectCorrupt`; no memory) fails the get.
+    /// A restore waits for memory until the get's `deadline` (at most
+    /// `RESTORE_WAIT`): a get that does not wait (`timeout_ms = 0`) fails
+    /// `StoreFull` at once when everything in memory is referenced, instead
+    /// of waiting for others' releases.
     async fn restore_missing(
         &self,
         client: ClientId,
         ids: &[ObjectId],
         found: &mut [Option<Located>],
         missing: &mut usize,
+        deadline: Option<Instant>,
     ) -> Result<()> {
         if self.tiers.is_none() {
             return Ok(());
@@ -164,15 +170,21 @@ impl Ops {
         if below.is_empty() {
             return Ok(());
         }
+        let wait = deadline.map_or(RESTORE_WAIT, |d| {
+            d.saturating_duration_since(Instant::now())
+                .min(RESTORE_WAIT)
+        });
         let restores = below.iter().map(|&i| async move {
-            let restored = self.restore(ids[i]).await;
-            // No await between the restore and the reference.
-            let located = match restored {
+            // The restore's hold keeps the object in memory until the
+            // reference is taken (dropped after the mutate, which it uses).
+            let restored = self.restore_within(ids[i], wait).await;
+            let located = match &restored {
                 Ok(_) => self
                     .node
                     .mutate(|store| self.get_here(store, client, &ids[i])),
-                Err(err) => return (i, Err(err)),
+                Err(err) => return (i, Err(err.clone())),
             };
+            drop(restored);
             (i, Ok(located))
         });
         let mut first_error = None;

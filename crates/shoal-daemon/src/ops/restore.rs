@@ -5,26 +5,30 @@
 
 use std::future::{pending, Future};
 use std::pin::Pin;
+use std::time::Duration;
 
 use shoal_core::error::Result;
 use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 use shoal_store::store::Placement;
 use shoal_tiers::ObjectSizes;
+use tokio::time::Instant;
 
 use crate::elastic::Restorer;
 use crate::ops::Ops;
 use crate::principals;
 use crate::tiers::restore::{RestoreOutcome, RestoreTarget};
 
-/// How long a restore waits for memory (others leaving it) before failing.
-const RESTORE_WAIT_MS: u32 = 30_000;
+/// How long a restore waits for memory (others leaving it) before failing,
+/// unless its caller waits less (a get's timeout).
+pub(super) const RESTORE_WAIT: Duration = Duration::from_secs(30);
 
 impl RestoreTarget for Ops {
     fn allocate(
         &self,
         id: ObjectId,
         sizes: ObjectSizes,
+        wait_ms: u32,
     ) -> Pin<Box<dyn Future<Output = Result<ObjectLocation>> + '_>> {
         Box::pin(async move {
             let spec = [(id, sizes.data_size, sizes.meta_size)];
@@ -33,7 +37,7 @@ impl RestoreTarget for Ops {
                     principals::TIERS,
                     &spec,
                     Placement::Packed,
-                    RESTORE_WAIT_MS,
+                    wait_ms,
                     pending(),
                 )
                 .await?;
@@ -61,10 +65,22 @@ impl Restorer for Ops {
 }
 
 impl Ops {
-    /// Brings `id` into memory if a tier holds it and memory does not.
+    /// Brings `id` into memory if a tier holds it and memory does not,
+    /// waiting for room up to `RESTORE_WAIT`.
     pub(crate) async fn restore(&self, id: ObjectId) -> Result<RestoreOutcome> {
+        self.restore_within(id, RESTORE_WAIT).await
+    }
+
+    /// [`restore`](Self::restore), waiting for others to leave memory for
+    /// `wait` at most (0: fails `StoreFull` at once when nothing in memory
+    /// can be evicted, nor is on its way out).
+    pub(crate) async fn restore_within(
+        &self,
+        id: ObjectId,
+        wait: Duration,
+    ) -> Result<RestoreOutcome> {
         match &self.tiers {
-            Some(tiers) => tiers.restore(id, self.rc()).await,
+            Some(tiers) => tiers.restore(id, self.rc(), Instant::now() + wait).await,
             None => Ok(RestoreOutcome::NotBelow),
         }
     }

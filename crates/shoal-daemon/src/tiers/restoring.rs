@@ -5,34 +5,47 @@
 //! needed), filled from the nearest intact copy, sealed. One restore per
 //! object at a time: concurrent callers wait for the same one, which runs
 //! as a task of its own, so a caller that gives up (a get timing out) does
-//! not cancel it halfway. The lower copies stay (inclusive tiers: evicting
-//! it again writes nothing).
+//! not cancel it halfway. The restored object stays referenced by the tiers
+//! principal until its waiters let go of the outcome's hold (`restore.rs`),
+//! so none of them finds it evicted again. The lower copies stay (inclusive
+//! tiers: evicting it again writes nothing).
 
 use std::rc::Rc;
+use std::time::Duration;
 
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
 use shoal_tiers::DestRange;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
-use super::restore::{RestoreOutcome, RestoreTarget};
+use super::restore::{RestoreOutcome, RestoreTarget, RestoredHold};
 use super::Tiers;
 use crate::principals;
 
 impl Tiers {
-    /// Brings `id` into memory if a tier holds it and memory does not.
+    /// Brings `id` into memory if a tier holds it and memory does not,
+    /// waiting for others to leave memory until `deadline` at most. A
+    /// restore in flight that another caller started with an earlier
+    /// deadline, and that found no room, is started again.
     pub async fn restore(
         self: &Rc<Self>,
         id: ObjectId,
         target: Rc<dyn RestoreTarget>,
+        deadline: Instant,
     ) -> Result<RestoreOutcome> {
         loop {
             let in_flight = self.restoring.borrow().get(&id).cloned();
             if let Some(mut outcome) = in_flight {
                 let done = outcome.wait_for(Option::is_some).await;
                 return match done.as_deref() {
-                    Ok(Some(Ok(()))) => Ok(RestoreOutcome::Restored),
+                    Ok(Some(Ok(hold))) => Ok(RestoreOutcome::Restored(hold.clone())),
+                    Ok(Some(Err(err)))
+                        if err.kind() == ErrorKind::StoreFull && Instant::now() < deadline =>
+                    {
+                        continue
+                    }
                     Ok(Some(Err(err))) => Err(err.clone()),
                     // The restore's task ended without an outcome (the
                     // daemon is stopping): look again.
@@ -45,18 +58,26 @@ impl Tiers {
             let (tx, rx) = watch::channel(None);
             self.restoring.borrow_mut().insert(id, rx);
             let (tiers, target) = (self.clone(), target.clone());
+            let wait = deadline.saturating_duration_since(Instant::now());
             self.supervisor.spawn_local("restore", async move {
-                let result = tiers.restore_now(id, &*target).await;
+                let result = tiers.restore_now(id, &*target, wait).await;
                 tiers.restoring.borrow_mut().remove(&id);
+                // No one waits any more: the hold goes at once.
                 let _ = tx.send(Some(result));
             });
         }
     }
 
-    async fn restore_now(&self, id: ObjectId, target: &dyn RestoreTarget) -> Result<()> {
+    async fn restore_now(
+        &self,
+        id: ObjectId,
+        target: &dyn RestoreTarget,
+        wait: Duration,
+    ) -> Result<Rc<RestoredHold>> {
         let sizes = self.sizes(&id).ok_or_else(|| ShoalError::not_found(&id))?;
         let _running = self.restore_budget.permit(sizes.payload_len()).await;
-        let location = target.allocate(id, sizes).await?;
+        let wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
+        let location = target.allocate(id, sizes, wait_ms).await?;
         match self.fill(id, location).await {
             // Deleted while restoring: the delete took it off the tiers.
             Ok(()) if !self.tracks(&id) => {
@@ -64,10 +85,12 @@ impl Tiers {
                 Err(ShoalError::not_found(&id))
             }
             Ok(()) => {
+                // Sealed keeping the tiers' reference: the hold's.
                 self.node
-                    .mutate(|s| s.seal(principals::TIERS, &[id], true))?;
+                    .mutate(|s| s.seal(principals::TIERS, &[id], false))?;
+                let hold = Rc::new(RestoredHold::new(self.node.clone(), id));
                 target.restored(id).await;
-                Ok(())
+                Ok(hold)
             }
             Err(err) => {
                 if matches!(

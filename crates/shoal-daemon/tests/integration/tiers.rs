@@ -402,6 +402,164 @@ fn concurrent_gets_of_an_evicted_object_share_one_restore() {
     assert_eq!(client.tiers().unwrap().restores, 1);
 }
 
+/// Puts `len` bytes under a new id and writes them down to the burst
+/// buffer, leaving memory: the id is held on the tier only.
+fn put_on_tier_only(client: &mut Client, len: usize) -> ObjectId {
+    let id = ObjectId::random();
+    client.put(id, &pattern(&id, len), b"").unwrap();
+    assert!(client.stage_out(&[id]).unwrap()[0].is_ok());
+    id
+}
+
+/// Puts `len` bytes under a new id with a copy below (so nothing waits on
+/// its drain) and keeps a reference to it.
+fn put_referenced(client: &mut Client, len: usize) -> ObjectId {
+    let id = ObjectId::random();
+    client.put(id, &pattern(&id, len), b"").unwrap();
+    let durable = client
+        .wait_durable(&[id], Durability::Local, 10_000)
+        .unwrap();
+    assert!(durable[0].is_ok(), "{durable:?}");
+    assert!(client.get(&[id], 0).unwrap()[0].is_some());
+    id
+}
+
+/// A daemon of `capacity` bytes of memory above a 64 MiB burst buffer.
+fn over_a_burst_buffer(dir: &Path, capacity: u64) -> TestDaemon {
+    TestDaemon::start_with(config(dir, capacity, tiers(dir, Some(64 * MIB), false)))
+}
+
+#[test]
+fn a_get_that_does_not_wait_fails_typed_at_once_when_memory_is_all_referenced() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = over_a_burst_buffer(dir.path(), 8 * MIB);
+    let mut client = daemon.client();
+    let below = put_on_tier_only(&mut client, 3 * MIB as usize);
+    let held = put_referenced(&mut client, 4 * MIB as usize);
+    let filler = put_referenced(&mut client, 3 * MIB as usize + 512 * KIB as usize);
+    // No room, nothing evictable: the get's own wait bounds the restore's
+    // wait for room (it waited the daemon's 30 s whatever the get asked).
+    let started = Instant::now();
+    let err = client.get(&[below], 0).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StoreFull, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    let err = client.get(&[below], 500).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StoreFull, "{err}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    // Nothing was lost: once there is room the object reads back exactly.
+    assert!(client.contains(below).unwrap());
+    client.release(&[filler]).unwrap();
+    assert_eq!(
+        read(&mut client, below).unwrap(),
+        pattern(&below, 3 * MIB as usize)
+    );
+    client.release(&[held]).unwrap();
+    assert_eq!(client.stats().unwrap().referenced, 0);
+}
+
+#[test]
+fn a_create_into_memory_all_referenced_does_not_wait_for_drains() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = over_a_burst_buffer(dir.path(), 32 * MIB);
+    let mut client = daemon.client();
+    // Memory full of objects the client holds, their write-behind in flight:
+    // the drains' pins end without making room, so a create that does not
+    // wait fails at once (it waited 30 s for the drains).
+    let held: Vec<ObjectId> = (0..31)
+        .map(|_| {
+            let id = ObjectId::random();
+            client.put(id, &pattern(&id, MIB as usize), b"").unwrap();
+            assert!(client.get(&[id], 0).unwrap()[0].is_some());
+            id
+        })
+        .collect();
+    let started = Instant::now();
+    let err = client
+        .create(ObjectId::random(), 2 * MIB, 0, 0)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StoreFull, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    client.release(&held).unwrap();
+    let id = ObjectId::random();
+    client
+        .put(id, &pattern(&id, 2 * MIB as usize), b"")
+        .unwrap();
+}
+
+#[test]
+fn a_restored_object_stays_in_memory_until_its_get_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = over_a_burst_buffer(dir.path(), 8 * MIB);
+    let mut client = daemon.client();
+    // Memory holds a referenced object and room for one of two others, so
+    // each restore evicts the other's object: a restore's allocation must
+    // not evict an object another restore just sealed for its get.
+    let len = 3 * MIB as usize;
+    let objects = [
+        put_on_tier_only(&mut client, len),
+        put_on_tier_only(&mut client, len),
+    ];
+    let held = put_referenced(&mut client, 4 * MIB as usize);
+    let socket = daemon.socket().to_path_buf();
+    let readers: Vec<_> = objects
+        .iter()
+        .map(|&id| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&socket).unwrap();
+                let expected = pattern(&id, len);
+                let (mut reads, mut full) = (0, 0);
+                while reads < 40 {
+                    // A get that does not wait: the object exists, so the
+                    // answer is the object, or StoreFull while the other
+                    // reader holds the room — never "not found".
+                    match c.get(&[id], 0) {
+                        Ok(found) => {
+                            let found = found[0].unwrap_or_else(|| {
+                                panic!("{id} answered not found after {reads} reads")
+                            });
+                            // SAFETY: referenced until the release below.
+                            let bytes = unsafe { c.data(found.location) };
+                            assert!(bytes == expected.as_slice(), "{id} read back wrong");
+                            c.release(&[id]).unwrap();
+                            reads += 1;
+                        }
+                        Err(err) if err.kind() == ErrorKind::StoreFull => {
+                            full += 1;
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        Err(err) => panic!("{id}: {err}"),
+                    }
+                }
+                full
+            })
+        })
+        .collect();
+    for reader in readers {
+        reader.join().unwrap();
+    }
+    // Every restore's hold went: nothing but `held` is referenced, and both
+    // objects can leave memory again.
+    client.release(&[held]).unwrap();
+    assert_eq!(client.stats().unwrap().referenced, 0);
+    for outcome in client.stage_out(&objects).unwrap() {
+        outcome.unwrap();
+    }
+}
+
 #[test]
 fn a_tier_of_another_node_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,6 +7,7 @@ use shoal_core::ids::{ClientId, ObjectId};
 use shoal_core::location::Block;
 
 use super::{ClientState, Store};
+use crate::object_table::ObjectState;
 
 impl Store {
     pub fn register_client(&mut self, client: ClientId) {
@@ -35,6 +36,22 @@ impl Store {
         self.clients
             .get(&client)
             .is_some_and(|c| c.refs.contains_key(&slot))
+    }
+
+    /// Bytes of the sealed objects that only `client` references: what its
+    /// releases would make eviction candidates, or free (the tiers' drain
+    /// pins, say, as opposed to objects clients hold as well).
+    pub fn bytes_only_referenced_by(&self, client: ClientId) -> u64 {
+        let Some(state) = self.clients.get(&client) else {
+            return 0;
+        };
+        state
+            .refs
+            .iter()
+            .filter_map(|(slot, count)| self.table.get(*slot).filter(|e| e.refs == *count))
+            .filter(|e| e.state == ObjectState::Sealed)
+            .map(|e| self.block_of(e).len)
+            .sum()
     }
 
     /// Whether `client` holds any reference at all.
@@ -123,6 +140,24 @@ mod tests {
     use super::*;
     use crate::eviction::Lru;
     use shoal_core::error::ErrorKind;
+
+    #[test]
+    fn bytes_only_one_client_references_leave_out_what_others_hold_too() {
+        let mut s = store(64 * 8);
+        for n in 0..3 {
+            s.create(1, id(n), 64, 0).unwrap();
+            s.seal(1, &[id(n)], true).unwrap();
+            s.get(7, &id(n)).unwrap(); // a drain's pin, say
+        }
+        s.get(7, &id(0)).unwrap(); // twice: still its alone
+        s.get(2, &id(1)).unwrap(); // a client holds id(1) as well
+        s.create(7, id(3), 64, 0).unwrap(); // unsealed: no release frees it
+        assert_eq!(s.bytes_only_referenced_by(7), 2 * 64);
+        s.release(2, &id(1)).unwrap();
+        assert_eq!(s.bytes_only_referenced_by(7), 3 * 64);
+        assert_eq!(s.bytes_only_referenced_by(2), 0);
+        assert_eq!(s.bytes_only_referenced_by(9), 0, "an unknown client");
+    }
 
     #[test]
     fn disconnect_releases_and_aborts() {
