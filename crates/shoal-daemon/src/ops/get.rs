@@ -245,8 +245,9 @@ impl Ops {
                     Ok(None) => continue,
                     // No room for the copy, owner gone: missing for now.
                     Err(err) => {
-                        if err.kind() == ErrorKind::PermissionDenied {
-                            // A TLS refusal, or bytes changed on the way.
+                        if err.kind() == ErrorKind::PermissionDenied && refused[i].is_none() {
+                            // A TLS refusal, or bytes changed on the way: said
+                            // once per get, not at each of its polls.
                             tracing::warn!(%err, id = %ids[i], "network pull refused");
                         } else {
                             tracing::debug!(%err, id = %ids[i], "network pull");
