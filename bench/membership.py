@@ -503,6 +503,13 @@ def main() -> None:
     finally:
         for node in nodes.values():
             node.stop(signal.SIGKILL)
+        # A daemon killed leaves its region behind (`cluster down` would remove it, but
+        # these nodes were started from the kept file).
+        cluster_file = directory / "cluster.toml"
+        if cluster_file.exists():
+            for line in cluster_file.read_text().splitlines():
+                if line.startswith("region = "):
+                    Path(line.split('"')[1]).unlink(missing_ok=True)
         etcd.stop()
         if os.environ.get("KEEP"):
             print(f"kept {directory}")
