@@ -5,6 +5,10 @@
 //! without `CONFIG_TLS`, or the `tls` module missing) the data channel
 //! encrypts in user space; which one runs is decided once, by a probe.
 //!
+//! Opt-in (`SHOAL_KTLS=1`) until this path has run on a kernel with
+//! `CONFIG_TLS`: the machines shoal is tested on have none, so by default
+//! the tested user-space path runs everywhere.
+//!
 //! Only the answering end (the owner serving a pull) hands its session to
 //! the kernel: the dialing end keeps rustls, which reads the session
 //! tickets the answering end sends after the handshake.
@@ -13,15 +17,16 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::OnceLock;
 
-/// `SHOAL_KTLS=0` keeps the data channel in user space (an A/B switch).
+/// `SHOAL_KTLS=1` lets the data channel hand sessions to the kernel.
 const SWITCH: &str = "SHOAL_KTLS";
 
-/// Whether the kernel takes TLS sessions here: a loopback connection
-/// accepts the `tls` upper-layer protocol. Probed once per process.
+/// Whether the data channel uses kernel TLS: asked for (`SHOAL_KTLS=1`)
+/// and the kernel takes TLS sessions here (a loopback connection accepts
+/// the `tls` upper-layer protocol). Decided once per process.
 pub fn available() -> bool {
     static PROBED: OnceLock<bool> = OnceLock::new();
     *PROBED.get_or_init(|| {
-        if std::env::var(SWITCH).is_ok_and(|v| v == "0") {
+        if !std::env::var(SWITCH).is_ok_and(|v| v == "1") {
             return false;
         }
         match probe() {
@@ -66,8 +71,11 @@ mod tests {
         assert_eq!(first, super::available(), "probed once");
         let listed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_ulp")
             .is_ok_and(|ulps| ulps.split_whitespace().any(|u| u == "tls"));
-        if listed {
-            assert!(first || std::env::var(super::SWITCH).is_ok_and(|v| v == "0"));
+        let asked = std::env::var(super::SWITCH).is_ok_and(|v| v == "1");
+        if !asked {
+            assert!(!first, "kernel TLS is opt-in");
+        } else if listed {
+            assert!(first, "asked for, and the kernel lists tls");
         }
     }
 }
