@@ -34,6 +34,14 @@ from shoal.testing import (  # noqa: F401  (re-exported to the test modules)
     wait_for,
 )
 
+
+def shoal_ok(*args: str) -> str:
+    """Runs `python -m shoal ARGS`, which must succeed; its standard output."""
+    done = shoal_command(*args)
+    assert done.returncode == 0, f"shoal {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
 # The client protocol's version (crates/shoal-core/src/protocol/mod.rs PROTOCOL_VERSION),
 # for the tests that speak raw frames.
 PROTOCOL_VERSION = 17

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _shoal_testing import hold_namespaces, wait_for
+from _shoal_testing import hold_namespaces, shoal_ok, wait_for
 from multihost_agent import decode, encode
 
 import shoal
@@ -674,6 +674,8 @@ class Hosts:
             "socket": f"{RUN}/shoal{suffix}.sock",
             "region": f"/dev/shm/shoal-{self.name}{suffix}",
             "key": f"{RUN}/node{suffix}.key",
+            "cert": f"{RUN}/node{suffix}.crt",
+            "tls": f"{RUN}/node{suffix}.tls",
         }[what]
 
     def _cluster_text(
@@ -690,11 +692,7 @@ class Hosts:
             f"linger_ms = {linger_ms}",
         ]
         if self.ca is not None:
-            made = subprocess.run(
-                [sys.executable, "-m", "shoal", "cluster", "ca", "--out", str(self.ca)],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            assert made.returncode == 0, made.stderr
+            shoal_ok("cluster", "ca", "--out", str(self.ca))
             lines += [f'tls_ca = "{RUN}/ca.crt"', f'tls_crl = "{RUN}/revoked.crl"']
         else:
             lines.append("insecure_cleartext = true")
@@ -734,40 +732,38 @@ class Hosts:
 
     def _certificate(self, i: int, host: Host, lines: list[str]) -> list[str]:
         """Node `i`'s TLS certificate, issued here for the public key its host sent, copied
-        to the host with the CA's certificate; its `tls_cert`/`tls_key` lines."""
+        to the host with the CA's certificate and the revocation list; its `tls_cert`/`tls_key`
+        lines."""
         assert self.ca is not None
         key = next((line.split('"')[1] for line in lines if line.startswith("public_key")), None)
-        out = self.directory / f"n{i}"
-        made = subprocess.run(
-            [
-                *(sys.executable, "-m", "shoal", "cluster", "cert", "--ca", str(self.ca)),
-                *("--node", str(i), "--out", str(out)),
-                *(["--public-key", key] if key else []),
-            ],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert made.returncode == 0, made.stderr
-        suffix = "" if self.same_paths else f"-n{i}"
-        host.write(f"{RUN}/ca.crt", (self.ca / "ca.crt").read_text(), mode=0o644)
+        out = self.issue_certificate(self.ca, i, key, self.directory / f"n{i}")
         if not (self.ca / "revoked.crl").exists():
             self._crl()  # the list every host reads, empty for now
         host.write(f"{RUN}/revoked.crl", (self.ca / "revoked.crl").read_text(), mode=0o644)
-        host.write(f"{RUN}/node{suffix}.crt", out.with_suffix(".crt").read_text(), mode=0o644)
-        host.write(f"{RUN}/node{suffix}.tls", out.with_suffix(".tls").read_text())
-        return [f'tls_cert = "{RUN}/node{suffix}.crt"', f'tls_key = "{RUN}/node{suffix}.tls"']
+        self.install_certificate(i, self.ca, out)
+        return [f'tls_cert = "{self.path("cert", i)}"', f'tls_key = "{self.path("tls", i)}"']
+
+    @staticmethod
+    def issue_certificate(ca: Path, node: int, public_key: str | None, out: Path) -> Path:
+        """Node `node`'s certificate (bound to `public_key` if given) from the CA in `ca`,
+        written here as `out`.crt and `out`.tls; returns `out`."""
+        key = ["--public-key", public_key] if public_key else []
+        shoal_ok("cluster", "cert", "--ca", str(ca), "--node", str(node), *key, "--out", str(out))
+        return out
+
+    def install_certificate(self, node: int, ca: Path, out: Path) -> None:
+        """Gives node `node`'s host the certificate `out`.crt (and its key) and the CA
+        certificate of `ca` to trust, at the paths its cluster file names."""
+        host = self.hosts[node]
+        host.write(f"{RUN}/ca.crt", (ca / "ca.crt").read_text(), mode=0o644)
+        host.write(self.path("cert", node), out.with_suffix(".crt").read_text(), mode=0o644)
+        host.write(self.path("tls", node), out.with_suffix(".tls").read_text())
 
     def _crl(self, cert: Path | None = None) -> None:
         """Writes the cluster's revocation list here, with `cert` added to it."""
         assert self.ca is not None, "a cluster without TLS"
-        done = subprocess.run(
-            [
-                *(sys.executable, "-m", "shoal", "cluster", "revoke", "--ca", str(self.ca)),
-                *("--crl", str(self.ca / "revoked.crl")),
-                *(["--cert", str(cert)] if cert is not None else []),
-            ],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
+        added = ["--cert", str(cert)] if cert is not None else []
+        shoal_ok("cluster", "revoke", "--ca", str(self.ca), "--crl", str(self.ca / "revoked.crl"), *added)
 
     def revoke(self, node: int) -> None:
         """Revokes node `node`'s certificate and copies the list to every host (renamed into

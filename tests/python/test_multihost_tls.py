@@ -10,12 +10,11 @@ keep running); and a revocation that takes effect while every daemon runs.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from multihost import RUN, until
+from _shoal_testing import shoal_ok
+from multihost import until
 
 import shoal
 
@@ -27,20 +26,6 @@ def public_key(hosts, node: int) -> str:
     tables = text.split("[[node]]")[1:]
     line = next(line for line in tables[node].splitlines() if line.startswith("public_key"))
     return line.split('"')[1]
-
-
-def shoal_cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "shoal", *args], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def install(host, node: int, ca: Path, out: Path) -> None:
-    """Gives `host` the CA certificate `ca` trusts and node `node`'s certificate in `out`."""
-    suffix = f"-n{node}"
-    host.write(f"{RUN}/ca.crt", (ca / "ca.crt").read_text(), mode=0o644)
-    host.write(f"{RUN}/node{suffix}.crt", out.with_suffix(".crt").read_text(), mode=0o644)
-    host.write(f"{RUN}/node{suffix}.tls", out.with_suffix(".tls").read_text())
 
 
 def test_hosts_talk_over_tls_and_say_so(make_hosts):
@@ -62,10 +47,9 @@ def test_a_host_with_another_cas_certificate_is_refused_until_it_gets_a_good_one
     # with the right node id and key.
     hosts.kill(2)
     rogue = tmp_path / "rogue"
-    shoal_cli("cluster", "ca", "--out", str(rogue))
-    shoal_cli("cluster", "cert", "--ca", str(rogue), "--node", "2", "--public-key", public_key(hosts, 2),
-              "--out", str(tmp_path / "rogue-n2"))  # fmt: skip
-    install(hosts[2], 2, rogue, tmp_path / "rogue-n2")
+    shoal_ok("cluster", "ca", "--out", str(rogue))
+    stranger = hosts.issue_certificate(rogue, 2, public_key(hosts, 2), tmp_path / "rogue-n2")
+    hosts.install_certificate(2, rogue, stranger)
     hosts.start(2, wait=False)
     hosts.wait_serving(2)
     refusal = "peer RPC connection refused: TLS handshake failed"
@@ -83,9 +67,8 @@ def test_a_host_with_another_cas_certificate_is_refused_until_it_gets_a_good_one
     # A certificate of the cluster's CA, and host 2 is a member again (0 and 1 never stopped).
     hosts.kill(2)
     assert hosts.ca is not None
-    shoal_cli("cluster", "cert", "--ca", str(hosts.ca), "--node", "2", "--public-key", public_key(hosts, 2),
-              "--out", str(tmp_path / "n2"))  # fmt: skip
-    install(hosts[2], 2, hosts.ca, tmp_path / "n2")
+    member = hosts.issue_certificate(hosts.ca, 2, public_key(hosts, 2), tmp_path / "n2")
+    hosts.install_certificate(2, hosts.ca, member)
     hosts.start(2)
     assert bytes(hosts[2].client.get(oid, timeout_ms=5000)) == b"between the two"
 

@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from _shoal_testing import Cluster, hold_namespaces, home_of, ids_homed_at, short_dir, wait_for
+from _shoal_testing import Cluster, hold_namespaces, home_of, ids_homed_at, shoal_ok, short_dir, wait_for
 
 import shoal
 
@@ -169,14 +169,14 @@ class NetnsCluster(Cluster):
         # Addresses other namespaces reach: peer traffic over TLS, a CA made here and one
         # certificate per node (a file without per-node keys: bound to the node id alone).
         ca = directory / "ca"
-        self._cli("cluster", "ca", "--out", str(ca))
+        shoal_ok("cluster", "ca", "--out", str(ca))
         text = [
             f'[cluster]\nname = "{self.name}"\ntoken = "{secrets.token_hex(16)}"\n'
             f'heartbeat_ms = 200\nlease_ms = {int(LEASE * 1000)}\ntls_ca = "{ca / "ca.crt"}"\n'
         ]
         for i in range(nodes):
             cert = directory / f"n{i}"
-            self._cli("cluster", "cert", "--ca", str(ca), "--node", str(i), "--out", str(cert))
+            shoal_ok("cluster", "cert", "--ca", str(ca), "--node", str(i), "--out", str(cert))
             text.append(
                 f'[[node]]\nid = {i}\nrpc = "{network.address(i)}:7700"\nsocket = "{self.socket(i)}"\n'
                 f'region = "/dev/shm/shoal-{os.getuid()}-{self.name}-n{i}"\nregion_size = "64MiB"\n'
@@ -192,12 +192,6 @@ class NetnsCluster(Cluster):
             except AssertionError:
                 pass  # the start's error says more
             raise
-
-    @staticmethod
-    def _cli(*args: str) -> None:
-        command = [sys.executable, "-m", "shoal", *args]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        assert done.returncode == 0, done.stderr
 
     def _start(self) -> None:
         env = dict(os.environ, NO_COLOR="1")

@@ -78,6 +78,16 @@ fn write_new(path: &Path, contents: &str, mode: u32) -> Result<()> {
         .with_context(|| format!("write {}", path.display()))
 }
 
+/// Writes `contents` over `path` through a new file renamed into place: a
+/// daemon reading it (it looks again every second) never sees half.
+fn replace(path: &Path, contents: &str, mode: u32) -> Result<()> {
+    let fresh = path.with_extension("new");
+    let _ = std::fs::remove_file(&fresh);
+    write_new(&fresh, contents, mode)?;
+    std::fs::rename(&fresh, path)
+        .with_context(|| format!("rename {} to {}", fresh.display(), path.display()))
+}
+
 fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))
 }
@@ -146,14 +156,8 @@ pub fn node_cert(
     )?;
     let cert = out.with_extension("crt");
     let tls_key = out.with_extension("tls");
-    // A new file renamed over the old: a daemon reading them never sees half.
-    for (path, contents, mode) in [(&tls_key, &pem.key, 0o600), (&cert, &pem.cert, 0o644)] {
-        let fresh = path.with_extension("new");
-        let _ = std::fs::remove_file(&fresh);
-        write_new(&fresh, contents, mode)?;
-        std::fs::rename(&fresh, path)
-            .with_context(|| format!("rename {} to {}", fresh.display(), path.display()))?;
-    }
+    replace(&tls_key, &pem.key, 0o600)?;
+    replace(&cert, &pem.cert, 0o644)?;
     Ok((cert, tls_key))
 }
 
@@ -214,11 +218,7 @@ pub fn revoke(args: RevokeArgs) -> Result<()> {
         .unwrap_or_default()
         .as_secs();
     let crl = issue::revocation_list(&ca_key, &serials, number, DAY * args.days as u32)?;
-    let fresh = args.crl.with_extension("new");
-    let _ = std::fs::remove_file(&fresh);
-    write_new(&fresh, &crl, 0o644)?;
-    std::fs::rename(&fresh, &args.crl)
-        .with_context(|| format!("rename {} to {}", fresh.display(), args.crl.display()))?;
+    replace(&args.crl, &crl, 0o644)?;
     match &args.cert {
         Some(cert) => print!("revoked {} ", cert.display()),
         None => print!("written "),

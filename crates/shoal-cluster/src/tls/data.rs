@@ -10,15 +10,13 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::TlsAcceptor;
 
-use super::{kernel, node_of, TlsMaterial, HANDSHAKE_TIMEOUT};
+use super::{handshake, kernel, proven, TlsMaterial};
 
 /// The puller's or pusher's end.
 pub type ClientStream = StreamOwned<ClientConnection, Socket>;
@@ -70,6 +68,11 @@ impl Write for Socket {
 }
 /// The owner's end while the request is read and checked.
 pub type AcceptedStream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// Both halves of an async connection: what a request is read from and
+/// an error sent on, whatever carries it.
+pub trait Io: AsyncRead + AsyncWrite + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Unpin> Io for T {}
 
 /// An answering end's session, before the transfer's worker thread.
 pub enum Session {
@@ -144,25 +147,15 @@ pub async fn accept(
     Ok((Session::Kernel(Box::new(stream)), node))
 }
 
-async fn handshake<T>(
-    accepting: impl std::future::Future<Output = std::io::Result<T>>,
-) -> std::result::Result<T, String> {
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, accepting).await {
-        Ok(Ok(stream)) => Ok(stream),
-        Ok(Err(err)) => Err(format!("TLS handshake failed: {err}")),
-        Err(_) => Err(format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}")),
-    }
-}
-
-fn proven(tls: &TlsMaterial, connection: &ServerConnection) -> std::result::Result<u32, String> {
-    connection
-        .peer_certificates()
-        .and_then(|certs| certs.first())
-        .and_then(|cert| node_of(tls.identity(), cert))
-        .ok_or_else(|| "a certificate of no known node".to_owned())
-}
-
 impl Session {
+    /// The session while the request is read and checked.
+    pub fn io(&mut self) -> &mut dyn Io {
+        match self {
+            Self::User(stream) => stream.as_mut(),
+            Self::Kernel(stream) => stream.as_mut(),
+        }
+    }
+
     /// The session on a blocking socket, for a worker thread.
     pub fn into_blocking(self) -> std::io::Result<Blocking> {
         match self {
@@ -189,46 +182,6 @@ impl Session {
                     Ok(Blocking::Kernel(socket))
                 }
             },
-        }
-    }
-}
-
-impl AsyncRead for Session {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::User(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
-            Self::Kernel(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Session {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Self::User(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
-            Self::Kernel(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::User(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
-            Self::Kernel(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::User(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
-            Self::Kernel(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
         }
     }
 }

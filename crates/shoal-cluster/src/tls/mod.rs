@@ -30,6 +30,27 @@ pub use verify::node_of;
 /// that connects and says nothing must not hold a task.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// An answering end's handshake, bounded by [`HANDSHAKE_TIMEOUT`]; its
+/// failure in words, for the refusing node's log.
+async fn handshake<T>(
+    accepting: impl std::future::Future<Output = std::io::Result<T>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, accepting).await {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(err)) => Err(format!("TLS handshake failed: {err}")),
+        Err(_) => Err(format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}")),
+    }
+}
+
+/// The node the dialing end's certificate proved, on the answering end.
+fn proven(tls: &TlsMaterial, connection: &rustls::ServerConnection) -> Result<u32, String> {
+    connection
+        .peer_certificates()
+        .and_then(|certs| certs.first())
+        .and_then(|cert| node_of(tls.identity(), cert))
+        .ok_or_else(|| "a certificate of no known node".to_owned())
+}
+
 /// The TLS failure somewhere in `err`'s chain of causes, if there is one:
 /// a refused certificate, an alert the peer sent, a record that failed
 /// its integrity check.

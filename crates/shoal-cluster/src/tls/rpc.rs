@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tonic::transport::server::Connected;
 
-use super::{node_of, TlsMaterial, HANDSHAKE_TIMEOUT};
+use super::{handshake, proven, TlsMaterial, HANDSHAKE_TIMEOUT};
 use crate::auth::TlsPeer;
 
 /// Accepted connections waiting for the server at most.
@@ -100,23 +100,16 @@ pub fn incoming(
 async fn accept(tcp: TcpStream, remote: SocketAddr, tls: &TlsMaterial) -> Option<PeerConnection> {
     let _ = tcp.set_nodelay(true);
     let acceptor = TlsAcceptor::from(tls.configs().server);
-    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(err)) => {
-            tracing::warn!(%remote, %err, "peer RPC connection refused: TLS handshake failed");
-            return None;
-        }
-        Err(_) => {
-            tracing::warn!(%remote, "peer RPC connection refused: no TLS handshake within {HANDSHAKE_TIMEOUT:?}");
+    let admitted = handshake(acceptor.accept(tcp))
+        .await
+        .and_then(|stream| Ok((proven(tls, stream.get_ref().1)?, stream)));
+    let (node, stream) = match admitted {
+        Ok(admitted) => admitted,
+        Err(why) => {
+            tracing::warn!(%remote, "peer RPC connection refused: {why}");
             return None;
         }
     };
-    let node = stream
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|certs| certs.first())
-        .and_then(|cert| node_of(tls.identity(), cert))?;
     Some(PeerConnection {
         stream,
         peer: TlsPeer {

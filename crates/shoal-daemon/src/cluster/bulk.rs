@@ -25,11 +25,10 @@ use shoal_cluster::auth::{PeerIdentity, Refusal};
 use shoal_cluster::bulk::{
     answer_push, fetch_range, receive_range, send_error, send_range, Kind, Request, Wire,
 };
-use shoal_cluster::tls::data::{Blocking, Session};
+use shoal_cluster::tls::data::{Blocking, Io, Session};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::location::ObjectLocation;
 use shoal_core::ObjectId;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::accept::AcceptBackoff;
@@ -45,15 +44,11 @@ enum Accepted {
     Tls(Box<Session>, u32),
 }
 
-/// Both halves of an async connection.
-trait Io: AsyncRead + AsyncWrite + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Unpin> Io for T {}
-
 impl Accepted {
     fn io(&mut self) -> &mut dyn Io {
         match self {
             Self::Plain(stream) => stream,
-            Self::Tls(stream, _) => stream.as_mut(),
+            Self::Tls(session, _) => session.io(),
         }
     }
 

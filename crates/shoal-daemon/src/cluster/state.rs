@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_cluster::auth::PeerIdentity;
+use shoal_cluster::bulk::Encryption;
 use shoal_cluster::epoch::Epoch;
 use shoal_cluster::proto::Location;
 use shoal_cluster::rebuild::{Claims, Readiness};
@@ -281,16 +282,23 @@ impl Cluster {
         })
     }
 
+    /// How this node's data channel protects the bytes it sends to a
+    /// puller (the one place that decides it).
+    pub(crate) fn data_encryption(&self) -> Encryption {
+        match &self.tls {
+            None => Encryption::None,
+            Some(_) if shoal_cluster::tls::kernel::available() => Encryption::Kernel,
+            Some(_) => Encryption::UserSpace,
+        }
+    }
+
     /// How traffic with peers is protected, as `ClusterInfo` and `shoal
     /// stat` say it.
-    pub fn encryption(&self) -> &'static str {
-        match (&self.tls, self.topology().insecure_cleartext) {
-            (Some(_), _) if shoal_cluster::tls::kernel::available() => {
-                "tls1.3, data channel tls-kernel"
-            }
-            (Some(_), _) => "tls1.3, data channel tls-userspace",
-            (None, true) => "none: insecure_cleartext",
-            (None, false) => "none (every node on loopback)",
+    pub fn encryption(&self) -> String {
+        match (self.data_encryption(), self.topology().insecure_cleartext) {
+            (Encryption::None, true) => "none: insecure_cleartext".to_owned(),
+            (Encryption::None, false) => "none (every node on loopback)".to_owned(),
+            (data, _) => format!("tls1.3, data channel {}", data.as_str()),
         }
     }
 

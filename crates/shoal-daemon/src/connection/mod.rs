@@ -435,7 +435,7 @@ fn cluster_info(ops: &Ops) -> Reply {
         coherent: topology.coherence == CoherenceMode::Coherent,
         simulated: topology.simulate_caches,
         cluster: topology.identity(),
-        encryption: cluster.encryption().to_owned(),
+        encryption: cluster.encryption(),
         nodes: topology
             .nodes
             .iter()

@@ -41,18 +41,13 @@ pub(crate) async fn start(ops: &Rc<Ops>) -> Result<()> {
     let identity = cluster.identity.clone();
     let (calls, mut incoming) = mpsc::channel::<calls::PeerCall>(CALL_QUEUE);
     let calls_metrics = &cluster.node.metrics().peer_calls;
-    let (rpc_mode, data_mode) = match cluster.tls {
-        Some(_) if shoal_cluster::tls::kernel::available() => {
-            ("tls1.3", shoal_cluster::bulk::Encryption::Kernel.as_str())
-        }
-        Some(_) => (
-            "tls1.3",
-            shoal_cluster::bulk::Encryption::UserSpace.as_str(),
-        ),
-        None => ("none", shoal_cluster::bulk::Encryption::None.as_str()),
+    let rpc_mode = if cluster.tls.is_some() {
+        "tls1.3"
+    } else {
+        "none"
     };
     calls_metrics.set_encryption("rpc", rpc_mode);
-    calls_metrics.set_encryption("data", data_mode);
+    calls_metrics.set_encryption("data", cluster.data_encryption().as_str());
     let check = match cluster.tls {
         Some(_) => TokenCheck::new(identity.clone()).over_tls(),
         None => TokenCheck::new(identity.clone()),
