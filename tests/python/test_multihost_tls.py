@@ -13,7 +13,7 @@ import os
 import sys
 
 import pytest
-from _shoal_testing import shoal_ok
+from _shoal_testing import ids_homed_at, shoal_ok
 from multihost import until
 
 import shoal
@@ -57,9 +57,13 @@ def test_a_host_with_another_cas_certificate_is_refused_until_it_gets_a_good_one
     # Its heartbeats are refused both ways: within a lease each side counts the other down.
     until(lambda: 2 not in hosts[0].sees() and 2 not in hosts[1].sees(), 10, "hosts 0, 1 counting 2 out")
     until(lambda: hosts[2].sees() == {2}, 10, "host 2 counting the others out")
-    # Hosts 0 and 1 go on between themselves.
-    oid = hosts[0].client.put(b"between the two")
-    assert bytes(hosts[1].client.get(oid, timeout_ms=5000)) == b"between the two"
+    # Hosts 0 and 1 go on between themselves. An id whose home is the stranger cannot be
+    # claimed there: typed, and a put under a fresh id takes another (whichever the id).
+    with pytest.raises(shoal.errors.HomeUnavailable, match="TLS refused"):
+        hosts[0].client.put(b"homed at the stranger", ids_homed_at(2, 1)[0])
+    for _ in range(12):  # about a third of fresh ids are homed at node 2
+        oid = hosts[0].client.put(b"between the two")
+        assert bytes(hosts[1].client.get(oid, timeout_ms=5000)) == b"between the two"
     # The stranger gets nothing of theirs: refused, typed.
     with pytest.raises((shoal.errors.PermissionDenied, shoal.errors.NodeUnavailable)):
         hosts[2].client.get(oid, timeout_ms=2000)

@@ -91,6 +91,9 @@ impl Drop for TimedCall<'_> {
     }
 }
 
+/// A peer call's failure as a typed error. `PermissionDenied` comes from a
+/// refused TLS handshake only (callers that treat such a peer as out of
+/// reach rely on it); a refused credential is a protocol error.
 pub fn status_error(node: u32, status: tonic::Status) -> ShoalError {
     if let Some(why) = shoal_cluster::tls::refusal_in(&status) {
         return ShoalError::new(

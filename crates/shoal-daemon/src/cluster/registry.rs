@@ -115,7 +115,12 @@ impl Cluster {
                     let first = group[0];
                     let mut later = self.unregister_later.borrow_mut();
                     later.entry(home).or_default().extend(group);
-                    failure.get_or_insert(if err.kind().is_node_unavailable() {
+                    // A home whose TLS handshake failed (its certificate refused
+                    // here, or ours there) is out of reach for this node as much as
+                    // one that is down: the create may go on under another id.
+                    let unreachable = err.kind().is_node_unavailable()
+                        || err.kind() == ErrorKind::PermissionDenied;
+                    failure.get_or_insert(if unreachable {
                         ShoalError::new(
                             ErrorKind::HomeUnavailable,
                             format!(
