@@ -333,25 +333,57 @@ class Shoal:
 # ---------------------------------------------------------------- raw TCP pair
 
 
-def owner_main(path):
+def recv_exact(conn, n):
+    """`n` bytes from a socket, plain or TLS (an SSL socket takes no MSG_WAITALL)."""
+    data = b""
+    while len(data) < n:
+        got = conn.recv(n - len(data))
+        if not got:
+            raise EOFError(f"closed after {len(data)} of {n} bytes")
+        data += got
+    return data
+
+
+def tls_context(tls_dir, server):
+    """An OpenSSL context (Python's ssl) for the raw TLS pair: TLS 1.3, the certificate
+    `shoal cluster ca` made in `tls_dir` (self-signed: it is the server's and the trust)."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    if server:
+        ctx.load_cert_chain(os.path.join(tls_dir, "ca.crt"), os.path.join(tls_dir, "ca.key"))
+    else:
+        ctx.load_verify_locations(os.path.join(tls_dir, "ca.crt"))
+        ctx.check_hostname = False  # its name is the CA's, not 127.0.0.1; the chain is checked
+    return ctx
+
+
+def owner_main(path, tls_dir=None):
     """`--owner PATH`: serves ranges of the file with sendfile. One connection
     per range: request (offset u64, len u64), reply 0u8 + the bytes, then the
-    puller's 1-byte ack; as bulk.rs does, without token or id."""
+    puller's 1-byte ack; as bulk.rs does, without token or id. `--owner-tls DIR`:
+    over TLS 1.3 (OpenSSL encrypts from a mapping of the file)."""
     fd = os.open(path, os.O_RDONLY)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
+    ctx = tls_context(tls_dir, server=True) if tls_dir else None
+    source = mmap.mmap(fd, 0, prot=mmap.PROT_READ) if tls_dir else None
 
     def send(conn):
         with conn:
             try:
-                head = conn.recv(16, socket.MSG_WAITALL)
+                stream = ctx.wrap_socket(conn, server_side=True) if ctx else conn
+                head = recv_exact(stream, 16)
                 at, n = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:], "little")
-                conn.sendall(b"\0")
+                stream.sendall(b"\0")
                 end = at + n
-                while at < end:
+                if source is not None:
+                    stream.sendall(memoryview(source)[at:end])
+                while source is None and at < end:
                     at += os.sendfile(conn.fileno(), fd, at, end - at)
-                conn.recv(1)
+                stream.recv(1)
             except OSError:
                 traceback.print_exc()  # the puller fails on its side and tells
 
@@ -372,9 +404,13 @@ class RawPair:
     """The owner process and this process's puller: a preallocated, populated
     shared mapping of a /dev/shm file, like a node's region."""
 
-    def __init__(self, tmpname, errlog, size=None):
-        """`size`: the largest pull (both /dev/shm files are that large; default max(SIZES))."""
+    def __init__(self, tmpname, errlog, size=None, tls_dir=None):
+        """`size`: the largest pull (both /dev/shm files are that large; default max(SIZES)).
+        `tls_dir`: over TLS 1.3 with AES-128-GCM, shoal's suite (OpenSSL through Python's
+        ssl; the certificate of `shoal cluster ca --out tls_dir`)."""
         self.size = size = size or max(SIZES)
+        self.tls = tls_context(tls_dir, server=False) if tls_dir else None
+        self.cipher = None  # the suite the TLS pair's last connection ran
         self.src_path = f"/dev/shm/{tmpname}-src"
         self.dst_path = f"/dev/shm/{tmpname}-dst"
         self.owner, self.dst = None, None
@@ -389,7 +425,17 @@ class RawPair:
         self.dst[:] = 0  # populated, as a region is
         self.pool = concurrent.futures.ThreadPoolExecutor(max(streams for streams, _ in TCP))
         cmd = [sys.executable, os.path.abspath(__file__), "--owner", self.src_path]
-        self.owner = JsonWorker(cmd, errlog)
+        env = None
+        if tls_dir:
+            # Python's ssl cannot choose TLS 1.3 suites; OpenSSL's configuration can. The
+            # server offering AES-128-GCM alone decides it.
+            conf = os.path.join(tls_dir, "openssl.cnf")
+            with open(conf, "w") as f:
+                f.write("openssl_conf = conf\n[conf]\nssl_conf = ssl\n[ssl]\nsystem_default = tls\n"
+                        "[tls]\nCiphersuites = TLS_AES_128_GCM_SHA256\n")  # fmt: skip
+            cmd += ["--owner-tls", tls_dir]
+            env = {**os.environ, "OPENSSL_CONF": conf}
+        self.owner = JsonWorker(cmd, errlog, env=env)
         self.port = self.owner.read()["port"]
         self.effective_rcvbuf = None
 
@@ -399,17 +445,22 @@ class RawPair:
             if rcvbuf:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
                 self.effective_rcvbuf = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+            if self.tls is not None:
+                s = self.tls.wrap_socket(s)
+                self.cipher = s.cipher()[0]
             s.sendall(start.to_bytes(8, "little") + (end - start).to_bytes(8, "little"))
-            assert s.recv(1) == b"\0"
+            assert recv_exact(s, 1) == b"\0"
             view = memoryview(self.map)[start:end]
+            flags = socket.MSG_WAITALL if self.tls is None else 0  # TLS: a record per call
             got = 0
             while got < len(view):
-                n = s.recv_into(view[got:], 0, socket.MSG_WAITALL)
+                n = s.recv_into(view[got:], 0, flags)
                 if n == 0:
                     raise EOFError(f"owner closed after {got} of {len(view)} bytes")
                 got += n
             view.release()
             s.sendall(b"\xa5")
+            s.close()  # the TLS socket (`with` closes the one it wrapped)
 
     def pull(self, size, streams, rcvbuf):
         """One timed pull of the first `size` bytes in `streams` connections."""
@@ -1030,6 +1081,7 @@ def main():
     ap.add_argument("--deadline", type=int, default=900, help="seconds before the run gives up")
     ap.add_argument("--reader", metavar="SOCKET", help=argparse.SUPPRESS)
     ap.add_argument("--owner", metavar="PATH", help=argparse.SUPPRESS)
+    ap.add_argument("--owner-tls", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--ray-driver", metavar="TMP", help=argparse.SUPPRESS)
     ap.add_argument(
         "--tls",
@@ -1043,7 +1095,7 @@ def main():
     if args.reader:
         return reader_main(args.reader)
     if args.owner:
-        return owner_main(args.owner)
+        return owner_main(args.owner, args.owner_tls)
     if args.ray_driver:
         return ray_driver_main(args.ray_driver)
     if args.tls:

@@ -6,7 +6,9 @@ Two emulated 2-node clusters side by side, one with `cluster up --tls` (TLS 1.3 
 both peer channels, as between hosts), one in cleartext; node 1 is network-only, so a
 get on node 0 pulls over node 1's data channel. In alternating order (ABBA) per round:
   pull   a 1 GiB object's first get on node 0 (the pull), beside the raw-socket limit:
-         the raw loopback pair of network.py (sendfile → recv_into, 1 and 4 streams);
+         the raw loopback pair of network.py (sendfile → recv_into, 1 and 4 streams),
+         the same pair over TLS 1.3 with AES-128-GCM (OpenSSL, through Python's ssl),
+         and the machine's AES-128-GCM rate on one core (`openssl speed`);
   rpc    single-id gets (timeout 0) of absent ids: homed on node 1 they cost one peer
          RPC round trip (Lookup), homed on node 0 none; the round trip is the difference
          of the medians;
@@ -22,6 +24,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +39,8 @@ from network import (  # noqa: E402
     on_signal,
 )
 from table1 import log, machine  # noqa: E402
+
+from shoal.testing import shoal_command  # noqa: E402
 
 MiB = 2**20
 PULL = GiB  # the issue's 1 GiB pull
@@ -56,9 +61,27 @@ def probe_ids(count, home, shoal):
     return ids
 
 
-def pull(cluster, stamp, size=PULL):
+def pull(cluster, stamp, size=PULL, cpu=None):
+    """Seconds of one pull; its CPU seconds (both daemons and the reader) appended to `cpu`."""
     got = cluster.pull(size, stamp)
+    if cpu is not None:
+        cpu.append(got["cpu_s"])
     return got["pull_s"]
+
+
+def aes_rate():
+    """One core's AES-128-GCM rate on 16 KiB blocks (a TLS record's size), bytes/s, by
+    `openssl speed`; None where the tool is missing."""
+    if shutil.which("openssl") is None:
+        return None
+    out = subprocess.run(
+        ["openssl", "speed", "-seconds", "2", "-bytes", "16384", "-evp", "aes-128-gcm"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    line = [ln for ln in out.splitlines() if ln.upper().startswith("AES-128-GCM")][-1]
+    return float(line.split()[-1].rstrip("k")) * 1000
 
 
 def rpc_round(cluster, shoal):
@@ -88,7 +111,10 @@ def report(run):
     r = run["results"]
     med = {k: statistics.median(v) for k, v in r.items() if isinstance(v, list) and v}
     clear_pull, tls_pull = med["pull_clear"], med["pull_tls"]
-    raw1, raw4 = max(r["raw_1"]), max(r["raw_4"])
+    raw1, raw4 = min(r["raw_1"]), min(r["raw_4"])  # seconds: the best
+    rawtls1, rawtls4 = min(r["rawtls_1"]), min(r["rawtls_4"])  # seconds: the best
+    cpu_clear, cpu_tls = med["cpu_clear"], med["cpu_tls"]
+    aes = run.get("aes_bytes_per_s")
     rpc_clear = med["rpc_remote_clear"] - med["rpc_local_clear"]
     rpc_tls = med["rpc_remote_tls"] - med["rpc_local_tls"]
     first_ratio = med["first_tls"] / med["first_clear"]
@@ -118,6 +144,23 @@ def report(run):
         f"1 stream {rate(raw1):.2f} GiB/s, 4 streams {rate(raw4):.2f} GiB/s; "
         f"cleartext shoal {raw4 / clear_pull:.2f}× and TLS {raw4 / tls_pull:.2f}× of the "
         "4-stream limit (shoal pulls 1 GiB in 4 ranges).",
+        "",
+        f"Raw TLS pair (the same pair over TLS 1.3, {run.get('rawtls_cipher')}; OpenSSL through "
+        f"Python's ssl, the owner encrypting from the mapping): 1 stream {rate(rawtls1):.2f} GiB/s, "
+        f"4 streams {rate(rawtls4):.2f} GiB/s; shoal's TLS pull is "
+        f"{min(rawtls1, rawtls4) / tls_pull:.2f}× the better of the two.",
+        "",
+        f"CPU per pull (both daemons and the reader, median): cleartext {cpu_clear:.2f} s, "
+        f"TLS {cpu_tls:.2f} s, on {run['machine'].get('nproc')} cores that both ends share"
+        + (
+            f"; TLS adds {cpu_tls - cpu_clear:.2f} s. One core seals or opens AES-128-GCM at "
+            f"{aes / GiB:.2f} GiB/s (`openssl speed`, 16 KiB blocks): encrypting and decrypting "
+            f"1 GiB at that rate is {2 * GiB / aes:.2f} s of CPU: the two ends' cipher is what "
+            "TLS costs, and on cores the ends share it comes out of the transfer's"
+            if aes
+            else "; `openssl speed` is missing here"
+        )
+        + ".",
         "",
         f"RPC: single-id gets (timeout 0) of absent ids, {PROBES} per kind per round: homed "
         "on node 1 (one Lookup round trip) minus homed on node 0 (none); medians of the "
@@ -155,16 +198,23 @@ def main(args):
         "checkout": checkout(),
         "load": {"start": os.getloadavg()[0]},
     }
-    keys = ["pull_clear", "pull_tls", "raw_1", "raw_4", "rpc_remote_clear", "rpc_local_clear",
-            "rpc_remote_tls", "rpc_local_tls", "first_clear", "first_tls"]  # fmt: skip
+    keys = ["pull_clear", "pull_tls", "cpu_clear", "cpu_tls", "raw_1", "raw_4", "rawtls_1", "rawtls_4",
+            "rpc_remote_clear", "rpc_local_clear", "rpc_remote_tls", "rpc_local_tls", "first_clear",
+            "first_tls"]  # fmt: skip
     results = {k: [] for k in keys}
     started, _busy, _own = time.monotonic(), machine_busy(), own_cpu()
     tmp = tempfile.mkdtemp(prefix="shoal-tlsbench-", dir="/tmp")
-    clusters, raw = {}, None
+    clusters, raw, raw_tls = {}, None, None
     with open(os.path.join(os.path.dirname(os.path.abspath(out)), "raw-network-tls.log"), "w") as errlog:
         try:
             log("raw TCP pair (1 GiB) ...")
             raw = RawPair(os.path.basename(tmp), errlog, size=PULL)
+            log("raw TLS pair (1 GiB) ...")
+            tls_dir = os.path.join(tmp, "raw-tls")
+            shoal_command("cluster", "ca", "--out", tls_dir).check_returncode()
+            raw_tls = RawPair(os.path.basename(tmp) + "-tls", errlog, size=PULL, tls_dir=tls_dir)
+            log("AES-128-GCM on one core (openssl speed) ...")
+            run["aes_bytes_per_s"] = aes_rate()
             for tls in (False, True):
                 name = "tls" if tls else "clear"
                 log(f"shoal: 2-node cluster, {name} ...")
@@ -175,11 +225,16 @@ def main(args):
                 order = ["clear", "tls"] if i % 2 else ["tls", "clear"]
                 got = {}
                 for name in order:
-                    got[f"pull_{name}"] = pull(clusters[name], 10 * i + len(got))
+                    cpu = []
+                    got[f"pull_{name}"] = pull(clusters[name], 10 * i + len(got), cpu=cpu)
+                    got[f"cpu_{name}"] = cpu[0]
                     remote, local = rpc_round(clusters[name], shoal)
                     got[f"rpc_remote_{name}"], got[f"rpc_local_{name}"] = remote, local
                 got["raw_1"] = raw.pull(PULL, 1, True)[0]
                 got["raw_4"] = raw.pull(PULL, 4, True)[0]
+                got["rawtls_1"] = raw_tls.pull(PULL, 1, False)[0]
+                got["rawtls_4"] = raw_tls.pull(PULL, 4, False)[0]
+                run["rawtls_cipher"] = raw_tls.cipher
                 log(f"round {i}: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in got.items()))
                 if i > 0:
                     for k, v in got.items():
@@ -200,8 +255,9 @@ def main(args):
                     cluster.stop()
                 except Exception as e:  # noqa: BLE001 - go on stopping the rest
                     log(f"stop: {e}")
-            if raw is not None:
-                raw.stop()
+            for pair in (raw, raw_tls):
+                if pair is not None:
+                    pair.stop()
             shutil.rmtree(tmp, ignore_errors=True)
     run["results"] = results
     run["seconds"] = time.monotonic() - started

@@ -45,7 +45,8 @@ use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::{ObjectId, ID_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::tls::data::{tls_error, ClientStream, ServerStream};
+use crate::tls::data::{tls_error, ServerStream};
+use crate::tls::records::Records;
 use crate::tls::TlsMaterial;
 
 pub const MAGIC: &[u8; 4] = b"SHB1";
@@ -155,8 +156,9 @@ pub async fn send_error(writer: &mut (impl AsyncWrite + Unpin), err: &ShoalError
 pub enum Wire {
     /// Cleartext TCP: bytes leave the region by sendfile(2).
     Plain(TcpStream),
-    /// TLS, this node dialing.
-    Client(Box<ClientStream>),
+    /// TLS, this node dialing: its records opened here, a pulled range's
+    /// in place.
+    Client(Box<Records>),
     /// TLS, this node answering.
     Server(Box<ServerStream>),
     /// TLS the kernel encrypts (kTLS), this node answering: a socket
@@ -190,7 +192,7 @@ impl Wire {
     pub fn socket(&self) -> &TcpStream {
         match self {
             Self::Plain(socket) | Self::Kernel(socket) => socket,
-            Self::Client(stream) => stream.sock.get_ref(),
+            Self::Client(records) => records.socket(),
             Self::Server(stream) => stream.sock.get_ref(),
         }
     }
@@ -391,8 +393,12 @@ fn options(socket: &TcpStream, timeout: Duration) -> std::io::Result<()> {
         .map_err(std::io::Error::from)
 }
 
-/// Reads exactly `dst.len()` bytes into `dst` (the kernel's one copy).
+/// Reads exactly `dst.len()` bytes into `dst` (the kernel's one copy; over
+/// TLS each record is then opened where it landed, as dialing end).
 fn receive(socket: &mut Wire, dst: &mut [u8]) -> std::result::Result<(), (usize, std::io::Error)> {
+    if let Wire::Client(records) = socket {
+        return records.receive_exact(dst);
+    }
     let mut got = 0;
     while got < dst.len() {
         match socket.read(&mut dst[got..]) {

@@ -1,7 +1,10 @@
 //! The bulk data channel over TLS: its transfers run on blocking worker
-//! threads (`bulk`), so both ends end up on rustls' blocking streams. The
-//! owner's end is accepted on the async side first, where the request is
-//! read and checked on the store thread, then handed to a worker.
+//! threads (`bulk`). The dialing end (a puller, or a pusher) makes its
+//! handshake there and keeps the session's records itself (`records`): a
+//! pulled range is decrypted in place where it belongs. The answering
+//! end is accepted on the async side first, where the request is read and
+//! checked on the store thread, then handed to a worker on rustls'
+//! blocking stream.
 //!
 //! User-space TLS gives up sendfile's zero-copy send: rustls encrypts from
 //! the region's mapping into its own buffer (one copy, the cipher's). Where
@@ -11,15 +14,14 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 
-use rustls::{ClientConnection, ServerConnection, StreamOwned};
+use rustls::{ServerConnection, StreamOwned};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::TlsAcceptor;
 
+use super::records::{self, HandshakeError, Records};
 use super::{handshake, kernel, proven, TlsMaterial};
 
-/// The puller's or pusher's end.
-pub type ClientStream = StreamOwned<ClientConnection, Socket>;
 /// The owner's (or push receiver's) end.
 pub type ServerStream = StreamOwned<ServerConnection, Socket>;
 
@@ -103,25 +105,16 @@ pub fn tls_error(err: &std::io::Error) -> Option<&rustls::Error> {
     err.get_ref()?.downcast_ref::<rustls::Error>()
 }
 
-/// Client end (blocking, within the socket's timeouts): the handshake with
+/// Dialing end (blocking, within the socket's timeouts): the handshake with
 /// node `to` on a connected socket; only `to`'s certificate is admitted.
-pub fn connect(tls: &TlsMaterial, to: u32, socket: TcpStream) -> Result<ClientStream> {
-    let mut connection = ClientConnection::new(tls.configs().client, tls.server_name(to)?)
-        .map_err(|e| refused(to, e))?;
-    connection.set_buffer_limit(Some(BUFFER));
-    let mut stream = StreamOwned::new(connection, Socket::new(socket));
-    while stream.conn.is_handshaking() {
-        if let Err(err) = stream.conn.complete_io(&mut stream.sock) {
-            return Err(match tls_error(&err) {
-                Some(tls) => refused(to, tls),
-                None => ShoalError::new(
-                    ErrorKind::NodeUnavailable,
-                    format!("node {to} data channel: TLS handshake: {err}"),
-                ),
-            });
-        }
-    }
-    Ok(stream)
+pub fn connect(tls: &TlsMaterial, to: u32, socket: TcpStream) -> Result<Records> {
+    records::connect(tls.configs().client, tls.server_name(to)?, socket).map_err(|err| match err {
+        HandshakeError::Tls(err) => refused(to, err),
+        HandshakeError::Io(err) => ShoalError::new(
+            ErrorKind::NodeUnavailable,
+            format!("node {to} data channel: TLS handshake: {err}"),
+        ),
+    })
 }
 
 /// Owner's end: the handshake of an accepted connection (its session

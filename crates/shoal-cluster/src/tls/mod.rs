@@ -20,6 +20,7 @@ pub mod data;
 pub mod issue;
 pub mod kernel;
 mod material;
+pub mod records;
 pub mod rpc;
 mod verify;
 
