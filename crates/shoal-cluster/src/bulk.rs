@@ -45,7 +45,7 @@ use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::{ObjectId, ID_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::tls::data::{tls_error, ServerStream};
+use crate::tls::data::tls_error;
 use crate::tls::records::Records;
 use crate::tls::TlsMaterial;
 
@@ -156,11 +156,9 @@ pub async fn send_error(writer: &mut (impl AsyncWrite + Unpin), err: &ShoalError
 pub enum Wire {
     /// Cleartext TCP: bytes leave the region by sendfile(2).
     Plain(TcpStream),
-    /// TLS, this node dialing: its records opened here, a pulled range's
-    /// in place.
-    Client(Box<Records>),
-    /// TLS, this node answering.
-    Server(Box<ServerStream>),
+    /// TLS, its records sealed and opened in this process (a received
+    /// range's in place), this node dialing or answering.
+    Tls(Box<Records>),
     /// TLS the kernel encrypts (kTLS), this node answering: a socket
     /// like a plain one, sendfile included.
     Kernel(TcpStream),
@@ -192,15 +190,14 @@ impl Wire {
     pub fn socket(&self) -> &TcpStream {
         match self {
             Self::Plain(socket) | Self::Kernel(socket) => socket,
-            Self::Client(records) => records.socket(),
-            Self::Server(stream) => stream.sock.get_ref(),
+            Self::Tls(records) => records.socket(),
         }
     }
 
     pub fn encryption(&self) -> Encryption {
         match self {
             Self::Plain(_) => Encryption::None,
-            Self::Client(_) | Self::Server(_) => Encryption::UserSpace,
+            Self::Tls(_) => Encryption::UserSpace,
             Self::Kernel(_) => Encryption::Kernel,
         }
     }
@@ -210,8 +207,7 @@ impl Read for Wire {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
             Self::Plain(socket) | Self::Kernel(socket) => socket.read(buf),
-            Self::Client(stream) => stream.read(buf),
-            Self::Server(stream) => stream.read(buf),
+            Self::Tls(records) => records.read(buf),
         }
     }
 }
@@ -220,16 +216,14 @@ impl Write for Wire {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
             Self::Plain(socket) | Self::Kernel(socket) => socket.write(buf),
-            Self::Client(stream) => stream.write(buf),
-            Self::Server(stream) => stream.write(buf),
+            Self::Tls(records) => records.write(buf),
         }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Self::Plain(socket) | Self::Kernel(socket) => socket.flush(),
-            Self::Client(stream) => stream.flush(),
-            Self::Server(stream) => stream.flush(),
+            Self::Tls(records) => records.flush(),
         }
     }
 }
@@ -348,7 +342,7 @@ impl<A: ToSocketAddrs + std::fmt::Display> Far<A> {
         options(&socket, timeout).map_err(|e| self.unavailable("socket options", &e))?;
         let mut socket = match tls {
             None => Wire::Plain(socket),
-            Some(tls) => Wire::Client(Box::new(crate::tls::data::connect(tls, self.node, socket)?)),
+            Some(tls) => Wire::Tls(Box::new(crate::tls::data::connect(tls, self.node, socket)?)),
         };
         socket
             .write_all(&request.encode())
@@ -394,9 +388,9 @@ fn options(socket: &TcpStream, timeout: Duration) -> std::io::Result<()> {
 }
 
 /// Reads exactly `dst.len()` bytes into `dst` (the kernel's one copy; over
-/// TLS each record is then opened where it landed, as dialing end).
+/// TLS each record is then opened where it landed).
 fn receive(socket: &mut Wire, dst: &mut [u8]) -> std::result::Result<(), (usize, std::io::Error)> {
-    if let Wire::Client(records) = socket {
+    if let Wire::Tls(records) = socket {
         return records.receive_exact(dst);
     }
     let mut got = 0;

@@ -1,20 +1,19 @@
 //! The bulk data channel over TLS: its transfers run on blocking worker
-//! threads (`bulk`). The dialing end (a puller, or a pusher) makes its
-//! handshake there and keeps the session's records itself (`records`): a
-//! pulled range is decrypted in place where it belongs. The answering
+//! threads (`bulk`), and both ends keep the session's records themselves
+//! there (`records`): a received range is decrypted in place where it
+//! belongs, a sent one sealed into one reused buffer. The dialing end (a
+//! puller, or a pusher) makes its handshake on its worker. The answering
 //! end is accepted on the async side first, where the request is read and
-//! checked on the store thread, then handed to a worker on rustls'
-//! blocking stream.
+//! checked on the store thread, then its keys go with the socket to a
+//! worker.
 //!
-//! User-space TLS gives up sendfile's zero-copy send: rustls encrypts from
-//! the region's mapping into its own buffer (one copy, the cipher's). Where
-//! the kernel takes TLS sessions (`kernel`), the answering end hands its
-//! session to the socket after the handshake and sends with sendfile.
+//! User-space TLS gives up sendfile's zero-copy send: the sender encrypts
+//! from the region's mapping into its buffer (one copy, the cipher's).
+//! Where the kernel takes TLS sessions (`kernel`), the answering end hands
+//! its session to the socket after the handshake and sends with sendfile.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 
-use rustls::{ServerConnection, StreamOwned};
 use shoal_core::error::{ErrorKind, Result, ShoalError};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::TlsAcceptor;
@@ -22,52 +21,6 @@ use tokio_rustls::TlsAcceptor;
 use super::records::{self, HandshakeError, Records};
 use super::{handshake, kernel, proven, TlsMaterial};
 
-/// The owner's (or push receiver's) end.
-pub type ServerStream = StreamOwned<ServerConnection, Socket>;
-
-/// How many bytes a socket read takes at most, and how many encrypted
-/// bytes rustls holds before it writes them.
-const BUFFER: usize = 1 << 20;
-
-/// A blocking stream's socket, read through a large buffer: rustls asks
-/// the socket for at most 4 KiB at a time, 262,144 system calls per GiB
-/// received; through this one 1,024, for one more copy in cache.
-pub struct Socket(BufReader<TcpStream>);
-
-impl Socket {
-    fn new(socket: TcpStream) -> Self {
-        Self(BufReader::with_capacity(BUFFER, socket))
-    }
-
-    pub fn get_ref(&self) -> &TcpStream {
-        self.0.get_ref()
-    }
-}
-
-impl Read for Socket {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        // rustls' reads are small: taken from the buffer.
-        let available = self.0.fill_buf()?;
-        let n = available.len().min(buf.len());
-        buf[..n].copy_from_slice(&available[..n]);
-        self.0.consume(n);
-        Ok(n)
-    }
-}
-
-impl Write for Socket {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.get_mut().write(buf)
-    }
-
-    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
-        self.0.get_mut().write_vectored(bufs)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.0.get_mut().flush()
-    }
-}
 /// The owner's end while the request is read and checked.
 pub type AcceptedStream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
 
@@ -86,7 +39,8 @@ pub enum Session {
 
 /// A session on a worker thread (blocking).
 pub enum Blocking {
-    User(Box<ServerStream>),
+    /// Its records sealed and opened in this process.
+    User(Box<Records>),
     /// A kTLS socket: written, read and sendfile'd as a plain one.
     Kernel(TcpStream),
 }
@@ -153,14 +107,12 @@ impl Session {
     pub fn into_blocking(self) -> std::io::Result<Blocking> {
         match self {
             Self::User(stream) => {
-                let (socket, mut connection) = stream.into_inner();
+                let (socket, connection) = stream.into_inner();
                 let socket = socket.into_std()?;
                 socket.set_nonblocking(false)?;
-                connection.set_buffer_limit(Some(BUFFER));
-                Ok(Blocking::User(Box::new(StreamOwned::new(
-                    connection,
-                    Socket::new(socket),
-                ))))
+                let records = records::answering(connection, socket)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+                Ok(Blocking::User(Box::new(records)))
             }
             Self::Kernel(stream) => match stream.into_raw() {
                 // The request was read whole, and the puller sends nothing

@@ -203,15 +203,15 @@ fn build(me: u32, trust: &TlsTrust, own: &NodeTls, identity: &PeerIdentity) -> R
         )))
         .with_single_cert(chain.clone(), key.clone_key())
         .map_err(|e| invalid(&own.key, "tls_key", e))?;
-    // The data channel hands its sessions' keys to the kernel (`kernel`).
-    server.enable_secret_extraction = super::kernel::available();
+    // The data channel keeps its sessions' records itself (`records`), or
+    // hands them to the kernel (`kernel`).
+    server.enable_secret_extraction = true;
     let mut client = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(versions)
         .map_err(|e| ShoalError::invalid(e.to_string()))?
         .with_webpki_verifier(server_verifier)
         .with_client_auth_cert(chain, key)
         .map_err(|e| invalid(&own.key, "tls_key", e))?;
-    // The data channel's dialing end keeps its records itself (`records`).
     client.enable_secret_extraction = true;
     Ok(Configs {
         server: Arc::new(server),

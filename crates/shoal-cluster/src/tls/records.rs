@@ -1,16 +1,22 @@
-//! The dialing end of a data-channel connection over TLS, its record layer
-//! in this process: rustls makes the handshake (its unbuffered API) and
-//! hands over the session's traffic keys (its kernel-connection API, made
-//! for kTLS); records are then sealed and opened here (RFC 8446 §5), a
-//! pulled range's records opened in place in the object being written.
+//! A data-channel connection over TLS with its record layer in this
+//! process, on both ends: rustls makes the handshake and hands over the
+//! session's traffic keys; records are then sealed and opened here (RFC
+//! 8446 §5), a received range's records opened in place in the object
+//! being written. The dialing end makes its handshake with rustls'
+//! unbuffered API and keeps its kernel-connection API (made for kTLS) for
+//! session tickets and key updates ([`connect`]); the answering end's
+//! handshake ran on the async side, through tokio-rustls, and its keys are
+//! taken from that session once the request is read ([`answering`]).
 //!
 //! Written by hand because no library opens records into the caller's
 //! buffer: rustls 0.23 copies every received byte three times after the
 //! socket (into its deframer, into its plaintext queue, into the caller's
-//! buffer; in-place reading is a TODO in its unbuffered API). Here, as
-//! with kTLS or in cleartext, the kernel's copy into the destination is
-//! the only one. rustls keeps what is not record protection: the handshake,
-//! the certificates' checks, session tickets and key updates.
+//! buffer; in-place reading is a TODO in its unbuffered API), and its
+//! writer allocates a buffer per record. Here, as with kTLS or in
+//! cleartext, the kernel's copy into the destination is the only one on
+//! receipt, and records are sealed into one reused buffer. rustls keeps
+//! what is not record protection: the handshake, the certificates' checks,
+//! session tickets and key updates.
 
 use std::io::{self, IoSliceMut, Read, Write};
 use std::net::TcpStream;
@@ -21,7 +27,7 @@ use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
 use rustls::kernel::KernelConnection;
 use rustls::pki_types::ServerName;
 use rustls::unbuffered::{ConnectionState, EncodeError, UnbufferedStatus};
-use rustls::{ClientConfig, ConnectionTrafficSecrets, Error as TlsError};
+use rustls::{ClientConfig, ConnectionTrafficSecrets, Error as TlsError, ServerConnection};
 
 /// A record's header: content type, legacy version, body length.
 const HEADER: usize = 5;
@@ -43,15 +49,17 @@ const KEY_UPDATE: u8 = 24;
 const CLOSE_NOTIFY: u8 = 0;
 
 /// One direction's protection: the AEAD key, the static IV and the record
-/// sequence number the nonce is made from.
+/// sequence number the nonce is made from, which stops short of the
+/// suite's confidentiality limit.
 struct Direction {
     key: LessSafeKey,
     iv: [u8; NONCE_LEN],
     seq: u64,
+    limit: u64,
 }
 
 impl Direction {
-    fn new((seq, secrets): (u64, ConnectionTrafficSecrets)) -> Result<Self, TlsError> {
+    fn new((seq, secrets): (u64, ConnectionTrafficSecrets), limit: u64) -> Result<Self, TlsError> {
         let (algorithm, key, iv) = match secrets {
             ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&aead::AES_128_GCM, key, iv),
             ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&aead::AES_256_GCM, key, iv),
@@ -74,11 +82,20 @@ impl Direction {
             key: LessSafeKey::new(key),
             iv,
             seq,
+            limit,
         })
     }
 
     /// The next record's nonce: the IV xor the sequence number (§5.3).
     fn nonce(&mut self) -> Result<Nonce, TlsError> {
+        if self.seq >= self.limit {
+            // rustls would update the keys here; the answering end cannot
+            // (its session is not rustls' any more), and a range this long
+            // (hundreds of GB over AES-GCM) fails instead.
+            return Err(TlsError::General(
+                "the session reached its cipher's record limit".into(),
+            ));
+        }
         let mut nonce = self.iv;
         for (n, s) in nonce[NONCE_LEN - 8..]
             .iter_mut()
@@ -109,12 +126,22 @@ pub enum HandshakeError {
     Io(io::Error),
 }
 
+/// What rustls keeps of a session after the handshake.
+enum Session {
+    /// The dialing end's: it takes the peer's tickets and key updates.
+    Dialing(Box<KernelConnection<ClientConnectionData>>),
+    /// The answering end's keys were taken from a buffered session, which
+    /// keeps nothing: a dialing end sends neither tickets nor key updates
+    /// unasked, and one that does is refused.
+    Answering,
+}
+
 /// An established session on a blocking socket: [`Read`] and [`Write`] for
-/// the small messages, [`Records::receive_exact`] for a range's bytes.
+/// the small messages and a range's bytes sent, [`Records::receive_exact`]
+/// for a range's bytes received.
 pub struct Records {
     socket: TcpStream,
-    /// What rustls keeps after the handshake: tickets and key updates.
-    session: KernelConnection<ClientConnectionData>,
+    session: Session,
     rx: Direction,
     tx: Direction,
     /// The peer asked for our key update: sent before our next record.
@@ -213,21 +240,41 @@ pub fn connect(
     let (secrets, session) = conn
         .dangerous_into_kernel_connection()
         .map_err(HandshakeError::Tls)?;
+    // The dialing end updates its own keys before the limit (it sends little).
+    let limit = u64::MAX;
     incoming.truncate(used); // the server's first records (its tickets), if they came with it
-    Ok(Records {
+    Ok(Records::new(
         socket,
-        session,
-        rx: Direction::new(secrets.rx).map_err(HandshakeError::Tls)?,
-        tx: Direction::new(secrets.tx).map_err(HandshakeError::Tls)?,
-        update_tx: false,
-        ahead: incoming,
-        ahead_at: 0,
-        plain: Vec::new(),
-        plain_at: 0,
-        scratch: vec![0u8; MAX_BODY],
-        out: Vec::new(),
-        peer_closed: false,
-    })
+        Session::Dialing(Box::new(session)),
+        Direction::new(secrets.rx, limit).map_err(HandshakeError::Tls)?,
+        Direction::new(secrets.tx, limit).map_err(HandshakeError::Tls)?,
+        incoming,
+    ))
+}
+
+/// The answering end's session on its socket, taken from rustls once the
+/// handshake and the request are done. The dialing end sends nothing more
+/// until answered: bytes rustls read past the request would be lost, so
+/// any it holds refuse the hand-over.
+pub fn answering(mut conn: ServerConnection, socket: TcpStream) -> Result<Records, TlsError> {
+    if conn.process_new_packets()?.plaintext_bytes_to_read() > 0 {
+        return Err(TlsError::General(
+            "bytes after the request, before the answer".into(),
+        ));
+    }
+    let limit = conn
+        .negotiated_cipher_suite()
+        .and_then(|suite| suite.tls13())
+        .and_then(|suite| suite.common.confidentiality_limit.checked_sub(1))
+        .ok_or(TlsError::HandshakeNotComplete)?;
+    let secrets = conn.dangerous_extract_secrets()?;
+    Ok(Records::new(
+        socket,
+        Session::Answering,
+        Direction::new(secrets.rx, limit)?,
+        Direction::new(secrets.tx, limit)?,
+        Vec::new(),
+    ))
 }
 
 /// Sends the alert rustls queued with a handshake error, so the peer logs
@@ -250,6 +297,37 @@ struct Opened {
 }
 
 impl Records {
+    fn new(
+        socket: TcpStream,
+        session: Session,
+        rx: Direction,
+        tx: Direction,
+        ahead: Vec<u8>,
+    ) -> Self {
+        Self {
+            socket,
+            session,
+            rx,
+            tx,
+            update_tx: false,
+            ahead,
+            ahead_at: 0,
+            plain: Vec::new(),
+            plain_at: 0,
+            scratch: vec![0u8; MAX_BODY],
+            out: Vec::with_capacity(SEND_BATCH + 16 * (HEADER + 1 + TAG)),
+            peer_closed: false,
+        }
+    }
+
+    /// The dialing end's rustls session, which takes post-handshake messages.
+    fn dialing(&mut self, what: &str) -> io::Result<&mut KernelConnection<ClientConnectionData>> {
+        match &mut self.session {
+            Session::Dialing(session) => Ok(session),
+            Session::Answering => Err(unexpected(&format!("{what} from the dialing end"))),
+        }
+    }
+
     /// The TCP socket underneath (for its options).
     pub fn socket(&self) -> &TcpStream {
         &self.socket
@@ -349,15 +427,15 @@ impl Records {
                         .ok_or_else(|| unexpected("a handshake message split across records"))?;
                     match (*typ, body) {
                         (NEW_SESSION_TICKET, _) => self
-                            .session
+                            .dialing("a session ticket")?
                             .handle_new_session_ticket(body)
                             .map_err(failed)?,
                         (KEY_UPDATE, [requested @ (0 | 1)]) => {
-                            self.rx = self
-                                .session
+                            let secrets = self
+                                .dialing("a key update")?
                                 .update_rx_secret()
-                                .and_then(Direction::new)
                                 .map_err(failed)?;
+                            self.rx = Direction::new(secrets, self.rx.limit).map_err(failed)?;
                             self.update_tx |= *requested == 1;
                         }
                         _ => return Err(unexpected(&format!("handshake message {typ}"))),
@@ -449,11 +527,11 @@ impl Records {
     /// keys, then the new ones.
     fn update_tx_keys(&mut self) -> io::Result<()> {
         self.seal(HANDSHAKE, &[KEY_UPDATE, 0, 0, 1, 0])?;
-        self.tx = self
-            .session
+        let secrets = self
+            .dialing("a key update")?
             .update_tx_secret()
-            .and_then(Direction::new)
             .map_err(failed)?;
+        self.tx = Direction::new(secrets, self.tx.limit).map_err(failed)?;
         self.update_tx = false;
         Ok(())
     }
@@ -515,12 +593,13 @@ mod tests {
         let key = PrivateKeyDer::try_from(issued.signing_key.serialize_der()).unwrap();
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let versions = &[&rustls::version::TLS13];
-        let server = ServerConfig::builder_with_provider(provider.clone())
+        let mut server = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(versions)
             .unwrap()
             .with_no_client_auth()
             .with_single_cert(vec![cert.clone()], key)
             .unwrap();
+        server.enable_secret_extraction = true;
         let mut roots = rustls::RootCertStore::empty();
         roots.add(cert).unwrap();
         let mut client = ClientConfig::builder_with_provider(provider)
@@ -541,15 +620,24 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let thread = std::thread::spawn(move || {
-            let (socket, _) = listener.accept().unwrap();
+            let socket = bounded(listener.accept().unwrap().0);
             let conn = ServerConnection::new(server).unwrap();
             let mut stream = StreamOwned::new(conn, socket);
             serve(&mut stream);
         });
-        let socket = TcpStream::connect(addr).unwrap();
+        let socket = bounded(TcpStream::connect(addr).unwrap());
         let name = ServerName::try_from("localhost").unwrap();
         let records = connect(client, name, socket).unwrap();
         (records, thread)
+    }
+
+    /// A socket whose reads fail after 10 s: a test that waits for bytes
+    /// that never come fails instead of hanging.
+    fn bounded(socket: TcpStream) -> TcpStream {
+        socket
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        socket
     }
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -640,7 +728,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let thread = std::thread::spawn(move || {
-            let (socket, _) = listener.accept().unwrap();
+            let socket = bounded(listener.accept().unwrap().0);
             let mut stream = StreamOwned::new(ServerConnection::new(server).unwrap(), socket);
             stream.write_all(&pattern(4 * MAX_PLAINTEXT, 5)).unwrap();
             stream.flush().unwrap();
@@ -673,7 +761,7 @@ mod tests {
                 }
             }
         });
-        let socket = TcpStream::connect(relay_addr).unwrap();
+        let socket = bounded(TcpStream::connect(relay_addr).unwrap());
         let mut records =
             connect(client, ServerName::try_from("localhost").unwrap(), socket).unwrap();
         let mut dst = vec![0u8; 4 * MAX_PLAINTEXT];
@@ -701,6 +789,112 @@ mod tests {
         server.join().unwrap();
     }
 
+    /// Our answering end (its keys taken after a one-byte request, as the
+    /// data channel's) on a thread running `serve`, and a rustls client's
+    /// buffered stream connected to it.
+    fn answering_pair(
+        serve: impl FnOnce(&mut Records) + Send + 'static,
+    ) -> (
+        StreamOwned<rustls::ClientConnection, TcpStream>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (server, client) = configs();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let thread = std::thread::spawn(move || {
+            let socket = bounded(listener.accept().unwrap().0);
+            let mut stream = StreamOwned::new(ServerConnection::new(server).unwrap(), socket);
+            stream.read_exact(&mut [0u8; 1]).unwrap();
+            let mut records = answering(stream.conn, stream.sock).unwrap();
+            serve(&mut records);
+        });
+        let name = ServerName::try_from("localhost").unwrap();
+        let conn = rustls::ClientConnection::new(client, name).unwrap();
+        let mut stream = StreamOwned::new(conn, bounded(TcpStream::connect(addr).unwrap()));
+        stream.write_all(&[1]).unwrap();
+        (stream, thread)
+    }
+
+    #[test]
+    fn the_answering_end_sends_and_receives_ranges() {
+        let len = (2 << 20) + 3;
+        let (mut stream, server) = answering_pair(move |records| {
+            records.write_all(&pattern(len, 8)).unwrap();
+            records.flush().unwrap();
+            let mut dst = vec![0u8; len];
+            records.receive_exact(&mut dst).unwrap();
+            assert!(dst == pattern(len, 9));
+            records.write_all(&[0]).unwrap();
+        });
+        let mut got = vec![0u8; len];
+        stream.read_exact(&mut got).unwrap();
+        assert!(got == pattern(len, 8));
+        stream.write_all(&pattern(len, 9)).unwrap();
+        stream.flush().unwrap();
+        let mut answer = [9u8; 1];
+        stream.read_exact(&mut answer).unwrap();
+        assert_eq!(answer, [0]);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn bytes_sent_past_the_request_refuse_the_hand_over() {
+        let (server, client) = configs();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let thread = std::thread::spawn(move || {
+            let socket = bounded(listener.accept().unwrap().0);
+            let mut stream = StreamOwned::new(ServerConnection::new(server).unwrap(), socket);
+            stream.read_exact(&mut [0u8; 1]).unwrap();
+            while stream
+                .conn
+                .process_new_packets()
+                .unwrap()
+                .plaintext_bytes_to_read()
+                == 0
+            {
+                stream.conn.read_tls(&mut stream.sock).unwrap();
+            }
+            answering(stream.conn, stream.sock)
+                .err()
+                .map(|e| e.to_string())
+        });
+        let name = ServerName::try_from("localhost").unwrap();
+        let conn = rustls::ClientConnection::new(client, name).unwrap();
+        let mut stream = StreamOwned::new(conn, bounded(TcpStream::connect(addr).unwrap()));
+        stream.write_all(&[1]).unwrap();
+        stream.write_all(&[2]).unwrap(); // not waiting for the answer
+        stream.flush().unwrap();
+        let refused = thread.join().unwrap();
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|e| e.contains("bytes after the request")),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn a_key_update_the_answering_end_did_not_ask_for_is_refused() {
+        let (mut stream, server) = answering_pair(|records| {
+            let mut dst = vec![0u8; 2000];
+            records.write_all(&[0]).unwrap(); // go on: as a push's receiver says
+            let (got, err) = records.receive_exact(&mut dst).unwrap_err();
+            assert_eq!(got, 1000);
+            assert!(
+                err.to_string()
+                    .contains("a key update from the dialing end"),
+                "{err}"
+            );
+        });
+        stream.read_exact(&mut [0u8; 1]).unwrap();
+        stream.write_all(&pattern(1000, 10)).unwrap();
+        stream.conn.refresh_traffic_keys().unwrap();
+        stream.write_all(&pattern(1000, 11)).unwrap();
+        stream.flush().unwrap();
+        server.join().unwrap();
+    }
+
     #[test]
     fn a_server_it_does_not_trust_is_refused() {
         let (server, _) = configs();
@@ -708,12 +902,12 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let thread = std::thread::spawn(move || {
-            let (socket, _) = listener.accept().unwrap();
+            let socket = bounded(listener.accept().unwrap().0);
             let mut stream = StreamOwned::new(ServerConnection::new(server).unwrap(), socket);
             // The client's alert says why.
             stream.read(&mut [0u8; 1]).unwrap_err().to_string()
         });
-        let socket = TcpStream::connect(addr).unwrap();
+        let socket = bounded(TcpStream::connect(addr).unwrap());
         let Err(HandshakeError::Tls(err)) =
             connect(client, ServerName::try_from("localhost").unwrap(), socket)
         else {

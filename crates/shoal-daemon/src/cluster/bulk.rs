@@ -65,7 +65,7 @@ impl Accepted {
         match self {
             Self::Plain(stream) => Ok(Wire::Plain(stream.into_std()?)),
             Self::Tls(session, _) => Ok(match session.into_blocking()? {
-                Blocking::User(stream) => Wire::Server(stream),
+                Blocking::User(records) => Wire::Tls(records),
                 Blocking::Kernel(socket) => Wire::Kernel(socket),
             }),
         }
