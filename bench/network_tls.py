@@ -7,8 +7,7 @@ both peer channels, as between hosts), one in cleartext; node 1 is network-only,
 get on node 0 pulls over node 1's data channel. In alternating order (ABBA) per round:
   pull   a 1 GiB object's first get on node 0 (the pull), beside the raw-socket limit:
          the raw loopback pair of network.py (sendfile → recv_into, 1 and 4 streams),
-         the same pair over TLS 1.3 with AES-128-GCM (OpenSSL, through Python's ssl),
-         and the machine's AES-128-GCM rate on one core (`openssl speed`);
+         and the same pair over TLS 1.3 with AES-128-GCM (OpenSSL, through Python's ssl);
   rpc    single-id gets (timeout 0) of absent ids: homed on node 1 they cost one peer
          RPC round trip (Lookup), homed on node 0 none; the round trip is the difference
          of the medians;
@@ -24,7 +23,6 @@ import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,21 +67,6 @@ def pull(cluster, stamp, size=PULL, cpu=None):
     return got["pull_s"]
 
 
-def aes_rate():
-    """One core's AES-128-GCM rate on 16 KiB blocks (a TLS record's size), bytes/s, by
-    `openssl speed`; None where the tool is missing."""
-    if shutil.which("openssl") is None:
-        return None
-    out = subprocess.run(
-        ["openssl", "speed", "-seconds", "2", "-bytes", "16384", "-evp", "aes-128-gcm"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    line = [ln for ln in out.splitlines() if ln.upper().startswith("AES-128-GCM")][-1]
-    return float(line.split()[-1].rstrip("k")) * 1000
-
-
 def rpc_round(cluster, shoal):
     """Median get of absent ids homed remotely and locally (seconds)."""
     remote = cluster.reader.call(op="probe", ids=probe_ids(PROBES, 1, shoal))["times"]
@@ -114,7 +97,6 @@ def report(run):
     raw1, raw4 = min(r["raw_1"]), min(r["raw_4"])  # seconds: the best
     rawtls1, rawtls4 = min(r["rawtls_1"]), min(r["rawtls_4"])  # seconds: the best
     cpu_clear, cpu_tls = med["cpu_clear"], med["cpu_tls"]
-    aes = run.get("aes_bytes_per_s")
     rpc_clear = med["rpc_remote_clear"] - med["rpc_local_clear"]
     rpc_tls = med["rpc_remote_tls"] - med["rpc_local_tls"]
     first_ratio = med["first_tls"] / med["first_clear"]
@@ -151,16 +133,10 @@ def report(run):
         f"{min(rawtls1, rawtls4) / tls_pull:.2f}× the better of the two.",
         "",
         f"CPU per pull (both daemons and the reader, median): cleartext {cpu_clear:.2f} s, "
-        f"TLS {cpu_tls:.2f} s, on {run['machine'].get('nproc')} cores that both ends share"
-        + (
-            f"; TLS adds {cpu_tls - cpu_clear:.2f} s. One core seals or opens AES-128-GCM at "
-            f"{aes / GiB:.2f} GiB/s (`openssl speed`, 16 KiB blocks): encrypting and decrypting "
-            f"1 GiB at that rate is {2 * GiB / aes:.2f} s of CPU: the two ends' cipher is what "
-            "TLS costs, and on cores the ends share it comes out of the transfer's"
-            if aes
-            else "; `openssl speed` is missing here"
-        )
-        + ".",
+        f"TLS {cpu_tls:.2f} s: TLS adds {cpu_tls - cpu_clear:.2f} s per GiB (the two ends' "
+        "AES-GCM, the sender's copy into its records and its write where cleartext sends the "
+        f"pages with sendfile), and on the {run['machine'].get('nproc')} cores both ends "
+        "share here it comes out of the transfer's time.",
         "",
         f"RPC: single-id gets (timeout 0) of absent ids, {PROBES} per kind per round: homed "
         "on node 1 (one Lookup round trip) minus homed on node 0 (none); medians of the "
@@ -213,8 +189,6 @@ def main(args):
             tls_dir = os.path.join(tmp, "raw-tls")
             shoal_command("cluster", "ca", "--out", tls_dir).check_returncode()
             raw_tls = RawPair(os.path.basename(tmp) + "-tls", errlog, size=PULL, tls_dir=tls_dir)
-            log("AES-128-GCM on one core (openssl speed) ...")
-            run["aes_bytes_per_s"] = aes_rate()
             for tls in (False, True):
                 name = "tls" if tls else "clear"
                 log(f"shoal: 2-node cluster, {name} ...")

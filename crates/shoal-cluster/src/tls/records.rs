@@ -315,7 +315,7 @@ impl Records {
             plain: Vec::new(),
             plain_at: 0,
             scratch: vec![0u8; MAX_BODY],
-            out: Vec::with_capacity(SEND_BATCH + 16 * (HEADER + 1 + TAG)),
+            out: Vec::new(),
             peer_closed: false,
         }
     }
@@ -565,6 +565,9 @@ impl Write for Records {
             self.update_tx_keys()?;
         }
         let n = buf.len().min(SEND_BATCH);
+        // Once per connection for a range: the buffer is kept.
+        self.out
+            .reserve(n + n.div_ceil(MAX_PLAINTEXT) * (HEADER + 1 + TAG) + HEADER + 6 + TAG);
         for chunk in buf[..n].chunks(MAX_PLAINTEXT) {
             self.seal(APPLICATION_DATA, chunk)?;
         }
