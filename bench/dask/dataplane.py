@@ -41,9 +41,10 @@ they are written). Measured:
              than stock under pressure, 0 pauses or restarts, identical checksums, no more
              bytes written than stock.
 
-The store is a build of this worktree's extension: `--profile checks` unless the project
-was built with scripts/setup.sh; the report says which. The machine is shared: compare
-ratios of one run, never numbers of different runs.
+The store is a build of this worktree's extension, the release one scripts/setup.sh makes
+(the test command's opt-level-1 build is refused: SHOAL_BENCH_ANY_BUILD=1 overrides); the
+report says which. The machine is shared: compare ratios of one run, never numbers of
+different runs.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ from distributed import Client, LocalCluster
 
 import shoal
 import shoal.dask
-from shoal.testing import Daemon
+from shoal.testing import Daemon, require_optimized_build
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -594,6 +595,13 @@ def report(results: dict[str, Any], args: argparse.Namespace, out: Path) -> str:
                     f"| {o['seconds'] / s['seconds']:.2f} | {mark(o['own'] <= 1.05 * size)} |"
                 )
         lines.append("")
+    if "pressure" not in results:
+        lines += [
+            "## groupby-aggregate and set_index under memory pressure",
+            "",
+            "Measured in a run of its own (`--phases pressure`): `dask-pressure.md`.",
+            "",
+        ]
     if "pressure" in results:
         p = results["pressure"]
         lines += [
@@ -713,6 +721,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=64)
     ap.add_argument("--no-burst", action="store_true", help="no burst buffer below the pressure run's store")
     args = ap.parse_args()
+    require_optimized_build()
     out = Path(args.out)
     results: dict[str, Any] = {
         "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
