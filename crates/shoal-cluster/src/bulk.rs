@@ -473,8 +473,13 @@ pub unsafe fn push_range(
 pub fn receive_range(socket: &mut Wire, dst: &mut [u8], timeout: Duration) -> Result<()> {
     options(socket.socket(), timeout)?;
     socket.write_all(&[0]).and_then(|()| socket.flush())?;
-    receive(socket, dst).map_err(|(got, e)| {
-        ShoalError::io(&format!("receive a push ({got} of {} bytes)", dst.len()), e)
+    receive(socket, dst).map_err(|(got, e)| match tls_error(&e) {
+        // Bytes changed in flight, or not a record of this session.
+        Some(tls) => ShoalError::new(
+            ErrorKind::PermissionDenied,
+            format!("a push's data channel: TLS refused after {got} bytes: {tls}"),
+        ),
+        None => ShoalError::io(&format!("receive a push ({got} of {} bytes)", dst.len()), e),
     })
 }
 

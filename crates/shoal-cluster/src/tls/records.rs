@@ -138,7 +138,8 @@ enum Session {
 
 /// An established session on a blocking socket: [`Read`] and [`Write`] for
 /// the small messages and a range's bytes sent, [`Records::receive_exact`]
-/// for a range's bytes received.
+/// for a range's bytes received. After any error (a timeout included) the
+/// session is dropped: its sequence numbers may have moved on.
 pub struct Records {
     socket: TcpStream,
     session: Session,
@@ -237,11 +238,13 @@ pub fn connect(
         }
     }
     tracing::debug!(kind = ?conn.handshake_kind(), "data channel handshake");
+    // A pusher sends whole ranges: it stops at the suite's record limit (its
+    // peer, the answering end, takes no key update).
+    let limit =
+        confidentiality_limit(conn.negotiated_cipher_suite()).map_err(HandshakeError::Tls)?;
     let (secrets, session) = conn
         .dangerous_into_kernel_connection()
         .map_err(HandshakeError::Tls)?;
-    // The dialing end updates its own keys before the limit (it sends little).
-    let limit = u64::MAX;
     incoming.truncate(used); // the server's first records (its tickets), if they came with it
     Ok(Records::new(
         socket,
@@ -257,16 +260,13 @@ pub fn connect(
 /// until answered: bytes rustls read past the request would be lost, so
 /// any it holds refuse the hand-over.
 pub fn answering(mut conn: ServerConnection, socket: TcpStream) -> Result<Records, TlsError> {
-    if conn.process_new_packets()?.plaintext_bytes_to_read() > 0 {
+    let state = conn.process_new_packets()?;
+    if state.plaintext_bytes_to_read() > 0 || state.peer_has_closed() {
         return Err(TlsError::General(
             "bytes after the request, before the answer".into(),
         ));
     }
-    let limit = conn
-        .negotiated_cipher_suite()
-        .and_then(|suite| suite.tls13())
-        .and_then(|suite| suite.common.confidentiality_limit.checked_sub(1))
-        .ok_or(TlsError::HandshakeNotComplete)?;
+    let limit = confidentiality_limit(conn.negotiated_cipher_suite())?;
     let secrets = conn.dangerous_extract_secrets()?;
     Ok(Records::new(
         socket,
@@ -275,6 +275,15 @@ pub fn answering(mut conn: ServerConnection, socket: TcpStream) -> Result<Record
         Direction::new(secrets.tx, limit)?,
         Vec::new(),
     ))
+}
+
+/// The last record sequence number a session's suite allows before its
+/// keys must change.
+fn confidentiality_limit(suite: Option<rustls::SupportedCipherSuite>) -> Result<u64, TlsError> {
+    suite
+        .and_then(|suite| suite.tls13())
+        .and_then(|suite| suite.common.confidentiality_limit.checked_sub(1))
+        .ok_or(TlsError::HandshakeNotComplete)
 }
 
 /// Sends the alert rustls queued with a handshake error, so the peer logs
@@ -404,6 +413,9 @@ impl Records {
                 .iter()
                 .rposition(|&b| b != 0)
                 .ok_or_else(|| unexpected("no content type"))?;
+            if end > MAX_PLAINTEXT {
+                return Err(failed(TlsError::PeerSentOversizedRecord));
+            }
             Ok(Opened {
                 kind: plain[end],
                 len: end,
@@ -418,6 +430,7 @@ impl Records {
     /// updates go to rustls, its close ends reading, its alerts fail.
     fn control(&mut self, kind: u8, mut content: &[u8]) -> io::Result<()> {
         match kind {
+            HANDSHAKE if content.is_empty() => Err(unexpected("an empty handshake record")),
             HANDSHAKE => {
                 while let [typ, a, b, c, rest @ ..] = content {
                     let len = u32::from_be_bytes([0, *a, *b, *c]) as usize;
@@ -437,6 +450,10 @@ impl Records {
                                 .map_err(failed)?;
                             self.rx = Direction::new(secrets, self.rx.limit).map_err(failed)?;
                             self.update_tx |= *requested == 1;
+                            // What follows was sealed under the old keys (§5.1).
+                            if !rest.is_empty() {
+                                return Err(unexpected("a key update not at its record's end"));
+                            }
                         }
                         _ => return Err(unexpected(&format!("handshake message {typ}"))),
                     }
