@@ -47,6 +47,10 @@ const APPLICATION_DATA: u8 = 23;
 const NEW_SESSION_TICKET: u8 = 4;
 const KEY_UPDATE: u8 = 24;
 const CLOSE_NOTIFY: u8 = 0;
+const UNEXPECTED_MESSAGE: u8 = 10;
+const BAD_RECORD_MAC: u8 = 20;
+const RECORD_OVERFLOW: u8 = 22;
+const FATAL: u8 = 2;
 
 /// One direction's protection: the AEAD key, the static IV and the record
 /// sequence number the nonce is made from, which stops short of the
@@ -477,6 +481,23 @@ impl Records {
         }
     }
 
+    /// Tells the peer why its records are refused, as rustls would (best
+    /// effort: the session ends either way), and gives back the error.
+    fn refuse(&mut self, err: io::Error) -> io::Error {
+        let description = match err.get_ref().and_then(|e| e.downcast_ref::<TlsError>()) {
+            Some(TlsError::DecryptError) => BAD_RECORD_MAC,
+            Some(TlsError::PeerSentOversizedRecord) => RECORD_OVERFLOW,
+            // An I/O failure, or the peer's own alert: nothing to say.
+            None | Some(TlsError::AlertReceived(_)) => return err,
+            Some(_) => UNEXPECTED_MESSAGE,
+        };
+        self.out.clear();
+        if self.seal(ALERT, &[FATAL, description]).is_ok() {
+            let _ = self.socket.write_all(&self.out);
+        }
+        err
+    }
+
     /// Receives exactly `dst.len()` bytes of application data into `dst`,
     /// each record opened where its bytes belong (only those too close to
     /// the end for their tag go through the scratch buffer). On failure,
@@ -487,7 +508,9 @@ impl Records {
             if self.peer_closed {
                 return Err((got, io::ErrorKind::UnexpectedEof.into()));
             }
-            let opened = self.open_next(&mut dst[got..]).map_err(|e| (got, e))?;
+            let opened = self
+                .open_next(&mut dst[got..])
+                .map_err(|e| (got, self.refuse(e)))?;
             let content = if opened.in_scratch {
                 &self.scratch[..opened.len]
             } else {
@@ -495,7 +518,8 @@ impl Records {
             };
             if opened.kind != APPLICATION_DATA {
                 let content = content.to_vec(); // a few bytes; `dst` is overwritten next
-                self.control(opened.kind, &content).map_err(|e| (got, e))?;
+                self.control(opened.kind, &content)
+                    .map_err(|e| (got, self.refuse(e)))?;
                 continue;
             }
             if opened.in_scratch {
@@ -561,7 +585,7 @@ impl Read for Records {
             if n > 0 || buf.is_empty() || self.peer_closed {
                 return Ok(n);
             }
-            let opened = self.open_next(&mut [])?;
+            let opened = self.open_next(&mut []).map_err(|e| self.refuse(e))?;
             let content = &self.scratch[..opened.len];
             if opened.kind == APPLICATION_DATA {
                 self.plain.clear();
@@ -569,7 +593,8 @@ impl Read for Records {
                 self.plain_at = 0;
             } else {
                 let content = content.to_vec();
-                self.control(opened.kind, &content)?;
+                self.control(opened.kind, &content)
+                    .map_err(|e| self.refuse(e))?;
             }
         }
     }
@@ -752,7 +777,8 @@ mod tests {
             let mut stream = StreamOwned::new(ServerConnection::new(server).unwrap(), socket);
             stream.write_all(&pattern(4 * MAX_PLAINTEXT, 5)).unwrap();
             stream.flush().unwrap();
-            let _ = stream.read(&mut [0u8; 1]);
+            // Our end's alert says why.
+            stream.read(&mut [0u8; 1]).unwrap_err().to_string()
         });
         let relay = TcpListener::bind("127.0.0.1:0").unwrap();
         let relay_addr = relay.local_addr().unwrap();
@@ -789,7 +815,11 @@ mod tests {
         let tls = err.get_ref().and_then(|e| e.downcast_ref::<TlsError>());
         assert_eq!(tls, Some(&TlsError::DecryptError), "{err}");
         drop(records);
-        thread.join().unwrap();
+        let seen = thread.join().unwrap();
+        assert!(
+            seen.contains("received fatal alert: BadRecordMac"),
+            "{seen}"
+        );
         relay_thread.join().unwrap();
     }
 
