@@ -381,8 +381,9 @@ def owner_main(path, tls_dir=None):
                 end = at + n
                 if source is not None:
                     stream.sendall(memoryview(source)[at:end])
-                while source is None and at < end:
-                    at += os.sendfile(conn.fileno(), fd, at, end - at)
+                else:
+                    while at < end:
+                        at += os.sendfile(conn.fileno(), fd, at, end - at)
                 stream.recv(1)
             except OSError:
                 traceback.print_exc()  # the puller fails on its side and tells

@@ -18,6 +18,7 @@ use shoal_core::error::{ErrorKind, Result, ShoalError};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::TlsAcceptor;
 
+pub use super::records::tls_error;
 use super::records::{self, HandshakeError, Records};
 use super::{handshake, kernel, proven, TlsMaterial};
 
@@ -31,7 +32,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Io for T {}
 
 /// An answering end's session, before the transfer's worker thread.
 pub enum Session {
-    /// rustls encrypts.
+    /// rustls while the request is read; then `records` (`into_blocking`).
     User(Box<AcceptedStream>),
     /// The kernel encrypts (kTLS).
     Kernel(Box<ktls::KtlsStream<tokio::net::TcpStream>>),
@@ -52,11 +53,6 @@ pub fn refused(node: u32, err: impl std::fmt::Display) -> ShoalError {
         ErrorKind::PermissionDenied,
         format!("node {node} data channel: TLS refused: {err}"),
     )
-}
-
-/// The rustls error inside an I/O error, if that is what it is.
-pub fn tls_error(err: &std::io::Error) -> Option<&rustls::Error> {
-    err.get_ref()?.downcast_ref::<rustls::Error>()
 }
 
 /// Dialing end (blocking, within the socket's timeouts): the handshake with

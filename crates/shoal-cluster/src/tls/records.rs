@@ -93,9 +93,9 @@ impl Direction {
     /// The next record's nonce: the IV xor the sequence number (§5.3).
     fn nonce(&mut self) -> Result<Nonce, TlsError> {
         if self.seq >= self.limit {
-            // rustls would update the keys here; the answering end cannot
-            // (its session is not rustls' any more), and a range this long
-            // (hundreds of GB over AES-GCM) fails instead.
+            // rustls would update the keys here; an answering end takes no
+            // key update (its session is not rustls' any more), so a range
+            // this long (hundreds of GB over AES-GCM) fails instead.
             return Err(TlsError::General(
                 "the session reached its cipher's record limit".into(),
             ));
@@ -118,6 +118,11 @@ fn failed(err: TlsError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, err)
 }
 
+/// The rustls error inside an I/O error, if that is what it is.
+pub fn tls_error(err: &io::Error) -> Option<&TlsError> {
+    err.get_ref()?.downcast_ref::<TlsError>()
+}
+
 fn unexpected(what: &str) -> io::Error {
     failed(TlsError::General(format!("unexpected TLS record: {what}")))
 }
@@ -128,6 +133,36 @@ fn unexpected(what: &str) -> io::Error {
 pub enum HandshakeError {
     Tls(TlsError),
     Io(io::Error),
+}
+
+/// Bytes waiting to be taken, from `at`.
+#[derive(Default)]
+struct Pending {
+    bytes: Vec<u8>,
+    at: usize,
+}
+
+impl Pending {
+    /// Copies what it can into `buf`; how many bytes.
+    fn take(&mut self, buf: &mut [u8]) -> usize {
+        let waiting = &self.bytes[self.at..];
+        let n = waiting.len().min(buf.len());
+        buf[..n].copy_from_slice(&waiting[..n]);
+        self.at += n;
+        if self.at == self.bytes.len() {
+            self.bytes.clear();
+            self.at = 0;
+        }
+        n
+    }
+
+    /// `bytes` wait now: its callers took all that waited first.
+    fn set(&mut self, bytes: &[u8]) {
+        debug_assert!(self.bytes.is_empty());
+        self.bytes.clear();
+        self.bytes.extend_from_slice(bytes);
+        self.at = 0;
+    }
 }
 
 /// What rustls keeps of a session after the handshake.
@@ -151,12 +186,10 @@ pub struct Records {
     tx: Direction,
     /// The peer asked for our key update: sent before our next record.
     update_tx: bool,
-    /// Bytes received ahead of the record being read, from `ahead_at`.
-    ahead: Vec<u8>,
-    ahead_at: usize,
-    /// Plaintext opened but not yet read, from `plain_at`.
-    plain: Vec<u8>,
-    plain_at: usize,
+    /// Bytes received ahead of the record being read.
+    ahead: Pending,
+    /// Plaintext opened but not yet read.
+    plain: Pending,
     /// Where records that do not fit their destination are opened.
     scratch: Vec<u8>,
     /// Where records are sealed before they are sent.
@@ -323,10 +356,11 @@ impl Records {
             rx,
             tx,
             update_tx: false,
-            ahead,
-            ahead_at: 0,
-            plain: Vec::new(),
-            plain_at: 0,
+            ahead: Pending {
+                bytes: ahead,
+                at: 0,
+            },
+            plain: Pending::default(),
             scratch: vec![0u8; MAX_BODY],
             out: Vec::new(),
             peer_closed: false,
@@ -348,26 +382,14 @@ impl Records {
 
     /// Fills `buf` from the bytes read ahead, then the socket.
     fn fill(&mut self, buf: &mut [u8]) -> io::Result<()> {
-        let got = self.take_ahead(buf);
+        let got = self.ahead.take(buf);
         self.socket.read_exact(&mut buf[got..])
-    }
-
-    fn take_ahead(&mut self, buf: &mut [u8]) -> usize {
-        let ahead = &self.ahead[self.ahead_at..];
-        let n = ahead.len().min(buf.len());
-        buf[..n].copy_from_slice(&ahead[..n]);
-        self.ahead_at += n;
-        if self.ahead_at == self.ahead.len() {
-            self.ahead.clear();
-            self.ahead_at = 0;
-        }
-        n
     }
 
     /// [`Self::fill`], reading the next record's header with the last of
     /// `body` where it has come: one system call per record, not two.
     fn fill_body(&mut self, body: &mut [u8]) -> io::Result<()> {
-        let mut got = self.take_ahead(body);
+        let mut got = self.ahead.take(body);
         let mut next = [0u8; HEADER];
         while got < body.len() {
             let mut parts = [
@@ -379,7 +401,7 @@ impl Records {
                 Ok(n) => {
                     let over = (got + n).saturating_sub(body.len());
                     got += n - over;
-                    self.ahead.extend_from_slice(&next[..over]);
+                    self.ahead.set(&next[..over]);
                 }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
                 Err(err) => return Err(err),
@@ -484,7 +506,7 @@ impl Records {
     /// Tells the peer why its records are refused, as rustls would (best
     /// effort: the session ends either way), and gives back the error.
     fn refuse(&mut self, err: io::Error) -> io::Error {
-        let description = match err.get_ref().and_then(|e| e.downcast_ref::<TlsError>()) {
+        let description = match tls_error(&err) {
             Some(TlsError::DecryptError) => BAD_RECORD_MAC,
             Some(TlsError::PeerSentOversizedRecord) => RECORD_OVERFLOW,
             // An I/O failure, or the peer's own alert: nothing to say.
@@ -503,7 +525,7 @@ impl Records {
     /// the end for their tag go through the scratch buffer). On failure,
     /// how many bytes arrived.
     pub fn receive_exact(&mut self, dst: &mut [u8]) -> Result<(), (usize, io::Error)> {
-        let mut got = self.take_plain(dst);
+        let mut got = self.plain.take(dst);
         while got < dst.len() {
             if self.peer_closed {
                 return Err((got, io::ErrorKind::UnexpectedEof.into()));
@@ -526,23 +548,13 @@ impl Records {
                 // The range's last bytes; anything after them is for a later read.
                 let n = opened.len.min(dst.len() - got);
                 dst[got..got + n].copy_from_slice(&self.scratch[..n]);
-                self.plain.clear();
-                self.plain.extend_from_slice(&self.scratch[n..opened.len]);
-                self.plain_at = 0;
+                self.plain.set(&self.scratch[n..opened.len]);
                 got += n;
             } else {
                 got += opened.len;
             }
         }
         Ok(())
-    }
-
-    fn take_plain(&mut self, buf: &mut [u8]) -> usize {
-        let plain = &self.plain[self.plain_at..];
-        let n = plain.len().min(buf.len());
-        buf[..n].copy_from_slice(&plain[..n]);
-        self.plain_at += n;
-        n
     }
 
     /// Seals `content` as one record of `kind` onto `self.out`.
@@ -581,16 +593,14 @@ impl Records {
 impl Read for Records {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
-            let n = self.take_plain(buf);
+            let n = self.plain.take(buf);
             if n > 0 || buf.is_empty() || self.peer_closed {
                 return Ok(n);
             }
             let opened = self.open_next(&mut []).map_err(|e| self.refuse(e))?;
             let content = &self.scratch[..opened.len];
             if opened.kind == APPLICATION_DATA {
-                self.plain.clear();
-                self.plain.extend_from_slice(content);
-                self.plain_at = 0;
+                self.plain.set(content);
             } else {
                 let content = content.to_vec();
                 self.control(opened.kind, &content)
@@ -624,7 +634,7 @@ impl Write for Records {
 
 #[cfg(test)]
 mod tests {
-    use std::net::TcpListener;
+    use std::net::{SocketAddr, TcpListener};
 
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     use rustls::{ServerConfig, ServerConnection, StreamOwned};
@@ -656,24 +666,48 @@ mod tests {
         (Arc::new(server), Arc::new(client))
     }
 
-    /// A rustls server (its own buffered stream) on a thread running
-    /// `serve`, and our end connected to it.
-    fn pair(
-        serve: impl FnOnce(&mut StreamOwned<ServerConnection, TcpStream>) + Send + 'static,
-    ) -> (Records, std::thread::JoinHandle<()>) {
-        let (server, client) = configs();
+    /// One connection accepted on a thread, a rustls server's buffered
+    /// stream on it handed to `serve`.
+    fn rustls_server<T: Send + 'static>(
+        config: Arc<ServerConfig>,
+        serve: impl FnOnce(StreamOwned<ServerConnection, TcpStream>) -> T + Send + 'static,
+    ) -> (SocketAddr, std::thread::JoinHandle<T>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let thread = std::thread::spawn(move || {
             let socket = bounded(listener.accept().unwrap().0);
-            let conn = ServerConnection::new(server).unwrap();
-            let mut stream = StreamOwned::new(conn, socket);
-            serve(&mut stream);
+            serve(StreamOwned::new(
+                ServerConnection::new(config).unwrap(),
+                socket,
+            ))
         });
-        let socket = bounded(TcpStream::connect(addr).unwrap());
+        (addr, thread)
+    }
+
+    /// A rustls client's buffered stream to `addr` (as `localhost`).
+    fn rustls_client(
+        config: Arc<ClientConfig>,
+        addr: SocketAddr,
+    ) -> StreamOwned<rustls::ClientConnection, TcpStream> {
         let name = ServerName::try_from("localhost").unwrap();
-        let records = connect(client, name, socket).unwrap();
-        (records, thread)
+        let conn = rustls::ClientConnection::new(config, name).unwrap();
+        StreamOwned::new(conn, bounded(TcpStream::connect(addr).unwrap()))
+    }
+
+    /// Our dialing end's handshake with `addr` (as `localhost`).
+    fn dial(config: Arc<ClientConfig>, addr: SocketAddr) -> Result<Records, HandshakeError> {
+        let socket = bounded(TcpStream::connect(addr).unwrap());
+        connect(config, ServerName::try_from("localhost").unwrap(), socket)
+    }
+
+    /// A rustls server on a thread running `serve`, and our end connected
+    /// to it.
+    fn pair(
+        serve: impl FnOnce(&mut StreamOwned<ServerConnection, TcpStream>) + Send + 'static,
+    ) -> (Records, std::thread::JoinHandle<()>) {
+        let (server, client) = configs();
+        let (addr, thread) = rustls_server(server, move |mut stream| serve(&mut stream));
+        (dial(client, addr).unwrap(), thread)
     }
 
     /// A socket whose reads fail after 10 s: a test that waits for bytes
@@ -770,11 +804,7 @@ mod tests {
     fn a_changed_byte_fails_the_range() {
         // A relay between the two flips one byte of the second record.
         let (server, client) = configs();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let thread = std::thread::spawn(move || {
-            let socket = bounded(listener.accept().unwrap().0);
-            let mut stream = StreamOwned::new(ServerConnection::new(server).unwrap(), socket);
+        let (addr, thread) = rustls_server(server, |mut stream| {
             stream.write_all(&pattern(4 * MAX_PLAINTEXT, 5)).unwrap();
             stream.flush().unwrap();
             // Our end's alert says why.
@@ -807,13 +837,10 @@ mod tests {
                 }
             }
         });
-        let socket = bounded(TcpStream::connect(relay_addr).unwrap());
-        let mut records =
-            connect(client, ServerName::try_from("localhost").unwrap(), socket).unwrap();
+        let mut records = dial(client, relay_addr).unwrap();
         let mut dst = vec![0u8; 4 * MAX_PLAINTEXT];
         let (_, err) = records.receive_exact(&mut dst).unwrap_err();
-        let tls = err.get_ref().and_then(|e| e.downcast_ref::<TlsError>());
-        assert_eq!(tls, Some(&TlsError::DecryptError), "{err}");
+        assert_eq!(tls_error(&err), Some(&TlsError::DecryptError), "{err}");
         drop(records);
         let seen = thread.join().unwrap();
         assert!(
@@ -849,18 +876,12 @@ mod tests {
         std::thread::JoinHandle<()>,
     ) {
         let (server, client) = configs();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let thread = std::thread::spawn(move || {
-            let socket = bounded(listener.accept().unwrap().0);
-            let mut stream = StreamOwned::new(ServerConnection::new(server).unwrap(), socket);
+        let (addr, thread) = rustls_server(server, |mut stream| {
             stream.read_exact(&mut [0u8; 1]).unwrap();
             let mut records = answering(stream.conn, stream.sock).unwrap();
             serve(&mut records);
         });
-        let name = ServerName::try_from("localhost").unwrap();
-        let conn = rustls::ClientConnection::new(client, name).unwrap();
-        let mut stream = StreamOwned::new(conn, bounded(TcpStream::connect(addr).unwrap()));
+        let mut stream = rustls_client(client, addr);
         stream.write_all(&[1]).unwrap();
         (stream, thread)
     }
@@ -890,11 +911,7 @@ mod tests {
     #[test]
     fn bytes_sent_past_the_request_refuse_the_hand_over() {
         let (server, client) = configs();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let thread = std::thread::spawn(move || {
-            let socket = bounded(listener.accept().unwrap().0);
-            let mut stream = StreamOwned::new(ServerConnection::new(server).unwrap(), socket);
+        let (addr, thread) = rustls_server(server, |mut stream| {
             stream.read_exact(&mut [0u8; 1]).unwrap();
             while stream
                 .conn
@@ -909,9 +926,7 @@ mod tests {
                 .err()
                 .map(|e| e.to_string())
         });
-        let name = ServerName::try_from("localhost").unwrap();
-        let conn = rustls::ClientConnection::new(client, name).unwrap();
-        let mut stream = StreamOwned::new(conn, bounded(TcpStream::connect(addr).unwrap()));
+        let mut stream = rustls_client(client, addr);
         stream.write_all(&[1]).unwrap();
         stream.write_all(&[2]).unwrap(); // not waiting for the answer
         stream.flush().unwrap();
@@ -949,18 +964,11 @@ mod tests {
     fn a_server_it_does_not_trust_is_refused() {
         let (server, _) = configs();
         let (_, client) = configs(); // trusts another certificate
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let thread = std::thread::spawn(move || {
-            let socket = bounded(listener.accept().unwrap().0);
-            let mut stream = StreamOwned::new(ServerConnection::new(server).unwrap(), socket);
+        let (addr, thread) = rustls_server(server, |mut stream| {
             // The client's alert says why.
             stream.read(&mut [0u8; 1]).unwrap_err().to_string()
         });
-        let socket = bounded(TcpStream::connect(addr).unwrap());
-        let Err(HandshakeError::Tls(err)) =
-            connect(client, ServerName::try_from("localhost").unwrap(), socket)
-        else {
+        let Err(HandshakeError::Tls(err)) = dial(client, addr) else {
             panic!("admitted");
         };
         assert!(matches!(err, TlsError::InvalidCertificate(_)), "{err}");
