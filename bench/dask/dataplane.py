@@ -226,14 +226,20 @@ def cluster(
     workdir: Path,
     store_capacity: str | None = None,
     burst: bool = False,
+    drain_after_ms: int = 0,
     **options: Any,
 ) -> Iterator[tuple[Client, Daemon | None]]:
     """A LocalCluster of `workers` processes: stock Dask, or shoal's on a fresh store (with
-    `burst`, a burst buffer below it in the run's directory, beside Dask's spill files)."""
+    `burst`, a burst buffer below it in the run's directory, beside Dask's spill files,
+    written ahead of need once a value is `drain_after_ms` old)."""
     daemon = None
     if kind == "shoal":
         directory = Path(tempfile.mkdtemp(prefix="sd", dir="/tmp"))
-        tiers = ["--burst", str(workdir / f"burst-{directory.name}")] if burst else []
+        tiers = (
+            ["--burst", str(workdir / f"burst-{directory.name}"), "--drain-after-ms", str(drain_after_ms)]
+            if burst
+            else []
+        )
         daemon = Daemon(
             directory, capacity=store_capacity or "4GiB", args=tiers, log=workdir / "shoal-daemon.log"
         )
@@ -414,7 +420,15 @@ def pressure_run(
 ) -> dict[str, Any]:
     rows = int(args.frame_gib * GiB) // args.partitions // 32
     with (
-        cluster(kind, 2, workdir, store_capacity=store, burst=not args.no_burst, memory_limit=limit) as (
+        cluster(
+            kind,
+            2,
+            workdir,
+            store_capacity=store,
+            burst=not args.no_burst,
+            drain_after_ms=args.drain_after_ms,
+            memory_limit=limit,
+        ) as (
             client,
             daemon,
         ),
@@ -648,7 +662,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, out: Path) -> str:
                 "",
                 f"shoal's workers released {ours['released']} values to the tiers; the daemon "
                 f"wrote {fmt_bytes(t['drained_bytes'])} to the burst buffer ahead of need "
-                f"(write-behind) and {fmt_bytes(t['spilled_bytes'])} at eviction, and read "
+                f"(write-behind, `--drain-after-ms {args.drain_after_ms}`) and "
+                f"{fmt_bytes(t['spilled_bytes'])} at eviction, and read "
                 f"{fmt_bytes(t['restored_bytes'])} back.",
             ]
         same = all(
@@ -720,6 +735,13 @@ def main() -> None:
     ap.add_argument("--limit-gib", type=float, default=1.0)
     ap.add_argument("--partitions", type=int, default=64)
     ap.add_argument("--no-burst", action="store_true", help="no burst buffer below the pressure run's store")
+    ap.add_argument(
+        "--drain-after-ms",
+        type=int,
+        default=30_000,
+        help="the pressure run's daemon writes a value to the burst buffer ahead of need once it is this old "
+        "(or once dirty values pass a quarter of the store); 0: at once",
+    )
     args = ap.parse_args()
     require_optimized_build()
     out = Path(args.out)

@@ -46,6 +46,16 @@ pub struct TierArgs {
     /// load), higher values leave more of the CPU to puts and gets [default: 10].
     #[arg(long, value_name = "0-19", value_parser = clap::value_parser!(i32).range(0..=19))]
     pub drain_nice: Option<i32>,
+    /// How long write-behind leaves a sealed object in memory only before
+    /// writing it down: an object deleted sooner is never written (a
+    /// shuffle's pieces). Dirty objects beyond --drain-dirty-percent of the
+    /// store are written at once, oldest first [default: 0, at once].
+    #[arg(long, value_name = "MS")]
+    pub drain_after_ms: Option<u64>,
+    /// The share of the store dirty objects may hold while they wait
+    /// --drain-after-ms [default: 25].
+    #[arg(long, value_name = "1-100", value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub drain_dirty_percent: Option<u8>,
 }
 
 impl TierArgs {
@@ -82,6 +92,12 @@ impl TierArgs {
         }
         if let Some(nice) = self.drain_nice {
             config.drain_nice = nice;
+        }
+        if let Some(ms) = self.drain_after_ms {
+            config.drain_after = std::time::Duration::from_millis(ms);
+        }
+        if let Some(percent) = self.drain_dirty_percent {
+            config.dirty_percent = percent;
         }
         Ok(Some(config))
     }

@@ -26,6 +26,7 @@ object again; its large buffers are never copied.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, MutableMapping
@@ -215,6 +216,9 @@ class StoreData(MutableMapping[Any, Any]):
         while self._views:
             released += self._drop_view(next(iter(self._views)))
             self.released_count += 1
+        # A released value may still be held by cyclic garbage (a finished task's frames, an
+        # exception's traceback): collected now, so its buffer's reference goes with it.
+        gc.collect()
         return released
 
     def __getitem__(self, key: Any) -> Any:

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use shoal_core::durability::Durability;
 use shoal_core::error::{Result, ShoalError};
@@ -14,6 +15,11 @@ use shoal_tiers::{
 
 /// The drain's default priority, in nice steps below the daemon's.
 pub(super) const DEFAULT_DRAIN_NICE: i32 = 10;
+
+/// The share of the store (per cent) dirty objects may hold while they wait
+/// for write-behind (the kernel's `dirty_background_ratio` is 10 % of all
+/// memory; a store is all cache, and eviction needs only its older part clean).
+pub(super) const DEFAULT_DIRTY_PERCENT: u8 = 25;
 
 /// Where the backing store is.
 #[derive(Debug, Clone)]
@@ -83,6 +89,14 @@ pub struct TierConfig {
     /// priority (0: at it): write-behind gets what foreground work leaves of
     /// the CPU.
     pub drain_nice: i32,
+    /// How long write-behind leaves a sealed object in memory only before
+    /// writing it down (zero: at once); an object deleted within it is never
+    /// written. Dirty objects beyond `dirty_percent` of the store go at once,
+    /// oldest first.
+    pub drain_after: Duration,
+    /// The share of the store (per cent) dirty objects may hold while they
+    /// wait `drain_after`.
+    pub dirty_percent: u8,
 }
 
 impl TierConfig {
@@ -96,6 +110,8 @@ impl TierConfig {
             s3_endpoint: None,
             shared_backing: false,
             drain_nice: DEFAULT_DRAIN_NICE,
+            drain_after: Duration::ZERO,
+            dirty_percent: DEFAULT_DIRTY_PERCENT,
         }
     }
 

@@ -31,13 +31,8 @@ impl Tiers {
     /// Feeds the queue of tier `level` from its backlog, waiting while the
     /// queue is full (back-pressure: ids wait, memory stays where it is).
     pub(super) async fn feed(self: Rc<Self>, lane: Lane, level: TierLevel) {
-        let (l, t) = (lane as usize, level as usize);
         loop {
-            let next = self.backlog[l][t].borrow_mut().pop_front();
-            let Some(id) = next else {
-                self.bell[l][t].notified().await;
-                continue;
-            };
+            let id = self.next_due(lane, level).await;
             if lane == Lane::Background {
                 self.yield_to_puts().await;
             }
@@ -64,6 +59,7 @@ impl Tiers {
                     target: level,
                     pinned,
                     bytes: sizes.payload_len(),
+                    cleaning: false,
                 },
             );
             match drainer.submit(job).await {
@@ -79,6 +75,50 @@ impl Tiers {
                 }
             }
         }
+    }
+
+    /// The next id of the backlog of `lane` and `level`, waiting for one.
+    /// Write-behind (the background lane) takes an id once it has waited
+    /// `drain_after` (`TierConfig`), or at once while dirty objects no job
+    /// is writing yet hold more than `dirty_percent` of the store (oldest
+    /// first, so eviction keeps finding clean objects), or when it is no
+    /// longer tracked. Why: an object deleted before its turn is never
+    /// written, which is most of a shuffle's pieces
+    /// (bench/results/dask-pressure.md), the way the kernel's dirty-page
+    /// expiry and background ratio spare short-lived files.
+    async fn next_due(&self, lane: Lane, level: TierLevel) -> ObjectId {
+        let (l, t) = (lane as usize, level as usize);
+        let after = self.config.drain_after;
+        loop {
+            let front = self.backlog[l][t].borrow().front().copied();
+            let Some((queued, id)) = front else {
+                self.bell[l][t].notified().await;
+                continue;
+            };
+            let due = queued + after;
+            let taken = lane == Lane::Urgent
+                || after.is_zero()
+                || Instant::now() >= due
+                || self.over_dirty_share()
+                || !self.tracks(&id);
+            if taken {
+                self.backlog[l][t].borrow_mut().pop_front();
+                return id;
+            }
+            // A seal rings the bell: it may have passed the dirty share.
+            tokio::select! {
+                _ = tokio::time::sleep_until(due.into()) => {}
+                _ = self.bell[l][t].notified() => {}
+            }
+        }
+    }
+
+    /// Whether dirty objects no drain job is writing yet hold more than
+    /// `dirty_percent` of the store (those being written will be clean).
+    fn over_dirty_share(&self) -> bool {
+        let capacity = self.node.read(|store| store.capacity());
+        let limit = capacity / 100 * u64::from(self.config.dirty_percent);
+        self.index.borrow().dirty_waiting() > limit
     }
 
     /// Write-behind yields to a burst of puts: while objects were sealed in

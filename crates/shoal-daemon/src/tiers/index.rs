@@ -63,6 +63,16 @@ pub(super) struct Job {
     pub pinned: bool,
     /// The bytes it pins.
     pub bytes: u64,
+    /// Its object had no copy below when it was submitted: counted in
+    /// [`Index::dirty_waiting`]'s bytes on their way down until its outcome.
+    pub cleaning: bool,
+}
+
+/// Whether [`Index::tally`] counts an object in or out.
+#[derive(Clone, Copy)]
+enum Sign {
+    In,
+    Out,
 }
 
 impl Tracked {
@@ -81,6 +91,11 @@ pub(super) struct Index {
     durable: u64,
     /// Objects of adopted stores (`Tracked::origin`), kept likewise.
     adopted: u64,
+    /// Payload bytes of dirty objects (no copy below: memory only), kept
+    /// likewise (write-behind drains early once they pass a share)...
+    dirty: u64,
+    /// ...and of those a drain job is writing down now.
+    cleaning: u64,
     /// By (lane, target tier, the job's number in that queue).
     jobs: HashMap<(Lane, TierLevel, u64), Job>,
     tick: u64,
@@ -109,14 +124,58 @@ impl Index {
         self.adopted
     }
 
+    /// Payload bytes of objects with no copy below yet.
+    #[cfg(test)]
+    pub(super) fn dirty_bytes(&self) -> u64 {
+        self.dirty
+    }
+
+    /// Payload bytes of objects with no copy below and no drain job writing
+    /// one: what write-behind has not started on.
+    pub(super) fn dirty_waiting(&self) -> u64 {
+        self.dirty.saturating_sub(self.cleaning)
+    }
+
+    /// Counts `t` in or out of the durable, adopted and dirty tallies.
+    fn tally(&mut self, t: &Tracked, sign: Sign) {
+        let (durable, adopted) = (
+            u64::from(!t.tiers.is_empty()),
+            u64::from(t.origin.is_some()),
+        );
+        let dirty = if t.tiers.is_empty() {
+            t.sizes.payload_len()
+        } else {
+            0
+        };
+        match sign {
+            Sign::In => {
+                self.durable += durable;
+                self.adopted += adopted;
+                self.dirty += dirty;
+            }
+            Sign::Out => {
+                self.durable -= durable;
+                self.adopted -= adopted;
+                self.dirty -= dirty;
+            }
+        }
+    }
+
     /// Records the tiers holding `id`'s copies (from a record the engine
     /// returned); the object, or `None` if it is not tracked (deleted
     /// meanwhile).
     pub(super) fn set_tiers(&mut self, id: &ObjectId, tiers: TierSet) -> Option<&mut Tracked> {
+        let payload = self.objects.get(id)?.sizes.payload_len();
         let t = self.objects.get_mut(id)?;
         match (t.tiers.is_empty(), tiers.is_empty()) {
-            (true, false) => self.durable += 1,
-            (false, true) => self.durable -= 1,
+            (true, false) => {
+                self.durable += 1;
+                self.dirty -= payload;
+            }
+            (false, true) => {
+                self.durable -= 1;
+                self.dirty += payload;
+            }
             _ => {}
         }
         t.tiers = tiers;
@@ -143,6 +202,9 @@ impl Index {
     ) -> &mut Tracked {
         self.tick += 1;
         let used = self.tick;
+        if !self.objects.contains_key(&id) {
+            self.dirty += sizes.payload_len();
+        }
         self.objects.entry(id).or_insert(Tracked {
             sizes,
             tiers: TierSet::EMPTY,
@@ -175,24 +237,19 @@ impl Index {
         record: &ObjectRecord,
     ) {
         self.remove(&id);
-        if !record.tiers.is_empty() {
-            self.durable += 1;
-        }
-        self.adopted += u64::from(origin.is_some());
-        self.objects.insert(
-            id,
-            Tracked {
-                sizes: record.sizes,
-                tiers: record.tiers,
-                durability: record.durability,
-                generation: record.generation,
-                failure: None,
-                used: 0,
-                in_flight: [false; 2],
-                skip_burst: false,
-                origin,
-            },
-        );
+        let tracked = Tracked {
+            sizes: record.sizes,
+            tiers: record.tiers,
+            durability: record.durability,
+            generation: record.generation,
+            failure: None,
+            used: 0,
+            in_flight: [false; 2],
+            skip_burst: false,
+            origin,
+        };
+        self.tally(&tracked, Sign::In);
+        self.objects.insert(id, tracked);
     }
 
     /// Tracks `id` again as it was before [`remove`](Self::remove) (its
@@ -203,26 +260,24 @@ impl Index {
         }
         // Its jobs were cancelled or are refused: none is in flight.
         tracked.in_flight = [false; 2];
-        if !tracked.tiers.is_empty() {
-            self.durable += 1;
-        }
-        self.adopted += u64::from(tracked.origin.is_some());
+        self.tally(&tracked, Sign::In);
         self.objects.insert(id, tracked);
     }
 
     /// Forgets `id` (deleted, or lost). Its jobs' outcomes are then ignored.
     pub(super) fn remove(&mut self, id: &ObjectId) -> Option<Tracked> {
         let removed = self.objects.remove(id)?;
-        if !removed.tiers.is_empty() {
-            self.durable -= 1;
-        }
-        self.adopted -= u64::from(removed.origin.is_some());
+        self.tally(&removed, Sign::Out);
         Some(removed)
     }
 
-    pub(super) fn add_job(&mut self, seq: u64, job: Job) {
+    pub(super) fn add_job(&mut self, seq: u64, mut job: Job) {
         if let Some(t) = self.objects.get_mut(&job.id) {
             t.in_flight[job.target as usize] = true;
+            job.cleaning = t.tiers.is_empty();
+        }
+        if job.cleaning {
+            self.cleaning += job.bytes;
         }
         self.jobs.insert((job.lane, job.target, seq), job);
     }
@@ -236,6 +291,9 @@ impl Index {
         seq: u64,
     ) -> Option<(Job, bool)> {
         let job = self.jobs.remove(&(lane, target, seq))?;
+        if job.cleaning {
+            self.cleaning -= job.bytes;
+        }
         let current = match self.objects.get_mut(&job.id) {
             Some(t) if t.generation == job.generation => {
                 t.in_flight[job.target as usize] = false;
@@ -276,6 +334,51 @@ mod tests {
         }
     }
 
+    /// The dirty bytes a walk over every object finds.
+    fn walked_dirty(index: &Index) -> u64 {
+        index
+            .objects
+            .values()
+            .filter(|t| t.tiers.is_empty())
+            .map(|t| t.sizes.payload_len())
+            .sum()
+    }
+
+    #[test]
+    fn dirty_bytes_a_drain_job_is_writing_do_not_count_as_waiting() {
+        let mut index = Index::default();
+        index.sealed(id(1), sizes(), 1);
+        index.sealed(id(2), sizes(), 2);
+        let job = |n: u8, generation: u64| Job {
+            id: id(n),
+            lane: Lane::Background,
+            generation,
+            target: TierLevel::Burst,
+            pinned: true,
+            bytes: 10,
+            cleaning: false,
+        };
+        index.add_job(7, job(1, 1));
+        assert_eq!((index.dirty_bytes(), index.dirty_waiting()), (20, 10));
+        // Its copy lands, then its outcome: clean, nothing on its way.
+        index.set_tiers(&id(1), TierSet::of(TierLevel::Burst));
+        assert_eq!((index.dirty_bytes(), index.dirty_waiting()), (10, 0));
+        assert!(index
+            .finish_job(Lane::Background, TierLevel::Burst, 7)
+            .is_some());
+        assert_eq!((index.dirty_bytes(), index.dirty_waiting()), (10, 10));
+        // A job whose object is deleted while it runs.
+        index.add_job(8, job(2, 2));
+        index.remove(&id(2));
+        assert_eq!((index.dirty_bytes(), index.dirty_waiting()), (0, 0));
+        let (_, current) = index
+            .finish_job(Lane::Background, TierLevel::Burst, 8)
+            .unwrap();
+        assert!(!current);
+        assert_eq!((index.dirty_bytes(), index.dirty_waiting()), (0, 0));
+        assert_eq!(index.cleaning, 0);
+    }
+
     #[test]
     fn the_durable_count_follows_every_change_of_an_objects_tiers() {
         let burst = TierSet::of(TierLevel::Burst);
@@ -284,6 +387,7 @@ mod tests {
         index.sealed(id(1), sizes(), 1);
         index.sealed(id(2), sizes(), 2);
         assert_eq!(index.durable(), 0, "dirty objects are not durable");
+        assert_eq!(index.dirty_bytes(), 20);
         assert!(index.set_tiers(&id(1), burst).is_some());
         assert!(index.set_tiers(&id(1), both).is_some());
         assert_eq!(index.durable(), 1, "a second tier is the same object");
@@ -291,6 +395,7 @@ mod tests {
         assert_eq!(index.durable(), 2);
         assert!(index.set_tiers(&id(2), TierSet::EMPTY).is_some());
         assert_eq!(index.durable(), 1, "evicted from its last tier");
+        assert_eq!(index.dirty_bytes(), 10, "dirty again");
         assert!(
             index.set_tiers(&id(9), burst).is_none(),
             "unknown ids change nothing"
@@ -313,6 +418,7 @@ mod tests {
         index.recovered(id(3), &record);
         index.recovered(id(3), &record);
         assert_eq!(index.durable(), 2, "recovered twice counts once");
+        assert_eq!(index.dirty_bytes(), walked_dirty(&index));
         index.recovered(
             id(1),
             &ObjectRecord {
@@ -321,10 +427,16 @@ mod tests {
             },
         );
         assert_eq!(index.durable(), 1, "replaced by a record with no copy");
+        assert_eq!(index.dirty_bytes(), 20, "both with no copy");
+        let (removed, again) = (index.remove(&id(1)).unwrap(), index.objects.len());
+        assert_eq!(index.dirty_bytes(), 10);
+        index.reinstate(id(1), removed);
+        assert_eq!((index.objects.len(), index.dirty_bytes()), (again + 1, 20));
         assert!(index.remove(&id(3)).is_some());
         assert!(index.remove(&id(2)).is_some());
         assert!(index.remove(&id(3)).is_none());
         assert_eq!(index.durable(), 0);
+        assert_eq!(index.dirty_bytes(), walked_dirty(&index));
         assert_eq!(
             index.durable(),
             index

@@ -95,9 +95,8 @@ pub struct Tiers {
     index: RefCell<Index>,
     /// Woken whenever an object's copies change or a write down fails.
     changed: Notify,
-    /// Ids waiting for a drain job, per lane and target tier, and their
-    /// feeders' bells.
-    backlog: [[RefCell<VecDeque<ObjectId>>; 2]; 2],
+    /// Per lane and target tier, and their feeders' bells.
+    backlog: [[Backlog; 2]; 2],
     bell: [[Notify; 2]; 2],
     restoring: RefCell<HashMap<ObjectId, restore::InFlight>>,
     /// What restores may run at once.
@@ -115,6 +114,9 @@ pub struct Tiers {
     /// When an object was last sealed here (write-behind yields to puts).
     last_seal: Cell<Instant>,
 }
+
+/// Ids waiting for a drain job, with when each was queued.
+type Backlog = RefCell<VecDeque<(Instant, ObjectId)>>;
 
 impl Tiers {
     /// Opens the tiers (recovering what a crash left), loads what they hold,
@@ -307,7 +309,7 @@ impl Tiers {
         };
         self.backlog[lane as usize][level as usize]
             .borrow_mut()
-            .push_back(id);
+            .push_back((Instant::now(), id));
         self.bell[lane as usize][level as usize].notify_one();
     }
 

@@ -643,3 +643,111 @@ fn the_tiers_are_in_the_metrics() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Polls `done` on the tiers' report for up to `within`; the last report.
+fn report_until(
+    client: &mut Client,
+    within: Duration,
+    done: impl Fn(&shoal_core::protocol::TierReport) -> bool,
+) -> shoal_core::protocol::TierReport {
+    let deadline = Instant::now() + within;
+    loop {
+        let report = client.tiers().unwrap();
+        if done(&report) || Instant::now() >= deadline {
+            return report;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn write_behind_waits_its_delay_and_never_writes_what_was_deleted_within_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tiers(dir.path(), Some(64 * MIB), false);
+    t.drain_after = Duration::from_millis(1500);
+    let daemon = TestDaemon::start_with(config(dir.path(), 16 * MIB, t));
+    let mut client = daemon.client();
+    let len = 256 * KIB as usize;
+    let ids: Vec<ObjectId> = (0..8).map(|_| ObjectId::random()).collect();
+    let sealed = Instant::now();
+    for id in &ids {
+        client.put(*id, &pattern(id, len), b"").unwrap();
+    }
+    // Half of them live shorter than the delay: never written.
+    for result in client.delete(&ids[..4]).unwrap() {
+        result.unwrap();
+    }
+    let report = report_until(&mut client, Duration::from_secs(10), |r| {
+        r.drained_bytes >= 4 * len as u64
+    });
+    let waited = sealed.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1400),
+        "written after {waited:?}"
+    );
+    assert_eq!(report.drained_bytes, 4 * len as u64, "{report:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(client.tiers().unwrap().drained_bytes, 4 * len as u64);
+    for id in &ids[4..] {
+        assert!(client.wait_durable(&[*id], Durability::Local, 0).unwrap()[0].is_ok());
+    }
+    // Evicted after the delay: restored exactly from the burst buffer.
+    let listed = client.list().unwrap();
+    assert!(listed.iter().all(|o| o.tiers != 0), "{listed:?}");
+    for id in &ids[4..] {
+        assert_eq!(read(&mut client, *id).unwrap(), pattern(id, len));
+    }
+}
+
+#[test]
+fn dirty_objects_beyond_their_share_are_written_at_once_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tiers(dir.path(), Some(64 * MIB), false);
+    // Nothing would be written for a minute by age alone.
+    t.drain_after = Duration::from_secs(60);
+    t.dirty_percent = 25;
+    let daemon = TestDaemon::start_with(config(dir.path(), 16 * MIB, t));
+    let mut client = daemon.client();
+    let len = 256 * KIB as usize;
+    // 6 MiB sealed against a 4 MiB share: the oldest 2 MiB go down.
+    let ids: Vec<ObjectId> = (0..24).map(|_| ObjectId::random()).collect();
+    for id in &ids {
+        client.put(*id, &pattern(id, len), b"").unwrap();
+    }
+    let share = 16 * MIB / 100 * 25;
+    let over = 24 * len as u64 - share;
+    let report = report_until(&mut client, Duration::from_secs(10), |r| {
+        r.drained_bytes >= over
+    });
+    assert!(report.drained_bytes >= over, "{report:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let drained = client.tiers().unwrap().drained_bytes;
+    assert!(
+        drained < over + 2 * len as u64,
+        "{drained} bytes written, {over} past the share"
+    );
+    let below: std::collections::HashSet<ObjectId> = client
+        .list()
+        .unwrap()
+        .into_iter()
+        .filter(|o| o.tiers != 0)
+        .map(|o| o.id)
+        .collect();
+    let written = (drained / len as u64) as usize;
+    assert_eq!(
+        ids.iter()
+            .take(written)
+            .filter(|id| below.contains(id))
+            .count(),
+        written,
+        "the oldest are written first"
+    );
+    // A store filling past memory still evicts every dirty object down.
+    let more: Vec<ObjectId> = (0..48).map(|_| ObjectId::random()).collect();
+    for id in &more {
+        client.put(*id, &pattern(id, len), b"").unwrap();
+    }
+    for id in ids.iter().chain(&more) {
+        assert_eq!(read(&mut client, *id).unwrap(), pattern(id, len));
+    }
+}
