@@ -227,6 +227,7 @@ def cluster(
     store_capacity: str | None = None,
     burst: bool = False,
     drain_after_ms: int = 0,
+    dirty_percent: int | None = None,
     **options: Any,
 ) -> Iterator[tuple[Client, Daemon | None]]:
     """A LocalCluster of `workers` processes: stock Dask, or shoal's on a fresh store (with
@@ -237,6 +238,7 @@ def cluster(
         directory = Path(tempfile.mkdtemp(prefix="sd", dir="/tmp"))
         tiers = (
             ["--burst", str(workdir / f"burst-{directory.name}"), "--drain-after-ms", str(drain_after_ms)]
+            + ([] if dirty_percent is None else ["--drain-dirty-percent", str(dirty_percent)])
             if burst
             else []
         )
@@ -427,6 +429,7 @@ def pressure_run(
             store_capacity=store,
             burst=not args.no_burst,
             drain_after_ms=args.drain_after_ms,
+            dirty_percent=args.drain_dirty_percent,
             memory_limit=limit,
         ) as (
             client,
@@ -658,11 +661,13 @@ def report(results: dict[str, Any], args: argparse.Namespace, out: Path) -> str:
         stock, bound, ours = p["stock"], p["stock, no pressure"], p["shoal"]
         if "tiers" in ours:
             t = ours["tiers"]
+            percent = args.drain_dirty_percent
+            share = "" if percent is None else f" `--drain-dirty-percent {percent}`"
             lines += [
                 "",
                 f"shoal's workers released {ours['released']} values to the tiers; the daemon "
                 f"wrote {fmt_bytes(t['drained_bytes'])} to the burst buffer ahead of need "
-                f"(write-behind, `--drain-after-ms {args.drain_after_ms}`) and "
+                f"(write-behind, `--drain-after-ms {args.drain_after_ms}`{share}) and "
                 f"{fmt_bytes(t['spilled_bytes'])} at eviction, and read "
                 f"{fmt_bytes(t['restored_bytes'])} back.",
             ]
@@ -740,7 +745,13 @@ def main() -> None:
         type=int,
         default=30_000,
         help="the pressure run's daemon writes a value to the burst buffer ahead of need once it is this old "
-        "(or once dirty values pass a quarter of the store); 0: at once",
+        "(or once dirty values pass --drain-dirty-percent of the store); 0: at once",
+    )
+    ap.add_argument(
+        "--drain-dirty-percent",
+        type=int,
+        default=None,
+        help="the share of the store dirty values may hold while they wait (default: the daemon's, 25)",
     )
     args = ap.parse_args()
     require_optimized_build()

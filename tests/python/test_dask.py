@@ -188,6 +188,34 @@ def test_a_tiered_store_takes_every_value_and_reads_each_back_from_its_tier(tmp_
         daemon.teardown()
 
 
+def test_making_room_lets_go_of_received_values_never_adopted(tmp_path: Path) -> None:
+    """A value that came from another worker as a reference, and whose key was released
+    before the data mapping adopted it, keeps its object referenced only until the store
+    needs room."""
+    directory = short_dir(tmp_path)
+    daemon = Daemon(directory / "store", capacity="16MiB", args=["--burst", str(directory / "burst")])
+    try:
+        opened = Store.open(daemon.socket)
+        data = StoreData(opened)
+        sender = Store.open(daemon.socket)
+        stored, value = sender.put(layout.pickle_value(np.full(MiB // 8, 1.0)), None)
+        del value
+        stored.buffer = None  # the sender let go of it
+        arrived = opened.open_object(stored.oid)
+        backing.received(arrived[1], arrived[0])
+        del arrived
+
+        def refs() -> int:
+            return next(o.ref_count for o in opened.client.list() if o.id.binary() == stored.oid)
+
+        assert refs() == 1  # only the received value holds it, and nothing adopts it
+        data.release_all()
+        wait_for(lambda: refs() == 0, timeout=5, message="the received value's reference released")
+        opened.client.delete(stored.oid)
+    finally:
+        daemon.teardown()
+
+
 # -- a cluster of worker processes on one store --------------------------------------------------
 
 

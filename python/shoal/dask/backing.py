@@ -65,6 +65,17 @@ def received(value: Any, stored: Stored) -> None:
         _received.popitem(last=False)
 
 
+def drop_received() -> int:
+    """Forgets every received value not adopted yet (their store references go with the
+    last of their other holders); returns how many. A value still on its way to the data
+    mapping is then stored as a new object. Why: one that is never adopted (its key
+    released while it was on its way) would otherwise keep its object referenced until
+    `RECEIVED_LIMIT` newer values arrive, which a full store cannot wait for."""
+    dropped = len(_received)
+    _received.clear()
+    return dropped
+
+
 def take_received(value: Any) -> Stored | None:
     """The object a received `value` lies in, forgotten here (the caller adopts it)."""
     entry = _received.get(id(value))

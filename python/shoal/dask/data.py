@@ -208,14 +208,16 @@ class StoreData(MutableMapping[Any, Any]):
         return stored.nbytes
 
     def release_all(self) -> int:
-        """Releases every value mapped here to the store's tiers (a tiered store only);
-        returns the bytes released. `Store.make_room` of this mapping's store."""
+        """Releases every value mapped here to the store's tiers (a tiered store only), and
+        received values not adopted yet (`backing.drop_received`); returns the bytes
+        released. `Store.make_room` of this mapping's store."""
         if not self.store.tiered:
             return 0
         released = 0
         while self._views:
             released += self._drop_view(next(iter(self._views)))
             self.released_count += 1
+        backing.drop_received()
         # A released value may still be held by cyclic garbage (a finished task's frames, an
         # exception's traceback): collected now, so its buffer's reference goes with it.
         gc.collect()
