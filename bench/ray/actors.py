@@ -139,7 +139,9 @@ def after_idle(kind, fetch, key):
     """What the first get is made of and what it is measured against, each after the same
     idle time as before the first get: the same get again (the object no longer new to
     B), a bare get of a tiny object (the path's floor), a tiny numpy call (the machine's
-    floor: no store, no Ray). On shoal's path also shoal.ray.get's steps one by one and one
+    floor: no store, no Ray), and pyarrow building a table of the same schema and batches
+    from an IPC stream in B's own memory (the least any reader pays for this table then).
+    On shoal's path also shoal.ray.get's steps one by one and one
     round trip to the daemon (`client.stats()`)."""
     if kind == "shoal":
         client = shoal.ray.store.client()
@@ -148,16 +150,38 @@ def after_idle(kind, fetch, key):
     else:
         tiny = ray.put(TINY)
         bare = lambda: ray.get(tiny)  # noqa: E731
+    local = ipc_stream(fetch(key))
     result = {
         "again_idle_s": timed(lambda: fetch(key)),
         "tiny_get_idle_s": timed(bare),
         "numpy_idle_s": timed(lambda: np.arange(10).sum()),
+        "arrow_idle_s": timed(lambda: pa.ipc.open_stream(local).read_all()),
+        "arrow_cached_idle_s": timed(lambda: decode_cached(local)),
     }
     if kind == "shoal":
         result["steps_idle_s"] = shoal_get_steps(pickle.dumps(key))
         result["idle_rpc_s"] = timed(client.stats)
         client.delete(tiny)
     return result
+
+
+def ipc_stream(table):
+    """An IPC stream of `table`'s schema with as many record batches, one row each: the
+    same decoding work as the whole table's (its buffers are not copied by a read), as
+    bytes in this process's own memory."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        for batch in table.to_batches():
+            writer.write_batch(batch.slice(0, 1))
+    return sink.getvalue()
+
+
+def decode_cached(stream):
+    """A table from `stream` with its schema decoded before (shoal's own decode, `_ipc`)."""
+    from shoal import _ipc
+
+    schema, batches = _ipc.batches(stream)
+    return pa.Table.from_batches(batches, schema=schema)
 
 
 def shoal_get_steps(pickled_ref):
