@@ -9,6 +9,7 @@ holds each registered value, so its `id` stays its own while it is registered.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
 #: Received values not yet adopted, kept at most: a value deserialized for anything else
 #: than the data mapping (none today) must not be held forever.
 RECEIVED_LIMIT = 256
+#: Seconds after which a received value not adopted yet is taken for one that never will
+#: be (its key released on the way): Dask adopts a value within its transfer's handling.
+RECEIVED_STALE_S = 5.0
 
 
 @dataclass
@@ -37,7 +41,7 @@ class Stored:
 
 
 _values: dict[int, tuple[Any, Stored]] = {}
-_received: OrderedDict[int, tuple[Any, Stored]] = OrderedDict()
+_received: OrderedDict[int, tuple[Any, Stored, float]] = OrderedDict()
 
 
 def register(value: Any, stored: Stored) -> None:
@@ -60,26 +64,32 @@ def lookup(value: Any) -> Stored | None:
 
 def received(value: Any, stored: Stored) -> None:
     """`value` arrived from another worker as a reference to `stored`."""
-    _received[id(value)] = (value, stored)
+    _received[id(value)] = (value, stored, time.monotonic())
     while len(_received) > RECEIVED_LIMIT:
         _received.popitem(last=False)
 
 
-def drop_received() -> int:
-    """Forgets every received value not adopted yet (their store references go with the
-    last of their other holders); returns how many. A value still on its way to the data
-    mapping is then stored as a new object. Why: one that is never adopted (its key
-    released while it was on its way) would otherwise keep its object referenced until
-    `RECEIVED_LIMIT` newer values arrive, which a full store cannot wait for."""
-    dropped = len(_received)
-    _received.clear()
-    return dropped
+def drop_received(older_than: float | None = None) -> int:
+    """Forgets the received values not adopted `older_than` seconds (default
+    `RECEIVED_STALE_S`) after they arrived
+    (their store references go with the last of their other holders); returns how many.
+    Why: one that is never adopted (its key released while it was on its way) would keep
+    its object referenced until `RECEIVED_LIMIT` newer values arrive, which a full store
+    cannot wait for. Younger ones may be a transfer in progress, which a drop would turn
+    into a copy."""
+    cutoff = time.monotonic() - (RECEIVED_STALE_S if older_than is None else older_than)
+    stale = [key for key, (_, _, at) in _received.items() if at <= cutoff]
+    for key in stale:
+        _received.pop(key, None)
+    return len(stale)
 
 
 def take_received(value: Any) -> Stored | None:
     """The object a received `value` lies in, forgotten here (the caller adopts it)."""
-    entry = _received.get(id(value))
-    if entry is None or entry[0] is not value:
+    entry = _received.pop(id(value), None)
+    if entry is None:
         return None
-    del _received[id(value)]
+    if entry[0] is not value:  # another value that had the same id: not this one's
+        _received[id(value)] = entry
+        return None
     return entry[1]

@@ -209,7 +209,7 @@ class StoreData(MutableMapping[Any, Any]):
 
     def release_all(self) -> int:
         """Releases every value mapped here to the store's tiers (a tiered store only), and
-        received values not adopted yet (`backing.drop_received`); returns the bytes
+        received values left unadopted (`backing.drop_received`); returns the bytes
         released. `Store.make_room` of this mapping's store."""
         if not self.store.tiered:
             return 0

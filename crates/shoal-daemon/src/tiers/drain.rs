@@ -78,14 +78,16 @@ impl Tiers {
     }
 
     /// The next id of the backlog of `lane` and `level`, waiting for one.
-    /// Write-behind (the background lane) takes an id once it has waited
-    /// `drain_after` (`TierConfig`), or at once while dirty objects no job
-    /// is writing yet hold more than `dirty_percent` of the store (oldest
-    /// first, so eviction keeps finding clean objects), or when it is no
-    /// longer tracked. Why: an object deleted before its turn is never
-    /// written, which is most of a shuffle's pieces
-    /// (bench/results/dask-pressure.md), the way the kernel's dirty-page
-    /// expiry and background ratio spare short-lived files.
+    /// Write-behind (the background lane) takes a dirty object (memory
+    /// only) once it has waited `drain_after` (`TierConfig`), or at once
+    /// while dirty objects no job is writing yet hold more than
+    /// `dirty_percent` of the store (oldest first, so eviction keeps finding
+    /// clean objects); any other id at once (one with a copy below already,
+    /// going a tier further down, or one no longer tracked). Why: an object
+    /// deleted before its turn is never written, which is most of a
+    /// shuffle's pieces (bench/results/dask-pressure.md), the way the
+    /// kernel's dirty-page expiry and background ratio spare short-lived
+    /// files.
     async fn next_due(&self, lane: Lane, level: TierLevel) -> ObjectId {
         let (l, t) = (lane as usize, level as usize);
         let after = self.config.drain_after;
@@ -96,11 +98,12 @@ impl Tiers {
                 continue;
             };
             let due = queued + after;
+            let dirty = self.index.borrow().get(&id).map(|t| t.tiers().is_empty());
             let taken = lane == Lane::Urgent
                 || after.is_zero()
+                || dirty != Some(true)
                 || Instant::now() >= due
-                || self.over_dirty_share()
-                || !self.tracks(&id);
+                || self.over_dirty_share();
             if taken {
                 self.backlog[l][t].borrow_mut().pop_front();
                 return id;

@@ -471,6 +471,8 @@ impl Tiers {
             if let Err(err) = engine.delete(id, tracked.generation).await {
                 tracing::warn!(%id, %err, "tier delete not committed; the object stays");
                 self.index.borrow_mut().reinstate(id, tracked);
+                // Its queued drain jobs were cancelled above: queued again.
+                self.queue(id, false);
                 out[i] = Some(err);
             }
         }

@@ -166,7 +166,10 @@ fn a_member_cannot_speak_as_another_member() {
     assert_eq!(err.kind(), ErrorKind::ObjectNotFound, "{err}");
     // Node 1 as itself reads the bytes.
     assert_eq!(n.fetch(id, 1, &one.token_for(0).unwrap()).unwrap(), PAYLOAD);
-    assert_eq!(n.refs(id), Some(1), "the send pin was released");
+    // The answering end drops its send pin after the last byte went out,
+    // which may be after the reader has them all (under load: seen in full
+    // test runs).
+    shoal_testing::eventually("the send pin was released", || n.refs(id) == Some(1));
 
     // And node 1, as itself, restarting does drop its reference.
     n.call(one.credentials(0).unwrap(), |mut peer| async move {

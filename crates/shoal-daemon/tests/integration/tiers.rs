@@ -751,3 +751,43 @@ fn dirty_objects_beyond_their_share_are_written_at_once_oldest_first() {
         assert_eq!(read(&mut client, *id).unwrap(), pattern(id, len));
     }
 }
+
+#[test]
+fn write_behind_delays_only_what_memory_alone_holds() {
+    use shoal_tiers::{TierLevel, TierSet};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = tiers(dir.path(), Some(64 * MIB), true);
+    t.drain_after = Duration::from_millis(1500);
+    let daemon = TestDaemon::start_with(config(dir.path(), 16 * MIB, t));
+    let mut client = daemon.client();
+    let ids: Vec<ObjectId> = (0..4).map(|_| ObjectId::random()).collect();
+    for id in &ids {
+        client.put(*id, &pattern(id, 100_000), b"").unwrap();
+    }
+    let all_on = |client: &mut Client, level: TierLevel| {
+        let bit = TierSet::of(level).bits();
+        let listed = client.list().unwrap();
+        ids.iter()
+            .all(|id| listed.iter().any(|o| o.id == *id && o.tiers & bit != 0))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !all_on(&mut client, TierLevel::Burst) {
+        assert!(
+            Instant::now() < deadline,
+            "never written to the burst buffer"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A copy below already: the backing store's copy follows without a
+    // second delay.
+    let burst = Instant::now();
+    while !all_on(&mut client, TierLevel::Backing) {
+        assert!(
+            burst.elapsed() < Duration::from_millis(1000),
+            "the backing copy waited {:?}",
+            burst.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
