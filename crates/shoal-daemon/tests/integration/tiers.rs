@@ -771,23 +771,14 @@ fn write_behind_delays_only_what_memory_alone_holds() {
         ids.iter()
             .all(|id| listed.iter().any(|o| o.id == *id && o.tiers & bit != 0))
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !all_on(&mut client, TierLevel::Burst) {
-        assert!(
-            Instant::now() < deadline,
-            "never written to the burst buffer"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    shoal_testing::eventually("written to the burst buffer", || {
+        all_on(&mut client, TierLevel::Burst)
+    });
     // A copy below already: the backing store's copy follows without a
     // second delay.
-    let burst = Instant::now();
-    while !all_on(&mut client, TierLevel::Backing) {
-        assert!(
-            burst.elapsed() < Duration::from_millis(1000),
-            "the backing copy waited {:?}",
-            burst.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    shoal_testing::eventually_within(
+        Duration::from_millis(1000),
+        "the backing copy, without a second delay",
+        || all_on(&mut client, TierLevel::Backing),
+    );
 }
