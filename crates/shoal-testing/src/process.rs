@@ -15,6 +15,9 @@ use crate::wait::START_WAIT;
 pub struct ServeProcess {
     child: Child,
     socket: PathBuf,
+    /// The cluster node's region, removed once the process is gone (a
+    /// killed daemon leaves it in /dev/shm).
+    region: Option<PathBuf>,
 }
 
 impl ServeProcess {
@@ -26,6 +29,7 @@ impl ServeProcess {
         let mut process = Self {
             child,
             socket: socket.to_owned(),
+            region: None,
         };
         let deadline = Instant::now() + START_WAIT;
         while Client::connect(socket).is_err() {
@@ -42,6 +46,14 @@ impl ServeProcess {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+        process
+    }
+
+    /// [`spawn`](Self::spawn) for cluster node `node` (its socket), whose
+    /// region file goes when the process does, however it ended.
+    pub fn spawn_node(command: Command, node: &shoal_cluster::Node) -> Self {
+        let mut process = Self::spawn(command, &node.socket);
+        process.region = Some(node.region.clone());
         process
     }
 
@@ -77,5 +89,8 @@ impl Drop for ServeProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(region) = &self.region {
+            let _ = std::fs::remove_file(region);
+        }
     }
 }

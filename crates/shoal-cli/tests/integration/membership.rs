@@ -90,7 +90,7 @@ fn a_node_absent_from_the_file_joins_and_cluster_status_lists_it() {
             "--cluster",
         ])
         .arg(&newcomer_file);
-    let n5 = ServeProcess::spawn(serve, &all.node(5).unwrap().socket);
+    let n5 = ServeProcess::spawn_node(serve, all.node(5).unwrap());
     let view = || etcd.get("/shoal/absent/view").unwrap_or_default();
     assert_eq!(view(), "epoch=3 members=0,1,5");
 
@@ -128,11 +128,8 @@ fn a_node_absent_from_the_file_joins_and_cluster_status_lists_it() {
     let listed = String::from_utf8(ls.stdout).unwrap();
     assert_eq!(listed.matches("{\"node\":5,").count(), 20, "{listed}");
 
-    // Gone for good: out of the view after its TTL, shown down. (A killed
-    // daemon leaves its region behind: removed here, or every run of this
-    // test would leave 16 MiB of /dev/shm.)
+    // Gone for good: out of the view after its TTL, shown down.
     let _ = n5.kill();
-    let _ = std::fs::remove_file(&all.node(5).unwrap().region);
     let killed = Instant::now();
     while view() != "epoch=4 members=0,1" {
         assert!(killed.elapsed() < TTL * 5, "{}", view());
@@ -166,7 +163,7 @@ fn a_killed_member_is_removed_after_its_ttl_and_its_homes_move_back() {
     serve
         .args(["serve", "--no-prefault", "--node", "2", "--cluster"])
         .arg(&file);
-    let n2 = ServeProcess::spawn(serve, &topology.nodes[2].socket);
+    let n2 = ServeProcess::spawn_node(serve, &topology.nodes[2]);
     assert_eq!(view(), "epoch=3 members=0,1,2");
 
     let (mut c0, mut c1, mut c2) = (n0.client(), n1.client(), n2.client());
@@ -300,12 +297,11 @@ fn a_member_stopped_cleanly_is_not_adopted_and_comes_back_with_its_backing_objec
     let dir = tempfile::tempdir().unwrap();
     let shared = SharedBacking::start(&etcd, dir.path(), "away");
     let view = || etcd.get("/shoal/away/view").unwrap_or_default();
-    let socket = |n: usize| shared.topology.nodes[n].socket.clone();
     let (n0, n1) = (
-        ServeProcess::spawn(shared.serve(0), &socket(0)),
-        ServeProcess::spawn(shared.serve(1), &socket(1)),
+        ServeProcess::spawn_node(shared.serve(0), &shared.topology.nodes[0]),
+        ServeProcess::spawn_node(shared.serve(1), &shared.topology.nodes[1]),
     );
-    let n2 = ServeProcess::spawn(shared.serve(2), &socket(2));
+    let n2 = ServeProcess::spawn_node(shared.serve(2), &shared.topology.nodes[2]);
     assert_eq!(view(), "epoch=3 members=0,1,2");
     let mut c2 = n2.client();
     let ids: Vec<(ObjectId, u32)> = (500..540u32).map(|s| (ObjectId::random(), s)).collect();
@@ -336,7 +332,7 @@ fn a_member_stopped_cleanly_is_not_adopted_and_comes_back_with_its_backing_objec
     let mut c0 = n0.client();
     assert_eq!(read_object(&mut c0, ids[0].0), None, "away");
     // Back on the same store: its objects with it.
-    let n2 = ServeProcess::spawn(shared.serve(2), &socket(2));
+    let n2 = ServeProcess::spawn_node(shared.serve(2), &shared.topology.nodes[2]);
     for &(id, seed) in &ids {
         shoal_testing::eventually(&format!("{id} back"), || {
             read_object(&mut c0, id) == Some(pattern(seed))
@@ -360,7 +356,7 @@ fn a_member_lost_for_good_has_its_backing_objects_adopted_and_the_rest_reported_
     let (topology, file, serve) = (&shared.topology, &shared.file, |n| shared.serve(n));
     let view = || etcd.get("/shoal/adopt/view").unwrap_or_default();
     let nodes: Vec<ServeProcess> = (0..3)
-        .map(|n| ServeProcess::spawn(serve(n), &topology.nodes[n as usize].socket))
+        .map(|n| ServeProcess::spawn_node(serve(n), &topology.nodes[n as usize]))
         .collect();
     assert_eq!(view(), "epoch=3 members=0,1,2");
     let [n0, n1, n2]: [ServeProcess; 3] = nodes.try_into().ok().unwrap();
