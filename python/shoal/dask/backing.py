@@ -71,12 +71,11 @@ def received(value: Any, stored: Stored) -> None:
 
 def drop_received(older_than: float | None = None) -> int:
     """Forgets the received values not adopted `older_than` seconds (default
-    `RECEIVED_STALE_S`) after they arrived
-    (their store references go with the last of their other holders); returns how many.
-    Why: one that is never adopted (its key released while it was on its way) would keep
-    its object referenced until `RECEIVED_LIMIT` newer values arrive, which a full store
-    cannot wait for. Younger ones may be a transfer in progress, which a drop would turn
-    into a copy."""
+    `RECEIVED_STALE_S`) after they arrived (their store references go with the last of
+    their other holders); returns how many. Why: one that is never adopted (its key
+    released while it was on its way) would keep its object referenced until
+    `RECEIVED_LIMIT` newer values arrive, which a full store cannot wait for. Younger
+    ones may be a transfer in progress, which a drop would turn into a copy."""
     cutoff = time.monotonic() - (RECEIVED_STALE_S if older_than is None else older_than)
     stale = [key for key, (_, _, at) in _received.items() if at <= cutoff]
     for key in stale:
@@ -86,10 +85,6 @@ def drop_received(older_than: float | None = None) -> int:
 
 def take_received(value: Any) -> Stored | None:
     """The object a received `value` lies in, forgotten here (the caller adopts it)."""
+    # An entry holds its value alive, so no other live value can have its id.
     entry = _received.pop(id(value), None)
-    if entry is None:
-        return None
-    if entry[0] is not value:  # another value that had the same id: not this one's
-        _received[id(value)] = entry
-        return None
-    return entry[1]
+    return None if entry is None else entry[1]

@@ -3,6 +3,8 @@
 //! tiers holding a durable copy (a mirror of the manifest's records), the
 //! durability promised at its seal, and the drain jobs in flight.
 
+use std::collections::hash_map::Entry;
+
 use foldhash::HashMap;
 use shoal_core::durability::Durability;
 use shoal_core::error::ShoalError;
@@ -68,11 +70,48 @@ pub(super) struct Job {
     pub cleaning: bool,
 }
 
-/// Whether [`Index::tally`] counts an object in or out.
-#[derive(Clone, Copy)]
-enum Sign {
-    In,
-    Out,
+/// Counts kept with every change of the objects, so the metrics (read every
+/// second) and write-behind need no walk over a million objects.
+#[derive(Default)]
+struct Tallies {
+    /// Objects with a copy on some tier.
+    durable: u64,
+    /// Objects of adopted stores (`Tracked::origin`).
+    adopted: u64,
+    /// Payload bytes of dirty objects (no copy below: memory only).
+    dirty: u64,
+}
+
+impl Tallies {
+    /// Counts `t` in.
+    fn add(&mut self, t: &Tracked) {
+        let (durable, adopted, dirty) = Self::of(t);
+        self.durable += durable;
+        self.adopted += adopted;
+        self.dirty += dirty;
+    }
+
+    /// Counts `t` out (as it was when counted in).
+    fn remove(&mut self, t: &Tracked) {
+        let (durable, adopted, dirty) = Self::of(t);
+        self.durable -= durable;
+        self.adopted -= adopted;
+        self.dirty -= dirty;
+    }
+
+    /// What one object adds: durable, adopted, dirty bytes.
+    fn of(t: &Tracked) -> (u64, u64, u64) {
+        let dirty = if t.tiers.is_empty() {
+            t.sizes.payload_len()
+        } else {
+            0
+        };
+        (
+            u64::from(!t.tiers.is_empty()),
+            u64::from(t.origin.is_some()),
+            dirty,
+        )
+    }
 }
 
 impl Tracked {
@@ -85,16 +124,10 @@ impl Tracked {
 #[derive(Default)]
 pub(super) struct Index {
     objects: HashMap<ObjectId, Tracked>,
-    /// Objects with a copy on some tier, kept with every change of a
-    /// `Tracked::tiers` (the metrics read it every second: no walk over a
-    /// million objects).
-    durable: u64,
-    /// Objects of adopted stores (`Tracked::origin`), kept likewise.
-    adopted: u64,
-    /// Payload bytes of dirty objects (no copy below: memory only), kept
-    /// likewise (write-behind drains early once they pass a share)...
-    dirty: u64,
-    /// ...and of those a drain job is writing down now.
+    /// Kept by every insert, removal and change of a `Tracked::tiers`.
+    tallies: Tallies,
+    /// Payload bytes of dirty objects a drain job is writing down now
+    /// (write-behind drains early once the rest pass a share).
     cleaning: u64,
     /// By (lane, target tier, the job's number in that queue).
     jobs: HashMap<(Lane, TierLevel, u64), Job>,
@@ -116,69 +149,34 @@ impl Index {
 
     /// Objects with a copy on some tier.
     pub(super) fn durable(&self) -> u64 {
-        self.durable
+        self.tallies.durable
     }
 
     /// Objects of adopted backing stores.
     pub(super) fn adopted(&self) -> u64 {
-        self.adopted
+        self.tallies.adopted
     }
 
     /// Payload bytes of objects with no copy below yet.
     #[cfg(test)]
     pub(super) fn dirty_bytes(&self) -> u64 {
-        self.dirty
+        self.tallies.dirty
     }
 
     /// Payload bytes of objects with no copy below and no drain job writing
     /// one: what write-behind has not started on.
     pub(super) fn dirty_waiting(&self) -> u64 {
-        self.dirty.saturating_sub(self.cleaning)
-    }
-
-    /// Counts `t` in or out of the durable, adopted and dirty tallies.
-    fn tally(&mut self, t: &Tracked, sign: Sign) {
-        let (durable, adopted) = (
-            u64::from(!t.tiers.is_empty()),
-            u64::from(t.origin.is_some()),
-        );
-        let dirty = if t.tiers.is_empty() {
-            t.sizes.payload_len()
-        } else {
-            0
-        };
-        match sign {
-            Sign::In => {
-                self.durable += durable;
-                self.adopted += adopted;
-                self.dirty += dirty;
-            }
-            Sign::Out => {
-                self.durable -= durable;
-                self.adopted -= adopted;
-                self.dirty -= dirty;
-            }
-        }
+        self.tallies.dirty.saturating_sub(self.cleaning)
     }
 
     /// Records the tiers holding `id`'s copies (from a record the engine
     /// returned); the object, or `None` if it is not tracked (deleted
     /// meanwhile).
     pub(super) fn set_tiers(&mut self, id: &ObjectId, tiers: TierSet) -> Option<&mut Tracked> {
-        let payload = self.objects.get(id)?.sizes.payload_len();
         let t = self.objects.get_mut(id)?;
-        match (t.tiers.is_empty(), tiers.is_empty()) {
-            (true, false) => {
-                self.durable += 1;
-                self.dirty -= payload;
-            }
-            (false, true) => {
-                self.durable -= 1;
-                self.dirty += payload;
-            }
-            _ => {}
-        }
+        self.tallies.remove(t);
         t.tiers = tiers;
+        self.tallies.add(t);
         Some(t)
     }
 
@@ -202,20 +200,24 @@ impl Index {
     ) -> &mut Tracked {
         self.tick += 1;
         let used = self.tick;
-        if !self.objects.contains_key(&id) {
-            self.dirty += sizes.payload_len();
+        match self.objects.entry(id) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(new) => {
+                let t = new.insert(Tracked {
+                    sizes,
+                    tiers: TierSet::EMPTY,
+                    durability: Durability::Memory,
+                    generation,
+                    failure: None,
+                    used,
+                    in_flight: [false; 2],
+                    skip_burst: false,
+                    origin: None,
+                });
+                self.tallies.add(t);
+                t
+            }
         }
-        self.objects.entry(id).or_insert(Tracked {
-            sizes,
-            tiers: TierSet::EMPTY,
-            durability: Durability::Memory,
-            generation,
-            failure: None,
-            used,
-            in_flight: [false; 2],
-            skip_burst: false,
-            origin: None,
-        })
     }
 
     /// An object found in the manifest at start (on tiers only).
@@ -248,7 +250,7 @@ impl Index {
             skip_burst: false,
             origin,
         };
-        self.tally(&tracked, Sign::In);
+        self.tallies.add(&tracked);
         self.objects.insert(id, tracked);
     }
 
@@ -260,14 +262,14 @@ impl Index {
         }
         // Its jobs were cancelled or are refused: none is in flight.
         tracked.in_flight = [false; 2];
-        self.tally(&tracked, Sign::In);
+        self.tallies.add(&tracked);
         self.objects.insert(id, tracked);
     }
 
     /// Forgets `id` (deleted, or lost). Its jobs' outcomes are then ignored.
     pub(super) fn remove(&mut self, id: &ObjectId) -> Option<Tracked> {
         let removed = self.objects.remove(id)?;
-        self.tally(&removed, Sign::Out);
+        self.tallies.remove(&removed);
         Some(removed)
     }
 

@@ -660,19 +660,36 @@ fn report_until(
     }
 }
 
-#[test]
-fn write_behind_waits_its_delay_and_never_writes_what_was_deleted_within_it() {
+/// A daemon of 16 MiB over a 64 MiB burst buffer (and a backing directory
+/// with `backing`), its write-behind set by `write_behind`; its directory.
+fn write_behind_daemon(
+    backing: bool,
+    write_behind: impl FnOnce(&mut TierConfig),
+) -> (tempfile::TempDir, TestDaemon) {
     let dir = tempfile::tempdir().unwrap();
-    let mut t = tiers(dir.path(), Some(64 * MIB), false);
-    t.drain_after = Duration::from_millis(1500);
+    let mut t = tiers(dir.path(), Some(64 * MIB), backing);
+    write_behind(&mut t);
     let daemon = TestDaemon::start_with(config(dir.path(), 16 * MIB, t));
-    let mut client = daemon.client();
-    let len = 256 * KIB as usize;
-    let ids: Vec<ObjectId> = (0..8).map(|_| ObjectId::random()).collect();
-    let sealed = Instant::now();
+    (dir, daemon)
+}
+
+/// `count` objects of `len` bytes (`pattern`), put in order; their ids.
+fn put_patterns(client: &mut Client, count: usize, len: usize) -> Vec<ObjectId> {
+    let ids: Vec<ObjectId> = (0..count).map(|_| ObjectId::random()).collect();
     for id in &ids {
         client.put(*id, &pattern(id, len), b"").unwrap();
     }
+    ids
+}
+
+#[test]
+fn write_behind_waits_its_delay_and_never_writes_what_was_deleted_within_it() {
+    let (_dir, daemon) =
+        write_behind_daemon(false, |t| t.drain_after = Duration::from_millis(1500));
+    let mut client = daemon.client();
+    let len = 256 * KIB as usize;
+    let sealed = Instant::now();
+    let ids = put_patterns(&mut client, 8, len);
     // Half of them live shorter than the delay: never written.
     for result in client.delete(&ids[..4]).unwrap() {
         result.unwrap();
@@ -701,19 +718,15 @@ fn write_behind_waits_its_delay_and_never_writes_what_was_deleted_within_it() {
 
 #[test]
 fn dirty_objects_beyond_their_share_are_written_at_once_oldest_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut t = tiers(dir.path(), Some(64 * MIB), false);
-    // Nothing would be written for a minute by age alone.
-    t.drain_after = Duration::from_secs(60);
-    t.dirty_percent = 25;
-    let daemon = TestDaemon::start_with(config(dir.path(), 16 * MIB, t));
+    let (_dir, daemon) = write_behind_daemon(false, |t| {
+        // Nothing would be written for a minute by age alone.
+        t.drain_after = Duration::from_secs(60);
+        t.dirty_percent = 25;
+    });
     let mut client = daemon.client();
     let len = 256 * KIB as usize;
     // 6 MiB sealed against a 4 MiB share: the oldest 2 MiB go down.
-    let ids: Vec<ObjectId> = (0..24).map(|_| ObjectId::random()).collect();
-    for id in &ids {
-        client.put(*id, &pattern(id, len), b"").unwrap();
-    }
+    let ids = put_patterns(&mut client, 24, len);
     let share = 16 * MIB / 100 * 25;
     let over = 24 * len as u64 - share;
     let report = report_until(&mut client, Duration::from_secs(10), |r| {
@@ -743,10 +756,7 @@ fn dirty_objects_beyond_their_share_are_written_at_once_oldest_first() {
         "the oldest are written first"
     );
     // A store filling past memory still evicts every dirty object down.
-    let more: Vec<ObjectId> = (0..48).map(|_| ObjectId::random()).collect();
-    for id in &more {
-        client.put(*id, &pattern(id, len), b"").unwrap();
-    }
+    let more = put_patterns(&mut client, 48, len);
     for id in ids.iter().chain(&more) {
         assert_eq!(read(&mut client, *id).unwrap(), pattern(id, len));
     }
@@ -756,15 +766,9 @@ fn dirty_objects_beyond_their_share_are_written_at_once_oldest_first() {
 fn write_behind_delays_only_what_memory_alone_holds() {
     use shoal_tiers::{TierLevel, TierSet};
 
-    let dir = tempfile::tempdir().unwrap();
-    let mut t = tiers(dir.path(), Some(64 * MIB), true);
-    t.drain_after = Duration::from_millis(1500);
-    let daemon = TestDaemon::start_with(config(dir.path(), 16 * MIB, t));
+    let (_dir, daemon) = write_behind_daemon(true, |t| t.drain_after = Duration::from_millis(1500));
     let mut client = daemon.client();
-    let ids: Vec<ObjectId> = (0..4).map(|_| ObjectId::random()).collect();
-    for id in &ids {
-        client.put(*id, &pattern(id, 100_000), b"").unwrap();
-    }
+    let ids = put_patterns(&mut client, 4, 100_000);
     let all_on = |client: &mut Client, level: TierLevel| {
         let bit = TierSet::of(level).bits();
         let listed = client.list().unwrap();
