@@ -251,13 +251,7 @@ pub async fn run(config: DaemonConfig, shutdown: Shutdown) -> Result<()> {
     }
     crate::write_poller::spawn(&ops);
 
-    // A stale socket file from a daemon that died: we hold the lock, so it is ours to replace.
-    let _ = std::fs::remove_file(&config.socket);
-    let listener = UnixListener::bind(&config.socket)
-        .map_err(|e| ShoalError::io(&format!("bind {}", config.socket.display()), e))?;
-    // Owner-only: the socket grants access to the whole region.
-    std::fs::set_permissions(&config.socket, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| ShoalError::io("restrict socket permissions", e))?;
+    let listener = bind_owner_only(&config.socket)?;
     tracing::info!(
         socket = %config.socket.display(),
         region = %node.region().path().display(),
@@ -391,6 +385,47 @@ async fn serve_clients(
     }
 }
 
+/// Binds the client socket so that it is owner-only from the moment its path
+/// exists: the socket grants access to the whole region, and a chmod after
+/// bind would leave a window in which another user could connect. It is bound
+/// under a private name, restricted, then renamed into place (a rename keeps
+/// the socket's inode and its mode). A umask cannot do this: the embedded
+/// daemon shares its process, and so its umask, with the user's code.
+fn bind_owner_only(socket: &Path) -> Result<UnixListener> {
+    let restrict = |path: &Path| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| ShoalError::io("restrict socket permissions", e))
+    };
+    let bind = |path: &Path| {
+        UnixListener::bind(path).map_err(|e| ShoalError::io(&format!("bind {}", path.display()), e))
+    };
+    // A stale socket file from a daemon that died: we hold the lock, so it is ours to replace.
+    let _ = std::fs::remove_file(socket);
+    let private = socket.with_file_name(format!(".shoal-bind-{}", std::process::id()));
+    let _ = std::fs::remove_file(&private);
+    match UnixListener::bind(&private) {
+        Ok(listener) => {
+            let placed = restrict(&private).and_then(|()| {
+                std::fs::rename(&private, socket)
+                    .map_err(|e| ShoalError::io(&format!("place {}", socket.display()), e))
+            });
+            if placed.is_err() {
+                let _ = std::fs::remove_file(&private);
+            }
+            placed.map(|()| listener)
+        }
+        // The private name is longer than the socket's own and may not fit a
+        // socket address (108 bytes) where the socket's does: the directory
+        // is then the only guard for the instant before the chmod.
+        Err(err) if err.kind() == std::io::ErrorKind::InvalidInput => {
+            let listener = bind(socket)?;
+            restrict(socket)?;
+            Ok(listener)
+        }
+        Err(err) => Err(ShoalError::io(&format!("bind {}", private.display()), err)),
+    }
+}
+
 /// Faults the region in from a helper thread so the socket is ready at once.
 fn spawn_prefault(region: &Arc<Region>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
     let region = region.clone();
@@ -402,4 +437,54 @@ fn spawn_prefault(region: &Arc<Region>, stop: Arc<AtomicBool>) -> std::thread::J
             tracing::debug!(bytes = done, elapsed = ?started.elapsed(), "region prefaulted");
         })
         .expect("spawn the prefault thread")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn the_socket_appears_owner_only_and_replaces_a_stale_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("d.sock");
+        std::fs::write(&socket, b"stale").unwrap();
+        let listener = bind_owner_only(&socket).unwrap();
+        assert_eq!(mode(&socket), 0o600);
+        assert_eq!(
+            names(dir.path()),
+            ["d.sock"],
+            "no private name is left behind"
+        );
+        let client = tokio::net::UnixStream::connect(&socket);
+        let (accepted, connected) = tokio::join!(listener.accept(), client);
+        accepted.unwrap();
+        connected.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_socket_whose_private_name_would_not_fit_is_bound_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        // A path of 107 bytes, the most a socket address holds: the private name
+        // is longer.
+        let room = 106 - dir.path().as_os_str().len() - "/x.sock".len();
+        let deep = dir.path().join("d".repeat(room));
+        std::fs::create_dir(&deep).unwrap();
+        let socket = deep.join("x.sock");
+        let _listener = bind_owner_only(&socket).unwrap();
+        assert_eq!(mode(&socket), 0o600);
+        assert_eq!(names(&deep), ["x.sock"]);
+    }
 }
