@@ -417,6 +417,15 @@ def total_hash(series: pd.Series) -> int:
     return int(series.to_numpy(dtype=np.uint64).sum(dtype=np.uint64))
 
 
+def tier_bytes(daemon: Daemon | None) -> dict[str, int] | None:
+    """Bytes the daemon moved between its tiers so far: spilled at eviction, drained ahead of
+    need, restored into memory (None without a daemon)."""
+    if daemon is None:
+        return None
+    tiers = daemon.client().tiers()
+    return {k: tiers[k] for k in ("spilled_bytes", "drained_bytes", "restored_bytes")}
+
+
 def pressure_run(
     kind: str, args: argparse.Namespace, workdir: Path, limit: int, store: str | None
 ) -> dict[str, Any]:
@@ -446,6 +455,7 @@ def pressure_run(
             def timed(job: str, work: Callable[[], Any]) -> Any:
                 """Runs one job, recording its seconds, or its failure (then None)."""
                 sampler.mark(job)
+                moved = tier_bytes(daemon)
                 started = time.perf_counter()
                 try:
                     value = work()
@@ -454,6 +464,10 @@ def pressure_run(
                     log(f"pressure {kind}: {job} failed: {err!r}"[:400])
                     return None
                 out[job] = time.perf_counter() - started
+                if moved is not None:
+                    out.setdefault("tiers_by_job", {})[job] = {
+                        k: v - moved[k] for k, v in tier_bytes(daemon).items()
+                    }
                 return value
 
             def persist() -> Any:
@@ -490,8 +504,7 @@ def pressure_run(
             out["stored"] = sum(stored for stored, _ in counts.values())
             out["released"] = sum(released for _, released in counts.values())
         if daemon is not None:
-            tiers = daemon.client().tiers()
-            out["tiers"] = {k: tiers[k] for k in ("spilled_bytes", "drained_bytes", "restored_bytes")}
+            out["tiers"] = tier_bytes(daemon)
         out["samples"] = sampler.samples
         out["own"] = sampler.own
         out["marks"] = sampler.marks
@@ -507,6 +520,8 @@ def run_pressure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         ("stock, no pressure", "stock", int(args.frame_gib * 4 * GiB), None),
         ("shoal", "shoal", limit, store),
     ):
+        if name not in args.runs:
+            continue
         runs[name] = pressure_run(kind, args, workdir, run_limit, run_store)
         brief = {k: v for k, v in runs[name].items() if k not in ("samples", "marks")}
         log(f"pressure {name}: {json.dumps(brief)}")
@@ -739,6 +754,12 @@ def main() -> None:
     ap.add_argument("--frame-gib", type=float, default=4.0)
     ap.add_argument("--limit-gib", type=float, default=1.0)
     ap.add_argument("--partitions", type=int, default=64)
+    ap.add_argument(
+        "--runs",
+        type=lambda text: text.split(","),
+        default=["stock", "stock, no pressure", "shoal"],
+        help="the pressure phase's runs, comma-separated (default all three; a report needs all)",
+    )
     ap.add_argument("--no-burst", action="store_true", help="no burst buffer below the pressure run's store")
     ap.add_argument(
         "--drain-after-ms",

@@ -239,6 +239,7 @@ pub fn sample_requests() -> Vec<Request> {
         },
         Request::StageIn { ids: ids.clone() },
         Request::StageOut { ids: vec![ids[0]] },
+        Request::Cool { ids: ids.clone() },
         Request::Tiers,
         Request::Name {
             id: ids[0],

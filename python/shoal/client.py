@@ -280,8 +280,19 @@ class Client:
         return self._raw.stats()
 
     def evict(self, nbytes: int) -> int:
-        """Evicts unreferenced objects (LRU first) until `nbytes` are freed; returns bytes freed."""
+        """Evicts unreferenced objects (cooled ones first, then the policy's order, LRU by
+        default) until `nbytes` are freed; returns bytes freed."""
         return self._raw.evict(nbytes)
+
+    def cool(self, oids: IdLike | Iterable[IdLike]) -> None:
+        """Says this process is done reading objects for now (a scan went past them): once
+        unreferenced, each leaves memory before any object the eviction policy orders, the
+        most recently cooled first, until it is read again. A hint, as madvise(MADV_COLD):
+        nothing is evicted because of it alone; on a store with tiers an evicted object
+        comes back by id. Raises ObjectNotFound for the first id not sealed in this node's
+        memory (the others are cooled)."""
+        ids = _ids(oids)
+        _raise_first(ids, self._raw.cool(ids), "cooling")
 
     # -- batches --------------------------------------------------------------------------------
 

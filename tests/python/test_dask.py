@@ -219,6 +219,34 @@ def test_making_room_lets_go_of_received_values_never_adopted(tmp_path: Path, mo
         daemon.teardown()
 
 
+def test_a_value_that_is_another_keys_shares_its_object(tmp_path: Path) -> None:
+    """An alias task returns its input unchanged (Dask's persisted collections in a new
+    graph): the second key shares the first's object instead of a copy, and holds its own
+    reference, so its value outlives the first key's object being deleted."""
+    directory = short_dir(tmp_path)
+    daemon = Daemon(directory / "store", capacity="16MiB", args=["--burst", str(directory / "burst")])
+    try:
+        opened = Store.open(daemon.socket)
+        data = StoreData(opened)
+        value = np.full(MiB // 8, 2.0)
+        data["a"] = value
+        objects = opened.client.stats()["objects"]
+        data["alias"] = data["a"]
+        assert opened.client.stats()["objects"] == objects and data.stored_count == 1
+        oid = data.stored("a").oid
+        assert data.stored("alias").oid == oid
+        # The first key forgotten, its object deleted (the scheduler plugin's forget), every
+        # view released: the alias's reference keeps the bytes.
+        del data["a"]
+        opened.client.delete(oid)
+        data.release_all()
+        np.testing.assert_array_equal(data["alias"], value)
+        del data["alias"]
+        wait_for(lambda: opened.client.stats()["objects"] == 0, timeout=5, message="the object freed")
+    finally:
+        daemon.teardown()
+
+
 # -- a cluster of worker processes on one store --------------------------------------------------
 
 
@@ -415,6 +443,35 @@ def test_a_tiered_store_spills_instead_of_dask(tmp_path: Path) -> None:
             assert not [line for line in logs if "the store is full" in line]
             assert daemon.client().tiers()["spilled_bytes"] + daemon.client().tiers()["drained_bytes"] > 0
             del parts
+    finally:
+        daemon.teardown()
+
+
+def test_a_job_cools_the_kept_values_it_read_and_reads_them_ahead(tmp_path: Path) -> None:
+    """A persisted collection larger than the store, scanned twice: each value a task read
+    and no other task waits for is cooled (it leaves memory first), only those, and the
+    values the client keeps are read ahead of the tasks that need them."""
+    directory = short_dir(tmp_path)
+    daemon = Daemon(directory / "store", capacity="24MiB", args=["--burst", str(directory / "burst")])
+    try:
+        with dask_cluster(daemon.socket, workers=2) as client:
+            chunks = 8
+            data = np.arange(chunks * MiB // 2, dtype=np.float64)  # 8 chunks of 4 MiB
+            persisted = da.from_array(data, chunks=MiB // 2).persist()
+            distributed.wait(persisted)
+            for _ in range(2):
+                assert float((persisted + 1).sum().compute()) == float((data + 1).sum())
+            cooled = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["shoal"].cooled)
+            # Each pass cools each chunk once (its `+ 1` task was the one that waited for it),
+            # and never the intermediates.
+            assert cooled == 2 * chunks, cooled
+            seen = client.run(
+                lambda dask_worker: (len(dask_worker.shoal_data._kept), dask_worker.shoal_read_ahead.asked)
+            )
+            assert sum(kept for kept, _ in seen.values()) == chunks, seen
+            assert sum(asked for _, asked in seen.values()) > 0, seen
+            assert daemon.client().tiers()["restores"] > 0
+            del persisted
     finally:
         daemon.teardown()
 

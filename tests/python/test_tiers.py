@@ -98,6 +98,26 @@ def test_stage_out_and_in(make_store, tmp_path):
     del held
 
 
+def test_cooled_objects_leave_memory_first_and_a_read_warms_them(make_store, tmp_path):
+    store = make_store(capacity="8MiB", args=tier_args(tmp_path))
+    client = store.client()
+    blob = b"x" * MIB
+    ids = [client.put(blob) for _ in range(6)]  # 6 of the 7 objects memory holds
+    client.cool([ids[4], ids[1]])
+    client.cool(ids[3])
+    client.get(ids[3])  # read again: warm
+    client.put(blob)
+    client.put(blob)
+    resident = {o.id for o in client.list() if o.resident}
+    assert ids[1] not in resident and ids[4] in resident, "the last cooled left first"
+    assert {ids[0], ids[2], ids[3], ids[5]} <= resident
+    with pytest.raises(shoal.ObjectNotFound):
+        client.cool([ids[1]])  # on a tier only: nothing in memory to cool
+    with pytest.raises(shoal.ObjectNotFound):
+        client.cool(shoal.ObjectID.from_random())
+    assert bytes(client.get_buffer(ids[1], timeout_ms=0)) == blob  # back by id
+
+
 def test_the_cli_shows_and_moves_tiers(make_store, tmp_path):
     store = make_store(capacity="16MiB", args=tier_args(tmp_path))
     client = store.client()

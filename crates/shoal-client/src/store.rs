@@ -1,12 +1,13 @@
-//! The store as a whole: its statistics, eviction on demand, and the
-//! elastic capacity controller's state.
+//! The store as a whole: its statistics, eviction on demand and its order
+//! (cooled objects first), and the elastic capacity controller's state.
 
 use std::time::Duration;
 
 use shoal_core::error::Result;
 use shoal_core::protocol::{CapacityReport, Reply, Request, StoreStats};
+use shoal_core::ObjectId;
 
-use crate::channel::unexpected;
+use crate::channel::{per_id, unexpected};
 
 impl crate::Client {
     /// The store's counters: objects, bytes, references, evictions.
@@ -23,6 +24,16 @@ impl crate::Client {
             Reply::Evicted { bytes } => Ok(bytes),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// Tells the daemon this client's readers are done with `ids` for now:
+    /// once unreferenced, each leaves memory before the eviction policy's
+    /// own candidates (the most recently cooled first) until read again. A
+    /// hint: nothing is evicted because of it alone. One result per id:
+    /// `ObjectNotFound` for one not sealed in this node's memory.
+    pub fn cool(&mut self, ids: &[ObjectId]) -> Result<Vec<Result<()>>> {
+        let reply = self.channel.call(&Request::Cool { ids: ids.to_vec() })?;
+        per_id(reply, ids, "cooling object")
     }
 
     /// The elastic capacity controller's state; with `trace_since`, also

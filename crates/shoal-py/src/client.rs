@@ -265,6 +265,14 @@ impl Client {
         Ok(kinds(results))
     }
 
+    /// Marks objects their readers are done with (they leave memory first);
+    /// per id `None` or the error kind.
+    fn cool(&self, py: Python<'_>, ids: PyIds) -> PyResult<Vec<Option<&'static str>>> {
+        let ids = ids.0;
+        let results = py.detach(|| self.shared.with(|c| c.cool(&ids))).py()?;
+        Ok(kinds(results))
+    }
+
     /// The node's tiers below memory and the drain's progress.
     fn tiers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let t = py.detach(|| self.shared.with(|c| c.tiers())).py()?;

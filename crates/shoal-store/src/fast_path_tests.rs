@@ -234,6 +234,35 @@ fn a_read_through_the_fast_path_counts_for_eviction_as_a_get_does() {
 }
 
 #[test]
+fn a_fast_path_read_before_a_cool_leaves_it_cold_and_one_after_warms_it() {
+    let (mut s, fast) = store(4096);
+    put(&mut s, 1, 1000);
+    put(&mut s, 2, 1000);
+    put(&mut s, 3, 1000);
+    // The reader of 3 is done with it: read, released, cooled.
+    let r = fast.acquire(&id(3)).unwrap();
+    fast.release(r.position);
+    s.cool(&id(3)).unwrap();
+    assert_eq!(
+        s.record_fast_reads(),
+        0,
+        "the read before the cool is counted"
+    );
+    assert_eq!(s.evict(1024), 1024);
+    assert!(!s.contains(&id(3)), "the cooled object goes first");
+    // 2 cooled, then read again: warm, a candidate in the policy's order.
+    s.cool(&id(2)).unwrap();
+    let r = fast.acquire(&id(2)).unwrap();
+    fast.release(r.position);
+    assert_eq!(s.evict(1024), 1024);
+    assert!(
+        !s.contains(&id(1)) && s.contains(&id(2)),
+        "read after the cool: warm"
+    );
+    s.check_invariants();
+}
+
+#[test]
 fn a_create_that_cannot_fit_past_a_held_object_evicts_nothing() {
     let (mut s, fast) = store(8192);
     put(&mut s, 1, 4000);

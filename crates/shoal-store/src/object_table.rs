@@ -99,6 +99,9 @@ pub struct Entry {
     /// last release (or when the eviction finishes).
     pub delete_pending: bool,
     pub residency: Residency,
+    /// Its readers are done with it (`Store::cool`): once unreferenced it
+    /// leaves memory before the policy's own candidates; a read clears it.
+    pub cold: bool,
     pub access: PackedAccess,
     /// Its position in the shared object index (the fast path), while it
     /// is published there — or, once unpublished, until the daemon has
@@ -133,6 +136,7 @@ impl Entry {
             state,
             delete_pending: false,
             residency: Residency::Resident,
+            cold: false,
             access,
             fast_position: NO_POSITION,
         }
@@ -266,6 +270,7 @@ mod tests {
             state: ObjectState::Created,
             delete_pending: false,
             residency: Residency::Resident,
+            cold: false,
             access: PackedAccess::default(),
             fast_position: NO_POSITION,
         }

@@ -37,7 +37,7 @@ use shoal_core::ids::{ClientId, ObjectId};
 use shoal_core::location::{Block, ObjectLocation};
 
 use crate::allocator::Allocator;
-use crate::eviction::EvictionPolicy;
+use crate::eviction::{EvictionPolicy, Lru};
 use crate::ghost_reads::{GhostReads, DEFAULT_GHOSTS};
 use crate::object_table::{Access, Entry, ObjectTable, Slot};
 
@@ -93,6 +93,10 @@ pub struct Store {
     table: ObjectTable,
     allocator: Allocator,
     policy: Box<dyn EvictionPolicy>,
+    /// Candidates their readers are done with ([`Store::cool`]), in the
+    /// order they were cooled: they leave before the policy's own, the most
+    /// recently cooled first.
+    cold: Lru,
     clients: HashMap<ClientId, ClientState>,
     capacity: u64,
     /// The largest capacity the store has had: an object above it is too
@@ -166,6 +170,7 @@ impl Store {
             ceiling: capacity.min(allocator.size()),
             allocator,
             policy,
+            cold: Lru::default(),
             clients: HashMap::new(),
             evictions: 0,
             evicted_bytes: 0,
@@ -233,7 +238,6 @@ mod test_support;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eviction::Lru;
 
     #[test]
     fn capacity_never_exceeds_whole_lines_of_the_region() {

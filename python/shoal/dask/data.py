@@ -11,7 +11,12 @@ Spilling by tiering, on a store with a tier below memory (a burst buffer, a back
 store): the mapping keeps its most recently used values mapped, `hold` bytes of their
 objects at most (default an eighth of the store's capacity), and releases the older
 ones: their bytes stay in the store, unreferenced, so the daemon evicts them down a tier
-when memory is short and brings them back by id when the key is read again. A create or
+when memory is short and brings them back by id when the key is read again. Values the
+worker's tasks are done with (`cool`: no task left on this worker reads them) are
+released at once and leave memory before any other, the most recently cooled first: a
+job that scans a persisted collection larger than memory then restores what the store
+cannot hold once, not every value on every pass (LRU would evict each value just
+before the scan comes back to it). A create or
 a read that finds the store full of referenced objects releases every value the mapping
 holds and asks again (`Store.make_room`). On a store without tiers every value stays
 referenced (an unreferenced object there could be evicted for good).
@@ -29,7 +34,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
 
 from dask.sizeof import sizeof
@@ -83,6 +88,12 @@ class StoreData(MutableMapping[Any, Any]):
         self._views: OrderedDict[Any, Any] = OrderedDict()
         #: Bytes of the objects under `_views`.
         self._held = 0
+        #: Keys a client keeps (`keep`; cooled ones too): read ahead of their tasks.
+        self._kept: set[Any] = set()
+        #: Keys whose value is another key's, unchanged (an alias task returned its input):
+        #: they share its object and hold their reference until deleted (the other key's
+        #: object is deleted when that key is forgotten, and only a reference outlives that).
+        self._aliases: set[Any] = set()
         self.hold = hold if hold is not None else store.capacity // DEFAULT_HOLD_SHARE
         #: key → the object's name; set by the worker once it knows its own name.
         self.name_of: Callable[[Any], str | None] = lambda key: None
@@ -151,8 +162,21 @@ class StoreData(MutableMapping[Any, Any]):
         if stored is not None:  # a reference another worker sent: no second object
             self._keep(key, stored, value)
             return
+        stored = self._share(value)
+        if stored is not None:  # another key's value, unchanged: no second object
+            self._aliases.add(key)
+            self._keep(key, stored, value)
+            return
         if not self._store_value(key, value, force=False):
             self._private[key] = value
+
+    def _share(self, value: Any) -> Stored | None:
+        """A reference of this process's own to the object `value` already lies in (a value
+        this mapping rebuilt over this store), or None."""
+        source = backing.lookup(value)
+        if source is None or source.store != self.store.identity or source.buffer is None:
+            return None
+        return Stored(source.oid, source.store, source.nbytes, source.buffer)
 
     def _store_value(self, key: Any, value: Any, *, force: bool) -> bool:
         """Puts `value` into the store if it belongs there (`force`: any picklable value,
@@ -203,9 +227,49 @@ class StoreData(MutableMapping[Any, Any]):
         backing.unregister(self._views.pop(key))
         stored = self._stored[key]
         self._held -= stored.nbytes
-        if self.store.tiered:
+        if self.store.tiered and key not in self._aliases:
             stored.buffer = None
         return stored.nbytes
+
+    def cool(self, keys: Iterable[Any]) -> None:
+        """The worker's tasks are done with `keys` for now: their views go (each object's
+        reference with it, once no task result keeps the value) and the store evicts their
+        objects before any other (`Store.cool`). A tiered store only; keys held by Dask
+        are left alone."""
+        if not self.store.tiered or not self.store.usable:
+            return
+        oids = []
+        for key in keys:
+            stored = self._stored.get(key)
+            if stored is None:
+                continue
+            self._kept.add(key)
+            if key in self._views:
+                self._drop_view(key)
+                self.released_count += 1
+            oids.append(stored.oid)
+        if oids:
+            self.store.cool(oids)
+
+    def keep(self, keys: Iterable[Any]) -> None:
+        """A client keeps `keys` (a persisted collection): their values are read ahead of the
+        tasks that need them (`read_ahead`)."""
+        self._kept.update(k for k in keys if k in self._stored)
+
+    def read_ahead(self, keys: Iterable[Any], budget: int) -> list[bytes]:
+        """The objects of `keys` worth restoring ahead of the tasks reading them, in order:
+        values a client keeps that this process does not map now; the first of them, and
+        the others while they fit in `budget` bytes."""
+        oids = []
+        for key in keys:
+            stored = self._stored.get(key)
+            if stored is None or key not in self._kept or key in self._views:
+                continue
+            budget -= stored.nbytes
+            if budget < 0 and oids:
+                break
+            oids.append(stored.oid)
+        return oids
 
     def release_all(self) -> int:
         """Releases every value mapped here to the store's tiers (a tiered store only), and
@@ -235,6 +299,8 @@ class StoreData(MutableMapping[Any, Any]):
         return view
 
     def __delitem__(self, key: Any) -> None:
+        self._kept.discard(key)
+        self._aliases.discard(key)
         stored = self._stored.pop(key, None)
         if stored is None:
             del self._private[key]

@@ -1,5 +1,6 @@
-"""The scheduler's side: objects of forgotten keys are deleted, and the keys of a worker
-that dies stay in memory where their objects survive it.
+"""The scheduler's side: objects of forgotten keys are deleted, objects of kept keys no
+task waits for are cooled, and the keys of a worker that dies stay in memory where their
+objects survive it.
 
 Workers tell the scheduler which store they reach (`extra["shoal"]`, from
 `Worker.startup_information`); the plugin acts through a live worker of each store, so
@@ -12,7 +13,16 @@ the scheduler itself needs no store:
 - before Dask removes a worker it asks the workers that share its store to adopt the
   keys only it held (`shoal_adopt`: each maps the key's object and takes the key as
   scattered data), and records them as replicas, so Dask sees the keys still in memory
-  and recomputes none of them; keys whose objects are gone are recomputed as usual.
+  and recomputes none of them; keys whose objects are gone are recomputed as usual;
+- when a task finishes, each input of it that no other task waits for and that a client
+  still wants (a persisted collection a job just read) is cooled at the workers holding
+  it (`shoal-cool`, `StoreData.cool`): on a tiered store its object leaves memory before
+  any other, so a job scanning a collection larger than the store restores what memory
+  cannot hold once per pass, where LRU evicts every value just before the scan comes
+  back to it. Inputs nobody wants are left alone: they are deleted within moments, and
+  cooling them would have the store write them to a tier first;
+- a task whose value a client wants is named to the workers holding it (`shoal-kept`):
+  they read such values ahead of the tasks that need them (`read_ahead.py`).
 
 Dask calls a plugin's `remove_worker` only after the worker's keys were released, so
 the plugin wraps the scheduler's `remove_worker` (and its `unregister` handler) instead.
@@ -50,6 +60,8 @@ class SchedulerPlugin(DaskSchedulerPlugin):
         #: Keys whose objects were deleted, and keys adopted after a worker died.
         self.forgotten = 0
         self.adopted = 0
+        #: Keys cooled at a worker (one count per worker holding one).
+        self.cooled = 0
         self._rescuing: dict[str, asyncio.Future[None]] = {}
 
     async def start(self, scheduler: Any) -> None:
@@ -69,6 +81,10 @@ class SchedulerPlugin(DaskSchedulerPlugin):
     # -- deleting the objects of keys nobody holds ---------------------------------------------
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if start == "processing" and finish == "memory":
+            self._cool_inputs_of(key)
+            self._tell_kept(key)
+            return
         if start != "memory" or finish not in _GONE:
             return
         task = self.scheduler.tasks.get(key)
@@ -80,6 +96,28 @@ class SchedulerPlugin(DaskSchedulerPlugin):
         for address in self._one_worker_per_store().values():
             self.scheduler.worker_send(address, message)
         self.forgotten += 1
+
+    def _cool_inputs_of(self, key: Any) -> None:
+        """Cools the inputs of finished task `key` that no task waits for and a client keeps."""
+        task = self.scheduler.tasks.get(key)
+        if task is None:
+            return
+        by_worker: dict[str, list[Any]] = {}
+        for dep in task.dependencies:
+            if dep.state == "memory" and not dep.waiters and dep.who_wants:
+                for ws in dep.who_has or ():
+                    by_worker.setdefault(ws.address, []).append(dep.key)
+        for address, keys in by_worker.items():
+            self.scheduler.worker_send(address, {"op": "shoal-cool", "keys": keys})
+            self.cooled += len(keys)
+
+    def _tell_kept(self, key: Any) -> None:
+        """Tells the workers holding finished task `key` that a client keeps it (persisted)."""
+        task = self.scheduler.tasks.get(key)
+        if task is None or not task.who_wants:
+            return
+        for ws in task.who_has or ():
+            self.scheduler.worker_send(ws.address, {"op": "shoal-kept", "keys": [key]})
 
     def _one_worker_per_store(self, exclude: str | None = None) -> dict[str, str]:
         chosen: dict[str, str] = {}

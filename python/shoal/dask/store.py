@@ -26,7 +26,7 @@ from typing import Any
 import shoal
 from shoal import layout
 from shoal.dask.backing import Stored
-from shoal.errors import Disconnected, ShoalError, StoreFull
+from shoal.errors import Disconnected, ObjectNotFound, ShoalError, StoreFull
 
 log = logging.getLogger("distributed.worker.shoal")
 
@@ -189,6 +189,17 @@ class Store:
                 if time.monotonic() >= deadline:
                     raise
                 self.warn_once("room", "shoal: the store is full of values in use; a read waits for room")
+
+    def cool(self, oids: list[bytes]) -> None:
+        """Tells the store this process is done reading `oids` for now: they leave memory
+        first when room is needed (`shoal.Client.cool`). An object deleted meanwhile, or
+        already down a tier, is skipped."""
+        try:
+            self.client.cool(oids)
+        except ObjectNotFound:
+            pass  # the others were cooled
+        except ShoalError as err:
+            self.failed(err, "a hint")
 
     def find(self, prefix: str) -> tuple[Stored, Any] | None:
         """A value stored under directory `prefix` (any worker's), or None."""

@@ -27,10 +27,15 @@ from distributed.spill import SpillBuffer
 
 from shoal.dask import backing, memory, serialize, store
 from shoal.dask.data import DEFAULT_THRESHOLD, StoreData
+from shoal.dask.read_ahead import ReadAhead
 from shoal.dask.scheduler import SchedulerPlugin
 from shoal.errors import ShoalError
 
 log = logging.getLogger("distributed.worker.shoal")
+
+#: How many of the next ready tasks a worker reads the kept inputs of ahead (at most half
+#: of the bytes it keeps mapped, `StoreData.hold`).
+READ_AHEAD_TASKS = 4
 
 
 def _setting(value: Any, key: str, default: Any = None) -> Any:
@@ -59,6 +64,8 @@ class Worker(distributed.Worker):
         **kwargs: Any,
     ) -> None:
         self.shoal: store.Store | None = None
+        self.shoal_data: StoreData | None = None
+        self.shoal_read_ahead: ReadAhead | None = None
         socket = _setting(shoal_socket, "socket")
         failure: Exception | None = None
         if data is None:
@@ -75,6 +82,7 @@ class Worker(distributed.Worker):
             )
             data = mapping
         super().__init__(*args, data=data, **kwargs)
+        self.shoal_data = mapping
         self.monitor.get_process_memory = memory.private_memory
         if failure is not None:  # logged now, when Dask's worker logs are set up
             where = socket or "the default socket"
@@ -92,6 +100,10 @@ class Worker(distributed.Worker):
         overrides[serialize.HANDSHAKE_KEY] = self.shoal.handshake()
         self.handlers["shoal_adopt"] = self.shoal_adopt
         self.stream_handlers["shoal-forget"] = self.shoal_forget
+        self.stream_handlers["shoal-cool"] = self.shoal_cool
+        self.stream_handlers["shoal-kept"] = self.shoal_kept
+        if self.shoal.tiered:
+            self.shoal_read_ahead = ReadAhead(self.shoal.client.socket)
 
     def _keep_private_as_dask_does(self, mapping: StoreData) -> None:
         """Values the store does not take spill as Dask's own would (its SpillBuffer, with
@@ -139,6 +151,19 @@ class Worker(distributed.Worker):
                     "nanny", "shoal: the nanny did not take the accounting (%r): it counts store pages", err
                 )
 
+    async def execute(self, key: Any, *, stimulus_id: str) -> Any:
+        """Dask's execute, after asking for the kept inputs of the next ready tasks to be
+        restored from the store's tiers meanwhile (`read_ahead`)."""
+        if self.shoal_read_ahead is not None and self.shoal_data is not None and self.state.ready:
+            keys = [dep.key for ts in self.state.ready.peekn(READ_AHEAD_TASKS) for dep in ts.dependencies]
+            self.shoal_read_ahead.want(self.shoal_data.read_ahead(keys, self.shoal_data.hold // 2))
+        return await super().execute(key, stimulus_id=stimulus_id)
+
+    async def close(self, *args: Any, **kwargs: Any) -> Any:
+        if self.shoal_read_ahead is not None:
+            self.shoal_read_ahead.close()
+        return await super().close(*args, **kwargs)
+
     async def get_data(
         self, comm: Any, keys: Any, who: str | None = None, serializers: list[str] | None = None
     ) -> Any:
@@ -174,6 +199,17 @@ class Worker(distributed.Worker):
         scope = self.scheduler.address
         for key in keys:
             self.shoal.forget(store.key_prefix(scope, key), before)
+
+    def shoal_kept(self, keys: list[Any], stimulus_id: str | None = None) -> None:
+        """A client keeps `keys` (persisted): worth reading ahead (`StoreData.keep`)."""
+        if self.shoal_data is not None:
+            self.shoal_data.keep(keys)
+
+    def shoal_cool(self, keys: list[Any], stimulus_id: str | None = None) -> None:
+        """No task waits for `keys` any more, and the client keeps them: their objects leave
+        memory first when room is needed (`StoreData.cool`)."""
+        if self.shoal_data is not None:
+            self.shoal_data.cool(keys)
 
 
 class Nanny(distributed.Nanny):

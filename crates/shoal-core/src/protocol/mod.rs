@@ -72,7 +72,8 @@ pub use tier_report::{TierInfo, TierReport};
 /// 16: `ClusterInfo` carries the cluster's identity (its name and a digest
 /// of its token).
 /// 17: `ClusterInfo` says how peer traffic is protected (TLS or not).
-pub const PROTOCOL_VERSION: u32 = 17;
+/// 18: `Cool`: objects their readers are done with leave memory first.
+pub const PROTOCOL_VERSION: u32 = 18;
 
 #[cfg(test)]
 mod doc_check;

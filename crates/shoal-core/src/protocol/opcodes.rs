@@ -32,6 +32,7 @@ pub(super) mod op {
     pub const PEER_READS: u16 = 0x1C;
     pub const RESIZE: u16 = 0x1D;
     pub const SET_MTIME: u16 = 0x1E;
+    pub const COOL: u16 = 0x1F;
 
     pub const OK: u16 = 0x80;
     pub const ERROR: u16 = 0x81;

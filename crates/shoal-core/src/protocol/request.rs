@@ -163,6 +163,15 @@ pub enum Request {
         /// still referenced: written down, kept in memory).
         ids: Vec<ObjectId>,
     },
+    /// Its readers are done with these objects for now: once unreferenced,
+    /// each leaves memory before the eviction policy's own candidates (the
+    /// most recently cooled first) until it is read again. A hint: nothing
+    /// leaves memory because of it alone.
+    Cool {
+        /// The objects, answered in this order by `Statuses` (`ObjectNotFound`
+        /// for one not sealed in this node's memory).
+        ids: Vec<ObjectId>,
+    },
     /// The node's tiers, their use and the drain's progress.
     Tiers,
     /// The elastic capacity controller's state; with `trace_since`, also
@@ -332,6 +341,10 @@ impl Request {
                 w.ids(ids);
                 op::STAGE_OUT
             }
+            Request::Cool { ids } => {
+                w.ids(ids);
+                op::COOL
+            }
             Request::Tiers => op::TIERS,
             Request::Name { id, name } => {
                 w.id(id).str(name);
@@ -431,6 +444,7 @@ impl Request {
             },
             op::STAGE_IN => Request::StageIn { ids: r.ids()? },
             op::STAGE_OUT => Request::StageOut { ids: r.ids()? },
+            op::COOL => Request::Cool { ids: r.ids()? },
             op::TIERS => Request::Tiers,
             op::NAME => Request::Name {
                 id: r.id()?,

@@ -62,6 +62,7 @@ pub(super) fn sample_requests() -> Vec<Request> {
         },
         Request::StageIn { ids: ids.clone() },
         Request::StageOut { ids: vec![] },
+        Request::Cool { ids: vec![] },
         Request::Tiers,
         Request::Name {
             id: ids[0],

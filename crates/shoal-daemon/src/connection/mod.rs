@@ -278,6 +278,7 @@ impl Connection {
             } => statuses(self.ops.wait_durable(&ids, level, timeout_ms).await),
             Request::StageIn { ids } => statuses(self.ops.stage_in(&ids).await),
             Request::StageOut { ids } => statuses(self.ops.stage_out(&ids).await),
+            Request::Cool { ids } => statuses(self.ops.cool(&ids)),
             Request::Evict { bytes } => Reply::Evicted {
                 bytes: self.ops.evict(bytes).await,
             },

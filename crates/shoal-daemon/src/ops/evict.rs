@@ -1,6 +1,10 @@
 //! Evict: free memory on request by evicting unreferenced objects (as the
 //! eviction gate decides); objects other nodes keep on loan are asked back
-//! when that is not enough.
+//! when that is not enough. Cool: objects their readers are done with go
+//! first when memory is needed.
+
+use shoal_core::error::ShoalError;
+use shoal_core::ids::ObjectId;
 
 use crate::ops::Ops;
 
@@ -17,5 +21,12 @@ impl Ops {
             }
         }
         freed
+    }
+
+    /// Marks each of `ids` cold in this node's store (`Store::cool`): its
+    /// error, if any, in the order of `ids`.
+    pub(crate) fn cool(&self, ids: &[ObjectId]) -> Vec<Option<ShoalError>> {
+        self.node
+            .mutate(|store| ids.iter().map(|id| store.cool(id).err()).collect())
     }
 }

@@ -39,6 +39,12 @@ impl Default for Lru {
 }
 
 impl Lru {
+    /// The most recently inserted slot: the store's cold candidates leave
+    /// in this order (a looping scan finds its earlier part still in memory).
+    pub fn newest(&self) -> Option<Slot> {
+        (self.tail != NIL).then_some(self.tail)
+    }
+
     fn contains(&self, slot: Slot) -> bool {
         self.links
             .get(slot as usize)

@@ -11,7 +11,7 @@ use shoal_core::error::{ErrorKind, Result, ShoalError};
 use shoal_core::ids::ObjectId;
 use shoal_core::location::{Block, ObjectLocation};
 
-use crate::eviction::Reads;
+use crate::eviction::{EvictionPolicy, Reads};
 use crate::object_table::{Entry, ObjectState, Residency, Slot, CLOCK_MASK};
 
 use super::{EvictionGate, Placement, Store, Verdict, Victim};
@@ -70,7 +70,7 @@ impl Store {
         if covered(self) {
             return None;
         }
-        while let Some(victim) = self.policy.victim() {
+        while let Some(victim) = self.next_victim() {
             self.evict_slot(victim, true);
             if fits(self) {
                 if let Some(block) = self.place(len, placement) {
@@ -99,16 +99,21 @@ impl Store {
             && entry.residency == Residency::Resident
     }
 
-    /// `slot`, whose block is `len` bytes, becomes an eviction candidate.
+    /// `slot`, whose block is `len` bytes, becomes an eviction candidate:
+    /// the policy's, or a cold one if its readers are done with it.
     pub(super) fn add_candidate(&mut self, slot: Slot, len: u64) {
-        let access = self.table.get(slot).expect("candidate is live").access;
-        self.policy.insert_with_reads(
-            slot,
-            Reads {
-                access: access.get(),
-                now: self.access_clock(),
-            },
-        );
+        let entry = self.table.get(slot).expect("candidate is live");
+        if entry.cold {
+            self.cold.insert(slot);
+        } else {
+            self.policy.insert_with_reads(
+                slot,
+                Reads {
+                    access: entry.access.get(),
+                    now: self.access_clock(),
+                },
+            );
+        }
         self.evictable_bytes += len;
         self.space_changed = true;
     }
@@ -121,18 +126,71 @@ impl Store {
         };
         if Self::is_candidate(entry) {
             let len = self.block_of(entry).len;
-            self.policy.remove(slot);
+            self.leave_candidates(slot);
             self.evictable_bytes -= len;
         }
     }
 
+    /// Takes candidate `slot` out of the list it is in (its bytes stay
+    /// counted: the caller's business).
+    pub(super) fn leave_candidates(&mut self, slot: Slot) {
+        if self.table.get(slot).expect("candidate is live").cold {
+            self.cold.remove(slot);
+        } else {
+            self.policy.remove(slot);
+        }
+    }
+
+    /// The next victim: the most recently cooled candidate, else the
+    /// policy's choice.
+    fn next_victim(&self) -> Option<Slot> {
+        self.cold.newest().or_else(|| self.policy.victim())
+    }
+
     /// Times a read of `slot` on the access clock and tells the policy (a
     /// candidate must be out of the policy meanwhile: its reads go in anew).
+    /// A read warms a cooled object again.
     pub(super) fn time_read(&mut self, slot: Slot) {
         self.access_clock += 1;
         let now = self.access_clock;
+        self.uncool(slot);
         self.table.get_mut(slot).expect("live").access.record(now);
         self.policy.touch(slot);
+    }
+
+    /// `slot` is no longer cold; it must not be a candidate now.
+    pub(super) fn uncool(&mut self, slot: Slot) {
+        self.table.get_mut(slot).expect("live").cold = false;
+    }
+
+    /// Its readers are done with object `id` for now: once unreferenced it
+    /// leaves memory before every candidate the policy orders, the most
+    /// recently cooled first, until a read warms it again. A hint, as
+    /// `madvise(MADV_COLD)` is: nothing leaves memory because of it alone.
+    /// Reads already made through the fast path count as made before it.
+    /// `ObjectNotFound` for an id not sealed and visible in memory here.
+    pub fn cool(&mut self, id: &ObjectId) -> Result<()> {
+        let slot = self
+            .table
+            .find(id)
+            .filter(|&s| self.table.get(s).is_some_and(Entry::is_visible))
+            .ok_or_else(|| ShoalError::not_found(id))?;
+        let candidate = Self::is_candidate(self.table.get(slot).expect("found slot is live"));
+        if candidate {
+            self.drop_candidate(slot);
+        }
+        if self.read_through_fast_path(slot) {
+            self.time_read(slot);
+        }
+        self.table.get_mut(slot).expect("live").cold = true;
+        if candidate {
+            let len = self.block_of(self.table.get(slot).expect("live")).len;
+            // A cooled object changes no room: waiters for space need not look again.
+            let space_changed = self.space_changed;
+            self.add_candidate(slot, len);
+            self.space_changed = space_changed;
+        }
+        Ok(())
     }
 
     /// Evicts a candidate as the gate decides. Returns the bytes held (0 if
@@ -291,7 +349,7 @@ impl Store {
         }
         let mut freed = 0;
         while freed < bytes {
-            let Some(victim) = self.policy.victim() else {
+            let Some(victim) = self.next_victim() else {
                 break;
             };
             let len = self
@@ -313,6 +371,70 @@ mod tests {
     use super::*;
     use crate::object_table::Access;
     use shoal_core::event::ObjectEvent;
+
+    /// Four sealed, unreferenced 64-byte objects in a store of four, LRU
+    /// order 0, 1, 2, 3.
+    fn full_of_four() -> Store {
+        let mut s = store(64 * 4);
+        for n in 0..4 {
+            s.create(1, id(n), 64, 0).unwrap();
+            s.seal(1, &[id(n)], true).unwrap();
+        }
+        s
+    }
+
+    /// Which of ids 0..=9 are in memory.
+    fn resident(s: &Store) -> Vec<u8> {
+        (0..10).filter(|&n| s.contains(&id(n))).collect()
+    }
+
+    #[test]
+    fn cooled_objects_leave_before_the_policy_order_most_recently_cooled_first() {
+        let mut s = full_of_four();
+        s.cool(&id(2)).unwrap();
+        s.cool(&id(1)).unwrap();
+        s.check_invariants();
+        assert_eq!(s.stats().evictable, 4, "cooled objects stay candidates");
+        s.create(1, id(10), 64, 0).unwrap();
+        assert_eq!(resident(&s), [0, 2, 3], "the last cooled left first");
+        s.create(1, id(11), 64, 0).unwrap();
+        assert_eq!(resident(&s), [0, 3]);
+        s.create(1, id(12), 64, 0).unwrap();
+        assert_eq!(resident(&s), [3], "then the policy's order");
+        s.check_invariants();
+    }
+
+    #[test]
+    fn a_read_warms_a_cooled_object_and_a_held_one_cools_at_its_release() {
+        let mut s = full_of_four();
+        s.cool(&id(0)).unwrap();
+        s.get(2, &id(0)).unwrap();
+        s.release(2, &id(0)).unwrap(); // read after the cool: LRU order 1, 2, 3, 0
+        s.get(2, &id(3)).unwrap();
+        s.cool(&id(3)).unwrap(); // referenced: cold from its release on
+        s.check_invariants();
+        s.create(1, id(10), 64, 0).unwrap();
+        assert_eq!(resident(&s), [0, 2, 3], "3 is held; 0 is warm again");
+        s.release(2, &id(3)).unwrap();
+        s.create(1, id(11), 64, 0).unwrap();
+        assert_eq!(resident(&s), [0, 2], "3 left first once released");
+        s.check_invariants();
+    }
+
+    #[test]
+    fn cooling_an_unknown_or_unsealed_object_is_refused_and_changes_nothing() {
+        let mut s = full_of_four();
+        s.delete(&id(3)).unwrap();
+        s.create(1, id(5), 64, 0).unwrap();
+        for absent in [id(3), id(5), id(9)] {
+            let err = s.cool(&absent).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ObjectNotFound);
+        }
+        s.check_invariants();
+        s.seal(1, &[id(5)], true).unwrap();
+        s.create(1, id(10), 64, 0).unwrap();
+        assert_eq!(resident(&s), [1, 2, 5], "0 left: plain LRU order");
+    }
 
     #[test]
     fn full_store_evicts_lru_and_never_referenced() {

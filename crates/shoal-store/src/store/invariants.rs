@@ -4,6 +4,7 @@
 
 use shoal_core::location::Block;
 
+use crate::eviction::EvictionPolicy;
 use crate::object_table::{ObjectState, Residency};
 
 use super::Store;
@@ -14,6 +15,7 @@ impl Store {
     pub fn check_invariants(&self) {
         let mut used = 0;
         let mut evictable = 0;
+        let mut cold = 0;
         let mut evictable_bytes = 0;
         let mut evicting_bytes = 0;
         let mut blocks: Vec<Block> = Vec::new();
@@ -30,6 +32,7 @@ impl Store {
             let resident = e.residency == Residency::Resident;
             if e.refs == 0 && e.state == ObjectState::Sealed && !e.delete_pending && resident {
                 evictable += 1;
+                cold += e.cold as usize;
                 evictable_bytes += block.len;
             }
             if e.residency == Residency::Evicting {
@@ -54,9 +57,10 @@ impl Store {
         );
         assert_eq!(
             evictable,
-            self.policy.len(),
-            "policy candidates differ from unreferenced sealed objects"
+            self.policy.len() + self.cold.len(),
+            "policy and cold candidates differ from unreferenced sealed objects"
         );
+        assert_eq!(cold, self.cold.len(), "cold candidates");
         assert_eq!(evictable_bytes, self.evictable_bytes, "evictable bytes");
         assert_eq!(evicting_bytes, self.evicting_bytes, "evicting bytes");
         blocks.sort_by_key(|b| b.offset);
@@ -102,6 +106,7 @@ mod tests {
         FinishEviction(u8),
         CancelEviction(u8),
         Readmit(u8),
+        Cool(u8),
         /// A transfer (client 3) holds client c's unsealed object, or lets go.
         Hold(u8, u8),
         Unhold(u8),
@@ -122,6 +127,7 @@ mod tests {
             (0u8..12).prop_map(Op::FinishEviction),
             (0u8..12).prop_map(Op::CancelEviction),
             (0u8..12).prop_map(Op::Readmit),
+            (0u8..12).prop_map(Op::Cool),
             (c, i).prop_map(|(c, i)| Op::Hold(c, i)),
             (0u8..12).prop_map(Op::Unhold),
         ]
@@ -172,6 +178,10 @@ mod tests {
                         }
                     }
                     Op::Readmit(i) => { s.readmit(&id(i)); }
+                    Op::Cool(i) => {
+                        let cooled = s.cool(&id(i));
+                        prop_assert_eq!(cooled.is_ok(), s.table.find(&id(i)).and_then(|slot| s.table.get(slot)).is_some_and(|e| e.is_visible()));
+                    }
                     Op::Hold(c, i) => { let _ = s.hold_unsealed(3, c as u32, &id(i)); }
                     Op::Unhold(i) => { let _ = s.release(3, &id(i)); }
                 }

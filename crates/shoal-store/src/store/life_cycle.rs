@@ -380,8 +380,11 @@ impl Store {
                 .allocator
                 .block_len(location.size())
                 .expect("sizes were checked at create");
-            self.policy.remove(slot);
+            self.leave_candidates(slot);
             self.evictable_bytes -= len;
+        }
+        if read {
+            self.uncool(slot);
         }
         self.policy.touch(slot);
         *self.client(client).refs.entry(slot).or_insert(0) += 1;

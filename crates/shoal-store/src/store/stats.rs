@@ -5,6 +5,7 @@
 use shoal_core::location::ObjectLocation;
 use shoal_core::protocol::{ObjectInfo, StoreStats};
 
+use crate::eviction::EvictionPolicy;
 use crate::object_table::{Entry, ObjectState, Slot};
 
 use super::{Store, FAST_READERS};
@@ -81,7 +82,7 @@ impl Store {
             evicted_bytes: self.evicted_bytes,
             line_size: self.allocator.line(),
             policy: self.policy.name(),
-            evictable: self.policy.len() as u64,
+            evictable: (self.policy.len() + self.cold.len()) as u64,
             ..Default::default()
         };
         for (_, e) in self.table.iter() {
