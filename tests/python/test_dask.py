@@ -31,6 +31,7 @@ pd = pytest.importorskip("pandas", reason=REASON)
 
 import dask.array as da  # noqa: E402
 import dask_jobs  # noqa: E402
+from dask.sizeof import sizeof  # noqa: E402
 from distributed import Client, LocalCluster, get_worker  # noqa: E402
 from distributed.protocol.serialize import serialize  # noqa: E402
 
@@ -227,7 +228,7 @@ def test_a_value_that_is_another_keys_shares_its_object(tmp_path: Path) -> None:
     daemon = Daemon(directory / "store", capacity="16MiB", args=["--burst", str(directory / "burst")])
     try:
         opened = Store.open(daemon.socket)
-        data = StoreData(opened)
+        data = StoreData(opened, hold=8 * MiB)
         value = np.full(MiB // 8, 2.0)
         data["a"] = value
         objects = opened.client.stats()["objects"]
@@ -235,16 +236,60 @@ def test_a_value_that_is_another_keys_shares_its_object(tmp_path: Path) -> None:
         assert opened.client.stats()["objects"] == objects and data.stored_count == 1
         oid = data.stored("a").oid
         assert data.stored("alias").oid == oid
+        # One value under two keys: dropping one key's view leaves the other's registered
+        # (it is still sent by reference).
+        data._drop_view("a")
+        assert backing.lookup(data["alias"]) is not None
         # The first key forgotten, its object deleted (the scheduler plugin's forget), every
         # view released: the alias's reference keeps the bytes.
         del data["a"]
         opened.client.delete(oid)
-        data.release_all()
+        assert data.release_all() == 0  # an alias releases nothing
         np.testing.assert_array_equal(data["alias"], value)
-        del data["alias"]
-        wait_for(lambda: opened.client.stats()["objects"] == 0, timeout=5, message="the object freed")
+        # Kept by a client (or asked for by another worker), an alias gets its own object.
+        data["b"] = value
+        data["kept"] = data["b"]
+        data.keep(["kept"])
+        assert data.stored("kept").oid != data.stored("b").oid and data.stored_count == 3
+        np.testing.assert_array_equal(data["kept"], value)
+        oids = [data.stored(key).oid for key in ("b", "kept")]
+        for key in list(data):
+            del data[key]
+        opened.client.delete(oids)  # the alias's went with "a"
+        wait_for(lambda: opened.client.stats()["objects"] == 0, timeout=5, message="the objects freed")
     finally:
         daemon.teardown()
+
+
+def test_young_values_stay_private_until_shared_kept_or_crowded(store: Daemon) -> None:
+    """A new value needs no object until another worker asks for it, a client keeps it,
+    newer values need the room or the memory monitor evicts; one forgotten before that is
+    never copied into the store."""
+    opened = Store.open(store.socket)
+    data = StoreData(opened, young=2 * MiB)
+    values = {key: np.full(MiB // 8, float(i)) for i, key in enumerate("abcdef")}  # 1 MiB each
+    data["a"] = values["a"]
+    assert data["a"] is values["a"] and data.stored("a") is None and "a" in data
+    del data["a"]  # forgotten young: never stored
+    assert data.stored_count == 0 and "a" not in data
+    for key in "bcd":  # 3 MiB in 2 MiB of young values: the oldest goes into the store
+        data[key] = values[key]
+    assert data.stored("b") is not None and data.stored("c") is None and data.stored_count == 1
+    data.promote(["c"])  # another worker asks for it
+    data.keep(["d"])  # a client keeps it
+    assert data.stored("c") is not None and data.stored("d") is not None
+    data["e"] = values["e"]
+    assert data.evict() == sizeof(values["e"]) and data.stored("e") is not None  # the monitor
+    big = np.full(MiB // 2, 5.0)  # 4 MiB: above the young budget, stored at once
+    data["big"] = big
+    assert data.stored("big") is not None and data.stored_count == 5
+    for key in "bcde":
+        np.testing.assert_array_equal(data[key], values[key])
+    assert len(data) == 5 and set(data) == {"b", "c", "d", "e", "big"}
+    oids = [data.stored(key).oid for key in data]
+    for key in list(data):
+        del data[key]
+    opened.client.delete(oids)
 
 
 # -- a cluster of worker processes on one store --------------------------------------------------
@@ -339,6 +384,17 @@ def test_killed_worker_keys_are_not_recomputed(store: Daemon, tmp_path: Path) ->
         distributed.wait(parts)
         held = client.run(lambda dask_worker: list(dask_worker.data), workers=[victim])[victim]
         assert len(held) == 2, held
+        # Kept by the client: in the store within moments of their tasks' end (`shoal-kept`).
+        wait_for(
+            lambda: all(
+                client.run(
+                    lambda dask_worker: [dask_worker.data.stored(k) is not None for k in dask_worker.data],
+                    workers=[victim],
+                )[victim]
+            ),
+            timeout=10,
+            message="the victim's values in the store",
+        )
         pid = client.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGKILL)
         wait_for(

@@ -401,7 +401,11 @@ fn bind_owner_only(socket: &Path) -> Result<UnixListener> {
     };
     // A stale socket file from a daemon that died: we hold the lock, so it is ours to replace.
     let _ = std::fs::remove_file(socket);
-    let private = socket.with_file_name(format!(".shoal-bind-{}", std::process::id()));
+    // Unique in this process too: a test harness runs several daemons in one.
+    static BINDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let bind_number = BINDS.fetch_add(1, Ordering::Relaxed);
+    let private =
+        socket.with_file_name(format!(".shoal-bind-{}-{bind_number}", std::process::id()));
     let _ = std::fs::remove_file(&private);
     match UnixListener::bind(&private) {
         Ok(listener) => {

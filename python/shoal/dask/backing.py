@@ -40,20 +40,29 @@ class Stored:
     buffer: Buffer | None
 
 
-_values: dict[int, tuple[Any, Stored]] = {}
+#: id(value) → (value, the object it lies in, how many keys registered it): an alias key
+#: holds the very value of the key it aliases.
+_values: dict[int, tuple[Any, Stored, int]] = {}
 _received: OrderedDict[int, tuple[Any, Stored, float]] = OrderedDict()
 
 
 def register(value: Any, stored: Stored) -> None:
     """`value` was rebuilt over `stored`'s object (the caller keeps `value` alive until
-    `unregister`)."""
-    _values[id(value)] = (value, stored)
+    `unregister`); one `unregister` per `register`."""
+    entry = _values.get(id(value))
+    if entry is not None and entry[0] is value:
+        _values[id(value)] = (value, entry[1], entry[2] + 1)
+    else:
+        _values[id(value)] = (value, stored, 1)
 
 
 def unregister(value: Any) -> None:
     entry = _values.get(id(value))
     if entry is not None and entry[0] is value:
-        del _values[id(value)]
+        if entry[2] > 1:
+            _values[id(value)] = (value, entry[1], entry[2] - 1)
+        else:
+            del _values[id(value)]
 
 
 def lookup(value: Any) -> Stored | None:

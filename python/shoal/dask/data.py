@@ -12,14 +12,20 @@ store): the mapping keeps its most recently used values mapped, `hold` bytes of 
 objects at most (default an eighth of the store's capacity), and releases the older
 ones: their bytes stay in the store, unreferenced, so the daemon evicts them down a tier
 when memory is short and brings them back by id when the key is read again. Values the
-worker's tasks are done with (`cool`: no task left on this worker reads them) are
-released at once and leave memory before any other, the most recently cooled first: a
-job that scans a persisted collection larger than memory then restores what the store
-cannot hold once, not every value on every pass (LRU would evict each value just
-before the scan comes back to it). A create or
-a read that finds the store full of referenced objects releases every value the mapping
-holds and asks again (`Store.make_room`). On a store without tiers every value stays
-referenced (an unreferenced object there could be evicted for good).
+scheduler says no task waits for and a client keeps (`cool`) are released at once and
+leave memory before any other, the most recently cooled first: a job that scans a
+persisted collection larger than memory then restores what the store cannot hold once,
+not every value on every pass (LRU would evict each value just before the scan comes
+back to it). A create or a read that finds the store full of referenced objects
+releases every value the mapping holds and asks again (`Store.make_room`).
+
+Young values: with `young` > 0 a new value stays private until another worker asks for
+it, a client keeps it, newer ones need the room or the memory monitor evicts
+(`promote`); most values are read by the next task here and forgotten, and never need an
+object. A value that is another key's, unchanged (an alias task), shares its object.
+
+On a store without tiers every value stays referenced (an unreferenced object there could
+be evicted for good).
 
 Dask's memory monitor calls `evict()` when the process's private memory passes the
 spill threshold (distributed's `ManualEvictProto`): a value held privately moves into
@@ -43,7 +49,7 @@ from shoal import layout
 from shoal.dask import backing
 from shoal.dask.backing import Stored
 from shoal.dask.store import ROOM_ASK_MS, Store
-from shoal.errors import StoreFull
+from shoal.errors import ShoalError, StoreFull
 
 log = logging.getLogger("distributed.worker.shoal")
 
@@ -62,7 +68,7 @@ class _Fast:
         self._data = data
 
     def __len__(self) -> int:
-        return len(self._data._private_fast()) + len(self._data._views)
+        return len(self._data._private_fast()) + len(self._data._views) + len(self._data._young)
 
 
 class StoreData(MutableMapping[Any, Any]):
@@ -75,10 +81,13 @@ class StoreData(MutableMapping[Any, Any]):
         threshold: int = DEFAULT_THRESHOLD,
         private: MutableMapping[Any, Any] | None = None,
         hold: int | None = None,
+        young: int = 0,
     ) -> None:
         """`private` holds what stays with Dask (default a dict; the worker passes a
         SpillBuffer when it has a memory limit). `hold`: bytes of objects kept mapped on
-        a tiered store (the module docstring; default capacity / DEFAULT_HOLD_SHARE)."""
+        a tiered store (the module docstring; default capacity / DEFAULT_HOLD_SHARE). `young`:
+        bytes of new values kept private until they are shared (`promote`), short of room
+        or known to be kept (0: every value goes into the store at once)."""
         self.store = store
         self.threshold = threshold
         self._private: MutableMapping[Any, Any] = {} if private is None else private
@@ -88,6 +97,11 @@ class StoreData(MutableMapping[Any, Any]):
         self._views: OrderedDict[Any, Any] = OrderedDict()
         #: Bytes of the objects under `_views`.
         self._held = 0
+        #: New values kept private until promoted, oldest first, and their bytes (`sizeof`).
+        self.young = young
+        self._young: OrderedDict[Any, Any] = OrderedDict()
+        self._young_sizes: dict[Any, int] = {}
+        self._young_bytes = 0
         #: Keys a client keeps (`keep`; cooled ones too): read ahead of their tasks.
         self._kept: set[Any] = set()
         #: Keys whose value is another key's, unchanged (an alias task returned its input):
@@ -127,6 +141,8 @@ class StoreData(MutableMapping[Any, Any]):
         oldest view over the store. Returns the private bytes freed (0 for a view), -1 if
         nothing could be evicted; never raises (the value stays where it was)."""
         try:
+            if self._young:
+                return self._promote(next(iter(self._young)))
             fast = self._private_fast()
             if fast:
                 return self._evict_private(next(iter(fast)))
@@ -167,16 +183,65 @@ class StoreData(MutableMapping[Any, Any]):
             self._aliases.add(key)
             self._keep(key, stored, value)
             return
+        if self.young and self.store.usable:
+            size = sizeof(value)
+            if self.threshold <= size <= self.young:
+                self._young[key] = value
+                self._young_sizes[key] = size
+                self._young_bytes += size
+                while self._young_bytes > self.young:
+                    self._promote(next(iter(self._young)))
+                return
         if not self._store_value(key, value, force=False):
             self._private[key] = value
+
+    def promote(self, keys: Iterable[Any]) -> None:
+        """Moves the young values of `keys` into the store, and gives aliases among them
+        objects of their own: another worker asks for them, or a client keeps them."""
+        for key in keys:
+            if key in self._young:
+                self._promote(key)
+            elif key in self._aliases:
+                self._unalias(key)
+
+    def _promote(self, key: Any) -> int:
+        """Moves young `key` into the store (or, refused, to Dask's own keeping); returns
+        its private bytes."""
+        value = self._young.pop(key)
+        size = self._young_sizes.pop(key)
+        self._young_bytes -= size
+        if not self._store_value(key, value, force=False):
+            self._private[key] = value
+        return size
 
     def _share(self, value: Any) -> Stored | None:
         """A reference of this process's own to the object `value` already lies in (a value
         this mapping rebuilt over this store), or None."""
         source = backing.lookup(value)
-        if source is None or source.store != self.store.identity or source.buffer is None:
+        if source is None or source.store != self.store.identity:
             return None
-        return Stored(source.oid, source.store, source.nbytes, source.buffer)
+        buffer = source.buffer
+        if buffer is None:
+            try:  # the value's arrays keep the object referenced: it is in memory
+                buffer = self.store.client.get_buffer(source.oid, timeout_ms=0)
+            except ShoalError:
+                return None
+        return Stored(source.oid, source.store, source.nbytes, buffer)
+
+    def _unalias(self, key: Any) -> None:
+        """Gives alias `key` an object of its own (one copy): a client keeps it or another
+        worker gets it by reference, so it may outlive the key whose object it shares
+        (which is deleted when that key is forgotten), and must not pin memory meanwhile."""
+        value = self[key]
+        shared = self._stored.pop(key)
+        self._aliases.discard(key)
+        view = self._views.pop(key, None)
+        if view is not None:
+            backing.unregister(view)
+            self._held -= shared.nbytes
+        if not self._store_value(key, value, force=True):
+            self._private[key] = value
+        shared.buffer = None
 
     def _store_value(self, key: Any, value: Any, *, force: bool) -> bool:
         """Puts `value` into the store if it belongs there (`force`: any picklable value,
@@ -223,11 +288,14 @@ class StoreData(MutableMapping[Any, Any]):
 
     def _drop_view(self, key: Any) -> int:
         """Forgets `key`'s view; on a tiered store releases its object too (its reference
-        goes once no task uses the value any more). Returns the object's bytes."""
+        goes once no task uses the value any more; an alias keeps its own). Returns the
+        bytes released."""
         backing.unregister(self._views.pop(key))
         stored = self._stored[key]
         self._held -= stored.nbytes
-        if self.store.tiered and key not in self._aliases:
+        if key in self._aliases:
+            return 0  # it keeps its reference: nothing released
+        if self.store.tiered:
             stored.buffer = None
         return stored.nbytes
 
@@ -254,6 +322,8 @@ class StoreData(MutableMapping[Any, Any]):
     def keep(self, keys: Iterable[Any]) -> None:
         """A client keeps `keys` (a persisted collection): their values are read ahead of the
         tasks that need them (`read_ahead`)."""
+        keys = list(keys)
+        self.promote(keys)
         self._kept.update(k for k in keys if k in self._stored)
 
     def read_ahead(self, keys: Iterable[Any], budget: int) -> list[bytes]:
@@ -288,6 +358,8 @@ class StoreData(MutableMapping[Any, Any]):
         return released
 
     def __getitem__(self, key: Any) -> Any:
+        if key in self._young:
+            return self._young[key]
         if key in self._views:
             self._views.move_to_end(key)
             return self._views[key]
@@ -301,6 +373,10 @@ class StoreData(MutableMapping[Any, Any]):
     def __delitem__(self, key: Any) -> None:
         self._kept.discard(key)
         self._aliases.discard(key)
+        if key in self._young:  # never shared: it never needed an object
+            del self._young[key]
+            self._young_bytes -= self._young_sizes.pop(key)
+            return
         stored = self._stored.pop(key, None)
         if stored is None:
             del self._private[key]
@@ -314,14 +390,15 @@ class StoreData(MutableMapping[Any, Any]):
         stored.buffer = None
 
     def __contains__(self, key: object) -> bool:
-        return key in self._stored or key in self._private
+        return key in self._stored or key in self._young or key in self._private
 
     def __iter__(self) -> Iterator[Any]:
         yield from self._stored
+        yield from self._young
         yield from self._private
 
     def __len__(self) -> int:
-        return len(self._stored) + len(self._private)
+        return len(self._stored) + len(self._young) + len(self._private)
 
     def stored(self, key: Any) -> Stored | None:
         """The object holding `key`'s value, or None (held by Dask)."""

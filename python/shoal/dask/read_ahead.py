@@ -4,10 +4,10 @@ while the current task runs.
 A task's inputs are read on the worker's event loop before the task runs, so an input on
 a tier costs the task its restore (a disk read) on top of its compute; restored ahead, on
 a thread with a connection of its own, the disk and the CPU work at once. Only values a
-client keeps are read ahead: the keys the scheduler cooled at least once (a persisted
-collection a job scans again). An intermediate value is never on a tier for long enough
-to pay, and restoring it early evicts what the running task needs (reading ahead every
-input made a set_index 3x slower). The restore itself evicts the store's cooled objects
+client keeps are read ahead (a persisted collection, a result), as the scheduler names
+them (`shoal-kept`). An intermediate value is never on a tier for long enough to pay,
+and restoring it early evicts what the running task needs (reading ahead every input
+made a set_index 3x slower). The restore itself evicts the store's cooled objects
 first (`shoal.Client.cool`), so a scan makes room for its next value from the values it
 has done with.
 """
@@ -47,10 +47,11 @@ class ReadAhead:
             self._changed.notify()
 
     def close(self) -> None:
+        """Stops the thread once its stage-in in progress, if any, is answered (not waited
+        for: the worker's event loop calls this)."""
         with self._changed:
             self._closed = True
             self._changed.notify()
-        self._thread.join(timeout=5)
 
     def _run(self) -> None:
         try:

@@ -106,7 +106,8 @@ class SchedulerPlugin(DaskSchedulerPlugin):
         for dep in task.dependencies:
             if dep.state == "memory" and not dep.waiters and dep.who_wants:
                 for ws in dep.who_has or ():
-                    by_worker.setdefault(ws.address, []).append(dep.key)
+                    if store_of(ws) is not None:
+                        by_worker.setdefault(ws.address, []).append(dep.key)
         for address, keys in by_worker.items():
             self.scheduler.worker_send(address, {"op": "shoal-cool", "keys": keys})
             self.cooled += len(keys)
@@ -117,7 +118,8 @@ class SchedulerPlugin(DaskSchedulerPlugin):
         if task is None or not task.who_wants:
             return
         for ws in task.who_has or ():
-            self.scheduler.worker_send(ws.address, {"op": "shoal-kept", "keys": [key]})
+            if store_of(ws) is not None:
+                self.scheduler.worker_send(ws.address, {"op": "shoal-kept", "keys": [key]})
 
     def _one_worker_per_store(self, exclude: str | None = None) -> dict[str, str]:
         chosen: dict[str, str] = {}

@@ -26,7 +26,7 @@ from distributed.protocol import pickle
 from distributed.spill import SpillBuffer
 
 from shoal.dask import backing, memory, serialize, store
-from shoal.dask.data import DEFAULT_THRESHOLD, StoreData
+from shoal.dask.data import DEFAULT_HOLD_SHARE, DEFAULT_THRESHOLD, StoreData
 from shoal.dask.read_ahead import ReadAhead
 from shoal.dask.scheduler import SchedulerPlugin
 from shoal.errors import ShoalError
@@ -36,6 +36,8 @@ log = logging.getLogger("distributed.worker.shoal")
 #: How many of the next ready tasks a worker reads the kept inputs of ahead (at most half
 #: of the bytes it keeps mapped, `StoreData.hold`).
 READ_AHEAD_TASKS = 4
+#: Up to how many ready tasks the worker looks that far (beyond, at the next one only).
+READ_AHEAD_SORTED = 64
 
 
 def _setting(value: Any, key: str, default: Any = None) -> Any:
@@ -50,8 +52,11 @@ class Worker(distributed.Worker):
     smaller values stay with Dask, default 64 KiB), `shoal_capacity` (of an embedded store
     started when none runs at the default socket), `shoal_hold` (bytes of values kept
     mapped on a store with tiers, the older ones left to the tiers; default an eighth of
-    the store's capacity). Each defaults to Dask's config `shoal.socket`,
-    `shoal.threshold`, `shoal.capacity`, `shoal.hold`."""
+    the store's capacity), `shoal_young` (bytes of new values kept private until another
+    worker asks for them, a client keeps them or newer ones need the room; default half
+    of `shoal_hold`; 0: every value into the store at once). Each defaults to Dask's
+    config `shoal.socket`, `shoal.threshold`, `shoal.capacity`, `shoal.hold`,
+    `shoal.young`."""
 
     def __init__(
         self,
@@ -60,6 +65,7 @@ class Worker(distributed.Worker):
         shoal_threshold: int | str | None = None,
         shoal_capacity: int | str | None = None,
         shoal_hold: int | str | None = None,
+        shoal_young: int | str | None = None,
         data: Any = None,
         **kwargs: Any,
     ) -> None:
@@ -77,12 +83,19 @@ class Worker(distributed.Worker):
         if self.shoal is not None:
             threshold = parse_bytes(_setting(shoal_threshold, "threshold", DEFAULT_THRESHOLD))
             hold = _setting(shoal_hold, "hold")
-            mapping = StoreData(
-                self.shoal, threshold=threshold, hold=None if hold is None else parse_bytes(hold)
-            )
+            hold = self.shoal.capacity // DEFAULT_HOLD_SHARE if hold is None else parse_bytes(hold)
+            young = _setting(shoal_young, "young")
+            young = hold // 2 if young is None else parse_bytes(young)
+            mapping = StoreData(self.shoal, threshold=threshold, hold=hold, young=young)
             data = mapping
         super().__init__(*args, data=data, **kwargs)
         self.shoal_data = mapping
+        # Registered whether or not a store was found: a stream message with no handler
+        # closes the worker (what the scheduler sends depends on what it was told, and a
+        # stale message may still arrive).
+        self.stream_handlers["shoal-forget"] = self.shoal_forget
+        self.stream_handlers["shoal-cool"] = self.shoal_cool
+        self.stream_handlers["shoal-kept"] = self.shoal_kept
         self.monitor.get_process_memory = memory.private_memory
         if failure is not None:  # logged now, when Dask's worker logs are set up
             where = socket or "the default socket"
@@ -99,9 +112,6 @@ class Worker(distributed.Worker):
         overrides = self.connection_args.setdefault("handshake_overrides", {})
         overrides[serialize.HANDSHAKE_KEY] = self.shoal.handshake()
         self.handlers["shoal_adopt"] = self.shoal_adopt
-        self.stream_handlers["shoal-forget"] = self.shoal_forget
-        self.stream_handlers["shoal-cool"] = self.shoal_cool
-        self.stream_handlers["shoal-kept"] = self.shoal_kept
         if self.shoal.tiered:
             self.shoal_read_ahead = ReadAhead(self.shoal.client.socket)
 
@@ -154,8 +164,11 @@ class Worker(distributed.Worker):
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         """Dask's execute, after asking for the kept inputs of the next ready tasks to be
         restored from the store's tiers meanwhile (`read_ahead`)."""
-        if self.shoal_read_ahead is not None and self.shoal_data is not None and self.state.ready:
-            keys = [dep.key for ts in self.state.ready.peekn(READ_AHEAD_TASKS) for dep in ts.dependencies]
+        ready = self.state.ready
+        if self.shoal_read_ahead is not None and self.shoal_data is not None and ready:
+            # peekn sorts the whole heap: past a few dozen ready tasks, the next one only.
+            following = ready.peekn(READ_AHEAD_TASKS) if len(ready) <= READ_AHEAD_SORTED else [ready.peek()]
+            keys = [dep.key for ts in following for dep in ts.dependencies]
             self.shoal_read_ahead.want(self.shoal_data.read_ahead(keys, self.shoal_data.hold // 2))
         return await super().execute(key, stimulus_id=stimulus_id)
 
@@ -171,6 +184,8 @@ class Worker(distributed.Worker):
         receiver cannot reach, and Dask's own families follow)."""
         if self.shoal is not None and self.shoal.usable:
             serializers = [serialize.NAME, *(serializers or ("dask", "pickle"))]
+            if self.shoal_data is not None:
+                self.shoal_data.promote(keys)  # sent by id: it needs its object now
         return await super().get_data(comm, keys, who=who, serializers=serializers)
 
     def shoal_adopt(self, keys: list[Any], stimulus_id: str | None = None) -> list[Any]:
@@ -195,7 +210,8 @@ class Worker(distributed.Worker):
     def shoal_forget(self, keys: list[Any], before: float, stimulus_id: str | None = None) -> None:
         """Deletes the objects of keys the scheduler forgot (any worker's) that were sealed
         before time `before`."""
-        assert self.shoal is not None
+        if self.shoal is None:
+            return
         scope = self.scheduler.address
         for key in keys:
             self.shoal.forget(store.key_prefix(scope, key), before)

@@ -132,13 +132,15 @@ impl Store {
     }
 
     /// Takes candidate `slot` out of the list it is in (its bytes stay
-    /// counted: the caller's business).
+    /// counted: the caller's business). The policy hears of a cold one
+    /// leaving too: it may hold the slot's read history (a touch while the
+    /// object was referenced), and a remove with no touch after it is how
+    /// it learns that the slot is freed.
     pub(super) fn leave_candidates(&mut self, slot: Slot) {
         if self.table.get(slot).expect("candidate is live").cold {
             self.cold.remove(slot);
-        } else {
-            self.policy.remove(slot);
         }
+        self.policy.remove(slot);
     }
 
     /// The next victim: the most recently cooled candidate, else the
