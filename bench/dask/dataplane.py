@@ -440,6 +440,7 @@ def pressure_run(
             drain_after_ms=args.drain_after_ms,
             dirty_percent=args.drain_dirty_percent,
             memory_limit=limit,
+            **({"shoal_young": args.young} if kind == "shoal" and args.young else {}),
         ) as (
             client,
             daemon,
@@ -759,6 +760,13 @@ def main() -> None:
         type=lambda text: text.split(","),
         default=["stock", "stock, no pressure", "shoal"],
         help="the pressure phase's runs, comma-separated (default all three; a report needs all)",
+    )
+    ap.add_argument(
+        "--young",
+        type=int,
+        default=0,
+        help="shoal's workers keep this many bytes of new values private until shared or kept "
+        "(shoal_young; default 0, the worker's default)",
     )
     ap.add_argument("--no-burst", action="store_true", help="no burst buffer below the pressure run's store")
     ap.add_argument(

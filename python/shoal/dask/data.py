@@ -43,6 +43,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
 
+import numpy as np
 from dask.sizeof import sizeof
 
 from shoal import layout
@@ -56,6 +57,10 @@ log = logging.getLogger("distributed.worker.shoal")
 #: Values smaller than this stay with Dask (a store object costs a create, a copy and a
 #: name; below this size Dask's own handling is as cheap and sends no fewer bytes).
 DEFAULT_THRESHOLD = 64 * 1024
+#: Young values that view store objects, at most: each keeps a whole object referenced
+#: (a piece of 1 MiB may hold one of 32), so beyond these the oldest goes into the store as
+#: a copy of its own. Two: a task's result read by the next task (a column projection).
+YOUNG_VIEWS = 2
 #: On a tiered store, the share of its capacity one worker keeps mapped by default: the
 #: store's other workers and the objects tasks are using need the rest.
 DEFAULT_HOLD_SHARE = 8
@@ -99,14 +104,20 @@ class StoreData(MutableMapping[Any, Any]):
         self._held = 0
         #: New values kept private until promoted, oldest first, and their bytes (`sizeof`).
         self.young = young
+        #: [start, end) of the store's memory in this process.
+        self._region = (store.client.region_address, store.client.region_address + store.client.region_size)
         self._young: OrderedDict[Any, Any] = OrderedDict()
         self._young_sizes: dict[Any, int] = {}
         self._young_bytes = 0
-        #: Keys a client keeps (`keep`; cooled ones too): read ahead of their tasks.
+        #: Young values that are views of store objects (`_views_the_store`).
+        self._young_views: set[Any] = set()
+        #: Keys a client keeps (`keep`; cooled ones too): read ahead of their tasks; and
+        #: their objects, which an alias may share.
         self._kept: set[Any] = set()
-        #: Keys whose value is another key's, unchanged (an alias task returned its input):
-        #: they share its object and hold their reference until deleted (the other key's
-        #: object is deleted when that key is forgotten, and only a reference outlives that).
+        self._kept_oids: dict[bytes, Any] = {}
+        #: Keys whose value is a kept key's, unchanged (an alias task returned its input):
+        #: they share its object, which is deleted only once no client keeps that key (and
+        #: a graph over a persisted collection keeps it: dask-expr's holds its futures).
         self._aliases: set[Any] = set()
         self.hold = hold if hold is not None else store.capacity // DEFAULT_HOLD_SHARE
         #: key → the object's name; set by the worker once it knows its own name.
@@ -186,6 +197,10 @@ class StoreData(MutableMapping[Any, Any]):
         if self.young and self.store.usable:
             size = sizeof(value)
             if self.threshold <= size <= self.young:
+                if self._views_the_store(value):
+                    while len(self._young_views) >= YOUNG_VIEWS:
+                        self._promote(next(k for k in self._young if k in self._young_views))
+                    self._young_views.add(key)
                 self._young[key] = value
                 self._young_sizes[key] = size
                 self._young_bytes += size
@@ -195,14 +210,23 @@ class StoreData(MutableMapping[Any, Any]):
         if not self._store_value(key, value, force=False):
             self._private[key] = value
 
+    def _views_the_store(self, value: Any) -> bool:
+        """Whether a buffer of `value` lies in the store's memory: a piece of another value
+        (a column projection, a shuffle's split of a group), which while young keeps that
+        whole object referenced; stored, it is a copy of its own and the other can go."""
+        try:
+            buffers = layout.pickle_value(value).buffers
+        except Exception:
+            return False  # not picklable out of band: it would stay private anyway
+        low, high = self._region
+        return any(b.nbytes and low <= np.frombuffer(b, np.uint8).ctypes.data < high for b in buffers)
+
     def promote(self, keys: Iterable[Any]) -> None:
-        """Moves the young values of `keys` into the store, and gives aliases among them
-        objects of their own: another worker asks for them, or a client keeps them."""
+        """Moves the young values of `keys` into the store: another worker asks for them,
+        or a client keeps them."""
         for key in keys:
             if key in self._young:
                 self._promote(key)
-            elif key in self._aliases:
-                self._unalias(key)
 
     def _promote(self, key: Any) -> int:
         """Moves young `key` into the store (or, refused, to Dask's own keeping); returns
@@ -210,15 +234,19 @@ class StoreData(MutableMapping[Any, Any]):
         value = self._young.pop(key)
         size = self._young_sizes.pop(key)
         self._young_bytes -= size
+        self._young_views.discard(key)
         if not self._store_value(key, value, force=False):
             self._private[key] = value
         return size
 
     def _share(self, value: Any) -> Stored | None:
-        """A reference of this process's own to the object `value` already lies in (a value
-        this mapping rebuilt over this store), or None."""
+        """A reference of this process's own to the object `value` already lies in, if it
+        is a kept key's (a value this mapping rebuilt over this store), or None. Not for an
+        intermediate's object: it is deleted when that key is forgotten, which the alias
+        may outlive, and holding a reference meanwhile would pin it in memory (alias tasks
+        run ahead of the tasks that read them)."""
         source = backing.lookup(value)
-        if source is None or source.store != self.store.identity:
+        if source is None or source.store != self.store.identity or source.oid not in self._kept_oids:
             return None
         buffer = source.buffer
         if buffer is None:
@@ -229,9 +257,8 @@ class StoreData(MutableMapping[Any, Any]):
         return Stored(source.oid, source.store, source.nbytes, buffer)
 
     def _unalias(self, key: Any) -> None:
-        """Gives alias `key` an object of its own (one copy): a client keeps it or another
-        worker gets it by reference, so it may outlive the key whose object it shares
-        (which is deleted when that key is forgotten), and must not pin memory meanwhile."""
+        """Gives alias `key` an object of its own (one copy): a client keeps it, so it may
+        outlive the key whose object it shares."""
         value = self[key]
         shared = self._stored.pop(key)
         self._aliases.discard(key)
@@ -288,13 +315,10 @@ class StoreData(MutableMapping[Any, Any]):
 
     def _drop_view(self, key: Any) -> int:
         """Forgets `key`'s view; on a tiered store releases its object too (its reference
-        goes once no task uses the value any more; an alias keeps its own). Returns the
-        bytes released."""
+        goes once no task uses the value any more). Returns the object's bytes."""
         backing.unregister(self._views.pop(key))
         stored = self._stored[key]
         self._held -= stored.nbytes
-        if key in self._aliases:
-            return 0  # it keeps its reference: nothing released
         if self.store.tiered:
             stored.buffer = None
         return stored.nbytes
@@ -312,6 +336,7 @@ class StoreData(MutableMapping[Any, Any]):
             if stored is None:
                 continue
             self._kept.add(key)
+            self._kept_oids.setdefault(stored.oid, key)
             if key in self._views:
                 self._drop_view(key)
                 self.released_count += 1
@@ -324,7 +349,13 @@ class StoreData(MutableMapping[Any, Any]):
         tasks that need them (`read_ahead`)."""
         keys = list(keys)
         self.promote(keys)
-        self._kept.update(k for k in keys if k in self._stored)
+        for key in keys:
+            if key in self._aliases:
+                self._unalias(key)
+            stored = self._stored.get(key)
+            if stored is not None:
+                self._kept.add(key)
+                self._kept_oids.setdefault(stored.oid, key)
 
     def read_ahead(self, keys: Iterable[Any], budget: int) -> list[bytes]:
         """The objects of `keys` worth restoring ahead of the tasks reading them, in order:
@@ -373,9 +404,13 @@ class StoreData(MutableMapping[Any, Any]):
     def __delitem__(self, key: Any) -> None:
         self._kept.discard(key)
         self._aliases.discard(key)
+        held = self._stored.get(key)
+        if held is not None and self._kept_oids.get(held.oid) == key:
+            del self._kept_oids[held.oid]
         if key in self._young:  # never shared: it never needed an object
             del self._young[key]
             self._young_bytes -= self._young_sizes.pop(key)
+            self._young_views.discard(key)
             return
         stored = self._stored.pop(key, None)
         if stored is None:

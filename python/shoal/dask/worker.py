@@ -53,8 +53,8 @@ class Worker(distributed.Worker):
     started when none runs at the default socket), `shoal_hold` (bytes of values kept
     mapped on a store with tiers, the older ones left to the tiers; default an eighth of
     the store's capacity), `shoal_young` (bytes of new values kept private until another
-    worker asks for them, a client keeps them or newer ones need the room; default half
-    of `shoal_hold`; 0: every value into the store at once). Each defaults to Dask's
+    worker asks for them, a client keeps them or newer ones need the room; default 0:
+    every value into the store at once). Each defaults to Dask's
     config `shoal.socket`, `shoal.threshold`, `shoal.capacity`, `shoal.hold`,
     `shoal.young`."""
 
@@ -84,8 +84,7 @@ class Worker(distributed.Worker):
             threshold = parse_bytes(_setting(shoal_threshold, "threshold", DEFAULT_THRESHOLD))
             hold = _setting(shoal_hold, "hold")
             hold = self.shoal.capacity // DEFAULT_HOLD_SHARE if hold is None else parse_bytes(hold)
-            young = _setting(shoal_young, "young")
-            young = hold // 2 if young is None else parse_bytes(young)
+            young = parse_bytes(_setting(shoal_young, "young", 0))
             mapping = StoreData(self.shoal, threshold=threshold, hold=hold, young=young)
             data = mapping
         super().__init__(*args, data=data, **kwargs)
