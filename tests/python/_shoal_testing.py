@@ -44,7 +44,7 @@ def shoal_ok(*args: str) -> str:
 
 # The client protocol's version (crates/shoal-core/src/protocol/mod.rs PROTOCOL_VERSION),
 # for the tests that speak raw frames.
-PROTOCOL_VERSION = 17
+PROTOCOL_VERSION = 18
 
 # Every child process gets this preamble, so snippets stay short.
 PREAMBLE = """\
