@@ -522,7 +522,10 @@ def test_a_job_cools_the_kept_values_it_read_and_reads_them_ahead(tmp_path: Path
             # and never the intermediates.
             assert cooled == 2 * chunks, cooled
             seen = client.run(
-                lambda dask_worker: (len(dask_worker.shoal_data._kept), dask_worker.shoal_read_ahead.asked)
+                lambda dask_worker: (
+                    len(dask_worker.shoal_data._kept_oids),
+                    dask_worker.shoal_read_ahead.asked,
+                )
             )
             assert sum(kept for kept, _ in seen.values()) == chunks, seen
             assert sum(asked for _, asked in seen.values()) > 0, seen

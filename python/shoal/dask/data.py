@@ -102,18 +102,17 @@ class StoreData(MutableMapping[Any, Any]):
         self._views: OrderedDict[Any, Any] = OrderedDict()
         #: Bytes of the objects under `_views`.
         self._held = 0
-        #: New values kept private until promoted, oldest first, and their bytes (`sizeof`).
         self.young = young
         #: [start, end) of the store's memory in this process.
         self._region = (store.client.region_address, store.client.region_address + store.client.region_size)
-        self._young: OrderedDict[Any, Any] = OrderedDict()
-        self._young_sizes: dict[Any, int] = {}
+        #: New values kept private until promoted, oldest first: key → (value, its bytes by
+        #: `sizeof`); and those bytes in all.
+        self._young: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
         self._young_bytes = 0
         #: Young values that are views of store objects (`_views_the_store`).
         self._young_views: set[Any] = set()
-        #: Keys a client keeps (`keep`; cooled ones too): read ahead of their tasks; and
-        #: their objects, which an alias may share.
-        self._kept: set[Any] = set()
+        #: Objects of keys a client keeps (`keep`; cooled ones too) → the first such key:
+        #: read ahead of their tasks, and an alias may share them.
         self._kept_oids: dict[bytes, Any] = {}
         #: Keys whose value is a kept key's, unchanged (an alias task returned its input):
         #: they share its object, which is deleted only once no client keeps that key (and
@@ -194,21 +193,28 @@ class StoreData(MutableMapping[Any, Any]):
             self._aliases.add(key)
             self._keep(key, stored, value)
             return
-        if self.young and self.store.usable:
-            size = sizeof(value)
-            if self.threshold <= size <= self.young:
-                if self._views_the_store(value):
-                    while len(self._young_views) >= YOUNG_VIEWS:
-                        self._promote(next(k for k in self._young if k in self._young_views))
-                    self._young_views.add(key)
-                self._young[key] = value
-                self._young_sizes[key] = size
-                self._young_bytes += size
-                while self._young_bytes > self.young:
-                    self._promote(next(iter(self._young)))
-                return
+        if self._keep_young(key, value):
+            return
         if not self._store_value(key, value, force=False):
             self._private[key] = value
+
+    def _keep_young(self, key: Any, value: Any) -> bool:
+        """Keeps `value` young if it fits `young` and would go into the store; promotes the
+        oldest young values beyond the bounds. Returns whether it was kept."""
+        if not self.young or not self.store.usable:
+            return False
+        size = sizeof(value)
+        if not self.threshold <= size <= self.young:
+            return False
+        if self._views_the_store(value):
+            while len(self._young_views) >= YOUNG_VIEWS:
+                self._promote(next(k for k in self._young if k in self._young_views))
+            self._young_views.add(key)
+        self._young[key] = (value, size)
+        self._young_bytes += size
+        while self._young_bytes > self.young:
+            self._promote(next(iter(self._young)))
+        return True
 
     def _views_the_store(self, value: Any) -> bool:
         """Whether a buffer of `value` lies in the store's memory: a piece of another value
@@ -231,8 +237,7 @@ class StoreData(MutableMapping[Any, Any]):
     def _promote(self, key: Any) -> int:
         """Moves young `key` into the store (or, refused, to Dask's own keeping); returns
         its private bytes."""
-        value = self._young.pop(key)
-        size = self._young_sizes.pop(key)
+        value, size = self._young.pop(key)
         self._young_bytes -= size
         self._young_views.discard(key)
         if not self._store_value(key, value, force=False):
@@ -335,7 +340,6 @@ class StoreData(MutableMapping[Any, Any]):
             stored = self._stored.get(key)
             if stored is None:
                 continue
-            self._kept.add(key)
             self._kept_oids.setdefault(stored.oid, key)
             if key in self._views:
                 self._drop_view(key)
@@ -354,7 +358,6 @@ class StoreData(MutableMapping[Any, Any]):
                 self._unalias(key)
             stored = self._stored.get(key)
             if stored is not None:
-                self._kept.add(key)
                 self._kept_oids.setdefault(stored.oid, key)
 
     def read_ahead(self, keys: Iterable[Any], budget: int) -> list[bytes]:
@@ -364,7 +367,7 @@ class StoreData(MutableMapping[Any, Any]):
         oids = []
         for key in keys:
             stored = self._stored.get(key)
-            if stored is None or key not in self._kept or key in self._views:
+            if stored is None or stored.oid not in self._kept_oids or key in self._views:
                 continue
             budget -= stored.nbytes
             if budget < 0 and oids:
@@ -390,7 +393,7 @@ class StoreData(MutableMapping[Any, Any]):
 
     def __getitem__(self, key: Any) -> Any:
         if key in self._young:
-            return self._young[key]
+            return self._young[key][0]
         if key in self._views:
             self._views.move_to_end(key)
             return self._views[key]
@@ -402,14 +405,12 @@ class StoreData(MutableMapping[Any, Any]):
         return view
 
     def __delitem__(self, key: Any) -> None:
-        self._kept.discard(key)
         self._aliases.discard(key)
         held = self._stored.get(key)
         if held is not None and self._kept_oids.get(held.oid) == key:
             del self._kept_oids[held.oid]
         if key in self._young:  # never shared: it never needed an object
-            del self._young[key]
-            self._young_bytes -= self._young_sizes.pop(key)
+            self._young_bytes -= self._young.pop(key)[1]
             self._young_views.discard(key)
             return
         stored = self._stored.pop(key, None)

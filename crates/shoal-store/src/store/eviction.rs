@@ -143,6 +143,15 @@ impl Store {
         self.policy.remove(slot);
     }
 
+    /// `id`'s slot, if its object is sealed and visible here; else
+    /// `ObjectNotFound`.
+    fn visible_slot(&self, id: &ObjectId) -> Result<Slot> {
+        self.table
+            .find(id)
+            .filter(|&s| self.table.get(s).is_some_and(Entry::is_visible))
+            .ok_or_else(|| ShoalError::not_found(id))
+    }
+
     /// The next victim: the most recently cooled candidate, else the
     /// policy's choice.
     fn next_victim(&self) -> Option<Slot> {
@@ -172,11 +181,7 @@ impl Store {
     /// Reads already made through the fast path count as made before it.
     /// `ObjectNotFound` for an id not sealed and visible in memory here.
     pub fn cool(&mut self, id: &ObjectId) -> Result<()> {
-        let slot = self
-            .table
-            .find(id)
-            .filter(|&s| self.table.get(s).is_some_and(Entry::is_visible))
-            .ok_or_else(|| ShoalError::not_found(id))?;
+        let slot = self.visible_slot(id)?;
         let candidate = Self::is_candidate(self.table.get(slot).expect("found slot is live"));
         if candidate {
             self.drop_candidate(slot);
@@ -320,11 +325,7 @@ impl Store {
     /// unreferenced, in memory), as the gate decides. Returns its block's
     /// bytes, or why it cannot be evicted.
     pub fn evict_object(&mut self, id: &ObjectId) -> Result<u64> {
-        let slot = self
-            .table
-            .find(id)
-            .filter(|&s| self.table.get(s).is_some_and(Entry::is_visible))
-            .ok_or_else(|| ShoalError::not_found(id))?;
+        let slot = self.visible_slot(id)?;
         let entry = self.table.get(slot).expect("found slot is live");
         if !Self::is_candidate(entry) {
             return Err(ShoalError::new(
