@@ -43,6 +43,13 @@ from shoal.dask.data import StoreData  # noqa: E402
 from shoal.dask.store import Store  # noqa: E402
 
 
+class Wrapper:
+    """An object Dask sizes by `sys.getsizeof` (tens of bytes) around a large array."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+
 @contextmanager
 def dask_cluster(socket: str, workers: int = 3, **options: Any) -> Iterator[Client]:
     """A LocalCluster of `workers` shoal worker processes (one thread each) on `socket`."""
@@ -185,6 +192,47 @@ def test_a_tiered_store_takes_every_value_and_reads_each_back_from_its_tier(tmp_
                 del mapping[key]
             opened.client.delete(oids)
         wait_for(lambda: opened.client.stats()["referenced"] == 0, timeout=5, message="references released")
+    finally:
+        daemon.teardown()
+
+
+def test_a_small_piece_of_a_stored_value_is_kept_as_a_copy_not_a_view(tmp_path: Path) -> None:
+    """A value under the threshold that lies in another value's object (a shuffle's split of
+    a group) stays with Dask as a copy of its own: as a view it would keep the whole object
+    referenced for as long as Dask holds the piece."""
+    directory = short_dir(tmp_path)
+    daemon = Daemon(directory / "store", capacity="16MiB", args=["--burst", str(directory / "burst")])
+    try:
+        opened = Store.open(daemon.socket)
+        data = StoreData(opened)
+        data["group"] = np.arange(MiB // 8, dtype=np.float64)  # 1 MiB: an object
+        oid = data.stored("group").oid
+        piece = data["group"][1000:1100]  # 800 B of the group's object
+        low, high = data._region
+        assert low <= piece.ctypes.data < high
+        data["piece"] = piece
+        del piece
+        kept = data["piece"]
+        assert data.stored("piece") is None  # with Dask, under the threshold
+        assert not low <= kept.ctypes.data < high  # its own memory
+        np.testing.assert_array_equal(kept, np.arange(1000, 1100, dtype=np.float64))
+        del data["group"]
+
+        def refs() -> int:
+            return next((o.ref_count for o in opened.client.list() if o.id.binary() == oid), 0)
+
+        wait_for(lambda: refs() == 0, timeout=5, message="the group's object released")
+        larger = np.arange(MiB // 8, dtype=np.float64)
+        data["larger"] = larger[:100]  # not a store view: kept as it is
+        assert np.shares_memory(data["larger"], larger)
+        # A small-looking object that wraps a whole stored value is not copied (1 MiB of
+        # private memory Dask's sizeof would not count); it stays the view it is.
+        data["whole"] = np.arange(MiB // 8, dtype=np.float64)
+        data["wrapper"] = Wrapper(data["whole"])
+        assert data.stored("wrapper") is None and low <= data["wrapper"].array.ctypes.data < high
+        del data["wrapper"]
+        opened.client.delete(oid)
+        opened.client.delete([data.stored(k).oid for k in data if data.stored(k) is not None])
     finally:
         daemon.teardown()
 
