@@ -459,12 +459,14 @@ def pressure_run(
                 moved = tier_bytes(daemon)
                 started = time.perf_counter()
                 try:
-                    value = work()
+                    with distributed.get_task_stream(client) as stream:
+                        value = work()
                 except Exception as err:  # a KilledWorker is a result here, not a crash
                     out[job] = f"failed: {type(err).__name__}"
                     log(f"pressure {kind}: {job} failed: {err!r}"[:400])
                     return None
                 out[job] = time.perf_counter() - started
+                out.setdefault("task_stream", {})[job] = task_stream_summary(stream.data)
                 if moved is not None:
                     out.setdefault("tiers_by_job", {})[job] = {
                         k: v - moved[k] for k, v in tier_bytes(daemon).items()
@@ -500,16 +502,40 @@ def pressure_run(
         out["stored"] = out["released"] = 0
         if kind == "shoal":
             counts = client.run(
-                lambda dask_worker: (dask_worker.data.stored_count, dask_worker.data.released_count)
+                lambda dask_worker: (
+                    dask_worker.data.stored_count,
+                    dask_worker.data.released_count,
+                    dask_worker.data.store.room_waits,
+                    dask_worker.data.store.room_wait_s,
+                )
             )
-            out["stored"] = sum(stored for stored, _ in counts.values())
-            out["released"] = sum(released for _, released in counts.values())
+            out["stored"] = sum(c[0] for c in counts.values())
+            out["released"] = sum(c[1] for c in counts.values())
+            out["room_waits"] = sum(c[2] for c in counts.values())
+            out["room_wait_s"] = round(sum(c[3] for c in counts.values()), 2)
         if daemon is not None:
             out["tiers"] = tier_bytes(daemon)
         out["samples"] = sampler.samples
         out["own"] = sampler.own
         out["marks"] = sampler.marks
     return out
+
+
+def task_stream_summary(tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Seconds of each kind of work (compute, transfer, disk-read, ...) per task prefix, summed
+    over workers, and each worker's seconds of compute: where a job's time went."""
+    by_prefix: dict[str, dict[str, float]] = {}
+    compute: dict[str, float] = {}
+    for task in tasks:
+        prefix = dask.utils.key_split(task["key"])
+        for span in task["startstops"]:
+            seconds = span["stop"] - span["start"]
+            row = by_prefix.setdefault(prefix, {"tasks": 0})
+            row[span["action"]] = round(row.get(span["action"], 0.0) + seconds, 3)
+            if span["action"] == "compute":
+                row["tasks"] += 1
+                compute[task["worker"]] = round(compute.get(task["worker"], 0.0) + seconds, 3)
+    return {"by_prefix": by_prefix, "compute_by_worker": compute}
 
 
 def run_pressure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
