@@ -13,11 +13,17 @@ as a user's Python program runs it:
   contains_absent  contains(id) of an id never stored (the store must ask its daemon).
 Each loop is timed whole (mean per call = loop time / calls: what a program pays) and
 every call alone (perf_counter_ns: p50 and p99). CPU per call is the run time of every
-thread of the client process and of the store's daemon, over the loop, per call.
+thread of the client process over the loop, and of the store's daemon over the whole
+request (its set-up and clean-up included), per call.
 
 Every round measures every store twice, interleaved: on a quiet machine, then with one
 CPU-bound process per core (`while :; do :; done` in a shell, started and stopped by
-this script), so that the same load falls on every store.
+this script), so that the same load falls on every store. Within a phase the stores take
+turns of `--turn` calls of one operation (the first turn of each after its warm-up
+calls): under the hogs the scheduler falls into states that last seconds, in which ~1
+call in 40 of any process pair waits a whole time slice (a C futex or socket ping-pong
+too), and a store measured in a window of its own could catch one its peers missed;
+in turns, every store samples the same states.
 
 The stores: Plasma (pyarrow 11, in bench/.venv-plasma), shoal (the fast path), socket
 (shoal with SHOAL_FAST_READS=0: every call a round trip to the daemon), each
@@ -431,7 +437,9 @@ def report(run):
         "",
         f"{run['n']} timed calls per operation, store, phase and round (after {run['warmup']}"
         f" untimed), {run['rounds']} rounds; each round runs every store quiet, then every store"
-        f" with {os.cpu_count()} CPU-bound shell loops (`while :; do :; done`, one per core)."
+        f" with {os.cpu_count()} CPU-bound shell loops (`while :; do :; done`, one per core),"
+        f" the stores taking turns of {min(run['turn'], run['n'])} calls of each operation (every"
+        " store samples the same machine states)."
         " Cells: loop mean / p50 / p99 in µs over every round's calls (mean = loop time / calls,"
         " what a program pays per call; p50 and p99 of the calls timed alone).",
         "",
@@ -497,8 +505,17 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-n", type=int, default=1000, help="timed calls per operation, phase and round")
     ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument(
+        "--turn",
+        type=int,
+        default=250,
+        help="calls of one operation a store makes before the next store's turn",
+    )
     ap.add_argument("--stores", default="plasma,shoal,socket", help="of plasma, shoal, socket, shm")
     ap.add_argument("--phases", default=",".join(PHASES), help="quiet, hog or both")
+    ap.add_argument(
+        "--ops", default=",".join(OPS), help="the operations measured (default all; a report needs all)"
+    )
     ap.add_argument(
         "--variant",
         action="append",
@@ -512,6 +529,13 @@ def main():
 
     require_optimized_build()  # not the test command's opt-level-1 build
     phases = args.phases.split(",")
+    ops = args.ops.split(",")
+    if unknown := set(ops) - set(OPS):
+        ap.error(f"unknown operations {sorted(unknown)}")
+    if len(set(ops)) != len(ops):
+        ap.error("an operation named twice in --ops")
+    if args.turn < 1:
+        ap.error("--turn must be at least 1")
 
     plasma_python = subprocess.run(
         ["bash", os.path.join(BENCH, "setup_plasma.sh")], stdout=subprocess.PIPE, check=True, text=True
@@ -550,6 +574,7 @@ def main():
         "cpu": cpu,
         "n": args.n,
         "warmup": args.warmup,
+        "turn": args.turn,
         "rounds": args.rounds,
         "load_start": load(),
         "stores": [s[0] for s in specs],
@@ -575,27 +600,47 @@ def main():
                         # Stores in a different order each round: none always goes first.
                         order = list(stores.items())
                         order = order[rnd % len(order) :] + order[: rnd % len(order)]
-                        for name, store in order:
-                            if "unavailable" in results[name]:
-                                continue
-                            for op in OPS:
-                                samples[name][phase][op].append(store.run(op, args.n, args.warmup))
-                            last = {
-                                op: round(samples[name][phase][op][-1]["loop_ns"] / args.n / 1e3, 1)
-                                for op in OPS
+                        order = [(name, store) for name, store in order if "unavailable" not in results[name]]
+                        for op in ops:
+                            done = 0
+                            while done < args.n:
+                                calls = min(args.turn, args.n - done)
+                                for name, store in order:
+                                    warmup = args.warmup if done == 0 else 0
+                                    samples[name][phase][op].append(store.run(op, calls, warmup))
+                                done += calls
+                        for name, _ in order:
+                            this_round = {
+                                op: samples[name][phase][op][-(-args.n // args.turn) :] for op in ops
                             }
-                            log(f"round {rnd} {phase:5s} {name:8s} mean µs {json.dumps(last)} load {load()}")
+                            last = {
+                                op: round(sum(s["loop_ns"] for s in turns) / args.n / 1e3, 1)
+                                for op, turns in this_round.items()
+                            }
+                            slow = {
+                                op: sum(t > 1e6 for s in turns for t in s["times"])
+                                for op, turns in this_round.items()
+                            }
+                            log(
+                                f"round {rnd} {phase:5s} {name:8s} mean µs {json.dumps(last)}"
+                                f" calls over 1 ms {json.dumps(slow)} load {load()}"
+                            )
         finally:
             for store in stores.values():
                 store.stop()
     for name in samples:
         if "unavailable" not in results[name]:
-            results[name]["ops"] = {p: {op: summarise(samples[name][p][op]) for op in OPS} for p in phases}
+            results[name]["ops"] = {p: {op: summarise(samples[name][p][op]) for op in ops} for p in phases}
     run["rtt"] = rtt
     run["results"] = results
     run["load_end"] = load()
     run["loads"] = loads
     run["phases"] = phases
+    if set(ops) != set(OPS):
+        # Some operations only: their summaries, not the results table (it needs every one).
+        for name in results:
+            log(f"{name}: {json.dumps(results[name].get('ops', results[name]))}")
+        return
     text = report(run)
     with open(args.out, "w") as f:
         f.write(text)
