@@ -73,6 +73,9 @@ def log(msg):
 # ---------------------------------------------------------------- worker side
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
 def cpu_ns(pid="self"):
     """Run time of every thread of a process so far, those that ended included, in ns: the
     process's CPU-time clock (`clock_getcpuclockid`). Summing the live threads' schedstat
@@ -84,9 +87,6 @@ def cpu_ns(pid="self"):
     if _libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
         return 0  # the process is gone
     return time.clock_gettime_ns(clock.value)
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class PlasmaStore:

@@ -502,17 +502,15 @@ def pressure_run(
         out["stored"] = out["released"] = 0
         if kind == "shoal":
             counts = client.run(
-                lambda dask_worker: (
-                    dask_worker.data.stored_count,
-                    dask_worker.data.released_count,
-                    dask_worker.data.store.room_waits,
-                    dask_worker.data.store.room_wait_s,
-                )
+                lambda dask_worker: {
+                    "stored": dask_worker.data.stored_count,
+                    "released": dask_worker.data.released_count,
+                    "room_waits": dask_worker.data.store.room_waits,
+                    "room_wait_s": dask_worker.data.store.room_wait_s,
+                }
             )
-            out["stored"] = sum(c[0] for c in counts.values())
-            out["released"] = sum(c[1] for c in counts.values())
-            out["room_waits"] = sum(c[2] for c in counts.values())
-            out["room_wait_s"] = round(sum(c[3] for c in counts.values()), 2)
+            for count in ("stored", "released", "room_waits", "room_wait_s"):
+                out[count] = round(sum(worker[count] for worker in counts.values()), 2)
         if daemon is not None:
             out["tiers"] = tier_bytes(daemon)
         out["samples"] = sampler.samples
