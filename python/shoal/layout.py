@@ -15,6 +15,8 @@ import pickle
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from shoal import _internal
 from shoal._store import write_object
 
@@ -80,6 +82,53 @@ def pickle_value(value: Any) -> Pickled:
     buffers: list[pickle.PickleBuffer] = []
     stream = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
     return Pickled(stream, [b.raw() for b in buffers])
+
+
+@dataclass(frozen=True)
+class Part:
+    """A value whose large buffers lie inside another value's object (a column projection
+    or a row slice of a stored frame, which pandas' copy-on-write makes of views): its own
+    pickle stream and, per out-of-band buffer, where it lies in that object (offset,
+    length) or, for a small buffer of its own (a new column index), its bytes."""
+
+    stream: bytes
+    pieces: tuple[tuple[int, int] | bytes, ...]
+
+    @property
+    def inside(self) -> int:
+        """Bytes of the value that lie in the object."""
+        return sum(p[1] for p in self.pieces if isinstance(p, tuple))
+
+
+def part_of(pickled: Pickled, buffer: Any, inline_limit: int) -> Part | None:
+    """`pickled` as a part of object `buffer` (its large buffers all inside it, and at most
+    `inline_limit` bytes of small buffers elsewhere, which the part carries), or None."""
+    start = buffer.address
+    end = start + len(buffer)
+    pieces: list[tuple[int, int] | bytes] = []
+    inline = 0
+    for b in pickled.buffers:
+        address = _address(b)
+        if b.nbytes and start <= address and address + b.nbytes <= end:
+            pieces.append((address - start, b.nbytes))
+            continue
+        inline += b.nbytes
+        if inline > inline_limit:
+            return None
+        pieces.append(bytes(b))
+    return Part(pickled.stream, tuple(pieces))
+
+
+def read_part(buffer: Any, part: Part) -> Any:
+    """The value `part` describes, its large buffers views of object `buffer`."""
+    whole = memoryview(buffer)
+    buffers = [p if isinstance(p, bytes) else whole[p[0] : p[0] + p[1]] for p in part.pieces]
+    return pickle.loads(part.stream, buffers=buffers)
+
+
+def _address(buffer: memoryview) -> int:
+    """Where a flat byte view's first byte lies in this process."""
+    return int(np.frombuffer(buffer, np.uint8).ctypes.data) if buffer.nbytes else 0
 
 
 def is_layout(metadata: bytes) -> bool:

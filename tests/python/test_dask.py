@@ -33,7 +33,9 @@ import dask.array as da  # noqa: E402
 import dask_jobs  # noqa: E402
 from dask.sizeof import sizeof  # noqa: E402
 from distributed import Client, LocalCluster, get_worker  # noqa: E402
-from distributed.protocol.serialize import serialize  # noqa: E402
+from distributed.protocol import dumps as dask_dumps  # noqa: E402
+from distributed.protocol import loads as dask_loads  # noqa: E402
+from distributed.protocol.serialize import Serialize, serialize  # noqa: E402
 
 import shoal  # noqa: E402
 import shoal.dask  # noqa: E402
@@ -84,6 +86,15 @@ def in_region(address: int, size: int) -> bool:
     """Whether [address, address + size) lies in this worker's mapping of the store."""
     here = get_worker().shoal.client
     return here.region_address <= address and address + size <= here.region_address + here.region_size
+
+
+def forget_all(data: StoreData, opened: Store) -> None:
+    """Forgets every key of `data`, deletes their objects and waits until the store is empty."""
+    oids = {data.stored(key).oid for key in data}
+    for key in list(data):
+        del data[key]
+    opened.client.delete(list(oids))
+    wait_for(lambda: opened.client.stats()["objects"] == 0, timeout=5, message="the objects freed")
 
 
 def dask_names(store: Daemon) -> list[str]:
@@ -300,11 +311,135 @@ def test_a_value_that_is_a_kept_keys_shares_its_object(tmp_path: Path) -> None:
         data.keep(["alias"])
         assert data.stored("alias").oid != oid and data.stored_count == 3
         np.testing.assert_array_equal(data["alias"], value)
-        oids = {data.stored(key).oid for key in data}
+        forget_all(data, opened)
+    finally:
+        daemon.teardown()
+
+
+def test_a_projection_of_a_kept_value_views_its_object(tmp_path: Path, monkeypatch) -> None:
+    """A column projection of a persisted partition (pandas' copy-on-write makes it of views
+    of the partition's columns) is recorded as a part of the partition's object, not copied
+    into an object of its own: after a release it is rebuilt over the same pages, and the
+    `shoal` family sends a worker of the same store the object's id, the projection's pickle
+    stream and its small column index (a worker of another store gets Dask's own bytes). A
+    projection of an intermediate is copied, and so is one a client keeps, one of the
+    partition a client lets go of, and one under an eighth of the partition."""
+    directory = short_dir(tmp_path)
+    daemon = Daemon(directory / "store", capacity="64MiB", args=["--burst", str(directory / "burst")])
+    try:
+        opened = Store.open(daemon.socket)
+        monkeypatch.setattr(shoal.dask.store, "_current", opened)
+        data = StoreData(opened, hold=32 * MiB)
+        rows = 256 * 1024  # 8 MiB of columns
+        rng = np.random.default_rng(0)
+        frame = pd.DataFrame({
+            "k": rng.integers(0, 1000, rows),
+            "v": rng.random(rows),
+            "w": rng.standard_normal(rows),
+            "id": rng.integers(0, 2**62, rows),
+        })  # fmt: skip
+        expected = frame[["k", "v", "w"]]
+        low, high = data._region
+
+        def in_store(value: pd.DataFrame) -> bool:
+            return all(low <= value[c].to_numpy().ctypes.data < high for c in value.columns)
+
+        data["frame"] = frame
+        data["copy"] = data["frame"][["k", "v", "w"]]  # "frame" not kept (yet): copied
+        assert data.stored("copy").oid != data.stored("frame").oid and data.stored_count == 2
+        data.keep(["frame"])
+        objects = opened.client.stats()["objects"]
+        oid = data.stored("frame").oid
+        data["projection"] = data["frame"][["k", "v", "w"]]
+        assert data.stored("projection").oid == oid and data.stored("projection").part is not None
+        assert opened.client.stats()["objects"] == objects and data.stored_count == 2
+        assert in_store(data["projection"])
+        # Released, then read again: rebuilt over the partition's object, not a copy.
+        assert data.release_all() > 0
+        again = data["projection"]
+        pd.testing.assert_frame_equal(again, expected)
+        assert in_store(again) and opened.client.stats()["objects"] == objects
+
+        # Sent by reference in a Dask message: the id, the stream and the column index's few
+        # bytes (inline frames); received, it views the same pages and is an alias there too.
+        same = {"recipient": {"shoal": opened.handshake()}}
+        header, frames = serialize(again, serializers=["shoal", "dask", "pickle"], context=same)
+        assert header["serializer"] == "shoal" and bytes(frames[0]) == oid and len(frames) > 2
+        wire = dask_dumps({"value": Serialize(again)}, serializers=["shoal", "dask", "pickle"], context=same)
+        assert sum(memoryview(f).nbytes for f in wire) < 16 * 1024
+        received = dask_loads(wire, deserializers=["shoal", "dask", "pickle"])["value"]
+        pd.testing.assert_frame_equal(received, expected)
+        assert in_store(received)
+        data["received"] = received
+        assert data.stored("received").part is not None and data.stored_count == 2
+        data.keep(["received"])  # kept there by a client: an object of its own
+        assert data.stored("received").oid != oid and data.stored_count == 3
+        del received
+        other = {"recipient": {"shoal": {"store": "another store", "cluster": None}}}
+        header, frames = serialize(again, serializers=["shoal", "dask", "pickle"], context=other)
+        assert header["serializer"] != "shoal"
+        del frames, wire  # Dask's own frames view the object
+
+        # A piece under an eighth of the partition would keep all of it referenced: copied.
+        data["piece"] = data["frame"]["v"].iloc[: rows // 8]  # 256 KiB of the 8 MiB
+        assert data.stored("piece").oid != oid and data.stored_count == 4
+
+        # Kept by a client, a projection gets an object of its own: it may outlive "frame".
+        data.keep(["projection"])
+        assert data.stored("projection").oid != oid and data.stored_count == 5
+        # So does one still lying in the partition when the client lets go of it.
+        data["columns"] = data["frame"][["v", "w"]]
+        assert data.stored("columns").oid == oid
+        data.release_all()
+        del data["frame"]
+        assert data.stored("columns").oid != oid and data.stored_count == 6
+        pd.testing.assert_frame_equal(data["columns"], frame[["v", "w"]])
+        opened.client.delete(oid)  # as the scheduler plugin does once "frame" is forgotten
+        pd.testing.assert_frame_equal(data["projection"], expected)
+        del again
+        forget_all(data, opened)
+    finally:
+        daemon.teardown()
+
+
+def test_a_kept_value_an_alias_lies_in_is_cooled_once_the_alias_is_forgotten(tmp_path: Path) -> None:
+    """The scheduler cools a persisted partition as soon as the task reading it (an alias
+    task) is done, while the alias's own reader has yet to run: cooled then, the object is
+    the first the store evicts once the alias's view goes, and the reader restores it
+    again. The cool waits for the last alias (or projection) lying in the object."""
+    directory = short_dir(tmp_path)
+    daemon = Daemon(directory / "store", capacity="16MiB", args=["--burst", str(directory / "burst")])
+    try:
+        opened = Store.open(daemon.socket)
+        cooled: list[bytes] = []
+        opened.cool = cooled.extend  # what the daemon is told, in order
+        data = StoreData(opened, hold=8 * MiB)
+        data["a"] = np.full(MiB // 8, 2.0)
+        data["b"] = np.full(MiB // 8, 3.0)
+        data.keep(["a", "b"])
+        data["alias"] = data["a"]
+        data["slice"] = data["a"][: MiB // 16]  # a part of "a": a projection
+        a, b = data.stored("a").oid, data.stored("b").oid
+        data.cool(["a", "b"])
+        assert cooled == [b]  # "b" at once; "a" still has an alias and a projection
+        del data["alias"]
+        assert cooled == [b]
+        data.keep(["slice"])  # kept by a client: an object of its own, no longer in "a"
+        assert data.stored("slice").oid != a
+        assert cooled == [b, a]  # the last of them gone from "a": "a" cooled now
+        # Read again meanwhile, an input is in use: no cool when its alias goes (the
+        # scheduler cools it anew once its new reader is done).
+        data["c"] = np.full(MiB // 8, 4.0)
+        data.keep(["c"])
+        data["c-alias"] = data["c"]
+        c = data.stored("c").oid
+        data.cool(["c"])
+        assert data["c"][0] == 4.0
+        del data["c-alias"]
+        assert cooled == [b, a]
         for key in list(data):
             del data[key]
-        opened.client.delete(list(oids))
-        wait_for(lambda: opened.client.stats()["objects"] == 0, timeout=5, message="the objects freed")
+        opened.client.delete([a, b, c])
     finally:
         daemon.teardown()
 

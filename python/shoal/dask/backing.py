@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from shoal._internal import Buffer
+    from shoal.layout import Part
 
 #: Received values not yet adopted, kept at most: a value deserialized for anything else
 #: than the data mapping (none today) must not be held forever.
@@ -38,6 +39,9 @@ class Stored:
     #: is held; None once released (an evicted value over a tiered store: the tiers may
     #: move the bytes down, a get brings them back).
     buffer: Buffer | None
+    #: A value that is a part of the object (`layout.Part`: a projection of the value laid
+    #: out there) rather than the value laid out in it.
+    part: Part | None = None
 
 
 #: id(value) → (value, the object it lies in, how many keys registered it): an alias key

@@ -22,7 +22,8 @@ releases every value the mapping holds and asks again (`Store.make_room`).
 Young values: with `young` > 0 a new value stays private until another worker asks for
 it, a client keeps it, newer ones need the room or the memory monitor evicts
 (`promote`); most values are read by the next task here and forgotten, and never need an
-object. A value that is another key's, unchanged (an alias task), shares its object.
+object. A value that is another key's, unchanged (an alias task), shares its object, and
+so does one that views a part of it (a column projection: `layout.Part`).
 
 On a store without tiers every value stays referenced (an unreferenced object there could
 be evicted for good).
@@ -62,6 +63,11 @@ DEFAULT_THRESHOLD = 64 * 1024
 #: (a piece of 1 MiB may hold one of 32), so beyond these the oldest goes into the store as
 #: a copy of its own. Two: a task's result read by the next task (a column projection).
 YOUNG_VIEWS = 2
+#: A value that views part of a kept key's object shares it only if it views at least this
+#: fraction of it (an eighth: one column of a set_index's four still does): a smaller piece
+#: would keep the whole object referenced, be restored whole and count whole against
+#: `hold`; it gets a copy of its own instead.
+PART_SHARE = 8
 #: On a tiered store, the share of its capacity one worker keeps mapped by default: the
 #: store's other workers and the objects tasks are using need the rest.
 DEFAULT_HOLD_SHARE = 8
@@ -115,10 +121,15 @@ class StoreData(MutableMapping[Any, Any]):
         #: Objects of keys a client keeps (`keep`; cooled ones too) → the first such key:
         #: read ahead of their tasks, and an alias may share them.
         self._kept_oids: dict[bytes, Any] = {}
-        #: Keys whose value is a kept key's, unchanged (an alias task returned its input):
+        #: Keys whose value is a kept key's, unchanged (an alias task returned its input) or
+        #: a view of a part of it (`_part`):
         #: they share its object, which is deleted only once no client keeps that key (and
         #: a graph over a persisted collection keeps it: dask-expr's holds its futures).
         self._aliases: set[Any] = set()
+        #: Objects cooled while an alias still lies in them: cooled once the last such alias
+        #: is forgotten. Cooled at once, the object is the first the store evicts as soon as
+        #: the alias's view is released, and the task reading the alias restores it again.
+        self._cool_later: set[bytes] = set()
         self.hold = hold if hold is not None else store.capacity // DEFAULT_HOLD_SHARE
         #: key → the object's name; set by the worker once it knows its own name.
         self.name_of: Callable[[Any], str | None] = lambda key: None
@@ -187,16 +198,21 @@ class StoreData(MutableMapping[Any, Any]):
             del self[key]
         stored = backing.take_received(value)
         if stored is not None:  # a reference another worker sent: no second object
+            if stored.part is not None:  # a view of another key's object: an alias here too
+                self._aliases.add(key)
             self._keep(key, stored, value)
             return
         stored = self._share(value)
-        if stored is not None:  # another key's value, unchanged: no second object
+        pickled = None
+        if stored is None and self._kept_oids and self.store.usable and sizeof(value) >= self.threshold:
+            pickled, stored = self._part(value)
+        if stored is not None:  # another key's value, or a view of it: no second object
             self._aliases.add(key)
             self._keep(key, stored, value)
             return
-        if self._keep_young(key, value):
+        if self._keep_young(key, value, pickled):
             return
-        if not self._store_value(key, value, force=False):
+        if not self._store_value(key, value, force=False, pickled=pickled):
             self._private[key] = self._detached(value)
 
     def _detached(self, value: Any) -> Any:
@@ -221,15 +237,16 @@ class StoreData(MutableMapping[Any, Any]):
         except Exception:
             return value  # a type that does not rebuild over copies: kept as the view it is
 
-    def _keep_young(self, key: Any, value: Any) -> bool:
-        """Keeps `value` young if it fits `young` and would go into the store; promotes the
-        oldest young values beyond the bounds. Returns whether it was kept."""
+    def _keep_young(self, key: Any, value: Any, pickled: layout.Pickled | None) -> bool:
+        """Keeps `value` (`pickled`, if the caller has it so) young if it fits `young` and
+        would go into the store; promotes the oldest young values beyond the bounds.
+        Returns whether it was kept."""
         if not self.young or not self.store.usable:
             return False
         size = sizeof(value)
         if not self.threshold <= size <= self.young:
             return False
-        if self._views_the_store(value):
+        if self._in_store(pickled.buffers) if pickled is not None else self._views_the_store(value):
             while len(self._young_views) >= YOUNG_VIEWS:
                 self._promote(next(k for k in self._young if k in self._young_views))
             self._young_views.add(key)
@@ -286,14 +303,36 @@ class StoreData(MutableMapping[Any, Any]):
                 buffer = self.store.client.get_buffer(source.oid, timeout_ms=0)
             except ShoalError:
                 return None
-        return Stored(source.oid, source.store, source.nbytes, buffer)
+        return Stored(source.oid, source.store, source.nbytes, buffer, source.part)
+
+    def _part(self, value: Any) -> tuple[layout.Pickled | None, Stored | None]:
+        """`value` pickled, and a record of it as a part of a kept key's object it views
+        (a column projection or a slice of a persisted partition, which pandas'
+        copy-on-write makes of views), or None: then it is a value of its own. Why: in a
+        groupby over a persisted frame every partition's projection was copied into an
+        object of its own, a second copy of the frame crowding the first out of memory.
+        Kept keys' objects only, as for `_share`."""
+        try:
+            pickled = layout.pickle_value(value)
+        except Exception:
+            return None, None  # not picklable out of band: it stays with Dask
+        if pickled.out_of_band < self.threshold or not self._in_store(pickled.buffers):
+            return pickled, None
+        for key in self._views:
+            source = self._stored[key]
+            if source.buffer is None or source.part is not None or source.oid not in self._kept_oids:
+                continue
+            part = layout.part_of(pickled, source.buffer, self.threshold)
+            if part is not None and part.inside * PART_SHARE >= source.nbytes:
+                return pickled, Stored(source.oid, source.store, source.nbytes, source.buffer, part)
+        return pickled, None
 
     def _unalias(self, key: Any) -> None:
         """Gives alias `key` an object of its own (one copy): a client keeps it, so it may
         outlive the key whose object it shares."""
         value = self[key]
         shared = self._stored.pop(key)
-        self._aliases.discard(key)
+        self._alias_gone(key, shared.oid)
         view = self._views.pop(key, None)
         if view is not None:
             backing.unregister(view)
@@ -302,13 +341,15 @@ class StoreData(MutableMapping[Any, Any]):
             self._private[key] = value
         shared.buffer = None
 
-    def _store_value(self, key: Any, value: Any, *, force: bool) -> bool:
-        """Puts `value` into the store if it belongs there (`force`: any picklable value,
-        as for an eviction); returns whether it went."""
+    def _store_value(
+        self, key: Any, value: Any, *, force: bool, pickled: layout.Pickled | None = None
+    ) -> bool:
+        """Puts `value` (`pickled` if the caller has it so) into the store if it belongs
+        there (`force`: any picklable value, as for an eviction); returns whether it went."""
         if not self.store.usable or (not force and sizeof(value) < self.threshold):
             return False
         try:
-            pickled = layout.pickle_value(value)
+            pickled = pickled or layout.pickle_value(value)
         except Exception:
             return False  # not picklable out of band: Dask keeps it as it is
         if not force and pickled.out_of_band < len(pickled.stream):
@@ -371,9 +412,24 @@ class StoreData(MutableMapping[Any, Any]):
             if key in self._views:
                 self._drop_view(key)
                 self.released_count += 1
-            oids.append(stored.oid)
+            if self._shared_by_alias(stored.oid):
+                self._cool_later.add(stored.oid)
+            else:
+                oids.append(stored.oid)
         if oids:
             self.store.cool(oids)
+
+    def _alias_gone(self, key: Any, oid: bytes) -> None:
+        """Alias `key` no longer lies in object `oid` (forgotten, or given its own object):
+        an input cooled while it did is cooled now if no other alias lies in it."""
+        self._aliases.discard(key)
+        if oid in self._cool_later and not self._shared_by_alias(oid):
+            self._cool_later.discard(oid)
+            self.store.cool([oid])
+
+    def _shared_by_alias(self, oid: bytes) -> bool:
+        """Whether an alias (or a projection) of this worker still lies in object `oid`."""
+        return any(self._stored[key].oid == oid for key in self._aliases)
 
     def keep(self, keys: Iterable[Any]) -> None:
         """A client keeps `keys` (a persisted collection): their values are read ahead of the
@@ -429,13 +485,26 @@ class StoreData(MutableMapping[Any, Any]):
             return self._private[key]
         view = self.store.view(stored)  # mapped again; raises if the object is gone
         self._hold_view(key, view)
+        if self._kept_oids.get(stored.oid) == key:
+            self._cool_later.discard(stored.oid)  # read again: in use, the scheduler cools it anew
         return view
 
     def __delitem__(self, key: Any) -> None:
-        self._aliases.discard(key)
         held = self._stored.get(key)
+        if key in self._aliases:
+            self._alias_gone(key, held.oid)
         if held is not None and self._kept_oids.get(held.oid) == key:
             del self._kept_oids[held.oid]
+            self._cool_later.discard(held.oid)
+            # The scheduler deletes the object now: an alias or projection still lying in it
+            # (the client let go of a collection a running job still reads) gets a copy.
+            for alias in [k for k in self._aliases if self._stored[k].oid == held.oid]:
+                if self._stored[alias].buffer is None:
+                    self._stored[alias].buffer = held.buffer
+                try:
+                    self._unalias(alias)
+                except ShoalError as err:  # gone already: its reader fails as an alias's did
+                    log.warning("shoal: %s outlived the value it views (%s)", alias, err)
         if key in self._young:  # never shared: it never needed an object
             self._young_bytes -= self._young.pop(key)[1]
             self._young_views.discard(key)

@@ -10,7 +10,9 @@ cluster (another host: the receiver's daemon gets the object from its owner, a n
 pull into a copy in the receiver's store); otherwise it raises NotImplementedError, so
 Dask goes on to its own families ("dask", "pickle") as before. `loads` takes the
 receiver's own reference to the object and rebuilds the value over it; the data mapping
-then adopts it without a second object.
+then adopts it without a second object. A value that is a part of an object (a projection
+of a kept value, `layout.Part`) travels with its pickle stream and where its buffers lie,
+to a receiver on the same store only (another would pull the whole object).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from distributed.protocol.serialize import register_serialization_family
 
+from shoal import layout
 from shoal.dask import backing, store
 
 NAME = "shoal"
@@ -34,13 +37,21 @@ def dumps(value: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, 
     recipient = (context or {}).get("recipient") or {}
     theirs = recipient.get(HANDSHAKE_KEY)
     header: dict[str, Any] = {"store": stored.store, "nbytes": stored.nbytes}
+    frames = [stored.oid]
+    if stored.part is not None:  # a view of the object: where its buffers lie in it
+        header["part"] = [list(p) if isinstance(p, tuple) else None for p in stored.part.pieces]
+        frames += [stored.part.stream, *(p for p in stored.part.pieces if isinstance(p, bytes))]
     if isinstance(theirs, dict) and theirs.get("store") == stored.store:
-        return header, [stored.oid]
+        return header, frames
+    if stored.part is not None:
+        # Another store would pull the whole object for a part of it: Dask's own path sends
+        # only the part's bytes.
+        raise NotImplementedError("a part of an object, for a receiver on another store")
     here = store.current()
     if here is None or here.identity != stored.store or here.reaches(theirs) != "cluster":
         raise NotImplementedError("the receiver reaches neither this store nor its cluster")
     header["cluster"] = here.cluster
-    return header, [stored.oid]
+    return header, frames
 
 
 def loads(header: dict[str, Any], frames: list[Any]) -> Any:
@@ -49,7 +60,12 @@ def loads(header: dict[str, Any], frames: list[Any]) -> Any:
         raise ValueError(
             "a shoal reference arrived at a process that reaches neither its store nor its cluster"
         )
-    stored, value = here.open_object(bytes(frames[0]))
+    part = None
+    if "part" in header:
+        inline = iter(frames[2:])
+        pieces = tuple(bytes(next(inline)) if p is None else (p[0], p[1]) for p in header["part"])
+        part = layout.Part(bytes(frames[1]), pieces)
+    stored, value = here.open_object(bytes(frames[0]), part=part)
     backing.received(value, stored)
     return value
 

@@ -160,20 +160,25 @@ class Store:
         oid = layout.store(self.client, pickled, name=name, timeout_ms=timeout_ms)
         return self.open_object(oid.binary())
 
-    def open_object(self, oid: bytes, *, wait_ms: int = 0) -> tuple[Stored, Any]:
+    def open_object(
+        self, oid: bytes, *, wait_ms: int = 0, part: layout.Part | None = None
+    ) -> tuple[Stored, Any]:
         """The record of sealed object `oid` with this process's reference, and its value
-        rebuilt over store memory. An object of another node of the cluster comes through
-        this store's daemon (a network pull into a copy here, or the peer's region
-        mapped). Raises ObjectNotFound (or Disconnected, NodeUnavailable, StoreFull)."""
+        (or the value `part` of it describes) rebuilt over store memory. An object of
+        another node of the cluster comes through this store's daemon (a network pull into
+        a copy here, or the peer's region mapped). Raises ObjectNotFound (or
+        Disconnected, NodeUnavailable, StoreFull)."""
         buffer = self._get(oid, wait_ms)
-        stored = Stored(oid, self.identity, len(buffer), buffer)
-        return stored, layout.read(buffer)
+        stored = Stored(oid, self.identity, len(buffer), buffer, part)
+        return stored, self.view(stored)
 
     def view(self, stored: Stored) -> Any:
         """The value of `stored` rebuilt over store memory, taking a reference again if the
         record had released its own."""
         if stored.buffer is None:
             stored.buffer = self._get(stored.oid, 0)
+        if stored.part is not None:
+            return layout.read_part(stored.buffer, stored.part)
         return layout.read(stored.buffer)
 
     def _get(self, oid: bytes, wait_ms: int) -> Any:
