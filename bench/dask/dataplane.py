@@ -515,12 +515,12 @@ def pressure_run(
                 if grouped is not None:
                     out["checksums"]["groupby"] = total_hash(row_hash_sum(grouped.sort_index()))
                     out["groups"] = len(grouped)
-                if "set_index" in args.jobs:
-                    meta = pd.Series(dtype=np.uint64)
-                    hashes = frame.set_index("id").map_partitions(row_hash_sum, meta=meta)
-                    index_hash = timed("set_index", lambda: total_hash(hashes.compute()))
-                    if index_hash is not None:
-                        out["checksums"]["set_index"] = index_hash
+            if frame is not None and "set_index" in args.jobs:
+                meta = pd.Series(dtype=np.uint64)
+                hashes = frame.set_index("id").map_partitions(row_hash_sum, meta=meta)
+                index_hash = timed("set_index", lambda: total_hash(hashes.compute()))
+                if index_hash is not None:
+                    out["checksums"]["set_index"] = index_hash
             sampler.mark("end")
         out["written"] = sampler.written
         logs = [line for w in client.get_worker_logs().values() for _, line in w]
@@ -538,9 +538,11 @@ def pressure_run(
                     "released": dask_worker.data.released_count,
                     "room_waits": dask_worker.data.store.room_waits,
                     "room_wait_s": dask_worker.data.store.room_wait_s,
+                    "rooms_made": dask_worker.data.rooms_made,
+                    "room_making_s": dask_worker.data.room_making_s,
                 }
             )
-            for count in ("stored", "released", "room_waits", "room_wait_s"):
+            for count in ("stored", "released", "room_waits", "room_wait_s", "rooms_made", "room_making_s"):
                 out[count] = round(sum(worker[count] for worker in counts.values()), 2)
         if daemon is not None:
             out["tiers"] = tier_bytes(daemon)
@@ -803,7 +805,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, out: Path) -> str:
                 speed = statistics.median(ratios[job])
                 each = ", ".join(f"{x:.2f}" for x in ratios[job])
                 lines.append(
-                    f"| {job} >= 1.3x faster than stock spilling | {speed:.2f}x, the median of "
+                    f"| {job} >= 1.3x faster than stock spilling | {speed:.3f}x, the median of "
                     f"{len(ratios[job])} round(s) ({each}; the bound, stock with no pressure, in round 1: "
                     f"{stock[job] / bound[job]:.2f}x) | {mark(speed >= 1.3)} |"
                 )

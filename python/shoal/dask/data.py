@@ -41,6 +41,7 @@ from __future__ import annotations
 import gc
 import logging
 import pickle
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
@@ -138,6 +139,10 @@ class StoreData(MutableMapping[Any, Any]):
         self.stored_count = 0
         self.evicted_count = 0
         self.released_count = 0
+        #: Times a create or a read found the store full and this mapping released all it
+        #: held (`release_all`), and the seconds that took.
+        self.rooms_made = 0
+        self.room_making_s = 0.0
         if store.tiered:
             store.make_room = self.release_all
 
@@ -464,6 +469,7 @@ class StoreData(MutableMapping[Any, Any]):
         released. `Store.make_room` of this mapping's store."""
         if not self.store.tiered:
             return 0
+        started = time.monotonic()
         released = 0
         while self._views:
             released += self._drop_view(next(iter(self._views)))
@@ -472,6 +478,8 @@ class StoreData(MutableMapping[Any, Any]):
         # A released value may still be held by cyclic garbage (a finished task's frames, an
         # exception's traceback): collected now, so its buffer's reference goes with it.
         gc.collect()
+        self.rooms_made += 1
+        self.room_making_s += time.monotonic() - started
         return released
 
     def __getitem__(self, key: Any) -> Any:
