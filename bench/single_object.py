@@ -614,9 +614,8 @@ def main():
                                     samples[name][phase][op].append(store.run(op, calls, warmup))
                                 done += calls
                         for name, _ in order:
-                            this_round = {
-                                op: samples[name][phase][op][-(-args.n // args.turn) :] for op in ops
-                            }
+                            turns = -(-args.n // args.turn)  # this round's turns: the last ones
+                            this_round = {op: samples[name][phase][op][-turns:] for op in ops}
                             last = {
                                 op: round(sum(s["loop_ns"] for s in turns) / args.n / 1e3, 1)
                                 for op, turns in this_round.items()
