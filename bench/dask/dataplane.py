@@ -619,7 +619,7 @@ def secs(run: dict[str, Any], job: str) -> str:
 def cpu(seconds: dict[str, float | None], who: str) -> str:
     """A CPU-seconds cell: '-' where it was not measured (or a process was restarted)."""
     value = seconds.get(who)
-    return "-" if value is None or value < 0 else f"{value:.1f}"
+    return "-" if value is None else f"{value:.1f}"
 
 
 def comparable(runs: dict[str, Any], job: str) -> bool:

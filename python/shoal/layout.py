@@ -87,7 +87,7 @@ def pickle_value(value: Any) -> Pickled:
 @dataclass(frozen=True)
 class Part:
     """A value whose large buffers lie inside another value's object (a column projection
-    or a row slice of a stored frame, which pandas' copy-on-write makes of views): its own
+    or a contiguous slice of a stored frame, which pandas' copy-on-write makes of views): its own
     pickle stream and, per out-of-band buffer, where it lies in that object (offset,
     length) or, for a small buffer of its own (a new column index), its bytes."""
 
@@ -108,9 +108,9 @@ def part_of(pickled: Pickled, buffer: Any, inline_limit: int) -> Part | None:
     pieces: list[tuple[int, int] | bytes] = []
     inline = 0
     for b in pickled.buffers:
-        address = _address(b)
-        if b.nbytes and start <= address and address + b.nbytes <= end:
-            pieces.append((address - start, b.nbytes))
+        at = address(b)
+        if b.nbytes and start <= at and at + b.nbytes <= end:
+            pieces.append((at - start, b.nbytes))
             continue
         inline += b.nbytes
         if inline > inline_limit:
@@ -126,7 +126,7 @@ def read_part(buffer: Any, part: Part) -> Any:
     return pickle.loads(part.stream, buffers=buffers)
 
 
-def _address(buffer: memoryview) -> int:
+def address(buffer: memoryview) -> int:
     """Where a flat byte view's first byte lies in this process."""
     return int(np.frombuffer(buffer, np.uint8).ctypes.data) if buffer.nbytes else 0
 

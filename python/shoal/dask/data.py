@@ -46,7 +46,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
 
-import numpy as np
 from dask.sizeof import sizeof
 
 from shoal import layout
@@ -208,19 +207,21 @@ class StoreData(MutableMapping[Any, Any]):
             self._keep(key, stored, value)
             return
         stored = self._share(value)
-        pickled = None
-        if stored is None and self._kept_oids and self.store.usable and sizeof(value) >= self.threshold:
-            pickled, stored = self._part(value)
+        size, pickled = 0, None
+        if stored is None:
+            size = sizeof(value)
+            if self._kept_oids and self.store.usable and size >= self.threshold:
+                pickled, stored = self._part(value)
         if stored is not None:  # another key's value, or a view of it: no second object
             self._aliases.add(key)
             self._keep(key, stored, value)
             return
-        if self._keep_young(key, value, pickled):
+        if self._keep_young(key, value, size, pickled):
             return
-        if not self._store_value(key, value, force=False, pickled=pickled):
-            self._private[key] = self._detached(value)
+        if not self._store_value(key, value, force=False, size=size, pickled=pickled):
+            self._private[key] = self._detached(value, size)
 
-    def _detached(self, value: Any) -> Any:
+    def _detached(self, value: Any, size: int) -> Any:
         """`value` as Dask may keep it privately: a small value whose buffers lie in store
         memory (a shuffle's split of a group, under the threshold) becomes a copy of its
         own, since as a view it keeps the whole object it lies in referenced for as long as
@@ -228,8 +229,9 @@ class StoreData(MutableMapping[Any, Any]):
         pinning a group of 30-57 MB: memory filled with objects nobody read, and reads
         waited for room until they failed. Larger values stay as they are, and so does a
         value whose buffers are larger than its size says (an object wrapping a large
-        array): a copy of those would be private memory Dask does not count."""
-        if isinstance(value, (str, bytes, int, float, bool, type(None))) or sizeof(value) >= self.threshold:
+        array): a copy of those would be private memory Dask does not count. `size`: its
+        `sizeof`."""
+        if isinstance(value, (str, bytes, int, float, bool, type(None))) or size >= self.threshold:
             return value
         try:
             pickled = layout.pickle_value(value)
@@ -242,13 +244,12 @@ class StoreData(MutableMapping[Any, Any]):
         except Exception:
             return value  # a type that does not rebuild over copies: kept as the view it is
 
-    def _keep_young(self, key: Any, value: Any, pickled: layout.Pickled | None) -> bool:
-        """Keeps `value` (`pickled`, if the caller has it so) young if it fits `young` and
-        would go into the store; promotes the oldest young values beyond the bounds.
-        Returns whether it was kept."""
+    def _keep_young(self, key: Any, value: Any, size: int, pickled: layout.Pickled | None) -> bool:
+        """Keeps `value` (of `sizeof` `size`; `pickled`, if the caller has it so) young if it
+        fits `young` and would go into the store; promotes the oldest young values beyond
+        the bounds. Returns whether it was kept."""
         if not self.young or not self.store.usable:
             return False
-        size = sizeof(value)
         if not self.threshold <= size <= self.young:
             return False
         if self._in_store(pickled.buffers) if pickled is not None else self._views_the_store(value):
@@ -274,7 +275,7 @@ class StoreData(MutableMapping[Any, Any]):
     def _in_store(self, buffers: list[memoryview]) -> bool:
         """Whether one of `buffers` lies in the store's memory."""
         low, high = self._region
-        return any(b.nbytes and low <= np.frombuffer(b, np.uint8).ctypes.data < high for b in buffers)
+        return any(b.nbytes and low <= layout.address(b) < high for b in buffers)
 
     def promote(self, keys: Iterable[Any]) -> None:
         """Moves the young values of `keys` into the store: another worker asks for them,
@@ -347,11 +348,20 @@ class StoreData(MutableMapping[Any, Any]):
         shared.buffer = None
 
     def _store_value(
-        self, key: Any, value: Any, *, force: bool, pickled: layout.Pickled | None = None
+        self,
+        key: Any,
+        value: Any,
+        *,
+        force: bool,
+        size: int | None = None,
+        pickled: layout.Pickled | None = None,
     ) -> bool:
-        """Puts `value` (`pickled` if the caller has it so) into the store if it belongs
-        there (`force`: any picklable value, as for an eviction); returns whether it went."""
-        if not self.store.usable or (not force and sizeof(value) < self.threshold):
+        """Puts `value` (its `sizeof` `size` and `pickled` if the caller has them) into the
+        store if it belongs there (`force`: any picklable value, as for an eviction);
+        returns whether it went."""
+        if not self.store.usable:
+            return False
+        if not force and (sizeof(value) if size is None else size) < self.threshold:
             return False
         try:
             pickled = pickled or layout.pickle_value(value)
@@ -417,7 +427,7 @@ class StoreData(MutableMapping[Any, Any]):
             if key in self._views:
                 self._drop_view(key)
                 self.released_count += 1
-            if self._shared_by_alias(stored.oid):
+            if self._aliases_in(stored.oid):
                 self._cool_later.add(stored.oid)
             else:
                 oids.append(stored.oid)
@@ -428,13 +438,13 @@ class StoreData(MutableMapping[Any, Any]):
         """Alias `key` no longer lies in object `oid` (forgotten, or given its own object):
         an input cooled while it did is cooled now if no other alias lies in it."""
         self._aliases.discard(key)
-        if oid in self._cool_later and not self._shared_by_alias(oid):
+        if oid in self._cool_later and not self._aliases_in(oid):
             self._cool_later.discard(oid)
             self.store.cool([oid])
 
-    def _shared_by_alias(self, oid: bytes) -> bool:
-        """Whether an alias (or a projection) of this worker still lies in object `oid`."""
-        return any(self._stored[key].oid == oid for key in self._aliases)
+    def _aliases_in(self, oid: bytes) -> list[Any]:
+        """The aliases (and projections) of this worker that lie in object `oid`."""
+        return [key for key in self._aliases if self._stored[key].oid == oid]
 
     def keep(self, keys: Iterable[Any]) -> None:
         """A client keeps `keys` (a persisted collection): their values are read ahead of the
@@ -506,7 +516,7 @@ class StoreData(MutableMapping[Any, Any]):
             self._cool_later.discard(held.oid)
             # The scheduler deletes the object now: an alias or projection still lying in it
             # (the client let go of a collection a running job still reads) gets a copy.
-            for alias in [k for k in self._aliases if self._stored[k].oid == held.oid]:
+            for alias in self._aliases_in(held.oid):
                 if self._stored[alias].buffer is None:
                     self._stored[alias].buffer = held.buffer
                 try:
