@@ -10,7 +10,9 @@ missing store gives Dask's behaviour with one warning.
 
 from __future__ import annotations
 
+import operator
 import os
+import pickle
 import re
 import signal
 import time
@@ -31,17 +33,20 @@ pd = pytest.importorskip("pandas", reason=REASON)
 
 import dask.array as da  # noqa: E402
 import dask_jobs  # noqa: E402
+from dask.dataframe.backends import ShuffleGroupResult  # noqa: E402
 from dask.sizeof import sizeof  # noqa: E402
 from distributed import Client, LocalCluster, get_worker  # noqa: E402
 from distributed.protocol import dumps as dask_dumps  # noqa: E402
 from distributed.protocol import loads as dask_loads  # noqa: E402
-from distributed.protocol.serialize import Serialize, serialize  # noqa: E402
+from distributed.protocol.serialize import Serialize, deserialize, serialize  # noqa: E402
 
 import shoal  # noqa: E402
 import shoal.dask  # noqa: E402
+import shoal.dask.pieces  # noqa: E402
 from shoal import layout  # noqa: E402
 from shoal.dask import backing  # noqa: E402
 from shoal.dask.data import StoreData  # noqa: E402
+from shoal.dask.pieces import Pieces  # noqa: E402
 from shoal.dask.store import Store  # noqa: E402
 
 
@@ -314,6 +319,140 @@ def test_a_value_that_is_a_kept_keys_shares_its_object(tmp_path: Path) -> None:
         forget_all(data, opened)
     finally:
         daemon.teardown()
+
+
+@contextmanager
+def named_tiered_data(tmp_path: Path) -> Iterator[tuple[Store, StoreData]]:
+    """A 16 MiB store over a burst buffer, and a data mapping of it (4 MiB held mapped)
+    naming objects `dask/scope/<key>/w0`, as a worker does."""
+    directory = short_dir(tmp_path)
+    daemon = Daemon(directory / "store", capacity="16MiB", args=["--burst", str(directory / "burst")])
+    try:
+        opened = Store.open(daemon.socket)
+        data = StoreData(opened, hold=4 * MiB)
+        data.name_of = lambda key: f"dask/scope/{key}/w0"
+        yield opened, data
+    finally:
+        daemon.teardown()
+
+
+def test_a_shuffle_group_is_stored_one_object_per_piece_and_a_piece_comes_back_alone(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A tasks shuffle splits each partition into a dict {index: frame} and one task per
+    index takes its piece: on a tiered store the dict is one object per item, so a piece
+    read after the group left memory is restored alone (not its group); the value handed
+    out reads items on demand, pickles as the plain dict, travels by ids to a worker of
+    the same store, and is found again by its key's directory (a dead worker's keys)."""
+    with named_tiered_data(tmp_path) as (opened, data):
+        # What pandas' shuffle returns: a dict subclass that only sizes itself otherwise.
+        group = ShuffleGroupResult(
+            (i, pd.DataFrame({"x": np.full(MiB // 8, float(i)), "i": np.arange(MiB // 8)})) for i in range(4)
+        )
+        data["group"] = group
+        pieces = data["group"]
+        assert isinstance(pieces, Pieces) and sorted(pieces) == [0, 1, 2, 3] and len(pieces) == 4
+        assert data.stored_count == 1 and data.stored("group") is None and "group" in data
+        names = sorted(row.name for row in opened.client.ls("dask/scope/group"))
+        assert names == [f"dask/scope/group/w0/{i}" for i in range(4)], names
+        assert all(size < 2.1 * MiB for size in pieces.sizes.values()), pieces.sizes  # one piece each
+        assert sizeof(pieces) == sum(pieces.sizes.values())
+        # Every piece down the tier, then one read: only that piece comes back.
+        wait_for(lambda: opened.client.stats()["referenced"] == 0, timeout=5, message="pieces unreferenced")
+        assert opened.client.evict(64 * MiB) >= 4 * 2 * MiB, opened.client.stats()
+        wait_for(lambda: opened.client.tiers()["queue_depth"] == 0, timeout=5, message="pieces written down")
+        before = opened.client.tiers()["restored_bytes"]
+        piece = pieces[2]
+        pd.testing.assert_frame_equal(piece, group[2])
+        low = opened.client.region_address
+        assert low <= piece["x"].to_numpy().ctypes.data < low + opened.client.region_size  # a view
+        restored = opened.client.tiers()["restored_bytes"] - before
+        assert pieces.sizes[2] <= restored < pieces.sizes[2] + 4096, (restored, pieces.sizes)
+        with pytest.raises(KeyError):
+            pieces[7]
+        # Pickled (Dask's own transfer to another store) it is the dict.
+        again = pickle.loads(pickle.dumps(pieces))
+        assert type(again) is ShuffleGroupResult and sorted(again) == [0, 1, 2, 3]
+        pd.testing.assert_frame_equal(again[3], group[3])
+        # To a worker of the same store only the ids travel; another store gets Dask's bytes.
+        same = {"recipient": {"shoal": opened.handshake()}}
+        header, frames = serialize(pieces, serializers=["shoal", "dask", "pickle"], context=same)
+        assert header["serializer"] == "shoal" and sum(len(f) for f in frames[1:]) == 4 * 20
+        monkeypatch.setattr(shoal.dask.store, "_current", opened)
+        received = deserialize(header, frames)
+        assert isinstance(received, Pieces) and received.oids == pieces.oids
+        other = {"recipient": {"shoal": {"store": "another store", "cluster": None}}}
+        header, frames = serialize(pieces, serializers=["shoal", "dask", "pickle"], context=other)
+        assert header["serializer"] != "shoal"
+        assert type(received.kind) is type and received.kind is ShuffleGroupResult
+        assert sorted(deserialize(header, frames)) == [0, 1, 2, 3]
+        # Adopted by another mapping of the store (as a dead worker's key): no copy.
+        assert opened.find("dask/scope/group") is None  # not one object
+        found = shoal.dask.pieces.find(opened, "dask/scope/group")
+        assert found is not None and found.oids == pieces.oids and found.names == pieces.names
+        other_data = StoreData(opened)
+        other_data["group"] = found
+        assert other_data.stored_count == 0 and other_data["group"].oids == pieces.oids
+        del data["group"], other_data["group"]
+        assert "group" not in data and not len(data)
+        assert opened.forget("dask/scope/group", time.time() + 1) == 4
+        del piece, frames  # their references: the deletes of their objects wait for them
+        wait_for(lambda: opened.client.stats()["objects"] == 0, timeout=5, message="the pieces deleted")
+
+
+def test_a_split_takes_its_pieces_object_over(tmp_path: Path) -> None:
+    """A task that returns an item of a stored group unchanged (a shuffle's split) renames
+    the item's object to its own key instead of copying it: the group's deletion leaves it,
+    and the group can still read the item by id while it exists. A second key storing the
+    same value gets a copy."""
+    with named_tiered_data(tmp_path) as (opened, data):
+        told: list[tuple[Any, Any]] = []
+        data.on_claim = lambda key, source: told.append((key, source)) or True
+        group = {i: np.full(MiB // 8, float(i)) for i in range(3)}
+        data["group"] = group
+        pieces = data["group"]
+        objects = opened.client.stats()["objects"]
+        data["split"] = pieces[1]
+        assert data.claimed_count == 1 and told == [("split", "group")]
+        assert opened.client.stats()["objects"] == objects and data.stored_count == 1  # no copy
+        assert data.stored("split").oid == pieces.oids[1]
+        names = sorted(row.name for row in opened.client.ls("dask/scope"))
+        assert names == ["dask/scope/group/w0/0", "dask/scope/group/w0/2", "dask/scope/split/w0"], names
+        data["again"] = data["split"]  # the same value under a second key: a copy
+        assert data.claimed_count == 1 and data.stored_count == 2
+        # The group's objects go with it; the claimed one stays, readable by both.
+        del data["group"]
+        assert opened.forget("dask/scope/group", time.time() + 1) == 2
+        data.release_all()
+        np.testing.assert_array_equal(pieces[1], group[1])
+        np.testing.assert_array_equal(data["split"], group[1])
+        # A process that did not claim it finds it gone from the group's names: no claim.
+        data["other"] = pieces[1]
+        assert data.claimed_count == 1 and data.stored_count == 3
+        # A split task gets the item unread (`splitting`, set by the worker around it): its
+        # key takes the object over without mapping it; a read maps it.
+        data["group2"] = {i: np.full(MiB // 8, float(i)) for i in range(3)}
+        token = shoal.dask.pieces.splitting.set(True)
+        try:
+            unread = data["group2"][0]
+            refused = data["group2"][1]
+        finally:
+            shoal.dask.pieces.splitting.reset(token)
+        assert isinstance(unread, shoal.dask.pieces.Item) and sizeof(unread) == data["group2"].sizes[0]
+        data["split2"] = unread
+        assert data.claimed_count == 2 and data.stored("split2").buffer is None and data.stored_count == 4
+        np.testing.assert_array_equal(data["split2"], np.zeros(MiB // 8))
+        # No claim without telling the scheduler: the item is read and copied.
+        data.on_claim = lambda key, source: False
+        data["split3"] = refused
+        assert data.claimed_count == 2 and data.stored_count == 5
+        np.testing.assert_array_equal(data["split3"], np.ones(MiB // 8))
+        data["split4"] = data["group2"][2]
+        assert data.claimed_count == 2 and data.stored_count == 6
+        for key in list(data):
+            del data[key]
+        opened.forget("dask/scope", time.time() + 1)
+        wait_for(lambda: opened.client.stats()["objects"] == 0, timeout=5, message="every object deleted")
 
 
 def test_a_projection_of_a_kept_value_views_its_object(tmp_path: Path, monkeypatch) -> None:
@@ -682,6 +821,68 @@ def test_a_tiered_store_spills_instead_of_dask(tmp_path: Path) -> None:
             assert not [line for line in logs if "the store is full" in line]
             assert daemon.client().tiers()["spilled_bytes"] + daemon.client().tiers()["drained_bytes"] > 0
             del parts
+    finally:
+        daemon.teardown()
+
+
+def test_a_tasks_shuffle_on_a_tiered_store_stores_its_groups_as_pieces(tmp_path: Path) -> None:
+    """A set_index and a merge by tasks shuffle over a store smaller than their data: each
+    group goes into the store one object per piece, results equal stock Dask's, and every
+    object is deleted with its key."""
+    directory = short_dir(tmp_path)
+    daemon = Daemon(directory / "store", capacity="32MiB", args=["--burst", str(directory / "burst")])
+    try:
+        with dask_cluster(daemon.socket, workers=2) as client:
+            frame, jobs = dask_jobs.jobs(1_000_000, keys=1000, partitions=24)
+            picked = ("set_index", "merge")
+            with dask.config.set({"dataframe.shuffle.method": "tasks"}):
+                got = dict(zip(picked, dask.compute(*(jobs()[name] for name in picked)), strict=True))
+            with dask.config.set({"scheduler": "sync", "dataframe.shuffle.method": "tasks"}):
+                want = dict(zip(picked, dask.compute(*(jobs()[name] for name in picked)), strict=True))
+            assert bool(np.isclose(got["set_index"], want["set_index"]))
+            assert bool(np.allclose(got["merge"].sort_index(), want["merge"].sort_index()))
+            counts = client.run(
+                lambda dask_worker: (dask_worker.data.pieces_count, dask_worker.data.claimed_count)
+            )
+            assert sum(p for p, _ in counts.values()) >= 12, counts  # a group per partition, at least
+            assert sum(c for _, c in counts.values()) >= 12, counts  # and splits took pieces over
+            tiers = daemon.client().tiers()
+            assert tiers["spilled_bytes"] + tiers["drained_bytes"] > 0, tiers  # too small a store for it
+            wait_for(lambda: not dask_names(daemon), timeout=10, message="objects of released keys deleted")
+    finally:
+        daemon.teardown()
+
+
+def make_group(n: int) -> dict[int, np.ndarray]:
+    return {i: np.full(MiB // 8, float(i)) for i in range(n)}
+
+
+def test_a_group_read_again_after_its_split_is_forgotten(tmp_path: Path) -> None:
+    """The scheduler deletes a split's claimed object only once its group has left memory:
+    until then a task reading the same item again finds it; after both, nothing is left."""
+    directory = short_dir(tmp_path)
+    daemon = Daemon(directory / "store", capacity="32MiB", args=["--burst", str(directory / "burst")])
+    try:
+        with dask_cluster(daemon.socket, workers=1) as client:
+            group = client.submit(make_group, 3)
+            split = client.submit(operator.getitem, group, 1)
+            assert float(client.submit(np.sum, split).result(timeout=30)) == MiB // 8
+            assert sum(client.run(lambda dask_worker: dask_worker.data.claimed_count).values()) == 1
+            del split
+            wait_for(
+                lambda: (
+                    client.run_on_scheduler(
+                        lambda dask_scheduler: len(dask_scheduler.plugins["shoal"]._after)
+                    )
+                    == 1
+                ),
+                timeout=10,
+                message="the split's delete waits for its group",
+            )
+            again = client.submit(operator.getitem, group, 1, pure=False)
+            np.testing.assert_array_equal(again.result(timeout=30), np.full(MiB // 8, 1.0))
+            del again, group
+            wait_for(lambda: not dask_names(daemon), timeout=10, message="every object deleted")
     finally:
         daemon.teardown()
 

@@ -25,6 +25,10 @@ it, a client keeps it, newer ones need the room or the memory monitor evicts
 object. A value that is another key's, unchanged (an alias task), shares its object, and
 so does one that views a part of it (a column projection: `layout.Part`).
 
+A tasks shuffle's groups (dicts keyed by ints) go into the store one object per item on
+a tiered store, and a split takes its item's object over instead of copying it
+(`pieces.py`).
+
 On a store without tiers every value stays referenced (an unreferenced object there could
 be evicted for good).
 
@@ -49,8 +53,9 @@ from typing import Any
 from dask.sizeof import sizeof
 
 from shoal import layout
-from shoal.dask import backing
+from shoal.dask import backing, pieces
 from shoal.dask.backing import Stored
+from shoal.dask.pieces import Pieces, worth_pieces
 from shoal.dask.store import ROOM_ASK_MS, Store
 from shoal.errors import ShoalError, StoreFull
 
@@ -105,6 +110,9 @@ class StoreData(MutableMapping[Any, Any]):
         self._private: MutableMapping[Any, Any] = {} if private is None else private
         #: key → its object, for every key whose value lives in the store.
         self._stored: dict[Any, Stored] = {}
+        #: key → its items' objects, for every key whose value is a dict stored as pieces
+        #: (a shuffle's group, `pieces.py`): nothing of them is held mapped here.
+        self._pieces: dict[Any, Pieces] = {}
         #: key → the value rebuilt over its object, oldest use first.
         self._views: OrderedDict[Any, Any] = OrderedDict()
         #: Bytes of the objects under `_views`.
@@ -133,9 +141,17 @@ class StoreData(MutableMapping[Any, Any]):
         self.hold = hold if hold is not None else store.capacity // DEFAULT_HOLD_SHARE
         #: key → the object's name; set by the worker once it knows its own name.
         self.name_of: Callable[[Any], str | None] = lambda key: None
+        #: Tells whoever deletes objects that `key` claims an item of `source`'s pieces
+        #: (`pieces.py`); returns whether it could (the worker tells the scheduler; with
+        #: none, this process deletes objects itself).
+        self.on_claim: Callable[[Any, Any], bool] = lambda key, source: True
         #: Values put into the store, keys evicted and values released to the tiers, since
         #: start (for tests and logs).
         self.stored_count = 0
+        #: Of those, dicts stored as one object per item (`pieces.py`); and values that
+        #: were such an item, unchanged, which took its object over (no copy).
+        self.pieces_count = 0
+        self.claimed_count = 0
         self.evicted_count = 0
         self.released_count = 0
         #: Times a create or a read found the store full and this mapping released all it
@@ -200,6 +216,14 @@ class StoreData(MutableMapping[Any, Any]):
     def __setitem__(self, key: Any, value: Any) -> None:
         if key in self:
             del self[key]
+        if isinstance(value, Pieces) and value.store.identity == self.store.identity:
+            value.key = key
+            self._pieces[key] = value  # another worker's pieces, or a dead worker's: no copy
+            return
+        if self._claim(key, value):
+            return
+        if isinstance(value, pieces.Item):  # not claimed: stored as the item itself
+            value = value.read()
         stored = backing.take_received(value)
         if stored is not None:  # a reference another worker sent: no second object
             if stored.part is not None:  # a view of another key's object: an alias here too
@@ -363,13 +387,17 @@ class StoreData(MutableMapping[Any, Any]):
             return False
         if not force and (sizeof(value) if size is None else size) < self.threshold:
             return False
+        name = self.name_of(key)
+        if self.store.tiered and worth_pieces(value):
+            stored_as_pieces = self._store_pieces(key, value, name)
+            if stored_as_pieces is not None:
+                return stored_as_pieces
         try:
             pickled = pickled or layout.pickle_value(value)
         except Exception:
             return False  # not picklable out of band: Dask keeps it as it is
         if not force and pickled.out_of_band < len(pickled.stream):
             return False  # mostly in-band: a rebuilt value would be a copy, not a view
-        name = self.name_of(key)
         try:
             try:
                 stored, view = self.store.put(pickled, name)
@@ -383,6 +411,67 @@ class StoreData(MutableMapping[Any, Any]):
             return False
         self._keep(key, stored, view)
         self.stored_count += 1
+        return True
+
+    def _store_pieces(self, key: Any, value: dict[int, Any], name: str | None) -> bool | None:
+        """Stores dict `value` as one object per item (`pieces.py`), named `name`/item;
+        returns whether it went, or None for a dict whose items do not all pickle out of
+        band (then it is laid out in one object, as any value). A failed create deletes
+        the items stored before it."""
+        try:
+            pickled = {item: layout.pickle_value(piece) for item, piece in value.items()}
+        except Exception:
+            return None
+        if sum(p.out_of_band for p in pickled.values()) < sum(len(p.stream) for p in pickled.values()):
+            return None  # mostly in-band: decided as one value
+        oids: dict[int, bytes] = {}
+        sizes: dict[int, int] = {}
+        names = None if name is None else {item: f"{name}/{item}" for item in pickled}
+        try:
+            for item, piece in pickled.items():
+                piece_name = None if names is None else names[item]
+                try:
+                    oid = layout.store(self.store.client, piece, name=piece_name)
+                except StoreFull:
+                    if not self.release_all():
+                        raise
+                    oid = layout.store(self.store.client, piece, name=piece_name, timeout_ms=ROOM_ASK_MS)
+                oids[item], sizes[item] = oid.binary(), piece.size
+        except Exception as err:
+            if oids:
+                try:
+                    self.store.client.delete(list(oids.values()))
+                except ShoalError:
+                    pass  # gone with the store: nothing left to delete
+            self.store.failed(err, "a value")
+            return False
+        self._pieces[key] = Pieces(self.store, oids, sizes, type(value), names)
+        self._pieces[key].key = key
+        self.stored_count += 1
+        self.pieces_count += 1
+        return True
+
+    def _claim(self, key: Any, value: Any) -> bool:
+        """Takes the object of an item of a dict stored as pieces over for `key` (a
+        shuffle's split: no copy, `pieces.py`) if `value` is one, unread (`pieces.Item`) or
+        rebuilt and unchanged. Returns whether it did."""
+        if isinstance(value, pieces.Item):
+            group, item, stored = value.pieces, value.item, None
+        else:
+            found = pieces.handed(value)
+            if found is None:
+                return False
+            stored, group, item = found
+        name = self.name_of(key)
+        if name is None or not self.store.usable or group.store.identity != self.store.identity:
+            return False
+        if not self.on_claim(key, group.key) or not group.claim(item, name):
+            return False
+        if stored is None:  # unread: mapped when a task reads it
+            self._stored[key] = Stored(group.oids[item], self.store.identity, group.sizes[item], None)
+        else:
+            self._keep(key, stored, value)
+        self.claimed_count += 1
         return True
 
     def _keep(self, key: Any, stored: Stored, view: Any) -> None:
@@ -493,6 +582,8 @@ class StoreData(MutableMapping[Any, Any]):
         return released
 
     def __getitem__(self, key: Any) -> Any:
+        if key in self._pieces:
+            return self._pieces[key]
         if key in self._young:
             return self._young[key][0]
         if key in self._views:
@@ -508,6 +599,8 @@ class StoreData(MutableMapping[Any, Any]):
         return view
 
     def __delitem__(self, key: Any) -> None:
+        if self._pieces.pop(key, None) is not None:
+            return  # nothing held; the scheduler deletes the objects with the key's others
         held = self._stored.get(key)
         if key in self._aliases:
             self._alias_gone(key, held.oid)
@@ -540,15 +633,20 @@ class StoreData(MutableMapping[Any, Any]):
         stored.buffer = None
 
     def __contains__(self, key: object) -> bool:
-        return key in self._stored or key in self._young or key in self._private
+        return key in self._stored or key in self._pieces or key in self._young or key in self._private
 
     def __iter__(self) -> Iterator[Any]:
         yield from self._stored
+        yield from self._pieces
         yield from self._young
         yield from self._private
 
     def __len__(self) -> int:
-        return len(self._stored) + len(self._young) + len(self._private)
+        return len(self._stored) + len(self._pieces) + len(self._young) + len(self._private)
+
+    def holds_pieces(self, key: Any) -> bool:
+        """Whether `key`'s value is a dict stored as pieces (`pieces.py`)."""
+        return key in self._pieces
 
     def stored(self, key: Any) -> Stored | None:
         """The object holding `key`'s value, or None (held by Dask)."""

@@ -22,7 +22,10 @@ the scheduler itself needs no store:
   back to it. Inputs nobody wants are left alone: they are deleted within moments, and
   cooling them would have the store write them to a tier first;
 - a task whose value a client wants is named to the workers holding it (`shoal-kept`):
-  they read such values ahead of the tasks that need them (`read_ahead.py`).
+  they read such values ahead of the tasks that need them (`read_ahead.py`);
+- a key whose value took over the object of an item of another key's pieces (a
+  shuffle's split of its group, `shoal-claimed`, dask/pieces.py) has its objects deleted
+  only once that key has left memory too: the group may be read for the item again.
 
 Dask calls a plugin's `remove_worker` only after the worker's keys were released, so
 the plugin wraps the scheduler's `remove_worker` (and its `unregister` handler) instead.
@@ -62,6 +65,11 @@ class SchedulerPlugin(DaskSchedulerPlugin):
         self.adopted = 0
         #: Keys cooled at a worker (one count per worker holding one).
         self.cooled = 0
+        #: Claimant key → the key whose pieces it claimed an item of (`shoal-claimed`,
+        #: dask/pieces.py); and key in memory → claimants forgotten before it, with the
+        #: time each was: their objects are deleted once it is.
+        self._claims: dict[Any, Any] = {}
+        self._after: dict[Any, list[tuple[Any, float]]] = {}
         self._rescuing: dict[str, asyncio.Future[None]] = {}
 
     async def start(self, scheduler: Any) -> None:
@@ -77,6 +85,11 @@ class SchedulerPlugin(DaskSchedulerPlugin):
 
         scheduler.remove_worker = rescuing_remove_worker
         scheduler.handlers["unregister"] = rescuing_remove_worker
+        scheduler.stream_handlers["shoal-claimed"] = self.claimed
+
+    def claimed(self, key: Any, source: Any, worker: str | None = None) -> None:
+        """A worker's `key` took over the object of an item of `source`'s pieces."""
+        self._claims[key] = source
 
     # -- deleting the objects of keys nobody holds ---------------------------------------------
 
@@ -92,10 +105,23 @@ class SchedulerPlugin(DaskSchedulerPlugin):
             return
         # The time bounds the delete to objects sealed before it: the key may be computed
         # again, and stored under the same name, before the message arrives.
-        message = {"op": "shoal-forget", "keys": [key], "before": time.time()}
+        now = time.time()
+        source = self.scheduler.tasks.get(self._claims.pop(key, None))
+        if source is not None and source.state == "memory":
+            # A claimant's object is still an item of its source's: deleted with them.
+            self._after.setdefault(source.key, []).append((key, now))
+            return
+        self._forget(key, now)
+
+    def _forget(self, key: Any, before: float) -> None:
+        """Deletes the objects of `key` sealed before `before`, then those of the claimants
+        of its pieces forgotten before it."""
+        message = {"op": "shoal-forget", "keys": [key], "before": before}
         for address in self._one_worker_per_store().values():
             self.scheduler.worker_send(address, message)
         self.forgotten += 1
+        for claimant, when in self._after.pop(key, ()):
+            self._forget(claimant, when)
 
     def _cool_inputs_of(self, key: Any) -> None:
         """Cools the inputs of finished task `key` that no task waits for and a client keeps."""

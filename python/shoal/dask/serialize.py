@@ -12,17 +12,20 @@ Dask goes on to its own families ("dask", "pickle") as before. `loads` takes the
 receiver's own reference to the object and rebuilds the value over it; the data mapping
 then adopts it without a second object. A value that is a part of an object (a projection
 of a kept value, `layout.Part`) travels with its pickle stream and where its buffers lie,
-to a receiver on the same store only (another would pull the whole object).
+to a receiver on the same store only (another would pull the whole object). A dict
+stored as pieces (`pieces.py`) travels as its items' ids, to the same store only.
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from distributed.protocol.serialize import register_serialization_family
 
 from shoal import layout
 from shoal.dask import backing, store
+from shoal.dask.pieces import Pieces
 
 NAME = "shoal"
 #: The handshake key a shoal worker adds (`Store.handshake`: its store's and cluster's
@@ -31,11 +34,23 @@ HANDSHAKE_KEY = "shoal"
 
 
 def dumps(value: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[bytes]]:
+    recipient = (context or {}).get("recipient") or {}
+    theirs = recipient.get(HANDSHAKE_KEY)
+    if isinstance(value, Pieces):
+        # A dict stored as pieces: its items' ids, to a receiver on the same store only.
+        if not isinstance(theirs, dict) or theirs.get("store") != value.store.identity:
+            raise NotImplementedError("pieces, for a receiver on another store")
+        items = list(value.oids)
+        header = {
+            "store": value.store.identity,
+            "pieces": items,
+            "sizes": [value.sizes[i] for i in items],
+            "names": None if value.names is None else [value.names[i] for i in items],
+        }
+        return header, [pickle.dumps(value.kind), *(value.oids[i] for i in items)]
     stored = backing.lookup(value)
     if stored is None:
         raise NotImplementedError("not a value rebuilt over a store object")
-    recipient = (context or {}).get("recipient") or {}
-    theirs = recipient.get(HANDSHAKE_KEY)
     header: dict[str, Any] = {"store": stored.store, "nbytes": stored.nbytes}
     frames = [stored.oid]
     if stored.part is not None:  # a view of the object: where its buffers lie in it
@@ -59,6 +74,15 @@ def loads(header: dict[str, Any], frames: list[Any]) -> Any:
     if here is None or here.reaches(header) is None:
         raise ValueError(
             "a shoal reference arrived at a process that reaches neither its store nor its cluster"
+        )
+    if "pieces" in header:
+        oids = [bytes(frame) for frame in frames[1:]]
+        return Pieces(
+            here,
+            dict(zip(header["pieces"], oids, strict=True)),
+            dict(zip(header["pieces"], header["sizes"], strict=True)),
+            pickle.loads(frames[0]),  # the dict's type, by reference (Dask trusts its peers)
+            None if header["names"] is None else dict(zip(header["pieces"], header["names"], strict=True)),
         )
     part = None
     if "part" in header:

@@ -215,13 +215,17 @@ class Store:
             self.failed(err, "a hint")
 
     def find(self, prefix: str) -> tuple[Stored, Any] | None:
-        """A value stored under directory `prefix` (any worker's), or None."""
+        """A value stored in one object under directory `prefix` (any worker's:
+        `prefix/<worker>`), or None. Deeper names are values stored in parts
+        (`pieces.find`)."""
         try:
             rows = self.client.ls(prefix)
         except ShoalError as err:
             self.failed(err, "a lookup")
             return None
         for row in rows:
+            if "/" in row.name[len(prefix.rstrip("/")) + 1 :]:
+                continue
             try:
                 stored, value = self.open_object(row.id.binary())
             except ShoalError:

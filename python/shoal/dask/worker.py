@@ -15,6 +15,7 @@ Dask's worker, after one warning.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import sys
 from typing import Any
@@ -25,7 +26,7 @@ from dask.utils import parse_bytes
 from distributed.protocol import pickle
 from distributed.spill import SpillBuffer
 
-from shoal.dask import backing, memory, serialize, store
+from shoal.dask import backing, memory, pieces, serialize, store
 from shoal.dask.data import DEFAULT_HOLD_SHARE, DEFAULT_THRESHOLD, StoreData
 from shoal.dask.read_ahead import ReadAhead
 from shoal.dask.scheduler import SchedulerPlugin
@@ -72,6 +73,8 @@ class Worker(distributed.Worker):
         self.shoal: store.Store | None = None
         self.shoal_data: StoreData | None = None
         self.shoal_read_ahead: ReadAhead | None = None
+        #: Whether the scheduler took shoal's plugin (it handles `shoal-claimed` then).
+        self.shoal_plugin = False
         socket = _setting(shoal_socket, "socket")
         failure: Exception | None = None
         if data is None:
@@ -106,6 +109,7 @@ class Worker(distributed.Worker):
         identity = self.shoal.identity
         scope = self.scheduler.address
         mapping.name_of = lambda key: f"{store.key_prefix(scope, key)}/{store.component(str(self.name))}"
+        mapping.on_claim = self._tell_claim
         cluster = self.shoal.cluster
         self.startup_information["shoal"] = lambda _worker: {"store": identity, "cluster": cluster}
         overrides = self.connection_args.setdefault("handshake_overrides", {})
@@ -143,6 +147,7 @@ class Worker(distributed.Worker):
             await self.scheduler.register_scheduler_plugin(
                 plugin=pickle.dumps(SchedulerPlugin()), name=SchedulerPlugin.name, idempotent=True
             )
+            self.shoal_plugin = True
         except Exception as err:
             self.shoal.warn_once(
                 "plugin",
@@ -160,16 +165,49 @@ class Worker(distributed.Worker):
                     "nanny", "shoal: the nanny did not take the accounting (%r): it counts store pages", err
                 )
 
+    def _tell_claim(self, key: Any, source: Any) -> bool:
+        """Tells the scheduler that `key`'s value takes over an item of `source`'s pieces
+        (`StoreData.on_claim`): it then deletes `key`'s objects only once `source` left
+        memory. Sent on the stream that reports `key`'s task, before that report. False
+        (no claim) without the plugin, whose handler the message needs, or a connection."""
+        stream = self.batched_stream
+        if not self.shoal_plugin or stream is None or stream.comm is None or stream.comm.closed():
+            return False
+        self.batched_send({"op": "shoal-claimed", "key": key, "source": source})
+        return True
+
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         """Dask's execute, after asking for the kept inputs of the next ready tasks to be
-        restored from the store's tiers meanwhile (`read_ahead`)."""
+        restored from the store's tiers meanwhile (`read_ahead`). A split task (`getitem`
+        of a dict stored as pieces) runs with `pieces.splitting` set: it returns its item
+        unread, for the data mapping to claim."""
         ready = self.state.ready
         if self.shoal_read_ahead is not None and self.shoal_data is not None and ready:
             # peekn sorts the whole heap: past a few dozen ready tasks, the next one only.
             following = ready.peekn(READ_AHEAD_TASKS) if len(ready) <= READ_AHEAD_SORTED else [ready.peek()]
             keys = [dep.key for ts in following for dep in ts.dependencies]
             self.shoal_read_ahead.want(self.shoal_data.read_ahead(keys, self.shoal_data.hold // 2))
-        return await super().execute(key, stimulus_id=stimulus_id)
+        task = self.state.tasks.get(key)
+        if task is None or self.shoal_data is None or not self._is_split(task):
+            return await super().execute(key, stimulus_id=stimulus_id)
+        token = pieces.splitting.set(True)
+        try:
+            return await super().execute(key, stimulus_id=stimulus_id)
+        finally:
+            pieces.splitting.reset(token)
+
+    def _is_split(self, task: Any) -> bool:
+        """Whether `task` is `operator.getitem` of an input stored as pieces: its result is
+        the item itself, which nothing else reads before the data mapping stores it."""
+        spec = task.run_spec
+        if getattr(spec, "func", None) is not operator.getitem or getattr(spec, "kwargs", None):
+            return False
+        args = getattr(spec, "args", ())
+        # The container is a reference to an input (an `Alias` in dask's task spec).
+        container = getattr(args[0], "key", None) if len(args) == 2 else None
+        return (
+            container is not None and self.shoal_data is not None and self.shoal_data.holds_pieces(container)
+        )
 
     async def close(self, *args: Any, **kwargs: Any) -> Any:
         if self.shoal_read_ahead is not None:
@@ -197,11 +235,14 @@ class Worker(distributed.Worker):
             if key in self.data:
                 found[key] = self.data[key]
                 continue
-            hit = self.shoal.find(store.key_prefix(scope, key))
+            prefix = store.key_prefix(scope, key)
+            hit = self.shoal.find(prefix)
             if hit is not None:
                 stored, value = hit
                 backing.received(value, stored)
                 found[key] = value
+            elif (group := pieces.find(self.shoal, prefix)) is not None:
+                found[key] = group  # adopted by its items' ids
         if found:
             self.update_data(data=found, stimulus_id=stimulus_id)
         return list(found)
