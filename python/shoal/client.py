@@ -402,6 +402,11 @@ class Client:
         """Moves a name, or every name under directory `source`, to `target`."""
         self._raw.rename(source, target)
 
+    def set_mtime(self, name: str, mtime: float) -> None:
+        """Sets the modification time `name` shows (seconds since the epoch), as
+        `os.utime` does on the mount; raises ObjectNotFound."""
+        self._raw.set_mtime(name, round(mtime * 1000))
+
     def unlink(self, name: str) -> None:
         """Removes a name and deletes its object."""
         self._raw.unlink(name)

@@ -354,7 +354,7 @@ def test_a_shuffle_group_is_stored_one_object_per_piece_and_a_piece_comes_back_a
         assert isinstance(pieces, Pieces) and sorted(pieces) == [0, 1, 2, 3] and len(pieces) == 4
         assert data.stored_count == 1 and data.stored("group") is None and "group" in data
         names = sorted(row.name for row in opened.client.ls("dask/scope/group"))
-        assert names == [f"dask/scope/group/w0/{i}" for i in range(4)], names
+        assert names == [f"dask/scope/group/w0/{i}-of-4" for i in range(4)], names
         assert all(size < 2.1 * MiB for size in pieces.sizes.values()), pieces.sizes  # one piece each
         assert sizeof(pieces) == sum(pieces.sizes.values())
         # Every piece down the tier, then one read: only that piece comes back.
@@ -377,14 +377,13 @@ def test_a_shuffle_group_is_stored_one_object_per_piece_and_a_piece_comes_back_a
         # To a worker of the same store only the ids travel; another store gets Dask's bytes.
         same = {"recipient": {"shoal": opened.handshake()}}
         header, frames = serialize(pieces, serializers=["shoal", "dask", "pickle"], context=same)
-        assert header["serializer"] == "shoal" and sum(len(f) for f in frames[1:]) == 4 * 20
+        assert header["serializer"] == "shoal" and sum(len(f) for f in frames) == 4 * 20
         monkeypatch.setattr(shoal.dask.store, "_current", opened)
         received = deserialize(header, frames)
         assert isinstance(received, Pieces) and received.oids == pieces.oids
         other = {"recipient": {"shoal": {"store": "another store", "cluster": None}}}
         header, frames = serialize(pieces, serializers=["shoal", "dask", "pickle"], context=other)
         assert header["serializer"] != "shoal"
-        assert type(received.kind) is type and received.kind is ShuffleGroupResult
         assert sorted(deserialize(header, frames)) == [0, 1, 2, 3]
         # Adopted by another mapping of the store (as a dead worker's key): no copy.
         assert opened.find("dask/scope/group") is None  # not one object
@@ -400,55 +399,71 @@ def test_a_shuffle_group_is_stored_one_object_per_piece_and_a_piece_comes_back_a
         wait_for(lambda: opened.client.stats()["objects"] == 0, timeout=5, message="the pieces deleted")
 
 
+def split(group: Pieces, item: int) -> Any:
+    """What a split task returns: `group[item]` with `pieces.splitting` set, as the worker
+    runs one."""
+    token = shoal.dask.pieces.splitting.set(True)
+    try:
+        return group[item]
+    finally:
+        shoal.dask.pieces.splitting.reset(token)
+
+
 def test_a_split_takes_its_pieces_object_over(tmp_path: Path) -> None:
-    """A task that returns an item of a stored group unchanged (a shuffle's split) renames
-    the item's object to its own key instead of copying it: the group's deletion leaves it,
-    and the group can still read the item by id while it exists. A second key storing the
-    same value gets a copy."""
+    """A split gets its item unread, and its key takes the item's object over (renamed,
+    timed now) instead of reading and copying it: the group's deletion leaves it, a stale
+    delete of the split's name leaves it, the group still reads the item by id, the same
+    key computed again claims it again. Refused (no scheduler told), the item is read and
+    copied. Only shuffle groups are pieces; a group under a second key is copied."""
     with named_tiered_data(tmp_path) as (opened, data):
         told: list[tuple[Any, Any]] = []
         data.on_claim = lambda key, source: told.append((key, source)) or True
-        group = {i: np.full(MiB // 8, float(i)) for i in range(3)}
+        group = ShuffleGroupResult((i, np.full(MiB // 8, float(i))) for i in range(3))
         data["group"] = group
         pieces = data["group"]
         objects = opened.client.stats()["objects"]
-        data["split"] = pieces[1]
+        unread = split(pieces, 1)
+        assert isinstance(unread, shoal.dask.pieces.Item) and sizeof(unread) == pieces.sizes[1]
+        before = time.time()
+        data["split"] = unread
         assert data.claimed_count == 1 and told == [("split", "group")]
         assert opened.client.stats()["objects"] == objects and data.stored_count == 1  # no copy
-        assert data.stored("split").oid == pieces.oids[1]
+        assert data.stored("split").oid == pieces.oids[1] and data.stored("split").buffer is None
         names = sorted(row.name for row in opened.client.ls("dask/scope"))
-        assert names == ["dask/scope/group/w0/0", "dask/scope/group/w0/2", "dask/scope/split/w0"], names
-        data["again"] = data["split"]  # the same value under a second key: a copy
-        assert data.claimed_count == 1 and data.stored_count == 2
+        assert names == ["dask/scope/group/w0/0-of-3", "dask/scope/group/w0/2-of-3", "dask/scope/split/w0"]
+        # A delete sent before the claim (for an earlier run of the key) leaves it.
+        assert opened.forget("dask/scope/split", before - 1) == 0
+        # The group is not whole under its name any more: not adopted without the item.
+        assert shoal.dask.pieces.find(opened, "dask/scope/group") is None
+        np.testing.assert_array_equal(data["split"], group[1])
+        # The same key computed again here claims the same object again: nothing deleted.
+        del data["split"]
+        data["split"] = split(pieces, 1)
+        assert data.claimed_count == 2 and data.stored("split").oid == pieces.oids[1]
+        assert opened.client.stats()["objects"] == objects
         # The group's objects go with it; the claimed one stays, readable by both.
         del data["group"]
         assert opened.forget("dask/scope/group", time.time() + 1) == 2
         data.release_all()
         np.testing.assert_array_equal(pieces[1], group[1])
         np.testing.assert_array_equal(data["split"], group[1])
-        # A process that did not claim it finds it gone from the group's names: no claim.
-        data["other"] = pieces[1]
-        assert data.claimed_count == 1 and data.stored_count == 3
-        # A split task gets the item unread (`splitting`, set by the worker around it): its
-        # key takes the object over without mapping it; a read maps it.
-        data["group2"] = {i: np.full(MiB // 8, float(i)) for i in range(3)}
-        token = shoal.dask.pieces.splitting.set(True)
-        try:
-            unread = data["group2"][0]
-            refused = data["group2"][1]
-        finally:
-            shoal.dask.pieces.splitting.reset(token)
-        assert isinstance(unread, shoal.dask.pieces.Item) and sizeof(unread) == data["group2"].sizes[0]
-        data["split2"] = unread
-        assert data.claimed_count == 2 and data.stored("split2").buffer is None and data.stored_count == 4
-        np.testing.assert_array_equal(data["split2"], np.zeros(MiB // 8))
+        # Another key gets a copy: the item is claimed under another name.
+        data["other"] = split(pieces, 1)
+        assert data.claimed_count == 2 and data.stored_count == 2
+        np.testing.assert_array_equal(data["other"], group[1])
         # No claim without telling the scheduler: the item is read and copied.
+        data["group2"] = ShuffleGroupResult((i, np.full(MiB // 8, float(i))) for i in range(2))
         data.on_claim = lambda key, source: False
-        data["split3"] = refused
-        assert data.claimed_count == 2 and data.stored_count == 5
-        np.testing.assert_array_equal(data["split3"], np.ones(MiB // 8))
-        data["split4"] = data["group2"][2]
-        assert data.claimed_count == 2 and data.stored_count == 6
+        data["split2"] = split(data["group2"], 0)
+        assert data.claimed_count == 2 and data.stored_count == 4
+        np.testing.assert_array_equal(data["split2"], np.zeros(MiB // 8))
+        # A group returned unchanged under a second key gets objects of its own (the first
+        # key's go with it); a plain dict keyed by ints is a dict, in one object.
+        data["alias"] = data["group2"]
+        assert data.holds_pieces("alias") and data["alias"].oids.keys() == data["group2"].oids.keys()
+        assert not set(data["alias"].oids.values()) & set(data["group2"].oids.values())
+        data["plain"] = {i: np.full(MiB // 8, float(i)) for i in range(2)}
+        assert not data.holds_pieces("plain") and type(data["plain"]) is dict
         for key in list(data):
             del data[key]
         opened.forget("dask/scope", time.time() + 1)
@@ -853,8 +868,8 @@ def test_a_tasks_shuffle_on_a_tiered_store_stores_its_groups_as_pieces(tmp_path:
         daemon.teardown()
 
 
-def make_group(n: int) -> dict[int, np.ndarray]:
-    return {i: np.full(MiB // 8, float(i)) for i in range(n)}
+def make_group(n: int) -> ShuffleGroupResult:
+    return ShuffleGroupResult((i, np.full(MiB // 8, float(i))) for i in range(n))
 
 
 def test_a_group_read_again_after_its_split_is_forgotten(tmp_path: Path) -> None:
@@ -879,9 +894,13 @@ def test_a_group_read_again_after_its_split_is_forgotten(tmp_path: Path) -> None
                 timeout=10,
                 message="the split's delete waits for its group",
             )
-            again = client.submit(operator.getitem, group, 1, pure=False)
-            np.testing.assert_array_equal(again.result(timeout=30), np.full(MiB // 8, 1.0))
-            del again, group
+            # The same key computed again (it claims the object again), another key, and the
+            # whole group (every item read to send it) all read item 1.
+            again = client.submit(operator.getitem, group, 1)
+            other = client.submit(operator.getitem, group, 1, pure=False)
+            for value in (again.result(timeout=30), other.result(timeout=30), group.result(timeout=30)[1]):
+                np.testing.assert_array_equal(value, np.full(MiB // 8, 1.0))
+            del again, other, group
             wait_for(lambda: not dask_names(daemon), timeout=10, message="every object deleted")
     finally:
         daemon.teardown()

@@ -93,8 +93,13 @@ def test_names_put_get_ls_stat_rename_unlink(store: Daemon) -> None:
     newer = client.put(b"second", name="runs/1/raw")
     assert bytes(client.get_named("runs/1/raw")) == b"second"
     assert client.stat("runs/1/raw").id == newer
+    # A name's time is settable (as utime on the mount) and moves with the name.
+    client.set_mtime("runs/1/table", 1_000_000.5)
     client.rename("runs/1", "done")
     assert [r.name for r in client.ls()] == ["done/raw", "done/table", "runs/2/obj"]
+    assert client.stat("done/table").mtime == 1_000_000.5
+    with pytest.raises(shoal.ObjectNotFound):
+        client.set_mtime("runs/1/table", 0)
     client.unlink("done/raw")
     with pytest.raises(shoal.ObjectNotFound):
         client.get_named("done/raw")

@@ -495,6 +495,11 @@ impl Client {
             .py()
     }
 
+    fn set_mtime(&self, py: Python<'_>, name: &str, mtime_ms: u64) -> PyResult<()> {
+        py.detach(|| self.shared.with(|c| c.set_mtime(name, mtime_ms)))
+            .py()
+    }
+
     fn unlink(&self, py: Python<'_>, name: &str) -> PyResult<()> {
         py.detach(|| self.shared.with(|c| c.unlink(name))).py()
     }

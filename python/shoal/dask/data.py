@@ -25,9 +25,8 @@ it, a client keeps it, newer ones need the room or the memory monitor evicts
 object. A value that is another key's, unchanged (an alias task), shares its object, and
 so does one that views a part of it (a column projection: `layout.Part`).
 
-A tasks shuffle's groups (dicts keyed by ints) go into the store one object per item on
-a tiered store, and a split takes its item's object over instead of copying it
-(`pieces.py`).
+A tasks shuffle's groups go into the store one object per piece on a tiered store, and a
+split takes its piece's object over, unread, instead of copying it (`pieces.py`).
 
 On a store without tiers every value stays referenced (an unreferenced object there could
 be evicted for good).
@@ -110,7 +109,7 @@ class StoreData(MutableMapping[Any, Any]):
         self._private: MutableMapping[Any, Any] = {} if private is None else private
         #: key → its object, for every key whose value lives in the store.
         self._stored: dict[Any, Stored] = {}
-        #: key → its items' objects, for every key whose value is a dict stored as pieces
+        #: key → its items' objects, for every key whose value is a shuffle group stored as pieces
         #: (a shuffle's group, `pieces.py`): nothing of them is held mapped here.
         self._pieces: dict[Any, Pieces] = {}
         #: key → the value rebuilt over its object, oldest use first.
@@ -148,8 +147,8 @@ class StoreData(MutableMapping[Any, Any]):
         #: Values put into the store, keys evicted and values released to the tiers, since
         #: start (for tests and logs).
         self.stored_count = 0
-        #: Of those, dicts stored as one object per item (`pieces.py`); and values that
-        #: were such an item, unchanged, which took its object over (no copy).
+        #: Of those, shuffle groups stored one object per piece (`pieces.py`); and splits
+        #: that took their piece's object over (no read, no copy).
         self.pieces_count = 0
         self.claimed_count = 0
         self.evicted_count = 0
@@ -216,10 +215,15 @@ class StoreData(MutableMapping[Any, Any]):
     def __setitem__(self, key: Any, value: Any) -> None:
         if key in self:
             del self[key]
-        if isinstance(value, Pieces) and value.store.identity == self.store.identity:
-            value.key = key
-            self._pieces[key] = value  # another worker's pieces, or a dead worker's: no copy
-            return
+        if isinstance(value, Pieces):
+            if value.store.identity == self.store.identity and value.key in (None, key):
+                # Another worker's group, or a dead worker's (`pieces.find`): no copy.
+                value.key = key
+                self._pieces[key] = value
+                return
+            # Another key's group (a task returned it unchanged): its objects go with that
+            # key, so this one gets its own.
+            value = pickle.loads(pickle.dumps(value, protocol=5))
         if self._claim(key, value):
             return
         if isinstance(value, pieces.Item):  # not claimed: stored as the item itself
@@ -414,7 +418,8 @@ class StoreData(MutableMapping[Any, Any]):
         return True
 
     def _store_pieces(self, key: Any, value: dict[int, Any], name: str | None) -> bool | None:
-        """Stores dict `value` as one object per item (`pieces.py`), named `name`/item;
+        """Stores shuffle group `value` as one object per item (`pieces.py`, named after
+        `name`);
         returns whether it went, or None for a dict whose items do not all pickle out of
         band (then it is laid out in one object, as any value). A failed create deletes
         the items stored before it."""
@@ -426,7 +431,9 @@ class StoreData(MutableMapping[Any, Any]):
             return None  # mostly in-band: decided as one value
         oids: dict[int, bytes] = {}
         sizes: dict[int, int] = {}
-        names = None if name is None else {item: f"{name}/{item}" for item in pickled}
+        names = (
+            None if name is None else {item: pieces.item_name(name, item, len(pickled)) for item in pickled}
+        )
         try:
             for item, piece in pickled.items():
                 piece_name = None if names is None else names[item]
@@ -445,32 +452,25 @@ class StoreData(MutableMapping[Any, Any]):
                     pass  # gone with the store: nothing left to delete
             self.store.failed(err, "a value")
             return False
-        self._pieces[key] = Pieces(self.store, oids, sizes, type(value), names)
+        self._pieces[key] = Pieces(self.store, oids, sizes, names)
         self._pieces[key].key = key
         self.stored_count += 1
         self.pieces_count += 1
         return True
 
     def _claim(self, key: Any, value: Any) -> bool:
-        """Takes the object of an item of a dict stored as pieces over for `key` (a
-        shuffle's split: no copy, `pieces.py`) if `value` is one, unread (`pieces.Item`) or
-        rebuilt and unchanged. Returns whether it did."""
-        if isinstance(value, pieces.Item):
-            group, item, stored = value.pieces, value.item, None
-        else:
-            found = pieces.handed(value)
-            if found is None:
-                return False
-            stored, group, item = found
+        """Takes the object of a group's item over for `key` if `value` is one, unread (a
+        shuffle's split: `pieces.Item`; no read, no copy). Returns whether it did."""
+        if not isinstance(value, pieces.Item):
+            return False
+        group, item = value.pieces, value.item
         name = self.name_of(key)
         if name is None or not self.store.usable or group.store.identity != self.store.identity:
             return False
         if not self.on_claim(key, group.key) or not group.claim(item, name):
             return False
-        if stored is None:  # unread: mapped when a task reads it
-            self._stored[key] = Stored(group.oids[item], self.store.identity, group.sizes[item], None)
-        else:
-            self._keep(key, stored, value)
+        # Unread: mapped when a task reads it.
+        self._stored[key] = Stored(group.oids[item], self.store.identity, group.sizes[item], None)
         self.claimed_count += 1
         return True
 
@@ -645,7 +645,7 @@ class StoreData(MutableMapping[Any, Any]):
         return len(self._stored) + len(self._pieces) + len(self._young) + len(self._private)
 
     def holds_pieces(self, key: Any) -> bool:
-        """Whether `key`'s value is a dict stored as pieces (`pieces.py`)."""
+        """Whether `key`'s value is a shuffle group stored as pieces (`pieces.py`)."""
         return key in self._pieces
 
     def stored(self, key: Any) -> Stored | None:

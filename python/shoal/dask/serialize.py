@@ -12,13 +12,13 @@ Dask goes on to its own families ("dask", "pickle") as before. `loads` takes the
 receiver's own reference to the object and rebuilds the value over it; the data mapping
 then adopts it without a second object. A value that is a part of an object (a projection
 of a kept value, `layout.Part`) travels with its pickle stream and where its buffers lie,
-to a receiver on the same store only (another would pull the whole object). A dict
-stored as pieces (`pieces.py`) travels as its items' ids, to the same store only.
+to a receiver on the same store only (another would pull the whole object). A group
+stored as pieces (`pieces.py`) travels as its items' ids and names, to the same store
+only.
 """
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 from distributed.protocol.serialize import register_serialization_family
@@ -37,7 +37,7 @@ def dumps(value: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, 
     recipient = (context or {}).get("recipient") or {}
     theirs = recipient.get(HANDSHAKE_KEY)
     if isinstance(value, Pieces):
-        # A dict stored as pieces: its items' ids, to a receiver on the same store only.
+        # A shuffle group stored as pieces: its items' ids, to a receiver on the same store only.
         if not isinstance(theirs, dict) or theirs.get("store") != value.store.identity:
             raise NotImplementedError("pieces, for a receiver on another store")
         items = list(value.oids)
@@ -47,7 +47,7 @@ def dumps(value: Any, context: dict[str, Any] | None = None) -> tuple[dict[str, 
             "sizes": [value.sizes[i] for i in items],
             "names": None if value.names is None else [value.names[i] for i in items],
         }
-        return header, [pickle.dumps(value.kind), *(value.oids[i] for i in items)]
+        return header, [value.oids[i] for i in items]
     stored = backing.lookup(value)
     if stored is None:
         raise NotImplementedError("not a value rebuilt over a store object")
@@ -76,12 +76,11 @@ def loads(header: dict[str, Any], frames: list[Any]) -> Any:
             "a shoal reference arrived at a process that reaches neither its store nor its cluster"
         )
     if "pieces" in header:
-        oids = [bytes(frame) for frame in frames[1:]]
+        oids = [bytes(frame) for frame in frames]
         return Pieces(
             here,
             dict(zip(header["pieces"], oids, strict=True)),
             dict(zip(header["pieces"], header["sizes"], strict=True)),
-            pickle.loads(frames[0]),  # the dict's type, by reference (Dask trusts its peers)
             None if header["names"] is None else dict(zip(header["pieces"], header["names"], strict=True)),
         )
     part = None

@@ -179,7 +179,7 @@ class Worker(distributed.Worker):
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         """Dask's execute, after asking for the kept inputs of the next ready tasks to be
         restored from the store's tiers meanwhile (`read_ahead`). A split task (`getitem`
-        of a dict stored as pieces) runs with `pieces.splitting` set: it returns its item
+        of a shuffle group stored as pieces) runs with `pieces.splitting` set: it returns its item
         unread, for the data mapping to claim."""
         ready = self.state.ready
         if self.shoal_read_ahead is not None and self.shoal_data is not None and ready:
