@@ -417,7 +417,7 @@ def test_a_split_takes_its_pieces_object_over(tmp_path: Path) -> None:
     copied. Only shuffle groups are pieces; a group under a second key is copied."""
     with named_tiered_data(tmp_path) as (opened, data):
         told: list[tuple[Any, Any]] = []
-        data.on_claim = lambda key, source: told.append((key, source)) or True
+        data.on_claim = lambda key, source: told.append((key, source))
         group = ShuffleGroupResult((i, np.full(MiB // 8, float(i))) for i in range(3))
         data["group"] = group
         pieces = data["group"]
@@ -441,6 +441,12 @@ def test_a_split_takes_its_pieces_object_over(tmp_path: Path) -> None:
         data["split"] = split(pieces, 1)
         assert data.claimed_count == 2 and data.stored("split").oid == pieces.oids[1]
         assert opened.client.stats()["objects"] == objects
+        # So does a process whose Pieces of the group never saw the claim (fetched again).
+        fresh = Pieces(opened, pieces.oids, pieces.sizes, pieces.names)
+        del data["split"]
+        data["split"] = split(fresh, 1)
+        assert data.claimed_count == 3 and data.stored("split").oid == pieces.oids[1]
+        assert opened.client.stats()["objects"] == objects
         # The group's objects go with it; the claimed one stays, readable by both.
         del data["group"]
         assert opened.forget("dask/scope/group", time.time() + 1) == 2
@@ -449,13 +455,14 @@ def test_a_split_takes_its_pieces_object_over(tmp_path: Path) -> None:
         np.testing.assert_array_equal(data["split"], group[1])
         # Another key gets a copy: the item is claimed under another name.
         data["other"] = split(pieces, 1)
-        assert data.claimed_count == 2 and data.stored_count == 2
+        assert data.claimed_count == 3 and data.stored_count == 2
+        assert [key for key, _ in told] == ["split"] * 3  # a refused claim is not told
         np.testing.assert_array_equal(data["other"], group[1])
         # No claim without telling the scheduler: the item is read and copied.
         data["group2"] = ShuffleGroupResult((i, np.full(MiB // 8, float(i))) for i in range(2))
-        data.on_claim = lambda key, source: False
+        data.can_claim = lambda: False
         data["split2"] = split(data["group2"], 0)
-        assert data.claimed_count == 2 and data.stored_count == 4
+        assert data.claimed_count == 3 and data.stored_count == 4
         np.testing.assert_array_equal(data["split2"], np.zeros(MiB // 8))
         # A group returned unchanged under a second key gets objects of its own (the first
         # key's go with it); a plain dict keyed by ints is a dict, in one object.

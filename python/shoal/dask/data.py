@@ -140,10 +140,12 @@ class StoreData(MutableMapping[Any, Any]):
         self.hold = hold if hold is not None else store.capacity // DEFAULT_HOLD_SHARE
         #: key → the object's name; set by the worker once it knows its own name.
         self.name_of: Callable[[Any], str | None] = lambda key: None
-        #: Tells whoever deletes objects that `key` claims an item of `source`'s pieces
-        #: (`pieces.py`); returns whether it could (the worker tells the scheduler; with
-        #: none, this process deletes objects itself).
-        self.on_claim: Callable[[Any, Any], bool] = lambda key, source: True
+        #: Whether a claim can be told to whoever deletes objects, and tells them that `key`
+        #: claimed an item of `source`'s pieces (`pieces.py`): the worker tells the
+        #: scheduler (before it reports the task); with none, this process deletes
+        #: objects itself.
+        self.can_claim: Callable[[], bool] = lambda: True
+        self.on_claim: Callable[[Any, Any], None] = lambda key, source: None
         #: Values put into the store, keys evicted and values released to the tiers, since
         #: start (for tests and logs).
         self.stored_count = 0
@@ -223,7 +225,7 @@ class StoreData(MutableMapping[Any, Any]):
                 return
             # Another key's group (a task returned it unchanged): its objects go with that
             # key, so this one gets its own.
-            value = pickle.loads(pickle.dumps(value, protocol=5))
+            value = pieces.group_of(value.items())  # its items over store memory: one copy
         if self._claim(key, value):
             return
         if isinstance(value, pieces.Item):  # not claimed: stored as the item itself
@@ -467,8 +469,9 @@ class StoreData(MutableMapping[Any, Any]):
         name = self.name_of(key)
         if name is None or not self.store.usable or group.store.identity != self.store.identity:
             return False
-        if not self.on_claim(key, group.key) or not group.claim(item, name):
+        if not self.can_claim() or not group.claim(item, name):
             return False
+        self.on_claim(key, group.key)
         # Unread: mapped when a task reads it.
         self._stored[key] = Stored(group.oids[item], self.store.identity, group.sizes[item], None)
         self.claimed_count += 1

@@ -16,9 +16,11 @@ transfer to a worker of another store, it is the group again.
 
 A split runs with `splitting` set (the worker sets it around a task that is `getitem` of
 such an input): it gets its item unread, an `Item`, and the data mapping *claims* the
-object for the split's key: the scheduler is told first (`shoal-claimed`), then the object
-is renamed to the split's name and its time set to now (so a delete of that name sent
-before, for an earlier run of the key, leaves it). The split reads and copies nothing.
+object for the split's key: the object's time is set to now (so a delete of the split's
+name sent before, for an earlier run of the key, leaves it) and it is renamed to the
+split's name, then the scheduler is told (`shoal-claimed`, before the task's report).
+The same key computed again, in any process, finds its name holding the object and
+claims it again. The split reads and copies nothing.
 The scheduler deletes a claimant's objects only once its group has left memory too: until
 then the group may be read for that item again, and finds the object by id.
 """
@@ -39,11 +41,6 @@ from shoal.errors import ShoalError
 if TYPE_CHECKING:
     from shoal.dask.store import Store
 
-try:  # pandas' shuffle group (dask's dataframe backend needs pandas)
-    from dask.dataframe.backends import ShuffleGroupResult
-except ImportError:  # pragma: no cover - without pandas there is no dataframe shuffle
-    ShuffleGroupResult = None
-
 #: A group is stored as pieces only with at most this many items (each costs a create; a
 #: tasks shuffle's groups have up to 32, Dask's default `max_branch`).
 MAX_PIECES = 256
@@ -52,27 +49,34 @@ MAX_PIECES = 256
 _ITEM = re.compile(r"(-?\d+)-of-(\d+)")
 
 
+#: pandas' shuffle group (`dask.dataframe.backends.ShuffleGroupResult`, a dict subclass
+#: that only sizes itself otherwise), by name: importing dask.dataframe costs every worker
+#: pandas and pyarrow.
+_GROUP = ("dask.dataframe.backends", "ShuffleGroupResult")
+
+
 def worth_pieces(value: Any) -> bool:
-    """Whether `value` is stored as pieces: a shuffle's group (`ShuffleGroupResult`, a dict
-    subclass that only sizes itself otherwise) of 2 to MAX_PIECES items keyed by ints.
-    Only that type: any other dict a task returns stays a dict for the tasks reading it
-    (a `Pieces` is a read-only mapping, not a dict)."""
+    """Whether `value` is stored as pieces: a shuffle's group of 2 to MAX_PIECES items
+    keyed by ints. Only that type: any other dict a task returns stays a dict for the
+    tasks reading it (a `Pieces` is a read-only mapping, not a dict)."""
+    kind = type(value)
     return (
-        ShuffleGroupResult is not None
-        and type(value) is ShuffleGroupResult
+        (kind.__module__, kind.__qualname__) == _GROUP
         and 2 <= len(value) <= MAX_PIECES
         and all(type(item) is int for item in value)
     )
 
 
+def group_of(items: Any) -> Any:
+    """A shuffle group holding `items` (pairs or a mapping)."""
+    from dask.dataframe.backends import ShuffleGroupResult
+
+    return ShuffleGroupResult(items)
+
+
 def item_name(name: str, item: int, count: int) -> str:
     """The name of item `item` of a group of `count` items whose key's object is `name`."""
     return f"{name}/{item}-of-{count}"
-
-
-def _rebuilt(items: dict[int, Any]) -> Any:
-    """The group holding `items` (a pickled `Pieces`)."""
-    return ShuffleGroupResult(items)
 
 
 class Pieces(Mapping[int, Any]):
@@ -112,15 +116,17 @@ class Pieces(Mapping[int, Any]):
         it already (the same key computed again here). False, and nothing changed, when
         the object is not named, was claimed under another name, or its name no longer
         holds it (another process of the store claimed it; the key was computed again)."""
-        if self.claimed.get(item) == name:
-            source = name
-        else:
+        client = self.store.client
+        try:  # `name` holds it already: the same key computed again, here or elsewhere
+            source = name if client.stat(name).id.binary() == self.oids[item] else None
+        except ShoalError:
+            source = None
+        if source is None:
             source = None if self.names is None or item in self.claimed else self.names.get(item)
         if source is None:
             return False
-        client = self.store.client
         try:
-            if client.stat(source).id.binary() != self.oids[item]:
+            if source != name and client.stat(source).id.binary() != self.oids[item]:
                 return False
             # Timed before it moves: a delete of `name` sent for an earlier run of the
             # claimant (objects sealed before it was sent) must leave this one.
@@ -145,13 +151,14 @@ class Pieces(Mapping[int, Any]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled (Dask's own transfer, to a process of another store), it is the group.
-        return (_rebuilt, (dict(self.items()),))
+        group = group_of(self.items())
+        return (type(group), (dict(group),))
 
     def __repr__(self) -> str:
         return f"Pieces({len(self)} items, {self.nbytes} bytes)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Item:
     """Item `item` of `pieces`, unread: what a split task returns (`splitting`). The data
     mapping claims its object for the task's key, or reads it (`read`) to store it as any

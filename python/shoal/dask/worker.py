@@ -109,6 +109,7 @@ class Worker(distributed.Worker):
         identity = self.shoal.identity
         scope = self.scheduler.address
         mapping.name_of = lambda key: f"{store.key_prefix(scope, key)}/{store.component(str(self.name))}"
+        mapping.can_claim = self._can_tell_claim
         mapping.on_claim = self._tell_claim
         cluster = self.shoal.cluster
         self.startup_information["shoal"] = lambda _worker: {"store": identity, "cluster": cluster}
@@ -165,16 +166,19 @@ class Worker(distributed.Worker):
                     "nanny", "shoal: the nanny did not take the accounting (%r): it counts store pages", err
                 )
 
-    def _tell_claim(self, key: Any, source: Any) -> bool:
-        """Tells the scheduler that `key`'s value takes over an item of `source`'s pieces
-        (`StoreData.on_claim`): it then deletes `key`'s objects only once `source` left
-        memory. Sent on the stream that reports `key`'s task, before that report. False
-        (no claim) without the plugin, whose handler the message needs, or a connection."""
+    def _can_tell_claim(self) -> bool:
+        """Whether the scheduler can be told of a claim: its plugin, whose handler the
+        message needs (an unknown stream op closes the worker), and a connection."""
         stream = self.batched_stream
-        if not self.shoal_plugin or stream is None or stream.comm is None or stream.comm.closed():
-            return False
+        return (
+            self.shoal_plugin and stream is not None and stream.comm is not None and not stream.comm.closed()
+        )
+
+    def _tell_claim(self, key: Any, source: Any) -> None:
+        """Tells the scheduler that `key`'s value took over an item of `source`'s pieces
+        (`StoreData.on_claim`): it then deletes `key`'s objects only once `source` left
+        memory. Sent on the stream that reports `key`'s task, before that report."""
         self.batched_send({"op": "shoal-claimed", "key": key, "source": source})
-        return True
 
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         """Dask's execute, after asking for the kept inputs of the next ready tasks to be
