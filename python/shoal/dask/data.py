@@ -421,10 +421,9 @@ class StoreData(MutableMapping[Any, Any]):
 
     def _store_pieces(self, key: Any, value: dict[int, Any], name: str | None) -> bool | None:
         """Stores shuffle group `value` as one object per item (`pieces.py`, named after
-        `name`);
-        returns whether it went, or None for a dict whose items do not all pickle out of
-        band (then it is laid out in one object, as any value). A failed create deletes
-        the items stored before it."""
+        `name`); returns whether it went, or None for a group whose items do not all
+        pickle out of band (then it is laid out in one object, as any value). A failed
+        create deletes the items stored before it."""
         try:
             pickled = {item: layout.pickle_value(piece) for item, piece in value.items()}
         except Exception:

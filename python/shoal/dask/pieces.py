@@ -32,14 +32,12 @@ import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dask.sizeof import sizeof
 
+from shoal.dask.store import Store, names_below
 from shoal.errors import ShoalError
-
-if TYPE_CHECKING:
-    from shoal.dask.store import Store
 
 #: A group is stored as pieces only with at most this many items (each costs a create; a
 #: tasks shuffle's groups have up to 32, Dask's default `max_branch`).
@@ -97,18 +95,22 @@ class Pieces(Mapping[int, Any]):
         self.names = names
         #: The key a data mapping of this process holds the value under (`StoreData`).
         self.key: Any = None
-        #: Items a key of this process claimed → the name their object has now.
-        self.claimed: dict[int, str] = {}
+        #: Items whose objects a key of this process claimed (no longer under `names`).
+        self.claimed: set[int] = set()
 
     def __getitem__(self, item: int) -> Any:
         """Item `item` rebuilt over its object (restored from a tier if it left memory).
         Raises KeyError for an item the group did not have, ObjectNotFound once the key's
         objects were deleted. While a split runs (`splitting`), the item comes unread, as
         an `Item` for the data mapping to claim (a key computed again claims it again)."""
-        oid = self.oids[item]
+        self.oids[item]  # KeyError for an item the group did not have
         if splitting.get() and self.names is not None:
             return Item(self, item)
-        return self.store.open_object(oid)[1]
+        return self.read(item)
+
+    def read(self, item: int) -> Any:
+        """Item `item` rebuilt over its object."""
+        return self.store.open_object(self.oids[item])[1]
 
     def claim(self, item: int, name: str) -> bool:
         """Moves the object of `item` to `name` (the claimant key's), timed now, no longer
@@ -116,18 +118,15 @@ class Pieces(Mapping[int, Any]):
         it already (the same key computed again here). False, and nothing changed, when
         the object is not named, was claimed under another name, or its name no longer
         holds it (another process of the store claimed it; the key was computed again)."""
-        client = self.store.client
-        try:  # `name` holds it already: the same key computed again, here or elsewhere
-            source = name if client.stat(name).id.binary() == self.oids[item] else None
-        except ShoalError:
-            source = None
-        if source is None:
-            source = None if self.names is None or item in self.claimed else self.names.get(item)
-        if source is None:
-            return False
-        try:
-            if source != name and client.stat(source).id.binary() != self.oids[item]:
+        source = None if self.names is None or item in self.claimed else self.names.get(item)
+        if source is None or not self._holds(source, item):
+            # Not under the group's name: `name` holds it if this key claimed it before
+            # (computed again, here or in another process).
+            source = name
+            if not self._holds(name, item):
                 return False
+        client = self.store.client
+        try:
             # Timed before it moves: a delete of `name` sent for an earlier run of the
             # claimant (objects sealed before it was sent) must leave this one.
             client.set_mtime(source, time.time())
@@ -135,8 +134,15 @@ class Pieces(Mapping[int, Any]):
                 client.rename(source, name)
         except ShoalError:
             return False
-        self.claimed[item] = name
+        self.claimed.add(item)
         return True
+
+    def _holds(self, name: str, item: int) -> bool:
+        """Whether `name` is bound to the object of `item`."""
+        try:
+            return self.store.client.stat(name).id.binary() == self.oids[item]
+        except ShoalError:
+            return False
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.oids)
@@ -174,7 +180,7 @@ class Item:
 
     def read(self) -> Any:
         """The item, rebuilt over its object."""
-        return self.pieces.store.open_object(self.pieces.oids[self.item])[1]
+        return self.pieces.read(self.item)
 
 
 #: True while this context runs a split task: `operator.getitem` of a `Pieces` (set by the
@@ -196,7 +202,7 @@ def find(store: Store, prefix: str) -> Pieces | None:
     by_worker: dict[str, dict[int, Any]] = {}
     counts: dict[str, int] = {}
     for row in rows:
-        below = row.name[len(prefix.rstrip("/")) + 1 :].split("/")
+        below = names_below(prefix, row.name)
         match = _ITEM.fullmatch(below[1]) if len(below) == 2 else None
         if match is not None:
             by_worker.setdefault(below[0], {})[int(match.group(1))] = row

@@ -53,6 +53,11 @@ def component(text: str) -> str:
     return escaped
 
 
+def names_below(prefix: str, name: str) -> list[str]:
+    """The components of `name` below directory `prefix` (`ls(prefix)` lists it)."""
+    return name[len(prefix.rstrip("/")) + 1 :].split("/")
+
+
 def key_prefix(scope: str, key: Any) -> str:
     """The directory of every object of `key` in the cluster named `scope`."""
     return f"{ROOT}/{component(scope)}/{component(str(key))}"
@@ -224,7 +229,7 @@ class Store:
             self.failed(err, "a lookup")
             return None
         for row in rows:
-            if "/" in row.name[len(prefix.rstrip("/")) + 1 :]:
+            if len(names_below(prefix, row.name)) > 1:
                 continue
             try:
                 stored, value = self.open_object(row.id.binary())

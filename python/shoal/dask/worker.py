@@ -192,7 +192,7 @@ class Worker(distributed.Worker):
             keys = [dep.key for ts in following for dep in ts.dependencies]
             self.shoal_read_ahead.want(self.shoal_data.read_ahead(keys, self.shoal_data.hold // 2))
         task = self.state.tasks.get(key)
-        if task is None or self.shoal_data is None or not self._is_split(task):
+        if task is None or not self._is_split(task):
             return await super().execute(key, stimulus_id=stimulus_id)
         token = pieces.splitting.set(True)
         try:
