@@ -226,7 +226,7 @@ impl Tiers {
             DrainJob::Write {
                 // Claimed now, while the index says the object is alive: a
                 // delete from here on makes the job write nothing.
-                claim: self.engine.claim(id, generation),
+                claim: self.claim(id, generation),
                 level,
                 sizes: ObjectSizes {
                     data_size: location.data_size,

@@ -37,6 +37,10 @@ pub(super) struct Tracked {
     /// The removed node whose backing store (adopted by this node) holds
     /// it; `None`: this node's own tiers.
     pub origin: Option<u32>,
+    /// A write down was claimed for this incarnation (`Tiers::claim`), so
+    /// a tier may hold an image of it. Never set and with no copy, nothing
+    /// of it was ever written anywhere: its delete has nothing to commit.
+    pub claimed: bool,
 }
 
 /// Which of a tier's two queues a drain job is in.
@@ -213,6 +217,7 @@ impl Index {
                     in_flight: [false; 2],
                     skip_burst: false,
                     origin: None,
+                    claimed: false,
                 });
                 self.tallies.add(t);
                 t
@@ -249,6 +254,8 @@ impl Index {
             in_flight: [false; 2],
             skip_burst: false,
             origin,
+            // Its engine holds a record: a delete must commit there.
+            claimed: true,
         };
         self.tallies.add(&tracked);
         self.objects.insert(id, tracked);

@@ -44,7 +44,7 @@ use shoal_core::location::ObjectLocation;
 use shoal_core::protocol::{TierInfo, TierReport};
 use shoal_core::ObjectId;
 use shoal_tiers::{
-    Drainer, ObjectSizes, SourceRange, TierEngine, TierIdentity, TierLevel, TierSet,
+    Drainer, ObjectSizes, SourceRange, TierEngine, TierIdentity, TierLevel, TierSet, WriteClaim,
 };
 use tokio::sync::Notify;
 
@@ -441,10 +441,24 @@ impl Tiers {
         Ok(())
     }
 
+    /// The claim of a write down of `id`'s incarnation `generation`, taken
+    /// while the index says it is alive (docs/tiers.md, "Deletes are
+    /// final"); the index remembers it, so its delete goes to the engine.
+    fn claim(&self, id: ObjectId, generation: u64) -> WriteClaim {
+        if let Some(t) = self.index.borrow_mut().get_mut(&id) {
+            t.claimed = true;
+        }
+        self.engine.claim(id, generation)
+    }
+
     /// Deletes `ids` from every tier; returns once the deletes are committed
-    /// (no crash brings them back). Ids held by no tier are skipped. Per id
-    /// of `ids`, `None` or why its delete was not committed (the object is
-    /// then still held: served, and deleted by a retry).
+    /// (no crash brings them back). Ids held by no tier are skipped, and so
+    /// are objects no write down was ever claimed for: nothing of them is
+    /// on a tier or can get there (every write needs a claim, taken while
+    /// the index tracks the object, which it no longer does), so there is
+    /// no tombstone to commit. Per id of `ids`, `None` or why its delete was
+    /// not committed (the object is then still held: served, and deleted by
+    /// a retry).
     pub async fn delete(&self, ids: &[ObjectId]) -> Vec<Option<ShoalError>> {
         let mut out = vec![None; ids.len()];
         let held: Vec<(usize, index::Tracked)> = {
@@ -464,6 +478,10 @@ impl Tiers {
             }
         }
         for (i, tracked) in held {
+            if !tracked.claimed {
+                // Never written: memory held all of it, and that is gone.
+                continue;
+            }
             let id = ids[i];
             // Ends this incarnation's writes not yet done (a drain job
             // already running, a spill): they write nothing from here on.

@@ -123,7 +123,7 @@ impl Tiers {
             skip_burst,
             // Claimed while the index says it is alive: a delete from here
             // on makes the write write nothing.
-            self.engine.claim(victim.id, generation),
+            self.claim(victim.id, generation),
         ))
     }
 
