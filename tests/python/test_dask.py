@@ -15,6 +15,8 @@ import os
 import pickle
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +44,8 @@ from distributed.protocol.serialize import Serialize, deserialize, serialize  # 
 
 import shoal  # noqa: E402
 import shoal.dask  # noqa: E402
+import shoal.dask.forget  # noqa: E402
+import shoal.dask.heap  # noqa: E402
 import shoal.dask.pieces  # noqa: E402
 from shoal import layout  # noqa: E402
 from shoal.dask import backing  # noqa: E402
@@ -397,6 +401,50 @@ def test_a_shuffle_group_is_stored_one_object_per_piece_and_a_piece_comes_back_a
         assert opened.forget("dask/scope/group", time.time() + 1) == 4
         del piece, frames  # their references: the deletes of their objects wait for them
         wait_for(lambda: opened.client.stats()["objects"] == 0, timeout=5, message="the pieces deleted")
+
+
+class ListsThenRebinds:
+    """A client whose listing is followed by a store under a listed name (the key computed
+    again between a forget's listing and its delete)."""
+
+    def __init__(self, client: shoal.Client, rebind: Any) -> None:
+        self._client, self._rebind = client, rebind
+
+    def ls(self, prefix: str) -> list[Any]:
+        rows = self._client.ls(prefix)
+        self._rebind()
+        return rows
+
+    def delete(self, oids: list[Any]) -> None:
+        self._client.delete(oids)
+
+
+def test_forgotten_keys_lose_their_objects_on_a_thread_by_id(tmp_path: Path) -> None:
+    """A worker's forgets run on a thread with a connection of its own (forget.py), those
+    queued meanwhile in one delete: what was sealed before each forget goes, what was
+    stored after it stays, and closing waits for the queue. They delete by id, so a name
+    bound again between the listing and the delete keeps its new object."""
+    with named_tiered_data(tmp_path) as (opened, data):
+        for key in ("a", "b", "c"):
+            data[key] = np.full(MiB // 8, 1.0)
+        before = time.time()
+        time.sleep(0.01)
+        data["late"] = np.full(MiB // 8, 2.0)
+        forgetting = shoal.dask.forget.Forgetting(opened)
+        for key in ("a", "b", "late"):
+            forgetting.forget(f"dask/scope/{key}", before)
+        assert forgetting.close(timeout=10)
+        assert forgetting.deleted == 2
+        assert sorted(row.name for row in opened.client.ls("dask/scope")) == [
+            "dask/scope/c/w0",
+            "dask/scope/late/w0",
+        ]
+        # The key stored again under its name after the forget listed the old object.
+        stored_again = ListsThenRebinds(opened.client, lambda: data.__setitem__("c", np.full(MiB // 8, 3.0)))
+        assert shoal.dask.store.forget(stored_again, [("dask/scope/c", time.time())]) == 1
+        data.release_all()
+        np.testing.assert_array_equal(data["c"], np.full(MiB // 8, 3.0))
+        assert [row.id.binary() for row in opened.client.ls("dask/scope/c")] == [data.stored("c").oid]
 
 
 def split(group: Pieces, item: int) -> Any:
@@ -798,9 +846,46 @@ def test_no_worker_paused_or_restarted_for_shared_memory(tmp_path: Path) -> None
             logs = "\n".join(line for w in client.get_worker_logs().values() for _, line in w)
             assert "Pausing worker" not in logs and "exceeded" not in logs
             assert client.run(lambda dask_worker: dask_worker.status.name) == dict.fromkeys(pids, "running")
+            # Each keeps freed memory for its next tasks (a quarter of the limit, heap.py).
+            assert client.run(lambda dask_worker: dask_worker.shoal_heap_kept) == dict.fromkeys(pids, True)
             del arrays
     finally:
         daemon.teardown()
+
+
+ALLOCATIONS = """
+import resource, sys
+import numpy as np
+from shoal.dask import heap
+if sys.argv[1] == "kept":
+    assert heap.keep_freed(heap.default_keep(400 << 20))
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(3):
+    np.ones(1 << 20)
+start = faults()
+for _ in range(50):
+    scratch = np.ones(1 << 20)  # 8 MiB, as a task's intermediate, freed at once
+    del scratch
+print(faults() - start)
+"""
+
+
+def test_a_worker_keeps_freed_memory_for_its_next_tasks() -> None:
+    """Under Dask's trim setting each 8 MiB array a task makes is a fresh mapping whose
+    pages fault in (and are zeroed); with the heap kept (heap.py) the next array reuses the
+    last one's pages."""
+    env = os.environ | {"MALLOC_TRIM_THRESHOLD_": "65536"}  # as Dask's nanny starts a worker
+
+    def faults(mode: str) -> int:
+        run = subprocess.run(
+            [sys.executable, "-c", ALLOCATIONS, mode], env=env, capture_output=True, text=True, check=True
+        )
+        return int(run.stdout)
+
+    as_dask, kept = faults("dask"), faults("kept")
+    assert as_dask >= 50 and kept * 20 < as_dask, (kept, as_dask)
+    assert not shoal.dask.heap.keep_freed(0)  # 0: Dask's setting stays
 
 
 # -- errors: Dask's behaviour, one warning -----------------------------------------------------

@@ -7,9 +7,10 @@ Workers tell the scheduler which store they reach (`extra["shoal"]`, from
 the scheduler itself needs no store:
 
 - a key that leaves memory with no worker holding it (released, forgotten, erred) has
-  its objects deleted: one running worker of each store unlinks the names under the key's
-  directory sealed before the scheduler forgot it (`shoal-forget`; the scheduler's clock
-  against the store's, so one host's), and `shoal ls` shows only keys Dask holds;
+  its objects deleted: one running worker of each store deletes the objects named under
+  the key's directory and sealed before the scheduler forgot it (`shoal-forget`, done on a
+  thread of the worker's, forget.py; the scheduler's clock against the store's, so one
+  host's), and `shoal ls` shows only keys Dask holds;
 - before Dask removes a worker it asks the workers that share its store to adopt the
   keys only it held (`shoal_adopt`: each maps the key's object and takes the key as
   scattered data), and records them as replicas, so Dask sees the keys still in memory

@@ -242,16 +242,28 @@ class Store:
         """Deletes every object named under directory `prefix` and sealed before `before`
         (seconds since the epoch; a seal in the same millisecond is kept); returns how many."""
         try:
-            rows = [r for r in self.client.ls(prefix) if round(r.mtime * 1000) < int(before * 1000)]
-            for row in rows:
-                try:
-                    self.client.unlink(row.name)
-                except ShoalError:
-                    pass  # renamed or removed meanwhile: nothing left to delete
-            return len(rows)
+            return forget(self.client, [(prefix, before)])
         except ShoalError as err:
             self.failed(err, "a delete")
             return 0
+
+
+def forget(client: shoal.Client, forgets: list[tuple[str, float]]) -> int:
+    """Deletes, in one request, the objects named under each directory `prefix` of
+    `forgets` and sealed before its `before` (seconds since the epoch; a seal in the same
+    millisecond is kept); returns how many were listed. By id, not by name: a name bound
+    again after the listing keeps its new object (forget.py). An object deleted meanwhile
+    is no error. Raises ShoalError (Disconnected, ...)."""
+    oids = []
+    for prefix, before in forgets:
+        limit = int(before * 1000)
+        oids += [row.id for row in client.ls(prefix) if round(row.mtime * 1000) < limit]
+    if oids:
+        try:
+            client.delete(oids)
+        except ObjectNotFound:
+            pass  # deleted meanwhile (the others were deleted)
+    return len(oids)
 
 
 _current: Store | None = None

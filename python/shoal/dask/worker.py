@@ -14,6 +14,7 @@ Dask's worker, after one warning.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import operator
 import os
@@ -26,8 +27,9 @@ from dask.utils import parse_bytes
 from distributed.protocol import pickle
 from distributed.spill import SpillBuffer
 
-from shoal.dask import backing, memory, pieces, serialize, store
+from shoal.dask import backing, heap, memory, pieces, serialize, store
 from shoal.dask.data import DEFAULT_HOLD_SHARE, DEFAULT_THRESHOLD, StoreData
+from shoal.dask.forget import Forgetting
 from shoal.dask.read_ahead import ReadAhead
 from shoal.dask.scheduler import SchedulerPlugin
 from shoal.errors import ShoalError
@@ -39,6 +41,8 @@ log = logging.getLogger("distributed.worker.shoal")
 READ_AHEAD_TASKS = 4
 #: Up to how many ready tasks the worker looks that far (beyond, at the next one only).
 READ_AHEAD_SORTED = 64
+#: How long a closing worker waits for the deletes of forgotten keys it was sent.
+FORGET_CLOSE_S = 10.0
 
 
 def _setting(value: Any, key: str, default: Any = None) -> Any:
@@ -55,9 +59,10 @@ class Worker(distributed.Worker):
     mapped on a store with tiers, the older ones left to the tiers; default an eighth of
     the store's capacity), `shoal_young` (bytes of new values kept private until another
     worker asks for them, a client keeps them or newer ones need the room; default 0:
-    every value into the store at once). Each defaults to Dask's
-    config `shoal.socket`, `shoal.threshold`, `shoal.capacity`, `shoal.hold`,
-    `shoal.young`."""
+    every value into the store at once), `shoal_heap` (bytes of freed memory the worker's
+    allocator keeps for its next tasks, heap.py; default a quarter of its memory limit, 0:
+    Dask's setting). Each defaults to Dask's config `shoal.socket`, `shoal.threshold`,
+    `shoal.capacity`, `shoal.hold`, `shoal.young`, `shoal.heap`."""
 
     def __init__(
         self,
@@ -67,12 +72,16 @@ class Worker(distributed.Worker):
         shoal_capacity: int | str | None = None,
         shoal_hold: int | str | None = None,
         shoal_young: int | str | None = None,
+        shoal_heap: int | str | None = None,
         data: Any = None,
         **kwargs: Any,
     ) -> None:
         self.shoal: store.Store | None = None
         self.shoal_data: StoreData | None = None
         self.shoal_read_ahead: ReadAhead | None = None
+        self.shoal_forgetting: Forgetting | None = None
+        #: Whether the allocator keeps freed memory for the next tasks (heap.py).
+        self.shoal_heap_kept = False
         #: Whether the scheduler took shoal's plugin (it handles `shoal-claimed` then).
         self.shoal_plugin = False
         socket = _setting(shoal_socket, "socket")
@@ -106,6 +115,9 @@ class Worker(distributed.Worker):
             return
         store.use(self.shoal)
         self._keep_private_as_dask_does(mapping)
+        keep = _setting(shoal_heap, "heap")
+        keep = heap.default_keep(self.memory_manager.memory_limit) if keep is None else parse_bytes(keep)
+        self.shoal_heap_kept = heap.keep_freed(keep)
         identity = self.shoal.identity
         scope = self.scheduler.address
         mapping.name_of = lambda key: f"{store.key_prefix(scope, key)}/{store.component(str(self.name))}"
@@ -116,6 +128,7 @@ class Worker(distributed.Worker):
         overrides = self.connection_args.setdefault("handshake_overrides", {})
         overrides[serialize.HANDSHAKE_KEY] = self.shoal.handshake()
         self.handlers["shoal_adopt"] = self.shoal_adopt
+        self.shoal_forgetting = Forgetting(self.shoal)
         if self.shoal.tiered:
             self.shoal_read_ahead = ReadAhead(self.shoal.client.socket)
 
@@ -216,6 +229,8 @@ class Worker(distributed.Worker):
     async def close(self, *args: Any, **kwargs: Any) -> Any:
         if self.shoal_read_ahead is not None:
             self.shoal_read_ahead.close()
+        if self.shoal_forgetting is not None:
+            await asyncio.to_thread(self.shoal_forgetting.close, FORGET_CLOSE_S)
         return await super().close(*args, **kwargs)
 
     async def get_data(
@@ -253,12 +268,12 @@ class Worker(distributed.Worker):
 
     def shoal_forget(self, keys: list[Any], before: float, stimulus_id: str | None = None) -> None:
         """Deletes the objects of keys the scheduler forgot (any worker's) that were sealed
-        before time `before`."""
-        if self.shoal is None:
+        before time `before`, on the forgetting thread (forget.py)."""
+        if self.shoal_forgetting is None:
             return
         scope = self.scheduler.address
         for key in keys:
-            self.shoal.forget(store.key_prefix(scope, key), before)
+            self.shoal_forgetting.forget(store.key_prefix(scope, key), before)
 
     def shoal_kept(self, keys: list[Any], stimulus_id: str | None = None) -> None:
         """A client keeps `keys` (persisted): worth reading ahead (`StoreData.keep`)."""
