@@ -270,16 +270,19 @@ def test_making_room_lets_go_of_received_values_never_adopted(tmp_path: Path, mo
         stored, value = sender.put(layout.pickle_value(np.full(MiB // 8, 1.0)), None)
         del value
         stored.buffer = None  # the sender let go of it
-        arrived = opened.open_object(stored.oid)
-        backing.received(arrived[1], arrived[0])
-        del arrived
 
         def refs() -> int:
             return next(o.ref_count for o in opened.client.list() if o.id.binary() == stored.oid)
 
-        # Only the received value holds it, and nothing adopts it (the sender's release may
-        # still be on its way: it goes from its release thread when the connection is busy).
-        wait_for(lambda: refs() == 1, timeout=5, message="the sender's reference released")
+        # The sender's release may still be on its way (it goes from its release thread when
+        # the connection is busy), and a read through the fast path reaches the daemon's
+        # count some time after it was made: one at a time, so that neither hides the other.
+        wait_for(lambda: refs() == 0, timeout=5, message="the sender's reference released")
+        arrived = opened.open_object(stored.oid)
+        backing.received(arrived[1], arrived[0])
+        del arrived
+        # Only the received value holds it, and nothing adopts it.
+        wait_for(lambda: refs() == 1, timeout=5, message="the received value's reference counted")
         data.release_all()
         assert refs() == 1  # just arrived: maybe on its way to the mapping
         monkeypatch.setattr(backing, "RECEIVED_STALE_S", 0.0)
