@@ -13,7 +13,11 @@ A shoal worker holds its values in the store, not in its heap: what it frees is 
 tasks' scratch memory, which the next task needs again. So it has glibc keep up to a
 bound of freed memory at the top of its heaps and serve allocations up to 32 MiB (the
 most glibc takes on 64-bit) from them. The bound counts in the worker's own memory
-(`memory.private_memory`), so the default is a quarter of its memory limit. Measured
+(`memory.private_memory`), so the default is a quarter of its memory limit, and glibc
+keeps it per heap arena (the task thread's, the event loop's), so a worker may keep up to
+about twice that. By default it does so only in a process started with Dask's trim setting
+(under a nanny): elsewhere (`LocalCluster(processes=False)`, `--no-nanny`) glibc's own
+thresholds adapt, and the process is not only the worker's. Measured
 (bench/results/dask-pressure.md): set_index 52 s against 65-68 s, the workers' CPU 66 s
 against 87-93 s, 0 pauses; stock Dask with the same setting did not finish its set_index
 in 15 minutes (75 pauses: its values are in that heap).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 
 log = logging.getLogger("distributed.worker.shoal")
 
@@ -35,6 +40,11 @@ MMAP_THRESHOLD_MAX = 32 << 20
 DEFAULT_KEEP = 256 << 20
 #: With one: the share of it a worker keeps.
 KEEP_SHARE = 4
+
+
+def trimmed_as_dask_does() -> bool:
+    """Whether this process started with a trim threshold set (Dask's nanny sets one)."""
+    return "MALLOC_TRIM_THRESHOLD_" in os.environ
 
 
 def default_keep(memory_limit: int | None) -> int:

@@ -242,22 +242,32 @@ class Store:
         """Deletes every object named under directory `prefix` and sealed before `before`
         (seconds since the epoch; a seal in the same millisecond is kept); returns how many."""
         try:
-            return forget(self.client, [(prefix, before)])
+            return forget(self.client, [(prefix, before)], lambda err: self.failed(err, "a delete"))
         except ShoalError as err:
             self.failed(err, "a delete")
             return 0
 
 
-def forget(client: shoal.Client, forgets: list[tuple[str, float]]) -> int:
+def forget(
+    client: shoal.Client, forgets: list[tuple[str, float]], failed: Callable[[ShoalError], None]
+) -> int:
     """Deletes, in one request, the objects named under each directory `prefix` of
     `forgets` and sealed before its `before` (seconds since the epoch; a seal in the same
     millisecond is kept); returns how many were listed. By id, not by name: a name bound
     again after the listing keeps its new object (forget.py). An object deleted meanwhile
-    is no error. Raises ShoalError (Disconnected, ...)."""
+    is no error; a listing that fails leaves its prefix alone (told to `failed`) and the
+    others are deleted. Raises Disconnected, or the delete's error."""
     oids = []
     for prefix, before in forgets:
         limit = int(before * 1000)
-        oids += [row.id for row in client.ls(prefix) if round(row.mtime * 1000) < limit]
+        try:
+            rows = client.ls(prefix)
+        except Disconnected:
+            raise
+        except ShoalError as err:
+            failed(err)
+            continue
+        oids += [row.id for row in rows if round(row.mtime * 1000) < limit]
     if oids:
         try:
             client.delete(oids)

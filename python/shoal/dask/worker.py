@@ -60,9 +60,10 @@ class Worker(distributed.Worker):
     the store's capacity), `shoal_young` (bytes of new values kept private until another
     worker asks for them, a client keeps them or newer ones need the room; default 0:
     every value into the store at once), `shoal_heap` (bytes of freed memory the worker's
-    allocator keeps for its next tasks, heap.py; default a quarter of its memory limit, 0:
-    Dask's setting). Each defaults to Dask's config `shoal.socket`, `shoal.threshold`,
-    `shoal.capacity`, `shoal.hold`, `shoal.young`, `shoal.heap`."""
+    allocator keeps for its next tasks, heap.py; default, in a process Dask's nanny started
+    with its trim setting, a quarter of its memory limit; 0: Dask's setting). Each
+    defaults to Dask's config `shoal.socket`, `shoal.threshold`, `shoal.capacity`,
+    `shoal.hold`, `shoal.young`, `shoal.heap`."""
 
     def __init__(
         self,
@@ -116,8 +117,10 @@ class Worker(distributed.Worker):
         store.use(self.shoal)
         self._keep_private_as_dask_does(mapping)
         keep = _setting(shoal_heap, "heap")
-        keep = heap.default_keep(self.memory_manager.memory_limit) if keep is None else parse_bytes(keep)
-        self.shoal_heap_kept = heap.keep_freed(keep)
+        if keep is not None:
+            self.shoal_heap_kept = heap.keep_freed(parse_bytes(keep))
+        elif heap.trimmed_as_dask_does():
+            self.shoal_heap_kept = heap.keep_freed(heap.default_keep(self.memory_manager.memory_limit))
         identity = self.shoal.identity
         scope = self.scheduler.address
         mapping.name_of = lambda key: f"{store.key_prefix(scope, key)}/{store.component(str(self.name))}"
@@ -230,6 +233,7 @@ class Worker(distributed.Worker):
         if self.shoal_read_ahead is not None:
             self.shoal_read_ahead.close()
         if self.shoal_forgetting is not None:
+            # Forgets arriving from here on are done where they arrive.
             await asyncio.to_thread(self.shoal_forgetting.close, FORGET_CLOSE_S)
         return await super().close(*args, **kwargs)
 
@@ -269,11 +273,13 @@ class Worker(distributed.Worker):
     def shoal_forget(self, keys: list[Any], before: float, stimulus_id: str | None = None) -> None:
         """Deletes the objects of keys the scheduler forgot (any worker's) that were sealed
         before time `before`, on the forgetting thread (forget.py)."""
-        if self.shoal_forgetting is None:
+        if self.shoal is None:
             return
         scope = self.scheduler.address
         for key in keys:
-            self.shoal_forgetting.forget(store.key_prefix(scope, key), before)
+            prefix = store.key_prefix(scope, key)
+            if self.shoal_forgetting is None or not self.shoal_forgetting.forget(prefix, before):
+                self.shoal.forget(prefix, before)
 
     def shoal_kept(self, keys: list[Any], stimulus_id: str | None = None) -> None:
         """A client keeps `keys` (persisted): worth reading ahead (`StoreData.keep`)."""

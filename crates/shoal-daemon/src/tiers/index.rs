@@ -264,7 +264,10 @@ impl Index {
     /// Tracks `id` again as it was before [`remove`](Self::remove) (its
     /// delete failed), unless a newer object of that id is tracked by now.
     pub(super) fn reinstate(&mut self, id: ObjectId, mut tracked: Tracked) {
-        if self.objects.contains_key(&id) {
+        if let Some(newer) = self.objects.get_mut(&id) {
+            // The older one's writes may have left a record: the newer's
+            // delete must go through the engine, which removes it too.
+            newer.claimed |= tracked.claimed;
             return;
         }
         // Its jobs were cancelled or are refused: none is in flight.
@@ -386,6 +389,36 @@ mod tests {
         assert!(!current);
         assert_eq!((index.dirty_bytes(), index.dirty_waiting()), (0, 0));
         assert_eq!(index.cleaning, 0);
+    }
+
+    #[test]
+    fn a_claim_of_an_incarnation_whose_delete_failed_passes_to_the_next() {
+        let mut index = Index::default();
+        index.sealed(id(1), sizes(), 1).claimed = true;
+        // Its delete takes it out of the index, then fails below (it is
+        // reinstated), but the id was created again meanwhile, unwritten.
+        let old = index.remove(&id(1)).unwrap();
+        assert!(!index.sealed(id(1), sizes(), 2).claimed);
+        index.reinstate(id(1), old);
+        let newer = index.get(&id(1)).unwrap();
+        assert_eq!(newer.generation, 2, "the newer incarnation stays");
+        assert!(
+            newer.claimed,
+            "its delete must reach the older one's record"
+        );
+        // Records found at start count as claimed.
+        let record = ObjectRecord {
+            sizes: sizes(),
+            checksum: 0,
+            tiers: TierSet::of(TierLevel::Burst),
+            durability: Durability::Memory,
+            sealed_at_ms: 0,
+            modified_ms: 0,
+            name: None,
+            generation: 5,
+        };
+        index.recovered(id(2), &record);
+        assert!(index.get(&id(2)).unwrap().claimed);
     }
 
     #[test]

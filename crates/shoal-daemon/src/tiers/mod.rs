@@ -451,12 +451,18 @@ impl Tiers {
         self.engine.claim(id, generation)
     }
 
+    /// Whether this node's manifest holds no record of `id`, of any
+    /// incarnation (a read, no commit); `false` when it cannot tell.
+    async fn holds_no_record(&self, id: ObjectId) -> bool {
+        matches!(self.engine.record(id).await, Ok(None))
+    }
+
     /// Deletes `ids` from every tier; returns once the deletes are committed
     /// (no crash brings them back). Ids held by no tier are skipped, and so
-    /// are objects no write down was ever claimed for: nothing of them is
-    /// on a tier or can get there (every write needs a claim, taken while
-    /// the index tracks the object, which it no longer does), so there is
-    /// no tombstone to commit. Per id of `ids`, `None` or why its delete was
+    /// are objects no write down was ever claimed for whose id the manifest
+    /// has no record of: nothing of them is on a tier or can get there
+    /// (every write needs a claim, taken while the index tracks the object,
+    /// which it no longer does), so there is no tombstone to commit. Per id of `ids`, `None` or why its delete was
     /// not committed (the object is then still held: served, and deleted by
     /// a retry).
     pub async fn delete(&self, ids: &[ObjectId]) -> Vec<Option<ShoalError>> {
@@ -478,11 +484,13 @@ impl Tiers {
             }
         }
         for (i, tracked) in held {
-            if !tracked.claimed {
-                // Never written: memory held all of it, and that is gone.
+            let id = ids[i];
+            if !tracked.claimed && self.holds_no_record(id).await {
+                // Never written, and no earlier incarnation left a record
+                // (a delete of one that failed, a copy forgotten after a
+                // corrupt restore): memory held all of it, and that is gone.
                 continue;
             }
-            let id = ids[i];
             // Ends this incarnation's writes not yet done (a drain job
             // already running, a spill): they write nothing from here on.
             let engine = self.engine_for(tracked.origin);
