@@ -72,14 +72,14 @@ class Forgetting:
             return False
         return True
 
-    def _failed(self, err: ShoalError) -> None:
+    def _failed(self, err: BaseException) -> None:
         self._store.failed(err, "a delete")
 
     def _run(self) -> None:
         try:
             client = shoal.Client(self._store.client.socket, fast_path=False)
         except (ShoalError, OSError) as err:
-            self._store.failed(err, "a delete")
+            self._failed(err)
             return
         try:
             closing = False
@@ -92,10 +92,10 @@ class Forgetting:
                 try:
                     self.forgotten += store_module.forget(client, forgets, self._failed)
                 except Disconnected as err:
-                    self._store.failed(err, "a delete")
+                    self._failed(err)
                     return
                 except ShoalError as err:
-                    self._store.failed(err, "a delete")
+                    self._failed(err)
                 except Exception:  # a bug here must not stop every later delete
                     log.exception("shoal: deleting the objects of %d forgotten keys failed", len(forgets))
         finally:

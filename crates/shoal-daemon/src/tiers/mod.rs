@@ -462,9 +462,9 @@ impl Tiers {
     /// are objects no write down was ever claimed for whose id the manifest
     /// has no record of: nothing of them is on a tier or can get there
     /// (every write needs a claim, taken while the index tracks the object,
-    /// which it no longer does), so there is no tombstone to commit. Per id of `ids`, `None` or why its delete was
-    /// not committed (the object is then still held: served, and deleted by
-    /// a retry).
+    /// which it no longer does), so there is no tombstone to commit. Per id
+    /// of `ids`, `None` or why its delete was not committed (the object is
+    /// then still held: served, and deleted by a retry).
     pub async fn delete(&self, ids: &[ObjectId]) -> Vec<Option<ShoalError>> {
         let mut out = vec![None; ids.len()];
         let held: Vec<(usize, index::Tracked)> = {
